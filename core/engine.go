@@ -1,0 +1,289 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+var (
+	// ErrNoPolicy reports a consumer none of whose policies covers the API
+	// (Tyk answers such a key with 403 "access to this API has been
+	// disallowed").
+	ErrNoPolicy = errors.New("no policy grants access to this API")
+	// ErrUnknownPolicy reports a consumer that names a policy the engine's
+	// Config does not have.
+	ErrUnknownPolicy = errors.New("unknown policy")
+	// ErrStoreUnavailable wraps a store failure when the engine fails
+	// closed; adapters answer it with 503, never 429.
+	ErrStoreUnavailable = errors.New("limit store unavailable")
+)
+
+// Limits is a rate limit and a quota set directly on a consumer for one API,
+// overriding its policies there (Tyk's per-API limits on a key).
+type Limits struct {
+	Rate  Limit
+	Quota Quota
+}
+
+// Consumer is an authenticated caller as the engine sees it.
+type Consumer struct {
+	// ID keys the consumer's counters. It must be stable and must not be a
+	// raw credential: identity uses a hash of the API key, the JWT subject
+	// claim, or "ip:" and the client address.
+	ID string
+	// Policies are the IDs of the policies that apply. When several cover
+	// an API, the most generous rate and the most generous quota win (as
+	// Tyk combines policies).
+	Policies []string
+	// APILimits, when it has an entry for an API, replaces the policies
+	// for that API and gives the consumer separate counters there.
+	APILimits map[string]Limits
+}
+
+// Config is the engine's policy set. It is immutable once passed to
+// Engine.SetConfig; changes swap in a new Config.
+type Config struct {
+	Policies []Policy
+}
+
+// snapshot is a validated Config indexed for lookup.
+type snapshot struct {
+	policies map[string]*Policy
+}
+
+// FailurePolicy says what the engine does when its store fails.
+type FailurePolicy uint8
+
+const (
+	// FailOpen allows the request; the Decision has DecidedBy KindNone
+	// and no remaining counts, and the error goes to Options.OnStoreError.
+	FailOpen FailurePolicy = iota
+	// FailClosed returns an error wrapping ErrStoreUnavailable; adapters
+	// answer 503 (configurable), never 429.
+	FailClosed
+	// FailFallback applies the request to Options.Fallback (normally an
+	// in-process store) instead.
+	FailFallback
+)
+
+// Options configure an Engine. The zero value is usable: fail open, no store
+// timeout, not shadowed.
+type Options struct {
+	// FailurePolicy applies when the store returns an error. Default
+	// FailOpen.
+	FailurePolicy FailurePolicy
+	// Fallback is the store used under FailFallback.
+	Fallback Store
+	// StoreTimeout bounds each store call; 0 means the caller's context
+	// alone bounds it.
+	StoreTimeout time.Duration
+	// Shadow, when true, makes every policy a shadow policy: decisions are
+	// computed and reported but nothing is denied.
+	Shadow bool
+	// OnStoreError, if set, is called with every store error (for logs and
+	// metrics). It must be safe for concurrent use.
+	OnStoreError func(error)
+}
+
+// Engine decides requests for consumers against policies, using a Store for
+// the counters. It is safe for concurrent use; SetConfig swaps the policy set
+// atomically with no lock on the request path.
+type Engine struct {
+	store Store
+	opts  Options
+	snap  atomic.Pointer[snapshot]
+}
+
+// NewEngine returns an Engine over store with the policies of cfg.
+func NewEngine(store Store, cfg Config, opts Options) (*Engine, error) {
+	if store == nil {
+		return nil, errors.New("limitplane: NewEngine: nil store")
+	}
+	if opts.FailurePolicy == FailFallback && opts.Fallback == nil {
+		return nil, errors.New("limitplane: NewEngine: FailFallback needs Options.Fallback")
+	}
+	e := &Engine{store: store, opts: opts}
+	if err := e.SetConfig(cfg); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// SetConfig validates cfg and swaps it in; requests already being decided
+// finish with the old config. Counters are kept: a changed rate takes effect
+// on the next request without resetting anyone.
+func (e *Engine) SetConfig(cfg Config) error {
+	s := &snapshot{policies: make(map[string]*Policy, len(cfg.Policies))}
+	for i := range cfg.Policies {
+		p := cfg.Policies[i]
+		if err := p.Validate(); err != nil {
+			return err
+		}
+		if _, dup := s.policies[p.ID]; dup {
+			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
+		}
+		p.APIs = append([]string(nil), p.APIs...)
+		s.policies[p.ID] = &p
+	}
+	e.snap.Store(s)
+	return nil
+}
+
+// Policy returns the current policy with the given ID.
+func (e *Engine) Policy(id string) (Policy, bool) {
+	p, ok := e.snap.Load().policies[id]
+	if !ok {
+		return Policy{}, false
+	}
+	return *p, true
+}
+
+// Store returns the engine's store.
+func (e *Engine) Store() Store { return e.store }
+
+// plan is what one request is checked against.
+type plan struct {
+	req         Request
+	ratePolicy  string
+	quotaPolicy string
+	rateShadow  bool
+	quotaShadow bool
+}
+
+func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
+	pl := plan{req: Request{Consumer: c.ID, Cost: cost}}
+	if l, ok := c.APILimits[api]; ok {
+		pl.req.Scope = api
+		pl.req.Rate, pl.req.Quota = l.Rate, l.Quota
+		return pl, nil
+	}
+	snap := e.snap.Load()
+	found := false
+	for _, id := range c.Policies {
+		p, ok := snap.policies[id]
+		if !ok {
+			return pl, fmt.Errorf("%w %q", ErrUnknownPolicy, id)
+		}
+		if !p.appliesTo(api) {
+			continue
+		}
+		if !found || moreGenerousRate(p.Rate, pl.req.Rate) {
+			pl.req.Rate, pl.ratePolicy, pl.rateShadow = p.Rate, p.ID, p.Shadow
+		}
+		if !found || moreGenerousQuota(p.Quota, pl.req.Quota) {
+			pl.req.Quota, pl.quotaPolicy, pl.quotaShadow = p.Quota, p.ID, p.Shadow
+		}
+		found = true
+	}
+	if !found {
+		return pl, ErrNoPolicy
+	}
+	return pl, nil
+}
+
+func moreGenerousRate(a, b Limit) bool {
+	if b.IsUnlimited() {
+		return false
+	}
+	if a.IsUnlimited() {
+		return true
+	}
+	return ratePerNs(a) > ratePerNs(b)
+}
+
+func moreGenerousQuota(a, b Quota) bool {
+	if b.IsUnlimited() {
+		return false
+	}
+	if a.IsUnlimited() {
+		return true
+	}
+	return quotaPerNs(a) > quotaPerNs(b)
+}
+
+// Decide spends cost units of c's limits for api and returns the decision.
+// cost 0 peeks. Errors: ErrNoPolicy and ErrUnknownPolicy (the consumer may
+// not use api: answer 403), ErrInvalidCost, and under FailClosed an error
+// wrapping ErrStoreUnavailable.
+func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
+	if cost < 0 {
+		return Decision{}, ErrInvalidCost
+	}
+	pl, err := e.resolve(c, api, cost)
+	if err != nil {
+		return Decision{}, err
+	}
+	d, err := e.take(ctx, pl.req)
+	if err != nil {
+		return d, err
+	}
+	switch d.DecidedBy {
+	case KindRate:
+		d.Policy = pl.ratePolicy
+		if !d.Allowed && (pl.rateShadow || e.opts.Shadow) {
+			d.Allowed, d.Shadowed, d.RetryAfter = true, true, 0
+		}
+	case KindQuota:
+		d.Policy = pl.quotaPolicy
+		if !d.Allowed && (pl.quotaShadow || e.opts.Shadow) {
+			d.Allowed, d.Shadowed, d.RetryAfter = true, true, 0
+		}
+	}
+	return d, nil
+}
+
+// Wait is Decide that, while denied, sleeps and retries; see the package
+// function Wait for its errors.
+func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
+	pl, err := e.resolve(c, api, cost)
+	if err != nil {
+		return Decision{}, err
+	}
+	return wait(ctx, storeFunc(e.take), pl.req, time.Now, newStdTimer)
+}
+
+// ResetQuota deletes the quota counter c has for api (its key-wide counter,
+// or its per-API one when c has APILimits for api).
+func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error {
+	scope := ""
+	if _, ok := c.APILimits[api]; ok {
+		scope = api
+	}
+	return e.store.ResetQuota(ctx, c.ID, scope)
+}
+
+// take applies req to the store under the failure policy.
+func (e *Engine) take(ctx context.Context, req Request) (Decision, error) {
+	if req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
+		return Decision{Allowed: true}, nil
+	}
+	sctx := ctx
+	if e.opts.StoreTimeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, e.opts.StoreTimeout)
+		defer cancel()
+	}
+	d, err := e.store.Take(sctx, req)
+	if err == nil || errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrUnsupportedAlgorithm) {
+		return d, err
+	}
+	if e.opts.OnStoreError != nil {
+		e.opts.OnStoreError(err)
+	}
+	switch e.opts.FailurePolicy {
+	case FailClosed:
+		return Decision{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	case FailFallback:
+		return e.opts.Fallback.Take(ctx, req)
+	}
+	return Decision{Allowed: true}, nil
+}
+
+// storeFunc adapts a take function to Store for Wait.
+type storeFunc func(context.Context, Request) (Decision, error)
+
+func (f storeFunc) Take(ctx context.Context, r Request) (Decision, error) { return f(ctx, r) }
+func (f storeFunc) ResetQuota(context.Context, string, string) error      { return nil }

@@ -1,0 +1,268 @@
+// Package core holds limitplane's shared vocabulary and pure math: Limit,
+// Quota, Policy, Decision, the Store interface every counter backend
+// implements, the GCRA arithmetic all stores must agree with, and the Engine
+// that turns (consumer, API, cost) into a Decision.
+//
+// core imports only the standard library. Stores live in sub-packages
+// (core/memory, core/redisstore); framework glue lives in adapters/.
+package core
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Unlimited, as a Limit's Rate or a Quota's Max, means "no limit": every
+// request is allowed and no counter is kept. The value -1 follows Tyk.
+const Unlimited = -1
+
+// maxTolerance bounds the burst tolerance τ = Burst × T (and therefore every
+// TAT offset) so that now + τ + n×T can never overflow an int64 nanosecond
+// clock. 2^61 ns is about 73 years.
+const maxTolerance = int64(1) << 61
+
+// Algorithm selects how a Limit is enforced. The zero value is GCRA.
+type Algorithm uint8
+
+const (
+	// GCRA is the Generic Cell Rate Algorithm: one stored theoretical
+	// arrival time (TAT) per key, equivalent to a token bucket of size Burst
+	// refilled at Rate per Period. It is the default.
+	GCRA Algorithm = iota
+	// SlidingWindow estimates the count of the last Period from the current
+	// and previous fixed windows, weighting the previous one by its overlap.
+	SlidingWindow
+	// FixedWindow counts requests per window of Period that opens at the
+	// first request after the previous window closed (as Tyk's quotas do).
+	// A client can spend the whole limit at the end of one window and again
+	// at the start of the next: up to 2× the limit across a boundary.
+	FixedWindow
+	// SlidingLog keeps one timestamp per admitted request (exact, but its
+	// memory grows with Rate).
+	SlidingLog
+)
+
+// String returns the algorithm's configuration name: "gcra",
+// "sliding_window", "fixed_window" or "sliding_log".
+func (a Algorithm) String() string {
+	switch a {
+	case GCRA:
+		return "gcra"
+	case SlidingWindow:
+		return "sliding_window"
+	case FixedWindow:
+		return "fixed_window"
+	case SlidingLog:
+		return "sliding_log"
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm maps a configuration name (see Algorithm.String) to an
+// Algorithm. The empty string is GCRA.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "", "gcra":
+		return GCRA, nil
+	case "sliding_window":
+		return SlidingWindow, nil
+	case "fixed_window":
+		return FixedWindow, nil
+	case "sliding_log":
+		return SlidingLog, nil
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want gcra, sliding_window, fixed_window or sliding_log)", s)
+}
+
+// Errors returned by validation and by stores. Callers branch on them with
+// errors.Is.
+var (
+	// ErrInvalidLimit reports a Limit or Quota that cannot be enforced; the
+	// wrapping error names the field and the problem.
+	ErrInvalidLimit = errors.New("invalid limit")
+	// ErrCostExceedsBurst reports a request whose cost is larger than the
+	// burst: it can never be allowed, so Wait gives up at once.
+	ErrCostExceedsBurst = errors.New("cost exceeds burst")
+	// ErrInvalidCost reports a negative cost.
+	ErrInvalidCost = errors.New("cost must be >= 0")
+	// ErrUnsupportedAlgorithm is returned by a store that does not
+	// implement the Limit's Algorithm.
+	ErrUnsupportedAlgorithm = errors.New("algorithm not supported by this store")
+)
+
+// Limit is a rate limit: Rate events per Period, with bursts of up to Burst
+// events. The zero Limit means "no rate limit configured" (see IsZero).
+//
+// Under GCRA the emission interval is T = Period / Rate (rounded down to a
+// whole nanosecond) and the burst tolerance is τ = Burst × T.
+type Limit struct {
+	// Rate is the number of events allowed per Period; Unlimited (-1)
+	// disables the limit.
+	Rate int64
+	// Period is the window the Rate is measured over; it must be positive
+	// unless Rate is Unlimited.
+	Period time.Duration
+	// Burst is the most events that may pass at once. Zero means Rate.
+	Burst int64
+	// Algorithm selects the enforcement algorithm; the zero value is GCRA.
+	Algorithm Algorithm
+}
+
+// PerSecond returns a GCRA Limit of r events per second with burst r.
+func PerSecond(r int64) Limit { return Limit{Rate: r, Period: time.Second} }
+
+// PerMinute returns a GCRA Limit of r events per minute with burst r.
+func PerMinute(r int64) Limit { return Limit{Rate: r, Period: time.Minute} }
+
+// IsZero reports whether l is the zero Limit, meaning "not configured".
+func (l Limit) IsZero() bool { return l == Limit{} }
+
+// IsUnlimited reports whether l admits everything: it is zero or its Rate is
+// Unlimited.
+func (l Limit) IsUnlimited() bool { return l.Rate == Unlimited || l.IsZero() }
+
+// EffectiveBurst returns Burst, or Rate when Burst is zero.
+func (l Limit) EffectiveBurst() int64 {
+	if l.Burst == 0 {
+		return l.Rate
+	}
+	return l.Burst
+}
+
+// EmissionInterval returns T = Period / Rate, the spacing between events at
+// the sustained rate, in nanoseconds. It is only meaningful for a valid,
+// limited Limit.
+func (l Limit) EmissionInterval() time.Duration {
+	return l.Period / time.Duration(l.Rate)
+}
+
+// Validate reports why l cannot be enforced, wrapping ErrInvalidLimit, or
+// nil. The zero Limit and Rate == Unlimited are valid. Otherwise Rate,
+// Period and Burst (when set) must be positive, Period/Rate must be at least
+// one nanosecond, and Burst × T must stay below 2^61 ns so no arithmetic can
+// overflow.
+func (l Limit) Validate() error {
+	if l.IsZero() || l.Rate == Unlimited {
+		return nil
+	}
+	if l.Algorithm > SlidingLog {
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, l.Algorithm)
+	}
+	if l.Rate <= 0 {
+		return fmt.Errorf("%w: rate %d must be > 0 (or -1 for unlimited)", ErrInvalidLimit, l.Rate)
+	}
+	if l.Period <= 0 {
+		return fmt.Errorf("%w: period %v must be > 0", ErrInvalidLimit, l.Period)
+	}
+	if l.Burst < 0 {
+		return fmt.Errorf("%w: burst %d must be > 0 (0 means equal to rate)", ErrInvalidLimit, l.Burst)
+	}
+	t := int64(l.Period) / l.Rate
+	if t == 0 {
+		return fmt.Errorf("%w: rate %d per %v is finer than one event per nanosecond", ErrInvalidLimit, l.Rate, l.Period)
+	}
+	if b := l.EffectiveBurst(); b > maxTolerance/t {
+		return fmt.Errorf("%w: burst %d × emission interval %v overflows", ErrInvalidLimit, b, time.Duration(t))
+	}
+	return nil
+}
+
+// Quota is a budget of Max requests per Renewal period. The period starts at
+// the consumer's first request, not on a calendar boundary (Tyk's
+// semantics), and a unit is only spent when the rate limit also allows the
+// request. The zero Quota means "no quota configured".
+type Quota struct {
+	// Max is the number of requests per period; Unlimited (-1) disables
+	// the quota.
+	Max int64
+	// Renewal is the period's length, starting at the first request.
+	Renewal time.Duration
+}
+
+// IsZero reports whether q is the zero Quota, meaning "not configured".
+func (q Quota) IsZero() bool { return q == Quota{} }
+
+// IsUnlimited reports whether q admits everything: it is zero or its Max is
+// Unlimited.
+func (q Quota) IsUnlimited() bool { return q.Max == Unlimited || q.IsZero() }
+
+// Validate reports why q cannot be enforced, wrapping ErrInvalidLimit, or
+// nil. The zero Quota and Max == Unlimited are valid; otherwise Max and
+// Renewal must be positive and Renewal below 2^61 ns.
+func (q Quota) Validate() error {
+	if q.IsZero() || q.Max == Unlimited {
+		return nil
+	}
+	if q.Max <= 0 {
+		return fmt.Errorf("%w: quota max %d must be > 0 (or -1 for unlimited)", ErrInvalidLimit, q.Max)
+	}
+	if q.Renewal <= 0 {
+		return fmt.Errorf("%w: quota renewal %v must be > 0", ErrInvalidLimit, q.Renewal)
+	}
+	if int64(q.Renewal) >= maxTolerance {
+		return fmt.Errorf("%w: quota renewal %v is too long", ErrInvalidLimit, q.Renewal)
+	}
+	return nil
+}
+
+// Policy is a named pair of rate limit and quota that keys refer to, as in
+// Tyk. A zero Rate or Quota means that part is not limited by this policy.
+type Policy struct {
+	// ID names the policy; it appears in Decision.Policy and in the
+	// RateLimit-Policy response field.
+	ID string
+	// Rate is the policy's rate limit.
+	Rate Limit
+	// Quota is the policy's quota.
+	Quota Quota
+	// APIs restricts the policy to these API IDs; empty means every API.
+	APIs []string
+	// Shadow computes and reports decisions but never denies a request,
+	// so a new limit can be tried on live traffic.
+	Shadow bool
+}
+
+// Validate checks the policy's ID, Rate and Quota.
+func (p *Policy) Validate() error {
+	if p.ID == "" {
+		return fmt.Errorf("%w: policy has an empty id", ErrInvalidLimit)
+	}
+	if err := p.Rate.Validate(); err != nil {
+		return fmt.Errorf("policy %q: rate: %w", p.ID, err)
+	}
+	if err := p.Quota.Validate(); err != nil {
+		return fmt.Errorf("policy %q: quota: %w", p.ID, err)
+	}
+	return nil
+}
+
+// appliesTo reports whether the policy covers api.
+func (p *Policy) appliesTo(api string) bool {
+	if len(p.APIs) == 0 {
+		return true
+	}
+	for _, a := range p.APIs {
+		if a == api {
+			return true
+		}
+	}
+	return false
+}
+
+// ratePerNs compares limits by sustained rate: larger means more generous.
+func ratePerNs(l Limit) float64 {
+	if l.Rate == Unlimited {
+		return math.Inf(1)
+	}
+	return float64(l.Rate) / float64(l.Period)
+}
+
+// quotaPerNs compares quotas by allowance per unit of time.
+func quotaPerNs(q Quota) float64 {
+	if q.Max == Unlimited {
+		return math.Inf(1)
+	}
+	return float64(q.Max) / float64(q.Renewal)
+}

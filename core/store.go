@@ -1,0 +1,126 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// Kind says which limit decided a request.
+type Kind uint8
+
+const (
+	// KindNone: nothing limited the request (no limit, or all unlimited).
+	KindNone Kind = iota
+	// KindRate: the rate limit decided.
+	KindRate
+	// KindQuota: the quota decided.
+	KindQuota
+)
+
+// String returns "none", "rate" or "quota".
+func (k Kind) String() string {
+	switch k {
+	case KindRate:
+		return "rate"
+	case KindQuota:
+		return "quota"
+	}
+	return "none"
+}
+
+// Status is the state of one limit (rate or quota) after a decision.
+type Status struct {
+	// Limit is the most requests the limit allows at once: the burst for a
+	// rate limit, Max for a quota. Zero when the limit is not configured.
+	Limit int64
+	// Remaining is how many unit-cost requests would pass right now.
+	Remaining int64
+	// ResetAfter is the time until Remaining is back to Limit (rate) or
+	// until the quota period renews (quota).
+	ResetAfter time.Duration
+	// Window is the period the limit is stated over: τ = Burst×T for GCRA
+	// (the time one full burst takes to refill), Period for window
+	// algorithms, Renewal for a quota.
+	Window time.Duration
+}
+
+// Decision is the answer to "may this consumer make this request now?".
+//
+// Limit, Remaining and ResetAfter repeat the Status of the limit that
+// decided (the one that denied, or when allowed the rate limit if there is
+// one, else the quota), so a caller who only wants one set of numbers can
+// read them directly.
+type Decision struct {
+	// Allowed reports whether the request may proceed. With a shadow policy
+	// it is true even when the limit would have denied (see Shadowed).
+	Allowed bool
+	// DecidedBy says which limit decided.
+	DecidedBy Kind
+	// Policy is the ID of the policy the deciding limit came from ("" when
+	// the limit was set directly on a Request or a key).
+	Policy string
+	// Limit, Remaining and ResetAfter: see the type's comment.
+	Limit      int64
+	Remaining  int64
+	ResetAfter time.Duration
+	// RetryAfter is 0 when allowed; when denied, the time after which the
+	// same request would be allowed (rate), or the quota renewal time; -1
+	// when the cost exceeds the burst and can never pass.
+	RetryAfter time.Duration
+	// Rate and Quota hold both limits' states; a zero Status means the
+	// limit is not configured.
+	Rate  Status
+	Quota Status
+	// Shadowed is true when a shadow policy would have denied the request
+	// but it was allowed.
+	Shadowed bool
+}
+
+// Request is one question put to a Store: spend Cost units against Rate and
+// Quota for the counters of (Consumer, Scope), atomically — the quota is
+// spent only when the rate limit allows, and a denied request changes no
+// counter.
+type Request struct {
+	// Consumer identifies whose counters are used. Stores never need it to
+	// be secret-free, but callers pass hashes, not raw API keys.
+	Consumer string
+	// Scope separates counters of one consumer, e.g. per API ("" for
+	// key-wide counters).
+	Scope string
+	// Rate is the rate limit; the zero Limit or Unlimited skips it.
+	Rate Limit
+	// Quota is the quota; the zero Quota or Unlimited skips it.
+	Quota Quota
+	// Cost is the number of units; 0 peeks without changing state.
+	Cost int64
+}
+
+// Validate checks the request's limits and cost.
+func (r *Request) Validate() error {
+	if r.Cost < 0 {
+		return ErrInvalidCost
+	}
+	if err := r.Rate.Validate(); err != nil {
+		return err
+	}
+	return r.Quota.Validate()
+}
+
+// Store keeps counters and applies Requests to them. Implementations must be
+// safe for concurrent use and must pass core/storetest.
+type Store interface {
+	// Take applies req and returns the decision. An error means no
+	// decision could be made (the store is unreachable, req is invalid);
+	// the Decision is then the zero value.
+	Take(ctx context.Context, req Request) (Decision, error)
+	// ResetQuota deletes the quota counter of (consumer, scope): the next
+	// request starts a new period.
+	ResetQuota(ctx context.Context, consumer, scope string) error
+}
+
+// Clock is a monotonic clock. Nanotime returns nanoseconds since an
+// arbitrary fixed origin; it never goes backwards. Tests freeze and step it
+// (see ManualClock).
+type Clock interface {
+	Nanotime() int64
+}

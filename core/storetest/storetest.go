@@ -1,0 +1,402 @@
+// Package storetest is the conformance suite every core.Store must pass. A
+// store's own tests call Run with a constructor; every vector asserts exact
+// values derived from DESIGN.md and checked against core.GCRAParams.Step.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// Suite describes the store under test.
+type Suite struct {
+	// New returns a fresh, empty store that reads time from clock. The
+	// store must stay usable until the test ends; cleanup is the
+	// constructor's business (t.Cleanup).
+	New func(t *testing.T, clock core.Clock) core.Store
+	// Algorithms lists the algorithms the store implements besides GCRA,
+	// which every store must implement. Each one listed runs its vectors.
+	Algorithms []core.Algorithm
+	// Granularity is the store's time resolution; the suite only steps the
+	// clock in multiples of it. Default 1ns. (The Redis store works in
+	// microseconds.)
+	Granularity time.Duration
+	// Concurrency is the number of goroutines in the concurrency vectors
+	// (default 64).
+	Concurrency int
+}
+
+// start is the initial reading of every manual clock: well above 0, which
+// stores may treat as "never".
+const start = int64(1_000_000 * time.Hour)
+
+// Run runs every vector as a subtest of t.
+func Run(t *testing.T, s Suite) {
+	if s.Granularity <= 0 {
+		s.Granularity = time.Nanosecond
+	}
+	if s.Concurrency <= 0 {
+		s.Concurrency = 64
+	}
+	t.Run("GCRA", func(t *testing.T) { runGCRA(t, s) })
+	t.Run("Quota", func(t *testing.T) { runQuota(t, s) })
+	t.Run("Errors", func(t *testing.T) { runErrors(t, s) })
+	for _, a := range s.Algorithms {
+		t.Fatalf("storetest has no vectors for algorithm %v yet", a)
+	}
+}
+
+// env is one test's store, clock and unique consumer.
+type env struct {
+	t     *testing.T
+	store core.Store
+	clock *core.ManualClock
+	id    string
+}
+
+func newEnv(t *testing.T, s Suite) *env {
+	t.Helper()
+	c := core.NewManualClock(start)
+	return &env{t: t, store: s.New(t, c), clock: c, id: fmt.Sprintf("consumer-%s-%d", t.Name(), rand.Int64())}
+}
+
+func (e *env) take(r core.Request) core.Decision {
+	e.t.Helper()
+	if r.Consumer == "" {
+		r.Consumer = e.id
+	}
+	d, err := e.store.Take(context.Background(), r)
+	if err != nil {
+		e.t.Fatalf("Take(%+v): %v", r, err)
+	}
+	return d
+}
+
+func check(t *testing.T, what string, got, want any) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s = %v, want %v", what, got, want)
+	}
+}
+
+// expectRate checks d against the oracle result r for limit l.
+func expectRate(t *testing.T, step int, d core.Decision, l core.Limit, r core.GCRAResult) {
+	t.Helper()
+	p := l.GCRA()
+	want := core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
+	if d.Allowed != r.Allowed || d.Rate != want || d.RetryAfter != time.Duration(r.RetryAfter) || d.DecidedBy != core.KindRate {
+		t.Fatalf("step %d: got allowed=%v rate=%+v retry=%v by=%v; want allowed=%v rate=%+v retry=%v by=rate",
+			step, d.Allowed, d.Rate, d.RetryAfter, d.DecidedBy, r.Allowed, want, time.Duration(r.RetryAfter))
+	}
+	if d.Limit != want.Limit || d.Remaining != want.Remaining || d.ResetAfter != want.ResetAfter {
+		t.Fatalf("step %d: top-level fields %d/%d/%v differ from rate status %+v", step, d.Limit, d.Remaining, d.ResetAfter, want)
+	}
+}
+
+func runGCRA(t *testing.T, s Suite) {
+	g := s.Granularity
+	// 10 per second, burst 5: T = 100ms, τ = 500ms.
+	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
+
+	t.Run("BurstThenDeny", func(t *testing.T) {
+		e := newEnv(t, s)
+		for i := int64(0); i < 5; i++ {
+			d := e.take(core.Request{Rate: l, Cost: 1})
+			check(t, "allowed", d.Allowed, true)
+			check(t, "remaining", d.Remaining, 4-i)
+			check(t, "reset after", d.ResetAfter, time.Duration(i+1)*100*time.Millisecond)
+			check(t, "retry after", d.RetryAfter, time.Duration(0))
+			check(t, "limit", d.Limit, int64(5))
+			check(t, "window", d.Rate.Window, 500*time.Millisecond)
+		}
+		d := e.take(core.Request{Rate: l, Cost: 1})
+		check(t, "6th allowed", d.Allowed, false)
+		check(t, "6th decided by", d.DecidedBy, core.KindRate)
+		check(t, "6th remaining", d.Remaining, int64(0))
+		check(t, "6th retry after", d.RetryAfter, 100*time.Millisecond)
+		check(t, "6th reset after", d.ResetAfter, 500*time.Millisecond)
+		// One emission interval later exactly one more passes.
+		e.clock.Advance(100 * time.Millisecond)
+		check(t, "after T", e.take(core.Request{Rate: l, Cost: 1}).Allowed, true)
+		check(t, "after T, again", e.take(core.Request{Rate: l, Cost: 1}).Allowed, false)
+	})
+
+	t.Run("DeniedChangesNoState", func(t *testing.T) {
+		e := newEnv(t, s)
+		for i := 0; i < 5; i++ {
+			e.take(core.Request{Rate: l, Cost: 1})
+		}
+		for i := 0; i < 20; i++ { // a client that keeps retrying is not locked out
+			check(t, "denied", e.take(core.Request{Rate: l, Cost: 1}).Allowed, false)
+		}
+		e.clock.Advance(100 * time.Millisecond)
+		d := e.take(core.Request{Rate: l, Cost: 1})
+		check(t, "allowed after T", d.Allowed, true)
+		check(t, "remaining", d.Remaining, int64(0))
+	})
+
+	t.Run("CostExceedsBurst", func(t *testing.T) {
+		e := newEnv(t, s)
+		d := e.take(core.Request{Rate: l, Cost: 6})
+		check(t, "allowed", d.Allowed, false)
+		check(t, "retry after", d.RetryAfter, time.Duration(-1))
+		check(t, "remaining", d.Remaining, int64(5))
+		d = e.take(core.Request{Rate: l, Cost: 5})
+		check(t, "full burst still there", d.Allowed, true)
+		check(t, "remaining", d.Remaining, int64(0))
+		d = e.take(core.Request{Rate: l, Cost: 6})
+		check(t, "retry after when empty", d.RetryAfter, time.Duration(-1))
+	})
+
+	t.Run("CostN", func(t *testing.T) {
+		e := newEnv(t, s)
+		d := e.take(core.Request{Rate: l, Cost: 3})
+		check(t, "allowed", d.Allowed, true)
+		check(t, "remaining", d.Remaining, int64(2))
+		d = e.take(core.Request{Rate: l, Cost: 3})
+		check(t, "denied", d.Allowed, false)
+		check(t, "retry after", d.RetryAfter, 100*time.Millisecond)
+		e.clock.Advance(100 * time.Millisecond)
+		check(t, "allowed after", e.take(core.Request{Rate: l, Cost: 3}).Allowed, true)
+	})
+
+	t.Run("PeekChangesNothing", func(t *testing.T) {
+		e := newEnv(t, s)
+		d := e.take(core.Request{Rate: l, Cost: 0})
+		check(t, "peek empty allowed", d.Allowed, true)
+		check(t, "peek empty remaining", d.Remaining, int64(5))
+		e.take(core.Request{Rate: l, Cost: 2})
+		for i := 0; i < 3; i++ {
+			d = e.take(core.Request{Rate: l, Cost: 0})
+			check(t, "peek remaining", d.Remaining, int64(3))
+			check(t, "peek reset", d.ResetAfter, 200*time.Millisecond)
+		}
+	})
+
+	t.Run("RateChangeKeepsState", func(t *testing.T) {
+		e := newEnv(t, s)
+		for i := 0; i < 5; i++ {
+			e.take(core.Request{Rate: l, Cost: 1})
+		}
+		// Same key, now 20/s burst 10 (T = 50ms, τ = 500ms): the stored TAT
+		// (now+500ms) is kept, so the bucket is still full: denied.
+		l2 := core.Limit{Rate: 20, Period: time.Second, Burst: 10}
+		d := e.take(core.Request{Rate: l2, Cost: 1})
+		check(t, "denied under new limit", d.Allowed, false)
+		check(t, "retry after under new T", d.RetryAfter, 50*time.Millisecond)
+		e.clock.Advance(50 * time.Millisecond)
+		d = e.take(core.Request{Rate: l2, Cost: 1})
+		check(t, "allowed after new T", d.Allowed, true)
+		check(t, "remaining under new limit", d.Remaining, int64(0))
+	})
+
+	t.Run("OnePerHourAfterIdleHour", func(t *testing.T) {
+		e := newEnv(t, s)
+		h := core.Limit{Rate: 1, Period: time.Hour}
+		check(t, "first", e.take(core.Request{Rate: h, Cost: 1}).Allowed, true)
+		d := e.take(core.Request{Rate: h, Cost: 1})
+		check(t, "second", d.Allowed, false)
+		check(t, "retry after", d.RetryAfter, time.Hour)
+		e.clock.Advance(time.Hour - g)
+		check(t, "one granule early", e.take(core.Request{Rate: h, Cost: 1}).Allowed, false)
+		e.clock.Advance(g)
+		check(t, "after exactly one hour", e.take(core.Request{Rate: h, Cost: 1}).Allowed, true)
+	})
+
+	t.Run("KeysAreIndependent", func(t *testing.T) {
+		e := newEnv(t, s)
+		ids := []string{e.id, e.id + "x", e.id + "{x}", e.id + ":rate:", e.id + "\n", e.id + "\x00"}
+		for _, id := range ids {
+			for _, scope := range []string{"", "a", "a:b", "{a}"} {
+				d := e.take(core.Request{Consumer: id, Scope: scope, Rate: l, Cost: 5})
+				check(t, fmt.Sprintf("first burst of %q/%q", id, scope), d.Allowed, true)
+			}
+		}
+	})
+
+	t.Run("MatchesOracle", func(t *testing.T) {
+		e := newEnv(t, s)
+		rng := rand.New(rand.NewPCG(1, 2))
+		l := core.Limit{Rate: 7, Period: 700 * time.Millisecond, Burst: 4} // T = 100ms
+		p := l.GCRA()
+		tat := int64(0)
+		for i := 0; i < 400; i++ {
+			e.clock.Advance(time.Duration(rng.IntN(60)) * 5 * time.Millisecond)
+			n := int64(rng.IntN(6)) // 0..5: peeks, normal, and over-burst
+			r := p.Step(tat, e.clock.Nanotime(), n)
+			if r.Store {
+				tat = r.TAT
+			}
+			expectRate(t, i, e.take(core.Request{Rate: l, Cost: n}), l, r)
+		}
+	})
+
+	t.Run("ConcurrentFrozenClock", func(t *testing.T) {
+		e := newEnv(t, s)
+		cl := core.Limit{Rate: 100, Period: time.Minute, Burst: 37}
+		admitted := hammer(t, e, s.Concurrency, 20, core.Request{Rate: cl, Cost: 1})
+		check(t, "admitted", admitted, int64(37))
+	})
+}
+
+// hammer sends per requests from each of g goroutines and counts admissions.
+func hammer(t *testing.T, e *env, g, per int, r core.Request) int64 {
+	t.Helper()
+	if r.Consumer == "" {
+		r.Consumer = e.id
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	startGun := make(chan struct{})
+	for i := 0; i < g; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-startGun
+			for j := 0; j < per; j++ {
+				d, err := e.store.Take(context.Background(), r)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	close(startGun)
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatalf("Take: %v", err)
+	}
+	return admitted.Load()
+}
+
+func runQuota(t *testing.T, s Suite) {
+	q := core.Quota{Max: 3, Renewal: time.Hour}
+
+	t.Run("PeriodStartsAtFirstRequest", func(t *testing.T) {
+		e := newEnv(t, s)
+		e.clock.Advance(17 * time.Minute) // not on any calendar boundary
+		for i := int64(0); i < 3; i++ {
+			d := e.take(core.Request{Quota: q, Cost: 1})
+			check(t, "allowed", d.Allowed, true)
+			check(t, "decided by", d.DecidedBy, core.KindQuota)
+			check(t, "remaining", d.Remaining, 2-i)
+			check(t, "limit", d.Limit, int64(3))
+			check(t, "reset after", d.ResetAfter, time.Hour-time.Duration(i)*time.Minute)
+			e.clock.Advance(time.Minute)
+		}
+		d := e.take(core.Request{Quota: q, Cost: 1})
+		check(t, "4th allowed", d.Allowed, false)
+		check(t, "4th decided by", d.DecidedBy, core.KindQuota)
+		check(t, "4th retry after", d.RetryAfter, 57*time.Minute)
+		check(t, "4th window", d.Quota.Window, time.Hour)
+		e.clock.Advance(57*time.Minute - s.Granularity)
+		check(t, "just before renewal", e.take(core.Request{Quota: q, Cost: 1}).Allowed, false)
+		e.clock.Advance(s.Granularity)
+		d = e.take(core.Request{Quota: q, Cost: 1})
+		check(t, "after renewal", d.Allowed, true)
+		check(t, "after renewal remaining", d.Remaining, int64(2))
+		check(t, "new period reset", d.ResetAfter, time.Hour)
+	})
+
+	t.Run("Unlimited", func(t *testing.T) {
+		e := newEnv(t, s)
+		for i := 0; i < 50; i++ {
+			check(t, "allowed", e.take(core.Request{Quota: core.Quota{Max: core.Unlimited}, Cost: 1}).Allowed, true)
+		}
+	})
+
+	t.Run("Reset", func(t *testing.T) {
+		e := newEnv(t, s)
+		for i := 0; i < 3; i++ {
+			e.take(core.Request{Quota: q, Cost: 1})
+		}
+		check(t, "exhausted", e.take(core.Request{Quota: q, Cost: 1}).Allowed, false)
+		if err := e.store.ResetQuota(context.Background(), e.id, ""); err != nil {
+			t.Fatal(err)
+		}
+		d := e.take(core.Request{Quota: q, Cost: 1})
+		check(t, "after reset", d.Allowed, true)
+		check(t, "after reset remaining", d.Remaining, int64(2))
+		check(t, "after reset period", d.ResetAfter, time.Hour)
+		// Resetting one scope leaves the others.
+		for i := 0; i < 3; i++ {
+			e.take(core.Request{Scope: "api", Quota: q, Cost: 1})
+		}
+		if err := e.store.ResetQuota(context.Background(), e.id, ""); err != nil {
+			t.Fatal(err)
+		}
+		check(t, "other scope untouched", e.take(core.Request{Scope: "api", Quota: q, Cost: 1}).Allowed, false)
+		if err := e.store.ResetQuota(context.Background(), "never-seen", ""); err != nil {
+			t.Fatalf("reset of unknown consumer: %v", err)
+		}
+	})
+
+	t.Run("SpentOnlyWhenRateAllows", func(t *testing.T) {
+		e := newEnv(t, s)
+		l := core.Limit{Rate: 2, Period: time.Second}
+		q := core.Quota{Max: 5, Renewal: time.Hour}
+		for i := 0; i < 10; i++ {
+			e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		}
+		d := e.take(core.Request{Rate: l, Quota: q, Cost: 0})
+		check(t, "quota remaining after 2 allowed of 10", d.Quota.Remaining, int64(3))
+		d = e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		check(t, "rate denial", d.DecidedBy, core.KindRate)
+		check(t, "rate retry", d.RetryAfter, 500*time.Millisecond)
+		check(t, "quota status on rate denial", d.Quota.Remaining, int64(3))
+	})
+
+	t.Run("QuotaDenialLeavesRate", func(t *testing.T) {
+		e := newEnv(t, s)
+		l := core.Limit{Rate: 10, Period: time.Second}
+		q := core.Quota{Max: 2, Renewal: time.Hour}
+		e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		for i := 0; i < 5; i++ {
+			d := e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+			check(t, "denied", d.Allowed, false)
+			check(t, "by quota", d.DecidedBy, core.KindQuota)
+			check(t, "rate remaining untouched", d.Rate.Remaining, int64(8))
+		}
+	})
+
+	t.Run("ConcurrentExact", func(t *testing.T) {
+		e := newEnv(t, s)
+		r := core.Request{Rate: core.Limit{Rate: 1000, Period: time.Minute, Burst: 100}, Quota: core.Quota{Max: 41, Renewal: time.Hour}, Cost: 1}
+		check(t, "admitted", hammer(t, e, s.Concurrency, 10, r), int64(41))
+		d := e.take(core.Request{Rate: r.Rate, Quota: r.Quota, Cost: 0})
+		check(t, "rate spent only for admitted", d.Rate.Remaining, int64(100-41))
+	})
+}
+
+func runErrors(t *testing.T, s Suite) {
+	e := newEnv(t, s)
+	bad := []core.Request{
+		{Consumer: "x", Rate: core.Limit{Rate: 0, Period: time.Second, Burst: 1}, Cost: 1},
+		{Consumer: "x", Rate: core.Limit{Rate: -5, Period: time.Second}, Cost: 1},
+		{Consumer: "x", Rate: core.Limit{Rate: 1, Period: -time.Second}, Cost: 1},
+		{Consumer: "x", Rate: core.Limit{Rate: 1, Period: time.Second, Burst: -1}, Cost: 1},
+		{Consumer: "x", Rate: core.Limit{Rate: 2, Period: 1}, Cost: 1},
+		{Consumer: "x", Rate: core.Limit{Rate: 1, Period: 1 << 62, Burst: 4}, Cost: 1},
+		{Consumer: "x", Quota: core.Quota{Max: 0, Renewal: time.Hour}, Cost: 1},
+		{Consumer: "x", Quota: core.Quota{Max: 5, Renewal: 0}, Cost: 1},
+		{Consumer: "x", Rate: core.PerSecond(1), Cost: -1},
+	}
+	for i, r := range bad {
+		if _, err := e.store.Take(context.Background(), r); err == nil {
+			t.Errorf("bad request %d (%+v): no error", i, r)
+		}
+	}
+}

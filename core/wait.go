@@ -1,0 +1,75 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrWaitExceedsDeadline is returned by Wait when the time until the request
+// would be allowed passes the context's deadline. The error also matches
+// context.DeadlineExceeded.
+var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
+
+// Wait applies req to s, and while it is denied sleeps for the decision's
+// RetryAfter and tries again, until it is allowed or ctx ends. It returns at
+// once, without sleeping,
+//   - with ErrCostExceedsBurst when req.Cost can never pass;
+//   - with an error matching ErrWaitExceedsDeadline and
+//     context.DeadlineExceeded when the next retry lies beyond ctx's
+//     deadline;
+//   - with the store's error when the store fails.
+//
+// It returns ctx.Err() when ctx is cancelled while sleeping. Because it
+// retries instead of reserving, concurrent waiters on one key are served in
+// no particular order; the limit itself is never exceeded. This is how
+// worker processes share one rate through a shared store.
+func Wait(ctx context.Context, s Store, req Request) (Decision, error) {
+	return wait(ctx, s, req, time.Now, newStdTimer)
+}
+
+// timer is the test seam for Wait, as in golang.org/x/time/rate.
+type timer interface {
+	C() <-chan time.Time
+	Stop() bool
+}
+
+type stdTimer struct{ t *time.Timer }
+
+func (s stdTimer) C() <-chan time.Time { return s.t.C }
+func (s stdTimer) Stop() bool          { return s.t.Stop() }
+
+func newStdTimer(d time.Duration) timer { return stdTimer{time.NewTimer(d)} }
+
+func wait(ctx context.Context, s Store, req Request, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return Decision{}, err
+		}
+		d, err := s.Take(ctx, req)
+		if err != nil {
+			return d, err
+		}
+		if d.Allowed {
+			return d, nil
+		}
+		if d.RetryAfter < 0 {
+			return d, fmt.Errorf("limitplane: Wait(cost=%d): %w", req.Cost, ErrCostExceedsBurst)
+		}
+		delay := d.RetryAfter
+		if delay <= 0 {
+			delay = time.Microsecond // a racing peer took the slot; try again promptly
+		}
+		if dl, ok := ctx.Deadline(); ok && now().Add(delay).After(dl) {
+			return d, fmt.Errorf("limitplane: Wait(cost=%d) needs %v: %w (%w)", req.Cost, delay, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+		}
+		t := newTimer(delay)
+		select {
+		case <-t.C():
+		case <-ctx.Done():
+			t.Stop()
+			return d, ctx.Err()
+		}
+	}
+}

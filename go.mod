@@ -1,0 +1,3 @@
+module github.com/limitplane/limitplane
+
+go 1.26
