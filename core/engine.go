@@ -220,6 +220,7 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 	if err != nil {
 		return d, err
 	}
+	d.Rate.Policy, d.Quota.Policy = pl.ratePolicy, pl.quotaPolicy
 	switch d.DecidedBy {
 	case KindRate:
 		d.Policy = pl.ratePolicy

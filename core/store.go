@@ -42,6 +42,9 @@ type Status struct {
 	// (the time one full burst takes to refill), Period for window
 	// algorithms, Renewal for a quota.
 	Window time.Duration
+	// Policy is the ID of the policy the limit came from; set by the
+	// Engine ("" from a bare Store, or for a consumer's own APILimits).
+	Policy string
 }
 
 // Decision is the answer to "may this consumer make this request now?".

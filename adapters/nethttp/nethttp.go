@@ -1,0 +1,115 @@
+// Package nethttp is limitplane's net/http middleware: it identifies the
+// consumer, asks the engine for a decision and writes the rate-limit header
+// fields, 429/401/403/503 answers and JSON bodies rendered by
+// adapters/response.
+package nethttp
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Limiter decides requests; *core.Engine implements it.
+type Limiter interface {
+	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
+}
+
+// Options configure the middleware. The zero value limits every request at
+// cost 1 under API "" with the default Renderer.
+type Options struct {
+	// API is the API ID the engine decides for (policies may be scoped to
+	// APIs).
+	API string
+	// Cost returns a request's cost; nil means 1.
+	Cost func(*http.Request) int64
+	// Renderer renders answers; nil means response.NewRenderer with zero
+	// Options.
+	Renderer *response.Renderer
+	// OnDecision, if set, is called once per request with the decision or
+	// error (for metrics and logs). It must not retain r.
+	OnDecision func(r *http.Request, d core.Decision, err error)
+}
+
+// Middleware returns net/http middleware that authenticates each request
+// with auth and limits it with l. Requests that fail authentication are
+// answered (401/403) before the engine is asked, so they create no limiter
+// state.
+func Middleware(l Limiter, auth identity.Authenticator, opts Options) func(http.Handler) http.Handler {
+	rend := opts.Renderer
+	if rend == nil {
+		rend = response.NewRenderer(response.Options{})
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var d core.Decision
+			c, err := auth.Authenticate(r.Context(), Request{r})
+			if err == nil {
+				cost := int64(1)
+				if opts.Cost != nil {
+					cost = opts.Cost(r)
+				}
+				d, err = l.Decide(r.Context(), c, opts.API, cost)
+			}
+			if opts.OnDecision != nil {
+				opts.OnDecision(r, d, err)
+			}
+			var buf [8]response.Header
+			res := rend.Render(buf[:0], d, err)
+			if Write(w, res) {
+				next.ServeHTTP(w, r)
+			}
+		})
+	}
+}
+
+// Write sets res's header fields on w and, when res does not pass, writes
+// its status and JSON body. It reports whether the request should go on to
+// the handler.
+func Write(w http.ResponseWriter, res response.Result) bool {
+	h := w.Header()
+	if n := len(res.Headers); n > 0 {
+		vals := make([]string, n) // one allocation for every field's value slice
+		for i, f := range res.Headers {
+			vals[i] = f.Value
+			h[f.Name] = vals[i : i+1 : i+1]
+		}
+	}
+	if res.Pass {
+		return true
+	}
+	h["Content-Type"] = []string{"application/json"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(res.Status)
+	w.Write(res.Body)
+	return false
+}
+
+// Request adapts *http.Request to identity.Request.
+type Request struct{ R *http.Request }
+
+// Header implements identity.Request.
+func (q Request) Header(name string) string { return q.R.Header.Get(name) }
+
+// Query implements identity.Request.
+func (q Request) Query(name string) string {
+	if q.R.URL == nil || q.R.URL.RawQuery == "" {
+		return ""
+	}
+	return q.R.URL.Query().Get(name)
+}
+
+// Cookie implements identity.Request.
+func (q Request) Cookie(name string) string {
+	c, err := q.R.Cookie(name)
+	if err != nil {
+		return ""
+	}
+	return c.Value
+}
+
+// RemoteAddr implements identity.Request.
+func (q Request) RemoteAddr() string { return q.R.RemoteAddr }

@@ -1,0 +1,265 @@
+// Package response is the one place that turns a limitplane Decision (or an
+// authentication or engine error) into an HTTP status, header fields and a
+// JSON body. Every adapter — net/http, Gin, Fiber, gRPC metadata — renders
+// through it, so all of them answer byte for byte the same.
+//
+// Header fields follow the IETF httpapi draft "RateLimit header fields for
+// HTTP" (draft-ietf-httpapi-ratelimit-headers-10, structured-field form):
+//
+//	RateLimit-Policy: "default";q=5;w=1, "default/quota";q=100;w=86400
+//	RateLimit: "default";r=4;t=1, "default/quota";r=99;t=86400
+//
+// One item per configured limit: the rate limit is named after its policy,
+// the quota after its policy with "/quota" appended. For a GCRA rate limit
+// q is the burst and w is the burst tolerance τ = Burst×T (the time a full
+// burst takes to refill), in whole seconds rounded up; for a quota q is Max
+// and w the renewal period. r is the remaining count. t is the whole seconds
+// (rounded up) until the limit resets, or, on a denied request, the
+// Retry-After value, so Retry-After is never earlier than t.
+//
+// Optionally (Options.XRateLimit) the de-facto fields GitHub and Tyk
+// clients read are added for the deciding limit: X-RateLimit-Limit,
+// X-RateLimit-Remaining and X-RateLimit-Reset, the latter in Unix epoch
+// seconds by default (as GitHub and Tyk send it) or in seconds from now.
+package response
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Header field names, in Go's canonical form.
+const (
+	HeaderPolicy     = "Ratelimit-Policy"
+	HeaderRateLimit  = "Ratelimit"
+	HeaderRetryAfter = "Retry-After"
+	HeaderXLimit     = "X-Ratelimit-Limit"
+	HeaderXRemaining = "X-Ratelimit-Remaining"
+	HeaderXReset     = "X-Ratelimit-Reset"
+)
+
+// ResetFormat selects how X-RateLimit-Reset is written.
+type ResetFormat uint8
+
+const (
+	// ResetEpoch writes the Unix time, in seconds, at which the limit
+	// resets (GitHub, Tyk). The default.
+	ResetEpoch ResetFormat = iota
+	// ResetSeconds writes the seconds from now until the limit resets.
+	ResetSeconds
+)
+
+// Options configure a Renderer. The zero value sends the IETF fields only,
+// answers quota exhaustion with 429 and store failure with 503.
+type Options struct {
+	// XRateLimit adds X-RateLimit-Limit, -Remaining and -Reset.
+	XRateLimit bool
+	// XRateLimitReset selects the X-RateLimit-Reset format.
+	XRateLimitReset ResetFormat
+	// NoRateLimitFields leaves out the IETF RateLimit-Policy and RateLimit
+	// fields.
+	NoRateLimitFields bool
+	// QuotaExceededStatus is the status for a quota denial; default 429
+	// (Tyk sends 403).
+	QuotaExceededStatus int
+	// StoreFailureStatus is the status when the engine fails closed;
+	// default 503. It is never 429.
+	StoreFailureStatus int
+	// Now is the wall clock for epoch resets; default time.Now.
+	Now func() time.Time
+}
+
+// Header is one response header field.
+type Header struct{ Name, Value string }
+
+// Result is what an adapter must send.
+type Result struct {
+	// Pass is true when the request goes on to the handler; Headers are
+	// then still to be set on its response.
+	Pass bool
+	// Status and Body are the response when Pass is false.
+	Status int
+	Body   []byte
+	// Headers are the fields to set, in order.
+	Headers []Header
+}
+
+// Renderer renders decisions. It is immutable and safe for concurrent use.
+type Renderer struct{ o Options }
+
+// NewRenderer returns a Renderer for o.
+func NewRenderer(o Options) *Renderer {
+	if o.QuotaExceededStatus == 0 {
+		o.QuotaExceededStatus = http.StatusTooManyRequests
+	}
+	if o.StoreFailureStatus == 0 || o.StoreFailureStatus == http.StatusTooManyRequests {
+		o.StoreFailureStatus = http.StatusServiceUnavailable
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Renderer{o: o}
+}
+
+// Render returns the answer for a decision d, or for err when it is not nil
+// (an authentication error from identity, or an engine error). dst is
+// reused for Headers.
+func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
+	if err != nil {
+		return r.failure(dst, err)
+	}
+	res := Result{Pass: d.Allowed, Headers: r.headers(dst, d)}
+	if d.Allowed {
+		return res
+	}
+	res.Status = http.StatusTooManyRequests
+	msg := "rate limit exceeded"
+	if d.DecidedBy == core.KindQuota {
+		res.Status, msg = r.o.QuotaExceededStatus, "quota exceeded"
+	}
+	if d.RetryAfter < 0 {
+		msg = "request cost exceeds the burst and can never be allowed"
+		res.Body = errorBody(msg, -1)
+		return res
+	}
+	res.Headers = append(res.Headers, Header{HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)})
+	res.Body = errorBody(msg, ceilMillis(d.RetryAfter))
+	return res
+}
+
+func (r *Renderer) failure(dst []Header, err error) Result {
+	var ie *identity.Error
+	switch {
+	case errors.As(err, &ie):
+		return Result{Status: ie.Status, Body: errorBody(ie.Reason, -1), Headers: dst}
+	case errors.Is(err, core.ErrNoPolicy), errors.Is(err, core.ErrUnknownPolicy):
+		return Result{Status: http.StatusForbidden, Body: errorBody("access to this API is not allowed", -1), Headers: dst}
+	case errors.Is(err, core.ErrStoreUnavailable):
+		return Result{Status: r.o.StoreFailureStatus, Body: errorBody("rate limit store unavailable", -1), Headers: dst}
+	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
+		return Result{Status: http.StatusBadRequest, Body: errorBody("invalid request cost", -1), Headers: dst}
+	}
+	return Result{Status: http.StatusInternalServerError, Body: errorBody("internal error", -1), Headers: dst}
+}
+
+// headers appends the limit fields for d.
+func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
+	if d.DecidedBy == core.KindNone {
+		return dst
+	}
+	if !r.o.NoRateLimitFields {
+		var pol, cur []byte
+		var buf [256]byte
+		pol, cur = buf[:0], buf[128:128]
+		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
+		if d.Rate.Limit > 0 {
+			pol, cur = item(pol, cur, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+		}
+		if d.Quota.Limit > 0 {
+			pol, cur = item(pol, cur, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+		}
+		dst = append(dst, Header{HeaderPolicy, string(pol)}, Header{HeaderRateLimit, string(cur)})
+	}
+	if r.o.XRateLimit {
+		reset := ceilSeconds(d.ResetAfter)
+		if !d.Allowed && d.RetryAfter > d.ResetAfter {
+			reset = ceilSeconds(d.RetryAfter)
+		}
+		if r.o.XRateLimitReset == ResetEpoch {
+			reset += r.o.Now().Unix()
+		}
+		dst = append(dst,
+			Header{HeaderXLimit, strconv.FormatInt(d.Limit, 10)},
+			Header{HeaderXRemaining, strconv.FormatInt(d.Remaining, 10)},
+			Header{HeaderXReset, strconv.FormatInt(reset, 10)})
+	}
+	return dst
+}
+
+// item appends one policy to the RateLimit-Policy and RateLimit lists.
+func item(pol, cur []byte, s core.Status, name, suffix string, denied bool, retry time.Duration) ([]byte, []byte) {
+	if len(pol) > 0 {
+		pol = append(pol, ", "...)
+		cur = append(cur, ", "...)
+	}
+	if name == "" {
+		name = "limit"
+	}
+	pol = appendSFString(pol, name, suffix)
+	pol = append(pol, ";q="...)
+	pol = strconv.AppendInt(pol, s.Limit, 10)
+	pol = append(pol, ";w="...)
+	pol = strconv.AppendInt(pol, max(ceilSeconds(s.Window), 1), 10)
+	t := ceilSeconds(s.ResetAfter)
+	if denied && retry >= 0 {
+		t = ceilSeconds(retry)
+	}
+	cur = appendSFString(cur, name, suffix)
+	cur = append(cur, ";r="...)
+	cur = strconv.AppendInt(cur, s.Remaining, 10)
+	cur = append(cur, ";t="...)
+	cur = strconv.AppendInt(cur, t, 10)
+	return pol, cur
+}
+
+// appendSFString appends name+suffix as an RFC 8941 sf-string: printable
+// ASCII only (others become '_'), with '"' and '\' escaped.
+func appendSFString(b []byte, name, suffix string) []byte {
+	b = append(b, '"')
+	for _, s := range [2]string{name, suffix} {
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20 || c > 0x7e:
+				b = append(b, '_')
+			default:
+				b = append(b, c)
+			}
+		}
+	}
+	return append(b, '"')
+}
+
+// errorBody returns {"error":msg} plus "retry_after_ms" when ms ≥ 0.
+func errorBody(msg string, ms int64) []byte {
+	b := make([]byte, 0, len(msg)+48)
+	b = append(b, `{"error":"`...)
+	for i := 0; i < len(msg); i++ {
+		switch c := msg[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, `\u00`...)
+			b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&15])
+		default:
+			b = append(b, c)
+		}
+	}
+	b = append(b, '"')
+	if ms >= 0 {
+		b = append(b, `,"retry_after_ms":`...)
+		b = strconv.AppendInt(b, ms, 10)
+	}
+	return append(b, '}', '\n')
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}

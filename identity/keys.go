@@ -1,0 +1,203 @@
+package identity
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// KeyHash is the SHA-256 of an API key. Only hashes are kept after load;
+// raw keys never reach a store or a log.
+type KeyHash [sha256.Size]byte
+
+// HashKey returns the SHA-256 of raw.
+func HashKey(raw string) KeyHash { return sha256.Sum256([]byte(raw)) }
+
+// ParseKeyHash parses "sha256:<64 hex digits>".
+func ParseKeyHash(s string) (KeyHash, error) {
+	var h KeyHash
+	hexpart, ok := strings.CutPrefix(s, "sha256:")
+	if !ok {
+		return h, fmt.Errorf("key hash %q: want sha256:<64 hex digits>", s)
+	}
+	b, err := hex.DecodeString(hexpart)
+	if err != nil || len(b) != len(h) {
+		return h, fmt.Errorf("key hash %q: want sha256:<64 hex digits>", s)
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+// String returns "sha256:<hex>".
+func (h KeyHash) String() string { return "sha256:" + hex.EncodeToString(h[:]) }
+
+// ConsumerID returns the consumer ID used for h's counters: "key:" and the
+// hex of the hash's first 16 bytes.
+func (h KeyHash) ConsumerID() string { return "key:" + hex.EncodeToString(h[:16]) }
+
+// KeyRecord is what the registry knows about one API key.
+type KeyRecord struct {
+	// Hash is the key's SHA-256.
+	Hash KeyHash
+	// Policies are the IDs of the policies the key has.
+	Policies []string
+	// APILimits are per-API limits that replace the policies for those
+	// APIs (see core.Consumer.APILimits).
+	APILimits map[string]core.Limits
+	// Expires is when the key stops working; zero means never.
+	Expires time.Time
+	// Inactive keys are refused like unknown ones.
+	Inactive bool
+
+	consumer core.Consumer
+}
+
+// Consumer returns the engine's view of the key.
+func (k *KeyRecord) Consumer() *core.Consumer { return &k.consumer }
+
+// Keys is the key registry: an immutable map from hash to record, swapped
+// atomically on change, so lookups take no lock.
+type Keys struct {
+	m atomic.Pointer[map[KeyHash]*KeyRecord]
+}
+
+// NewKeys returns a registry holding records (see Replace).
+func NewKeys(records []KeyRecord) (*Keys, error) {
+	k := &Keys{}
+	if err := k.Replace(records); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Replace swaps in a new set of records. Duplicate hashes are an error and
+// leave the registry unchanged.
+func (k *Keys) Replace(records []KeyRecord) error {
+	m := make(map[KeyHash]*KeyRecord, len(records))
+	for i := range records {
+		r := records[i]
+		if _, dup := m[r.Hash]; dup {
+			return fmt.Errorf("identity: duplicate key %s", r.Hash)
+		}
+		r.Policies = append([]string(nil), r.Policies...)
+		r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits}
+		m[r.Hash] = &r
+	}
+	k.m.Store(&m)
+	return nil
+}
+
+// Lookup returns the record for hash h, or nil.
+func (k *Keys) Lookup(h KeyHash) *KeyRecord { return (*k.m.Load())[h] }
+
+// Len returns the number of keys.
+func (k *Keys) Len() int { return len(*k.m.Load()) }
+
+// SourceKind says where a credential is read from.
+type SourceKind uint8
+
+const (
+	// InHeader reads a request header (gRPC: metadata).
+	InHeader SourceKind = iota
+	// InQuery reads a URL query parameter.
+	InQuery
+	// InCookie reads a cookie.
+	InCookie
+)
+
+// Source is one place to look for an API key.
+type Source struct {
+	In   SourceKind
+	Name string
+}
+
+// DefaultKeySources returns the sources tried, in order, when
+// APIKeyOptions.Sources is empty: the Authorization header (a
+// case-insensitive "Bearer " prefix is stripped), the X-API-Key header, and
+// the api_key query parameter.
+func DefaultKeySources() []Source {
+	return []Source{{InHeader, "Authorization"}, {InHeader, "X-API-Key"}, {InQuery, "api_key"}}
+}
+
+// DefaultMaxKeyLength bounds presented keys; longer ones are refused
+// without hashing.
+const DefaultMaxKeyLength = 512
+
+// APIKeyOptions configure an APIKey authenticator. The zero value uses
+// DefaultKeySources, DefaultMaxKeyLength and time.Now.
+type APIKeyOptions struct {
+	// Sources are tried in order; the first non-empty value is the key.
+	Sources []Source
+	// MaxKeyLength bounds a key's length in bytes.
+	MaxKeyLength int
+	// Now is the clock used for key expiry.
+	Now func() time.Time
+}
+
+// APIKey authenticates requests by API key against a Keys registry.
+type APIKey struct {
+	keys *Keys
+	opts APIKeyOptions
+}
+
+// NewAPIKey returns an APIKey authenticator over keys.
+func NewAPIKey(keys *Keys, opts APIKeyOptions) *APIKey {
+	if len(opts.Sources) == 0 {
+		opts.Sources = DefaultKeySources()
+	}
+	if opts.MaxKeyLength <= 0 {
+		opts.MaxKeyLength = DefaultMaxKeyLength
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &APIKey{keys: keys, opts: opts}
+}
+
+// Extract returns the presented key, or "" when there is none.
+func (a *APIKey) Extract(r Request) string {
+	for _, s := range a.opts.Sources {
+		var v string
+		switch s.In {
+		case InHeader:
+			v = r.Header(s.Name)
+			if strings.EqualFold(s.Name, "Authorization") && len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+				v = v[7:]
+			}
+		case InQuery:
+			v = r.Query(s.Name)
+		case InCookie:
+			v = r.Cookie(s.Name)
+		}
+		if v = strings.TrimSpace(v); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Authenticate implements Authenticator: no key → 401 ErrMissingCredentials;
+// unknown, expired, inactive or over-long key → 403 ErrInvalidCredentials.
+func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
+	raw := a.Extract(r)
+	if raw == "" {
+		return nil, missing("no API key")
+	}
+	if len(raw) > a.opts.MaxKeyLength {
+		return nil, invalid(403, "unknown API key")
+	}
+	rec := a.keys.Lookup(HashKey(raw))
+	if rec == nil || rec.Inactive {
+		return nil, invalid(403, "unknown API key")
+	}
+	if !rec.Expires.IsZero() && !a.opts.Now().Before(rec.Expires) {
+		return nil, invalid(403, "API key expired")
+	}
+	return &rec.consumer, nil
+}
