@@ -1,0 +1,208 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+)
+
+func newEngine(t *testing.T, cfg core.Config, opts core.Options) (*core.Engine, *core.ManualClock) {
+	t.Helper()
+	clock := core.NewManualClock(int64(time.Hour))
+	e, err := core.NewEngine(memory.New(memory.Options{Clock: clock}), cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, clock
+}
+
+func TestEngineMostGenerousPolicyWins(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{
+		{ID: "small", Rate: core.PerSecond(2), Quota: core.Quota{Max: 1000, Renewal: time.Hour}},
+		{ID: "big", Rate: core.PerSecond(5), Quota: core.Quota{Max: 10, Renewal: time.Hour}},
+		{ID: "other-api", Rate: core.PerSecond(100), APIs: []string{"b"}},
+	}}, core.Options{})
+	c := &core.Consumer{ID: "c1", Policies: []string{"small", "big", "other-api"}}
+	d, err := e.Decide(context.Background(), c, "a", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Rate.Limit != 5 || d.Rate.Policy != "big" || d.Quota.Limit != 1000 || d.Quota.Policy != "small" || d.Policy != "big" {
+		t.Fatalf("decision %+v: want rate 5 from big, quota 1000 from small", d)
+	}
+	d, _ = e.Decide(context.Background(), c, "b", 1)
+	if d.Rate.Limit != 100 || d.Policy != "other-api" {
+		t.Fatalf("api b: %+v, want rate 100 from other-api", d)
+	}
+}
+
+func TestEngineAccessErrors(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "p", Rate: core.PerSecond(1), APIs: []string{"a"}}}}, core.Options{})
+	if _, err := e.Decide(context.Background(), &core.Consumer{ID: "x", Policies: []string{"p"}}, "b", 1); !errors.Is(err, core.ErrNoPolicy) {
+		t.Fatalf("policy for another API: err %v, want ErrNoPolicy", err)
+	}
+	if _, err := e.Decide(context.Background(), &core.Consumer{ID: "x", Policies: []string{"gone"}}, "a", 1); !errors.Is(err, core.ErrUnknownPolicy) {
+		t.Fatalf("unknown policy: err %v, want ErrUnknownPolicy", err)
+	}
+	if _, err := e.Decide(context.Background(), &core.Consumer{ID: "x", Policies: []string{"p"}}, "a", -1); !errors.Is(err, core.ErrInvalidCost) {
+		t.Fatalf("negative cost: err %v", err)
+	}
+	if err := e.SetConfig(core.Config{Policies: []core.Policy{{ID: "p"}, {ID: "p"}}}); err == nil {
+		t.Fatal("duplicate policy ids accepted")
+	}
+	if err := e.SetConfig(core.Config{Policies: []core.Policy{{ID: "bad", Rate: core.Limit{Rate: -3, Period: time.Second}}}}); !errors.Is(err, core.ErrInvalidLimit) {
+		t.Fatalf("invalid policy: %v", err)
+	}
+	if _, ok := e.Policy("p"); !ok {
+		t.Fatal("failed SetConfig replaced the config")
+	}
+}
+
+func TestEngineAPILimitsUseOwnCounters(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 1, Period: time.Minute}}}}, core.Options{})
+	c := &core.Consumer{ID: "c", Policies: []string{"p"}, APILimits: map[string]core.Limits{"special": {Rate: core.Limit{Rate: 2, Period: time.Minute}}}}
+	ctx := context.Background()
+	for i, want := range []bool{true, false} {
+		if d, _ := e.Decide(ctx, c, "plain", 1); d.Allowed != want {
+			t.Fatalf("plain #%d: allowed %v", i, d.Allowed)
+		}
+	}
+	for i, want := range []bool{true, true, false} {
+		if d, _ := e.Decide(ctx, c, "special", 1); d.Allowed != want {
+			t.Fatalf("special #%d: allowed %v", i, d.Allowed)
+		}
+	}
+}
+
+func TestEngineRateChangeAtRuntimeKeepsState(t *testing.T) {
+	e, clock := newEngine(t, core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 2, Period: time.Second}}}}, core.Options{})
+	c := &core.Consumer{ID: "c", Policies: []string{"p"}}
+	ctx := context.Background()
+	e.Decide(ctx, c, "", 1)
+	e.Decide(ctx, c, "", 1)
+	if d, _ := e.Decide(ctx, c, "", 1); d.Allowed {
+		t.Fatal("third request allowed at 2/s")
+	}
+	// Raise to 4/s burst 6 (T=250ms, τ=1.5s): the stored TAT (now+1s) is
+	// kept and leaves room for exactly 2 more.
+	if err := e.SetConfig(core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 4, Period: time.Second, Burst: 6}}}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, true, false} {
+		if d, _ := e.Decide(ctx, c, "", 1); d.Allowed != want {
+			t.Fatalf("after raise #%d: allowed %v, want %v", i, d.Allowed, want)
+		}
+	}
+	clock.Advance(250 * time.Millisecond)
+	if d, _ := e.Decide(ctx, c, "", 1); !d.Allowed {
+		t.Fatal("not allowed one new emission interval later")
+	}
+}
+
+func TestEngineShadow(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "try", Rate: core.Limit{Rate: 1, Period: time.Minute}, Shadow: true}}}, core.Options{})
+	c := &core.Consumer{ID: "c", Policies: []string{"try"}}
+	d1, _ := e.Decide(context.Background(), c, "", 1)
+	d2, _ := e.Decide(context.Background(), c, "", 1)
+	if !d1.Allowed || d1.Shadowed || !d2.Allowed || !d2.Shadowed || d2.RetryAfter != 0 || d2.DecidedBy != core.KindRate {
+		t.Fatalf("shadow: %+v then %+v", d1, d2)
+	}
+}
+
+func TestEngineUnlimitedSkipsStore(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "free", Rate: core.Limit{Rate: core.Unlimited}, Quota: core.Quota{Max: core.Unlimited}}}}, core.Options{})
+	d, err := e.Decide(context.Background(), &core.Consumer{ID: "c", Policies: []string{"free"}}, "", 1)
+	if err != nil || !d.Allowed || d.DecidedBy != core.KindNone {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if n := e.Store().(*memory.Store).Len(); n != 0 {
+		t.Fatalf("unlimited request created %d entries", n)
+	}
+}
+
+// brokenStore always fails, to drive the engine's failure policies. (Real
+// Redis outages are exercised in core/redisstore.)
+type brokenStore struct{ calls atomic.Int64 }
+
+var errDown = errors.New("connection refused")
+
+func (b *brokenStore) Take(context.Context, core.Request) (core.Decision, error) {
+	b.calls.Add(1)
+	return core.Decision{}, errDown
+}
+func (b *brokenStore) ResetQuota(context.Context, string, string) error { return errDown }
+
+func TestEngineFailurePolicies(t *testing.T) {
+	cfg := core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 1, Period: time.Minute}}}}
+	c := &core.Consumer{ID: "c", Policies: []string{"p"}}
+	var seen atomic.Int64
+	onErr := func(err error) {
+		if errors.Is(err, errDown) {
+			seen.Add(1)
+		}
+	}
+
+	open, _ := core.NewEngine(&brokenStore{}, cfg, core.Options{OnStoreError: onErr})
+	d, err := open.Decide(context.Background(), c, "", 1)
+	if err != nil || !d.Allowed || d.DecidedBy != core.KindNone || d.Remaining != 0 {
+		t.Fatalf("fail open: %+v, %v", d, err)
+	}
+
+	closed, _ := core.NewEngine(&brokenStore{}, cfg, core.Options{FailurePolicy: core.FailClosed, OnStoreError: onErr})
+	if _, err := closed.Decide(context.Background(), c, "", 1); !errors.Is(err, core.ErrStoreUnavailable) || !errors.Is(err, errDown) {
+		t.Fatalf("fail closed: err %v", err)
+	}
+
+	fb := memory.New(memory.Options{Clock: core.NewManualClock(1)})
+	fallback, _ := core.NewEngine(&brokenStore{}, cfg, core.Options{FailurePolicy: core.FailFallback, Fallback: fb, OnStoreError: onErr})
+	for i, want := range []bool{true, false} {
+		if d, err := fallback.Decide(context.Background(), c, "", 1); err != nil || d.Allowed != want || d.DecidedBy != core.KindRate {
+			t.Fatalf("fallback #%d: %+v %v", i, d, err)
+		}
+	}
+	if seen.Load() != 4 {
+		t.Fatalf("OnStoreError saw %d errors, want 4", seen.Load())
+	}
+	if _, err := core.NewEngine(&brokenStore{}, cfg, core.Options{FailurePolicy: core.FailFallback}); err == nil {
+		t.Fatal("FailFallback without Fallback accepted")
+	}
+}
+
+func TestEngineStoreTimeout(t *testing.T) {
+	cfg := core.Config{Policies: []core.Policy{{ID: "p", Rate: core.PerSecond(1)}}}
+	e, _ := core.NewEngine(slowStore{}, cfg, core.Options{FailurePolicy: core.FailClosed, StoreTimeout: 20 * time.Millisecond})
+	_, err := e.Decide(context.Background(), &core.Consumer{ID: "c", Policies: []string{"p"}}, "", 1)
+	if !errors.Is(err, core.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want ErrStoreUnavailable wrapping DeadlineExceeded", err)
+	}
+}
+
+// slowStore blocks until its context ends, like a Redis that stopped answering.
+type slowStore struct{}
+
+func (slowStore) Take(ctx context.Context, _ core.Request) (core.Decision, error) {
+	<-ctx.Done()
+	return core.Decision{}, ctx.Err()
+}
+func (slowStore) ResetQuota(context.Context, string, string) error { return nil }
+
+func TestEngineResetQuota(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "q", Quota: core.Quota{Max: 1, Renewal: time.Hour}}}}, core.Options{})
+	c := &core.Consumer{ID: "c", Policies: []string{"q"}}
+	ctx := context.Background()
+	e.Decide(ctx, c, "", 1)
+	if d, _ := e.Decide(ctx, c, "", 1); d.Allowed || d.DecidedBy != core.KindQuota {
+		t.Fatalf("quota not exhausted: %+v", d)
+	}
+	if err := e.ResetQuota(ctx, c, ""); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := e.Decide(ctx, c, "", 1); !d.Allowed {
+		t.Fatalf("after reset: %+v", d)
+	}
+}
