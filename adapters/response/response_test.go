@@ -1,0 +1,128 @@
+package response
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+func rate(rem int64, reset time.Duration) core.Status {
+	return core.Status{Limit: 5, Remaining: rem, ResetAfter: reset, Window: time.Second, Policy: "default"}
+}
+
+func quota(rem int64, reset time.Duration) core.Status {
+	return core.Status{Limit: 100, Remaining: rem, ResetAfter: reset, Window: 24 * time.Hour, Policy: "default"}
+}
+
+func TestRender(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	r := NewRenderer(Options{XRateLimit: true, Now: func() time.Time { return now }})
+	cases := []struct {
+		name    string
+		d       core.Decision
+		pass    bool
+		status  int
+		body    string
+		headers []Header
+	}{
+		{
+			name: "allowed",
+			d:    core.Decision{Allowed: true, DecidedBy: core.KindRate, Limit: 5, Remaining: 4, ResetAfter: 200 * time.Millisecond, Rate: rate(4, 200*time.Millisecond), Quota: quota(99, 24*time.Hour)},
+			pass: true,
+			headers: []Header{
+				{HeaderPolicy, `"default";q=5;w=1, "default/quota";q=100;w=86400`},
+				{HeaderRateLimit, `"default";r=4;t=1, "default/quota";r=99;t=86400`},
+				{HeaderXLimit, "5"}, {HeaderXRemaining, "4"}, {HeaderXReset, "1800000001"},
+			},
+		},
+		{
+			name:   "rate denied",
+			d:      core.Decision{DecidedBy: core.KindRate, Limit: 5, ResetAfter: time.Second, RetryAfter: 1200 * time.Millisecond, Rate: rate(0, time.Second), Quota: quota(10, time.Hour)},
+			status: 429,
+			body:   `{"error":"rate limit exceeded","retry_after_ms":1200}` + "\n",
+			headers: []Header{
+				{HeaderPolicy, `"default";q=5;w=1, "default/quota";q=100;w=86400`},
+				{HeaderRateLimit, `"default";r=0;t=2, "default/quota";r=10;t=3600`},
+				{HeaderXLimit, "5"}, {HeaderXRemaining, "0"}, {HeaderXReset, "1800000002"},
+				{HeaderRetryAfter, "2"},
+			},
+		},
+		{
+			name:   "quota denied",
+			d:      core.Decision{DecidedBy: core.KindQuota, Limit: 100, ResetAfter: 90 * time.Second, RetryAfter: 90 * time.Second, Quota: quota(0, 90*time.Second)},
+			status: 429,
+			body:   `{"error":"quota exceeded","retry_after_ms":90000}` + "\n",
+			headers: []Header{
+				{HeaderPolicy, `"default/quota";q=100;w=86400`},
+				{HeaderRateLimit, `"default/quota";r=0;t=90`},
+				{HeaderXLimit, "100"}, {HeaderXRemaining, "0"}, {HeaderXReset, "1800000090"},
+				{HeaderRetryAfter, "90"},
+			},
+		},
+		{
+			name:   "cost exceeds burst",
+			d:      core.Decision{DecidedBy: core.KindRate, Limit: 5, Remaining: 5, RetryAfter: -1, Rate: rate(5, 0)},
+			status: 429,
+			body:   `{"error":"request cost exceeds the burst and can never be allowed"}` + "\n",
+			headers: []Header{
+				{HeaderPolicy, `"default";q=5;w=1`},
+				{HeaderRateLimit, `"default";r=5;t=0`},
+				{HeaderXLimit, "5"}, {HeaderXRemaining, "5"}, {HeaderXReset, "1800000000"},
+			},
+		},
+		{name: "fail open", d: core.Decision{Allowed: true}, pass: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := r.Render(nil, c.d, nil)
+			if res.Pass != c.pass || res.Status != c.status || string(res.Body) != c.body {
+				t.Fatalf("got pass=%v status=%d body=%q", res.Pass, res.Status, res.Body)
+			}
+			if fmt.Sprint(res.Headers) != fmt.Sprint(c.headers) {
+				t.Fatalf("headers\n got %v\nwant %v", res.Headers, c.headers)
+			}
+		})
+	}
+}
+
+func TestRenderOptions(t *testing.T) {
+	d := core.Decision{DecidedBy: core.KindQuota, Limit: 100, ResetAfter: 90 * time.Second, RetryAfter: 90 * time.Second, Quota: quota(0, 90*time.Second)}
+	r := NewRenderer(Options{XRateLimit: true, XRateLimitReset: ResetSeconds, NoRateLimitFields: true, QuotaExceededStatus: 403})
+	res := r.Render(nil, d, nil)
+	want := []Header{{HeaderXLimit, "100"}, {HeaderXRemaining, "0"}, {HeaderXReset, "90"}, {HeaderRetryAfter, "90"}}
+	if res.Status != 403 || fmt.Sprint(res.Headers) != fmt.Sprint(want) {
+		t.Fatalf("status %d headers %v", res.Status, res.Headers)
+	}
+	// A hostile policy name cannot break the structured field.
+	d = core.Decision{Allowed: true, DecidedBy: core.KindRate, Rate: core.Status{Limit: 1, Remaining: 1, Window: 500 * time.Millisecond, Policy: "a\"b\\c\nd"}}
+	res = NewRenderer(Options{}).Render(nil, d, nil)
+	if got := res.Headers[0].Value; got != `"a\"b\\c_d";q=1;w=1` {
+		t.Fatalf("policy field %s", got)
+	}
+}
+
+func TestRenderErrors(t *testing.T) {
+	r := NewRenderer(Options{StoreFailureStatus: 429}) // 429 is refused for failures
+	cases := []struct {
+		err    error
+		status int
+		body   string
+	}{
+		{&identity.Error{Status: 401, Kind: identity.ErrMissingCredentials, Reason: "no API key"}, 401, `{"error":"no API key"}`},
+		{fmt.Errorf("wrapped: %w", &identity.Error{Status: 403, Kind: identity.ErrInvalidCredentials, Reason: `bad "key"`}), 403, `{"error":"bad \"key\""}`},
+		{core.ErrNoPolicy, 403, `{"error":"access to this API is not allowed"}`},
+		{fmt.Errorf("%w: %w", core.ErrStoreUnavailable, errors.New("dial tcp: refused")), 503, `{"error":"rate limit store unavailable"}`},
+		{core.ErrInvalidCost, 400, `{"error":"invalid request cost"}`},
+		{errors.New("boom"), 500, `{"error":"internal error"}`},
+	}
+	for _, c := range cases {
+		res := r.Render(nil, core.Decision{}, c.err)
+		if res.Pass || res.Status != c.status || string(res.Body) != c.body+"\n" || len(res.Headers) != 0 {
+			t.Errorf("%v: got %+v body %s", c.err, res, res.Body)
+		}
+	}
+}
