@@ -1,0 +1,57 @@
+package redistest
+
+import (
+	"context"
+	"github.com/redis/go-redis/v9"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+func TestStartStopRestart(t *testing.T) {
+	s := Start(t)
+	c := s.Client(t, nil)
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.ConfigGet(ctx, "save").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg["save"] != "" {
+		t.Fatalf("save = %q, want persistence off", cfg["save"])
+	}
+	s.Kill()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded after Kill")
+	}
+	s.Restart(t)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Restart: %v", err)
+	}
+	n, err := c.Exists(ctx, "k").Result()
+	if err != nil || n != 0 {
+		t.Fatalf("EXISTS k after restart = %d, %v; want 0 (no persistence)", n, err)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	cl := StartCluster(t, 3)
+	c := cl.Client(t, nil)
+	ctx := context.Background()
+	info, err := c.ClusterInfo(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "cluster_known_nodes:3") || !strings.Contains(info, "cluster_size:3") {
+		t.Fatalf("cluster info:\n%s", info)
+	}
+	var masters atomic.Int32
+	if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { masters.Add(1); return m.Ping(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	if masters.Load() != 3 {
+		t.Fatalf("masters = %d, want 3", masters.Load())
+	}
+}
