@@ -127,3 +127,12 @@ type Store interface {
 type Clock interface {
 	Nanotime() int64
 }
+
+// Penalizer is implemented by stores that can hold a consumer's rate limit
+// back. After Penalize(ctx, consumer, scope, l, d) no request of cost 1
+// under l passes before d has elapsed; later ones flow at l's rate again.
+// Outbound clients call it when a third party answers 429 with
+// Retry-After, so every caller sharing the store backs off together.
+type Penalizer interface {
+	Penalize(ctx context.Context, consumer, scope string, l Limit, d time.Duration) error
+}

@@ -1,0 +1,39 @@
+package memory
+
+import (
+	"context"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// Penalize implements core.Penalizer: it moves the TAT of (consumer, scope)
+// to at least now + d + τ − T, the earliest state in which a unit request
+// conforms exactly d from now. It never moves the TAT backwards.
+func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
+	if d <= 0 || l.IsUnlimited() {
+		return nil
+	}
+	p, err := l.CheckedGCRA()
+	if err != nil {
+		return err
+	}
+	h := s.hash(consumer, scope)
+	sh := s.shardOf(h)
+	now := s.clock.Nanotime()
+	target := now + int64(d) + p.Tau - p.T
+	for {
+		e := sh.create(h, consumer, scope, now)
+		for {
+			t := e.tat.Load()
+			if t == dead {
+				break // being swept; look up again
+			}
+			if t >= target || e.tat.CompareAndSwap(t, target) {
+				return nil
+			}
+		}
+	}
+}
+
+var _ core.Penalizer = (*Store)(nil)
