@@ -60,6 +60,22 @@ type GCRAResult struct {
 	RetryAfter int64
 }
 
+// Conform is GCRA's verdict alone, for callers that need neither Remaining
+// nor any duration (computing those costs a division): for a request of cost
+// n ≥ 0 at time now against stored TAT tat, it reports whether the request
+// conforms and, if so, the TAT to store when n > 0. It agrees with Step:
+// ok == Step(tat, now, n).Allowed, and when ok, next == Step(tat, now, n).TAT.
+func (p GCRAParams) Conform(tat, now, n int64) (next int64, ok bool) {
+	if tat < now {
+		tat = now
+	}
+	if n > p.Burst {
+		return tat, false
+	}
+	next = tat + n*p.T
+	return next, next-now <= p.Tau
+}
+
 // Step applies the Generic Cell Rate Algorithm (ITU-T I.371; the "virtual
 // scheduling" form) to a request of cost n ≥ 0 at time now, given the stored
 // theoretical arrival time tat (0 or any value < now means "no entry"). It is
