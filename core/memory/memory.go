@@ -4,8 +4,12 @@
 // Each key holds one atomic theoretical arrival time (GCRA's TAT), updated
 // with a compare-and-swap loop, and, when a quota applies, a pointer to its
 // current quota period whose used count is likewise a CAS-updated atomic.
-// Keys are spread over shards by a seeded hash; a shard's read-write mutex
-// guards only its map (lookups take the read side), never a key's state.
+// A key is hashed once, with a per-process random seed: the consumer's hash
+// picks the shard (so all of a consumer's keys share one), and the hash of
+// consumer and scope indexes the shard's map, whose entries carry the key
+// itself to confirm the match (the rare key whose hash collides with
+// another's lives in a second, ordinary map). A shard's read-write mutex
+// guards only its maps (lookups take the read side), never a key's state.
 //
 // An entry whose TAT has passed and whose quota period has ended is the same
 // state as no entry (DESIGN.md), so sweeps drop such entries without loss.
@@ -50,9 +54,17 @@ const dead = math.MinInt64
 
 type key struct{ consumer, scope string }
 
+// entry is one key's state: 48 bytes, which with its map slot keeps a key
+// under 100 bytes of heap besides the consumer string.
 type entry struct {
-	tat   atomic.Int64           // GCRA theoretical arrival time; 0 = none; dead while being removed
-	quota atomic.Pointer[period] // current quota period; nil = none; tombstone while being removed
+	tat      atomic.Int64           // GCRA theoretical arrival time; 0 = none; dead while being removed
+	quota    atomic.Pointer[period] // current quota period; nil = none; tombstone while being removed
+	consumer string
+	scope    string
+}
+
+func (e *entry) is(consumer, scope string) bool {
+	return e.consumer == consumer && e.scope == scope
 }
 
 type period struct {
@@ -65,8 +77,12 @@ type period struct {
 var tombstone = &period{}
 
 type shard struct {
-	mu        sync.RWMutex
-	m         map[key]*entry
+	mu sync.RWMutex
+	// m holds entries by key hash; a 16-byte slot per key.
+	m map[uint64]*entry
+	// more holds the entries whose hash was already taken by another key
+	// when they were inserted; almost always empty.
+	more      map[key]*entry
 	nextSweep int
 	_         [64]byte // keep shards on separate cache lines
 }
@@ -75,8 +91,7 @@ type shard struct {
 // concurrent use.
 type Store struct {
 	clock  core.Clock
-	seed   maphash.Seed
-	mask   uint64
+	shift  uint // a consumer hash's top bits pick its shard: h >> shift
 	shards []shard
 	stop   chan struct{}
 	done   chan struct{}
@@ -85,19 +100,19 @@ type Store struct {
 
 // New returns a Store configured by opts.
 func New(opts Options) *Store {
-	n := 256
+	n, shift := 256, uint(56)
 	if opts.Shards > 0 {
-		n = 1
+		n, shift = 1, 64
 		for n < opts.Shards {
-			n <<= 1
+			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: opts.Clock, seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n)}
+	s := &Store{clock: opts.Clock, shift: shift, shards: make([]shard, n)}
 	if s.clock == nil {
 		s.clock = core.NewSystemClock()
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[key]*entry)
+		s.shards[i].m = make(map[uint64]*entry)
 		s.shards[i].nextSweep = minSweepAt
 	}
 	if opts.SweepInterval > 0 {
@@ -132,32 +147,68 @@ func (s *Store) janitor(every time.Duration) {
 	}
 }
 
-func (s *Store) shardOf(consumer string) *shard {
-	return &s.shards[maphash.String(s.seed, consumer)&s.mask]
+// Seeds of the key hash, random per process.
+var consumerSeed, scopeSeed = maphash.MakeSeed(), maphash.MakeSeed()
+
+// keyHash returns the map hash of (consumer, scope) given the consumer's
+// hash hc. Scopes are hashed with their own seed, so swapping consumer and
+// scope gives an unrelated hash.
+func keyHash(hc uint64, scope string) uint64 {
+	if scope != "" {
+		hc ^= maphash.String(scopeSeed, scope)
+	}
+	return hc
 }
 
-// lookup returns the entry for k, or nil.
-func (sh *shard) lookup(k key) *entry {
+// locate returns the shard of (consumer, scope) and the key's hash.
+func (s *Store) locate(consumer, scope string) (*shard, uint64) {
+	hc := maphash.String(consumerSeed, consumer)
+	return &s.shards[hc>>s.shift], keyHash(hc, scope)
+}
+
+// get returns the entry for (consumer, scope) with hash h, or nil.
+func (sh *shard) get(h uint64, consumer, scope string) *entry {
 	sh.mu.RLock()
-	e := sh.m[k]
+	e := sh.find(h, consumer, scope)
 	sh.mu.RUnlock()
 	return e
 }
 
-// create returns the entry for k, inserting one if needed.
-func (sh *shard) create(k key, now int64) *entry {
+// find is get for a caller that holds the lock.
+func (sh *shard) find(h uint64, consumer, scope string) *entry {
+	if e := sh.m[h]; e != nil && e.is(consumer, scope) {
+		return e
+	}
+	if len(sh.more) != 0 {
+		return sh.more[key{consumer, scope}]
+	}
+	return nil
+}
+
+// put returns the entry for (consumer, scope) with hash h, inserting one if
+// needed.
+func (sh *shard) put(h uint64, consumer, scope string, now int64) *entry {
 	sh.mu.Lock()
-	e := sh.m[k]
+	e := sh.find(h, consumer, scope)
 	if e == nil {
-		if len(sh.m) >= sh.nextSweep {
+		if sh.len() >= sh.nextSweep {
 			sh.sweepLocked(now)
 		}
-		e = new(entry)
-		sh.m[k] = e
+		e = &entry{consumer: consumer, scope: scope}
+		if sh.m[h] == nil {
+			sh.m[h] = e
+		} else {
+			if sh.more == nil {
+				sh.more = make(map[key]*entry)
+			}
+			sh.more[key{consumer, scope}] = e
+		}
 	}
 	sh.mu.Unlock()
 	return e
 }
+
+func (sh *shard) len() int { return len(sh.m) + len(sh.more) }
 
 // Sweep drops every entry that no longer limits anything: TAT passed and
 // quota period ended (or absent).
@@ -175,19 +226,35 @@ func (s *Store) Sweep() {
 // look an entry up meanwhile; a goroutine that already holds a pointer sees
 // the dead/tombstone marks, fails its CAS, and looks up again after us.
 func (sh *shard) sweepLocked(now int64) {
-	for k, e := range sh.m {
-		t := e.tat.Load()
-		if t > now || !e.tat.CompareAndSwap(t, dead) {
-			continue
+	for h, e := range sh.m {
+		if e.kill(now) {
+			delete(sh.m, h)
 		}
-		q := e.quota.Load()
-		if (q != nil && q.end > now) || !e.quota.CompareAndSwap(q, tombstone) {
-			e.tat.Store(t) // still limited by its quota: revive
-			continue
-		}
-		delete(sh.m, k)
 	}
-	sh.nextSweep = max(2*len(sh.m), minSweepAt)
+	for k, e := range sh.more {
+		if e.kill(now) {
+			delete(sh.more, k)
+		}
+	}
+	if len(sh.more) == 0 {
+		sh.more = nil
+	}
+	sh.nextSweep = max(2*sh.len(), minSweepAt)
+}
+
+// kill marks e dead and reports true if it no longer limits anything at now;
+// the caller, holding the write lock, then removes it from its map.
+func (e *entry) kill(now int64) bool {
+	t := e.tat.Load()
+	if t > now || !e.tat.CompareAndSwap(t, dead) {
+		return false
+	}
+	q := e.quota.Load()
+	if (q != nil && q.end > now) || !e.quota.CompareAndSwap(q, tombstone) {
+		e.tat.Store(t) // still limited by its quota: revive
+		return false
+	}
+	return true
 }
 
 // Len returns the number of keys held (for tests and metrics).
@@ -196,7 +263,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.RLock()
-		n += len(sh.m)
+		n += sh.len()
 		sh.mu.RUnlock()
 	}
 	return n
@@ -228,23 +295,22 @@ func (s *Store) Take(_ context.Context, req core.Request) (core.Decision, error)
 			return core.Decision{}, err
 		}
 	}
-	k := key{req.Consumer, req.Scope}
-	sh := s.shardOf(req.Consumer)
-	now := s.clock.Nanotime()
-	e := sh.lookup(k)
+	sh, h := s.locate(req.Consumer, req.Scope)
+	now := nanotime(s.clock)
+	e := sh.get(h, req.Consumer, req.Scope)
 	if e == nil {
 		if req.Cost == 0 || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
 			// Cannot change state: answer from the empty state, create nothing.
 			return decide(nil, p, limited, req, now)
 		}
-		e = sh.create(k, now)
+		e = sh.put(h, req.Consumer, req.Scope, now)
 	}
 	for {
 		d, err := decide(e, p, limited, req, now)
 		if err != errRetry {
 			return d, err
 		}
-		e = sh.create(k, now)
+		e = sh.put(h, req.Consumer, req.Scope, now)
 	}
 }
 
@@ -406,10 +472,9 @@ func setQuota(d *core.Decision, qt core.Quota, q *period, used, now int64) {
 
 // ResetQuota deletes the quota period of (consumer, scope).
 func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
-	sh := s.shardOf(consumer)
-	k := key{consumer, scope}
+	sh, h := s.locate(consumer, scope)
 	for {
-		e := sh.lookup(k)
+		e := sh.get(h, consumer, scope)
 		if e == nil {
 			return nil
 		}

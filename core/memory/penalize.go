@@ -18,12 +18,11 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 	if err != nil {
 		return err
 	}
-	h := s.hash(consumer, scope)
-	sh := s.shardOf(h)
-	now := s.clock.Nanotime()
+	sh, h := s.locate(consumer, scope)
+	now := nanotime(s.clock)
 	target := now + int64(d) + p.Tau - p.T
 	for {
-		e := sh.create(h, consumer, scope, now)
+		e := sh.put(h, consumer, scope, now)
 		for {
 			t := e.tat.Load()
 			if t == dead {
