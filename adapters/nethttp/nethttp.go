@@ -81,8 +81,9 @@ func Write(w http.ResponseWriter, res response.Result) bool {
 	if res.Pass {
 		return true
 	}
-	h["Content-Type"] = []string{"application/json"}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
+	for _, f := range response.BodyHeaders() {
+		h[f.Name] = []string{f.Value}
+	}
 	w.WriteHeader(res.Status)
 	w.Write(res.Body)
 	return false

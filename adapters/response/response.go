@@ -85,6 +85,9 @@ type Result struct {
 	// Status and Body are the response when Pass is false.
 	Status int
 	Body   []byte
+	// Message is the "error" text of Body, for transports that carry a
+	// message rather than a body (gRPC status messages).
+	Message string
 	// Headers are the fields to set, in order.
 	Headers []Header
 }
@@ -124,27 +127,34 @@ func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
 	}
 	if d.RetryAfter < 0 {
 		msg = "request cost exceeds the burst and can never be allowed"
-		res.Body = errorBody(msg, -1)
+		res.Body, res.Message = errorBody(msg, -1), msg
 		return res
 	}
 	res.Headers = append(res.Headers, Header{HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)})
-	res.Body = errorBody(msg, ceilMillis(d.RetryAfter))
+	res.Body, res.Message = errorBody(msg, ceilMillis(d.RetryAfter)), msg
 	return res
+}
+
+// BodyHeaders returns the fields that go with a Body (a Result that does not
+// pass): it is JSON, and must not be sniffed as anything else.
+func BodyHeaders() [2]Header {
+	return [2]Header{{"Content-Type", "application/json"}, {"X-Content-Type-Options", "nosniff"}}
 }
 
 func (r *Renderer) failure(dst []Header, err error) Result {
 	var ie *identity.Error
+	status, msg := http.StatusInternalServerError, "internal error"
 	switch {
 	case errors.As(err, &ie):
-		return Result{Status: ie.Status, Body: errorBody(ie.Reason, -1), Headers: dst}
+		status, msg = ie.Status, ie.Reason
 	case errors.Is(err, core.ErrNoPolicy), errors.Is(err, core.ErrUnknownPolicy):
-		return Result{Status: http.StatusForbidden, Body: errorBody("access to this API is not allowed", -1), Headers: dst}
+		status, msg = http.StatusForbidden, "access to this API is not allowed"
 	case errors.Is(err, core.ErrStoreUnavailable):
-		return Result{Status: r.o.StoreFailureStatus, Body: errorBody("rate limit store unavailable", -1), Headers: dst}
+		status, msg = r.o.StoreFailureStatus, "rate limit store unavailable"
 	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
-		return Result{Status: http.StatusBadRequest, Body: errorBody("invalid request cost", -1), Headers: dst}
+		status, msg = http.StatusBadRequest, "invalid request cost"
 	}
-	return Result{Status: http.StatusInternalServerError, Body: errorBody("internal error", -1), Headers: dst}
+	return Result{Status: status, Body: errorBody(msg, -1), Message: msg, Headers: dst}
 }
 
 // headers appends the limit fields for d.

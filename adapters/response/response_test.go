@@ -3,6 +3,7 @@ package response
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,6 +83,9 @@ func TestRender(t *testing.T) {
 			if res.Pass != c.pass || res.Status != c.status || string(res.Body) != c.body {
 				t.Fatalf("got pass=%v status=%d body=%q", res.Pass, res.Status, res.Body)
 			}
+			if (c.pass && res.Message != "") || (!c.pass && !strings.Contains(c.body, `{"error":"`+res.Message+`"`)) {
+				t.Fatalf("message %q does not match body %q", res.Message, c.body)
+			}
 			if fmt.Sprint(res.Headers) != fmt.Sprint(c.headers) {
 				t.Fatalf("headers\n got %v\nwant %v", res.Headers, c.headers)
 			}
@@ -123,6 +127,9 @@ func TestRenderErrors(t *testing.T) {
 		res := r.Render(nil, core.Decision{}, c.err)
 		if res.Pass || res.Status != c.status || string(res.Body) != c.body+"\n" || len(res.Headers) != 0 {
 			t.Errorf("%v: got %+v body %s", c.err, res, res.Body)
+		}
+		if string(errorBody(res.Message, -1)) != string(res.Body) {
+			t.Errorf("%v: message %q does not match body %s", c.err, res.Message, res.Body)
 		}
 	}
 }
