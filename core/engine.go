@@ -86,6 +86,15 @@ type Options struct {
 	// OnStoreError, if set, is called with every store error (for logs and
 	// metrics). It must be safe for concurrent use.
 	OnStoreError func(error)
+	// Observer, if set, is told about every decision Decide makes.
+	Observer Observer
+}
+
+// Observer is told about every decision the engine makes, for metrics and
+// logs. took is the time spent deciding, store round trip included.
+// Implementations must be safe for concurrent use and must not block.
+type Observer interface {
+	ObserveDecision(api string, d Decision, err error, took time.Duration)
 }
 
 // Engine decides requests for consumers against policies, using a Store for
@@ -209,6 +218,16 @@ func moreGenerousQuota(a, b Quota) bool {
 // not use api: answer 403), ErrInvalidCost, and under FailClosed an error
 // wrapping ErrStoreUnavailable.
 func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
+	if e.opts.Observer == nil {
+		return e.decide(ctx, c, api, cost)
+	}
+	start := time.Now()
+	d, err := e.decide(ctx, c, api, cost)
+	e.opts.Observer.ObserveDecision(api, d, err, time.Since(start))
+	return d, err
+}
+
+func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
 	if cost < 0 {
 		return Decision{}, ErrInvalidCost
 	}

@@ -1,0 +1,103 @@
+// Package metrics exports limitplane's decisions as Prometheus metrics
+// (github.com/prometheus/client_golang). A Collector is both a
+// prometheus.Collector and a core.Observer: register it, and pass it as
+// core.Options.Observer.
+//
+// Labels are bounded by configuration — api, policy, limit (rate, quota,
+// none) and result (allowed, denied, shadow_denied, error) — never one value
+// per consumer.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// Options configure a Collector.
+type Options struct {
+	// Namespace prefixes every metric name; default "limitplane".
+	Namespace string
+	// Keys, if set, reports the number of live limiter keys (for example
+	// a *memory.Store) as the <namespace>_keys gauge.
+	Keys interface{ Len() int }
+	// Buckets are the decision-latency histogram buckets in seconds;
+	// default from 10µs to 1s.
+	Buckets []float64
+}
+
+// Collector counts decisions and their latency.
+type Collector struct {
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	keys      prometheus.GaugeFunc
+}
+
+// New returns a Collector for o.
+func New(o Options) *Collector {
+	if o.Namespace == "" {
+		o.Namespace = "limitplane"
+	}
+	if o.Buckets == nil {
+		o.Buckets = []float64{1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1}
+	}
+	c := &Collector{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: o.Namespace, Name: "decisions_total",
+			Help: "Rate-limit and quota decisions by API, policy, deciding limit and result (allowed, denied, shadow_denied, error).",
+		}, []string{"api", "policy", "limit", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: o.Namespace, Name: "decision_duration_seconds",
+			Help:    "Time to decide one request, store round trip included, by API.",
+			Buckets: o.Buckets,
+		}, []string{"api"}),
+	}
+	if o.Keys != nil {
+		keys := o.Keys
+		c.keys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: o.Namespace, Name: "keys",
+			Help: "Limiter keys currently held in process.",
+		}, func() float64 { return float64(keys.Len()) })
+	}
+	return c
+}
+
+// ObserveDecision implements core.Observer.
+func (c *Collector) ObserveDecision(api string, d core.Decision, err error, took time.Duration) {
+	result := "allowed"
+	switch {
+	case err != nil:
+		result = "error"
+	case d.Shadowed:
+		result = "shadow_denied"
+	case !d.Allowed:
+		result = "denied"
+	}
+	c.decisions.WithLabelValues(api, d.Policy, d.DecidedBy.String(), result).Inc()
+	c.latency.WithLabelValues(api).Observe(took.Seconds())
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	c.decisions.Describe(ch)
+	c.latency.Describe(ch)
+	if c.keys != nil {
+		c.keys.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.decisions.Collect(ch)
+	c.latency.Collect(ch)
+	if c.keys != nil {
+		c.keys.Collect(ch)
+	}
+}
+
+var (
+	_ core.Observer        = (*Collector)(nil)
+	_ prometheus.Collector = (*Collector)(nil)
+)

@@ -1,0 +1,76 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/metrics"
+)
+
+type downStore struct{}
+
+func (downStore) Take(context.Context, core.Request) (core.Decision, error) {
+	return core.Decision{}, errors.New("down")
+}
+func (downStore) ResetQuota(context.Context, string, string) error { return nil }
+
+func TestMetricsEndpointShowsExactCounts(t *testing.T) {
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	col := metrics.New(metrics.Options{Keys: store})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(col)
+	cfg := core.Config{Policies: []core.Policy{
+		{ID: "gold", Rate: core.Limit{Rate: 3, Period: time.Minute}},
+		{ID: "trial", Rate: core.Limit{Rate: 1, Period: time.Minute}, Shadow: true},
+	}}
+	eng, err := core.NewEngine(store, cfg, core.Options{Observer: col})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < 5; i++ { // 3 allowed, 2 denied
+		eng.Decide(ctx, &core.Consumer{ID: "a", Policies: []string{"gold"}}, "orders", 1)
+	}
+	for i := 0; i < 4; i++ { // 1 allowed, 3 shadow-denied
+		eng.Decide(ctx, &core.Consumer{ID: "b", Policies: []string{"trial"}}, "orders", 1)
+	}
+	down, _ := core.NewEngine(downStore{}, cfg, core.Options{Observer: col, FailurePolicy: core.FailClosed})
+	down.Decide(ctx, &core.Consumer{ID: "c", Policies: []string{"gold"}}, "orders", 1)
+
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	body := string(b)
+	for _, line := range []string{
+		`limitplane_decisions_total{api="orders",limit="rate",policy="gold",result="allowed"} 3`,
+		`limitplane_decisions_total{api="orders",limit="rate",policy="gold",result="denied"} 2`,
+		`limitplane_decisions_total{api="orders",limit="rate",policy="trial",result="allowed"} 1`,
+		`limitplane_decisions_total{api="orders",limit="rate",policy="trial",result="shadow_denied"} 3`,
+		`limitplane_decisions_total{api="orders",limit="none",policy="",result="error"} 1`,
+		`limitplane_decision_duration_seconds_count{api="orders"} 10`,
+		`limitplane_keys 2`,
+	} {
+		if !strings.Contains(body, line+"\n") {
+			t.Errorf("scrape lacks %q", line)
+		}
+	}
+	if strings.Contains(body, `"a"`) || strings.Contains(body, `"b"`) {
+		t.Error("a consumer ID leaked into a label")
+	}
+}
