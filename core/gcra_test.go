@@ -11,9 +11,9 @@ func TestGCRAStep(t *testing.T) {
 	const now = int64(10 * time.Second)
 	ms := int64(time.Millisecond)
 	cases := []struct {
-		name    string
-		tat, n  int64
-		want    GCRAResult
+		name   string
+		tat, n int64
+		want   GCRAResult
 	}{
 		{"empty, one", 0, 1, GCRAResult{Allowed: true, Store: true, TAT: now + 100*ms, Remaining: 4, ResetAfter: 100 * ms}},
 		{"stale tat is now", now - 5*ms*1000, 1, GCRAResult{Allowed: true, Store: true, TAT: now + 100*ms, Remaining: 4, ResetAfter: 100 * ms}},
