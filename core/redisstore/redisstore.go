@@ -1,0 +1,409 @@
+// Package redisstore is limitplane's Redis Store: the counters of every
+// gateway and worker process of a data plane live in one Redis (standalone,
+// Sentinel or Cluster, through redis.UniversalClient), so a limit means the
+// same on all of them.
+//
+// Each Take is one EVALSHA of a Lua script (reloaded automatically after
+// NOSCRIPT) that reads the rate limit's and the quota's state, decides, and
+// writes only when the request is allowed: the quota is spent only when the
+// rate limit allows, and a denied request changes no counter in any
+// algorithm. Time comes from Redis TIME inside the script, so app servers
+// with skewed clocks agree. GCRA, fixed windows and quotas are exact to the
+// nanosecond (see scripts.go for the integer arithmetic); results equal
+// core.GCRAParams.Step for any clock reading in whole microseconds, Redis
+// TIME's resolution.
+//
+// # Keys
+//
+// As DESIGN.md fixes: <prefix>{<consumer-hash>}:<kind>:<scope>, where
+// consumer-hash is the first 32 hex digits (128 bits) of SHA-256(consumer),
+// so raw API keys never reach Redis and all keys of one consumer share a
+// Cluster slot; kind is "gcra", "sw", "fw", "sl" (the rate algorithm) or
+// "quota"; scope is percent-encoded (every byte outside [A-Za-z0-9._~/-]
+// becomes %XX), which is injective, so no consumer or scope containing
+// '{', '}', ':' or newlines can collide with another. Every key written has
+// a TTL: GCRA's is ceil(TAT − now); a window's and a quota's is the time
+// until its period ends; a sliding window's covers two periods; a sliding
+// log's is one period after its newest entry (plus Options.TTLMargin).
+//
+// # Failures
+//
+// Every call is bounded by Options.Timeout and goes through a circuit
+// breaker (github.com/sony/gobreaker/v2): after Options.BreakerFailures
+// consecutive failures it fails fast with ErrCircuitOpen for
+// Options.BreakerCooldown, then lets one probe through and closes again when
+// Redis answers, so limiting resumes by itself. Errors are wrapped with %w;
+// core.Engine's FailurePolicy decides what a failure means for the request.
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Defaults for Options' zero fields.
+const (
+	// DefaultKeyPrefix starts every key unless Options.KeyPrefix is set.
+	DefaultKeyPrefix = "limitplane:"
+	// DefaultTimeout bounds each Redis call unless Options.Timeout is set.
+	DefaultTimeout = 250 * time.Millisecond
+	// DefaultBreakerFailures is how many consecutive failures open the
+	// circuit breaker.
+	DefaultBreakerFailures = 5
+	// DefaultBreakerCooldown is how long the breaker stays open before it
+	// lets a probe through.
+	DefaultBreakerCooldown = time.Second
+)
+
+// ErrCircuitOpen is returned (wrapped) while the circuit breaker is open or
+// half-open and busy probing: the store did not call Redis at all.
+var ErrCircuitOpen = errors.New("redisstore: circuit breaker open")
+
+// Options configure a Store. The zero value is usable.
+type Options struct {
+	// KeyPrefix starts every key; default DefaultKeyPrefix. It must not
+	// contain '{' or '}', which would move the Cluster hash tag.
+	KeyPrefix string
+	// Timeout bounds each Redis call (script or reset), in addition to the
+	// caller's context; default DefaultTimeout; negative means no bound of
+	// the store's own.
+	Timeout time.Duration
+	// BreakerFailures is the number of consecutive failed calls that opens
+	// the circuit breaker; default DefaultBreakerFailures; negative
+	// disables the breaker. Calls cancelled by the caller's own context
+	// do not count.
+	BreakerFailures int
+	// BreakerCooldown is how long the open breaker fails fast before one
+	// probe call may try Redis again; default DefaultBreakerCooldown.
+	BreakerCooldown time.Duration
+	// TTLMargin is added to every key's TTL; default 0. Tests that drive
+	// a manual Clock set it, since Redis expires keys in real time.
+	TTLMargin time.Duration
+	// OnBreakerChange, if set, is called when the breaker changes state
+	// (from, to are "closed", "half-open" or "open"), for logs and
+	// metrics.
+	OnBreakerChange func(from, to string)
+
+	// Clock is a test seam: when set, the script uses Clock.Nanotime()
+	// as now instead of Redis TIME, so the conformance suite can freeze
+	// and step time. Production code leaves it nil: then app-server clocks
+	// are never read and cannot skew decisions. Readings must be ≥ 0;
+	// sliding windows and logs truncate them to whole microseconds.
+	Clock core.Clock
+}
+
+// Store is the Redis Store. It is safe for concurrent use; create it with
+// New.
+type Store struct {
+	client  redis.UniversalClient
+	prefix  string
+	timeout time.Duration
+	margin  string
+	clock   core.Clock
+	breaker *gobreaker.CircuitBreaker[[]int64]
+}
+
+// New returns a Store over client (a *redis.Client, *redis.ClusterClient or
+// Sentinel-backed client). It does not contact Redis; the scripts are loaded
+// on first use. It fails only for an invalid KeyPrefix.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: New: nil client")
+	}
+	if strings.ContainsAny(opts.KeyPrefix, "{}") {
+		return nil, fmt.Errorf("redisstore: New: key prefix %q must not contain '{' or '}'", opts.KeyPrefix)
+	}
+	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, clock: opts.Clock}
+	if s.prefix == "" {
+		s.prefix = DefaultKeyPrefix
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	s.margin = strconv.FormatInt(int64((opts.TTLMargin+time.Millisecond-1)/time.Millisecond), 10)
+	if opts.BreakerFailures >= 0 {
+		fails := uint32(opts.BreakerFailures)
+		if fails == 0 {
+			fails = DefaultBreakerFailures
+		}
+		cool := opts.BreakerCooldown
+		if cool <= 0 {
+			cool = DefaultBreakerCooldown
+		}
+		st := gobreaker.Settings{
+			Name:        "redisstore",
+			Timeout:     cool,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= fails },
+			IsExcluded:  func(err error) bool { var c callerDone; return errors.As(err, &c) },
+		}
+		if f := opts.OnBreakerChange; f != nil {
+			st.OnStateChange = func(_ string, from, to gobreaker.State) { f(from.String(), to.String()) }
+		}
+		s.breaker = gobreaker.NewCircuitBreaker[[]int64](st)
+	}
+	return s, nil
+}
+
+// callerDone marks an error caused by the caller's own context ending: not
+// Redis's fault, so the breaker ignores it.
+type callerDone struct{ err error }
+
+func (c callerDone) Error() string { return c.err.Error() }
+func (c callerDone) Unwrap() error { return c.err }
+
+// call runs f under the timeout and the breaker.
+func (s *Store) call(ctx context.Context, f func(context.Context) ([]int64, error)) ([]int64, error) {
+	run := func() ([]int64, error) {
+		cctx := ctx
+		if s.timeout > 0 {
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(ctx, s.timeout)
+			defer cancel()
+		}
+		v, err := f(cctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, callerDone{err}
+		}
+		return v, err
+	}
+	if s.breaker == nil {
+		return run()
+	}
+	v, err := s.breaker.Execute(run)
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		return nil, fmt.Errorf("%w (%w)", ErrCircuitOpen, err)
+	}
+	return v, err
+}
+
+// kinds names the rate key per algorithm.
+var kinds = [...]string{core.GCRA: "gcra", core.SlidingWindow: "sw", core.FixedWindow: "fw", core.SlidingLog: "sl"}
+
+// key returns <prefix>{<consumer-hash>}:<kind>:<escaped scope>.
+func (s *Store) key(consumer, kind, scope string) string {
+	h := sha256.Sum256([]byte(consumer))
+	var b strings.Builder
+	b.Grow(len(s.prefix) + 32 + 4 + len(kind) + 3*len(scope))
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	var hx [32]byte
+	hex.Encode(hx[:], h[:16])
+	b.Write(hx[:])
+	b.WriteString("}:")
+	b.WriteString(kind)
+	b.WriteByte(':')
+	escapeScope(&b, scope)
+	return b.String()
+}
+
+// escapeScope writes scope with every byte outside [A-Za-z0-9._~/-] as %XX.
+func escapeScope(b *strings.Builder, scope string) {
+	const hexd = "0123456789ABCDEF"
+	for i := 0; i < len(scope); i++ {
+		c := scope[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._~/-", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hexd[c>>4])
+		b.WriteByte(hexd[c&15])
+	}
+}
+
+// maxExact is 2^53: Lua numbers are exact integers below it.
+const maxExact = int64(1) << 53
+
+// Take implements core.Store: it applies req in one script call. Errors:
+// core.ErrInvalidCost, core.ErrInvalidLimit (also for a sliding window or
+// log whose Period is not a whole number of microseconds, or a sliding
+// window whose Rate × Period in µs reaches 2^53), and otherwise a failure
+// to reach Redis (wrapping the go-redis error, context.DeadlineExceeded
+// after Options.Timeout, or ErrCircuitOpen).
+//
+// Window algorithms (FixedWindow, SlidingWindow, SlidingLog) count up to
+// Rate per Period and ignore Burst; their Status has Limit = Rate and
+// Window = Period, ResetAfter is the time until Remaining is back to Rate,
+// and a cost above Rate is denied with RetryAfter −1.
+func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, error) {
+	n := req.Cost
+	if n < 0 || n >= maxExact {
+		return core.Decision{}, core.ErrInvalidCost
+	}
+	limited := !req.Rate.IsUnlimited()
+	quota := !req.Quota.IsUnlimited()
+	var p core.GCRAParams
+	if limited {
+		var err error
+		if p, err = req.Rate.CheckedGCRA(); err != nil {
+			return core.Decision{}, err
+		}
+		if err := checkWindow(req.Rate); err != nil {
+			return core.Decision{}, err
+		}
+	}
+	if quota {
+		if err := req.Quota.Validate(); err != nil {
+			return core.Decision{}, err
+		}
+	}
+	if !limited && !quota {
+		return core.Decision{Allowed: true}, nil
+	}
+	alg := req.Rate.Algorithm
+	if !limited {
+		alg = core.GCRA
+	}
+
+	args := make([]any, 0, 13)
+	if s.clock != nil {
+		now := s.clock.Nanotime()
+		args = append(args, strconv.FormatInt(now/1000, 10), strconv.FormatInt(now%1000, 10))
+	} else {
+		args = append(args, "", "0")
+	}
+	args = append(args, strconv.FormatInt(n, 10))
+	if quota {
+		args = append(args, strconv.FormatInt(req.Quota.Max, 10))
+	} else {
+		args = append(args, "-1")
+	}
+	args = appendPair(args, int64(req.Quota.Renewal))
+	args = append(args, s.margin)
+	if limited {
+		args = append(args, "1")
+		switch alg {
+		case core.GCRA:
+			over, nt := "0", int64(0)
+			if n > p.Burst {
+				over = "1"
+			} else {
+				nt = n * p.T
+			}
+			args = append(args, over)
+			args = appendPair(args, nt)
+			args = appendPair(args, p.Tau)
+		case core.FixedWindow:
+			args = append(args, strconv.FormatInt(req.Rate.Rate, 10))
+			args = appendPair(args, int64(req.Rate.Period))
+		default:
+			args = append(args, strconv.FormatInt(req.Rate.Rate, 10), strconv.FormatInt(req.Rate.Period.Microseconds(), 10))
+		}
+	} else {
+		args = append(args, "0")
+	}
+	keys := []string{s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, "quota", req.Scope)}
+
+	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return scripts[alg].Run(ctx, s.client, keys, args...).Int64Slice()
+	})
+	if err != nil {
+		return core.Decision{}, fmt.Errorf("redisstore: take: %w", err)
+	}
+	if len(v) != 9 {
+		return core.Decision{}, fmt.Errorf("redisstore: take: script replied %d values, want 9", len(v))
+	}
+	return decision(req, p, alg, limited, quota, v)
+}
+
+// checkWindow enforces the sliding algorithms' microsecond arithmetic.
+func checkWindow(l core.Limit) error {
+	if l.Algorithm != core.SlidingWindow && l.Algorithm != core.SlidingLog {
+		return nil
+	}
+	if l.Period%time.Microsecond != 0 {
+		return fmt.Errorf("%w: redisstore: %v period %v is not a whole number of microseconds", core.ErrInvalidLimit, l.Algorithm, l.Period)
+	}
+	if us := l.Period.Microseconds(); l.Algorithm == core.SlidingWindow && (l.Rate+1) > maxExact/us {
+		return fmt.Errorf("%w: redisstore: sliding window rate %d × period %v reaches 2^53 µs", core.ErrInvalidLimit, l.Rate, l.Period)
+	}
+	return nil
+}
+
+// appendPair appends x ≥ 0 (ns) as the script's (µs, ns remainder) pair.
+func appendPair(args []any, x int64) []any {
+	return append(args, strconv.FormatInt(x/1000, 10), strconv.FormatInt(x%1000, 10))
+}
+
+func pair(u, r int64) time.Duration { return time.Duration(u*1000 + r) }
+
+// decision turns the script's reply into a Decision (see scripts.go for
+// the reply layout).
+func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, quota bool, v []int64) (core.Decision, error) {
+	code, n := v[0], req.Cost
+	var d core.Decision
+	var rateRetry time.Duration
+	if limited {
+		if alg == core.GCRA {
+			cost := n
+			if code == 2 {
+				cost = 0 // the quota denied; the rate limit was only peeked
+			}
+			r := p.Step(int64(pair(v[1], v[2])), 0, cost)
+			if r.Allowed != (code != 1) {
+				return core.Decision{}, fmt.Errorf("redisstore: take: script verdict %d disagrees with core GCRA %+v", code, r)
+			}
+			d.Rate = core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
+			rateRetry = time.Duration(r.RetryAfter)
+		} else {
+			d.Rate = core.Status{Limit: req.Rate.Rate, Remaining: v[1], ResetAfter: pair(v[2], v[3]), Window: req.Rate.Period}
+			rateRetry = pair(v[4], v[5])
+			if alg != core.FixedWindow {
+				d.Rate.ResetAfter, rateRetry = time.Duration(v[2])*time.Microsecond, time.Duration(v[4])*time.Microsecond
+			}
+			if n > req.Rate.Rate {
+				rateRetry = -1
+			}
+		}
+	}
+	if quota {
+		d.Quota = core.Status{Limit: req.Quota.Max, Remaining: max(req.Quota.Max-v[6], 0), ResetAfter: pair(v[7], v[8]), Window: req.Quota.Renewal}
+	}
+	var top core.Status
+	switch code {
+	case 0:
+		d.Allowed = true
+		if limited {
+			d.DecidedBy, top = core.KindRate, d.Rate
+		} else {
+			d.DecidedBy, top = core.KindQuota, d.Quota
+		}
+	case 1:
+		d.DecidedBy, top, d.RetryAfter = core.KindRate, d.Rate, rateRetry
+	case 2:
+		d.DecidedBy, top, d.RetryAfter = core.KindQuota, d.Quota, d.Quota.ResetAfter
+		if n > req.Quota.Max {
+			d.RetryAfter = -1
+		}
+	default:
+		return core.Decision{}, fmt.Errorf("redisstore: take: script replied code %d", code)
+	}
+	d.Limit, d.Remaining, d.ResetAfter = top.Limit, top.Remaining, top.ResetAfter
+	return d, nil
+}
+
+// ResetQuota implements core.Store: it deletes the quota key of (consumer,
+// scope), so the next request starts a new period. Deleting a key that does
+// not exist is not an error. Failures are reported as for Take.
+func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
+	key := s.key(consumer, "quota", scope)
+	_, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return nil, s.client.Del(ctx, key).Err()
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: reset quota: %w", err)
+	}
+	return nil
+}
+
+var _ core.Store = (*Store)(nil)

@@ -1,0 +1,299 @@
+package redisstore
+
+import (
+	"github.com/limitplane/limitplane/core"
+	"github.com/redis/go-redis/v9"
+)
+
+// The Lua scripts. Each is one prelude (time, quota) plus one algorithm's
+// rate_peek/rate_take plus the shared main, so a single EVALSHA checks the
+// rate limit and the quota of a request together and writes only when both
+// allow it.
+//
+// Numbers. Redis runs Lua 5.1, whose numbers are IEEE doubles: integers are
+// exact below 2^53, and Redis truncates a Lua number to an integer reply.
+// Absolute times therefore never appear in nanoseconds (about 2^60 today):
+// a time or duration x in ns is carried as the pair (u, r) = (x div 1000,
+// x mod 1000), microseconds plus a sub-microsecond remainder, and stored as
+// the decimal string of x built from the pair. Every pair's u is below
+// 2^61/1000 < 2^51 (core bounds τ and Renewal by 2^61 ns), so GCRA, fixed
+// windows and quotas are exact to the nanosecond, and replies are pairs of
+// integers that survive the integer conversion. Redis TIME has microsecond
+// resolution, so in production r is 0 for "now". The sliding window and
+// sliding log count in whole microseconds (see Store.Take).
+//
+// Arguments shared by all scripts:
+//
+//	KEYS[1] rate key, KEYS[2] quota key (same hash tag, so same slot)
+//	ARGV[1], ARGV[2]  now as a pair, or ARGV[1] == "" to read Redis TIME
+//	ARGV[3]           cost n
+//	ARGV[4]           quota Max, or -1 for no quota
+//	ARGV[5], ARGV[6]  quota Renewal as a pair
+//	ARGV[7]           TTL margin in ms
+//	ARGV[8]           "1" when a rate limit applies
+//	ARGV[9...]        the algorithm's parameters
+//
+// Reply: {code, a, b, c, d, e, quota_used, quota_reset_u, quota_reset_r}
+// with code 0 allowed, 1 denied by the rate limit, 2 denied by the quota;
+// a..e are the algorithm's (see each chunk).
+const prelude = `
+local now_u, now_r
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now_u, now_r = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
+else
+  now_u, now_r = tonumber(ARGV[1]), tonumber(ARGV[2])
+end
+local n = tonumber(ARGV[3])
+local qmax = tonumber(ARGV[4])
+local ren_u, ren_r = tonumber(ARGV[5]), tonumber(ARGV[6])
+local margin = tonumber(ARGV[7])
+
+-- pair arithmetic: (u, r) = u µs + r ns, 0 <= r < 1000
+local function sub(au, ar, bu, br)
+  local u, r = au - bu, ar - br
+  if r < 0 then u, r = u - 1, r + 1000 end
+  return u, r
+end
+local function add(au, ar, bu, br)
+  local u, r = au + bu, ar + br
+  if r >= 1000 then u, r = u + 1, r - 1000 end
+  return u, r
+end
+local function lt(au, ar, bu, br)
+  return au < bu or (au == bu and ar < br)
+end
+-- decimal ns string <-> pair
+local function enc(u, r)
+  return string.format('%d%03d', u, r)
+end
+local function dec(s)
+  if not s then return nil end
+  local l = string.len(s)
+  if l <= 3 then return 0, tonumber(s) end
+  return tonumber(string.sub(s, 1, l - 3)), tonumber(string.sub(s, l - 2))
+end
+-- PEXPIRE value for a lifetime of (u, r) >= 0: whole ms rounded up, plus margin
+local function ttl(u, r)
+  local ms = math.floor(u / 1000)
+  if u % 1000 > 0 or r > 0 or ms < 1 then ms = ms + 1 end
+  return ms + margin
+end
+-- exact floor(x / y) for integers 0 <= x, 0 < y below 2^53
+local function fdiv(x, y)
+  local q = math.floor(x / y)
+  if q * y > x then q = q - 1 elseif (q + 1) * y <= x then q = q + 1 end
+  return q
+end
+-- a window that opens at its first spend: hash {used, end}; returns
+-- used, end pair (end_u false when no window is open at now)
+local function win_load(key)
+  local v = redis.call('HMGET', key, 'used', 'end')
+  if v[1] and v[2] then
+    local eu, er = dec(v[2])
+    if lt(now_u, now_r, eu, er) then return tonumber(v[1]), eu, er end
+  end
+  return 0, false, 0
+end
+-- spends m > 0 units in the window, opening one of length (lu, lr) if needed
+local function win_spend(key, used, eu, er, m, lu, lr)
+  if eu then
+    redis.call('HINCRBY', key, 'used', m)
+    return used + m, eu, er
+  end
+  eu, er = add(now_u, now_r, lu, lr)
+  redis.call('HSET', key, 'used', m, 'end', enc(eu, er))
+  redis.call('PEXPIRE', key, ttl(lu, lr))
+  return m, eu, er
+end
+`
+
+// gcraChunk: ARGV[9] "1" when n > Burst, ARGV[10..11] n×T, ARGV[12..13] τ,
+// all pairs. The rate key is a string: the TAT in decimal ns. Reply a, b:
+// the effective TAT before the call minus now, as a pair; Go derives the
+// Decision from it with core.GCRAParams.Step, the one GCRA oracle, and
+// checks that Step agrees with the script's verdict.
+const gcraChunk = `
+local over = ARGV[9] == '1'
+local nt_u, nt_r = tonumber(ARGV[10]), tonumber(ARGV[11])
+local tau_u, tau_r = tonumber(ARGV[12]), tonumber(ARGV[13])
+local function g_offset()
+  local tu, tr = dec(redis.call('GET', KEYS[1]))
+  if not tu or lt(tu, tr, now_u, now_r) then return now_u, now_r, 0, 0 end
+  local du, dr = sub(tu, tr, now_u, now_r)
+  return tu, tr, du, dr
+end
+local function rate_peek()
+  local _, _, du, dr = g_offset()
+  return du, dr, 0, 0, 0
+end
+local function rate_take()
+  local tu, tr, du, dr = g_offset()
+  if over then return false, du, dr, 0, 0, 0 end
+  local xu, xr = add(du, dr, nt_u, nt_r)
+  if lt(tau_u, tau_r, xu, xr) then return false, du, dr, 0, 0, 0 end
+  if n > 0 then
+    local su, sr = add(tu, tr, nt_u, nt_r)
+    redis.call('SET', KEYS[1], enc(su, sr), 'PX', ttl(xu, xr))
+  end
+  return true, du, dr, 0, 0, 0
+end
+`
+
+// fixedChunk: ARGV[9] Rate, ARGV[10..11] Period as a pair. The rate key is
+// a window hash like the quota's. Reply: a remaining, (b, c) time until the
+// window closes (0 when none is open), (d, e) the same when denied.
+const fixedChunk = `
+local R = tonumber(ARGV[9])
+local pu, pr = tonumber(ARGV[10]), tonumber(ARGV[11])
+local function fw_reply(used, eu, er, denied)
+  local ru, rr = 0, 0
+  if eu then ru, rr = sub(eu, er, now_u, now_r) end
+  if denied then return R - used, ru, rr, ru, rr end
+  return R - used, ru, rr, 0, 0
+end
+local function rate_peek()
+  local used, eu, er = win_load(KEYS[1])
+  return fw_reply(used, eu, er, false)
+end
+local function rate_take()
+  local used, eu, er = win_load(KEYS[1])
+  if n > R or used + n > R then return false, fw_reply(used, eu, er, true) end
+  if n > 0 then used, eu, er = win_spend(KEYS[1], used, eu, er, n, pu, pr) end
+  return true, fw_reply(used, eu, er, false)
+end
+`
+
+// slidingChunk: ARGV[9] Rate, ARGV[10] Period in µs; time in whole µs.
+// The rate key is a hash {s: current window start, c: its count, p: the
+// previous window's count}. Windows are consecutive Periods from the first
+// request; a request two Periods after s starts a fresh chain at now. The
+// estimate is c + p×(P−e)/P with e = now − s; a request of n passes iff
+// p×(P−e) ≤ (Rate−c−n)×P (exact integers: Rate×P < 2^53). Reply: a
+// remaining = Rate − c − ceil(p×(P−e)/P), b reset (µs until both windows
+// have faded), d retry (µs until the same request would pass).
+const slidingChunk = `
+local R, P = tonumber(ARGV[9]), tonumber(ARGV[10])
+local now = now_u
+local function sw_load()
+  local v = redis.call('HMGET', KEYS[1], 's', 'c', 'p')
+  local s, c, p = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  if not s or now >= s + 2 * P then return now, 0, 0 end
+  if now >= s + P then return s + P, 0, c end
+  return s, c, p
+end
+local function sw_reply(s, c, p, denied)
+  local e = now - s
+  local w = 0
+  if p > 0 then w = fdiv(p * (P - e) + P - 1, P) end
+  local rem = R - c - w
+  if rem < 0 then rem = 0 end
+  local reset = 0
+  if c > 0 then reset = s + 2 * P - now elseif p > 0 then reset = s + P - now end
+  local retry = 0
+  if denied and n <= R then
+    local k = R - c - n
+    if k >= 0 then
+      retry = P - fdiv(k * P, p) - e
+    else
+      retry = 2 * P - e - fdiv((R - n) * P, c)
+    end
+  end
+  return rem, reset, 0, retry, 0
+end
+local function rate_peek()
+  local s, c, p = sw_load()
+  return sw_reply(s, c, p, false)
+end
+local function rate_take()
+  local s, c, p = sw_load()
+  local k = R - c - n
+  if n > R or k < 0 or p * (P - (now - s)) > k * P then return false, sw_reply(s, c, p, true) end
+  if n > 0 then
+    c = c + n
+    redis.call('HSET', KEYS[1], 's', string.format('%d', s), 'c', c, 'p', p)
+    redis.call('PEXPIRE', KEYS[1], ttl(s + 2 * P - now, 0))
+  end
+  return true, sw_reply(s, c, p, false)
+end
+`
+
+// logChunk: ARGV[9] Rate, ARGV[10] Period in µs; time in whole µs. The
+// rate key is a sorted set with one member per admitted unit, scored by its
+// time; the live ones are those scored in (now − P, now]. Reply: a
+// remaining, b reset (µs until the newest live entry expires), d retry (µs
+// until enough entries expire for the same request to pass).
+const logChunk = `
+local R, P = tonumber(ARGV[9]), tonumber(ARGV[10])
+local now = now_u
+local lo = '(' .. string.format('%d', now - P)
+local function sl_reply(count, denied)
+  local reset, retry = 0, 0
+  if count > 0 then
+    local v = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
+    reset = tonumber(v[2]) + P - now
+  end
+  if denied and n <= R then
+    local v = redis.call('ZRANGEBYSCORE', KEYS[1], lo, '+inf', 'WITHSCORES', 'LIMIT', count - (R - n) - 1, 1)
+    retry = tonumber(v[2]) + P - now
+  end
+  local rem = R - count
+  if rem < 0 then rem = 0 end
+  return rem, reset, 0, retry, 0
+end
+local function rate_peek()
+  return sl_reply(redis.call('ZCOUNT', KEYS[1], lo, '+inf'), false)
+end
+local function rate_take()
+  local count = redis.call('ZCOUNT', KEYS[1], lo, '+inf')
+  if n > R or count + n > R then return false, sl_reply(count, true) end
+  if n > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - P))
+    local snow = string.format('%d', now)
+    local m = redis.call('ZCOUNT', KEYS[1], snow, snow)
+    for i = 0, n - 1 do
+      redis.call('ZADD', KEYS[1], snow, snow .. ':' .. string.format('%d', m + i))
+    end
+    redis.call('PEXPIRE', KEYS[1], ttl(P, 0))
+    count = count + n
+  end
+  return true, sl_reply(count, false)
+end
+`
+
+// mainChunk checks the quota (an exhausted quota denies without touching
+// the rate limit), then the rate limit, and spends the quota only when the
+// rate limit allowed.
+const mainChunk = `
+local q_on = qmax >= 0
+local rate_on = ARGV[8] == '1'
+local q_used, q_eu, q_er = 0, false, 0
+if q_on then q_used, q_eu, q_er = win_load(KEYS[2]) end
+local function reply(code, a, b, c, d, e)
+  local ru, rr = ren_u, ren_r
+  if q_eu then ru, rr = sub(q_eu, q_er, now_u, now_r) end
+  return {code, a, b, c, d, e, q_used, ru, rr}
+end
+if q_on and q_used + n > qmax then
+  if rate_on then return reply(2, rate_peek()) end
+  return reply(2, 0, 0, 0, 0, 0)
+end
+local a, b, c, d, e = 0, 0, 0, 0, 0
+if rate_on then
+  local ok
+  ok, a, b, c, d, e = rate_take()
+  if not ok then return reply(1, a, b, c, d, e) end
+end
+if q_on and n > 0 then
+  q_used, q_eu, q_er = win_spend(KEYS[2], q_used, q_eu, q_er, n, ren_u, ren_r)
+end
+return reply(0, a, b, c, d, e)
+`
+
+// scripts holds one script per algorithm, indexed by core.Algorithm.
+var scripts = [...]*redis.Script{
+	core.GCRA:          redis.NewScript(prelude + gcraChunk + mainChunk),
+	core.SlidingWindow: redis.NewScript(prelude + slidingChunk + mainChunk),
+	core.FixedWindow:   redis.NewScript(prelude + fixedChunk + mainChunk),
+	core.SlidingLog:    redis.NewScript(prelude + logChunk + mainChunk),
+}
