@@ -95,6 +95,10 @@ type Request struct{ R *http.Request }
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return q.R.Header.Get(name) }
 
+// HeaderValues returns every value of the named header, in the order
+// received (nil when absent); identity.ClientIP reads X-Forwarded-For with it.
+func (q Request) HeaderValues(name string) []string { return q.R.Header.Values(name) }
+
 // Query implements identity.Request.
 func (q Request) Query(name string) string {
 	if q.R.URL == nil || q.R.URL.RawQuery == "" {
