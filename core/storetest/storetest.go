@@ -49,7 +49,16 @@ func Run(t *testing.T, s Suite) {
 	t.Run("Quota", func(t *testing.T) { runQuota(t, s) })
 	t.Run("Errors", func(t *testing.T) { runErrors(t, s) })
 	for _, a := range s.Algorithms {
-		t.Fatalf("storetest has no vectors for algorithm %v yet", a)
+		switch a {
+		case core.FixedWindow:
+			t.Run("FixedWindow", func(t *testing.T) { runFixedWindow(t, s) })
+		case core.SlidingWindow:
+			t.Run("SlidingWindow", func(t *testing.T) { runSlidingWindow(t, s) })
+		case core.SlidingLog:
+			t.Run("SlidingLog", func(t *testing.T) { runSlidingLog(t, s) })
+		default:
+			t.Fatalf("storetest has no vectors for algorithm %v", a)
+		}
 	}
 }
 

@@ -1,0 +1,39 @@
+package redisstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/core/storetest"
+	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// suite runs the conformance suite against stores over client. Each store
+// reads the suite's manual clock through the Options.Clock test seam; the
+// TTL margin keeps keys alive while the manual clock stands still.
+func suite(client redis.UniversalClient) storetest.Suite {
+	return storetest.Suite{
+		New: func(t *testing.T, clock core.Clock) core.Store {
+			s, err := redisstore.New(client, redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		Algorithms:  []core.Algorithm{core.FixedWindow, core.SlidingWindow, core.SlidingLog},
+		Granularity: time.Microsecond,
+	}
+}
+
+func TestConformanceStandalone(t *testing.T) {
+	srv := redistest.Start(t)
+	storetest.Run(t, suite(srv.Client(t, &redis.Options{PoolSize: 64})))
+}
+
+func TestConformanceCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	storetest.Run(t, suite(cl.Client(t, &redis.ClusterOptions{PoolSize: 64})))
+}
