@@ -1,11 +1,15 @@
 // Package identity answers "who is this consumer?" for every adapter: API
-// keys (held only as SHA-256 hashes), client IP for keyless APIs, and the
-// key registry that maps a key to its policies.
+// keys (held only as SHA-256 hashes) and the key registry that maps a key to
+// its policies (APIKey, Keys), signed JWTs (JWT, JWKS), and the client IP
+// for keyless APIs (Keyless, ClientIP), which is also what FailureLimited
+// charges failed authentication attempts to.
 //
 // Adapters wrap their framework's request in a Request and call an
 // Authenticator. Authentication failures are *Error values carrying the HTTP
-// status to answer with; no limiter state is ever created for a caller that
-// failed authentication.
+// status to answer with; no limiter state is ever created for the identity a
+// caller claimed but failed to prove. FailureLimited adds brute-force
+// protection: failures are charged to the client address under their own
+// policy, and a client over that budget gets a *LimitError (answered 429).
 package identity
 
 import (
@@ -25,6 +29,11 @@ type Request interface {
 	// Header returns the first value of the named header (case-insensitive
 	// name; for gRPC, the metadata key).
 	Header(name string) string
+	// HeaderValues returns every value of the named header, one per
+	// header line, in the order received (nil when absent). ClientIP needs
+	// all of them: a proxy may append its own X-Forwarded-For line after
+	// one the client sent.
+	HeaderValues(name string) []string
 	// Query returns the first value of the named URL query parameter.
 	Query(name string) string
 	// Cookie returns the value of the named cookie.
@@ -89,24 +98,22 @@ func PeerAddr(r Request) (netip.Addr, error) {
 }
 
 // Keyless identifies the consumer of a keyless API by client IP: each
-// address gets its own counters under the given policies.
+// address (or address group, see ClientIPOptions) gets its own counters
+// under the given policies. Its consumer IDs are "ip:" and ClientIP.Key.
 type Keyless struct {
 	// Policies apply to every client.
 	Policies []string
-	// ClientIP picks the address; nil means PeerAddr.
-	ClientIP func(Request) (netip.Addr, error)
+	// ClientIP picks the address; nil means the peer address with the
+	// ClientIPOptions defaults (no trusted proxies, IPv6 grouped by /64).
+	ClientIP *ClientIP
 }
 
 // Authenticate implements Authenticator. It fails only when no address can
-// be parsed (401).
+// be parsed (401 ErrMissingCredentials).
 func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
-	ipf := k.ClientIP
-	if ipf == nil {
-		ipf = PeerAddr
-	}
-	a, err := ipf(r)
+	key, err := k.ClientIP.Key(r)
 	if err != nil {
 		return nil, missing("no client address")
 	}
-	return &core.Consumer{ID: "ip:" + a.String(), Policies: k.Policies}, nil
+	return &core.Consumer{ID: "ip:" + key, Policies: k.Policies}, nil
 }

@@ -111,9 +111,11 @@ const (
 	InCookie
 )
 
-// Source is one place to look for an API key.
+// Source is one place to look for a credential (an API key or a JWT).
 type Source struct {
-	In   SourceKind
+	// In says whether Name is a header, query parameter or cookie.
+	In SourceKind
+	// Name is the header, query parameter or cookie name.
 	Name string
 }
 
@@ -161,8 +163,13 @@ func NewAPIKey(keys *Keys, opts APIKeyOptions) *APIKey {
 }
 
 // Extract returns the presented key, or "" when there is none.
-func (a *APIKey) Extract(r Request) string {
-	for _, s := range a.opts.Sources {
+func (a *APIKey) Extract(r Request) string { return extract(r, a.opts.Sources) }
+
+// extract returns the first non-empty credential found in sources, with
+// surrounding white space trimmed and, for the Authorization header, a
+// case-insensitive "Bearer " prefix (RFC 6750) removed.
+func extract(r Request, sources []Source) string {
+	for _, s := range sources {
 		var v string
 		switch s.In {
 		case InHeader:
