@@ -112,7 +112,16 @@ func NewRenderer(o Options) *Renderer {
 // Render returns the answer for a decision d, or for err when it is not nil
 // (an authentication error from identity, or an engine error). dst is
 // reused for Headers.
+//
+// An *identity.LimitError (identity.FailureLimited's answer to a client
+// over its failed-authentication budget) renders as its denying decision,
+// with the body "too many failed authentication attempts".
 func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
+	var le *identity.LimitError
+	if errors.As(err, &le) {
+		d, err = le.Decision, nil
+		d.Allowed = false // never let a LimitError pass
+	}
 	if err != nil {
 		return r.failure(dst, err)
 	}
@@ -129,6 +138,9 @@ func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
 		msg = "request cost exceeds the burst and can never be allowed"
 		res.Body, res.Message = errorBody(msg, -1), msg
 		return res
+	}
+	if le != nil {
+		msg = identity.ErrTooManyFailures.Error()
 	}
 	res.Headers = append(res.Headers, Header{HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)})
 	res.Body, res.Message = errorBody(msg, ceilMillis(d.RetryAfter)), msg
