@@ -1,0 +1,263 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func newStore(t *testing.T, c redis.UniversalClient, o redisstore.Options) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func take(t *testing.T, s core.Store, r core.Request) core.Decision {
+	t.Helper()
+	d, err := s.Take(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Take(%+v): %v", r, err)
+	}
+	return d
+}
+
+// TestOracleNonMicrosecondT checks GCRA against core.GCRAParams.Step where
+// T and τ are not whole microseconds and τ is near core's 2^61 ns bound:
+// the µs/ns pair arithmetic must be exact to the nanosecond.
+func TestOracleNonMicrosecondT(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	clock := core.NewManualClock(int64(1_000_000 * time.Hour))
+	s := newStore(t, c, redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	limits := []core.Limit{
+		{Rate: 3, Period: time.Second, Burst: 4},                   // T = 333333333 ns
+		{Rate: 7, Period: time.Second + 1},                         // T = 142857143 ns
+		{Rate: 1_000_003, Period: time.Second, Burst: 9},           // T = 999 ns: below a µs
+		{Rate: 1, Period: 97 * 24 * time.Hour, Burst: 27},          // τ ≈ 2^57.8 ns
+		{Rate: 3, Period: 10*24*time.Hour + 1, Burst: 760},         // τ ≈ 2^60.7 ns, T not whole µs
+		{Rate: 10, Period: time.Second, Burst: 5},                  // whole µs
+		{Rate: 1_000_000_000, Period: time.Second, Burst: 1 << 40}, // T = 1 ns, huge burst
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for li, l := range limits {
+		p := l.GCRA()
+		id := "oracle-" + strconv.Itoa(li)
+		tat := int64(0)
+		var allowed, denied int
+		for i := 0; i < 300; i++ {
+			clock.Advance(time.Duration(rng.Int64N(p.T/1000*3+3)) * time.Microsecond)
+			var n int64
+			switch rng.IntN(4) {
+			case 0:
+				n = 0
+			case 1:
+				n = 1
+			case 2:
+				n = rng.Int64N(p.Burst) + 1
+			default:
+				n = p.Burst + rng.Int64N(3)
+			}
+			now := clock.Nanotime()
+			r := p.Step(tat, now, n)
+			if r.Store {
+				tat = r.TAT
+			}
+			d := take(t, s, core.Request{Consumer: id, Rate: l, Cost: n})
+			want := core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
+			if d.Allowed != r.Allowed || d.Rate != want || d.RetryAfter != time.Duration(r.RetryAfter) {
+				t.Fatalf("limit %+v step %d (n=%d): got allowed=%v %+v retry=%d; oracle allowed=%v %+v retry=%d",
+					l, i, n, d.Allowed, d.Rate, d.RetryAfter, r.Allowed, want, r.RetryAfter)
+			}
+			if n > 0 && d.Allowed {
+				allowed++
+			} else if n > 0 && d.RetryAfter > 0 {
+				denied++
+			}
+		}
+		if allowed < 20 || denied < 20 {
+			t.Fatalf("limit %+v: %d allowed, %d denied (not a mixed sequence)", l, allowed, denied)
+		}
+	}
+}
+
+// TestKeysAndTTLs checks the key layout of DESIGN.md and that every key
+// written carries the TTL it should, on the production (Redis TIME) path.
+func TestKeysAndTTLs(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:"})
+	ctx := context.Background()
+	consumer, scope := "sk_live_secret{}:\n", "api:v1/{x}\n"
+	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
+	q := core.Quota{Max: 100, Renewal: time.Hour}
+	d := take(t, s, core.Request{Consumer: consumer, Scope: scope, Rate: l, Quota: q, Cost: 3})
+	if !d.Allowed || d.Rate.Remaining != 2 || d.Quota.Remaining != 97 {
+		t.Fatalf("decision %+v", d)
+	}
+	for _, a := range []core.Algorithm{core.FixedWindow, core.SlidingWindow, core.SlidingLog} {
+		take(t, s, core.Request{Consumer: consumer, Scope: scope, Rate: core.Limit{Rate: 10, Period: time.Minute, Algorithm: a}, Cost: 1})
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 5 {
+		t.Fatalf("keys %q, want 5", keys)
+	}
+	re := regexp.MustCompile(`^lp:\{([0-9a-f]{32})\}:(gcra|quota|fw|sw|sl):api%3Av1/%7Bx%7D%0A$`)
+	tag := ""
+	for _, k := range keys {
+		m := re.FindStringSubmatch(k)
+		if m == nil {
+			t.Fatalf("key %q does not follow <prefix>{<hash>}:<kind>:<escaped scope>", k)
+		}
+		if tag != "" && m[1] != tag {
+			t.Fatalf("keys of one consumer have different hash tags: %q", keys)
+		}
+		tag = m[1]
+		if strings.Contains(k, "secret") {
+			t.Fatalf("raw consumer id in key %q", k)
+		}
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lo, hi time.Duration
+		switch {
+		case strings.Contains(k, ":gcra:"): // ceil(TAT − now) = 300ms
+			lo, hi = 250*time.Millisecond, 300*time.Millisecond
+		case strings.Contains(k, ":quota:"): // the renewal period
+			lo, hi = time.Hour-time.Second, time.Hour
+		case strings.Contains(k, ":fw:"), strings.Contains(k, ":sl:"): // one period
+			lo, hi = time.Minute-time.Second, time.Minute
+		case strings.Contains(k, ":sw:"): // two periods
+			lo, hi = 2*time.Minute-time.Second, 2*time.Minute
+		}
+		if ttl < lo || ttl > hi {
+			t.Fatalf("PTTL %s = %v, want in [%v, %v]", k, ttl, lo, hi)
+		}
+	}
+	// A denied request writes nothing: TTLs do not move.
+	before, _ := c.PTTL(ctx, keys[0]).Result()
+	take(t, s, core.Request{Consumer: consumer, Scope: scope, Rate: l, Quota: q, Cost: 6})
+	after, _ := c.PTTL(ctx, keys[0]).Result()
+	if after > before {
+		t.Fatalf("denied request refreshed a TTL: %v -> %v", before, after)
+	}
+	if err := s.ResetQuota(ctx, consumer, scope); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := c.Exists(ctx, "lp:{"+tag+"}:quota:api%3Av1/%7Bx%7D%0A").Result(); n != 0 {
+		t.Fatal("ResetQuota left the quota key")
+	}
+}
+
+// TestUsesRedisTime shows the production path takes "now" from Redis TIME:
+// the TAT the script stores is Redis's clock plus the reported ResetAfter,
+// so no app-server clock (skewed or not) enters the decision.
+func TestUsesRedisTime(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "t:"})
+	ctx := context.Background()
+	l := core.Limit{Rate: 1, Period: time.Hour}
+	before, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := take(t, s, core.Request{Consumer: "c", Rate: l, Cost: 1})
+	after, _ := c.Time(ctx).Result()
+	keys, _ := c.Keys(ctx, "t:*:gcra:").Result()
+	if len(keys) != 1 {
+		t.Fatalf("keys %q", keys)
+	}
+	v, _ := c.Get(ctx, keys[0]).Result()
+	tat, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("stored TAT %q: %v", v, err)
+	}
+	if d.ResetAfter != time.Hour {
+		t.Fatalf("ResetAfter %v, want 1h", d.ResetAfter)
+	}
+	now := tat - int64(time.Hour) // the script's now
+	if now < before.UnixNano() || now > after.UnixNano() || now%1000 != 0 {
+		t.Fatalf("script's now %d not Redis TIME in [%d, %d] µs-aligned", now, before.UnixNano(), after.UnixNano())
+	}
+}
+
+// TestScriptReload: after SCRIPT FLUSH the store reloads its script.
+func TestScriptReload(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	s := newStore(t, c, redisstore.Options{})
+	l := core.PerMinute(3)
+	take(t, s, core.Request{Consumer: "a", Rate: l, Cost: 1})
+	if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, s, core.Request{Consumer: "a", Rate: l, Cost: 1}); !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("after SCRIPT FLUSH: %+v", d)
+	}
+}
+
+// TestWindowLimitsRejected: the sliding algorithms count whole µs.
+func TestWindowLimitsRejected(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, srv.Client(t, nil), redisstore.Options{})
+	for _, l := range []core.Limit{
+		{Rate: 3, Period: time.Second + 1, Algorithm: core.SlidingWindow},
+		{Rate: 3, Period: time.Second + 1, Algorithm: core.SlidingLog},
+		{Rate: 1 << 30, Period: 1 << 40, Algorithm: core.SlidingWindow},
+	} {
+		if _, err := s.Take(context.Background(), core.Request{Consumer: "x", Rate: l, Cost: 1}); !errors.Is(err, core.ErrInvalidLimit) {
+			t.Errorf("%+v: err %v, want ErrInvalidLimit", l, err)
+		}
+	}
+	if _, err := redisstore.New(redis.NewClient(&redis.Options{Addr: srv.Addr}), redisstore.Options{KeyPrefix: "a{b"}); err == nil {
+		t.Error("prefix with '{' accepted")
+	}
+}
+
+// TestWaitAcrossClients: core.Wait over three stores with separate clients
+// shares one rate: 15 waits at 20/s burst 1 take at least 14 × 50ms.
+func TestWaitAcrossClients(t *testing.T) {
+	srv := redistest.Start(t)
+	l := core.Limit{Rate: 20, Period: time.Second, Burst: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	errs := make(chan error, 15)
+	for i := 0; i < 3; i++ {
+		s := newStore(t, srv.Client(t, nil), redisstore.Options{})
+		for j := 0; j < 5; j++ {
+			go func() {
+				d, err := core.Wait(ctx, s, core.Request{Consumer: "waiter", Rate: l, Cost: 1})
+				if err == nil && !d.Allowed {
+					err = errors.New("Wait returned a denial")
+				}
+				errs <- err
+			}()
+		}
+	}
+	for i := 0; i < 15; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if el := time.Since(start); el < 14*50*time.Millisecond {
+		t.Fatalf("15 waits at 20/s burst 1 took %v, want ≥ 700ms", el)
+	}
+}
