@@ -1,0 +1,347 @@
+// Package grpc is limitplane's gRPC glue: unary and stream server
+// interceptors that identify the caller from metadata or the peer address,
+// ask the engine for a decision and end denied calls with a status.
+//
+// A call is limited under the API ID Options.API(fullMethod) — by default
+// the full method name, "/pkg.Service/Method". The answers match the HTTP
+// adapters, since all of them render through adapters/response:
+//
+//   - the rate-limit fields (RateLimit-Policy, RateLimit, Retry-After and,
+//     when enabled, X-RateLimit-*) travel as response header metadata
+//     under the same names, lower-cased;
+//   - a denial ends the call with codes.ResourceExhausted carrying
+//     errdetails.RetryInfo (the decision's RetryAfter; left out when the
+//     cost can never pass) and errdetails.QuotaFailure;
+//   - authentication failures end it with Unauthenticated (HTTP 401) or
+//     PermissionDenied (403), a store failure under core.FailClosed with
+//     Unavailable, an invalid cost with InvalidArgument.
+//
+// Streams are checked when they open; with Options.PerMessage every message
+// the server receives is decided too, and a stream over its message rate
+// ends with ResourceExhausted.
+//
+// Import it under a name that does not clash with gRPC itself:
+//
+//	import lpgrpc "github.com/limitplane/limitplane/adapters/grpc"
+//
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(lpgrpc.UnaryServerInterceptor(engine, auth, lpgrpc.Options{})),
+//		grpc.ChainStreamInterceptor(lpgrpc.StreamServerInterceptor(engine, auth, lpgrpc.Options{})),
+//	)
+package grpc
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Limiter decides requests; *core.Engine implements it.
+type Limiter interface {
+	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
+}
+
+// Options configure the interceptors. The zero value limits every call (and
+// every stream when it opens) at cost 1 under its full method name, does not
+// meter stream messages, and uses the default Renderer.
+type Options struct {
+	// API maps a full method name ("/pkg.Service/Method") to the API ID
+	// the engine decides for; nil means the full method name itself.
+	API func(fullMethod string) string
+	// Cost returns the cost of a unary call or of opening a stream; nil
+	// means 1.
+	Cost func(ctx context.Context, fullMethod string) int64
+	// PerMessage meters every message a stream receives (client and
+	// bidirectional streams): after each successful RecvMsg the engine is
+	// asked for MessageCost units under MessageAPI. A denied message ends
+	// the stream with ResourceExhausted: RecvMsg returns that status, and
+	// the interceptor returns it whatever the handler returns.
+	PerMessage bool
+	// MessageAPI maps a full method name to the API ID messages are
+	// decided for; nil means API's. Under the same API ID messages and
+	// calls spend the same counters; a distinct ID with per-API limits
+	// (core.Consumer.APILimits) gives messages counters of their own.
+	MessageAPI func(fullMethod string) string
+	// MessageCost is each received message's cost; 0 means 1.
+	MessageCost int64
+	// Renderer renders answers; nil means response.NewRenderer with zero
+	// Options.
+	Renderer *response.Renderer
+	// OnDecision, if set, is called once per call, stream opening and
+	// metered message with the decision or error (for metrics and logs).
+	OnDecision func(ctx context.Context, fullMethod string, d core.Decision, err error)
+}
+
+// interceptor holds what both interceptors share.
+type interceptor struct {
+	l    Limiter
+	auth identity.Authenticator
+	rend *response.Renderer
+	o    Options
+}
+
+func newInterceptor(l Limiter, auth identity.Authenticator, o Options) *interceptor {
+	if o.Renderer == nil {
+		o.Renderer = response.NewRenderer(response.Options{})
+	}
+	if o.API == nil {
+		o.API = func(m string) string { return m }
+	}
+	if o.MessageAPI == nil {
+		o.MessageAPI = o.API
+	}
+	if o.MessageCost == 0 {
+		o.MessageCost = 1
+	}
+	return &interceptor{l: l, auth: auth, rend: o.Renderer, o: o}
+}
+
+// UnaryServerInterceptor returns an interceptor that authenticates each
+// unary call with auth and limits it with l (see the package comment for
+// the answers).
+func UnaryServerInterceptor(l Limiter, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
+	in := newInterceptor(l, auth, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		_, md, err := in.admit(ctx, info.FullMethod)
+		if md != nil {
+			grpc.SetHeader(ctx, md) // fails only without a server transport stream
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor returns an interceptor that authenticates each
+// stream with auth and limits its opening with l and, with
+// Options.PerMessage, each message it receives.
+func StreamServerInterceptor(l Limiter, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
+	in := newInterceptor(l, auth, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		c, md, err := in.admit(ss.Context(), info.FullMethod)
+		if md != nil {
+			ss.SetHeader(md) // fails only once headers are sent, which they are not yet
+		}
+		if err != nil {
+			return err
+		}
+		if !in.o.PerMessage {
+			return handler(srv, ss)
+		}
+		ms := &meteredStream{ServerStream: ss, in: in, c: c, method: info.FullMethod, api: in.o.MessageAPI(info.FullMethod)}
+		herr := handler(srv, ms)
+		if ms.denied != nil {
+			return ms.denied
+		}
+		return herr
+	}
+}
+
+// admit authenticates and decides a call or stream opening. It returns the
+// consumer, the header metadata to send (nil if none) and, when the call
+// must not proceed, its status error.
+func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer, metadata.MD, error) {
+	var d core.Decision
+	c, err := in.auth.Authenticate(ctx, Request{ctx})
+	if err == nil {
+		cost := int64(1)
+		if in.o.Cost != nil {
+			cost = in.o.Cost(ctx, method)
+		}
+		d, err = in.l.Decide(ctx, c, in.o.API(method), cost)
+	}
+	md, serr := in.answer(ctx, method, c, d, err)
+	return c, md, serr
+}
+
+// answer renders a decision and returns its metadata and, unless it
+// passes, its status error.
+func (in *interceptor) answer(ctx context.Context, method string, c *core.Consumer, d core.Decision, err error) (metadata.MD, error) {
+	if in.o.OnDecision != nil {
+		in.o.OnDecision(ctx, method, d, err)
+	}
+	var buf [8]response.Header
+	res := in.rend.Render(buf[:0], d, err)
+	md := Metadata(res.Headers)
+	if res.Pass {
+		return md, nil
+	}
+	subject := ""
+	if c != nil {
+		subject = c.ID
+	}
+	return md, Status(res, d, subject, err).Err()
+}
+
+// meteredStream decides every message received on a stream.
+type meteredStream struct {
+	grpc.ServerStream
+	in     *interceptor
+	c      *core.Consumer
+	method string
+	api    string
+	denied error // the status that ended the stream, once a message is denied
+}
+
+// RecvMsg receives a message and then spends its cost; a denied message is
+// not handed over, and this and every later call return the
+// ResourceExhausted status (its rate-limit fields go out as trailer
+// metadata).
+func (s *meteredStream) RecvMsg(m any) error {
+	if s.denied != nil {
+		return s.denied
+	}
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	ctx := s.Context()
+	d, err := s.in.l.Decide(ctx, s.c, s.api, s.in.o.MessageCost)
+	md, serr := s.in.answer(ctx, s.method, s.c, d, err)
+	if serr != nil {
+		if md != nil {
+			s.SetTrailer(md)
+		}
+		s.denied = serr
+	}
+	return serr
+}
+
+// Status maps a rendered answer that does not pass to the gRPC status that
+// ends the call; it is the one place this package turns limitplane answers
+// into codes. d is the decision (for denials) and err the error Render was
+// given; subject names the consumer in the QuotaFailure violation.
+//
+//   - a denied decision (HTTP 429, or QuotaExceededStatus), and an
+//     identity.LimitError: ResourceExhausted with RetryInfo (unless the
+//     cost can never pass) and QuotaFailure details;
+//   - 401: Unauthenticated; 403: PermissionDenied;
+//   - core.ErrStoreUnavailable: Unavailable (whatever StoreFailureStatus);
+//   - 400: InvalidArgument; anything else: Internal.
+//
+// The status message is res.Message.
+func Status(res response.Result, d core.Decision, subject string, err error) *status.Status {
+	var le *identity.LimitError
+	switch {
+	case err == nil:
+	case errors.As(err, &le):
+		d = le.Decision
+	case errors.Is(err, core.ErrStoreUnavailable):
+		return status.New(codes.Unavailable, res.Message)
+	default:
+		return status.New(errorCode(res.Status), res.Message)
+	}
+	st := status.New(codes.ResourceExhausted, res.Message)
+	details := make([]protoadapt.MessageV1, 0, 2)
+	if d.RetryAfter >= 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
+	}
+	details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+		Subject:     subject,
+		Description: res.Message,
+		QuotaMetric: d.DecidedBy.String(),
+		QuotaId:     d.Policy,
+		QuotaValue:  d.Limit,
+	}}})
+	if wd, derr := st.WithDetails(details...); derr == nil {
+		st = wd
+	}
+	return st
+}
+
+// errorCode maps the HTTP status Render chose for an error.
+func errorCode(httpStatus int) codes.Code {
+	switch httpStatus {
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusTooManyRequests:
+		return codes.ResourceExhausted
+	case http.StatusBadRequest:
+		return codes.InvalidArgument
+	case http.StatusServiceUnavailable:
+		return codes.Unavailable
+	}
+	return codes.Internal
+}
+
+// mdKeys holds the metadata key of each field adapters/response writes.
+var mdKeys = func() map[string]string {
+	m := make(map[string]string)
+	for _, n := range []string{response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset} {
+		m[n] = strings.ToLower(n)
+	}
+	return m
+}()
+
+// Metadata returns header fields rendered by adapters/response as gRPC
+// metadata: the same names, lower-cased as gRPC requires, with the same
+// values. It returns nil for no fields.
+func Metadata(hs []response.Header) metadata.MD {
+	if len(hs) == 0 {
+		return nil
+	}
+	md := make(metadata.MD, len(hs))
+	vals := make([]string, len(hs)) // one allocation for every field's value slice
+	for i, h := range hs {
+		k, ok := mdKeys[h.Name]
+		if !ok {
+			k = strings.ToLower(h.Name)
+		}
+		vals[i] = h.Value
+		md[k] = vals[i : i+1 : i+1]
+	}
+	return md
+}
+
+// Request adapts an incoming gRPC call's context to identity.Request:
+// headers are the incoming metadata (keys matched case-insensitively, so
+// "Authorization" finds "authorization"), the remote address is the peer's.
+// gRPC has no query parameters or cookies; Query and Cookie return "".
+type Request struct{ Ctx context.Context }
+
+// Header implements identity.Request.
+func (q Request) Header(name string) string {
+	if v := metadata.ValueFromIncomingContext(q.Ctx, name); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// HeaderValues returns every value of the named metadata key (nil when
+// absent).
+func (q Request) HeaderValues(name string) []string {
+	return metadata.ValueFromIncomingContext(q.Ctx, name)
+}
+
+// Query implements identity.Request; gRPC calls have no query, so it
+// returns "".
+func (Request) Query(string) string { return "" }
+
+// Cookie implements identity.Request; it returns "".
+func (Request) Cookie(string) string { return "" }
+
+// RemoteAddr implements identity.Request: the peer's address, or "" when
+// the context has none.
+func (q Request) RemoteAddr() string {
+	if p, ok := peer.FromContext(q.Ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
