@@ -60,20 +60,32 @@ type GCRAResult struct {
 	RetryAfter int64
 }
 
-// Conform is GCRA's verdict alone, for callers that need neither Remaining
-// nor any duration (computing those costs a division): for a request of cost
-// n ≥ 0 at time now against stored TAT tat, it reports whether the request
-// conforms and, if so, the TAT to store when n > 0. It agrees with Step:
-// ok == Step(tat, now, n).Allowed, and when ok, next == Step(tat, now, n).TAT.
+// Conform is GCRA's verdict alone, for callers that need no Remaining or
+// durations: for a request of cost n ≥ 0 at time now against stored TAT tat,
+// next is max(tat, now) + n×T, the TAT to store if the request is admitted,
+// and ok reports whether it conforms: n ≤ Burst and next − now ≤ τ. (When
+// n > Burst, next may have wrapped and means nothing.) Step is built from
+// Conform, Remaining and RetryAfter, and stores with a hot path use the
+// three directly, which keeps every value in a register.
 func (p GCRAParams) Conform(tat, now, n int64) (next int64, ok bool) {
-	if tat < now {
-		tat = now
-	}
+	next = max(tat, now) + n*p.T
+	return next, n <= p.Burst && next-now <= p.Tau
+}
+
+// Remaining returns how many unit-cost requests would conform at now with
+// stored TAT tat: floor((τ − (max(tat, now) − now)) / T), never below 0.
+func (p GCRAParams) Remaining(tat, now int64) int64 {
+	return max((p.Tau-(max(tat, now)-now))/p.T, 0)
+}
+
+// RetryAfter returns how long from now until a request of cost n would
+// conform with stored TAT tat: 0 if it conforms now, -1 if it never can
+// (n > Burst).
+func (p GCRAParams) RetryAfter(tat, now, n int64) int64 {
 	if n > p.Burst {
-		return tat, false
+		return -1
 	}
-	next = tat + n*p.T
-	return next, next-now <= p.Tau
+	return max(max(tat, now)+n*p.T-p.Tau-now, 0)
 }
 
 // Step applies the Generic Cell Rate Algorithm (ITU-T I.371; the "virtual
@@ -86,24 +98,10 @@ func (p GCRAParams) Conform(tat, now, n int64) (next int64, ok bool) {
 // n == 0 peeks without changing state; n > Burst is denied with
 // RetryAfter = -1. Every store's results must equal Step's.
 func (p GCRAParams) Step(tat, now, n int64) GCRAResult {
-	if tat < now {
-		tat = now
+	next, ok := p.Conform(tat, now, n)
+	if !ok {
+		next = max(tat, now)
 	}
-	if n > p.Burst {
-		return p.result(false, false, tat, now, -1)
-	}
-	next := tat + n*p.T
-	if next-now > p.Tau {
-		return p.result(false, false, tat, now, next-p.Tau-now)
-	}
-	return p.result(true, n > 0, next, now, 0)
-}
-
-func (p GCRAParams) result(allowed, store bool, tat, now, retry int64) GCRAResult {
-	reset := tat - now
-	rem := (p.Tau - reset) / p.T
-	if rem < 0 {
-		rem = 0
-	}
-	return GCRAResult{Allowed: allowed, Store: store, TAT: tat, Remaining: rem, ResetAfter: reset, RetryAfter: retry}
+	return GCRAResult{Allowed: ok, Store: ok && n > 0, TAT: next, Remaining: p.Remaining(next, now),
+		ResetAfter: next - now, RetryAfter: p.RetryAfter(tat, now, n)}
 }

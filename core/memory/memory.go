@@ -274,7 +274,7 @@ var errRetry = errors.New("entry removed; retry")
 
 // Take implements core.Store. Only GCRA is supported; other algorithms
 // return core.ErrUnsupportedAlgorithm.
-func (s *Store) Take(_ context.Context, req core.Request) (core.Decision, error) {
+func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err error) {
 	if req.Cost < 0 {
 		return core.Decision{}, core.ErrInvalidCost
 	}
@@ -298,6 +298,34 @@ func (s *Store) Take(_ context.Context, req core.Request) (core.Decision, error)
 	sh, h := s.locate(req.Consumer, req.Scope)
 	now := nanotime(s.clock)
 	e := sh.get(h, req.Consumer, req.Scope)
+	if e != nil && limited && !quota {
+		// The common case, a rate limit alone on a known key, decided in
+		// registers and returned as one literal: decide's general path
+		// copies result structs and costs twice as much.
+		n := req.Cost
+		for {
+			tat := e.tat.Load()
+			if tat == dead {
+				break // being swept: the general path looks up again
+			}
+			next, ok := p.Conform(tat, now, n)
+			if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
+				continue
+			}
+			// The one-byte fields first, well before the division below:
+			// a caller copying d in 16-byte moves right after a narrow store
+			// would wait for it (a failed store-to-load forward).
+			d.Allowed, d.DecidedBy = ok, core.KindRate
+			retry := int64(0)
+			if !ok {
+				next, retry = max(tat, now), p.RetryAfter(tat, now, n)
+			}
+			rem, reset := p.Remaining(next, now), time.Duration(next-now)
+			d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
+			d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
+			return d, nil
+		}
+	}
 	if e == nil {
 		if req.Cost == 0 || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
 			// Cannot change state: answer from the empty state, create nothing.
