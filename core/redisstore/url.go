@@ -1,0 +1,125 @@
+package redisstore
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// NewClientFromURL returns the go-redis client a `store:` URL names, for the
+// gateway's configuration. The forms are:
+//
+//	redis://[user:password@]host[:port][/db][?options]    one server (port 6379)
+//	rediss://...                                          the same over TLS
+//	unix://[user:password@]/path/to/redis.sock[?db=N]     a unix socket
+//	redis+cluster://[user:password@]h1[:port],h2[:port]... a Cluster, seeded by these nodes
+//	rediss+cluster://...                                  the same over TLS
+//	redis+sentinel://master@h1[:port],h2[:port]...[/db]   Sentinel: master is the
+//	                                                      monitored master's name
+//	                                                      (sentinels default to port
+//	                                                      26379); ?password=... is
+//	                                                      the master's password
+//
+// Options are go-redis's URL query parameters (dial_timeout=3s, pool_size=64,
+// ... see redis.ParseURL, redis.ParseClusterURL, redis.ParseFailoverURL).
+// The caller closes the client.
+func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return nil, fmt.Errorf("redisstore: store URL %q has no scheme", redact(rawURL))
+	}
+	switch scheme {
+	case "redis", "rediss", "unix":
+		o, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
+		}
+		return redis.NewClient(o), nil
+	case "redis+cluster", "rediss+cluster":
+		base := strings.TrimSuffix(scheme, "+cluster")
+		u, hosts, err := splitHosts(base+"://"+rest, "6379")
+		if err != nil {
+			return nil, err
+		}
+		q := u.Query()
+		for _, h := range hosts[1:] {
+			q.Add("addr", h)
+		}
+		u.Host, u.RawQuery = hosts[0], q.Encode()
+		o, err := redis.ParseClusterURL(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
+		}
+		return redis.NewClusterClient(o), nil
+	case "redis+sentinel", "rediss+sentinel":
+		o, err := failoverOptions(strings.TrimSuffix(scheme, "+sentinel"), rest)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
+		}
+		return redis.NewFailoverClient(o), nil
+	}
+	return nil, fmt.Errorf("redisstore: store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", redact(rawURL), scheme)
+}
+
+// splitHosts parses u and splits its comma-separated host list, adding
+// defPort where a host has none.
+func splitHosts(raw, defPort string) (*url.URL, []string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redisstore: store URL %q: %w", redact(raw), err)
+	}
+	var hosts []string
+	for _, h := range strings.Split(u.Host, ",") {
+		if h == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			h = net.JoinHostPort(h, defPort)
+		}
+		hosts = append(hosts, h)
+	}
+	if len(hosts) == 0 {
+		return nil, nil, fmt.Errorf("redisstore: store URL %q names no host", redact(raw))
+	}
+	return u, hosts, nil
+}
+
+// redact hides a password in a URL for error messages.
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return "(unparsable URL)"
+}
+
+// failoverOptions parses the part after "redis+sentinel://" (base is
+// "redis" or "rediss").
+func failoverOptions(base, rest string) (*redis.FailoverOptions, error) {
+	u, hosts, err := splitHosts(base+"://"+rest, "26379")
+	if err != nil {
+		return nil, err
+	}
+	if u.User == nil || u.User.Username() == "" {
+		return nil, fmt.Errorf("sentinel form needs master@hosts")
+	}
+	q := u.Query()
+	pw := q.Get("password")
+	q.Del("password")
+	for _, h := range hosts[1:] {
+		q.Add("addr", h)
+	}
+	q.Set("master_name", u.User.Username())
+	if db := strings.Trim(u.Path, "/"); db != "" {
+		q.Set("db", db)
+	}
+	u.User, u.Host, u.Path, u.RawQuery = nil, hosts[0], "", q.Encode()
+	o, err := redis.ParseFailoverURL(u.String())
+	if err != nil {
+		return nil, err
+	}
+	o.Password = pw
+	return o, nil
+}
