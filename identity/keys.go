@@ -167,15 +167,16 @@ func (a *APIKey) Extract(r Request) string { return extract(r, a.opts.Sources) }
 
 // extract returns the first non-empty credential found in sources, with
 // surrounding white space trimmed and, for the Authorization header, a
-// case-insensitive "Bearer " prefix (RFC 6750) removed.
+// case-insensitive "Bearer" scheme (RFC 6750 §2.1) removed.
 func extract(r Request, sources []Source) string {
 	for _, s := range sources {
 		var v string
 		switch s.In {
 		case InHeader:
-			v = r.Header(s.Name)
-			if strings.EqualFold(s.Name, "Authorization") && len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
-				v = v[7:]
+			v = strings.TrimSpace(r.Header(s.Name))
+			if strings.EqualFold(s.Name, "Authorization") && len(v) >= 6 && strings.EqualFold(v[:6], "bearer") &&
+				(len(v) == 6 || v[6] == ' ' || v[6] == '\t') {
+				v = v[6:] // "Bearer" alone is no credential
 			}
 		case InQuery:
 			v = r.Query(s.Name)
