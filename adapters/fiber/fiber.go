@@ -1,0 +1,128 @@
+// Package fiber is limitplane's Fiber v2 middleware: the same identity,
+// decision, header fields and 401/403/429/503 answers as adapters/nethttp,
+// rendered by adapters/response, as a fiber.Handler.
+//
+// Import it under a name that does not clash with Fiber itself:
+//
+//	import lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+//
+//	app := fiber.New()
+//	app.Use(lpfiber.Middleware(engine, auth, lpfiber.Options{API: "orders"}))
+package fiber
+
+import (
+	"context"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Limiter decides requests; *core.Engine implements it.
+type Limiter interface {
+	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
+}
+
+// Options configure the middleware. The zero value limits every request at
+// cost 1 under API "" with the default Renderer.
+type Options struct {
+	// API is the API ID the engine decides for (policies may be scoped to
+	// APIs).
+	API string
+	// Cost returns a request's cost; nil means 1.
+	Cost func(*fiber.Ctx) int64
+	// Renderer renders answers; nil means response.NewRenderer with zero
+	// Options.
+	Renderer *response.Renderer
+	// OnDecision, if set, is called once per request with the decision or
+	// error (for metrics and logs). It must not retain c.
+	OnDecision func(c *fiber.Ctx, d core.Decision, err error)
+}
+
+// Middleware returns Fiber middleware that authenticates each request with
+// auth and limits it with l. An allowed request goes on to the next handler
+// with the rate-limit fields already set on its response; any other answer
+// (429, 401, 403, 503) is sent with its JSON body and the chain stops.
+// Requests that fail authentication never reach the engine, so they create
+// no limiter state.
+//
+// The engine is asked with c.UserContext(), which is context.Background
+// unless an earlier handler set one.
+func Middleware(l Limiter, auth identity.Authenticator, opts Options) fiber.Handler {
+	rend := opts.Renderer
+	if rend == nil {
+		rend = response.NewRenderer(response.Options{})
+	}
+	return func(c *fiber.Ctx) error {
+		ctx := c.UserContext()
+		var d core.Decision
+		cons, err := auth.Authenticate(ctx, Request{c})
+		if err == nil {
+			cost := int64(1)
+			if opts.Cost != nil {
+				cost = opts.Cost(c)
+			}
+			d, err = l.Decide(ctx, cons, opts.API, cost)
+		}
+		if opts.OnDecision != nil {
+			opts.OnDecision(c, d, err)
+		}
+		var buf [8]response.Header
+		if !Write(c, rend.Render(buf[:0], d, err)) {
+			return nil
+		}
+		return c.Next()
+	}
+}
+
+// Write sets res's header fields on c's response and, when res does not
+// pass, its status and JSON body. It reports whether the request should go
+// on to the next handler.
+func Write(c *fiber.Ctx, res response.Result) bool {
+	for _, f := range res.Headers {
+		c.Set(f.Name, f.Value)
+	}
+	if res.Pass {
+		return true
+	}
+	for _, f := range response.BodyHeaders() {
+		c.Set(f.Name, f.Value)
+	}
+	c.Status(res.Status)
+	// fasthttp copies the body into its own buffer.
+	c.Response().SetBody(res.Body)
+	return false
+}
+
+// Request adapts *fiber.Ctx to identity.Request.
+//
+// fasthttp reuses its request buffers once the handler returns, and Fiber's
+// getters return strings that point into them. Every method therefore
+// returns a copy, so an Authenticator may keep what it reads (as a cache
+// key, say) without it changing under it.
+type Request struct{ C *fiber.Ctx }
+
+// Header implements identity.Request.
+func (q Request) Header(name string) string { return strings.Clone(q.C.Get(name)) }
+
+// HeaderValues returns every value of the named header, one per header
+// line, in the order received (nil when absent).
+func (q Request) HeaderValues(name string) []string {
+	var vs []string
+	for _, v := range q.C.Request().Header.PeekAll(name) {
+		vs = append(vs, string(v))
+	}
+	return vs
+}
+
+// Query implements identity.Request.
+func (q Request) Query(name string) string { return strings.Clone(q.C.Query(name)) }
+
+// Cookie implements identity.Request.
+func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(name)) }
+
+// RemoteAddr implements identity.Request: the TCP peer of the connection.
+func (q Request) RemoteAddr() string { return q.C.Context().RemoteAddr().String() }

@@ -1,0 +1,86 @@
+package fiber_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/gofiber/fiber/v2"
+
+	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// recorder is an Authenticator that keeps everything it reads, as a
+// caching authenticator might, and a Limiter that keeps every cost.
+type recorder struct {
+	mu    sync.Mutex
+	seen  [][]string // the strings themselves, not copies
+	costs []int64
+}
+
+func (r *recorder) Authenticate(_ context.Context, q identity.Request) (*core.Consumer, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, append([]string{q.Header("X-API-Key"), q.Query("q"), q.Cookie("c")}, q.HeaderValues("X-Forwarded-For")...))
+	if _, err := identity.PeerAddr(q); err != nil {
+		return nil, err
+	}
+	return &core.Consumer{ID: "c"}, nil
+}
+
+func (r *recorder) Decide(_ context.Context, _ *core.Consumer, api string, cost int64) (core.Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.costs = append(r.costs, cost)
+	return core.Decision{Allowed: true}, nil
+}
+
+// TestRequestOutlivesHandler sends requests over one keep-alive connection,
+// so fasthttp reuses its buffers between them, and checks that what the
+// Authenticator kept from earlier requests is unchanged.
+func TestRequestOutlivesHandler(t *testing.T) {
+	rec := &recorder{}
+	var decisions int
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(lpfiber.Middleware(rec, rec, lpfiber.Options{
+		Cost:       func(c *fiber.Ctx) int64 { return int64(len(c.Query("q"))) },
+		OnDecision: func(*fiber.Ctx, core.Decision, error) { decisions++ },
+	}))
+	app.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go app.Listener(ln)
+	defer app.Shutdown()
+
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	var want [][]string
+	for i, v := range []string{"aaaa", "bbbb", "cccc"} {
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/?q="+v, nil)
+		req.Header.Set("X-API-Key", "key-"+v)
+		req.Header.Add("X-Forwarded-For", "192.0.2."+fmt.Sprint(i))
+		req.Header.Add("X-Forwarded-For", "198.51.100.1")
+		req.AddCookie(&http.Cookie{Name: "c", Value: "cookie-" + v})
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		want = append(want, []string{"key-" + v, v, "cookie-" + v, fmt.Sprint("192.0.2.", i), "198.51.100.1"})
+	}
+	if fmt.Sprint(rec.seen) != fmt.Sprint(want) {
+		t.Fatalf("kept values changed:\n got %q\nwant %q", rec.seen, want)
+	}
+	if fmt.Sprint(rec.costs) != "[4 4 4]" || decisions != 3 {
+		t.Fatalf("costs %v, %d decisions", rec.costs, decisions)
+	}
+}

@@ -1,0 +1,79 @@
+// Package gin is limitplane's Gin middleware: the same identity, decision,
+// header fields and 401/403/429/503 answers as adapters/nethttp, rendered
+// by adapters/response, as a gin.HandlerFunc.
+//
+// Import it under a name that does not clash with Gin itself:
+//
+//	import lpgin "github.com/limitplane/limitplane/adapters/gin"
+//
+//	r := gin.New()
+//	r.Use(lpgin.Middleware(engine, auth, lpgin.Options{API: "orders"}))
+package gin
+
+import (
+	"context"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Limiter decides requests; *core.Engine implements it.
+type Limiter interface {
+	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
+}
+
+// Options configure the middleware. The zero value limits every request at
+// cost 1 under API "" with the default Renderer.
+type Options struct {
+	// API is the API ID the engine decides for (policies may be scoped to
+	// APIs).
+	API string
+	// Cost returns a request's cost; nil means 1.
+	Cost func(*gin.Context) int64
+	// Renderer renders answers; nil means response.NewRenderer with zero
+	// Options.
+	Renderer *response.Renderer
+	// OnDecision, if set, is called once per request with the decision or
+	// error (for metrics and logs). It must not retain c.
+	OnDecision func(c *gin.Context, d core.Decision, err error)
+}
+
+// Middleware returns Gin middleware that authenticates each request with
+// auth and limits it with l. An allowed request goes on to the next handler
+// with the rate-limit fields already set on its response; any other answer
+// (429, 401, 403, 503) is written with its JSON body and the chain is
+// aborted. Requests that fail authentication never reach the engine, so they
+// create no limiter state.
+func Middleware(l Limiter, auth identity.Authenticator, opts Options) gin.HandlerFunc {
+	rend := opts.Renderer
+	if rend == nil {
+		rend = response.NewRenderer(response.Options{})
+	}
+	return func(c *gin.Context) {
+		ctx := c.Request.Context()
+		var d core.Decision
+		cons, err := auth.Authenticate(ctx, nethttp.Request{R: c.Request})
+		if err == nil {
+			cost := int64(1)
+			if opts.Cost != nil {
+				cost = opts.Cost(c)
+			}
+			d, err = l.Decide(ctx, cons, opts.API, cost)
+		}
+		if opts.OnDecision != nil {
+			opts.OnDecision(c, d, err)
+		}
+		var buf [8]response.Header
+		// gin's ResponseWriter is an http.ResponseWriter, so the net/http
+		// writer sets the same fields, status and body.
+		if !nethttp.Write(c.Writer, rend.Render(buf[:0], d, err)) {
+			c.Abort()
+			return
+		}
+		c.Next()
+	}
+}
