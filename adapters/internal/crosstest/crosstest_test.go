@@ -1,0 +1,302 @@
+package crosstest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/gofiber/fiber/v2"
+
+	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+	lpgin "github.com/limitplane/limitplane/adapters/gin"
+	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// epoch is the renderer's wall clock, so X-RateLimit-Reset is exact.
+var epoch = time.Unix(1_800_000_000, 0)
+
+// compared are the fields whose values must match byte for byte.
+var compared = []string{
+	"Ratelimit-Policy", "Ratelimit", "Retry-After",
+	"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset",
+	"Content-Type", "X-Content-Type-Options", "Content-Length",
+}
+
+// answer is what a client saw: status, the compared fields (every value,
+// so a duplicated field shows) and the body.
+type answer struct {
+	status int
+	header map[string]string
+	body   string
+}
+
+func (a answer) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d\n", a.status)
+	for _, k := range compared {
+		fmt.Fprintf(&b, "  %s: %s\n", k, a.header[k])
+	}
+	fmt.Fprintf(&b, "  body %q", a.body)
+	return b.String()
+}
+
+// limiter builds a fresh engine (frozen clock, empty store), authenticator
+// and renderer, identical for every framework.
+func limiter(t *testing.T) (*core.Engine, identity.Authenticator, *response.Renderer) {
+	t.Helper()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "rate", Rate: core.Limit{Rate: 2, Period: time.Second, Burst: 2}},
+		{ID: "quota", Rate: core.PerSecond(100), Quota: core.Quota{Max: 2, Renewal: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := identity.NewKeys([]identity.KeyRecord{
+		{Hash: identity.HashKey("k-rate"), Policies: []string{"rate"}},
+		{Hash: identity.HashKey("k-quota"), Policies: []string{"quota"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rend := response.NewRenderer(response.Options{XRateLimit: true, Now: func() time.Time { return epoch }})
+	sources := append(identity.DefaultKeySources(), identity.Source{In: identity.InCookie, Name: "lp_key"})
+	return eng, identity.NewAPIKey(keys, identity.APIKeyOptions{Sources: sources}), rend
+}
+
+const textPlain = "text/plain; charset=utf-8"
+
+// listen returns a listener on a free loopback port.
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+func serveHTTP(t *testing.T, h http.Handler) string {
+	ln := listen(t)
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// servers start one server per framework, each behind its limitplane
+// middleware and answering GET /x with "ok", and return its base URL.
+var servers = []struct {
+	name  string
+	start func(t *testing.T) string
+}{
+	{"net/http", func(t *testing.T) string {
+		eng, auth, rend := limiter(t)
+		h := nethttp.Middleware(eng, auth, nethttp.Options{API: "x", Renderer: rend})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", textPlain)
+			io.WriteString(w, "ok")
+		}))
+		return serveHTTP(t, h)
+	}},
+	{"gin", func(t *testing.T) string {
+		eng, auth, rend := limiter(t)
+		gin.SetMode(gin.ReleaseMode)
+		r := gin.New()
+		r.Use(lpgin.Middleware(eng, auth, lpgin.Options{API: "x", Renderer: rend}))
+		r.GET("/x", func(c *gin.Context) { c.Data(http.StatusOK, textPlain, []byte("ok")) })
+		return serveHTTP(t, r)
+	}},
+	{"fiber", func(t *testing.T) string {
+		eng, auth, rend := limiter(t)
+		app := fiber.New(fiber.Config{DisableStartupMessage: true})
+		app.Use(lpfiber.Middleware(eng, auth, lpfiber.Options{API: "x", Renderer: rend}))
+		app.Get("/x", func(c *fiber.Ctx) error {
+			c.Set("Content-Type", textPlain)
+			return c.SendString("ok")
+		})
+		ln := listen(t)
+		go app.Listener(ln)
+		t.Cleanup(func() { app.Shutdown() })
+		return "http://" + ln.Addr().String()
+	}},
+}
+
+var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
+// get sends GET /x with key in the place via names: "" or "x-api-key",
+// "bearer", "query" or "cookie".
+func get(t *testing.T, base, key, via string) answer {
+	t.Helper()
+	url := base + "/x"
+	if via == "query" {
+		url += "?api_key=" + key
+	}
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case key == "" || via == "query":
+	case via == "bearer":
+		req.Header.Set("Authorization", "Bearer "+key)
+	case via == "cookie":
+		req.AddCookie(&http.Cookie{Name: "lp_key", Value: key})
+	default:
+		req.Header.Set("X-API-Key", key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := answer{status: resp.StatusCode, header: map[string]string{}, body: string(body)}
+	for _, k := range compared {
+		if vs := resp.Header.Values(k); vs != nil {
+			a.header[k] = strings.Join(vs, " | ")
+		}
+	}
+	return a
+}
+
+// h builds the expected compared fields; absent ones stay empty.
+func h(kv ...string) map[string]string {
+	m := map[string]string{}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return m
+}
+
+func TestSameAnswersAcrossFrameworks(t *testing.T) {
+	scenarios := []struct {
+		name   string
+		key    string
+		via    string // where the key is sent (see get); "" is X-API-Key
+		before int    // allowed requests sent first with the same key
+		want   answer
+	}{
+		{
+			name: "allowed",
+			key:  "k-rate",
+			want: answer{200, h(
+				"Ratelimit-Policy", `"rate";q=2;w=1`,
+				"Ratelimit", `"rate";r=1;t=1`,
+				"X-Ratelimit-Limit", "2", "X-Ratelimit-Remaining", "1", "X-Ratelimit-Reset", "1800000001",
+				"Content-Type", textPlain, "Content-Length", "2",
+			), "ok"},
+		},
+		{
+			name: "allowed, key as bearer token",
+			key:  "k-rate",
+			via:  "bearer",
+			want: answer{200, h(
+				"Ratelimit-Policy", `"rate";q=2;w=1`,
+				"Ratelimit", `"rate";r=1;t=1`,
+				"X-Ratelimit-Limit", "2", "X-Ratelimit-Remaining", "1", "X-Ratelimit-Reset", "1800000001",
+				"Content-Type", textPlain, "Content-Length", "2",
+			), "ok"},
+		},
+		{
+			name: "allowed, key in query",
+			key:  "k-quota",
+			via:  "query",
+			want: answer{200, h(
+				"Ratelimit-Policy", `"quota";q=100;w=1, "quota/quota";q=2;w=3600`,
+				"Ratelimit", `"quota";r=99;t=1, "quota/quota";r=1;t=3600`,
+				"X-Ratelimit-Limit", "100", "X-Ratelimit-Remaining", "99", "X-Ratelimit-Reset", "1800000001",
+				"Content-Type", textPlain, "Content-Length", "2",
+			), "ok"},
+		},
+		{
+			name:   "rate denied, key in cookie",
+			key:    "k-rate",
+			via:    "cookie",
+			before: 2,
+			want: answer{429, h(
+				"Ratelimit-Policy", `"rate";q=2;w=1`,
+				"Ratelimit", `"rate";r=0;t=1`,
+				"Retry-After", "1",
+				"X-Ratelimit-Limit", "2", "X-Ratelimit-Remaining", "0", "X-Ratelimit-Reset", "1800000001",
+				"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "53",
+			), `{"error":"rate limit exceeded","retry_after_ms":500}` + "\n"},
+		},
+		{
+			// burst 2 spent at one instant; T = 500ms, so the third
+			// request may pass 500ms later.
+			name:   "rate denied",
+			key:    "k-rate",
+			before: 2,
+			want: answer{429, h(
+				"Ratelimit-Policy", `"rate";q=2;w=1`,
+				"Ratelimit", `"rate";r=0;t=1`,
+				"Retry-After", "1",
+				"X-Ratelimit-Limit", "2", "X-Ratelimit-Remaining", "0", "X-Ratelimit-Reset", "1800000001",
+				"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "53",
+			), `{"error":"rate limit exceeded","retry_after_ms":500}` + "\n"},
+		},
+		{
+			// quota of 2 per hour spent; the rate limit (100/s, T = 10ms)
+			// has 98 left after the two allowed requests.
+			name:   "quota denied",
+			key:    "k-quota",
+			before: 2,
+			want: answer{429, h(
+				"Ratelimit-Policy", `"quota";q=100;w=1, "quota/quota";q=2;w=3600`,
+				"Ratelimit", `"quota";r=98;t=1, "quota/quota";r=0;t=3600`,
+				"Retry-After", "3600",
+				"X-Ratelimit-Limit", "2", "X-Ratelimit-Remaining", "0", "X-Ratelimit-Reset", "1800003600",
+				"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "52",
+			), `{"error":"quota exceeded","retry_after_ms":3600000}` + "\n"},
+		},
+		{
+			name: "missing key",
+			want: answer{401, h(
+				"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "23",
+			), `{"error":"no API key"}` + "\n"},
+		},
+		{
+			name: "unknown key",
+			key:  "not-a-key",
+			want: answer{403, h(
+				"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "28",
+			), `{"error":"unknown API key"}` + "\n"},
+		},
+	}
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			got := make([]answer, len(servers))
+			for i, s := range servers {
+				base := s.start(t)
+				for j := 0; j < sc.before; j++ {
+					if a := get(t, base, sc.key, sc.via); a.status != 200 {
+						t.Fatalf("%s: request %d before the scenario: %v", s.name, j+1, a)
+					}
+				}
+				got[i] = get(t, base, sc.key, sc.via)
+			}
+			for i, s := range servers {
+				if got[i].String() != got[0].String() {
+					t.Errorf("%s and %s differ:\n%s\n%s", servers[0].name, s.name, got[0], got[i])
+				}
+			}
+			for i, s := range servers {
+				if got[i].String() != sc.want.String() {
+					t.Errorf("%s:\n got %s\nwant %s", s.name, got[i], sc.want)
+				}
+			}
+		})
+	}
+}
