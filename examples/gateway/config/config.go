@@ -1,0 +1,215 @@
+// Package config loads and validates the limitplane gateway's YAML
+// configuration.
+//
+// A file is decoded strictly (go.yaml.in/yaml/v3 with KnownFields), then
+// checked as a whole. Every problem found is reported, each naming the file,
+// line and column, the field (as a path such as policies[1].rate.per) and
+// what is wrong with it; the gateway refuses to start on any of them. The
+// README's "Gateway configuration reference" documents every field.
+//
+// Parse returns domain values (core.Policy, identity.KeyRecord,
+// response.Options) ready to hand to the engine, the key registry and the
+// renderer; plaintext API keys are hashed with identity.HashKey while
+// loading and are not kept.
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Defaults for fields left out of a file.
+const (
+	// DefaultListen is the address the gateway listens on.
+	DefaultListen = "127.0.0.1:8080"
+	// DefaultReadHeaderTimeout bounds reading a request's header.
+	DefaultReadHeaderTimeout = 5 * time.Second
+	// DefaultReadTimeout bounds reading a whole request, body included.
+	DefaultReadTimeout = 30 * time.Second
+	// DefaultWriteTimeout bounds writing a response, from the end of the
+	// request header (so it includes the upstream's time).
+	DefaultWriteTimeout = 60 * time.Second
+	// DefaultIdleTimeout bounds how long an idle keep-alive connection is
+	// kept.
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultShutdownTimeout bounds how long shutdown waits for requests
+	// in flight.
+	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultMaxHeaderBytes bounds a request's header size.
+	DefaultMaxHeaderBytes = 64 << 10
+)
+
+// BuiltinEcho is the target of the built-in echo upstream, which answers
+// every request with JSON describing it.
+const BuiltinEcho = "builtin:echo"
+
+// Config is a validated gateway configuration.
+type Config struct {
+	// Listen is the TCP address to listen on, "host:port".
+	Listen string
+	// Store names the counter store; only "memory" is built in.
+	Store string
+	// FailurePolicy is what the engine does when the store fails.
+	FailurePolicy core.FailurePolicy
+	// StoreTimeout bounds each store call; 0 means no bound.
+	StoreTimeout time.Duration
+	// Shadow makes every policy a shadow policy: limits are computed and
+	// reported in headers, but nothing is denied.
+	Shadow bool
+	// Server holds the HTTP server's limits.
+	Server Server
+	// Response configures the status codes and header fields.
+	Response response.Options
+	// Policies are the rate limits and quotas keys and keyless APIs use.
+	Policies []core.Policy
+	// Keys are the API keys, hashed.
+	Keys []identity.KeyRecord
+	// APIs are the routes, in file order.
+	APIs []API
+}
+
+// Server holds the HTTP server's timeouts and limits.
+type Server struct {
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	ShutdownTimeout   time.Duration
+	MaxHeaderBytes    int
+}
+
+// AuthMode says how an API identifies its consumers.
+type AuthMode uint8
+
+const (
+	// AuthAPIKey requires an API key from the key list; each key's
+	// policies apply. The default.
+	AuthAPIKey AuthMode = iota
+	// AuthKeyless admits anyone; the API's own policies apply per client
+	// IP address.
+	AuthKeyless
+)
+
+// String returns "api_key" or "keyless".
+func (m AuthMode) String() string {
+	if m == AuthKeyless {
+		return "keyless"
+	}
+	return "api_key"
+}
+
+// API is one protected upstream and the path prefix it is served under.
+type API struct {
+	// ID names the API; policies' apis lists and keys' api_limits refer
+	// to it, and it is the API the engine decides for.
+	ID string
+	// ListenPath is the path prefix, always ending in "/". A request
+	// matches when its path starts with ListenPath or equals ListenPath
+	// without its final slash; the longest matching prefix wins.
+	ListenPath string
+	// Target is where matching requests go.
+	Target Target
+	// Auth says how consumers are identified.
+	Auth AuthMode
+	// Policies apply per client IP on a keyless API; empty for api_key
+	// APIs.
+	Policies []string
+	// StripListenPath removes ListenPath from the request path before it
+	// goes upstream ("/echo/a" reaches the upstream as "/a").
+	StripListenPath bool
+}
+
+// Target is an API's upstream: either a builtin (BuiltinEcho) or an
+// http(s) URL. Exactly one of the fields is set.
+type Target struct {
+	// Builtin is BuiltinEcho, or "".
+	Builtin string
+	// URL is the upstream's base URL (scheme, host and an optional path
+	// prefix), or nil.
+	URL *url.URL
+}
+
+// String returns the target as written in a file.
+func (t Target) String() string {
+	if t.URL != nil {
+		return t.URL.String()
+	}
+	return t.Builtin
+}
+
+// Load reads and parses the file at path (see Parse).
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates a YAML configuration. name is used in error
+// messages (a file name). On failure the error is an Errors listing every
+// problem found.
+func Parse(name string, data []byte) (*Config, error) {
+	raw, ix, errs := decode(name, data)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	v := &validator{file: name, ix: ix}
+	cfg := v.config(raw)
+	if len(v.errs) > 0 {
+		return nil, v.errs
+	}
+	return cfg, nil
+}
+
+// Error is one problem in a configuration file.
+type Error struct {
+	// File is the name given to Parse.
+	File string
+	// Line and Column locate the problem, 1-based; 0 when unknown.
+	Line, Column int
+	// Field is the path of the offending field, like
+	// "policies[1].rate.per"; "" for the file as a whole.
+	Field string
+	// Problem says what is wrong.
+	Problem string
+}
+
+// Error formats the problem as "file:line:column: field: problem".
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+		if e.Column > 0 {
+			fmt.Fprintf(&b, ":%d", e.Column)
+		}
+	}
+	b.WriteString(": ")
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Problem)
+	return b.String()
+}
+
+// Errors is every problem found in a file, in file order as far as
+// possible. It is never empty when returned as an error.
+type Errors []*Error
+
+// Error returns the problems one per line.
+func (es Errors) Error() string {
+	s := make([]string, len(es))
+	for i, e := range es {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "\n")
+}

@@ -1,0 +1,426 @@
+package config_test
+
+import (
+	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// api is a valid one-line API list, appended to cases that need one.
+const api = "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\"}\n"
+
+// TestRefusals checks the exact message for every kind of bad
+// configuration the gateway refuses to start with.
+func TestRefusals(t *testing.T) {
+	cases := []struct {
+		name, yaml, want string
+	}{
+		// Decoding: syntax, shape, unknown and repeated fields.
+		{"empty file", "", `t.yaml: empty configuration`},
+		{"comments only", "# nothing\n", `t.yaml: empty configuration`},
+		{"syntax error", "apis: [\n", `t.yaml:1: YAML syntax: did not find expected node content`},
+		{"tab indentation", "apis:\n\t- id: a\n", `t.yaml:2: YAML syntax: found character that cannot start any token`},
+		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
+		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
+			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, shadow, server, response, policies, keys, apis)`},
+		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
+			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
+		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
+			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, strip_listen_path)`},
+		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
+			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
+		{"api_limits key given twice", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: 1s}}\n      a: {rate: {requests: 2, per: 1s}}\n" + api,
+			`t.yaml:5:7: keys[0].api_limits.a: given twice (first at line 4)`},
+		{"requests not a number", "policies:\n  - id: p\n    rate: {requests: five, per: 1s}\n" + api,
+			`t.yaml:3:22: policies[0].rate.requests: want an integer, got "five"`},
+		{"requests a fraction", "policies:\n  - id: p\n    rate: {requests: 2.5, per: 1s}\n" + api,
+			`t.yaml:3:22: policies[0].rate.requests: want an integer, got 2.5`},
+		{"apis is a mapping", "apis: {a: 1}\n", `t.yaml:1:7: apis: want a list, got a mapping`},
+		{"policies of a key is a string", "keys:\n  - key: k\n    policies: gold\n" + api,
+			`t.yaml:3:15: keys[0].policies: want a list of strings, got "gold"`},
+		{"rate is a list", "policies:\n  - id: p\n    rate: [5, 1s]\n" + api,
+			`t.yaml:3:11: policies[0].rate: want a mapping, got a list`},
+		{"shadow not a bool", "shadow: maybe\n" + api, `t.yaml:1:9: shadow: want true or false, got "maybe"`},
+
+		// Top-level settings.
+		{"listen without port", "listen: 127.0.0.1\n" + api, `t.yaml:1:9: listen: "127.0.0.1" is not host:port (like 127.0.0.1:8080 or :8080)`},
+		{"listen port out of range", "listen: \":70000\"\n" + api, `t.yaml:1:9: listen: ":70000" is not host:port (like 127.0.0.1:8080 or :8080)`},
+		{"redis store", "store: redis://localhost:6379/0\n" + api, `t.yaml:1:8: store: redis store not built into this gateway yet`},
+		{"rediss store", "store: rediss://cache:6380\n" + api, `t.yaml:1:8: store: redis store not built into this gateway yet`},
+		{"unknown store", "store: etcd\n" + api, `t.yaml:1:8: store: unknown store "etcd" (want memory)`},
+		{"unknown failure policy", "failure_policy: retry\n" + api, `t.yaml:1:17: failure_policy: unknown policy "retry" (want open, closed or fallback)`},
+		{"bad store timeout", "store_timeout: 50\n" + api, `t.yaml:1:16: store_timeout: "50" is not a duration (like 500ms, 10s, 1m or 24h)`},
+		{"negative server timeout", "server: {read_timeout: -1s}\n" + api, `t.yaml:1:24: server.read_timeout: -1s must be > 0`},
+		{"zero max header bytes", "server: {max_header_bytes: 0}\n" + api, `t.yaml:1:28: server.max_header_bytes: 0 must be > 0`},
+		{"bad reset format", "response: {x_ratelimit_reset: iso}\n" + api, `t.yaml:1:31: response.x_ratelimit_reset: unknown format "iso" (want epoch or seconds)`},
+		{"bad quota status", "response: {quota_status: 402}\n" + api, `t.yaml:1:26: response.quota_status: 402: want 429 or 403`},
+		{"429 for store failures", "response: {store_failure_status: 429}\n" + api, `t.yaml:1:34: response.store_failure_status: 429: want a 5xx status`},
+
+		// Policies.
+		{"policy without id", "policies:\n  - rate: {requests: 5, per: 1s}\n" + api, `t.yaml:2:5: policies[0].id: missing`},
+		{"duplicate policy id", "policies:\n  - id: p\n  - id: q\n  - id: p\n" + api,
+			`t.yaml:4:9: policies[2].id: duplicate policy id "p" (first at line 2)`},
+		{"requests missing", "policies:\n  - id: p\n    rate: {per: 1s}\n" + api,
+			`t.yaml:3:11: policies[0].rate.requests: missing (requests per period, or -1 for unlimited)`},
+		{"zero requests", "policies:\n  - id: p\n    rate: {requests: 0, per: 1s}\n" + api,
+			`t.yaml:3:22: policies[0].rate.requests: 0 must be > 0 (or -1 for unlimited)`},
+		{"negative requests", "policies:\n  - id: p\n    rate: {requests: -5, per: 1s}\n" + api,
+			`t.yaml:3:22: policies[0].rate.requests: -5 must be > 0 (or -1 for unlimited)`},
+		{"per missing", "policies:\n  - id: p\n    rate: {requests: 5}\n" + api,
+			`t.yaml:3:11: policies[0].rate.per: missing (the period, like 1s, 1m or 24h)`},
+		{"per not a duration", "policies:\n  - id: p\n    rate: {requests: 5, per: 5 mins}\n" + api,
+			`t.yaml:3:30: policies[0].rate.per: "5 mins" is not a duration (like 500ms, 10s, 1m or 24h)`},
+		{"per without unit", "policies:\n  - id: p\n    rate: {requests: 5, per: 60}\n" + api,
+			`t.yaml:3:30: policies[0].rate.per: "60" is not a duration (like 500ms, 10s, 1m or 24h)`},
+		{"zero per", "policies:\n  - id: p\n    rate: {requests: 5, per: 0s}\n" + api,
+			`t.yaml:3:30: policies[0].rate.per: 0s must be > 0`},
+		{"zero burst", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, burst: 0}\n" + api,
+			`t.yaml:3:41: policies[0].rate.burst: 0 must be > 0 (leave it out to use requests)`},
+		{"negative burst", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, burst: -1}\n" + api,
+			`t.yaml:3:41: policies[0].rate.burst: -1 must be > 0 (leave it out to use requests)`},
+		{"unknown algorithm", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, algorithm: leaky}\n" + api,
+			`t.yaml:3:45: policies[0].rate.algorithm: unknown algorithm "leaky" (want gcra, sliding_window, fixed_window or sliding_log)`},
+		{"algorithm the memory store lacks", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, algorithm: fixed_window}\n" + api,
+			`t.yaml:3:45: policies[0].rate.algorithm: fixed_window is not supported by the memory store (only gcra)`},
+		{"rate finer than a nanosecond", "policies:\n  - id: p\n    rate: {requests: 2000000000, per: 1s}\n" + api,
+			`t.yaml:3:11: policies[0].rate: rate 2000000000 per 1s is finer than one event per nanosecond`},
+		{"burst overflows", "policies:\n  - id: p\n    rate: {requests: 1, per: 8760h, burst: 1000}\n" + api,
+			`t.yaml:3:11: policies[0].rate: burst 1000 × emission interval 8760h0m0s overflows`},
+		{"quota max missing", "policies:\n  - id: p\n    quota: {renewal: 1h}\n" + api,
+			`t.yaml:3:12: policies[0].quota.max: missing (requests per renewal period, or -1 for unlimited)`},
+		{"zero quota", "policies:\n  - id: p\n    quota: {max: 0, renewal: 1h}\n" + api,
+			`t.yaml:3:18: policies[0].quota.max: 0 must be > 0 (or -1 for unlimited)`},
+		{"negative quota", "policies:\n  - id: p\n    quota: {max: -2, renewal: 1h}\n" + api,
+			`t.yaml:3:18: policies[0].quota.max: -2 must be > 0 (or -1 for unlimited)`},
+		{"renewal missing", "policies:\n  - id: p\n    quota: {max: 10}\n" + api,
+			`t.yaml:3:12: policies[0].quota.renewal: missing (the period, like 1h or 720h)`},
+		{"renewal not a duration", "policies:\n  - id: p\n    quota: {max: 10, renewal: 1d}\n" + api,
+			`t.yaml:3:31: policies[0].quota.renewal: "1d" is not a duration (like 500ms, 10s, 1m or 24h)`},
+		{"renewal too long", "policies:\n  - id: p\n    quota: {max: 10, renewal: 1000000h}\n" + api,
+			`t.yaml:3:12: policies[0].quota: quota renewal 1000000h0m0s is too long`},
+		{"policy for an unknown API", "policies:\n  - id: p\n    apis: [a, b]\n" + api,
+			`t.yaml:3:15: policies[0].apis[1]: unknown API "b"`},
+
+		// Keys.
+		{"key without key", "keys:\n  - policies: [p]\npolicies:\n  - id: p\n" + api,
+			`t.yaml:2:5: keys[0]: needs key (plaintext) or key_hash (sha256:<hex>)`},
+		{"key and key_hash", "keys:\n  - {key: k, key_hash: \"sha256:00\", policies: [p]}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:2:5: keys[0]: set key or key_hash, not both`},
+		{"bad key_hash", "keys:\n  - {key_hash: \"md5:abc\", policies: [p]}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:2:16: keys[0].key_hash: "md5:abc" is not sha256:<64 hex digits>`},
+		{"short key_hash", "keys:\n  - {key_hash: \"sha256:abcd\", policies: [p]}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:2:16: keys[0].key_hash: "sha256:abcd" is not sha256:<64 hex digits>`},
+		{"duplicate plaintext key", "keys:\n  - {key: k, policies: [p]}\n  - {key: j, policies: [p]}\n  - {key: k, policies: [p]}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:4:11: keys[2].key: same key as keys[0] (line 2)`},
+		{"key given as plaintext and hash", "keys:\n  - {key: k, policies: [p]}\n  - {key_hash: \"" + identity.HashKey("k").String() + "\", policies: [p]}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:3:16: keys[1].key_hash: same key as keys[0] (line 2)`},
+		{"over-long key", "keys:\n  - {key: " + strings.Repeat("x", 513) + ", policies: [p]}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:2:11: keys[0].key: longer than 512 bytes; the gateway refuses such keys`},
+		{"key names unknown policy", "keys:\n  - key: k\n    policies: [p, gold]\npolicies:\n  - id: p\n" + api,
+			`t.yaml:3:19: keys[0].policies[1]: unknown policy "gold"`},
+		{"key without policies", "keys:\n  - key: k\n" + api,
+			`t.yaml:2:5: keys[0].policies: a key needs at least one policy (or api_limits)`},
+		{"bad expiry", "keys:\n  - {key: k, policies: [p], expires: 2027-01-31}\npolicies:\n  - id: p\n" + api,
+			`t.yaml:2:38: keys[0].expires: "2027-01-31" is not an RFC 3339 time (like 2027-01-31T00:00:00Z)`},
+		{"api_limits for unknown API", "keys:\n  - key: k\n    api_limits:\n      b: {rate: {requests: 1, per: 1s}}\n" + api,
+			`t.yaml:4:10: keys[0].api_limits.b: unknown API "b"`},
+		{"api_limits for keyless API", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: 1s}}\npolicies:\n  - id: p\n" +
+			"apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless, policies: [p]}\n",
+			`t.yaml:4:10: keys[0].api_limits.a: API "a" is keyless; api_limits only apply to api_key APIs`},
+		{"empty api_limits", "keys:\n  - key: k\n    api_limits:\n      a: {}\n" + api,
+			`t.yaml:4:10: keys[0].api_limits.a: needs rate or quota`},
+		{"bad api_limits rate", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: -1m}}\n" + api,
+			`t.yaml:4:36: keys[0].api_limits.a.rate.per: -1m must be > 0`},
+
+		// APIs.
+		{"no apis", "listen: 127.0.0.1:1\n", `t.yaml:1:1: apis: at least one API is required`},
+		{"api without id", "apis:\n  - {listen_path: /a/, target: \"builtin:echo\"}\n", `t.yaml:2:5: apis[0].id: missing`},
+		{"duplicate api id", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\"}\n  - {id: a, listen_path: /b/, target: \"builtin:echo\"}\n",
+			`t.yaml:3:10: apis[1].id: duplicate API id "a" (first at line 2)`},
+		{"duplicate listen path", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\"}\n  - {id: b, listen_path: /a, target: \"builtin:echo\"}\n",
+			`t.yaml:3:26: apis[1].listen_path: "/a" is the same path as apis[0].listen_path (line 2)`},
+		{"listen path missing", "apis:\n  - {id: a, target: \"builtin:echo\"}\n",
+			`t.yaml:2:5: apis[0].listen_path: missing (a path prefix like "/orders/")`},
+		{"relative listen path", "apis:\n  - {id: a, listen_path: a/, target: \"builtin:echo\"}\n",
+			`t.yaml:2:26: apis[0].listen_path: "a/" must start with "/"`},
+		{"listen path with a space", "apis:\n  - {id: a, listen_path: \"/a b/\", target: \"builtin:echo\"}\n",
+			`t.yaml:2:26: apis[0].listen_path: "/a b/" may only contain letters, digits, "-", ".", "_", "~" and "/"`},
+		{"listen path with a wildcard", "apis:\n  - {id: a, listen_path: \"/a/*\", target: \"builtin:echo\"}\n",
+			`t.yaml:2:26: apis[0].listen_path: "/a/*" may only contain letters, digits, "-", ".", "_", "~" and "/"`},
+		{"unclean listen path", "apis:\n  - {id: a, listen_path: /a//b/../c, target: \"builtin:echo\"}\n",
+			`t.yaml:2:26: apis[0].listen_path: "/a//b/../c" is not a clean path (want "/a/c/")`},
+		{"target missing", "apis:\n  - {id: a, listen_path: /a/}\n",
+			`t.yaml:2:5: apis[0].target: missing (builtin:echo or an http:// or https:// URL)`},
+		{"unknown builtin", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:mirror\"}\n",
+			`t.yaml:2:39: apis[0].target: unknown builtin "builtin:mirror" (want builtin:echo)`},
+		{"target scheme", "apis:\n  - {id: a, listen_path: /a/, target: \"ftp://files:21\"}\n",
+			`t.yaml:2:39: apis[0].target: "ftp://files:21" is not builtin:echo or an http:// or https:// URL`},
+		{"target without scheme", "apis:\n  - {id: a, listen_path: /a/, target: \"localhost:9000\"}\n",
+			`t.yaml:2:39: apis[0].target: "localhost:9000" is not builtin:echo or an http:// or https:// URL`},
+		{"target without host", "apis:\n  - {id: a, listen_path: /a/, target: \"http:///x\"}\n",
+			`t.yaml:2:39: apis[0].target: "http:///x" has no host`},
+		{"target with query", "apis:\n  - {id: a, listen_path: /a/, target: \"http://up:80/?v=1\"}\n",
+			`t.yaml:2:39: apis[0].target: "http://up:80/?v=1" must not have a query or fragment`},
+		{"target with credentials", "apis:\n  - {id: a, listen_path: /a/, target: \"http://u:p@up:80\"}\n",
+			`t.yaml:2:39: apis[0].target: "http://u:p@up:80" must not carry credentials`},
+		{"unknown auth", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: jwt}\n",
+			`t.yaml:2:61: apis[0].auth: unknown auth "jwt" (want api_key or keyless)`},
+		{"keyless API without policies", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless}\n",
+			`t.yaml:2:5: apis[0].policies: a keyless API needs at least one policy (applied per client IP)`},
+		{"api_key API with policies", "policies:\n  - id: p\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", policies: [p]}\n",
+			`t.yaml:4:65: apis[0].policies: only keyless APIs take policies; an api_key API applies each key's own policies`},
+		{"keyless API with unknown policy", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless, policies: [anon]}\n",
+			`t.yaml:2:81: apis[0].policies[0]: unknown policy "anon"`},
+		{"keyless policy scoped elsewhere", "policies:\n  - {id: anon, apis: [b]}\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless, policies: [anon]}\n" +
+			"  - {id: b, listen_path: /b/, target: \"builtin:echo\"}\n",
+			`t.yaml:4:81: apis[0].policies[0]: policy "anon" does not cover API "a" (its apis list leaves it out)`},
+
+		// Several problems at once, reported in file order.
+		{"every problem is reported", "policies:\n  - id: p\n    rate: {requests: 0, per: 1x}\nkeys:\n  - {key: k, policies: [gold]}\nstore: redis://r:6379\n" + api,
+			"t.yaml:3:22: policies[0].rate.requests: 0 must be > 0 (or -1 for unlimited)\n" +
+				"t.yaml:3:30: policies[0].rate.per: \"1x\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
+				"t.yaml:5:25: keys[0].policies[0]: unknown policy \"gold\"\n" +
+				"t.yaml:6:8: store: redis store not built into this gateway yet"},
+		{"every decoding problem is reported", "listen: [a]\npolicies:\n  - id: p\n    rate: {requests: x, per: 1s, extra: 1}\n" + api,
+			"t.yaml:1:9: listen: want a string, got a list\n" +
+				"t.yaml:4:22: policies[0].rate.requests: want an integer, got \"x\"\n" +
+				"t.yaml:4:34: policies[0].rate.extra: unknown field (known here: requests, per, burst, algorithm)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Parse("t.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("Parse accepted it: %+v", cfg)
+			}
+			if cfg != nil {
+				t.Errorf("Parse returned a config with its error")
+			}
+			if got := err.Error(); got != tc.want {
+				t.Errorf("error:\n got: %s\nwant: %s", got, tc.want)
+			}
+			var errs config.Errors
+			if !errors.As(err, &errs) || len(errs) != strings.Count(tc.want, "\n")+1 {
+				t.Errorf("error is %T with %d entries, want config.Errors with one per line", err, len(errs))
+			}
+		})
+	}
+}
+
+// TestDemoConfig checks that the built-in demo config parses to exactly
+// the values the README and the banner describe.
+func TestDemoConfig(t *testing.T) {
+	cfg, err := config.Load(filepath.Join("..", "demo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gold, err := identity.ParseKeyHash("sha256:fb26de5bd8d2479f8dff2c28ddb73a4617bd9d89d91800a592c056bff6f6cdb2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gold != identity.HashKey("demo-key-2") {
+		t.Errorf("the demo's key_hash is not the SHA-256 of demo-key-2")
+	}
+	want := &config.Config{
+		Listen: "127.0.0.1:8080",
+		Store:  "memory",
+		Server: config.Server{
+			ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second,
+			IdleTimeout: 120 * time.Second, ShutdownTimeout: 10 * time.Second, MaxHeaderBytes: 65536,
+		},
+		Response: response.Options{XRateLimit: true, XRateLimitReset: response.ResetEpoch, QuotaExceededStatus: 429, StoreFailureStatus: 503},
+		Policies: []core.Policy{
+			{ID: "default", Rate: core.Limit{Rate: 5, Period: time.Minute, Burst: 5}, Quota: core.Quota{Max: 100, Renewal: 24 * time.Hour}},
+			{ID: "gold", Rate: core.Limit{Rate: core.Unlimited}, Quota: core.Quota{Max: 10000, Renewal: 24 * time.Hour}},
+			{ID: "anon", Rate: core.Limit{Rate: 10, Period: time.Minute}},
+		},
+		Keys: []identity.KeyRecord{
+			{Hash: identity.HashKey("demo-key-1"), Policies: []string{"default"}},
+			{Hash: gold, Policies: []string{"gold"}},
+		},
+		APIs: []config.API{
+			{ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthAPIKey, StripListenPath: true},
+			{ID: "open", ListenPath: "/open/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthKeyless, Policies: []string{"anon"}, StripListenPath: true},
+		},
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("demo config:\n got %+v\nwant %+v", cfg, want)
+	}
+}
+
+// TestEveryField parses a file that sets every field to a non-default
+// value and checks each one arrives.
+func TestEveryField(t *testing.T) {
+	const doc = `
+listen: ":9000"
+store: memory
+failure_policy: closed
+store_timeout: 50ms
+shadow: true
+server:
+  read_header_timeout: 1s
+  read_timeout: 2s
+  write_timeout: 3s
+  idle_timeout: 4s
+  shutdown_timeout: 5s
+  max_header_bytes: 4096
+response:
+  ratelimit_headers: false
+  x_ratelimit: true
+  x_ratelimit_reset: seconds
+  quota_status: 403
+  store_failure_status: 500
+policies:
+  - id: p
+    rate: {requests: 10, per: 1s, burst: 20, algorithm: gcra}
+    quota: {max: -1}
+    apis: [svc]
+    shadow: true
+  - id: free
+    rate: {requests: -1}
+keys:
+  - key: k1
+    policies: [p]
+    expires: 2027-01-31T12:00:00+01:00
+    inactive: true
+    api_limits:
+      svc:
+        rate: {requests: 3, per: 1m}
+        quota: {max: 1000, renewal: 720h}
+  - key_hash: SHA256:ABC
+    policies: [free]
+apis:
+  - id: svc
+    listen_path: /svc
+    target: https://api.internal:8443/v1
+    auth: api_key
+    strip_listen_path: false
+  - id: all
+    listen_path: /
+    target: http://127.0.0.1:9001
+    auth: keyless
+    policies: [free]
+`
+	// key_hash prefixes are case-sensitive: the one above is refused.
+	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:37:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
+		t.Fatalf("err = %v", err)
+	}
+	h := identity.HashKey("k2")
+	cfg, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1)))
+	if err == nil {
+		t.Fatalf("a bare hex key_hash was accepted")
+	}
+	cfg, err = config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", h.String(), 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u1, _ := url.Parse("https://api.internal:8443/v1")
+	u2, _ := url.Parse("http://127.0.0.1:9001")
+	want := &config.Config{
+		Listen:        ":9000",
+		Store:         "memory",
+		FailurePolicy: core.FailClosed,
+		StoreTimeout:  50 * time.Millisecond,
+		Shadow:        true,
+		Server:        config.Server{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
+		Response:      response.Options{NoRateLimitFields: true, XRateLimit: true, XRateLimitReset: response.ResetSeconds, QuotaExceededStatus: 403, StoreFailureStatus: 500},
+		Policies: []core.Policy{
+			{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 20}, Quota: core.Quota{Max: core.Unlimited}, APIs: []string{"svc"}, Shadow: true},
+			{ID: "free", Rate: core.Limit{Rate: core.Unlimited}},
+		},
+		Keys: []identity.KeyRecord{
+			{
+				Hash: identity.HashKey("k1"), Policies: []string{"p"}, Inactive: true,
+				Expires: time.Date(2027, 1, 31, 11, 0, 0, 0, time.UTC),
+				APILimits: map[string]core.Limits{"svc": {
+					Rate:  core.Limit{Rate: 3, Period: time.Minute},
+					Quota: core.Quota{Max: 1000, Renewal: 720 * time.Hour},
+				}},
+			},
+			{Hash: h, Policies: []string{"free"}},
+		},
+		APIs: []config.API{
+			{ID: "svc", ListenPath: "/svc/", Target: config.Target{URL: u1}, Auth: config.AuthAPIKey},
+			{ID: "all", ListenPath: "/", Target: config.Target{URL: u2}, Auth: config.AuthKeyless, Policies: []string{"free"}, StripListenPath: true},
+		},
+	}
+	if !cfg.Keys[0].Expires.Equal(want.Keys[0].Expires) {
+		t.Errorf("expires = %v, want %v", cfg.Keys[0].Expires, want.Keys[0].Expires)
+	}
+	cfg.Keys[0].Expires = want.Keys[0].Expires
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("config:\n got %+v\nwant %+v", cfg, want)
+	}
+}
+
+// TestLoad checks file reading and that file names appear in messages.
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "gw.yaml")
+	if err := os.WriteFile(p, []byte("store: redis://r:6379\n"+api), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := config.Load(p)
+	if want := p + ":1:8: store: redis store not built into this gateway yet"; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+	_, err = config.Load(filepath.Join(dir, "missing.yaml"))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: err = %v, want os.ErrNotExist", err)
+	}
+}
+
+// TestCheckListen covers the -listen flag's check.
+func TestCheckListen(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1:0", ":8080", "[::1]:9000", "localhost:80"} {
+		if err := config.CheckListen(ok); err != nil {
+			t.Errorf("CheckListen(%q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"8080", "127.0.0.1", ":http", ":-1", "[::1]"} {
+		want := `"` + bad + `" is not host:port (like 127.0.0.1:8080 or :8080)`
+		if err := config.CheckListen(bad); err == nil || err.Error() != want {
+			t.Errorf("CheckListen(%q) = %v, want %s", bad, err, want)
+		}
+	}
+}
+
+// FuzzParse checks that no input makes Parse panic, and that every refusal
+// is a non-empty Errors whose entries name the file.
+func FuzzParse(f *testing.F) {
+	demo, err := os.ReadFile(filepath.Join("..", "demo.yaml"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(demo)
+	f.Add([]byte(api))
+	f.Add([]byte("policies:\n  - id: p\n    rate: {requests: 2.5, per: x, bust: 1}\n    rate: {}\n" + api))
+	f.Add([]byte("a: &x [*x]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := config.Parse("f.yaml", data)
+		if err == nil {
+			if cfg == nil || len(cfg.APIs) == 0 {
+				t.Fatalf("accepted without APIs: %+v", cfg)
+			}
+			return
+		}
+		var errs config.Errors
+		if !errors.As(err, &errs) || len(errs) == 0 {
+			t.Fatalf("error %T %v is not a non-empty config.Errors", err, err)
+		}
+		for _, e := range errs {
+			if e.File != "f.yaml" || e.Problem == "" {
+				t.Fatalf("bad entry %+v", e)
+			}
+		}
+	})
+}

@@ -1,0 +1,491 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// validator turns a rawConfig into a Config, collecting every problem.
+type validator struct {
+	file   string
+	ix     *index
+	errs   Errors
+	memory bool // the store is the in-process one (GCRA only)
+}
+
+// fail records a problem with the field at path.
+func (v *validator) fail(path, format string, args ...any) {
+	line, col := v.ix.pos(path)
+	v.errs = append(v.errs, &Error{File: v.file, Line: line, Column: col, Field: path, Problem: fmt.Sprintf(format, args...)})
+}
+
+// line returns the line a field's value is on, for "first at line N".
+func (v *validator) line(path string) int {
+	l, _ := v.ix.pos(path)
+	return l
+}
+
+func (v *validator) config(raw *rawConfig) *Config {
+	cfg := &Config{Listen: DefaultListen, Store: "memory", Shadow: raw.Shadow}
+	if raw.Listen != "" {
+		if err := CheckListen(raw.Listen); err != nil {
+			v.fail("listen", "%v", err)
+		}
+		cfg.Listen = raw.Listen
+	}
+	switch s := raw.Store; {
+	case s == "" || s == "memory":
+		v.memory = true
+	case strings.HasPrefix(s, "redis://") || strings.HasPrefix(s, "rediss://"):
+		v.fail("store", "redis store not built into this gateway yet")
+	default:
+		v.fail("store", "unknown store %q (want memory)", s)
+	}
+	switch raw.FailurePolicy {
+	case "", "open":
+		cfg.FailurePolicy = core.FailOpen
+	case "closed":
+		cfg.FailurePolicy = core.FailClosed
+	case "fallback":
+		cfg.FailurePolicy = core.FailFallback
+	default:
+		v.fail("failure_policy", "unknown policy %q (want open, closed or fallback)", raw.FailurePolicy)
+	}
+	cfg.StoreTimeout = v.duration("store_timeout", raw.StoreTimeout, 0)
+	cfg.Server = v.server(raw.Server)
+	cfg.Response = v.response(raw.Response)
+
+	policies := v.policies(raw.Policies)
+	apis := v.apis(raw.APIs, policies)
+	// A policy's apis list may only name APIs that exist.
+	for i, p := range raw.Policies {
+		for j, a := range p.APIs {
+			if _, ok := apis[a]; !ok {
+				v.fail(fmt.Sprintf("policies[%d].apis[%d]", i, j), "unknown API %q", a)
+			}
+		}
+	}
+	cfg.Keys = v.keys(raw.Keys, policies, apis)
+	listed := map[string]bool{}
+	for _, p := range raw.Policies {
+		if pol := policies[p.ID]; pol != nil && !listed[p.ID] {
+			cfg.Policies = append(cfg.Policies, *pol)
+			listed[p.ID] = true
+		}
+	}
+	for i := range raw.APIs {
+		if a := apis[raw.APIs[i].ID]; a != nil && a.idx == i {
+			cfg.APIs = append(cfg.APIs, a.API)
+		}
+	}
+	slices.SortStableFunc(v.errs, func(a, b *Error) int {
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
+	return cfg
+}
+
+// CheckListen reports why addr is not a "host:port" listen address.
+func CheckListen(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = strconv.ParseUint(port, 10, 16)
+	}
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (like 127.0.0.1:8080 or :8080)", addr)
+	}
+	return nil
+}
+
+// duration parses an optional positive duration; "" gives def.
+func (v *validator) duration(path, s string, def time.Duration) time.Duration {
+	if s == "" {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		v.fail(path, "%q is not a duration (like 500ms, 10s, 1m or 24h)", s)
+		return def
+	}
+	if d <= 0 {
+		v.fail(path, "%s must be > 0", s)
+		return def
+	}
+	return d
+}
+
+func (v *validator) server(r rawServer) Server {
+	s := Server{
+		ReadHeaderTimeout: v.duration("server.read_header_timeout", r.ReadHeaderTimeout, DefaultReadHeaderTimeout),
+		ReadTimeout:       v.duration("server.read_timeout", r.ReadTimeout, DefaultReadTimeout),
+		WriteTimeout:      v.duration("server.write_timeout", r.WriteTimeout, DefaultWriteTimeout),
+		IdleTimeout:       v.duration("server.idle_timeout", r.IdleTimeout, DefaultIdleTimeout),
+		ShutdownTimeout:   v.duration("server.shutdown_timeout", r.ShutdownTimeout, DefaultShutdownTimeout),
+		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+	}
+	if r.MaxHeaderBytes != nil {
+		if *r.MaxHeaderBytes <= 0 {
+			v.fail("server.max_header_bytes", "%d must be > 0", *r.MaxHeaderBytes)
+		} else {
+			s.MaxHeaderBytes = *r.MaxHeaderBytes
+		}
+	}
+	return s
+}
+
+func (v *validator) response(r rawResponse) response.Options {
+	o := response.Options{XRateLimit: r.XRateLimit}
+	if r.RateLimitHeaders != nil {
+		o.NoRateLimitFields = !*r.RateLimitHeaders
+	}
+	switch r.XRateLimitReset {
+	case "", "epoch":
+		o.XRateLimitReset = response.ResetEpoch
+	case "seconds":
+		o.XRateLimitReset = response.ResetSeconds
+	default:
+		v.fail("response.x_ratelimit_reset", "unknown format %q (want epoch or seconds)", r.XRateLimitReset)
+	}
+	o.QuotaExceededStatus = 429
+	if s := r.QuotaStatus; s != nil {
+		if *s != 429 && *s != 403 {
+			v.fail("response.quota_status", "%d: want 429 or 403", *s)
+		} else {
+			o.QuotaExceededStatus = *s
+		}
+	}
+	o.StoreFailureStatus = 503
+	if s := r.StoreFailureStatus; s != nil {
+		if *s < 500 || *s > 599 {
+			v.fail("response.store_failure_status", "%d: want a 5xx status", *s)
+		} else {
+			o.StoreFailureStatus = *s
+		}
+	}
+	return o
+}
+
+// policies validates the policy list and returns the valid ones by ID.
+// Policies with problems are still returned (so references to them are not
+// reported as unknown), but Parse fails anyway.
+func (v *validator) policies(raw []rawPolicy) map[string]*core.Policy {
+	m := make(map[string]*core.Policy, len(raw))
+	first := map[string]string{}
+	for i, p := range raw {
+		at := fmt.Sprintf("policies[%d]", i)
+		switch f, dup := first[p.ID]; {
+		case p.ID == "":
+			v.fail(at+".id", "missing")
+		case dup:
+			v.fail(at+".id", "duplicate policy id %q (first at line %d)", p.ID, v.line(f+".id"))
+		default:
+			first[p.ID] = at
+		}
+		pol := &core.Policy{
+			ID:     p.ID,
+			Rate:   v.rate(at+".rate", p.Rate),
+			Quota:  v.quota(at+".quota", p.Quota),
+			APIs:   p.APIs,
+			Shadow: p.Shadow,
+		}
+		if _, dup := m[p.ID]; !dup && p.ID != "" {
+			m[p.ID] = pol
+		}
+	}
+	return m
+}
+
+// rate validates a rate block; nil means none.
+func (v *validator) rate(at string, r *rawRate) core.Limit {
+	if r == nil {
+		return core.Limit{}
+	}
+	n0 := len(v.errs)
+	var l core.Limit
+	switch {
+	case r.Requests == nil:
+		v.fail(at+".requests", "missing (requests per period, or -1 for unlimited)")
+	case *r.Requests == core.Unlimited:
+		l.Rate = core.Unlimited
+	case *r.Requests <= 0:
+		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", *r.Requests)
+	default:
+		l.Rate = *r.Requests
+	}
+	if r.Per == "" && l.Rate > 0 {
+		v.fail(at+".per", "missing (the period, like 1s, 1m or 24h)")
+	} else {
+		l.Period = v.duration(at+".per", r.Per, 0)
+	}
+	if r.Burst != nil {
+		if *r.Burst <= 0 {
+			v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", *r.Burst)
+		} else {
+			l.Burst = *r.Burst
+		}
+	}
+	alg, err := core.ParseAlgorithm(r.Algorithm)
+	switch {
+	case err != nil:
+		v.fail(at+".algorithm", "unknown algorithm %q (want gcra, sliding_window, fixed_window or sliding_log)", r.Algorithm)
+	case alg != core.GCRA && v.memory:
+		v.fail(at+".algorithm", "%s is not supported by the memory store (only gcra)", alg)
+	}
+	l.Algorithm = alg
+	if len(v.errs) > n0 {
+		return core.Limit{}
+	}
+	if l.Rate == core.Unlimited {
+		return core.Limit{Rate: core.Unlimited}
+	}
+	if err := l.Validate(); err != nil {
+		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+		return core.Limit{}
+	}
+	return l
+}
+
+// quota validates a quota block; nil means none.
+func (v *validator) quota(at string, q *rawQuota) core.Quota {
+	if q == nil {
+		return core.Quota{}
+	}
+	n0 := len(v.errs)
+	var out core.Quota
+	switch {
+	case q.Max == nil:
+		v.fail(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
+	case *q.Max == core.Unlimited:
+		out.Max = core.Unlimited
+	case *q.Max <= 0:
+		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", *q.Max)
+	default:
+		out.Max = *q.Max
+	}
+	if q.Renewal == "" && out.Max > 0 {
+		v.fail(at+".renewal", "missing (the period, like 1h or 720h)")
+	} else {
+		out.Renewal = v.duration(at+".renewal", q.Renewal, 0)
+	}
+	if len(v.errs) > n0 {
+		return core.Quota{}
+	}
+	if out.Max == core.Unlimited {
+		return core.Quota{Max: core.Unlimited}
+	}
+	if err := out.Validate(); err != nil {
+		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+		return core.Quota{}
+	}
+	return out
+}
+
+// apiEntry is a validated API and its position in the file.
+type apiEntry struct {
+	API
+	idx int
+}
+
+func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[string]*apiEntry {
+	if len(raw) == 0 {
+		v.fail("apis", "at least one API is required")
+	}
+	m := make(map[string]*apiEntry, len(raw))
+	paths := map[string]string{} // normalised listen path → field path
+	for i, r := range raw {
+		at := fmt.Sprintf("apis[%d]", i)
+		a := &apiEntry{idx: i, API: API{ID: r.ID, StripListenPath: true}}
+		switch f, dup := m[r.ID]; {
+		case r.ID == "":
+			v.fail(at+".id", "missing")
+		case dup:
+			v.fail(at+".id", "duplicate API id %q (first at line %d)", r.ID, v.line(fmt.Sprintf("apis[%d].id", f.idx)))
+		default:
+			m[r.ID] = a
+		}
+		if lp, ok := v.listenPath(at+".listen_path", r.ListenPath); ok {
+			if f, dup := paths[lp]; dup {
+				v.fail(at+".listen_path", "%q is the same path as %s (line %d)", r.ListenPath, f, v.line(f))
+			} else {
+				paths[lp] = at + ".listen_path"
+			}
+			a.ListenPath = lp
+		}
+		a.Target = v.target(at+".target", r.Target)
+		switch r.Auth {
+		case "", "api_key":
+			a.Auth = AuthAPIKey
+		case "keyless":
+			a.Auth = AuthKeyless
+		default:
+			v.fail(at+".auth", "unknown auth %q (want api_key or keyless)", r.Auth)
+		}
+		if r.StripListenPath != nil {
+			a.StripListenPath = *r.StripListenPath
+		}
+		switch {
+		case r.Auth != "keyless" && len(r.Policies) > 0:
+			v.fail(at+".policies", "only keyless APIs take policies; an api_key API applies each key's own policies")
+		case r.Auth == "keyless" && len(r.Policies) == 0:
+			v.fail(at+".policies", "a keyless API needs at least one policy (applied per client IP)")
+		}
+		if r.Auth == "keyless" {
+			for j, id := range r.Policies {
+				p := policies[id]
+				switch {
+				case p == nil:
+					v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
+				case len(p.APIs) > 0 && r.ID != "" && !slices.Contains(p.APIs, r.ID):
+					v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "policy %q does not cover API %q (its apis list leaves it out)", id, r.ID)
+				}
+			}
+			a.Policies = r.Policies
+		}
+	}
+	return m
+}
+
+// listenPath normalises a listen path to end in "/".
+func (v *validator) listenPath(at, s string) (string, bool) {
+	switch {
+	case s == "":
+		v.fail(at, `missing (a path prefix like "/orders/")`)
+		return "", false
+	case !strings.HasPrefix(s, "/"):
+		v.fail(at, "%q must start with \"/\"", s)
+		return "", false
+	case strings.IndexFunc(s, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-._~/", c))
+	}) >= 0:
+		v.fail(at, "%q may only contain letters, digits, \"-\", \".\", \"_\", \"~\" and \"/\"", s)
+		return "", false
+	}
+	clean := path.Clean(s)
+	if clean != "/" {
+		clean += "/"
+	}
+	if s != clean && s+"/" != clean {
+		v.fail(at, "%q is not a clean path (want %q)", s, clean)
+		return "", false
+	}
+	return clean, true
+}
+
+// target parses builtin:echo or an http(s) base URL.
+func (v *validator) target(at, s string) Target {
+	if s == "" {
+		v.fail(at, "missing (builtin:echo or an http:// or https:// URL)")
+		return Target{}
+	}
+	if strings.HasPrefix(s, "builtin:") {
+		if s != BuiltinEcho {
+			v.fail(at, "unknown builtin %q (want builtin:echo)", s)
+		}
+		return Target{Builtin: s}
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Opaque != "":
+		v.fail(at, "%q is not builtin:echo or an http:// or https:// URL", s)
+	case u.Host == "" || u.Hostname() == "":
+		v.fail(at, "%q has no host", s)
+	case u.User != nil:
+		v.fail(at, "%q must not carry credentials", s)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		v.fail(at, "%q must not have a query or fragment", s)
+	default:
+		return Target{URL: u}
+	}
+	return Target{}
+}
+
+func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis map[string]*apiEntry) []identity.KeyRecord {
+	out := make([]identity.KeyRecord, 0, len(raw))
+	first := map[identity.KeyHash]string{}
+	for i, k := range raw {
+		at := fmt.Sprintf("keys[%d]", i)
+		n0 := len(v.errs)
+		var rec identity.KeyRecord
+		field := ""
+		switch {
+		case k.Key != "" && k.KeyHash != "":
+			v.fail(at, "set key or key_hash, not both")
+		case k.Key != "":
+			field = at + ".key"
+			if len(k.Key) > identity.DefaultMaxKeyLength {
+				v.fail(field, "longer than %d bytes; the gateway refuses such keys", identity.DefaultMaxKeyLength)
+			}
+			rec.Hash = identity.HashKey(k.Key)
+		case k.KeyHash != "":
+			field = at + ".key_hash"
+			h, err := identity.ParseKeyHash(k.KeyHash)
+			if err != nil {
+				v.fail(field, "%q is not sha256:<64 hex digits>", k.KeyHash)
+			}
+			rec.Hash = h
+		default:
+			v.fail(at, "needs key (plaintext) or key_hash (sha256:<hex>)")
+		}
+		if len(v.errs) == n0 {
+			if f, dup := first[rec.Hash]; dup {
+				v.fail(field, "same key as %s (line %d)", parent(f), v.line(f))
+			} else {
+				first[rec.Hash] = field
+			}
+		}
+		for j, id := range k.Policies {
+			if policies[id] == nil {
+				v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
+			}
+		}
+		if len(k.Policies) == 0 && len(k.APILimits) == 0 {
+			v.fail(at+".policies", "a key needs at least one policy (or api_limits)")
+		}
+		rec.Policies = k.Policies
+		if k.Expires != "" {
+			t, err := time.Parse(time.RFC3339, k.Expires)
+			if err != nil {
+				v.fail(at+".expires", "%q is not an RFC 3339 time (like 2027-01-31T00:00:00Z)", k.Expires)
+			}
+			rec.Expires = t
+		}
+		rec.Inactive = k.Inactive
+		ids := make([]string, 0, len(k.APILimits))
+		for id := range k.APILimits {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		for _, id := range ids {
+			lat := at + ".api_limits." + id
+			a := apis[id]
+			switch {
+			case a == nil:
+				v.fail(lat, "unknown API %q", id)
+			case a.Auth == AuthKeyless:
+				v.fail(lat, "API %q is keyless; api_limits only apply to api_key APIs", id)
+			}
+			l := k.APILimits[id]
+			if l.Rate == nil && l.Quota == nil {
+				v.fail(lat, "needs rate or quota")
+			}
+			if rec.APILimits == nil {
+				rec.APILimits = map[string]core.Limits{}
+			}
+			rec.APILimits[id] = core.Limits{Rate: v.rate(lat+".rate", l.Rate), Quota: v.quota(lat+".quota", l.Quota)}
+		}
+		out = append(out, rec)
+	}
+	return out
+}

@@ -1,0 +1,430 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The raw file shape. Durations, times and enumerations are strings, parsed
+// by the validator so that its messages (not yaml's) explain them; pointers
+// tell "left out" from zero.
+
+type rawConfig struct {
+	Listen        string      `yaml:"listen"`
+	Store         string      `yaml:"store"`
+	FailurePolicy string      `yaml:"failure_policy"`
+	StoreTimeout  string      `yaml:"store_timeout"`
+	Shadow        bool        `yaml:"shadow"`
+	Server        rawServer   `yaml:"server"`
+	Response      rawResponse `yaml:"response"`
+	Policies      []rawPolicy `yaml:"policies"`
+	Keys          []rawKey    `yaml:"keys"`
+	APIs          []rawAPI    `yaml:"apis"`
+}
+
+type rawServer struct {
+	ReadHeaderTimeout string `yaml:"read_header_timeout"`
+	ReadTimeout       string `yaml:"read_timeout"`
+	WriteTimeout      string `yaml:"write_timeout"`
+	IdleTimeout       string `yaml:"idle_timeout"`
+	ShutdownTimeout   string `yaml:"shutdown_timeout"`
+	MaxHeaderBytes    *int   `yaml:"max_header_bytes"`
+}
+
+type rawResponse struct {
+	RateLimitHeaders   *bool  `yaml:"ratelimit_headers"`
+	XRateLimit         bool   `yaml:"x_ratelimit"`
+	XRateLimitReset    string `yaml:"x_ratelimit_reset"`
+	QuotaStatus        *int   `yaml:"quota_status"`
+	StoreFailureStatus *int   `yaml:"store_failure_status"`
+}
+
+type rawPolicy struct {
+	ID     string    `yaml:"id"`
+	Rate   *rawRate  `yaml:"rate"`
+	Quota  *rawQuota `yaml:"quota"`
+	APIs   []string  `yaml:"apis"`
+	Shadow bool      `yaml:"shadow"`
+}
+
+type rawRate struct {
+	Requests  *int64 `yaml:"requests"`
+	Per       string `yaml:"per"`
+	Burst     *int64 `yaml:"burst"`
+	Algorithm string `yaml:"algorithm"`
+}
+
+type rawQuota struct {
+	Max     *int64 `yaml:"max"`
+	Renewal string `yaml:"renewal"`
+}
+
+type rawKey struct {
+	Key       string               `yaml:"key"`
+	KeyHash   string               `yaml:"key_hash"`
+	Policies  []string             `yaml:"policies"`
+	Expires   string               `yaml:"expires"`
+	Inactive  bool                 `yaml:"inactive"`
+	APILimits map[string]rawLimits `yaml:"api_limits"`
+}
+
+type rawLimits struct {
+	Rate  *rawRate  `yaml:"rate"`
+	Quota *rawQuota `yaml:"quota"`
+}
+
+type rawAPI struct {
+	ID              string   `yaml:"id"`
+	ListenPath      string   `yaml:"listen_path"`
+	Target          string   `yaml:"target"`
+	Auth            string   `yaml:"auth"`
+	Policies        []string `yaml:"policies"`
+	StripListenPath *bool    `yaml:"strip_listen_path"`
+}
+
+// knownFields maps a raw type's name as yaml's errors print it
+// ("config.rawRate") to its field names, for "unknown field" messages.
+var knownFields = func() map[string][]string {
+	m := map[string][]string{}
+	for _, v := range []any{rawConfig{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{}} {
+		t := reflect.TypeOf(v)
+		var names []string
+		for i := 0; i < t.NumField(); i++ {
+			names = append(names, strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0])
+		}
+		m[t.String()] = names
+	}
+	return m
+}()
+
+// index locates the nodes of a parsed file by field path, for messages.
+type index struct {
+	vals map[string]*yaml.Node // path → value node (the first, if repeated)
+	keys []keyRef              // every mapping key, in file order
+}
+
+type keyRef struct {
+	path string
+	node *yaml.Node
+}
+
+func (ix *index) walk(n *yaml.Node, path string) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			ix.walk(c, path)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			ix.keys = append(ix.keys, keyRef{p, k})
+			if _, seen := ix.vals[p]; !seen {
+				ix.vals[p] = v
+			}
+			ix.walk(v, p)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := path + "[" + strconv.Itoa(i) + "]"
+			ix.vals[p] = c
+			ix.walk(c, p)
+		}
+	}
+	// Aliases are not followed: their targets are indexed where they are
+	// defined, and following them could multiply work on alias bombs.
+}
+
+// pos returns the position of path's value node, or of its nearest
+// ancestor that is in the file (for fields that are missing).
+func (ix *index) pos(path string) (line, col int) {
+	for p := path; ; p = parent(p) {
+		if n := ix.vals[p]; n != nil {
+			return n.Line, n.Column
+		}
+		if p == "" {
+			return 0, 0
+		}
+	}
+}
+
+// parent strips the last ".name" or "[i]" from a path.
+func parent(p string) string {
+	i := strings.LastIndexAny(p, ".[")
+	if i < 0 {
+		return ""
+	}
+	return p[:i]
+}
+
+// decode parses data strictly into a rawConfig and indexes it.
+func decode(file string, data []byte) (*rawConfig, *index, Errors) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, nil, Errors{syntaxError(file, err)}
+	}
+	if len(root.Content) == 0 {
+		return nil, nil, Errors{{File: file, Problem: "empty configuration"}}
+	}
+	ix := &index{vals: map[string]*yaml.Node{}}
+	ix.walk(&root, "")
+	ix.vals[""] = root.Content[0]
+
+	var raw rawConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	err := dec.Decode(&raw)
+	if err == nil {
+		return &raw, ix, ix.checkIntegers(file)
+	}
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return nil, nil, Errors{syntaxError(file, err)}
+	}
+	errs := make(Errors, 0, len(te.Errors))
+	for _, msg := range te.Errors {
+		errs = append(errs, ix.explain(file, msg))
+	}
+	return nil, nil, errs
+}
+
+var syntaxRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+func syntaxError(file string, err error) *Error {
+	msg := err.Error()
+	if m := syntaxRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &Error{File: file, Line: line, Problem: "YAML syntax: " + m[2]}
+	}
+	return &Error{File: file, Problem: "YAML syntax: " + strings.TrimPrefix(msg, "yaml: ")}
+}
+
+// checkIntegers refuses fractions where the schema wants an integer: yaml
+// would silently truncate "requests: 2.5" to 2.
+func (ix *index) checkIntegers(file string) Errors {
+	var errs Errors
+	for p, n := range ix.vals {
+		t := schemaType(p)
+		if t == nil || n.Kind != yaml.ScalarNode || n.ShortTag() == "!!int" || n.ShortTag() == "!!null" {
+			continue
+		}
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			errs = append(errs, &Error{File: file, Line: n.Line, Column: n.Column, Field: p,
+				Problem: "want an integer, got " + describeValue(n.ShortTag(), n.Value)})
+		}
+	}
+	slices.SortFunc(errs, func(a, b *Error) int {
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
+	return errs
+}
+
+// yaml.v3's unmarshal error texts, as of v3.0.x.
+var (
+	unknownFieldRE = regexp.MustCompile(`^line (\d+): field (\S+) not found in type (\S+)$`)
+	repeatFieldRE  = regexp.MustCompile(`^line (\d+): field (\S+) already set in type \S+$`)
+	repeatKeyRE    = regexp.MustCompile(`^line (\d+): mapping key "(.*)" already defined at line (\d+)$`)
+	wrongTypeRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal (!!\\w+)(?: `(.*)`)? into (.+)$")
+	otherRE        = regexp.MustCompile(`^line (\d+): (.*)$`)
+)
+
+// explain turns one of yaml's unmarshal error strings into an Error that
+// names the field.
+func (ix *index) explain(file, msg string) *Error {
+	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		e := ix.atKey(file, line, m[2])
+		e.Problem = "unknown field"
+		if names := knownFields[m[3]]; len(names) > 0 {
+			e.Problem += " (known here: " + strings.Join(names, ", ") + ")"
+		}
+		return e
+	}
+	if m := repeatFieldRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return ix.repeated(file, line, m[2])
+	}
+	if m := repeatKeyRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		name, err := strconv.Unquote(`"` + m[2] + `"`)
+		if err != nil {
+			name = m[2]
+		}
+		return ix.repeated(file, line, name)
+	}
+	if m := wrongTypeRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		tag, val, want := m[2], m[3], m[4]
+		e := &Error{File: file, Line: line}
+		if path, n := ix.atValue(line, tag, val, want); n != nil {
+			e.Field, e.Column = path, n.Column
+		}
+		e.Problem = "want " + describeGoType(want) + ", got " + describeValue(tag, val)
+		return e
+	}
+	e := &Error{File: file, Problem: msg}
+	if m := otherRE.FindStringSubmatch(msg); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		e.Problem = m[2]
+	}
+	return e
+}
+
+// atKey returns an Error located at the first key named name on line.
+func (ix *index) atKey(file string, line int, name string) *Error {
+	for _, k := range ix.keys {
+		if k.node.Line == line && k.node.Value == name {
+			return &Error{File: file, Line: line, Column: k.node.Column, Field: k.path}
+		}
+	}
+	return &Error{File: file, Line: line, Field: name}
+}
+
+// repeated reports a key given twice in one mapping; line is the second's.
+func (ix *index) repeated(file string, line int, name string) *Error {
+	first := map[string]*yaml.Node{}
+	for _, k := range ix.keys {
+		if k.node.Value != name {
+			continue
+		}
+		if f := first[k.path]; f != nil && k.node.Line == line {
+			return &Error{File: file, Line: line, Column: k.node.Column, Field: k.path,
+				Problem: "given twice (first at line " + strconv.Itoa(f.Line) + ")"}
+		}
+		if first[k.path] == nil {
+			first[k.path] = k.node
+		}
+	}
+	return &Error{File: file, Line: line, Field: name, Problem: "given twice"}
+}
+
+// atValue finds the value node on line that yaml complained about: one
+// with the tag and value it printed, where the schema expects want.
+func (ix *index) atValue(line int, tag, val, want string) (string, *yaml.Node) {
+	truncated := strings.HasSuffix(val, "...")
+	prefix := strings.TrimSuffix(val, "...")
+	var bestPath string
+	var best *yaml.Node
+	bestFits := false
+	for p, n := range ix.vals {
+		if n.Line != line || n.ShortTag() != tag {
+			continue
+		}
+		if tag != "!!map" && tag != "!!seq" {
+			if truncated && !strings.HasPrefix(n.Value, prefix) || !truncated && n.Value != val {
+				continue
+			}
+		}
+		t := schemaType(p)
+		fits := t != nil && t.String() == want
+		// Prefer a node where the schema expects the type yaml named; then
+		// the leftmost, then the shortest path (map order is random).
+		switch {
+		case best == nil, fits && !bestFits:
+		case fits != bestFits:
+			continue
+		case n.Column < best.Column, n.Column == best.Column && len(p) < len(bestPath):
+		default:
+			continue
+		}
+		bestPath, best, bestFits = p, n, fits
+	}
+	return bestPath, best
+}
+
+// schemaType returns the Go type the raw schema decodes path into, with
+// pointers removed, or nil when path is not in the schema.
+func schemaType(path string) reflect.Type {
+	t := reflect.TypeOf(rawConfig{})
+	for {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if path == "" {
+			return t
+		}
+		if path[0] == '[' {
+			j := strings.IndexByte(path, ']')
+			if j < 0 || t.Kind() != reflect.Slice {
+				return nil
+			}
+			t, path = t.Elem(), path[j+1:]
+			continue
+		}
+		path = strings.TrimPrefix(path, ".")
+		j := strings.IndexAny(path, ".[")
+		if j < 0 {
+			j = len(path)
+		}
+		name := path[:j]
+		path = path[j:]
+		switch t.Kind() {
+		case reflect.Map:
+			t = t.Elem()
+		case reflect.Struct:
+			f, ok := fieldByTag(t, name)
+			if !ok {
+				return nil
+			}
+			t = f.Type
+		default:
+			return nil
+		}
+	}
+}
+
+func fieldByTag(t reflect.Type, name string) (reflect.StructField, bool) {
+	for i := 0; i < t.NumField(); i++ {
+		if f := t.Field(i); strings.Split(f.Tag.Get("yaml"), ",")[0] == name {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// describeGoType names a decoding target in the file's terms.
+func describeGoType(t string) string {
+	switch {
+	case strings.HasPrefix(t, "[]"):
+		if t == "[]string" {
+			return "a list of strings"
+		}
+		return "a list"
+	case strings.HasPrefix(t, "map["), strings.Contains(t, "config.raw"):
+		return "a mapping"
+	case strings.Contains(t, "int"):
+		return "an integer"
+	case t == "bool" || t == "*bool":
+		return "true or false"
+	case t == "string":
+		return "a string"
+	}
+	return t
+}
+
+// describeValue names what the file holds.
+func describeValue(tag, val string) string {
+	switch tag {
+	case "!!map":
+		return "a mapping"
+	case "!!seq":
+		return "a list"
+	case "!!str":
+		return strconv.Quote(val)
+	}
+	return val
+}
