@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// gateway routes each request to the API with the longest matching listen
+// path, through that API's rate-limit middleware, to its upstream.
+type gateway struct {
+	routes    []route // longest listen path first
+	stores    []*memory.Store
+	transport *http.Transport
+}
+
+type route struct {
+	prefix string // the listen path without its final slash: "" for "/"
+	api    config.API
+	h      http.Handler
+}
+
+// newGateway wires cfg: one engine and key registry for every API, and per
+// API the nethttp middleware in front of a reverse proxy or the echo
+// upstream. Close releases what it started.
+func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
+	if cfg.Store != "memory" {
+		return nil, fmt.Errorf("store %q not built into this gateway", cfg.Store)
+	}
+	g := &gateway{transport: newTransport()}
+	store := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
+	g.stores = append(g.stores, store)
+	opts := core.Options{
+		FailurePolicy: cfg.FailurePolicy,
+		StoreTimeout:  cfg.StoreTimeout,
+		Shadow:        cfg.Shadow,
+		OnStoreError:  func(err error) { log.Warn("limit store failed", "err", err) },
+	}
+	if cfg.FailurePolicy == core.FailFallback {
+		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
+		g.stores = append(g.stores, fb)
+		opts.Fallback = fb
+	}
+	engine, err := core.NewEngine(store, core.Config{Policies: cfg.Policies}, opts)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	keys, err := identity.NewKeys(cfg.Keys)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: e.now})
+	ro := cfg.Response
+	ro.Now = e.now
+	rend := response.NewRenderer(ro)
+
+	for _, a := range cfg.APIs {
+		var up http.Handler
+		if a.Target.URL != nil {
+			up = newProxy(a, g.transport, log)
+		} else {
+			up = echo(a.ID)
+		}
+		prefix := strings.TrimSuffix(a.ListenPath, "/")
+		if a.StripListenPath {
+			up = stripPrefix(prefix, up)
+		}
+		var auth identity.Authenticator = apiKey
+		if a.Auth == config.AuthKeyless {
+			auth = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies}}
+		}
+		h := nethttp.Middleware(engine, auth, nethttp.Options{API: a.ID, Renderer: rend})(up)
+		g.routes = append(g.routes, route{prefix: prefix, api: a, h: h})
+	}
+	slices.SortStableFunc(g.routes, func(a, b route) int { return len(b.prefix) - len(a.prefix) })
+	return g, nil
+}
+
+// Close stops the stores' sweepers and drops idle upstream connections.
+func (g *gateway) Close() error {
+	for _, s := range g.stores {
+		s.Close()
+	}
+	g.transport.CloseIdleConnections()
+	return nil
+}
+
+// ServeHTTP routes r by the longest listen path that matches its path.
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	if c := cleanPath(p); c != p {
+		// "/open/../echo/x" must not reach the open API's upstream, which
+		// might resolve it to a path the echo API protects: send the
+		// client to the clean path, whose route decides.
+		u := url.URL{Path: c, RawQuery: r.URL.RawQuery}
+		w.Header().Set("Location", u.String())
+		writeError(w, http.StatusPermanentRedirect, "request path is not clean; use "+c)
+		return
+	}
+	for i := range g.routes {
+		rt := &g.routes[i]
+		// prefix "/echo" matches "/echo" and "/echo/...", not "/echoes".
+		if strings.HasPrefix(p, rt.prefix) && (len(p) == len(rt.prefix) || p[len(rt.prefix)] == '/') {
+			rt.h.ServeHTTP(w, r)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, "no API is served at this path")
+}
+
+// cleanPath is path.Clean that keeps a final slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
+}
+
+// stripPrefix removes prefix (a listen path without its final slash) from
+// the request path: "/echo/a" becomes "/a", "/echo" becomes "/".
+func stripPrefix(prefix string, h http.Handler) http.Handler {
+	if prefix == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r2 := new(http.Request)
+		*r2 = *r
+		u := *r.URL
+		r2.URL = &u
+		u.Path = orSlash(strings.TrimPrefix(r.URL.Path, prefix))
+		if r.URL.RawPath != "" {
+			if rest, ok := strings.CutPrefix(r.URL.RawPath, prefix); ok {
+				u.RawPath = orSlash(rest)
+			} else {
+				u.RawPath = "" // prefix spelled with escapes: re-escape Path
+			}
+		}
+		h.ServeHTTP(w, r2)
+	})
+}
+
+func orSlash(s string) string {
+	if s == "" {
+		return "/"
+	}
+	return s
+}
+
+// newProxy returns a reverse proxy to a's URL target. The request path
+// (already stripped) is joined to the target's path; the Host header
+// becomes the target's; X-Forwarded-For, -Host and -Proto are set afresh
+// (client-sent ones are dropped).
+func newProxy(a config.API, t http.RoundTripper, log *slog.Logger) http.Handler {
+	target := a.Target.URL
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+		},
+		Transport: t,
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return // the client went away
+			}
+			log.Warn("upstream failed", "api", a.ID, "target", target.String(), "err", err)
+			writeError(w, http.StatusBadGateway, "upstream unavailable")
+		},
+	}
+}
+
+// newTransport is http.DefaultTransport with enough idle connections per
+// upstream for a busy gateway (the default keeps 2).
+func newTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 256
+	return t
+}
+
+// keylessAPI identifies the callers of one keyless API by client IP. Each
+// address gets counters of its own on this API: two keyless APIs with the
+// same policy limit a client separately.
+type keylessAPI struct {
+	api string
+	k   identity.Keyless
+}
+
+// Authenticate implements identity.Authenticator.
+func (k *keylessAPI) Authenticate(ctx context.Context, r identity.Request) (*core.Consumer, error) {
+	c, err := k.k.Authenticate(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	c.ID += "@" + k.api // c is fresh for each request
+	return c, nil
+}
+
+// writeError answers with status and a JSON body shaped like the
+// middleware's: {"error": msg}.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// epoch is the frozen wall clock of tests: X-RateLimit-Reset values are
+// epoch plus whole seconds.
+const epoch = 1_700_000_000
+
+// frozen returns an env whose store clock and wall clock never move, so
+// every count and header is exact however slowly the test runs.
+func frozen() env {
+	return env{clock: core.NewManualClock(int64(time.Hour)), now: func() time.Time { return time.Unix(epoch, 0) }}
+}
+
+// output is a goroutine-safe writer that reports the address in run's
+// "listening on" line.
+type output struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	addr  chan string
+	found bool
+}
+
+var listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
+
+func newOutput() *output { return &output{addr: make(chan string, 1)} }
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.buf.Write(p)
+	if m := listeningRE.FindStringSubmatch(o.buf.String()); m != nil && !o.found {
+		o.found = true
+		o.addr <- m[1]
+	}
+	return len(p), nil
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+// running is a gateway started by run in the background.
+type running struct {
+	base   string // http://127.0.0.1:PORT
+	stdout *output
+	stderr *output
+	stop   func() error // cancels run's context and returns run's error
+}
+
+// start runs the gateway with args (plus -listen 127.0.0.1:0 unless args
+// set -listen) and waits until it listens. The gateway is stopped at the
+// end of the test, which fails if run did not return nil.
+func start(t *testing.T, e env, args ...string) *running {
+	t.Helper()
+	if !strings.Contains(strings.Join(args, " "), "-listen") {
+		args = append(args, "-listen", "127.0.0.1:0")
+	}
+	e.stdout, e.stderr = newOutput(), newOutput()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, e) }()
+	r := &running{stdout: e.stdout.(*output), stderr: e.stderr.(*output)}
+	select {
+	case r.base = <-r.stdout.addr:
+	case err := <-done:
+		cancel()
+		t.Fatalf("run returned before listening: %v\nstderr: %s", err, r.stderr)
+	}
+	var once sync.Once
+	var err error
+	r.stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	t.Cleanup(func() {
+		if err := r.stop(); err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	return r
+}
+
+// writeConfig writes a config file into a temporary directory.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// reply is one response, read completely.
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// get sends a GET with the given header fields (name, value pairs); it
+// must be called from the test's goroutine.
+func get(t *testing.T, c *http.Client, url string, hdr ...string) reply {
+	t.Helper()
+	r, err := fetch(c, url, hdr...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// fetch is get for any goroutine.
+func fetch(c *http.Client, url string, hdr ...string) (reply, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return reply{}, err
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, string(b)}, err
+}
+
+// clientFrom returns a client whose connections come from the loopback
+// address ip (any of 127.0.0.0/8 works on Linux), to act as distinct
+// client IPs.
+func clientFrom(ip string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+}
+
+// checkHeaders compares the named fields of h with want exactly; "" in want
+// means the field must be absent.
+func checkHeaders(t *testing.T, what string, h http.Header, want map[string]string) {
+	t.Helper()
+	for name, w := range want {
+		got := strings.Join(h.Values(name), "|")
+		if got != w {
+			t.Errorf("%s: %s = %q, want %q", what, name, got, w)
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestDemo runs the gateway as `go run ./examples/gateway` does, with no
+// -config (only the port changed, so the test never collides with a real
+// 8080), checks the banner, and runs its three curl lines.
+func TestDemo(t *testing.T) {
+	gw := start(t, frozen())
+	b := gw.base
+	want := "limitplane gateway listening on " + b + " (config: built-in demo, store: memory)\n" +
+		"  /echo/ -> builtin:echo (api_key)\n" +
+		"  /open/ -> builtin:echo (keyless, policies [anon] per client IP)\n" +
+		"\n" +
+		"Try it:\n" +
+		"  curl -i -H 'X-API-Key: demo-key-1' " + b + "/echo/hello  # run it 6 times: 5 a minute pass, the 6th gets 429\n" +
+		"  curl -i " + b + "/echo/hello                             # no API key: 401\n" +
+		"  curl -i " + b + "/open/hello                             # keyless API, limited per client IP\n"
+	if got := gw.stdout.String(); got != want {
+		t.Fatalf("banner:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Run the printed curl lines: -H 'Name: value' and the URL.
+	curlRE := regexp.MustCompile(`^  curl -i (?:-H '([^:]+): ([^']+)' )?(\S+)`)
+	var lines [][]string
+	for _, l := range strings.Split(want, "\n") {
+		if m := curlRE.FindStringSubmatch(l); m != nil {
+			lines = append(lines, m[1:])
+		}
+	}
+	if len(lines) != 3 {
+		t.Fatalf("found %d curl lines, want 3", len(lines))
+	}
+	do := func(m []string) reply {
+		if m[0] == "" {
+			return get(t, nil, m[2])
+		}
+		return get(t, nil, m[2], m[0], m[1])
+	}
+
+	// 1: 5 a minute (T = 12s, burst 5): the 6th waits one interval.
+	for i := 1; i <= 5; i++ {
+		if r := do(lines[0]); r.status != 200 {
+			t.Fatalf("line 1, run %d: status %d %s", i, r.status, r.body)
+		}
+	}
+	r := do(lines[0])
+	if r.status != 429 {
+		t.Fatalf("line 1, run 6: status %d, want 429", r.status)
+	}
+	checkHeaders(t, "6th", r.header, map[string]string{
+		"Retry-After":           "12",
+		"RateLimit-Policy":      `"default";q=5;w=60, "default/quota";q=100;w=86400`,
+		"RateLimit":             `"default";r=0;t=12, "default/quota";r=95;t=86400`,
+		"X-RateLimit-Limit":     "5",
+		"X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset":     "1700000060",
+	})
+	if want := `{"error":"rate limit exceeded","retry_after_ms":12000}` + "\n"; r.body != want {
+		t.Errorf("429 body %q, want %q", r.body, want)
+	}
+
+	// 2: no key.
+	if r := do(lines[1]); r.status != 401 || r.body != `{"error":"no API key"}`+"\n" {
+		t.Errorf("line 2: %d %q, want 401", r.status, r.body)
+	}
+	// 3: keyless.
+	r = do(lines[2])
+	if r.status != 200 {
+		t.Fatalf("line 3: status %d", r.status)
+	}
+	checkHeaders(t, "keyless", r.header, map[string]string{"RateLimit": `"anon";r=9;t=6`})
+
+	// demo-key-2 is in the demo only as a hash; its gold policy has no
+	// rate limit and a daily quota.
+	r = get(t, nil, b+"/echo/", "Authorization", "Bearer demo-key-2")
+	checkHeaders(t, "gold", r.header, map[string]string{"RateLimit": `"gold/quota";r=9999;t=86400`})
+}
+
+// TestRunRefuses checks run's errors for bad flags and configurations.
+func TestRunRefuses(t *testing.T) {
+	dir := t.TempDir()
+	bad := writeConfig(t, "store: redis://localhost:6379/0\npolicies:\n  - id: p\n    rate: {requests: -3, per: 1s}\n")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	missing := filepath.Join(dir, "missing.yaml")
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-config", bad}, "invalid configuration, not starting:\n" +
+			bad + ":1:1: apis: at least one API is required\n" +
+			bad + ":1:8: store: redis store not built into this gateway yet\n" +
+			bad + ":4:22: policies[0].rate.requests: -3 must be > 0 (or -1 for unlimited)"},
+		{[]string{"-config", missing}, "config: open " + missing + ": no such file or directory"},
+		{[]string{"-listen", "8080"}, `-listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)`},
+		{[]string{"-listen", busy.Addr().String()}, "listen tcp " + busy.Addr().String() + ": bind: address already in use"},
+		{[]string{"-port", "1"}, "flag provided but not defined: -port"},
+		{[]string{"demo.yaml"}, `unexpected argument "demo.yaml" (usage: gateway [-config FILE] [-listen ADDR])`},
+	} {
+		out, errOut := newOutput(), newOutput()
+		err := run(context.Background(), tc.args, env{stdout: out, stderr: errOut})
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("run %q:\n got %v\nwant %s", tc.args, err, tc.want)
+		}
+		if out.String() != "" {
+			t.Errorf("run %q printed %q", tc.args, out)
+		}
+	}
+}
+
+// TestRunHelp: -h prints the usage and returns flag.ErrHelp (main exits 0).
+func TestRunHelp(t *testing.T) {
+	out, errOut := newOutput(), newOutput()
+	err := run(context.Background(), []string{"-h"}, env{stdout: out, stderr: errOut})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	want := "Usage: gateway [-config FILE] [-listen ADDR]\n" +
+		"  -config file\n" +
+		"    \tYAML configuration file (default: the built-in demo config)\n" +
+		"  -listen address\n" +
+		"    \taddress to listen on, host:port (overrides the config's listen)\n"
+	if errOut.String() != want {
+		t.Errorf("usage:\n%q\nwant\n%q", errOut, want)
+	}
+}
+
+// TestBaseURL: wildcard listen addresses are shown as the loopback.
+func TestBaseURL(t *testing.T) {
+	for _, tc := range []struct{ addr, want string }{
+		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
+		{"0.0.0.0:80", "http://127.0.0.1:80"},
+		{"[::]:9000", "http://[::1]:9000"},
+		{"[::1]:9000", "http://[::1]:9000"},
+	} {
+		a, err := net.ResolveTCPAddr("tcp", tc.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := baseURL(a); got != tc.want {
+			t.Errorf("baseURL(%s) = %s, want %s", tc.addr, got, tc.want)
+		}
+	}
+}
+
+// TestListenFlagOverrides: -listen wins over the file's listen.
+func TestListenFlagOverrides(t *testing.T) {
+	gw := start(t, frozen(), "-config", writeConfig(t, "listen: 127.0.0.1:1\n"+
+		"policies: [{id: p, rate: {requests: 1, per: 1s}}]\n"+
+		"apis: [{id: a, listen_path: /, target: \"builtin:echo\", auth: keyless, policies: [p]}]\n"),
+		"-listen", "127.0.0.1:0")
+	if strings.HasSuffix(gw.base, ":1") {
+		t.Fatalf("listening on %s, the file's address", gw.base)
+	}
+	if r := get(t, nil, gw.base+"/"); r.status != http.StatusOK {
+		t.Errorf("status %d", r.status)
+	}
+	if !strings.Contains(gw.stdout.String(), "(config: ") {
+		t.Errorf("banner: %s", gw.stdout)
+	}
+}
