@@ -6,10 +6,13 @@
 // current quota period whose used count is likewise a CAS-updated atomic.
 // A key is hashed once, with a per-process random seed: the consumer's hash
 // picks the shard (so all of a consumer's keys share one), and the hash of
-// consumer and scope indexes the shard's map, whose entries carry the key
-// itself to confirm the match (the rare key whose hash collides with
-// another's lives in a second, ordinary map). A shard's read-write mutex
-// guards only its maps (lookups take the read side), never a key's state.
+// consumer and scope indexes the shard's open-addressing table. Lookups read
+// the table without a lock (atomic loads only); inserts, sweeps and resizes
+// take the shard's mutex, never a key's state. A table is never changed in
+// a way that hides a live key from a reader: removal leaves a deleted mark,
+// and a resize publishes a new table while the old one stays intact, so a
+// reader at worst finds an entry just swept (its TAT reads dead) or misses a
+// key inserted while it looked, and then asks again under the lock.
 //
 // An entry whose TAT has passed and whose quota period has ended is the same
 // state as no entry (DESIGN.md), so sweeps drop such entries without loss.
@@ -48,14 +51,16 @@ type Options struct {
 // minSweepAt is the smallest shard size at which an insert sweeps.
 const minSweepAt = 64
 
+// minSlots is the size of a shard's first table.
+const minSlots = 8
+
 // dead marks an entry's TAT while a sweep removes it. Any goroutine that sees
 // it looks the key up again (blocking on the shard lock the sweep holds).
 const dead = math.MinInt64
 
-type key struct{ consumer, scope string }
-
-// entry is one key's state: 48 bytes, which with its map slot keeps a key
-// under 100 bytes of heap besides the consumer string.
+// entry is one key's state: 48 bytes, which with its 16-byte table slot
+// (tables are filled between 3/8 and 3/4 as they grow) keeps a key under
+// 100 bytes of heap besides the consumer string.
 type entry struct {
 	tat      atomic.Int64           // GCRA theoretical arrival time; 0 = none; dead while being removed
 	quota    atomic.Pointer[period] // current quota period; nil = none; tombstone while being removed
@@ -76,14 +81,35 @@ type period struct {
 // written to.
 var tombstone = &period{}
 
+// deleted marks a table slot whose entry was swept. Probes pass over it.
+var deleted = &entry{}
+
+// slot is one cell of a table: a key hash and its entry. An empty slot
+// (nil entry) ends a probe; a slot, once filled, only ever changes to
+// deleted.
+type slot struct {
+	hash atomic.Uint64
+	e    atomic.Pointer[entry]
+}
+
+// table is an open-addressing hash table with linear probing. Its size is a
+// power of two and at least a quarter of it stays empty, so probes end.
+type table struct {
+	slots []slot
+	mask  uint64
+}
+
+func newTable(size int) *table {
+	return &table{slots: make([]slot, size), mask: uint64(size - 1)}
+}
+
 type shard struct {
-	mu sync.RWMutex
-	// m holds entries by key hash; a 16-byte slot per key.
-	m map[uint64]*entry
-	// more holds the entries whose hash was already taken by another key
-	// when they were inserted; almost always empty.
-	more      map[key]*entry
-	nextSweep int
+	tab atomic.Pointer[table]
+	mu  sync.Mutex // serialises writers: inserts, sweeps, resizes
+	// Guarded by mu:
+	live      int      // entries in tab
+	used      int      // live plus deleted slots in tab
+	nextSweep int      // live count at which an insert sweeps first
 	_         [64]byte // keep shards on separate cache lines
 }
 
@@ -112,7 +138,7 @@ func New(opts Options) *Store {
 		s.clock = core.NewSystemClock()
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[uint64]*entry)
+		s.shards[i].tab.Store(newTable(minSlots))
 		s.shards[i].nextSweep = minSweepAt
 	}
 	if opts.SweepInterval > 0 {
@@ -166,54 +192,83 @@ func (s *Store) locate(consumer, scope string) (*shard, uint64) {
 	return &s.shards[hc>>s.shift], keyHash(hc, scope)
 }
 
-// get returns the entry for (consumer, scope) with hash h, or nil.
+// get returns the entry for (consumer, scope) with hash h, or nil. It takes
+// no lock; nil may mean the key was inserted while get looked (see the
+// package comment), so a caller that must be sure asks put.
 func (sh *shard) get(h uint64, consumer, scope string) *entry {
-	sh.mu.RLock()
-	e := sh.find(h, consumer, scope)
-	sh.mu.RUnlock()
-	return e
-}
-
-// find is get for a caller that holds the lock.
-func (sh *shard) find(h uint64, consumer, scope string) *entry {
-	if e := sh.m[h]; e != nil && e.is(consumer, scope) {
-		return e
+	t := sh.tab.Load()
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		sl := &t.slots[i]
+		e := sl.e.Load()
+		if e == nil {
+			return nil
+		}
+		if sl.hash.Load() == h && e != deleted && e.is(consumer, scope) {
+			return e
+		}
 	}
-	if len(sh.more) != 0 {
-		return sh.more[key{consumer, scope}]
-	}
-	return nil
 }
 
 // put returns the entry for (consumer, scope) with hash h, inserting one if
 // needed.
 func (sh *shard) put(h uint64, consumer, scope string, now int64) *entry {
 	sh.mu.Lock()
-	e := sh.find(h, consumer, scope)
-	if e == nil {
-		if sh.len() >= sh.nextSweep {
-			sh.sweepLocked(now)
-		}
-		e = &entry{consumer: consumer, scope: scope}
-		if sh.m[h] == nil {
-			sh.m[h] = e
-		} else {
-			if sh.more == nil {
-				sh.more = make(map[key]*entry)
-			}
-			sh.more[key{consumer, scope}] = e
-		}
+	defer sh.mu.Unlock()
+	if e := sh.get(h, consumer, scope); e != nil {
+		return e
 	}
-	sh.mu.Unlock()
+	if sh.live >= sh.nextSweep {
+		sh.sweepLocked(now)
+	}
+	t := sh.tab.Load()
+	if 4*(sh.used+1) > 3*len(t.slots) {
+		t = sh.resize(sh.live + 1)
+	}
+	e := &entry{consumer: consumer, scope: scope}
+	t.insert(h, e)
+	sh.live++
+	sh.used++
 	return e
 }
 
-func (sh *shard) len() int { return len(sh.m) + len(sh.more) }
+// insert puts e in the first empty slot of h's probe sequence. The hash is
+// stored before the entry, so a reader that sees the entry sees its hash.
+func (t *table) insert(h uint64, e *entry) {
+	for i := h & t.mask; ; i = (i + 1) & t.mask {
+		if sl := &t.slots[i]; sl.e.Load() == nil {
+			sl.hash.Store(h)
+			sl.e.Store(e)
+			return
+		}
+	}
+}
+
+// resize publishes a new table for the live entries, the smallest that n
+// entries fill at most half of, and returns it. Growth (at 3/4) therefore
+// doubles the table. The old table is left as it is for readers still
+// probing it.
+func (sh *shard) resize(n int) *table {
+	size := minSlots
+	for 2*n > size {
+		size <<= 1
+	}
+	old := sh.tab.Load()
+	t := newTable(size)
+	for i := range old.slots {
+		sl := &old.slots[i]
+		if e := sl.e.Load(); e != nil && e != deleted {
+			t.insert(sl.hash.Load(), e)
+		}
+	}
+	sh.tab.Store(t)
+	sh.used = sh.live
+	return t
+}
 
 // Sweep drops every entry that no longer limits anything: TAT passed and
 // quota period ended (or absent).
 func (s *Store) Sweep() {
-	now := s.clock.Nanotime()
+	now := nanotime(s.clock)
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -222,24 +277,23 @@ func (s *Store) Sweep() {
 	}
 }
 
-// sweepLocked removes idle entries. Holding the write lock means no one can
-// look an entry up meanwhile; a goroutine that already holds a pointer sees
-// the dead/tombstone marks, fails its CAS, and looks up again after us.
+// sweepLocked removes idle entries and, when that leaves the table mostly
+// empty, moves the rest to a smaller one, so memory follows the live keys.
+// A goroutine that already holds a removed entry sees its dead/tombstone
+// marks, fails its CAS, and looks up again under the lock.
 func (sh *shard) sweepLocked(now int64) {
-	for h, e := range sh.m {
-		if e.kill(now) {
-			delete(sh.m, h)
+	t := sh.tab.Load()
+	for i := range t.slots {
+		sl := &t.slots[i]
+		if e := sl.e.Load(); e != nil && e != deleted && e.kill(now) {
+			sl.e.Store(deleted)
+			sh.live--
 		}
 	}
-	for k, e := range sh.more {
-		if e.kill(now) {
-			delete(sh.more, k)
-		}
+	if len(t.slots) > minSlots && 8*sh.live < len(t.slots) {
+		sh.resize(sh.live)
 	}
-	if len(sh.more) == 0 {
-		sh.more = nil
-	}
-	sh.nextSweep = max(2*sh.len(), minSweepAt)
+	sh.nextSweep = max(2*sh.live, minSweepAt)
 }
 
 // kill marks e dead and reports true if it no longer limits anything at now;
@@ -262,9 +316,9 @@ func (s *Store) Len() int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.mu.RLock()
-		n += sh.len()
-		sh.mu.RUnlock()
+		sh.mu.Lock()
+		n += sh.live
+		sh.mu.Unlock()
 	}
 	return n
 }
