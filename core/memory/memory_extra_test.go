@@ -1,0 +1,373 @@
+package memory
+
+// Tests of the store's memory bounds, of exactness under concurrency with a
+// real clock, and of the shard table's edge cases. The conformance vectors,
+// including 64 goroutines on one key with a frozen clock, are in
+// memory_test.go (core/storetest).
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// start is every manual clock's first reading: far from 0, which means
+// "never" to the store.
+const start = int64(1_000_000 * time.Hour)
+
+func take(t *testing.T, s *Store, r core.Request) core.Decision {
+	t.Helper()
+	d, err := s.Take(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Take(%+v): %v", r, err)
+	}
+	return d
+}
+
+// slotsHeld returns the total size of the shards' tables.
+func slotsHeld(s *Store) int {
+	n := 0
+	for i := range s.shards {
+		n += len(s.shards[i].tab.Load().slots)
+	}
+	return n
+}
+
+func TestMillionOneOffKeysSweptToZero(t *testing.T) {
+	const keys = 1_000_000
+	clock := core.NewManualClock(start)
+	s := New(Options{Clock: clock})
+	l := core.Limit{Rate: 10, Period: time.Second} // T = 100ms
+	ctx := context.Background()
+	buf := []byte("one-off-")
+	for i := range keys {
+		consumer := string(strconv.AppendInt(buf[:8], int64(i), 10))
+		d, err := s.Take(ctx, core.Request{Consumer: consumer, Rate: l, Cost: 1})
+		if err != nil || !d.Allowed || d.Remaining != 9 {
+			t.Fatalf("key %d: %+v, %v; want allowed with 9 remaining", i, d, err)
+		}
+	}
+	if n := s.Len(); n != keys {
+		t.Fatalf("Len after the flood = %d, want %d (a frozen clock expires nothing)", n, keys)
+	}
+
+	// One nanosecond before the refill time every key is still limited.
+	clock.Advance(100*time.Millisecond - 1)
+	s.Sweep()
+	if n := s.Len(); n != keys {
+		t.Fatalf("Len 1ns before refill = %d, want %d", n, keys)
+	}
+	clock.Advance(1)
+	s.Sweep()
+	if n := s.Len(); n != 0 {
+		t.Fatalf("Len after refill and Sweep = %d, want 0", n)
+	}
+	// The tables shrink back too: memory follows the live keys.
+	if got, want := slotsHeld(s), len(s.shards)*minSlots; got != want {
+		t.Fatalf("table slots after Sweep = %d, want %d", got, want)
+	}
+	// A dropped key starts over with a full bucket (lossless).
+	if d := take(t, s, core.Request{Consumer: "one-off-0", Rate: l, Cost: 1}); !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("dropped key after sweep: %+v, want allowed with 9 remaining", d)
+	}
+}
+
+// flood exhausts key K (1 per hour), then inserts 20,000 new keys of
+// 1 per ms, stepping the clock 1ms per key so every earlier flood key has
+// expired when the next is inserted and the amortised sweeps drop them.
+func flood(t *testing.T, s *Store, clock *core.ManualClock) {
+	t.Helper()
+	kl := core.Limit{Rate: 1, Period: time.Hour}
+	if d := take(t, s, core.Request{Consumer: "K", Rate: kl, Cost: 1}); !d.Allowed {
+		t.Fatalf("K first request denied: %+v", d)
+	}
+	if d := take(t, s, core.Request{Consumer: "K", Rate: kl, Cost: 1}); d.Allowed {
+		t.Fatalf("K not exhausted: %+v", d)
+	}
+	fl := core.Limit{Rate: 1000, Period: time.Second, Burst: 1}
+	for i := range 20_000 {
+		clock.Advance(time.Millisecond)
+		if d := take(t, s, core.Request{Consumer: "flood-" + strconv.Itoa(i), Rate: fl, Cost: 1}); !d.Allowed {
+			t.Fatalf("flood key %d denied: %+v", i, d)
+		}
+	}
+	d := take(t, s, core.Request{Consumer: "K", Rate: kl, Cost: 1})
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Hour-20*time.Second || d.DecidedBy != core.KindRate {
+		t.Fatalf("K after the flood: %+v; want denied, 0 remaining, retry after 59m40s", d)
+	}
+}
+
+func TestExhaustedKeySurvivesFlood(t *testing.T) {
+	t.Run("OneShard", func(t *testing.T) {
+		clock := core.NewManualClock(start)
+		s := New(Options{Clock: clock, Shards: 1})
+		flood(t, s, clock)
+		// Model of the amortised sweep: an insert into a shard holding
+		// nextSweep entries sweeps first; here a sweep leaves only K.
+		live, next := 1, minSweepAt
+		for range 20_000 {
+			if live >= next {
+				live = 1
+				next = max(2*live, minSweepAt)
+			}
+			live++
+		}
+		if n := s.Len(); n != live {
+			t.Fatalf("Len after the flood = %d, want %d (amortised sweeps)", n, live)
+		}
+	})
+	t.Run("DefaultShards", func(t *testing.T) {
+		clock := core.NewManualClock(start)
+		s := New(Options{Clock: clock})
+		flood(t, s, clock)
+		if n := s.Len(); n >= 20_001 {
+			t.Fatalf("Len after the flood = %d: no amortised sweep ran", n)
+		}
+		clock.Advance(time.Millisecond) // the last flood key expires too
+		s.Sweep()
+		if n := s.Len(); n != 1 {
+			t.Fatalf("Len after Sweep = %d, want 1 (K alone)", n)
+		}
+	})
+}
+
+// TestRealClockNeverExceedsBound runs 16 goroutines against one key at 100/s
+// with burst 10 for 2s of the store's own clock. GCRA admits at most
+// burst + floor(elapsed/T) in any span of elapsed that contains every
+// decision: elapsed is read from the same clock before the first and after
+// the last request.
+func TestRealClockNeverExceedsBound(t *testing.T) {
+	l := core.Limit{Rate: 100, Period: time.Second, Burst: 10}
+	T := int64(l.EmissionInterval())
+	const run = int64(2 * time.Second)
+
+	check := func(t *testing.T, clock core.Clock, allow func() (bool, error)) {
+		var admitted atomic.Int64
+		var failed atomic.Value
+		var wg sync.WaitGroup
+		t0 := clock.Nanotime()
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for clock.Nanotime()-t0 < run {
+					ok, err := allow()
+					if err != nil {
+						failed.Store(err)
+						return
+					}
+					if ok {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := clock.Nanotime() - t0
+		if err, _ := failed.Load().(error); err != nil {
+			t.Fatal(err)
+		}
+		bound := l.Burst + elapsed/T
+		n := admitted.Load()
+		t.Logf("admitted %d in %v; bound %d", n, time.Duration(elapsed), bound)
+		if n > bound {
+			t.Fatalf("admitted %d > burst + elapsed/T = %d (elapsed %v)", n, bound, time.Duration(elapsed))
+		}
+		if n < l.Burst {
+			t.Fatalf("admitted %d < burst %d: the first burst always passes", n, l.Burst)
+		}
+	}
+
+	t.Run("Store", func(t *testing.T) {
+		clock := core.NewSystemClock()
+		s := New(Options{Clock: clock})
+		req := core.Request{Consumer: "real", Scope: "api", Rate: l, Cost: 1}
+		check(t, clock, func() (bool, error) {
+			d, err := s.Take(context.Background(), req)
+			return d.Allowed, err
+		})
+	})
+	t.Run("Bucket", func(t *testing.T) {
+		clock := core.NewSystemClock()
+		b, err := NewBucket(l, clock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, clock, func() (bool, error) { return b.Allow(), nil })
+	})
+}
+
+// TestHashCollisions forces keys onto one hash: each stays distinct, a swept
+// one leaves the others reachable past its deleted mark, and a resize keeps
+// them all.
+func TestHashCollisions(t *testing.T) {
+	clock := core.NewManualClock(start)
+	s := New(Options{Clock: clock, Shards: 1})
+	sh := &s.shards[0]
+	const h = 12345
+	now := clock.Nanotime()
+	a := sh.put(h, "a", "", now)
+	b := sh.put(h, "b", "", now)
+	c := sh.put(h, "a", "x", now)
+	if a == b || a == c || b == c {
+		t.Fatal("colliding keys share an entry")
+	}
+	if sh.get(h, "a", "") != a || sh.get(h, "b", "") != b || sh.get(h, "a", "x") != c || sh.get(h, "c", "") != nil {
+		t.Fatal("lookup under a shared hash returned the wrong entry")
+	}
+	if sh.put(h, "b", "", now) != b {
+		t.Fatal("put of a present key made a new entry")
+	}
+	// Keep b and c limited; a's zero TAT is idle and is swept.
+	b.tat.Store(now + 1)
+	c.tat.Store(now + 1)
+	s.Sweep()
+	if s.Len() != 2 || sh.get(h, "a", "") != nil || sh.get(h, "b", "") != b || sh.get(h, "a", "x") != c {
+		t.Fatalf("after sweeping a: Len %d, lookups wrong", s.Len())
+	}
+	if a.tat.Load() != dead {
+		t.Fatal("swept entry not marked dead")
+	}
+	// Grow the table past several resizes; the colliding pair stays.
+	for i := range 1000 {
+		sh.put(uint64(i), "k"+strconv.Itoa(i), "", now).tat.Store(now + 1)
+	}
+	// Growth at 3/4 doubles: 8, 16, ..., 1024 holds 768, 2048 holds 1536.
+	if got := len(sh.tab.Load().slots); got != 2048 {
+		t.Fatalf("table size for 1002 keys = %d, want 2048", got)
+	}
+	if sh.get(h, "b", "") != b || sh.get(h, "a", "x") != c || s.Len() != 1002 {
+		t.Fatal("colliding keys lost in a resize")
+	}
+}
+
+// TestConcurrentSweepsAndResizes hammers 8 hot keys from 4 goroutines while
+// another goroutine floods new keys (inserts, resizes, amortised sweeps) and
+// steps the clock, and a third sweeps explicitly. The stepping goroutine
+// drains every hot key before each 1ms step, so no refill is lost to a full
+// bucket, and the main goroutine drains them at the end: each hot key must
+// then have admitted exactly burst + steps (T = 1ms), no more (an entry
+// lost or doubled under a resize would reset or split its bucket) and no
+// less.
+func TestConcurrentSweepsAndResizes(t *testing.T) {
+	clock := core.NewManualClock(start)
+	s := New(Options{Clock: clock, Shards: 4})
+	l := core.Limit{Rate: 1000, Period: time.Second, Burst: 5} // T = 1ms
+	const hot, steps = 8, 500
+	var admitted [hot]atomic.Int64
+	ctx := context.Background()
+	hotReq := func(k int) core.Request {
+		return core.Request{Consumer: "hot-" + strconv.Itoa(k), Rate: l, Cost: 1}
+	}
+	drain := func() {
+		for k := range hot {
+			for {
+				d, err := s.Take(ctx, hotReq(k))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !d.Allowed {
+					break
+				}
+				admitted[k].Add(1)
+			}
+		}
+	}
+	var stopped atomic.Bool
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for !stopped.Load() {
+				k := rng.IntN(hot)
+				d, err := s.Take(ctx, hotReq(k))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer stopped.Store(true)
+		fl := core.Limit{Rate: 1000, Period: time.Second, Burst: 1}
+		for i := range steps {
+			for j := range 10 {
+				if _, err := s.Take(ctx, core.Request{Consumer: "flood-" + strconv.Itoa(i*10+j), Rate: fl, Cost: 1}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			drain()
+			clock.Advance(time.Millisecond)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for !stopped.Load() {
+			s.Sweep()
+			runtime.Gosched()
+		}
+	}()
+	wg.Wait()
+	drain()
+	want := l.Burst + steps
+	for k := range hot {
+		if got := admitted[k].Load(); got != want {
+			t.Errorf("hot-%d admitted %d, want exactly %d", k, got, want)
+		}
+	}
+}
+
+// TestBucketMatchesStep checks Bucket.AllowN/TakeN against the GCRA oracle
+// over random costs and clock steps, including peeks and costs above the
+// burst.
+func TestBucketMatchesStep(t *testing.T) {
+	l := core.Limit{Rate: 7, Period: time.Second, Burst: 4}
+	p := l.GCRA()
+	b, err := NewBucket(l, core.NewManualClock(start))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	now, tat := start, int64(0)
+	for i := range 100_000 {
+		now += rng.Int64N(int64(300 * time.Millisecond))
+		n := rng.Int64N(6)
+		want := p.Step(tat, now, n)
+		var got bool
+		if i%2 == 0 {
+			got = b.AllowN(now, n)
+		} else {
+			r := b.TakeN(now, n)
+			if r != want {
+				t.Fatalf("step %d: TakeN = %+v, want %+v", i, r, want)
+			}
+			got = r.Allowed
+		}
+		if got != want.Allowed {
+			t.Fatalf("step %d (n=%d): AllowN = %v, want %v", i, n, got, want.Allowed)
+		}
+		if want.Store {
+			tat = want.TAT
+		}
+		if b.tat.Load() != tat {
+			t.Fatalf("step %d: stored TAT %d, want %d", i, b.tat.Load(), tat)
+		}
+	}
+}
