@@ -26,6 +26,7 @@ type LimitError struct {
 	Decision core.Decision
 }
 
+// Error returns ErrTooManyFailures' text and the retry delay in ms.
 func (e *LimitError) Error() string {
 	return ErrTooManyFailures.Error() + "; retry after " + strconv.FormatInt(int64(e.Decision.RetryAfter/time.Millisecond), 10) + "ms"
 }
@@ -55,6 +56,10 @@ const FailureIDPrefix = "authfail:ip:"
 // core.ErrStoreUnavailable when the engine fails closed) are returned as
 // they are. Requests whose peer address cannot be parsed are passed to
 // Auth unlimited.
+//
+// Cost: one zero-cost Decide (a peek, which stores nothing) per request,
+// and one more per failure; with a Redis store each is a round trip, and an
+// Observer on the engine sees the peeks as decisions of Policy.
 //
 // Use it as the adapters' Authenticator:
 //

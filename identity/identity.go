@@ -69,6 +69,8 @@ type Error struct {
 	Reason string
 }
 
+// Error returns the kind and reason, e.g. "invalid credentials: token
+// expired".
 func (e *Error) Error() string { return e.Kind.Error() + ": " + e.Reason }
 
 // Is makes errors.Is(err, ErrMissingCredentials) and the like work.

@@ -200,6 +200,7 @@ type maxBytesTransport struct {
 	max int64
 }
 
+// RoundTrip implements http.RoundTripper.
 func (t maxBytesTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	rt := t.rt
 	if rt == nil {

@@ -234,9 +234,9 @@ type JWTOptions struct {
 // configuration.
 //
 // The consumer ID is IDPrefix followed by the claim value when that is
-// 1..128 printable ASCII characters not starting with '~'; otherwise by
-// '~' and the hex of the first 16 bytes of its SHA-256, so IDs stay short
-// and printable and the two forms never collide. Tokens with the same
+// 1..128 printable ASCII characters, no spaces, not starting with '~';
+// otherwise by '~' and the hex of the first 16 bytes of its SHA-256, so IDs
+// stay short and printable and the two forms never collide. Tokens with the same
 // consumer claim share their limits, whatever else differs.
 //
 // Every failure is a 401 *Error: ErrMissingCredentials when no token is

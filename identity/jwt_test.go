@@ -100,6 +100,10 @@ func TestJWTRefused(t *testing.T) {
 	mixed.Algorithms = []string{"HS256", "RS256", "ES256"}
 	mixedJ := mustJWT(t, mixed)
 
+	singleO := base
+	singleO.Keys = base.Keys[:1]
+	single := mustJWT(t, singleO)
+
 	rs := func(kid string, extra jwt.MapClaims) string {
 		return sign(t, jwt.SigningMethodRS256, k.rsa, kid, extra)
 	}
@@ -153,6 +157,7 @@ func TestJWTRefused(t *testing.T) {
 		{"wrong aud", strict, rs("r1", claims("alice", jwt.MapClaims{"aud": []string{"other", "x"}})), ErrInvalidCredentials, reasonAudience},
 		{"no aud", strict, rs("r1", claims("alice", jwt.MapClaims{"aud": nil})), ErrInvalidCredentials, reasonMissing},
 		{"unknown kid", strict, rs("zz", claims("alice", nil)), ErrInvalidCredentials, reasonInvalid},
+		{"lone key with ID, other kid", single, rs("r2", claims("alice", nil)), ErrInvalidCredentials, reasonInvalid},
 		{"no kid with two keys", strict, rs("", claims("alice", nil)), ErrInvalidCredentials, reasonInvalid},
 		{"numeric kid", strict, numKID, ErrInvalidCredentials, reasonInvalid},
 		{"crit header", strict, crit, ErrInvalidCredentials, reasonInvalid},
@@ -183,6 +188,11 @@ func TestJWTRefused(t *testing.T) {
 				t.Fatalf("store holds %d keys after a refused token", store.Len())
 			}
 		})
+	}
+	for _, kid := range []string{"r1", ""} {
+		if c, err := single.Authenticate(context.Background(), bearer(rs(kid, claims("alice", nil)))); err != nil || c.ID != "jwt:alice" {
+			t.Fatalf("lone key, kid %q: %v", kid, err)
+		}
 	}
 	// The big token is refused for its size alone: it is otherwise valid.
 	if len(big) <= DefaultMaxTokenSize {
