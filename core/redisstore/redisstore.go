@@ -229,7 +229,9 @@ const maxExact = int64(1) << 53
 // log whose Period is not a whole number of microseconds, or a sliding
 // window whose Rate × Period in µs reaches 2^53), and otherwise a failure
 // to reach Redis (wrapping the go-redis error, context.DeadlineExceeded
-// after Options.Timeout, or ErrCircuitOpen).
+// after Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
+// connection it is unknown whether Redis ran the script, so the request may
+// have been counted; core.Engine's FailurePolicy decides the request.
 //
 // Window algorithms (FixedWindow, SlidingWindow, SlidingLog) count up to
 // Rate per Period and ignore Burst; their Status has Limit = Rate and
