@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// TestServerAndClient runs the example server with a frozen clock, the
+// example client against it, and stops the server.
+func TestServerAndClient(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var srvOut bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, ln, &srvOut, core.NewManualClock(1)) }()
+
+	var out bytes.Buffer
+	if err := runClient(context.Background(), ln.Addr().String(), "demo-key", 7, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := runClient(context.Background(), ln.Addr().String(), "wrong", 1, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := `call 1: OK  ratelimit: "demo";r=4;t=1
+call 2: OK  ratelimit: "demo";r=3;t=1
+call 3: OK  ratelimit: "demo";r=2;t=1
+call 4: OK  ratelimit: "demo";r=1;t=1
+call 5: OK  ratelimit: "demo";r=0;t=1
+call 6: ResourceExhausted "rate limit exceeded" retry in 200ms  ratelimit: "demo";r=0;t=1
+call 7: ResourceExhausted "rate limit exceeded" retry in 200ms  ratelimit: "demo";r=0;t=1
+call 1: PermissionDenied "unknown API key"
+`
+	if out.String() != want {
+		t.Fatalf("client output:\n%s\nwant:\n%s", out.String(), want)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if s := srvOut.String(); !strings.Contains(s, "go run ./examples/grpc -client -addr "+ln.Addr().String()) || !strings.HasSuffix(s, "stopped\n") {
+		t.Fatalf("server output:\n%s", s)
+	}
+}
