@@ -45,7 +45,9 @@ type JWKSOptions struct {
 	// a token naming an unknown kid (so a rotated-in key works at once,
 	// but random kids cannot make the gateway hammer the provider);
 	// default DefaultJWKSUnknownKIDRefresh (5m); negative disables such
-	// fetches. The request that triggers a fetch waits for it.
+	// fetches. The request that triggers a fetch waits for it; others
+	// naming unknown kids meanwhile are refused. Providers publish a key
+	// before signing with it, so RefreshInterval normally has it first.
 	UnknownKIDRefresh time.Duration
 	// Timeout bounds each fetch; default DefaultJWKSTimeout (10s).
 	Timeout time.Duration

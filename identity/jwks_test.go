@@ -289,3 +289,31 @@ func TestJWKSErrors(t *testing.T) {
 		t.Error("negative timeout accepted")
 	}
 }
+
+// TestJWKSConcurrentUnknownKID: many requests naming a new kid at once
+// cause one fetch; the one that fetched is accepted (run with -race).
+func TestJWKSConcurrentUnknownKID(t *testing.T) {
+	k := keys(t)
+	srv := newJWKSServer(t, jwk(t, "old", "", &k.p256.PublicKey))
+	j := mustJWT(t, JWTOptions{Algorithms: []string{"EdDSA", "ES256"}, JWKS: mustJWKS(t, JWKSOptions{URL: srv.URL})})
+	srv.set(t, jwk(t, "old", "", &k.p256.PublicKey), jwk(t, "new", "", k.ed.Public()))
+	tok := sign(t, jwt.SigningMethodEdDSA, k.ed, "new", claims("a", nil))
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := j.Authenticate(context.Background(), bearer(tok)); err == nil {
+				ok.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if srv.hits.Load() != 2 || ok.Load() < 1 {
+		t.Fatalf("fetches %d, accepted %d", srv.hits.Load(), ok.Load())
+	}
+	if _, err := j.Authenticate(context.Background(), bearer(tok)); err != nil {
+		t.Fatalf("after the fetch: %v", err)
+	}
+}

@@ -452,3 +452,37 @@ func TestJWTUnknownPolicyCreatesNoState(t *testing.T) {
 		t.Fatalf("err = %v, store len %d", err, store.Len())
 	}
 }
+
+// TestJWTConcurrent: one authenticator, many goroutines (run with -race).
+func TestJWTConcurrent(t *testing.T) {
+	k := keys(t)
+	j := mustJWT(t, JWTOptions{Algorithms: []string{"HS256", "ES256"}, Keys: []JWTKey{SecretKey("h", k.secret), {ID: "e", Key: &k.p256.PublicKey}}})
+	good := []string{
+		sign(t, jwt.SigningMethodHS256, k.secret, "h", claims("a", nil)),
+		sign(t, jwt.SigningMethodES256, k.p256, "e", claims("b", nil)),
+	}
+	bad := sign(t, jwt.SigningMethodHS256, k.secret, "e", claims("c", nil))
+	done := make(chan error, 16)
+	for g := range 16 {
+		go func() {
+			for i := range 50 {
+				want := []string{"jwt:a", "jwt:b"}[(g+i)%2]
+				c, err := j.Authenticate(context.Background(), bearer(good[(g+i)%2]))
+				if err != nil || c.ID != want {
+					done <- err
+					return
+				}
+				if _, err := j.Authenticate(context.Background(), bearer(bad)); err == nil {
+					done <- errKey
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 16 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
