@@ -14,13 +14,15 @@ import (
 // suite runs the conformance suite against stores over client. Each store
 // reads the suite's manual clock through the Options.Clock test seam; the
 // TTL margin keeps keys alive while the manual clock stands still.
-func suite(client redis.UniversalClient) storetest.Suite {
+// pipeline > 0 turns on Options.Pipeline.
+func suite(client redis.UniversalClient, pipeline int) storetest.Suite {
 	return storetest.Suite{
 		New: func(t *testing.T, clock core.Clock) core.Store {
-			s, err := redisstore.New(client, redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+			s, err := redisstore.New(client, redisstore.Options{Clock: clock, TTLMargin: time.Minute, Pipeline: pipeline})
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { s.Close() })
 			return s
 		},
 		Algorithms:  []core.Algorithm{core.FixedWindow, core.SlidingWindow, core.SlidingLog},
@@ -30,10 +32,14 @@ func suite(client redis.UniversalClient) storetest.Suite {
 
 func TestConformanceStandalone(t *testing.T) {
 	srv := redistest.Start(t)
-	storetest.Run(t, suite(srv.Client(t, &redis.Options{PoolSize: 64})))
+	c := srv.Client(t, &redis.Options{PoolSize: 64})
+	t.Run("Direct", func(t *testing.T) { storetest.Run(t, suite(c, 0)) })
+	t.Run("Pipelined", func(t *testing.T) { storetest.Run(t, suite(c, 64)) })
 }
 
 func TestConformanceCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
-	storetest.Run(t, suite(cl.Client(t, &redis.ClusterOptions{PoolSize: 64})))
+	c := cl.Client(t, &redis.ClusterOptions{PoolSize: 64})
+	t.Run("Direct", func(t *testing.T) { storetest.Run(t, suite(c, 0)) })
+	t.Run("Pipelined", func(t *testing.T) { storetest.Run(t, suite(c, 64)) })
 }
