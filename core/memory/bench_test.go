@@ -1,0 +1,310 @@
+package memory_test
+
+// Benchmarks for the in-process limiters. Run them with
+//
+//	go test -run '^$' -bench . -benchmem -count 6 ./core/memory/
+//
+// Two workloads recur: "Admit", a limit so generous that every call is
+// admitted (the expensive path: each call stores a new TAT with a CAS), and
+// "Deny", an exhausted limit that denies every call (a load and no write).
+// ClockRead is the bare monotonic clock read (time.Since of a fixed origin)
+// that the precise-clock numbers are compared with, measured in the same run.
+
+import (
+	"context"
+	"encoding/hex"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+)
+
+// admitAll admits every call at any realistic call rate: T = 1ns and
+// τ = 1s, so a call would have to come more often than once a nanosecond,
+// sustained for a second, to be denied.
+var admitAll = core.Limit{Rate: 1_000_000_000, Period: time.Second}
+
+// denyAll is exhausted by its first call and then denies for an hour.
+var denyAll = core.Limit{Rate: 1, Period: time.Hour}
+
+// sink keeps results alive so the compiler cannot drop the measured calls.
+var sink int64
+
+func BenchmarkClockRead(b *testing.B) {
+	origin := time.Now()
+	b.Run("serial", func(b *testing.B) {
+		var s time.Duration
+		for range b.N {
+			s += time.Since(origin)
+		}
+		sink = int64(s)
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			var s time.Duration
+			for pb.Next() {
+				s += time.Since(origin)
+			}
+			sinkMu.Lock()
+			sink += int64(s)
+			sinkMu.Unlock()
+		})
+	})
+}
+
+// BenchmarkCoarseClockRead is the cost of reading a *core.CoarseClock
+// through the core.Clock interface, for reference.
+func BenchmarkCoarseClockRead(b *testing.B) {
+	c := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	defer c.Stop()
+	var clock core.Clock = c
+	var s int64
+	for range b.N {
+		s += clock.Nanotime()
+	}
+	sink = s
+}
+
+var sinkMu sync.Mutex
+
+// clocks returns the two production clocks by name. The coarse clock's
+// ticker is stopped when b ends.
+func clocks(b *testing.B) []struct {
+	name  string
+	clock core.Clock
+} {
+	coarse := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	return []struct {
+		name  string
+		clock core.Clock
+	}{
+		{"precise", core.NewSystemClock()},
+		{"coarse", coarse},
+	}
+}
+
+var workloads = []struct {
+	name  string
+	limit core.Limit
+}{
+	{"Admit", admitAll},
+	{"Deny", denyAll},
+}
+
+func BenchmarkBucket(b *testing.B) {
+	for _, w := range workloads {
+		for _, c := range clocks(b) {
+			newBucket := func(b *testing.B) *memory.Bucket {
+				bk, err := memory.NewBucket(w.limit, c.clock)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bk.Allow() // exhausts denyAll
+				return bk
+			}
+			b.Run(w.name+"/"+c.name+"/serial", func(b *testing.B) {
+				bk := newBucket(b)
+				b.ResetTimer()
+				n := int64(0)
+				for range b.N {
+					if bk.Allow() {
+						n++
+					}
+				}
+				sink = n
+			})
+			b.Run(w.name+"/"+c.name+"/parallel", func(b *testing.B) {
+				bk := newBucket(b)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					n := int64(0)
+					for pb.Next() {
+						if bk.Allow() {
+							n++
+						}
+					}
+					sinkMu.Lock()
+					sink += n
+					sinkMu.Unlock()
+				})
+			})
+		}
+	}
+}
+
+// hotKey is a typical consumer id: a hex SHA-256 prefix, as identity makes.
+const hotKey = "9f86d081884c7d659a2feaa0c55ad015"
+
+func BenchmarkStoreHotKey(b *testing.B) {
+	ctx := context.Background()
+	for _, w := range workloads {
+		for _, c := range clocks(b) {
+			newStore := func(b *testing.B) (*memory.Store, core.Request) {
+				s := memory.New(memory.Options{Clock: c.clock})
+				b.Cleanup(func() { s.Close() })
+				// Scope "" as for the engine's key-wide counters.
+				req := core.Request{Consumer: hotKey, Rate: w.limit, Cost: 1}
+				if _, err := s.Take(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+				return s, req
+			}
+			b.Run(w.name+"/"+c.name+"/serial", func(b *testing.B) {
+				s, req := newStore(b)
+				b.ResetTimer()
+				n := int64(0)
+				for range b.N {
+					d, _ := s.Take(ctx, req)
+					if d.Allowed {
+						n++
+					}
+				}
+				sink = n
+			})
+			b.Run(w.name+"/"+c.name+"/parallel", func(b *testing.B) {
+				s, req := newStore(b)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					n := int64(0)
+					for pb.Next() {
+						d, _ := s.Take(ctx, req)
+						if d.Allowed {
+							n++
+						}
+					}
+					sinkMu.Lock()
+					sink += n
+					sinkMu.Unlock()
+				})
+			})
+		}
+	}
+}
+
+// manyKeys is the number of distinct keys in BenchmarkStoreRandomKeys.
+const manyKeys = 1_000_000
+
+// manyLimit keeps every key limited (and so unsweepable) for the whole
+// benchmark while admitting each of its visits: T = 3.6s, τ = 1000×T.
+var manyLimit = core.Limit{Rate: 1000, Period: time.Hour}
+
+// keyFixture is a store pre-filled with manyKeys random keys, built once per
+// process (it takes a few seconds) and shared by the serial and parallel
+// benchmarks.
+type keyFixture struct {
+	store *memory.Store
+	// keys are copies of the stored keys (as a server's request carries a
+	// fresh string), allocated in the order the benchmark sends them, which
+	// is a different random order from the one they were inserted in: the
+	// stored strings and entries are visited in no particular order.
+	keys        []string
+	bytesPerKey float64 // heap growth per key, key strings excluded
+}
+
+var (
+	fixtureOnce sync.Once
+	fixture     keyFixture
+)
+
+func randomKeys(b *testing.B) *keyFixture {
+	fixtureOnce.Do(func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		keys := make([]string, manyKeys)
+		var raw [16]byte
+		for i := range keys {
+			for j := 0; j < len(raw); j += 8 {
+				v := rng.Uint64()
+				for k := range 8 {
+					raw[j+k] = byte(v >> (8 * k))
+				}
+			}
+			keys[i] = hex.EncodeToString(raw[:]) // 32 bytes, like a hashed consumer id
+		}
+
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := memory.New(memory.Options{})
+		ctx := context.Background()
+		for _, k := range keys {
+			d, err := s.Take(ctx, core.Request{Consumer: k, Rate: manyLimit, Cost: 1})
+			if err != nil || !d.Allowed {
+				panic("fixture: first request of a key not admitted")
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if n := s.Len(); n != manyKeys {
+			panic("fixture: store lost keys while filling")
+		}
+		rng.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+		for i, k := range keys {
+			keys[i] = string([]byte(k))
+		}
+		fixture = keyFixture{
+			store:       s,
+			keys:        keys,
+			bytesPerKey: float64(after.HeapAlloc-before.HeapAlloc) / manyKeys,
+		}
+	})
+	return &fixture
+}
+
+// BenchmarkStoreRandomKeys sends requests for 1,000,000 distinct keys, already
+// present, in random order, with the precise clock. "bytes/key" is the heap
+// the filled store holds per key, not counting the key strings themselves
+// (the store keeps the caller's string, it does not copy it): measured with
+// runtime.ReadMemStats after a GC, before and after inserting the keys.
+func BenchmarkStoreRandomKeys(b *testing.B) {
+	f := randomKeys(b)
+	ctx := context.Background()
+	b.Run("serial", func(b *testing.B) {
+		req := core.Request{Rate: manyLimit, Cost: 1}
+		b.ResetTimer()
+		n, i := int64(0), 0
+		for range b.N {
+			req.Consumer = f.keys[i]
+			if i++; i == manyKeys {
+				i = 0
+			}
+			d, _ := f.store.Take(ctx, req)
+			if d.Allowed {
+				n++
+			}
+		}
+		sink = n
+		b.ReportMetric(f.bytesPerKey, "bytes/key")
+	})
+	b.Run("parallel", func(b *testing.B) {
+		var next sync.Mutex
+		start := 0
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			next.Lock()
+			i := start
+			start += manyKeys / 7 // goroutines start far apart in the key list
+			next.Unlock()
+			req := core.Request{Rate: manyLimit, Cost: 1}
+			n := int64(0)
+			for pb.Next() {
+				req.Consumer = f.keys[i]
+				if i++; i == manyKeys {
+					i = 0
+				}
+				d, _ := f.store.Take(ctx, req)
+				if d.Allowed {
+					n++
+				}
+			}
+			sinkMu.Lock()
+			sink += n
+			sinkMu.Unlock()
+		})
+		b.ReportMetric(f.bytesPerKey, "bytes/key")
+	})
+}
