@@ -6,10 +6,13 @@ import (
 	"flag"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/limitplane/limitplane/examples/gateway/config"
 )
 
 // TestDemo runs the gateway as `go run ./examples/gateway` does, with no
@@ -172,5 +175,23 @@ func TestListenFlagOverrides(t *testing.T) {
 	}
 	if !strings.Contains(gw.stdout.String(), "(config: ") {
 		t.Errorf("banner: %s", gw.stdout)
+	}
+}
+
+// TestREADMEShowsBanner: the README's walk-through starts with the banner
+// `go run ./examples/gateway` prints on the default address.
+func TestREADMEShowsBanner(t *testing.T) {
+	cfg, err := config.Parse(demoName, demoYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	printBanner(&b, baseURL(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}), cfg, "")
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "```\n"+b.String()+"```\n") {
+		t.Errorf("README.md does not show the banner:\n%s", b.String())
 	}
 }
