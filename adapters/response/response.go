@@ -117,13 +117,16 @@ func NewRenderer(o Options) *Renderer {
 // over its failed-authentication budget) renders as its denying decision,
 // with the body "too many failed authentication attempts".
 func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
-	var le *identity.LimitError
-	if errors.As(err, &le) {
-		d, err = le.Decision, nil
-		d.Allowed = false // never let a LimitError pass
-	}
+	authLimited := false
 	if err != nil {
-		return r.failure(dst, err)
+		// le is declared here so that it reaches the heap (errors.As
+		// takes its address) only when there is an error.
+		var le *identity.LimitError
+		if !errors.As(err, &le) {
+			return r.failure(dst, err)
+		}
+		d, authLimited = le.Decision, true
+		d.Allowed = false // never let a LimitError pass
 	}
 	res := Result{Pass: d.Allowed, Headers: r.headers(dst, d)}
 	if d.Allowed {
@@ -139,7 +142,7 @@ func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
 		res.Body, res.Message = errorBody(msg, -1), msg
 		return res
 	}
-	if le != nil {
+	if authLimited {
 		msg = identity.ErrTooManyFailures.Error()
 	}
 	res.Headers = append(res.Headers, Header{HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)})
