@@ -235,24 +235,28 @@ func (s *meteredStream) RecvMsg(m any) error {
 //
 // The status message is res.Message.
 func Status(res response.Result, d core.Decision, subject string, err error) *status.Status {
-	var le *identity.LimitError
-	switch {
-	case err == nil:
-	case errors.As(err, &le):
-		d = le.Decision
-	case errors.Is(err, core.ErrStoreUnavailable):
-		return status.New(codes.Unavailable, res.Message)
-	default:
-		return status.New(errorCode(res.Status), res.Message)
+	// A copy of the message keeps res from escaping, so callers may render
+	// into a stack buffer.
+	msg := strings.Clone(res.Message)
+	if err != nil {
+		var le *identity.LimitError
+		switch {
+		case errors.As(err, &le):
+			d = le.Decision
+		case errors.Is(err, core.ErrStoreUnavailable):
+			return status.New(codes.Unavailable, msg)
+		default:
+			return status.New(errorCode(res.Status), msg)
+		}
 	}
-	st := status.New(codes.ResourceExhausted, res.Message)
+	st := status.New(codes.ResourceExhausted, msg)
 	details := make([]protoadapt.MessageV1, 0, 2)
 	if d.RetryAfter >= 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
 	}
 	details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 		Subject:     subject,
-		Description: res.Message,
+		Description: msg,
 		QuotaMetric: d.DecidedBy.String(),
 		QuotaId:     d.Policy,
 		QuotaValue:  d.Limit,
