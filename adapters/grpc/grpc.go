@@ -35,6 +35,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -145,8 +146,8 @@ func StreamServerInterceptor(l Limiter, auth identity.Authenticator, opts Option
 		}
 		ms := &meteredStream{ServerStream: ss, in: in, c: c, method: info.FullMethod, api: in.o.MessageAPI(info.FullMethod)}
 		herr := handler(srv, ms)
-		if ms.denied != nil {
-			return ms.denied
+		if st := ms.denied.Load(); st != nil {
+			return st.Err()
 		}
 		return herr
 	}
@@ -165,13 +166,16 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 		}
 		d, err = in.l.Decide(ctx, c, in.o.API(method), cost)
 	}
-	md, serr := in.answer(ctx, method, c, d, err)
-	return c, md, serr
+	md, st := in.answer(ctx, method, c, d, err)
+	if st != nil {
+		return c, md, st.Err()
+	}
+	return c, md, nil
 }
 
 // answer renders a decision and returns its metadata and, unless it
-// passes, its status error.
-func (in *interceptor) answer(ctx context.Context, method string, c *core.Consumer, d core.Decision, err error) (metadata.MD, error) {
+// passes, the status that ends the call.
+func (in *interceptor) answer(ctx context.Context, method string, c *core.Consumer, d core.Decision, err error) (metadata.MD, *status.Status) {
 	if in.o.OnDecision != nil {
 		in.o.OnDecision(ctx, method, d, err)
 	}
@@ -185,7 +189,7 @@ func (in *interceptor) answer(ctx context.Context, method string, c *core.Consum
 	if c != nil {
 		subject = c.ID
 	}
-	return md, Status(res, d, subject, err).Err()
+	return md, Status(res, d, subject, err)
 }
 
 // meteredStream decides every message received on a stream.
@@ -195,7 +199,10 @@ type meteredStream struct {
 	c      *core.Consumer
 	method string
 	api    string
-	denied error // the status that ended the stream, once a message is denied
+	// denied is the status that ended the stream, once a message is
+	// denied. Atomic: a bidirectional handler may return while its receiving
+	// goroutine is still in RecvMsg.
+	denied atomic.Pointer[status.Status]
 }
 
 // RecvMsg receives a message and then spends its cost; a denied message is
@@ -203,22 +210,23 @@ type meteredStream struct {
 // ResourceExhausted status (its rate-limit fields go out as trailer
 // metadata).
 func (s *meteredStream) RecvMsg(m any) error {
-	if s.denied != nil {
-		return s.denied
+	if st := s.denied.Load(); st != nil {
+		return st.Err()
 	}
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
 	ctx := s.Context()
 	d, err := s.in.l.Decide(ctx, s.c, s.api, s.in.o.MessageCost)
-	md, serr := s.in.answer(ctx, s.method, s.c, d, err)
-	if serr != nil {
-		if md != nil {
-			s.SetTrailer(md)
-		}
-		s.denied = serr
+	md, st := s.in.answer(ctx, s.method, s.c, d, err)
+	if st == nil {
+		return nil
 	}
-	return serr
+	if md != nil {
+		s.SetTrailer(md)
+	}
+	s.denied.Store(st)
+	return st.Err()
 }
 
 // Status maps a rendered answer that does not pass to the gRPC status that

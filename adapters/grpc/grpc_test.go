@@ -60,6 +60,16 @@ var meterDesc = grpc.ServiceDesc{
 				m.accepted.Add(1)
 			}
 		},
+	}, {
+		// Careless ignores a failed RecvMsg and ends the call with OK.
+		StreamName:    "Careless",
+		ClientStreams: true,
+		Handler: func(srv any, ss grpc.ServerStream) error {
+			for ss.RecvMsg(new(emptypb.Empty)) == nil {
+				srv.(*meter).accepted.Add(1)
+			}
+			return nil
+		},
 	}},
 }
 
@@ -81,7 +91,8 @@ func keys(t *testing.T) *identity.Keys {
 	k, err := identity.NewKeys([]identity.KeyRecord{
 		{Hash: identity.HashKey("k1"), Policies: []string{"default"}},
 		{Hash: identity.HashKey("k-stream"), Policies: []string{"calls"}, APILimits: map[string]core.Limits{
-			uploadMsgAPI: {Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 10}},
+			uploadMsgAPI:                       {Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 10}},
+			"/lp.test.Meter/Careless#messages": {Rate: core.Limit{Rate: 3, Period: time.Second, Burst: 3}},
 		}},
 		{Hash: identity.HashKey("k-open"), Policies: []string{"open"}},
 		{Hash: identity.HashKey("k-elsewhere"), Policies: []string{"elsewhere"}},
@@ -344,6 +355,29 @@ func TestStreamPerMessage(t *testing.T) {
 	}
 	if got := mdString(cs.Trailer(), "ratelimit-policy", "ratelimit", "retry-after"); got != `ratelimit-policy=["\"limit\";q=10;w=1"] ratelimit=["\"limit\";r=0;t=1"] retry-after=["1"] ` {
 		t.Fatalf("stream trailer metadata %s", got)
+	}
+}
+
+// TestStreamDenialOutlivesHandler checks that a stream over its message
+// rate ends with ResourceExhausted even when the handler swallows the error.
+func TestStreamDenialOutlivesHandler(t *testing.T) {
+	e := serve(t, frozenStore(), core.Options{}, identity.NewAPIKey(keys(t), identity.APIKeyOptions{}), lpgrpc.Options{
+		PerMessage: true,
+		MessageAPI: func(m string) string { return m + "#messages" },
+	})
+	cs, err := e.conn.NewStream(withKey("k-stream"), &meterDesc.Streams[1], "/lp.test.Meter/Careless")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20 && cs.SendMsg(&emptypb.Empty{}) == nil; i++ {
+	}
+	cs.CloseSend()
+	err = cs.RecvMsg(new(wrapperspb.Int64Value))
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || st.Message() != "rate limit exceeded" {
+		t.Fatalf("stream ended with %v", err)
+	}
+	if n := e.meter.accepted.Load(); n != 3 {
+		t.Fatalf("handler accepted %d messages, want 3", n)
 	}
 }
 
