@@ -501,3 +501,44 @@ apis: [{id: slow, listen_path: /, target: %q, auth: keyless, policies: [p]}]
 		t.Errorf("stdout does not end with the shutdown notice:\n%s", out)
 	}
 }
+
+// TestTrustedProxy: behind a trusted proxy a keyless API limits the
+// address the proxy reports, and the upstream gets the proxy's
+// X-Forwarded-For chain with the proxy appended; from any other peer the
+// header is ignored, for limiting and upstream alike.
+func TestTrustedProxy(t *testing.T) {
+	xff := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		xff <- strings.Join(r.Header.Values("X-Forwarded-For"), "|")
+	}))
+	defer up.Close()
+	gw := start(t, frozen(), "-config", writeConfig(t, fmt.Sprintf(`
+client_ip: {trusted_proxies: [127.0.0.1]}
+policies: [{id: anon, rate: {requests: 1, per: 1m}}]
+apis: [{id: open, listen_path: /, target: %q, auth: keyless, policies: [anon]}]
+`, up.URL)))
+	proxy, other := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
+	for _, tc := range []struct {
+		c        *http.Client
+		from     string
+		claimed  string
+		status   int
+		upstream string // the X-Forwarded-For the upstream sees
+	}{
+		{proxy, "127.0.0.1", "203.0.113.5", 200, "203.0.113.5, 127.0.0.1"},
+		{proxy, "127.0.0.1", "203.0.113.5", 429, ""},
+		{proxy, "127.0.0.1", "198.51.100.1, 203.0.113.6", 200, "198.51.100.1, 203.0.113.6, 127.0.0.1"},
+		{other, "127.0.0.2", "203.0.113.7", 200, "127.0.0.2"},
+		{other, "127.0.0.2", "203.0.113.8", 429, ""},
+	} {
+		r := get(t, tc.c, gw.base+"/x", "X-Forwarded-For", tc.claimed)
+		if r.status != tc.status {
+			t.Fatalf("from %s claiming %s: status %d, want %d", tc.from, tc.claimed, r.status, tc.status)
+		}
+		if tc.status == 200 {
+			if got := <-xff; got != tc.upstream {
+				t.Errorf("from %s claiming %s: upstream saw X-Forwarded-For %q, want %q", tc.from, tc.claimed, got, tc.upstream)
+			}
+		}
+	}
+}

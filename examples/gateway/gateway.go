@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"path"
 	"slices"
@@ -68,6 +69,11 @@ func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
 		return nil, err
 	}
 	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: e.now})
+	clientIP, err := identity.NewClientIP(cfg.ClientIP)
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
 	ro := cfg.Response
 	ro.Now = e.now
 	rend := response.NewRenderer(ro)
@@ -75,7 +81,7 @@ func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
 	for _, a := range cfg.APIs {
 		var up http.Handler
 		if a.Target.URL != nil {
-			up = newProxy(a, g.transport, log)
+			up = newProxy(a, g.transport, cfg.ClientIP.TrustedProxies, log)
 		} else {
 			up = echo(a.ID)
 		}
@@ -85,7 +91,7 @@ func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
 		}
 		var auth identity.Authenticator = apiKey
 		if a.Auth == config.AuthKeyless {
-			auth = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies}}
+			auth = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: clientIP}}
 		}
 		h := nethttp.Middleware(engine, auth, nethttp.Options{API: a.ID, Renderer: rend})(up)
 		g.routes = append(g.routes, route{prefix: prefix, api: a, h: h})
@@ -174,12 +180,16 @@ func orSlash(s string) string {
 // newProxy returns a reverse proxy to a's URL target. The request path
 // (already stripped) is joined to the target's path; the Host header
 // becomes the target's; X-Forwarded-For, -Host and -Proto are set afresh
-// (client-sent ones are dropped).
-func newProxy(a config.API, t http.RoundTripper, log *slog.Logger) http.Handler {
+// from the peer, except that a trusted proxy's X-Forwarded-For chain is
+// kept and the proxy's address appended.
+func newProxy(a config.API, t http.RoundTripper, trusted []netip.Prefix, log *slog.Logger) http.Handler {
 	target := a.Target.URL
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 && fromTrusted(pr.In, trusted) {
+				pr.Out.Header["X-Forwarded-For"] = xff
+			}
 			pr.SetXForwarded()
 		},
 		Transport: t,
@@ -192,6 +202,23 @@ func newProxy(a config.API, t http.RoundTripper, log *slog.Logger) http.Handler 
 			writeError(w, http.StatusBadGateway, "upstream unavailable")
 		},
 	}
+}
+
+// fromTrusted reports whether r's peer is in trusted.
+func fromTrusted(r *http.Request, trusted []netip.Prefix) bool {
+	if len(trusted) == 0 {
+		return false
+	}
+	a, err := identity.PeerAddr(nethttp.Request{R: r})
+	if err != nil {
+		return false
+	}
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // newTransport is http.DefaultTransport with enough idle connections per

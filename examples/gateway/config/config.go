@@ -63,6 +63,9 @@ type Config struct {
 	// Shadow makes every policy a shadow policy: limits are computed and
 	// reported in headers, but nothing is denied.
 	Shadow bool
+	// ClientIP says how keyless APIs find a client's address: trusted
+	// proxies, their forwarding header, and address grouping.
+	ClientIP identity.ClientIPOptions
 	// Server holds the HTTP server's limits.
 	Server Server
 	// Response configures the status codes and header fields.

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -32,7 +33,7 @@ func TestRefusals(t *testing.T) {
 		{"tab indentation", "apis:\n\t- id: a\n", `t.yaml:2: YAML syntax: found character that cannot start any token`},
 		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
 		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
-			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, shadow, server, response, policies, keys, apis)`},
+			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, shadow, client_ip, server, response, policies, keys, apis)`},
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
@@ -60,6 +61,12 @@ func TestRefusals(t *testing.T) {
 		{"unknown store", "store: etcd\n" + api, `t.yaml:1:8: store: unknown store "etcd" (want memory)`},
 		{"unknown failure policy", "failure_policy: retry\n" + api, `t.yaml:1:17: failure_policy: unknown policy "retry" (want open, closed or fallback)`},
 		{"bad store timeout", "store_timeout: 50\n" + api, `t.yaml:1:16: store_timeout: "50" is not a duration (like 500ms, 10s, 1m or 24h)`},
+		{"bad trusted proxy", "client_ip: {trusted_proxies: [10.0.0.0/8, 10.0.0.0/33]}\n" + api,
+			`t.yaml:1:43: client_ip.trusted_proxies[1]: "10.0.0.0/33" is not an address or CIDR`},
+		{"unknown forwarding header", "client_ip: {header: x-real-ip}\n" + api,
+			`t.yaml:1:21: client_ip.header: unknown header "x-real-ip" (want x-forwarded-for or forwarded)`},
+		{"ipv4 prefix too long", "client_ip: {ipv4_prefix_len: 33}\n" + api, `t.yaml:1:30: client_ip.ipv4_prefix_len: 33: want 1 to 32`},
+		{"ipv6 prefix zero", "client_ip: {ipv6_prefix_len: 0}\n" + api, `t.yaml:1:30: client_ip.ipv6_prefix_len: 0: want 1 to 128`},
 		{"negative server timeout", "server: {read_timeout: -1s}\n" + api, `t.yaml:1:24: server.read_timeout: -1s must be > 0`},
 		{"zero max header bytes", "server: {max_header_bytes: 0}\n" + api, `t.yaml:1:28: server.max_header_bytes: 0 must be > 0`},
 		{"bad reset format", "response: {x_ratelimit_reset: iso}\n" + api, `t.yaml:1:31: response.x_ratelimit_reset: unknown format "iso" (want epoch or seconds)`},
@@ -266,6 +273,11 @@ store: memory
 failure_policy: closed
 store_timeout: 50ms
 shadow: true
+client_ip:
+  trusted_proxies: [10.0.0.0/8, "192.0.2.7"]
+  header: Forwarded
+  ipv4_prefix_len: 24
+  ipv6_prefix_len: 48
 server:
   read_header_timeout: 1s
   read_timeout: 2s
@@ -311,7 +323,7 @@ apis:
     policies: [free]
 `
 	// key_hash prefixes are case-sensitive: the one above is refused.
-	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:37:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
+	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:42:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
@@ -331,8 +343,12 @@ apis:
 		FailurePolicy: core.FailClosed,
 		StoreTimeout:  50 * time.Millisecond,
 		Shadow:        true,
-		Server:        config.Server{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
-		Response:      response.Options{NoRateLimitFields: true, XRateLimit: true, XRateLimitReset: response.ResetSeconds, QuotaExceededStatus: 403, StoreFailureStatus: 500},
+		ClientIP: identity.ClientIPOptions{
+			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")},
+			Header:         identity.Forwarded, IPv4PrefixLen: 24, IPv6PrefixLen: 48,
+		},
+		Server:   config.Server{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
+		Response: response.Options{NoRateLimitFields: true, XRateLimit: true, XRateLimitReset: response.ResetSeconds, QuotaExceededStatus: 403, StoreFailureStatus: 500},
 		Policies: []core.Policy{
 			{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 20}, Quota: core.Quota{Max: core.Unlimited}, APIs: []string{"svc"}, Shadow: true},
 			{ID: "free", Rate: core.Limit{Rate: core.Unlimited}},

@@ -62,6 +62,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 		v.fail("failure_policy", "unknown policy %q (want open, closed or fallback)", raw.FailurePolicy)
 	}
 	cfg.StoreTimeout = v.duration("store_timeout", raw.StoreTimeout, 0)
+	cfg.ClientIP = v.clientIP(raw.ClientIP)
 	cfg.Server = v.server(raw.Server)
 	cfg.Response = v.response(raw.Response)
 
@@ -124,6 +125,41 @@ func (v *validator) duration(path, s string, def time.Duration) time.Duration {
 		return def
 	}
 	return d
+}
+
+func (v *validator) clientIP(r rawClientIP) identity.ClientIPOptions {
+	var o identity.ClientIPOptions
+	for i, spec := range r.TrustedProxies {
+		p, err := identity.ParseTrustedProxies([]string{spec})
+		if err != nil {
+			v.fail(fmt.Sprintf("client_ip.trusted_proxies[%d]", i), "%q is not an address or CIDR", spec)
+			continue
+		}
+		o.TrustedProxies = append(o.TrustedProxies, p...)
+	}
+	switch strings.ToLower(r.Header) {
+	case "", "x-forwarded-for":
+		o.Header = identity.XForwardedFor
+	case "forwarded":
+		o.Header = identity.Forwarded
+	default:
+		v.fail("client_ip.header", "unknown header %q (want x-forwarded-for or forwarded)", r.Header)
+	}
+	if n := r.IPv4PrefixLen; n != nil {
+		if *n < 1 || *n > 32 {
+			v.fail("client_ip.ipv4_prefix_len", "%d: want 1 to 32", *n)
+		} else {
+			o.IPv4PrefixLen = *n
+		}
+	}
+	if n := r.IPv6PrefixLen; n != nil {
+		if *n < 1 || *n > 128 {
+			v.fail("client_ip.ipv6_prefix_len", "%d: want 1 to 128", *n)
+		} else {
+			o.IPv6PrefixLen = *n
+		}
+	}
+	return o
 }
 
 func (v *validator) server(r rawServer) Server {

@@ -22,11 +22,19 @@ type rawConfig struct {
 	FailurePolicy string      `yaml:"failure_policy"`
 	StoreTimeout  string      `yaml:"store_timeout"`
 	Shadow        bool        `yaml:"shadow"`
+	ClientIP      rawClientIP `yaml:"client_ip"`
 	Server        rawServer   `yaml:"server"`
 	Response      rawResponse `yaml:"response"`
 	Policies      []rawPolicy `yaml:"policies"`
 	Keys          []rawKey    `yaml:"keys"`
 	APIs          []rawAPI    `yaml:"apis"`
+}
+
+type rawClientIP struct {
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	Header         string   `yaml:"header"`
+	IPv4PrefixLen  *int     `yaml:"ipv4_prefix_len"`
+	IPv6PrefixLen  *int     `yaml:"ipv6_prefix_len"`
 }
 
 type rawServer struct {
@@ -93,7 +101,7 @@ type rawAPI struct {
 // ("config.rawRate") to its field names, for "unknown field" messages.
 var knownFields = func() map[string][]string {
 	m := map[string][]string{}
-	for _, v := range []any{rawConfig{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{}} {
+	for _, v := range []any{rawConfig{}, rawClientIP{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{}} {
 		t := reflect.TypeOf(v)
 		var names []string
 		for i := 0; i < t.NumField(); i++ {
