@@ -27,9 +27,11 @@ import (
 	"errors"
 	"hash/maphash"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
@@ -58,9 +60,9 @@ const minSlots = 8
 // it looks the key up again (blocking on the shard lock the sweep holds).
 const dead = math.MinInt64
 
-// entry is one key's state: 48 bytes, which with its 16-byte table slot
-// (tables are filled between 3/8 and 3/4 as they grow) keeps a key under
-// 100 bytes of heap besides the consumer string.
+// entry is one key's state: 48 bytes plus the key (see newEntry), which
+// with its 16-byte table slot (tables are filled between 3/8 and 3/4 as
+// they grow) keeps a key under 100 bytes of heap besides the key itself.
 type entry struct {
 	tat      atomic.Int64           // GCRA theoretical arrival time; 0 = none; dead while being removed
 	quota    atomic.Pointer[period] // current quota period; nil = none; tombstone while being removed
@@ -70,6 +72,62 @@ type entry struct {
 
 func (e *entry) is(consumer, scope string) bool {
 	return e.consumer == consumer && e.scope == scope
+}
+
+// Entries with room for their key: a lookup that finds an entry compares
+// the key it holds, and with the key in the same allocation that costs no
+// second cache miss (or TLB miss) on a large store. The store also never
+// keeps a caller's string alive, which might pin a larger buffer.
+type (
+	entry16 struct {
+		entry
+		key [16]byte
+	}
+	entry32 struct {
+		entry
+		key [32]byte
+	}
+	entry48 struct {
+		entry
+		key [48]byte
+	}
+	entry80 struct {
+		entry
+		key [80]byte
+	}
+)
+
+// newEntry returns an empty entry for (consumer, scope) holding its own
+// copy of both, inline when they total at most 80 bytes.
+func newEntry(consumer, scope string) *entry {
+	var e *entry
+	var buf []byte
+	switch n := len(consumer) + len(scope); {
+	case n <= 16:
+		x := new(entry16)
+		e, buf = &x.entry, x.key[:n]
+	case n <= 32:
+		x := new(entry32)
+		e, buf = &x.entry, x.key[:n]
+	case n <= 48:
+		x := new(entry48)
+		e, buf = &x.entry, x.key[:n]
+	case n <= 80:
+		x := new(entry80)
+		e, buf = &x.entry, x.key[:n]
+	default:
+		return &entry{consumer: strings.Clone(consumer), scope: strings.Clone(scope)}
+	}
+	copy(buf[copy(buf, consumer):], scope)
+	// The strings point into the entry's own array, which is never
+	// written again; they keep the whole allocation alive.
+	if consumer != "" {
+		e.consumer = unsafe.String(&buf[0], len(consumer))
+	}
+	if scope != "" {
+		e.scope = unsafe.String(&buf[len(consumer)], len(scope))
+	}
+	return e
 }
 
 type period struct {
@@ -224,7 +282,7 @@ func (sh *shard) put(h uint64, consumer, scope string, now int64) *entry {
 	if 4*(sh.used+1) > 3*len(t.slots) {
 		t = sh.resize(sh.live + 1)
 	}
-	e := &entry{consumer: consumer, scope: scope}
+	e := newEntry(consumer, scope)
 	t.insert(h, e)
 	sh.live++
 	sh.used++
