@@ -205,10 +205,10 @@ type meteredStream struct {
 	denied atomic.Pointer[status.Status]
 }
 
-// RecvMsg receives a message and then spends its cost; a denied message is
-// not handed over, and this and every later call return the
-// ResourceExhausted status (its rate-limit fields go out as trailer
-// metadata).
+// RecvMsg receives a message and then spends its cost. When the message is
+// denied, RecvMsg returns the status that ends the stream instead (m must
+// then be ignored), as does every later call; the rate-limit fields go out
+// as trailer metadata.
 func (s *meteredStream) RecvMsg(m any) error {
 	if st := s.denied.Load(); st != nil {
 		return st.Err()
