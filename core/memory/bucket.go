@@ -13,7 +13,7 @@ import (
 type Bucket struct {
 	tat   atomic.Int64
 	p     core.GCRAParams
-	clock core.Clock
+	clock clock
 }
 
 // NewBucket returns a Bucket enforcing l (which must be a limited GCRA
@@ -26,26 +26,21 @@ func NewBucket(l core.Limit, clock core.Clock) (*Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
-	if clock == nil {
-		clock = core.NewSystemClock()
-	}
-	return &Bucket{p: p, clock: clock}, nil
+	return &Bucket{p: p, clock: newClock(clock)}, nil
 }
 
 // Allow reports whether one event may happen now, and records it if so.
-func (b *Bucket) Allow() bool { return b.AllowN(nanotime(b.clock), 1) }
-
-// nanotime reads c, calling the two production clocks directly rather than
-// through the interface: a direct call can be inlined, which matters when
-// the whole decision costs a few nanoseconds.
-func nanotime(c core.Clock) int64 {
-	switch c := c.(type) {
-	case *core.CoarseClock:
-		return c.Nanotime()
-	case core.SystemClock:
-		return c.Nanotime()
+func (b *Bucket) Allow() bool {
+	var now int64 // b.clock.now(), inlined by hand
+	switch c := &b.clock; {
+	case c.coarse != nil:
+		now = c.coarse.Nanotime()
+	case c.isSystem:
+		now = c.system.Nanotime()
+	default:
+		now = c.any.Nanotime()
 	}
-	return c.Nanotime()
+	return b.AllowN(now, 1)
 }
 
 // AllowN reports whether n events may happen at now (ns on the bucket's

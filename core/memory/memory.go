@@ -174,7 +174,7 @@ type shard struct {
 // Store is the in-process Store. Create it with New; it is safe for
 // concurrent use.
 type Store struct {
-	clock  core.Clock
+	clock  clock
 	shift  uint // a consumer hash's top bits pick its shard: h >> shift
 	shards []shard
 	stop   chan struct{}
@@ -191,10 +191,7 @@ func New(opts Options) *Store {
 			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: opts.Clock, shift: shift, shards: make([]shard, n)}
-	if s.clock == nil {
-		s.clock = core.NewSystemClock()
-	}
+	s := &Store{clock: newClock(opts.Clock), shift: shift, shards: make([]shard, n)}
 	for i := range s.shards {
 		s.shards[i].tab.Store(newTable(minSlots))
 		s.shards[i].nextSweep = minSweepAt
@@ -326,7 +323,7 @@ func (sh *shard) resize(n int) *table {
 // Sweep drops every entry that no longer limits anything: TAT passed and
 // quota period ended (or absent).
 func (s *Store) Sweep() {
-	now := nanotime(s.clock)
+	now := s.clock.now()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -408,7 +405,15 @@ func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err 
 		}
 	}
 	sh, h := s.locate(req.Consumer, req.Scope)
-	now := nanotime(s.clock)
+	var now int64 // s.clock.now(), inlined by hand
+	switch c := &s.clock; {
+	case c.coarse != nil:
+		now = c.coarse.Nanotime()
+	case c.isSystem:
+		now = c.system.Nanotime()
+	default:
+		now = c.any.Nanotime()
+	}
 	e := sh.get(h, req.Consumer, req.Scope)
 	if e != nil && limited && !quota {
 		// The common case, a rate limit alone on a known key, decided in

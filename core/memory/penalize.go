@@ -19,7 +19,7 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 		return err
 	}
 	sh, h := s.locate(consumer, scope)
-	now := nanotime(s.clock)
+	now := s.clock.now()
 	target := now + int64(d) + p.Tau - p.T
 	for {
 		e := sh.put(h, consumer, scope, now)
