@@ -80,12 +80,20 @@ type Config struct {
 
 // Server holds the HTTP server's timeouts and limits.
 type Server struct {
+	// ReadHeaderTimeout bounds reading a request's header.
 	ReadHeaderTimeout time.Duration
-	ReadTimeout       time.Duration
-	WriteTimeout      time.Duration
-	IdleTimeout       time.Duration
-	ShutdownTimeout   time.Duration
-	MaxHeaderBytes    int
+	// ReadTimeout bounds reading a whole request, body included.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds the time from the end of the request header to
+	// the end of the response, the upstream's time included.
+	WriteTimeout time.Duration
+	// IdleTimeout bounds how long an idle keep-alive connection is kept.
+	IdleTimeout time.Duration
+	// ShutdownTimeout bounds how long shutdown waits for requests in
+	// flight.
+	ShutdownTimeout time.Duration
+	// MaxHeaderBytes bounds a request header's size in bytes.
+	MaxHeaderBytes int
 }
 
 // AuthMode says how an API identifies its consumers.
