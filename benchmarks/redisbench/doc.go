@@ -1,0 +1,9 @@
+// Package redisbench compares limitplane's Redis store (core/redisstore,
+// each Take its own EVALSHA and with Options.Pipeline) with
+// github.com/go-redis/redis_rate/v10 and github.com/ulule/limiter/v3's Redis
+// store, against one throwaway redis-server started by the tests, next to a
+// plain PING loop: the one-round-trip ceiling. Everything is in the _test.go
+// files: server_test.go starts and stops the server, bench_test.go has the
+// throughput benchmarks and overshoot_test.go the accuracy test. The numbers
+// and how to reproduce them are in ../README.md, "Redis store vs peers".
+package redisbench
