@@ -58,6 +58,10 @@ type GCRAResult struct {
 	// pass when denied, and -1 when the cost exceeds the burst and the
 	// request can never pass.
 	RetryAfter int64
+	// Delay is, for a request admitted by reservation (Reserve), how long
+	// from now until it conforms: the caller must wait that long before
+	// acting. It is 0 for a request that conforms now.
+	Delay int64
 }
 
 // Conform is GCRA's verdict alone, for callers that need no Remaining or
@@ -70,6 +74,15 @@ type GCRAResult struct {
 func (p GCRAParams) Conform(tat, now, n int64) (next int64, ok bool) {
 	next = max(tat, now) + n*p.T
 	return next, n <= p.Burst && next-now <= p.Tau
+}
+
+// ConformWithin is Conform for a reservation: the request is admitted when
+// it will conform within maxDelay ns, next − now ≤ τ + maxDelay. It must
+// then wait RetryAfter(tat, now, n) before acting. maxDelay must be in
+// [0, 2^61]; Request.Validate clamps it.
+func (p GCRAParams) ConformWithin(tat, now, n, maxDelay int64) (next int64, ok bool) {
+	next = max(tat, now) + n*p.T
+	return next, n <= p.Burst && next-now <= p.Tau+maxDelay
 }
 
 // Remaining returns how many unit-cost requests would conform at now with
@@ -97,11 +110,23 @@ func (p GCRAParams) RetryAfter(tat, now, n int64) int64 {
 //
 // n == 0 peeks without changing state; n > Burst is denied with
 // RetryAfter = -1. Every store's results must equal Step's.
-func (p GCRAParams) Step(tat, now, n int64) GCRAResult {
-	next, ok := p.Conform(tat, now, n)
-	if !ok {
+func (p GCRAParams) Step(tat, now, n int64) GCRAResult { return p.Reserve(tat, now, n, 0) }
+
+// Reserve is Step for a request that may wait up to maxDelay ns (see
+// Request.MaxDelay): it is admitted, and its units taken, if it will
+// conform within maxDelay, and Delay says when. This is GCRA scheduling
+// ahead, as golang.org/x/time/rate's Reserve does for a token bucket, and it
+// lets callers that share one store be served at exactly the limit's pace.
+// Remaining and ResetAfter are computed as by Step; RetryAfter is 0 when
+// admitted, else the time until the request conforms without waiting.
+func (p GCRAParams) Reserve(tat, now, n, maxDelay int64) GCRAResult {
+	next, ok := p.ConformWithin(tat, now, n, maxDelay)
+	r := GCRAResult{Allowed: ok, Store: ok && n > 0, RetryAfter: p.RetryAfter(tat, now, n)}
+	if ok {
+		r.Delay, r.RetryAfter = r.RetryAfter, 0
+	} else {
 		next = max(tat, now)
 	}
-	return GCRAResult{Allowed: ok, Store: ok && n > 0, TAT: next, Remaining: p.Remaining(next, now),
-		ResetAfter: next - now, RetryAfter: p.RetryAfter(tat, now, n)}
+	r.TAT, r.Remaining, r.ResetAfter = next, p.Remaining(next, now), next-now
+	return r
 }

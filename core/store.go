@@ -77,6 +77,9 @@ type Decision struct {
 	// Shadowed is true when a shadow policy would have denied the request
 	// but it was allowed.
 	Shadowed bool
+	// Delay is set when the request was admitted by reservation
+	// (Request.MaxDelay): the caller must wait this long before acting.
+	Delay time.Duration
 }
 
 // Request is one question put to a Store: spend Cost units against Rate and
@@ -96,6 +99,23 @@ type Request struct {
 	Quota Quota
 	// Cost is the number of units; 0 peeks without changing state.
 	Cost int64
+	// MaxDelay lets a GCRA rate limit admit the request by reservation:
+	// when it does not conform now but will within MaxDelay, its units are
+	// taken at once and Decision.Delay says how long the caller must wait
+	// before acting. Callers that share a store are then served in order at
+	// exactly the limit's pace, one store call each (Wait uses it). 0 means
+	// no reservation; values above 2^61 ns are treated as 2^61 ns. Window
+	// algorithms ignore it. A quota is spent at reservation time.
+	MaxDelay time.Duration
+}
+
+// MaxReservation is the largest MaxDelay a store honours, 2^61 ns (about
+// 73 years).
+const MaxReservation = time.Duration(maxTolerance)
+
+// Reservation returns MaxDelay in ns, clamped to [0, MaxReservation].
+func (r *Request) Reservation() int64 {
+	return int64(min(max(r.MaxDelay, 0), MaxReservation))
 }
 
 // Validate checks the request's limits and cost.

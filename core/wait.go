@@ -12,19 +12,22 @@ import (
 // context.DeadlineExceeded.
 var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
 
-// Wait applies req to s, and while it is denied sleeps for the decision's
-// RetryAfter and tries again, until it is allowed or ctx ends. It returns at
-// once, without sleeping,
+// Wait applies req to s as a reservation (Request.MaxDelay up to ctx's
+// deadline) and sleeps until the reserved time; stores or algorithms that
+// cannot reserve deny instead, and then Wait sleeps for the decision's
+// RetryAfter and tries again, until it is allowed or ctx ends. It returns
+// at once, without sleeping,
 //   - with ErrCostExceedsBurst when req.Cost can never pass;
 //   - with an error matching ErrWaitExceedsDeadline and
 //     context.DeadlineExceeded when the next retry lies beyond ctx's
 //     deadline;
 //   - with the store's error when the store fails.
 //
-// It returns ctx.Err() when ctx is cancelled while sleeping. Because it
-// retries instead of reserving, concurrent waiters on one key are served in
-// no particular order; the limit itself is never exceeded. This is how
-// worker processes share one rate through a shared store.
+// It returns ctx.Err() when ctx is cancelled while sleeping (a reserved
+// slot then goes unused). With GCRA, concurrent waiters on one key, in one
+// process or many sharing a Redis store, are served in reservation order at
+// exactly the limit's pace; the limit itself is never exceeded. This is how
+// worker processes share one rate.
 func Wait(ctx context.Context, s Store, req Request) (Decision, error) {
 	return wait(ctx, s, req, time.Now, newStdTimer)
 }
@@ -47,12 +50,30 @@ func wait(ctx context.Context, s Store, req Request, now func() time.Time, newTi
 		if err := ctx.Err(); err != nil {
 			return Decision{}, err
 		}
+		// Reserve the earliest slot the deadline allows: one store call,
+		// and waiters are served at exactly the limit's pace.
+		req.MaxDelay = MaxReservation
+		if dl, ok := ctx.Deadline(); ok {
+			req.MaxDelay = max(dl.Sub(now()), 0)
+		}
 		d, err := s.Take(ctx, req)
 		if err != nil {
 			return d, err
 		}
 		if d.Allowed {
-			return d, nil
+			if d.Delay <= 0 {
+				return d, nil
+			}
+			t := newTimer(d.Delay)
+			select {
+			case <-t.C():
+				return d, nil
+			case <-ctx.Done():
+				// The reserved slot goes unused: the limit only gets
+				// stricter, never looser.
+				t.Stop()
+				return d, ctx.Err()
+			}
 		}
 		if d.RetryAfter < 0 {
 			return d, fmt.Errorf("limitplane: Wait(cost=%d): %w", req.Cost, ErrCostExceedsBurst)

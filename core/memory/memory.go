@@ -419,13 +419,13 @@ func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err 
 		// The common case, a rate limit alone on a known key, decided in
 		// registers and returned as one literal: decide's general path
 		// copies result structs and costs twice as much.
-		n := req.Cost
+		n, md := req.Cost, req.Reservation()
 		for {
 			tat := e.tat.Load()
 			if tat == dead {
 				break // being swept: the general path looks up again
 			}
-			next, ok := p.Conform(tat, now, n)
+			next, ok := p.ConformWithin(tat, now, n, md)
 			if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
 				continue
 			}
@@ -436,6 +436,8 @@ func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err 
 			retry := int64(0)
 			if !ok {
 				next, retry = max(tat, now), p.RetryAfter(tat, now, n)
+			} else if wait := next - p.Tau - now; wait > 0 {
+				d.Delay = time.Duration(wait) // admitted by reservation
 			}
 			rem, reset := p.Remaining(next, now), time.Duration(next-now)
 			d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
@@ -509,7 +511,7 @@ func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int
 					return d, errRetry
 				}
 			}
-			r = p.Step(tat, now, n)
+			r = p.Reserve(tat, now, n, req.Reservation())
 			if !r.Store || e.tat.CompareAndSwap(tat, r.TAT) {
 				oldTAT = tat
 				break
@@ -575,7 +577,7 @@ func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int
 
 	d.Allowed = true
 	if limited {
-		d.DecidedBy = core.KindRate
+		d.DecidedBy, d.Delay = core.KindRate, time.Duration(r.Delay)
 		d.Limit, d.Remaining, d.ResetAfter = d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter
 	} else if quota {
 		d.DecidedBy = core.KindQuota

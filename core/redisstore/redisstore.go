@@ -332,7 +332,9 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 			}
 			args = append(args, over)
 			args = appendPair(args, nt)
-			args = appendPair(args, p.Tau)
+			// The script admits iff next − now ≤ its bound: τ, or τ plus the
+			// reservation window (Request.MaxDelay).
+			args = appendPair(args, p.Tau+req.Reservation())
 		case core.FixedWindow:
 			args = append(args, strconv.FormatInt(req.Rate.Rate, 10))
 			args = appendPair(args, int64(req.Rate.Period))
@@ -388,19 +390,19 @@ func pair(u, r int64) time.Duration { return time.Duration(u*1000 + r) }
 func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, quota bool, v []int64) (core.Decision, error) {
 	code, n := v[0], req.Cost
 	var d core.Decision
-	var rateRetry time.Duration
+	var rateRetry, rateDelay time.Duration
 	if limited {
 		if alg == core.GCRA {
 			cost := n
 			if code == 2 {
 				cost = 0 // the quota denied; the rate limit was only peeked
 			}
-			r := p.Step(int64(pair(v[1], v[2])), 0, cost)
+			r := p.Reserve(int64(pair(v[1], v[2])), 0, cost, req.Reservation())
 			if r.Allowed != (code != 1) {
 				return core.Decision{}, fmt.Errorf("redisstore: take: script verdict %d disagrees with core GCRA %+v", code, r)
 			}
 			d.Rate = core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
-			rateRetry = time.Duration(r.RetryAfter)
+			rateRetry, rateDelay = time.Duration(r.RetryAfter), time.Duration(r.Delay)
 		} else {
 			d.Rate = core.Status{Limit: req.Rate.Rate, Remaining: v[1], ResetAfter: pair(v[2], v[3]), Window: req.Rate.Period}
 			rateRetry = pair(v[4], v[5])
@@ -420,7 +422,7 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 	case 0:
 		d.Allowed = true
 		if limited {
-			d.DecidedBy, top = core.KindRate, d.Rate
+			d.DecidedBy, top, d.Delay = core.KindRate, d.Rate, rateDelay
 		} else {
 			d.DecidedBy, top = core.KindQuota, d.Quota
 		}

@@ -247,6 +247,44 @@ func runGCRA(t *testing.T, s Suite) {
 		}
 	})
 
+	t.Run("Reservation", func(t *testing.T) {
+		// 10/s burst 1: T = τ = 100ms. With MaxDelay 1s the first request
+		// conforms now and the next 10 are scheduled 100ms apart; the 12th
+		// would need 1.1s and is denied, changing nothing.
+		e := newEnv(t, s)
+		l := core.Limit{Rate: 10, Period: time.Second, Burst: 1}
+		for i := 0; i <= 10; i++ {
+			d := e.take(core.Request{Rate: l, Cost: 1, MaxDelay: time.Second})
+			check(t, fmt.Sprintf("#%d allowed", i), d.Allowed, true)
+			check(t, fmt.Sprintf("#%d delay", i), d.Delay, time.Duration(i)*100*time.Millisecond)
+			check(t, fmt.Sprintf("#%d retry after", i), d.RetryAfter, time.Duration(0))
+			check(t, fmt.Sprintf("#%d remaining", i), d.Remaining, int64(0))
+			check(t, fmt.Sprintf("#%d reset after", i), d.ResetAfter, time.Duration(i+1)*100*time.Millisecond)
+		}
+		d := e.take(core.Request{Rate: l, Cost: 1, MaxDelay: time.Second})
+		check(t, "12th allowed", d.Allowed, false)
+		check(t, "12th retry after", d.RetryAfter, 1100*time.Millisecond)
+		check(t, "12th delay", d.Delay, time.Duration(0))
+		d = e.take(core.Request{Rate: l, Cost: 1})
+		check(t, "without reservation", d.Allowed, false)
+		check(t, "reset after unchanged", d.ResetAfter, 1100*time.Millisecond)
+		// Time passes: the schedule drains at exactly T.
+		e.clock.Advance(1050 * time.Millisecond)
+		d = e.take(core.Request{Rate: l, Cost: 1, MaxDelay: 100 * time.Millisecond})
+		check(t, "after 1.05s allowed", d.Allowed, true)
+		check(t, "after 1.05s delay", d.Delay, 50*time.Millisecond)
+	})
+
+	t.Run("ReservationConcurrentExact", func(t *testing.T) {
+		// 64 goroutines reserve with MaxDelay 1s at 10/s burst 2 on a
+		// frozen clock: exactly burst + 10 are admitted (the slots up to
+		// τ + 1s), every delay distinct.
+		e := newEnv(t, s)
+		l := core.Limit{Rate: 10, Period: time.Second, Burst: 2}
+		admitted := hammer(t, e, s.Concurrency, 3, core.Request{Rate: l, Cost: 1, MaxDelay: time.Second})
+		check(t, "admitted", admitted, int64(12))
+	})
+
 	t.Run("ConcurrentFrozenClock", func(t *testing.T) {
 		e := newEnv(t, s)
 		cl := core.Limit{Rate: 100, Period: time.Minute, Burst: 37}
