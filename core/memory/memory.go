@@ -384,6 +384,63 @@ var errRetry = errors.New("entry removed; retry")
 // Take implements core.Store. Only GCRA is supported; other algorithms
 // return core.ErrUnsupportedAlgorithm.
 func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err error) {
+	// The common case, a valid GCRA rate limit alone on a key already held,
+	// decided in registers with a small frame; everything else, errors
+	// included, in take. The general path copies result structs and costs
+	// about twice as much.
+	if req.Cost >= 0 && req.Rate.Algorithm == core.GCRA && !req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
+		p, perr := req.Rate.CheckedGCRA()
+		sh, h := s.locate(req.Consumer, req.Scope)
+		var now int64 // s.clock.now(), inlined by hand
+		switch c := &s.clock; {
+		case c.coarse != nil:
+			now = c.coarse.Nanotime()
+		case c.isSystem:
+			now = c.system.Nanotime()
+		default:
+			now = c.any.Nanotime()
+		}
+		if e := sh.get(h, req.Consumer, req.Scope); e != nil && perr == nil {
+			n, md := req.Cost, req.Reservation()
+			for {
+				tat := e.tat.Load()
+				if tat == dead {
+					break // being swept: take looks up again
+				}
+				next, ok := p.ConformWithin(tat, now, n, md)
+				after := next // the TAT after the call
+				if !ok {
+					after = max(tat, now)
+				}
+				// Divide before the CAS, so the division's latency overlaps
+				// the CAS's instead of following it.
+				rem := p.Remaining(after, now)
+				if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
+					continue
+				}
+				// The one-byte fields before the rest: a caller copying d in
+				// 16-byte moves right after a narrow store would wait for it
+				// (a failed store-to-load forward).
+				d.Allowed, d.DecidedBy = ok, core.KindRate
+				retry := int64(0)
+				if !ok {
+					retry = p.RetryAfter(tat, now, n)
+				} else if wait := next - p.Tau - now; wait > 0 {
+					d.Delay = time.Duration(wait) // admitted by reservation
+				}
+				reset := time.Duration(after - now)
+				d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
+				d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
+				return d, nil
+			}
+		}
+	}
+	return s.take(req)
+}
+
+// take is Take's general path: validation, new keys, quotas, and entries
+// being swept.
+func (s *Store) take(req core.Request) (core.Decision, error) {
 	if req.Cost < 0 {
 		return core.Decision{}, core.ErrInvalidCost
 	}
@@ -405,46 +462,8 @@ func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err 
 		}
 	}
 	sh, h := s.locate(req.Consumer, req.Scope)
-	var now int64 // s.clock.now(), inlined by hand
-	switch c := &s.clock; {
-	case c.coarse != nil:
-		now = c.coarse.Nanotime()
-	case c.isSystem:
-		now = c.system.Nanotime()
-	default:
-		now = c.any.Nanotime()
-	}
+	now := s.clock.now()
 	e := sh.get(h, req.Consumer, req.Scope)
-	if e != nil && limited && !quota {
-		// The common case, a rate limit alone on a known key, decided in
-		// registers and returned as one literal: decide's general path
-		// copies result structs and costs twice as much.
-		n, md := req.Cost, req.Reservation()
-		for {
-			tat := e.tat.Load()
-			if tat == dead {
-				break // being swept: the general path looks up again
-			}
-			next, ok := p.ConformWithin(tat, now, n, md)
-			if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
-				continue
-			}
-			// The one-byte fields first, well before the division below:
-			// a caller copying d in 16-byte moves right after a narrow store
-			// would wait for it (a failed store-to-load forward).
-			d.Allowed, d.DecidedBy = ok, core.KindRate
-			retry := int64(0)
-			if !ok {
-				next, retry = max(tat, now), p.RetryAfter(tat, now, n)
-			} else if wait := next - p.Tau - now; wait > 0 {
-				d.Delay = time.Duration(wait) // admitted by reservation
-			}
-			rem, reset := p.Remaining(next, now), time.Duration(next-now)
-			d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
-			d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
-			return d, nil
-		}
-	}
 	if e == nil {
 		if req.Cost == 0 || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
 			// Cannot change state: answer from the empty state, create nothing.
