@@ -93,7 +93,7 @@ func TestDemo(t *testing.T) {
 // TestRunRefuses checks run's errors for bad flags and configurations.
 func TestRunRefuses(t *testing.T) {
 	dir := t.TempDir()
-	bad := writeConfig(t, "store: redis://localhost:6379/0\npolicies:\n  - id: p\n    rate: {requests: -3, per: 1s}\n")
+	bad := writeConfig(t, "store: redis://localhost:6379/x\npolicies:\n  - id: p\n    rate: {requests: -3, per: 1s}\n")
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestRunRefuses(t *testing.T) {
 	}{
 		{[]string{"-config", bad}, "invalid configuration, not starting:\n" +
 			bad + ":1:1: apis: at least one API is required\n" +
-			bad + ":1:8: store: redis store not built into this gateway yet\n" +
+			bad + ":1:8: store: invalid database number: \"x\"\n" +
 			bad + ":4:22: policies[0].rate.requests: -3 must be > 0 (or -1 for unlimited)"},
 		{[]string{"-config", missing}, "config: open " + missing + ": no such file or directory"},
 		{[]string{"-listen", "8080"}, `-listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)`},

@@ -22,6 +22,7 @@ import (
 
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
 )
 
@@ -54,8 +55,11 @@ const BuiltinEcho = "builtin:echo"
 type Config struct {
 	// Listen is the TCP address to listen on, "host:port".
 	Listen string
-	// Store names the counter store; only "memory" is built in.
+	// Store is the counter store as the file names it: "memory", or a
+	// Redis URL (see Redis). Show it with RedactedStore.
 	Store string
+	// Redis configures the Redis store; nil for the memory store.
+	Redis *Redis
 	// FailurePolicy is what the engine does when the store fails.
 	FailurePolicy core.FailurePolicy
 	// StoreTimeout bounds each store call; 0 means no bound.
@@ -76,6 +80,21 @@ type Config struct {
 	Keys []identity.KeyRecord
 	// APIs are the routes, in file order.
 	APIs []API
+}
+
+// Redis is the Redis store's configuration: Config.Store was a redis://,
+// rediss://, unix://, redis+cluster:// or redis+sentinel:// URL.
+type Redis struct {
+	// URL is what the client connects with (redisstore.NewClientFromURL):
+	// Store with the password from password_env or password_file filled
+	// in. It may hold that secret; never print it.
+	URL string
+	// Password is the password filled into URL, "" when none was given,
+	// so messages can hide it.
+	Password string
+	// Options are the store's options. Clock is left nil: Redis's own
+	// TIME decides.
+	Options redisstore.Options
 }
 
 // Server holds the HTTP server's timeouts and limits.
@@ -106,12 +125,18 @@ const (
 	// AuthKeyless admits anyone; the API's own policies apply per client
 	// IP address.
 	AuthKeyless
+	// AuthJWT requires a signed JSON Web Token; its consumer claim is the
+	// consumer and its policy claim (or the default policies) apply.
+	AuthJWT
 )
 
-// String returns "api_key" or "keyless".
+// String returns "api_key", "keyless" or "jwt".
 func (m AuthMode) String() string {
-	if m == AuthKeyless {
+	switch m {
+	case AuthKeyless:
 		return "keyless"
+	case AuthJWT:
+		return "jwt"
 	}
 	return "api_key"
 }
@@ -130,8 +155,20 @@ type API struct {
 	// Auth says how consumers are identified.
 	Auth AuthMode
 	// Policies apply per client IP on a keyless API; empty for api_key
-	// APIs.
+	// and jwt APIs.
 	Policies []string
+	// JWT configures a jwt API's authenticator; nil for other APIs. Its
+	// Keys are loaded (PEM files read, secrets taken from the environment
+	// or files) unless JWKS is set; Now and JWKS are left for the gateway
+	// to fill in.
+	JWT *identity.JWTOptions
+	// JWKS, when set, is where a jwt API's keys come from: the gateway
+	// starts it with identity.NewJWKS and passes it as JWT.JWKS.
+	JWKS *identity.JWKSOptions
+	// FailureLimit is the ID of the policy that failed authentications
+	// are charged to, per client address (identity.FailureLimited); ""
+	// means none.
+	FailureLimit string
 	// StripListenPath removes ListenPath from the request path before it
 	// goes upstream ("/echo/a" reaches the upstream as "/a").
 	StripListenPath bool
@@ -155,6 +192,21 @@ func (t Target) String() string {
 	return t.Builtin
 }
 
+// RedactedStore returns Store for messages and banners: a URL's password
+// (in its user information or a password query parameter) is replaced by
+// "xxxxx".
+func (c *Config) RedactedStore() string {
+	u, err := url.Parse(c.Store)
+	if err != nil || u.Scheme == "" {
+		return c.Store
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
 // Load reads and parses the file at path (see Parse).
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
@@ -167,6 +219,11 @@ func Load(path string) (*Config, error) {
 // Parse decodes and validates a YAML configuration. name is used in error
 // messages (a file name). On failure the error is an Errors listing every
 // problem found.
+//
+// Parse also loads what the file refers to: relative paths (pem_file,
+// secret_file, password_file) are taken from name's directory, and
+// secret_env and password_env are read from the process environment, so a
+// missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
 	raw, ix, errs := decode(name, data)
 	if len(errs) > 0 {

@@ -33,11 +33,11 @@ func TestRefusals(t *testing.T) {
 		{"tab indentation", "apis:\n\t- id: a\n", `t.yaml:2: YAML syntax: found character that cannot start any token`},
 		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
 		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
-			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, shadow, client_ip, server, response, policies, keys, apis)`},
+			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, shadow, client_ip, server, response, policies, keys, apis)`},
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
-			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, strip_listen_path)`},
+			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path)`},
 		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
 			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
 		{"api_limits key given twice", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: 1s}}\n      a: {rate: {requests: 2, per: 1s}}\n" + api,
@@ -56,9 +56,37 @@ func TestRefusals(t *testing.T) {
 		// Top-level settings.
 		{"listen without port", "listen: 127.0.0.1\n" + api, `t.yaml:1:9: listen: "127.0.0.1" is not host:port (like 127.0.0.1:8080 or :8080)`},
 		{"listen port out of range", "listen: \":70000\"\n" + api, `t.yaml:1:9: listen: ":70000" is not host:port (like 127.0.0.1:8080 or :8080)`},
-		{"redis store", "store: redis://localhost:6379/0\n" + api, `t.yaml:1:8: store: redis store not built into this gateway yet`},
-		{"rediss store", "store: rediss://cache:6380\n" + api, `t.yaml:1:8: store: redis store not built into this gateway yet`},
-		{"unknown store", "store: etcd\n" + api, `t.yaml:1:8: store: unknown store "etcd" (want memory)`},
+		{"unknown store", "store: etcd\n" + api,
+			`t.yaml:1:8: store: unknown store "etcd" (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)`},
+		{"unknown store scheme", "store: \"http://u:pw@r:6379\"\n" + api,
+			`t.yaml:1:8: store: unknown store "http://u:xxxxx@r:6379" (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)`},
+		{"redis db not a number", "store: redis://r:6379/x\n" + api, `t.yaml:1:8: store: invalid database number: "x"`},
+		{"unknown redis URL option", "store: redis://r:6379?pool=3\n" + api, `t.yaml:1:8: store: unexpected option: pool`},
+		{"redis URL not a URL", "store: redis://r:port\n" + api, `t.yaml:1:8: store: "redis://r:port" is not a URL: invalid port ":port" after host`},
+		{"negative pool size", "store: redis+cluster://a,b?pool_size=-1\n" + api, `t.yaml:1:8: store: pool_size=-1: want 0 (go-redis's default) to 2147483647`},
+		{"password in a redis URL", "store: redis://:hunter2@r:6379\n" + api,
+			`t.yaml:1:8: store: the URL carries a password; give it with redis.password_env or redis.password_file instead`},
+		{"password in a sentinel URL", "store: redis+sentinel://m@s1?password=hunter2\n" + api,
+			`t.yaml:1:8: store: the URL carries a password; give it with redis.password_env or redis.password_file instead`},
+		{"cluster URL without hosts", "store: redis+cluster://\n" + api, `t.yaml:1:8: store: "redis+cluster://" names no host`},
+		{"unix URL without path", "store: unix://\n" + api, `t.yaml:1:8: store: "unix://" names no socket path (like unix:///run/redis.sock)`},
+		{"sentinel URL without master", "store: redis+sentinel://s1,s2:26380\n" + api,
+			`t.yaml:1:8: store: "redis+sentinel://s1,s2:26380" needs the master's name: redis+sentinel://master@host:26379,...`},
+		{"redis section with the memory store", "redis: {timeout: 1s}\n" + api, `t.yaml:1:8: redis: only used with a redis store (store: redis://host:port/db)`},
+		{"zero redis timeout", "store: redis://r\nredis: {timeout: 0s}\n" + api, `t.yaml:2:18: redis.timeout: 0s must be > 0`},
+		{"bad breaker cooldown", "store: redis://r\nredis: {breaker_cooldown: 1}\n" + api,
+			`t.yaml:2:27: redis.breaker_cooldown: "1" is not a duration (like 500ms, 10s, 1m or 24h)`},
+		{"key prefix with a hash tag", "store: redis://r\nredis: {key_prefix: \"lp{x}:\"}\n" + api,
+			`t.yaml:2:21: redis.key_prefix: "lp{x}:" must not contain "{" or "}" (they would move the Cluster hash tag)`},
+		{"negative pipeline", "store: redis://r\nredis: {pipeline: -1}\n" + api, `t.yaml:2:19: redis.pipeline: -1 must be >= 0 (0 turns pipelining off)`},
+		{"negative breaker failures", "store: redis://r\nredis: {breaker_failures: -2}\n" + api,
+			`t.yaml:2:27: redis.breaker_failures: -2 must be >= 0 (0 turns the breaker off)`},
+		{"redis password from an unset variable", "store: redis://r\nredis: {password_env: LIMITPLANE_TEST_UNSET}\n" + api,
+			`t.yaml:2:23: redis.password_env: environment variable LIMITPLANE_TEST_UNSET is not set`},
+		{"redis password from env and file", "store: redis://r\nredis: {password_env: A, password_file: b}\n" + api,
+			`t.yaml:2:8: redis: set password_env or password_file, not both`},
+		{"redis password file missing", "store: redis://r\nredis: {password_file: /nonexistent/redis.pw}\n" + api,
+			`t.yaml:2:24: redis.password_file: cannot read /nonexistent/redis.pw: no such file or directory`},
 		{"unknown failure policy", "failure_policy: retry\n" + api, `t.yaml:1:17: failure_policy: unknown policy "retry" (want open, closed or fallback)`},
 		{"bad store timeout", "store_timeout: 50\n" + api, `t.yaml:1:16: store_timeout: "50" is not a duration (like 500ms, 10s, 1m or 24h)`},
 		{"bad trusted proxy", "client_ip: {trusted_proxies: [10.0.0.0/8, 10.0.0.0/33]}\n" + api,
@@ -99,6 +127,8 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:3:45: policies[0].rate.algorithm: unknown algorithm "leaky" (want gcra, sliding_window, fixed_window or sliding_log)`},
 		{"algorithm the memory store lacks", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, algorithm: fixed_window}\n" + api,
 			`t.yaml:3:45: policies[0].rate.algorithm: fixed_window is not supported by the memory store (only gcra)`},
+		{"burst for a window algorithm", "store: redis://r\npolicies:\n  - id: p\n    rate: {requests: 5, per: 1s, burst: 2, algorithm: sliding_log}\n" + api,
+			`t.yaml:4:41: policies[0].rate.burst: sliding_log has no burst (it counts up to requests per per); leave burst out`},
 		{"rate finer than a nanosecond", "policies:\n  - id: p\n    rate: {requests: 2000000000, per: 1s}\n" + api,
 			`t.yaml:3:11: policies[0].rate: rate 2000000000 per 1s is finer than one event per nanosecond`},
 		{"burst overflows", "policies:\n  - id: p\n    rate: {requests: 1, per: 8760h, burst: 1000}\n" + api,
@@ -180,8 +210,8 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:2:39: apis[0].target: "http://up:80/?v=1" must not have a query or fragment`},
 		{"target with credentials", "apis:\n  - {id: a, listen_path: /a/, target: \"http://u:p@up:80\"}\n",
 			`t.yaml:2:39: apis[0].target: "http://u:p@up:80" must not carry credentials`},
-		{"unknown auth", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: jwt}\n",
-			`t.yaml:2:61: apis[0].auth: unknown auth "jwt" (want api_key or keyless)`},
+		{"unknown auth", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: oauth}\n",
+			`t.yaml:2:61: apis[0].auth: unknown auth "oauth" (want api_key, keyless or jwt)`},
 		{"keyless API without policies", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless}\n",
 			`t.yaml:2:5: apis[0].policies: a keyless API needs at least one policy (applied per client IP)`},
 		{"api_key API with policies", "policies:\n  - id: p\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", policies: [p]}\n",
@@ -193,11 +223,11 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:4:81: apis[0].policies[0]: policy "anon" does not cover API "a" (its apis list leaves it out)`},
 
 		// Several problems at once, reported in file order.
-		{"every problem is reported", "policies:\n  - id: p\n    rate: {requests: 0, per: 1x}\nkeys:\n  - {key: k, policies: [gold]}\nstore: redis://r:6379\n" + api,
+		{"every problem is reported", "policies:\n  - id: p\n    rate: {requests: 0, per: 1x}\nkeys:\n  - {key: k, policies: [gold]}\nstore: redis://r:6379/x\n" + api,
 			"t.yaml:3:22: policies[0].rate.requests: 0 must be > 0 (or -1 for unlimited)\n" +
 				"t.yaml:3:30: policies[0].rate.per: \"1x\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
 				"t.yaml:5:25: keys[0].policies[0]: unknown policy \"gold\"\n" +
-				"t.yaml:6:8: store: redis store not built into this gateway yet"},
+				"t.yaml:6:8: store: invalid database number: \"x\""},
 		{"every decoding problem is reported", "listen: [a]\npolicies:\n  - id: p\n    rate: {requests: x, per: 1s, extra: 1}\n" + api,
 			"t.yaml:1:9: listen: want a string, got a list\n" +
 				"t.yaml:4:22: policies[0].rate.requests: want an integer, got \"x\"\n" +
@@ -382,11 +412,11 @@ apis:
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "gw.yaml")
-	if err := os.WriteFile(p, []byte("store: redis://r:6379\n"+api), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte("store: redis://r:6379/x\n"+api), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, err := config.Load(p)
-	if want := p + ":1:8: store: redis store not built into this gateway yet"; err == nil || err.Error() != want {
+	if want := p + `:1:8: store: invalid database number: "x"`; err == nil || err.Error() != want {
 		t.Errorf("err = %v, want %s", err, want)
 	}
 	_, err = config.Load(filepath.Join(dir, "missing.yaml"))
@@ -421,6 +451,19 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(api))
 	f.Add([]byte("policies:\n  - id: p\n    rate: {requests: 2.5, per: x, bust: 1}\n    rate: {}\n" + api))
 	f.Add([]byte("a: &x [*x]\n"))
+	redis, err := os.ReadFile(filepath.Join("..", "redis.yaml"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(redis)
+	f.Add([]byte("store: redis+cluster://a:1,b:2?pool_size=3\nredis: {timeout: 1s, pipeline: 8, breaker_failures: 0, password_env: LP_FUZZ_UNSET}\n" +
+		"policies:\n  - {id: w, rate: {requests: 3, per: 1m, algorithm: fixed_window, burst: 2}}\n" + api))
+	f.Add([]byte("store: redis+sentinel://m@s1,s2/1?password=x\n" + api))
+	f.Add([]byte("policies: [{id: p, rate: {requests: 1, per: 1s}}, {id: f, quota: {max: 3, renewal: 1h}}]\napis:\n" +
+		"  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: jwt, failure_limit: {policy: f}, jwt: {algorithms: [ES256, none, HS256], " +
+		"jwks: {url: \"https://idp/jwks\", refresh_interval: 1h}, issuer: i, audience: [a], leeway: 30s, consumer_claim: user.id, policy_claim: pol, default_policies: [p]}}\n"))
+	f.Add([]byte("policies: [{id: p}]\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: jwt, jwt: {algorithms: [HS256, RS256], " +
+		"keys: [{id: h, secret_env: LP_FUZZ_UNSET}, {id: h, secret_file: missing.secret}, {pem_file: missing.pem, secret_env: X}], default_policies: [p, q]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := config.Parse("f.yaml", data)
 		if err == nil {

@@ -21,6 +21,9 @@ type validator struct {
 	ix     *index
 	errs   Errors
 	memory bool // the store is the in-process one (GCRA only)
+	// idle holds the IDs of policies that limit nothing (no rate and no
+	// quota, or both unlimited).
+	idle map[string]bool
 }
 
 // fail records a problem with the field at path.
@@ -46,10 +49,14 @@ func (v *validator) config(raw *rawConfig) *Config {
 	switch s := raw.Store; {
 	case s == "" || s == "memory":
 		v.memory = true
-	case strings.HasPrefix(s, "redis://") || strings.HasPrefix(s, "rediss://"):
-		v.fail("store", "redis store not built into this gateway yet")
+		if raw.Redis != nil {
+			v.fail("redis", "only used with a redis store (store: redis://host:port/db)")
+		}
+	case redisScheme(s) != "":
+		cfg.Store = s
+		cfg.Redis = v.redis(s, raw.Redis)
 	default:
-		v.fail("store", "unknown store %q (want memory)", s)
+		v.fail("store", "unknown store %q (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)", redactURL(s))
 	}
 	switch raw.FailurePolicy {
 	case "", "open":
@@ -229,6 +236,14 @@ func (v *validator) policies(raw []rawPolicy) map[string]*core.Policy {
 		default:
 			first[p.ID] = at
 		}
+		rateOff := p.Rate == nil || p.Rate.Requests != nil && *p.Rate.Requests == core.Unlimited
+		quotaOff := p.Quota == nil || p.Quota.Max != nil && *p.Quota.Max == core.Unlimited
+		if rateOff && quotaOff {
+			if v.idle == nil {
+				v.idle = map[string]bool{}
+			}
+			v.idle[p.ID] = true
+		}
 		pol := &core.Policy{
 			ID:     p.ID,
 			Rate:   v.rate(at+".rate", p.Rate),
@@ -278,6 +293,8 @@ func (v *validator) rate(at string, r *rawRate) core.Limit {
 		v.fail(at+".algorithm", "unknown algorithm %q (want gcra, sliding_window, fixed_window or sliding_log)", r.Algorithm)
 	case alg != core.GCRA && v.memory:
 		v.fail(at+".algorithm", "%s is not supported by the memory store (only gcra)", alg)
+	case alg != core.GCRA && r.Burst != nil:
+		v.fail(at+".burst", "%s has no burst (it counts up to requests per per); leave burst out", alg)
 	}
 	l.Algorithm = alg
 	if len(v.errs) > n0 {
@@ -360,18 +377,24 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 			a.ListenPath = lp
 		}
 		a.Target = v.target(at+".target", r.Target)
+		knownAuth := true
 		switch r.Auth {
 		case "", "api_key":
 			a.Auth = AuthAPIKey
 		case "keyless":
 			a.Auth = AuthKeyless
+		case "jwt":
+			a.Auth = AuthJWT
 		default:
-			v.fail(at+".auth", "unknown auth %q (want api_key or keyless)", r.Auth)
+			knownAuth = false
+			v.fail(at+".auth", "unknown auth %q (want api_key, keyless or jwt)", r.Auth)
 		}
 		if r.StripListenPath != nil {
 			a.StripListenPath = *r.StripListenPath
 		}
 		switch {
+		case r.Auth == "jwt" && len(r.Policies) > 0:
+			v.fail(at+".policies", "only keyless APIs take policies; a jwt API takes them from the token's policy claim or jwt.default_policies")
 		case r.Auth != "keyless" && len(r.Policies) > 0:
 			v.fail(at+".policies", "only keyless APIs take policies; an api_key API applies each key's own policies")
 		case r.Auth == "keyless" && len(r.Policies) == 0:
@@ -379,18 +402,56 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 		}
 		if r.Auth == "keyless" {
 			for j, id := range r.Policies {
-				p := policies[id]
-				switch {
-				case p == nil:
-					v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
-				case len(p.APIs) > 0 && r.ID != "" && !slices.Contains(p.APIs, r.ID):
-					v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "policy %q does not cover API %q (its apis list leaves it out)", id, r.ID)
-				}
+				v.policyFor(fmt.Sprintf("%s.policies[%d]", at, j), id, r.ID, policies)
 			}
 			a.Policies = r.Policies
 		}
+		switch {
+		case r.Auth == "jwt" && r.JWT == nil:
+			v.fail(at+".jwt", "missing (auth: jwt needs algorithms, and keys or jwks)")
+		case r.Auth == "jwt":
+			a.JWT, a.JWKS = v.jwt(at+".jwt", r.ID, r.JWT, policies)
+		case r.JWT != nil && knownAuth:
+			v.fail(at+".jwt", "only used with auth: jwt")
+		}
+		if fl := r.FailureLimit; fl != nil {
+			a.FailureLimit = v.failureLimit(at+".failure_limit", r.Auth, fl, policies)
+		}
 	}
 	return m
+}
+
+// policyFor checks that the policy id, named at path for the API apiID,
+// exists and covers that API.
+func (v *validator) policyFor(path, id, apiID string, policies map[string]*core.Policy) {
+	p := policies[id]
+	switch {
+	case p == nil:
+		v.fail(path, "unknown policy %q", id)
+	case len(p.APIs) > 0 && apiID != "" && !slices.Contains(p.APIs, apiID):
+		v.fail(path, "policy %q does not cover API %q (its apis list leaves it out)", id, apiID)
+	}
+}
+
+// failureLimit validates an API's failure_limit and returns its policy.
+func (v *validator) failureLimit(at, auth string, fl *rawFailureLimit, policies map[string]*core.Policy) string {
+	if auth == "keyless" {
+		v.fail(at, "a keyless API asks for no credentials, so no attempt can fail")
+		return ""
+	}
+	id := fl.Policy
+	p := policies[id]
+	switch {
+	case id == "":
+		v.fail(at+".policy", "missing (the policy failed attempts are charged to, per client IP)")
+	case p == nil:
+		v.fail(at+".policy", "unknown policy %q", id)
+	case len(p.APIs) > 0:
+		v.fail(at+".policy", "policy %q has an apis list; failures are charged outside any API, so a failure_limit policy must leave apis out", id)
+	case v.idle[id]:
+		v.fail(at+".policy", "policy %q limits nothing (give it a rate or a quota)", id)
+	}
+	return id
 }
 
 // listenPath normalises a listen path to end in "/".

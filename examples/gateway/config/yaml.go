@@ -21,6 +21,7 @@ type rawConfig struct {
 	Store         string      `yaml:"store"`
 	FailurePolicy string      `yaml:"failure_policy"`
 	StoreTimeout  string      `yaml:"store_timeout"`
+	Redis         *rawRedis   `yaml:"redis"`
 	Shadow        bool        `yaml:"shadow"`
 	ClientIP      rawClientIP `yaml:"client_ip"`
 	Server        rawServer   `yaml:"server"`
@@ -28,6 +29,16 @@ type rawConfig struct {
 	Policies      []rawPolicy `yaml:"policies"`
 	Keys          []rawKey    `yaml:"keys"`
 	APIs          []rawAPI    `yaml:"apis"`
+}
+
+type rawRedis struct {
+	Timeout         string `yaml:"timeout"`
+	KeyPrefix       string `yaml:"key_prefix"`
+	Pipeline        *int   `yaml:"pipeline"`
+	BreakerFailures *int   `yaml:"breaker_failures"`
+	BreakerCooldown string `yaml:"breaker_cooldown"`
+	PasswordEnv     string `yaml:"password_env"`
+	PasswordFile    string `yaml:"password_file"`
 }
 
 type rawClientIP struct {
@@ -89,19 +100,50 @@ type rawLimits struct {
 }
 
 type rawAPI struct {
-	ID              string   `yaml:"id"`
-	ListenPath      string   `yaml:"listen_path"`
-	Target          string   `yaml:"target"`
-	Auth            string   `yaml:"auth"`
-	Policies        []string `yaml:"policies"`
-	StripListenPath *bool    `yaml:"strip_listen_path"`
+	ID              string           `yaml:"id"`
+	ListenPath      string           `yaml:"listen_path"`
+	Target          string           `yaml:"target"`
+	Auth            string           `yaml:"auth"`
+	Policies        []string         `yaml:"policies"`
+	JWT             *rawJWT          `yaml:"jwt"`
+	FailureLimit    *rawFailureLimit `yaml:"failure_limit"`
+	StripListenPath *bool            `yaml:"strip_listen_path"`
+}
+
+type rawJWT struct {
+	Algorithms      []string    `yaml:"algorithms"`
+	Keys            []rawJWTKey `yaml:"keys"`
+	JWKS            *rawJWKS    `yaml:"jwks"`
+	Issuer          string      `yaml:"issuer"`
+	Audience        []string    `yaml:"audience"`
+	Leeway          string      `yaml:"leeway"`
+	ConsumerClaim   string      `yaml:"consumer_claim"`
+	PolicyClaim     string      `yaml:"policy_claim"`
+	DefaultPolicies []string    `yaml:"default_policies"`
+}
+
+type rawJWTKey struct {
+	ID         string `yaml:"id"`
+	PEMFile    string `yaml:"pem_file"`
+	SecretEnv  string `yaml:"secret_env"`
+	SecretFile string `yaml:"secret_file"`
+}
+
+type rawJWKS struct {
+	URL             string `yaml:"url"`
+	RefreshInterval string `yaml:"refresh_interval"`
+}
+
+type rawFailureLimit struct {
+	Policy string `yaml:"policy"`
 }
 
 // knownFields maps a raw type's name as yaml's errors print it
 // ("config.rawRate") to its field names, for "unknown field" messages.
 var knownFields = func() map[string][]string {
 	m := map[string][]string{}
-	for _, v := range []any{rawConfig{}, rawClientIP{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{}} {
+	for _, v := range []any{rawConfig{}, rawRedis{}, rawClientIP{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
+		rawJWT{}, rawJWTKey{}, rawJWKS{}, rawFailureLimit{}} {
 		t := reflect.TypeOf(v)
 		var names []string
 		for i := 0; i < t.NumField(); i++ {

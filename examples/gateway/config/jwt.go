@@ -1,0 +1,238 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// jwtAlgorithms are the JWS algorithms an API can pin, in the order
+// messages list them. "none" is never among them.
+var jwtAlgorithms = []string{
+	"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+	"ES256", "ES384", "ES512", "EdDSA",
+}
+
+// orList writes items as "a, b or c".
+func orList(items []string) string {
+	if len(items) < 2 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
+}
+
+// JWTIDPrefix returns the consumer-ID prefix of a jwt API's consumers:
+// tokens from one issuer are one namespace, so jwt APIs with the same
+// issuer share a consumer's counters (as API keys share theirs across
+// APIs), while an API without an issuer keeps its consumers to itself.
+// The quoted part keeps the prefixes of different issuers and APIs from
+// ever running into each other.
+func JWTIDPrefix(issuer, apiID string) string {
+	if issuer != "" {
+		return "jwt:iss=" + strconv.Quote(issuer) + ":"
+	}
+	return "jwt:api=" + strconv.Quote(apiID) + ":"
+}
+
+// jwt validates a jwt API's jwt section. It returns the authenticator's
+// options (keys loaded) and, for a key set fetched from a URL, the JWKS
+// options.
+func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.Policy) (*identity.JWTOptions, *identity.JWKSOptions) {
+	n0 := len(v.errs)
+	o := &identity.JWTOptions{
+		Issuer:          r.Issuer,
+		Audience:        r.Audience,
+		ConsumerClaim:   r.ConsumerClaim,
+		PolicyClaim:     r.PolicyClaim,
+		DefaultPolicies: r.DefaultPolicies,
+		IDPrefix:        JWTIDPrefix(r.Issuer, apiID),
+	}
+	if o.ConsumerClaim == "" {
+		o.ConsumerClaim = identity.DefaultConsumerClaim
+	}
+
+	if len(r.Algorithms) == 0 {
+		v.fail(at+".algorithms", "missing (pin the accepted algorithms, like [RS256])")
+	}
+	var algs []string // the valid ones
+	for j, alg := range r.Algorithms {
+		f := fmt.Sprintf("%s.algorithms[%d]", at, j)
+		switch {
+		case strings.EqualFold(alg, "none"):
+			v.fail(f, "%q is never accepted: every token must be signed", alg)
+		case !slices.Contains(jwtAlgorithms, alg):
+			v.fail(f, "unknown algorithm %q (want %s)", alg, orList(jwtAlgorithms))
+		case slices.Contains(algs, alg):
+			v.fail(f, "%s is listed twice", alg)
+		case r.JWKS != nil && strings.HasPrefix(alg, "HS"):
+			v.fail(f, "%s needs a shared secret in keys; a JWKS publishes public keys only", alg)
+		default:
+			algs = append(algs, alg)
+		}
+	}
+	o.Algorithms = r.Algorithms
+
+	var jwks *identity.JWKSOptions
+	switch {
+	case len(r.Keys) > 0 && r.JWKS != nil:
+		v.fail(at, "set keys or jwks, not both")
+	case len(r.Keys) == 0 && r.JWKS == nil:
+		v.fail(at, "needs keys (pem_file, secret_env or secret_file) or jwks (url)")
+	case r.JWKS != nil:
+		jwks = v.jwks(at+".jwks", r.JWKS)
+	default:
+		o.Keys = v.jwtKeys(at+".keys", r.Keys, algs)
+	}
+
+	if r.Leeway != "" {
+		d, err := time.ParseDuration(r.Leeway)
+		switch {
+		case err != nil:
+			v.fail(at+".leeway", "%q is not a duration (like 30s or 1m)", r.Leeway)
+		case d < 0:
+			v.fail(at+".leeway", "%s must be >= 0", r.Leeway)
+		default:
+			o.Leeway = d
+		}
+	}
+	if r.PolicyClaim == "" && len(r.DefaultPolicies) == 0 {
+		v.fail(at, "needs policy_claim or default_policies (a token without policies would be refused with 403)")
+	}
+	for j, id := range r.DefaultPolicies {
+		v.policyFor(fmt.Sprintf("%s.default_policies[%d]", at, j), id, apiID, policies)
+	}
+
+	// identity has the last word on what it accepts; the checks above
+	// give its refusals a line and a field.
+	if len(v.errs) == n0 && jwks == nil {
+		if _, err := identity.NewJWT(*o); err != nil {
+			v.fail(at, "%s", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "identity: "), "JWT: "))
+		}
+	}
+	return o, jwks
+}
+
+// jwtKeys loads a jwt section's keys; algs are its valid algorithms.
+func (v *validator) jwtKeys(at string, raw []rawJWTKey, algs []string) []identity.JWTKey {
+	var keys []identity.JWTKey
+	first := map[string]string{} // key id → field path
+	for j, k := range raw {
+		kat := fmt.Sprintf("%s[%d]", at, j)
+		sources := 0
+		for _, s := range []string{k.PEMFile, k.SecretEnv, k.SecretFile} {
+			if s != "" {
+				sources++
+			}
+		}
+		switch {
+		case sources == 0:
+			v.fail(kat, "needs pem_file, secret_env or secret_file")
+			continue
+		case sources > 1:
+			v.fail(kat, "set one of pem_file, secret_env or secret_file")
+			continue
+		}
+		switch f, dup := first[k.ID]; {
+		case k.ID == "" && len(raw) > 1:
+			v.fail(kat+".id", "missing (with several keys each needs an id, matched against the token's kid)")
+		case dup && k.ID != "":
+			v.fail(kat+".id", "duplicate key id %q (first at line %d)", k.ID, v.line(f))
+		default:
+			first[k.ID] = kat + ".id"
+		}
+
+		var key identity.JWTKey
+		if k.PEMFile != "" {
+			data, err := v.readFile(k.PEMFile)
+			if err != nil {
+				v.fail(kat+".pem_file", "%v", err)
+				continue
+			}
+			if key, err = identity.ParseJWTKeyPEM(k.ID, data); err != nil {
+				v.fail(kat+".pem_file", "%s: %s", k.PEMFile, strings.TrimPrefix(err.Error(), "identity: "))
+				continue
+			}
+		} else {
+			field, from, secret := kat+".secret_env", "environment variable "+k.SecretEnv, ""
+			if k.SecretEnv != "" {
+				secret = v.env(field, k.SecretEnv)
+			} else {
+				field, from = kat+".secret_file", k.SecretFile
+				secret = v.secretFile(field, k.SecretFile)
+			}
+			if secret == "" {
+				continue // reported
+			}
+			if len(secret) < identity.MinHMACKeySize {
+				v.fail(field, "%s holds %d bytes; an HMAC secret needs at least %d", from, len(secret), identity.MinHMACKeySize)
+				continue
+			}
+			key = identity.SecretKey(k.ID, []byte(secret))
+		}
+		what, fits := keyAlgorithms(key.Key)
+		if len(algs) > 0 && !slices.ContainsFunc(algs, func(a string) bool { return slices.Contains(fits, a) }) {
+			v.fail(kat, "%s fits none of the algorithms [%s] (it verifies %s)", what, strings.Join(algs, ", "), orList(fits))
+			continue
+		}
+		keys = append(keys, key)
+	}
+	return keys
+}
+
+// keyAlgorithms describes a verification key and lists the algorithms it
+// can verify.
+func keyAlgorithms(key any) (string, []string) {
+	switch k := key.(type) {
+	case []byte:
+		return "an HMAC secret", []string{"HS256", "HS384", "HS512"}
+	case *rsa.PublicKey:
+		return "an RSA key", []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"}
+	case *ecdsa.PublicKey:
+		switch k.Curve {
+		case elliptic.P256():
+			return "an ECDSA P-256 key", []string{"ES256"}
+		case elliptic.P384():
+			return "an ECDSA P-384 key", []string{"ES384"}
+		case elliptic.P521():
+			return "an ECDSA P-521 key", []string{"ES512"}
+		}
+	case ed25519.PublicKey:
+		return "an Ed25519 key", []string{"EdDSA"}
+	}
+	return fmt.Sprintf("a %T", key), nil
+}
+
+// jwks validates a jwt section's jwks block.
+func (v *validator) jwks(at string, r *rawJWKS) *identity.JWKSOptions {
+	o := &identity.JWKSOptions{
+		URL:             r.URL,
+		RefreshInterval: v.duration(at+".refresh_interval", r.RefreshInterval, identity.DefaultJWKSRefresh),
+	}
+	u, err := url.Parse(r.URL)
+	switch {
+	case r.URL == "":
+		v.fail(at+".url", "missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
+	case err != nil || u.Host == "" || u.Scheme != "https" && u.Scheme != "http":
+		v.fail(at+".url", "%q is not an https:// URL", r.URL)
+	case u.Scheme == "http" && !isLoopback(u.Hostname()):
+		v.fail(at+".url", "%q must be https (plain http only to a loopback address)", r.URL)
+	}
+	return o
+}
+
+// isLoopback reports whether host is localhost or a loopback address.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
+}

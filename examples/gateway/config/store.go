@@ -1,0 +1,194 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// redisSchemes are the URL schemes redisstore.NewClientFromURL accepts.
+var redisSchemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
+
+// redisScheme returns s's scheme when s is a Redis store URL, else "".
+func redisScheme(s string) string {
+	scheme, _, ok := strings.Cut(s, "://")
+	for _, r := range redisSchemes {
+		if ok && scheme == r {
+			return r
+		}
+	}
+	return ""
+}
+
+// redactURL hides a password in s, for messages.
+func redactURL(s string) string {
+	return (&Config{Store: s}).RedactedStore()
+}
+
+// redis validates a Redis store URL and the redis section. The URL is
+// checked here as far as that needs no client: its shape, go-redis's own
+// option parsing for the one-server forms, and pool_size (which go-redis
+// would panic on); redisstore.NewClientFromURL checks the rest when the
+// gateway starts.
+func (v *validator) redis(store string, r *rawRedis) *Redis {
+	if r == nil {
+		r = &rawRedis{}
+	}
+	out := &Redis{URL: store, Options: redisstore.Options{
+		KeyPrefix:       redisstore.DefaultKeyPrefix,
+		Timeout:         v.duration("redis.timeout", r.Timeout, redisstore.DefaultTimeout),
+		BreakerFailures: redisstore.DefaultBreakerFailures,
+		BreakerCooldown: v.duration("redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown),
+	}}
+	if r.KeyPrefix != "" {
+		if strings.ContainsAny(r.KeyPrefix, "{}") {
+			v.fail("redis.key_prefix", "%q must not contain \"{\" or \"}\" (they would move the Cluster hash tag)", r.KeyPrefix)
+		}
+		out.Options.KeyPrefix = r.KeyPrefix
+	}
+	if n := r.Pipeline; n != nil {
+		if *n < 0 {
+			v.fail("redis.pipeline", "%d must be >= 0 (0 turns pipelining off)", *n)
+		} else {
+			out.Options.Pipeline = *n
+		}
+	}
+	if n := r.BreakerFailures; n != nil {
+		switch {
+		case *n < 0:
+			v.fail("redis.breaker_failures", "%d must be >= 0 (0 turns the breaker off)", *n)
+		case *n == 0:
+			out.Options.BreakerFailures = -1
+		default:
+			out.Options.BreakerFailures = *n
+		}
+	}
+
+	scheme := redisScheme(store)
+	u, err := url.Parse(store)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		v.fail("store", "%q is not a URL: %v", redactURL(store), err)
+		return out
+	}
+	q := u.Query()
+	pw, pwSet := u.User.Password()
+	switch {
+	case pwSet || q.Has("password"):
+		v.fail("store", "the URL carries a password; give it with redis.password_env or redis.password_file instead")
+		return out
+	case scheme == "unix" && u.Path == "":
+		v.fail("store", "%q names no socket path (like unix:///run/redis.sock)", store)
+		return out
+	case scheme != "unix" && strings.Trim(u.Host, ",") == "":
+		v.fail("store", "%q names no host", store)
+		return out
+	case strings.HasSuffix(scheme, "+sentinel") && u.User.Username() == "":
+		v.fail("store", "%q needs the master's name: redis+sentinel://master@host:26379,...", store)
+		return out
+	}
+	if ps, ok := q["pool_size"]; ok {
+		if n, err := strconv.Atoi(ps[0]); err != nil || n < 0 || n > math.MaxInt32 {
+			v.fail("store", "pool_size=%s: want 0 (go-redis's default) to %d", ps[0], math.MaxInt32)
+			return out
+		}
+	}
+	if scheme == "redis" || scheme == "rediss" || scheme == "unix" {
+		if _, err := redis.ParseURL(store); err != nil {
+			v.fail("store", "%s", strings.TrimPrefix(err.Error(), "redis: "))
+			return out
+		}
+	}
+
+	switch {
+	case r.PasswordEnv != "" && r.PasswordFile != "":
+		v.fail("redis", "set password_env or password_file, not both")
+	case r.PasswordEnv != "":
+		pw = v.env("redis.password_env", r.PasswordEnv)
+	case r.PasswordFile != "":
+		pw = v.secretFile("redis.password_file", r.PasswordFile)
+	}
+	if pw != "" {
+		if strings.HasSuffix(scheme, "+sentinel") {
+			q.Set("password", pw) // the master's; the user part is its name
+			u.RawQuery = q.Encode()
+		} else {
+			u.User = url.UserPassword(u.User.Username(), pw)
+		}
+		out.URL, out.Password = u.String(), pw
+	}
+	return out
+}
+
+// env returns the environment variable name, which must be set and not
+// empty; path is the field naming it.
+func (v *validator) env(path, name string) string {
+	val, ok := os.LookupEnv(name)
+	switch {
+	case !ok:
+		v.fail(path, "environment variable %s is not set", name)
+	case val == "":
+		v.fail(path, "environment variable %s is empty", name)
+	}
+	return val
+}
+
+// secretFile returns the contents of the file at p without a final line
+// ending (files written by echo or editors have one); path is the field
+// naming it.
+func (v *validator) secretFile(path, p string) string {
+	b, err := v.readFile(p)
+	if err != nil {
+		v.fail(path, "%v", err)
+		return ""
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		v.fail(path, "%s is empty", p)
+	}
+	return s
+}
+
+// maxFileSize bounds the files a config refers to (keys and secrets).
+const maxFileSize = 1 << 20
+
+// readFile reads a small regular file named in the config; a relative
+// path is taken from the config file's directory. Devices, pipes and
+// directories are refused without being opened, so a mistyped path cannot
+// block or exhaust the loader.
+func (v *validator) readFile(p string) ([]byte, error) {
+	full := p
+	if !filepath.IsAbs(p) {
+		full = filepath.Join(filepath.Dir(v.file), p)
+	}
+	fi, err := os.Stat(full)
+	if err == nil && !fi.Mode().IsRegular() {
+		err = errors.New("not a regular file")
+	} else if err == nil && fi.Size() > maxFileSize {
+		err = errors.New("larger than 1 MiB")
+	}
+	var b []byte
+	if err == nil {
+		b, err = os.ReadFile(full)
+	}
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("cannot read %s: %w", full, err)
+	}
+	return b, nil
+}
