@@ -21,26 +21,45 @@ type jobResult struct {
 	err error
 }
 
-// pipeliner sends concurrent Takes to Redis in pipelines: each of its
-// workers takes one waiting job, gathers whatever others are waiting (up
-// to max), and sends them as one pipeline of EVALSHAs, one round trip for
-// all. Each EVALSHA still runs atomically on its own, so results are the
-// same as unpipelined; under low concurrency a pipeline holds one job and
-// costs only a channel hand-off.
+// pipeliner sends concurrent Takes to Redis in pipelines of EVALSHAs, one
+// round trip for all the Takes in one. Each EVALSHA still runs atomically
+// on its own, so results are the same as unpipelined.
+//
+// One collector goroutine gathers waiting jobs into a batch and hands it to
+// one of the sender goroutines. It starts a pipeline at once when none is
+// in flight, so a lone Take costs only channel hand-offs; while one is in
+// flight, jobs wait and the batch grows, and another pipeline starts early
+// only when the batch is full (max jobs) and fewer than workers are in
+// flight. Under load this sends few, full pipelines instead of many small
+// ones racing each other, which is what saves Redis's and the client's
+// per-request work (one read and one write system call per pipeline, not
+// per Take).
 type pipeliner struct {
-	s    *Store
-	jobs chan *job
-	max  int
-	stop chan struct{}
-	wg   sync.WaitGroup
+	s       *Store
+	jobs    chan *job
+	batches chan []*job
+	done    chan struct{} // one per finished pipeline; buffered (workers)
+	max     int
+	workers int
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 func newPipeliner(s *Store, max, workers int) *pipeliner {
-	p := &pipeliner{s: s, jobs: make(chan *job), max: max, stop: make(chan struct{})}
-	p.wg.Add(workers)
-	for i := 0; i < workers; i++ {
-		go p.work()
+	p := &pipeliner{
+		s:       s,
+		jobs:    make(chan *job),
+		batches: make(chan []*job),
+		done:    make(chan struct{}, workers),
+		max:     max,
+		workers: workers,
+		stop:    make(chan struct{}),
 	}
+	p.wg.Add(workers + 1)
+	for i := 0; i < workers; i++ {
+		go p.sender()
+	}
+	go p.collect()
 	return p
 }
 
@@ -64,26 +83,53 @@ func (p *pipeliner) do(ctx context.Context, j *job) ([]int64, error) {
 	}
 }
 
-func (p *pipeliner) work() {
+// collect gathers jobs into batches and hands them to the senders (see
+// pipeliner). On stop, jobs gathered but not yet sent get ErrClosed.
+func (p *pipeliner) collect() {
 	defer p.wg.Done()
+	defer close(p.batches)
+	inflight := 0
 	batch := make([]*job, 0, p.max)
 	for {
+		if len(batch) > 0 && (inflight == 0 || len(batch) == p.max && inflight < p.workers) {
+			p.batches <- batch // a sender is free: fewer than workers are busy
+			inflight++
+			batch = make([]*job, 0, p.max)
+			continue
+		}
+		var in chan *job
+		if len(batch) < p.max {
+			in = p.jobs
+		}
 		select {
-		case j := <-p.jobs:
-			batch = append(batch[:0], j)
+		case j := <-in:
+			batch = append(batch, j)
+		gather:
+			for len(batch) < p.max {
+				select {
+				case j := <-p.jobs:
+					batch = append(batch, j)
+				default:
+					break gather
+				}
+			}
+		case <-p.done:
+			inflight--
 		case <-p.stop:
+			for _, j := range batch {
+				j.res <- jobResult{err: ErrClosed}
+			}
 			return
 		}
-	gather:
-		for len(batch) < p.max {
-			select {
-			case j := <-p.jobs:
-				batch = append(batch, j)
-			default:
-				break gather
-			}
-		}
+	}
+}
+
+// sender runs the batches it is handed, one at a time.
+func (p *pipeliner) sender() {
+	defer p.wg.Done()
+	for batch := range p.batches {
 		p.send(batch)
+		p.done <- struct{}{} // never blocks: at most workers are pending
 	}
 }
 

@@ -94,11 +94,15 @@ type Options struct {
 	// Pipeline, when > 0, turns on pipelining: concurrent Takes are
 	// gathered, up to Pipeline at a time, and sent as one pipeline of
 	// EVALSHAs (one round trip for all; each script still runs atomically
-	// on its own, so decisions are unchanged). Default 0: each Take is its
-	// own EVALSHA. With pipelining on, call Close when done.
+	// on its own, so decisions are unchanged). A Take that finds no
+	// pipeline in flight is sent at once; the ones that come while one is
+	// in flight wait for it to return and go together in the next. Default
+	// 0: each Take is its own EVALSHA. With pipelining on, call Close when
+	// done.
 	Pipeline int
-	// PipelineWorkers is the number of pipelines in flight at once when
-	// Pipeline > 0; default 4 × GOMAXPROCS.
+	// PipelineWorkers is the most pipelines in flight at once when
+	// Pipeline > 0; a second one starts only while Pipeline Takes are
+	// already waiting. Default 4 × GOMAXPROCS.
 	PipelineWorkers int
 	// OnBreakerChange, if set, is called when the breaker changes state
 	// (from, to are "closed", "half-open" or "open"), for logs and
@@ -305,13 +309,11 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 		alg = core.GCRA
 	}
 
-	args := make([]any, 0, 13)
-	if s.clock != nil {
-		now := s.clock.Nanotime()
-		args = append(args, strconv.FormatInt(now/1000, 10), strconv.FormatInt(now%1000, 10))
-	} else {
-		args = append(args, "", "0")
+	if limited && !quota && alg == core.GCRA {
+		return s.takeGCRA(ctx, req, p)
 	}
+
+	args := s.appendNow(make([]any, 0, 13))
 	args = append(args, strconv.FormatInt(n, 10))
 	if quota {
 		args = append(args, strconv.FormatInt(req.Quota.Max, 10))
@@ -346,22 +348,65 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	}
 	keys := []string{s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, "quota", req.Scope)}
 
+	v, err := s.run(ctx, scripts[alg], keys, args, 9)
+	if err != nil {
+		return core.Decision{}, err
+	}
+	return decision(req, p, alg, limited, quota, v)
+}
+
+// takeGCRA is Take for a GCRA rate limit without a quota, through the
+// smaller gcraOnly script: one key, seven arguments, a reply of three.
+func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParams) (core.Decision, error) {
+	// The script admits iff next − now ≤ its bound: τ, or τ plus the
+	// reservation window (Request.MaxDelay). A cost above the burst is
+	// denied whatever the offset: it is sent as bound + 1 ns.
+	bound := p.Tau + req.Reservation()
+	nt := bound + 1
+	if req.Cost <= p.Burst {
+		nt = req.Cost * p.T
+	}
+	args := s.appendNow(make([]any, 0, 7))
+	args = appendPair(args, nt)
+	args = appendPair(args, bound)
+	args = append(args, s.margin)
+	keys := []string{s.key(req.Consumer, kinds[core.GCRA], req.Scope)}
+	v, err := s.run(ctx, gcraOnlyScript, keys, args, 3)
+	if err != nil {
+		return core.Decision{}, err
+	}
+	return decision(req, p, core.GCRA, true, false, v)
+}
+
+// appendNow appends the scripts' ARGV[1], ARGV[2]: Options.Clock's
+// reading as a pair, or "" (read Redis TIME) and "0".
+func (s *Store) appendNow(args []any) []any {
+	if s.clock != nil {
+		now := s.clock.Nanotime()
+		return append(args, strconv.FormatInt(now/1000, 10), strconv.FormatInt(now%1000, 10))
+	}
+	return append(args, "", "0")
+}
+
+// run runs script once, pipelined when Options.Pipeline is on, and checks
+// that it replied want integers.
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args []any, want int) ([]int64, error) {
 	var v []int64
 	var err error
 	if s.pipe != nil {
-		v, err = s.pipe.do(ctx, &job{script: scripts[alg], keys: keys, args: args, res: make(chan jobResult, 1)})
+		v, err = s.pipe.do(ctx, &job{script: script, keys: keys, args: args, res: make(chan jobResult, 1)})
 	} else {
 		v, err = s.call(ctx, func(ctx context.Context) ([]int64, error) {
-			return scripts[alg].Run(ctx, s.client, keys, args...).Int64Slice()
+			return script.Run(ctx, s.client, keys, args...).Int64Slice()
 		})
 	}
 	if err != nil {
-		return core.Decision{}, fmt.Errorf("redisstore: take: %w", err)
+		return nil, fmt.Errorf("redisstore: take: %w", err)
 	}
-	if len(v) != 9 {
-		return core.Decision{}, fmt.Errorf("redisstore: take: script replied %d values, want 9", len(v))
+	if len(v) != want {
+		return nil, fmt.Errorf("redisstore: take: script replied %d values, want %d", len(v), want)
 	}
-	return decision(req, p, alg, limited, quota, v)
+	return v, nil
 }
 
 // checkWindow enforces the sliding algorithms' microsecond arithmetic.
