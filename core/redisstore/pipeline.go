@@ -10,9 +10,8 @@ import (
 
 // job is one Take waiting for a pipeline.
 type job struct {
-	script *redis.Script
-	keys   []string
-	args   []any
+	script script
+	args   []any          // the whole EVALSHA (see evalHeader)
 	res    chan jobResult // buffered (1): the sender never blocks
 }
 
@@ -141,7 +140,8 @@ func (p *pipeliner) send(batch []*job) {
 	_, err := p.s.call(context.Background(), func(ctx context.Context) ([]int64, error) {
 		pipe := p.s.client.Pipeline()
 		for i, j := range batch {
-			cmds[i] = j.script.EvalSha(ctx, pipe, j.keys, j.args...)
+			cmds[i] = evalCmd(ctx, j.args)
+			pipe.Process(ctx, cmds[i])
 		}
 		_, err := pipe.Exec(ctx)
 		var rerr redis.Error
@@ -156,9 +156,9 @@ func (p *pipeliner) send(batch []*job) {
 			continue
 		}
 		c := cmds[i]
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		if isNoScript(c.Err()) {
 			ctx, cancel := p.s.callCtx()
-			c = j.script.Run(ctx, p.s.client, j.keys, j.args...)
+			c = evalFallback(ctx, p.s.client, j.script, j.args)
 			cancel()
 		}
 		v, err := c.Int64Slice()

@@ -43,7 +43,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -123,7 +122,7 @@ type Store struct {
 	client    redis.UniversalClient
 	prefix    string
 	timeout   time.Duration
-	margin    string
+	margin    any // Options.TTLMargin in whole ms, an int64
 	clock     core.Clock
 	breaker   *gobreaker.CircuitBreaker[[]int64]
 	pipe      *pipeliner
@@ -147,7 +146,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
-	s.margin = strconv.FormatInt(int64((opts.TTLMargin+time.Millisecond-1)/time.Millisecond), 10)
+	s.margin = int64((opts.TTLMargin + time.Millisecond - 1) / time.Millisecond)
 	if opts.BreakerFailures >= 0 {
 		fails := uint32(opts.BreakerFailures)
 		if fails == 0 {
@@ -313,10 +312,12 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 		return s.takeGCRA(ctx, req, p)
 	}
 
-	args := s.appendNow(make([]any, 0, 13))
-	args = append(args, strconv.FormatInt(n, 10))
+	args := evalHeader(make([]any, 0, 5+13), scripts[alg], 2)
+	args = append(args, s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, "quota", req.Scope))
+	args = s.appendNow(args)
+	args = append(args, n)
 	if quota {
-		args = append(args, strconv.FormatInt(req.Quota.Max, 10))
+		args = append(args, req.Quota.Max)
 	} else {
 		args = append(args, "-1")
 	}
@@ -338,17 +339,16 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 			// reservation window (Request.MaxDelay).
 			args = appendPair(args, p.Tau+req.Reservation())
 		case core.FixedWindow:
-			args = append(args, strconv.FormatInt(req.Rate.Rate, 10))
+			args = append(args, req.Rate.Rate)
 			args = appendPair(args, int64(req.Rate.Period))
 		default:
-			args = append(args, strconv.FormatInt(req.Rate.Rate, 10), strconv.FormatInt(req.Rate.Period.Microseconds(), 10))
+			args = append(args, req.Rate.Rate, req.Rate.Period.Microseconds())
 		}
 	} else {
 		args = append(args, "0")
 	}
-	keys := []string{s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, "quota", req.Scope)}
 
-	v, err := s.run(ctx, scripts[alg], keys, args, 9)
+	v, err := s.run(ctx, scripts[alg], args, 9)
 	if err != nil {
 		return core.Decision{}, err
 	}
@@ -366,38 +366,75 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 	if req.Cost <= p.Burst {
 		nt = req.Cost * p.T
 	}
-	args := s.appendNow(make([]any, 0, 7))
+	args := evalHeader(make([]any, 0, 4+7), gcraOnlyScript, 1)
+	args = append(args, s.key(req.Consumer, kinds[core.GCRA], req.Scope))
+	args = s.appendNow(args)
 	args = appendPair(args, nt)
 	args = appendPair(args, bound)
 	args = append(args, s.margin)
-	keys := []string{s.key(req.Consumer, kinds[core.GCRA], req.Scope)}
-	v, err := s.run(ctx, gcraOnlyScript, keys, args, 3)
+	v, err := s.run(ctx, gcraOnlyScript, args, 3)
 	if err != nil {
 		return core.Decision{}, err
 	}
 	return decision(req, p, core.GCRA, true, false, v)
 }
 
+// Calls are built as EVALSHA's whole argument list, which go-redis sends
+// as it is: "evalsha", the SHA-1, the number of keys, the keys, then the
+// script's ARGV. Numbers are int64s, which go-redis writes in decimal
+// without a string of their own (and boxing one below 256 is free).
+
+// evalHeader appends "evalsha", sc's SHA-1 and nkeys to args.
+func evalHeader(args []any, sc script, nkeys int) []any {
+	return append(args, "evalsha", sc.sha, nkeys)
+}
+
+// evalCmd returns the command for args, routed (on a Cluster) by its first
+// key.
+func evalCmd(ctx context.Context, args []any) *redis.Cmd {
+	c := redis.NewCmd(ctx, args...)
+	c.SetFirstKeyPos(3)
+	return c
+}
+
+// evalFallback runs args with Script.Run (EVAL, which loads the script)
+// after Redis answered NOSCRIPT to the EVALSHA.
+func evalFallback(ctx context.Context, c redis.Scripter, sc script, args []any) *redis.Cmd {
+	nkeys := args[2].(int)
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = args[3+i].(string)
+	}
+	return sc.Run(ctx, c, keys, args[3+nkeys:]...)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
 // appendNow appends the scripts' ARGV[1], ARGV[2]: Options.Clock's
 // reading as a pair, or "" (read Redis TIME) and "0".
 func (s *Store) appendNow(args []any) []any {
 	if s.clock != nil {
-		now := s.clock.Nanotime()
-		return append(args, strconv.FormatInt(now/1000, 10), strconv.FormatInt(now%1000, 10))
+		return appendPair(args, s.clock.Nanotime())
 	}
 	return append(args, "", "0")
 }
 
-// run runs script once, pipelined when Options.Pipeline is on, and checks
-// that it replied want integers.
-func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args []any, want int) ([]int64, error) {
+// run runs the call args of sc once, pipelined when Options.Pipeline is
+// on, and checks that it replied want integers.
+func (s *Store) run(ctx context.Context, sc script, args []any, want int) ([]int64, error) {
 	var v []int64
 	var err error
 	if s.pipe != nil {
-		v, err = s.pipe.do(ctx, &job{script: script, keys: keys, args: args, res: make(chan jobResult, 1)})
+		v, err = s.pipe.do(ctx, &job{script: sc, args: args, res: make(chan jobResult, 1)})
 	} else {
 		v, err = s.call(ctx, func(ctx context.Context) ([]int64, error) {
-			return script.Run(ctx, s.client, keys, args...).Int64Slice()
+			c := evalCmd(ctx, args)
+			if err := s.client.Process(ctx, c); isNoScript(err) {
+				c = evalFallback(ctx, s.client, sc, args)
+			}
+			return c.Int64Slice()
 		})
 	}
 	if err != nil {
@@ -425,7 +462,7 @@ func checkWindow(l core.Limit) error {
 
 // appendPair appends x ≥ 0 (ns) as the script's (µs, ns remainder) pair.
 func appendPair(args []any, x int64) []any {
-	return append(args, strconv.FormatInt(x/1000, 10), strconv.FormatInt(x%1000, 10))
+	return append(args, x/1000, x%1000)
 }
 
 func pair(u, r int64) time.Duration { return time.Duration(u*1000 + r) }

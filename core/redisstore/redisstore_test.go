@@ -204,14 +204,27 @@ func TestUsesRedisTime(t *testing.T) {
 func TestScriptReload(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t, nil)
-	s := newStore(t, c, redisstore.Options{})
 	l := core.PerMinute(3)
-	take(t, s, core.Request{Consumer: "a", Rate: l, Cost: 1})
-	if err := c.ScriptFlush(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if d := take(t, s, core.Request{Consumer: "a", Rate: l, Cost: 1}); !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("after SCRIPT FLUSH: %+v", d)
+	q := core.Quota{Max: 10, Renewal: time.Hour}
+	for _, pipeline := range []int{0, 64} {
+		s := newStore(t, c, redisstore.Options{Pipeline: pipeline})
+		t.Cleanup(func() { s.Close() })
+		for _, tc := range []struct {
+			name string
+			req  core.Request
+		}{
+			{"gcra", core.Request{Rate: l, Cost: 1}},                 // the GCRA-only script
+			{"gcra+quota", core.Request{Rate: l, Quota: q, Cost: 1}}, // the general one
+		} {
+			tc.req.Consumer = tc.name + "-" + strconv.Itoa(pipeline)
+			take(t, s, tc.req)
+			if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if d := take(t, s, tc.req); !d.Allowed || d.Remaining != 1 {
+				t.Fatalf("pipeline %d, %s: after SCRIPT FLUSH: %+v", pipeline, tc.name, d)
+			}
+		}
 	}
 }
 

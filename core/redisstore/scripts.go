@@ -338,13 +338,25 @@ end
 return {0, du, dr}
 `
 
+// script is a Lua script with its SHA-1 already boxed as an EVALSHA
+// argument, so building a call does not allocate for it.
+type script struct {
+	*redis.Script
+	sha any
+}
+
+func newScript(src string) script {
+	s := redis.NewScript(src)
+	return script{s, s.Hash()}
+}
+
 // gcraOnlyScript runs gcraOnly.
-var gcraOnlyScript = redis.NewScript(gcraOnly)
+var gcraOnlyScript = newScript(gcraOnly)
 
 // scripts holds one script per algorithm, indexed by core.Algorithm.
-var scripts = [...]*redis.Script{
-	core.GCRA:          redis.NewScript(prelude + gcraChunk + mainChunk),
-	core.SlidingWindow: redis.NewScript(prelude + slidingChunk + mainChunk),
-	core.FixedWindow:   redis.NewScript(prelude + fixedChunk + mainChunk),
-	core.SlidingLog:    redis.NewScript(prelude + logChunk + mainChunk),
+var scripts = [...]script{
+	core.GCRA:          newScript(prelude + gcraChunk + mainChunk),
+	core.SlidingWindow: newScript(prelude + slidingChunk + mainChunk),
+	core.FixedWindow:   newScript(prelude + fixedChunk + mainChunk),
+	core.SlidingLog:    newScript(prelude + logChunk + mainChunk),
 }
