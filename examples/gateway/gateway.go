@@ -27,7 +27,7 @@ import (
 // path, through that API's rate-limit middleware, to its upstream.
 type gateway struct {
 	routes    []route // longest listen path first
-	stores    []*memory.Store
+	closers   []func() error
 	transport *http.Transport
 }
 
@@ -37,16 +37,21 @@ type route struct {
 	h      http.Handler
 }
 
-// newGateway wires cfg: one engine and key registry for every API, and per
-// API the nethttp middleware in front of a reverse proxy or the echo
-// upstream. Close releases what it started.
-func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
-	if cfg.Store != "memory" {
-		return nil, fmt.Errorf("store %q not built into this gateway", cfg.Store)
-	}
+// newGateway wires cfg: one store, engine and key registry for every API,
+// and per API its authenticator and the nethttp middleware in front of a
+// reverse proxy or the echo upstream. ctx is the gateway's lifetime: JWKS
+// refreshes run until it is done. Close releases what it started.
+func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (_ *gateway, err error) {
 	g := &gateway{transport: newTransport()}
-	store := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
-	g.stores = append(g.stores, store)
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	store, err := g.openStore(ctx, cfg, e, log)
+	if err != nil {
+		return nil, err
+	}
 	opts := core.Options{
 		FailurePolicy: cfg.FailurePolicy,
 		StoreTimeout:  cfg.StoreTimeout,
@@ -55,23 +60,20 @@ func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
 	}
 	if cfg.FailurePolicy == core.FailFallback {
 		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
-		g.stores = append(g.stores, fb)
-		opts.Fallback = fb
+		g.closers = append(g.closers, fb.Close)
+		opts.Fallback = windowsAsGCRA{fb}
 	}
 	engine, err := core.NewEngine(store, core.Config{Policies: cfg.Policies}, opts)
 	if err != nil {
-		g.Close()
 		return nil, err
 	}
 	keys, err := identity.NewKeys(cfg.Keys)
 	if err != nil {
-		g.Close()
 		return nil, err
 	}
 	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: e.now})
 	clientIP, err := identity.NewClientIP(cfg.ClientIP)
 	if err != nil {
-		g.Close()
 		return nil, err
 	}
 	ro := cfg.Response
@@ -90,8 +92,16 @@ func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
 			up = stripPrefix(prefix, up)
 		}
 		var auth identity.Authenticator = apiKey
-		if a.Auth == config.AuthKeyless {
+		switch a.Auth {
+		case config.AuthKeyless:
 			auth = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: clientIP}}
+		case config.AuthJWT:
+			if auth, err = g.newJWT(ctx, a, e, log); err != nil {
+				return nil, err
+			}
+		}
+		if a.FailureLimit != "" {
+			auth = &identity.FailureLimited{Auth: auth, Limiter: engine, Policy: a.FailureLimit, ClientIP: clientIP}
 		}
 		h := nethttp.Middleware(engine, auth, nethttp.Options{API: a.ID, Renderer: rend})(up)
 		g.routes = append(g.routes, route{prefix: prefix, api: a, h: h})
@@ -100,13 +110,39 @@ func newGateway(cfg *config.Config, e env, log *slog.Logger) (*gateway, error) {
 	return g, nil
 }
 
-// Close stops the stores' sweepers and drops idle upstream connections.
+// newJWT returns a jwt API's authenticator. A key set fetched from a URL
+// is fetched once now (the gateway does not start without it) and then
+// refreshed in the background until ctx is done or the gateway closes.
+func (g *gateway) newJWT(ctx context.Context, a config.API, e env, log *slog.Logger) (identity.Authenticator, error) {
+	o := *a.JWT
+	o.Now = e.now
+	if a.JWKS != nil {
+		jo := *a.JWKS
+		jo.OnError = func(err error) { log.Warn("JWKS refresh failed", "api", a.ID, "err", err) }
+		jwks, err := identity.NewJWKS(ctx, jo)
+		if err != nil {
+			return nil, fmt.Errorf("API %q: %w", a.ID, err)
+		}
+		g.closers = append(g.closers, func() error { jwks.Close(); return nil })
+		o.JWKS = jwks
+	}
+	j, err := identity.NewJWT(o)
+	if err != nil {
+		return nil, fmt.Errorf("API %q: %w", a.ID, err)
+	}
+	return j, nil
+}
+
+// Close stops the JWKS refreshes and the stores' goroutines, closes the
+// Redis client, and drops idle upstream connections. It is called once,
+// after the server has shut down.
 func (g *gateway) Close() error {
-	for _, s := range g.stores {
-		s.Close()
+	var errs []error
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		errs = append(errs, g.closers[i]())
 	}
 	g.transport.CloseIdleConnections()
-	return nil
+	return errors.Join(errs...)
 }
 
 // ServeHTTP routes r by the longest listen path that matches its path.

@@ -7,15 +7,19 @@
 //	go run ./examples/gateway                       # built-in demo config on 127.0.0.1:8080
 //	go run ./examples/gateway -config gateway.yaml  # your own config
 //	go run ./examples/gateway -listen :9090         # override the listen address
+//	go run ./examples/gateway -config examples/gateway/redis.yaml  # the demo on a local Redis
 //
 // Each API in the config is served under its listen path (the longest
-// matching prefix wins) through limitplane's net/http middleware: API keys
-// or, for keyless APIs, client IPs are limited by their policies' rate
-// limits and quotas, and answered with 401/403/429 and the RateLimit header
-// fields. Allowed requests go to the API's target: an http(s) upstream
-// through net/http/httputil.ReverseProxy, or builtin:echo, which answers
-// with JSON describing the request. SIGINT or SIGTERM shuts the gateway
-// down cleanly, letting requests in flight finish.
+// matching prefix wins) through limitplane's net/http middleware: API keys,
+// the consumer claim of a signed JWT, or, for keyless APIs, client IPs are
+// limited by their policies' rate limits and quotas, and answered with
+// 401/403/429 and the RateLimit header fields. Counters live in the
+// gateway process or, with store: redis://..., in Redis, shared by every
+// gateway instance that uses it. Allowed requests go to the API's target:
+// an http(s) upstream through net/http/httputil.ReverseProxy, or
+// builtin:echo, which answers with JSON describing the request. SIGINT or
+// SIGTERM shuts the gateway down cleanly, letting requests in flight
+// finish, then closes the Redis client and stops JWKS refreshes.
 //
 // The configuration reference is in the repository's README.md.
 package main
@@ -118,7 +122,7 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	gw, err := newGateway(cfg, e, log)
+	gw, err := newGateway(ctx, cfg, e, log)
 	if err != nil {
 		return err
 	}
@@ -184,11 +188,14 @@ func printBanner(out io.Writer, base string, cfg *config.Config, file string) {
 	if name == "" {
 		name = "built-in demo"
 	}
-	fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, cfg.Store)
+	fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, cfg.RedactedStore())
 	for _, a := range cfg.APIs {
 		auth := a.Auth.String()
 		if a.Auth == config.AuthKeyless {
 			auth += fmt.Sprintf(", policies %v per client IP", a.Policies)
+		}
+		if a.FailureLimit != "" {
+			auth += fmt.Sprintf(", failed attempts limited by policy %s per client IP", a.FailureLimit)
 		}
 		fmt.Fprintf(w, "  %s -> %s (%s)\n", a.ListenPath, a.Target, auth)
 	}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/redis/go-redis/v9"
+)
+
+// startupPingTimeout bounds the PING that checks Redis at startup.
+const startupPingTimeout = 5 * time.Second
+
+// openStore returns the store cfg names. For Redis it creates the client,
+// PINGs it, and registers the store and client with g's closers.
+//
+// When Redis does not answer at startup, failure_policy decides, as it
+// does for every request later: closed refuses to start (every request
+// would get 503, and a mistyped URL should not look like an outage); open
+// and fallback start degraded, with a warning, and begin limiting through
+// Redis as soon as it answers.
+func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (core.Store, error) {
+	if cfg.Redis == nil {
+		s := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
+		g.closers = append(g.closers, s.Close)
+		return s, nil
+	}
+	name := cfg.RedactedStore()
+	// go-redis logs pool trouble (failed dials while Redis is down) with
+	// its own global logger; send it to the gateway's log. The logger is
+	// process-wide: the last gateway started in a process gets it.
+	redis.SetLogger(redisLog{log})
+	client, err := redisstore.NewClientFromURL(cfg.Redis.URL)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %s", name, hide(err, cfg.Redis.Password))
+	}
+	g.closers = append(g.closers, client.Close)
+	o := cfg.Redis.Options
+	o.OnBreakerChange = func(from, to string) {
+		log.Warn("redis circuit breaker", "from", from, "to", to)
+	}
+	if e.clock != nil {
+		// A test froze the clock: the scripts take its time instead of
+		// Redis TIME, and keys outlive the frozen instant in real time.
+		o.Clock, o.TTLMargin = e.clock, time.Minute
+	}
+	s, err := redisstore.New(client, o)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", name, err)
+	}
+	g.closers = append(g.closers, s.Close)
+
+	pctx, cancel := context.WithTimeout(ctx, startupPingTimeout)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		msg := hide(err, cfg.Redis.Password)
+		if cfg.FailurePolicy == core.FailClosed {
+			return nil, fmt.Errorf("store %s: redis does not answer: %s (failure_policy closed: not starting)", name, msg)
+		}
+		log.Warn("redis does not answer; starting degraded until it does",
+			"store", name, "failure_policy", policyName(cfg.FailurePolicy), "err", msg)
+	}
+	return s, nil
+}
+
+// policyName returns a failure policy's config name.
+func policyName(p core.FailurePolicy) string {
+	switch p {
+	case core.FailClosed:
+		return "closed"
+	case core.FailFallback:
+		return "fallback"
+	}
+	return "open"
+}
+
+// hide returns err's text with password (as given and URL-escaped)
+// replaced by "xxxxx": go-redis and URL errors may quote the URL.
+func hide(err error, password string) string {
+	msg := err.Error()
+	if password == "" {
+		return msg
+	}
+	for _, p := range []string{password, url.QueryEscape(password), url.PathEscape(password)} {
+		msg = strings.ReplaceAll(msg, p, "xxxxx")
+	}
+	return msg
+}
+
+// redisLog adapts the gateway's logger to go-redis's.
+type redisLog struct{ l *slog.Logger }
+
+// Printf implements go-redis's internal.Logging.
+func (r redisLog) Printf(_ context.Context, format string, v ...any) {
+	r.l.Warn(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "component", "go-redis")
+}
+
+// windowsAsGCRA is the fallback store under failure_policy fallback. The
+// in-process store implements only GCRA, so while Redis is down a window
+// limit (fixed_window, sliding_window, sliding_log) of N per period is
+// enforced as GCRA with the same N per period and a burst of N: the same
+// long-run rate, without the fixed window's 2× burst at a boundary.
+type windowsAsGCRA struct{ *memory.Store }
+
+// Take implements core.Store.
+func (s windowsAsGCRA) Take(ctx context.Context, req core.Request) (core.Decision, error) {
+	if req.Rate.Algorithm != core.GCRA {
+		req.Rate.Algorithm, req.Rate.Burst = core.GCRA, 0
+	}
+	return s.Store.Take(ctx, req)
+}
