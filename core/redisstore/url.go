@@ -34,6 +34,9 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 	switch scheme {
 	case "redis", "rediss", "unix":
 		o, err := redis.ParseURL(rawURL)
+		if err == nil {
+			err = checkPool(o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
@@ -50,12 +53,18 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 		}
 		u.Host, u.RawQuery = hosts[0], q.Encode()
 		o, err := redis.ParseClusterURL(u.String())
+		if err == nil {
+			err = checkPool(o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
 		return redis.NewClusterClient(o), nil
 	case "redis+sentinel", "rediss+sentinel":
 		o, err := failoverOptions(strings.TrimSuffix(scheme, "+sentinel"), rest)
+		if err == nil {
+			err = checkPool(o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
@@ -87,12 +96,32 @@ func splitHosts(raw, defPort string) (*url.URL, []string, error) {
 	return u, hosts, nil
 }
 
-// redact hides a password in a URL for error messages.
-func redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
+// maxPoolSize bounds the connection-pool sizes a URL may ask for; go-redis
+// panics on negative or huge ones.
+const maxPoolSize = 1 << 16
+
+// checkPool refuses pool sizes go-redis cannot use.
+func checkPool(sizes ...int) error {
+	for _, n := range sizes {
+		if n < 0 || n > maxPoolSize {
+			return fmt.Errorf("connection pool size %d out of range [0, %d]", n, maxPoolSize)
+		}
 	}
-	return "(unparsable URL)"
+	return nil
+}
+
+// redact hides a password in a URL for error messages: the userinfo
+// password and a password query parameter (the Sentinel form's).
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }
 
 // failoverOptions parses the part after "redis+sentinel://" (base is

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/limitplane/limitplane/internal/redistest"
@@ -56,6 +57,38 @@ func TestNewClientFromURL(t *testing.T) {
 		if c, err := NewClientFromURL(bad); err == nil {
 			c.Close()
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestNewClientFromURLRefusesBadPools(t *testing.T) {
+	for _, raw := range []string{
+		"redis://127.0.0.1:1/0?pool_size=-1",
+		"redis://127.0.0.1:1/0?pool_size=4294967296",
+		"redis+cluster://127.0.0.1:1,127.0.0.1:2?pool_size=-5",
+		"redis+sentinel://m@127.0.0.1:1?pool_size=99999999&password=secret",
+	} {
+		c, err := NewClientFromURL(raw)
+		if err == nil {
+			c.Close()
+			t.Errorf("%s accepted", raw)
+			continue
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
+
+func TestRedact(t *testing.T) {
+	cases := map[string]string{
+		"redis://u:pw@h:1/0":                       "redis://u:xxxxx@h:1/0",
+		"redis+sentinel://m@h1,h2?password=pw&x=1": "redis+sentinel://m@h1,h2?password=xxxxx&x=1",
+		"redis://h:1/0":                            "redis://h:1/0",
+	}
+	for in, want := range cases {
+		if got := redact(in); got != want {
+			t.Errorf("redact(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
