@@ -11,8 +11,10 @@
 // take the shard's mutex, never a key's state. A table is never changed in
 // a way that hides a live key from a reader: removal leaves a deleted mark,
 // and a resize publishes a new table while the old one stays intact, so a
-// reader at worst finds an entry just swept (its TAT reads dead) or misses a
-// key inserted while it looked, and then asks again under the lock.
+// reader at worst finds an entry just swept (its TAT reads dead; it then
+// looks again under the lock) or misses a key inserted while it looked (the
+// lookup then takes effect before that insert; a request that changes
+// state inserts under the lock, where it finds the key).
 //
 // An entry whose TAT has passed and whose quota period has ended is the same
 // state as no entry (DESIGN.md), so sweeps drop such entries without loss.
