@@ -35,6 +35,7 @@ import (
 	lpgin "github.com/limitplane/limitplane/adapters/gin"
 	lpgrpc "github.com/limitplane/limitplane/adapters/grpc"
 	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/identity"
@@ -176,6 +177,10 @@ func (s *transportStream) SendHeader(md metadata.MD) error { return s.SetHeader(
 func (s *transportStream) SetTrailer(metadata.MD) error    { return nil }
 
 func grpcCall(limited bool, tb testing.TB) (func() (any, error), *transportStream) {
+	return grpcCallOpts(limited, lpgrpc.Options{}, tb)
+}
+
+func grpcCallOpts(limited bool, opts lpgrpc.Options, tb testing.TB) (func() (any, error), *transportStream) {
 	ts := &transportStream{}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", key))
 	ctx = peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}})
@@ -187,14 +192,17 @@ func grpcCall(limited bool, tb testing.TB) (func() (any, error), *transportStrea
 		return func() (any, error) { return handler(ctx, req) }, ts
 	}
 	eng, auth := limiter(tb)
-	icpt := lpgrpc.UnaryServerInterceptor(eng, auth, lpgrpc.Options{})
+	icpt := lpgrpc.UnaryServerInterceptor(eng, auth, opts)
 	return func() (any, error) { return icpt(ctx, req, info, handler) }, ts
 }
 
+// BenchmarkGRPCUnary also runs "limitplane-nofields": the interceptor with
+// response.Options{NoRateLimitFields: true}, which sends no header metadata
+// on allowed calls, to show what the metadata costs (grpc.SetHeader copies
+// it with metadata.Join).
 func BenchmarkGRPCUnary(b *testing.B) {
-	for _, limited := range []bool{false, true} {
-		b.Run(variant(limited), func(b *testing.B) {
-			call, ts := grpcCall(limited, b)
+	run := func(name string, call func() (any, error), ts *transportStream) {
+		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				ts.header = nil // a new call
@@ -202,6 +210,12 @@ func BenchmarkGRPCUnary(b *testing.B) {
 			}
 		})
 	}
+	for _, limited := range []bool{false, true} {
+		call, ts := grpcCall(limited, b)
+		run(variant(limited), call, ts)
+	}
+	call, ts := grpcCallOpts(true, lpgrpc.Options{Renderer: response.NewRenderer(response.Options{NoRateLimitFields: true})}, b)
+	run("limitplane-nofields", call, ts)
 }
 
 func variant(limited bool) string {
