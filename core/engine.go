@@ -19,6 +19,8 @@ var (
 	// ErrStoreUnavailable wraps a store failure when the engine fails
 	// closed; adapters answer it with 503, never 429.
 	ErrStoreUnavailable = errors.New("limit store unavailable")
+	// ErrNoConsumer is returned for a nil *Consumer.
+	ErrNoConsumer = errors.New("no consumer")
 )
 
 // Limits is a rate limit and a quota set directly on a consumer for one API,
@@ -134,6 +136,13 @@ func (e *Engine) SetConfig(cfg Config) error {
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
+		if !p.Rate.IsUnlimited() {
+			for _, st := range []Store{e.store, e.opts.Fallback} {
+				if as, ok := st.(AlgorithmSupporter); ok && !as.SupportsAlgorithm(p.Rate.Algorithm) {
+					return fmt.Errorf("policy %q: %w: %v", p.ID, ErrUnsupportedAlgorithm, p.Rate.Algorithm)
+				}
+			}
+		}
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = &p
 	}
@@ -231,6 +240,9 @@ func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64
 	if cost < 0 {
 		return Decision{}, ErrInvalidCost
 	}
+	if c == nil {
+		return Decision{}, ErrNoConsumer
+	}
 	pl, err := e.resolve(c, api, cost)
 	if err != nil {
 		return Decision{}, err
@@ -258,6 +270,9 @@ func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64
 // Wait is Decide that, while denied, sleeps and retries; see the package
 // function Wait for its errors.
 func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
+	if c == nil {
+		return Decision{}, ErrNoConsumer
+	}
 	pl, err := e.resolve(c, api, cost)
 	if err != nil {
 		return Decision{}, err
@@ -268,6 +283,9 @@ func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) 
 // ResetQuota deletes the quota counter c has for api (its key-wide counter,
 // or its per-API one when c has APILimits for api).
 func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error {
+	if c == nil {
+		return ErrNoConsumer
+	}
 	scope := ""
 	if _, ok := c.APILimits[api]; ok {
 		scope = api

@@ -206,3 +206,32 @@ func TestEngineResetQuota(t *testing.T) {
 		t.Fatalf("after reset: %+v", d)
 	}
 }
+
+func TestEngineRefusesAlgorithmsTheStoreLacks(t *testing.T) {
+	store := memory.New(memory.Options{})
+	cfg := core.Config{Policies: []core.Policy{{ID: "sw", Rate: core.Limit{Rate: 5, Period: time.Second, Algorithm: core.SlidingWindow}}}}
+	if _, err := core.NewEngine(store, cfg, core.Options{}); !errors.Is(err, core.ErrUnsupportedAlgorithm) || err.Error() != `policy "sw": algorithm not supported by this store: sliding_window` {
+		t.Fatalf("NewEngine: %v", err)
+	}
+	e, err := core.NewEngine(&brokenStore{}, core.Config{}, core.Options{FailurePolicy: core.FailFallback, Fallback: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetConfig(cfg); !errors.Is(err, core.ErrUnsupportedAlgorithm) {
+		t.Fatalf("SetConfig with a GCRA-only fallback: %v", err)
+	}
+}
+
+func TestEngineNilConsumer(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "p", Rate: core.PerSecond(1)}}}, core.Options{})
+	ctx := context.Background()
+	if _, err := e.Decide(ctx, nil, "", 1); !errors.Is(err, core.ErrNoConsumer) {
+		t.Fatalf("Decide(nil): %v", err)
+	}
+	if _, err := e.Wait(ctx, nil, "", 1); !errors.Is(err, core.ErrNoConsumer) {
+		t.Fatalf("Wait(nil): %v", err)
+	}
+	if err := e.ResetQuota(ctx, nil, ""); !errors.Is(err, core.ErrNoConsumer) {
+		t.Fatalf("ResetQuota(nil): %v", err)
+	}
+}

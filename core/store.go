@@ -111,7 +111,7 @@ type Request struct {
 
 // MaxReservation is the largest MaxDelay a store honours, 2^61 ns (about
 // 73 years).
-const MaxReservation = time.Duration(maxTolerance)
+const MaxReservation time.Duration = 1 << 61
 
 // Reservation returns MaxDelay in ns, clamped to [0, MaxReservation].
 func (r *Request) Reservation() int64 {
@@ -146,6 +146,14 @@ type Store interface {
 // (see ManualClock).
 type Clock interface {
 	Nanotime() int64
+}
+
+// AlgorithmSupporter is implemented by stores that enforce only some
+// algorithms (the in-process store enforces GCRA only). NewEngine and
+// SetConfig refuse policies a store cannot enforce, instead of failing
+// every request later with ErrUnsupportedAlgorithm.
+type AlgorithmSupporter interface {
+	SupportsAlgorithm(a Algorithm) bool
 }
 
 // Penalizer is implemented by stores that can hold a consumer's rate limit

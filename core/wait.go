@@ -21,7 +21,10 @@ var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
 //   - with an error matching ErrWaitExceedsDeadline and
 //     context.DeadlineExceeded when the next retry lies beyond ctx's
 //     deadline;
-//   - with the store's error when the store fails.
+//   - with the store's error when the store fails. A store's own timeout
+//     may match context.DeadlineExceeded while ctx is still live: test
+//     ctx.Err() (or ErrWaitExceedsDeadline) to tell "my time is up" from
+//     "the store failed".
 //
 // It returns ctx.Err() when ctx is cancelled while sleeping (a reserved
 // slot then goes unused). With GCRA, concurrent waiters on one key, in one

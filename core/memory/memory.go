@@ -657,3 +657,9 @@ func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 }
 
 var _ core.Store = (*Store)(nil)
+
+// SupportsAlgorithm implements core.AlgorithmSupporter: the in-process
+// store enforces GCRA only.
+func (s *Store) SupportsAlgorithm(a core.Algorithm) bool { return a == core.GCRA }
+
+var _ core.AlgorithmSupporter = (*Store)(nil)

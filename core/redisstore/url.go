@@ -25,7 +25,9 @@ import (
 //
 // Options are go-redis's URL query parameters (dial_timeout=3s, pool_size=64,
 // ... see redis.ParseURL, redis.ParseClusterURL, redis.ParseFailoverURL).
-// The caller closes the client.
+// The client has ContextTimeoutEnabled set, so a context deadline (the
+// store's Options.Timeout) really bounds each call's socket reads and
+// writes. The caller closes the client.
 func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
@@ -40,6 +42,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
+		o.ContextTimeoutEnabled = true
 		return redis.NewClient(o), nil
 	case "redis+cluster", "rediss+cluster":
 		base := strings.TrimSuffix(scheme, "+cluster")
@@ -59,6 +62,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
+		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(o), nil
 	case "redis+sentinel", "rediss+sentinel":
 		o, err := failoverOptions(strings.TrimSuffix(scheme, "+sentinel"), rest)
@@ -68,6 +72,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
+		o.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(o), nil
 	}
 	return nil, fmt.Errorf("redisstore: store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", redact(rawURL), scheme)

@@ -19,7 +19,7 @@ func TestNewClientFromURL(t *testing.T) {
 	}
 	defer c.Close()
 	o := c.(*redis.Client).Options()
-	if o.Addr != srv.Addr || o.DB != 3 || o.PoolSize != 7 {
+	if o.Addr != srv.Addr || o.DB != 3 || o.PoolSize != 7 || !o.ContextTimeoutEnabled {
 		t.Fatalf("options %+v", o)
 	}
 	if err := c.Ping(ctx).Err(); err != nil {

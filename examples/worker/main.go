@@ -162,10 +162,13 @@ func work(c config, out io.Writer) error {
 	var n int64
 	for {
 		if _, err := core.Wait(ctx, store, job); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, core.ErrWaitExceedsDeadline) {
+			// The run is over when our own deadline passed or the next slot
+			// lies beyond it; anything else (Redis down, a store timeout) is
+			// a failure to report, not the end of the run.
+			if ctx.Err() != nil || errors.Is(err, core.ErrWaitExceedsDeadline) {
 				break
 			}
-			return err
+			return fmt.Errorf("after %d jobs: %w", n, err)
 		}
 		n++ // the job itself would run here
 	}

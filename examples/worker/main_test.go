@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/limitplane/limitplane/internal/redistest"
@@ -44,6 +45,16 @@ func TestFourProcessesShareOneRate(t *testing.T) {
 		t.Fatalf("%d workers reported jobs, want 4\n%s", n, out.String())
 	}
 	t.Log(out.String())
+}
+
+// A worker whose Redis is unreachable fails loudly instead of reporting 0
+// jobs.
+func TestUnreachableRedisFails(t *testing.T) {
+	var out bytes.Buffer
+	err := run([]string{"-processes", "1", "-duration", "2s", "-redis", "redis://127.0.0.1:1/0"}, &out, os.Args[0])
+	if err == nil || !strings.Contains(err.Error(), "worker process: exit status 1") {
+		t.Fatalf("err %v, want the worker process to fail\n%s", err, out.String())
+	}
 }
 
 func TestBadFlags(t *testing.T) {
