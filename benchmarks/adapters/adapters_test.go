@@ -257,3 +257,37 @@ func first(v []string) string {
 	}
 	return v[0]
 }
+
+// BenchmarkParts times the shared steps every adapter takes, alone: API
+// key authentication (extract, SHA-256, registry lookup), the engine's
+// decision (memory store, one key) and rendering the rate-limit fields.
+func BenchmarkParts(b *testing.B) {
+	eng, auth := limiter(b)
+	req := nethttp.Request{R: newRequest()}
+	ctx := context.Background()
+	c, err := auth.Authenticate(ctx, req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("authenticate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			auth.Authenticate(ctx, req)
+		}
+	})
+	b.Run("decide", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			eng.Decide(ctx, c, "x", 1)
+		}
+	})
+	d, _ := eng.Decide(ctx, c, "x", 1)
+	rend := response.NewRenderer(response.Options{})
+	b.Run("render", func(b *testing.B) {
+		b.ReportAllocs()
+		var buf [8]response.Header
+		for b.Loop() {
+			rend.Render(buf[:0], d, nil)
+		}
+	})
+}
