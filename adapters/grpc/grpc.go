@@ -20,6 +20,10 @@
 // the server receives is decided too, and a stream over its message rate
 // ends with ResourceExhausted.
 //
+// For outbound calls, Client's UnaryClientInterceptor and
+// StreamClientInterceptor hold calls to a remote service under that
+// service's limit (the gRPC twin of nethttp.Transport).
+//
 // Import it under a name that does not clash with gRPC itself:
 //
 //	import lpgrpc "github.com/limitplane/limitplane/adapters/grpc"
