@@ -28,7 +28,7 @@ type overshootRun struct {
 	// elapsed is Redis TIME after the last reply minus Redis TIME before
 	// the first call: every limiter here reads the server's clock (TIME in
 	// the script, or PEXPIRE's expiry), so this bounds what they saw.
-	elapsed time.Duration
+	elapsed  time.Duration
 	firstErr error
 }
 
