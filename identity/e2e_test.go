@@ -23,9 +23,10 @@ import (
 // (RS256, policy claim "pol", default policy "basic") optionally wrapped in
 // FailureLimited, an engine over an in-process store with a frozen clock.
 type e2e struct {
-	srv   *httptest.Server
-	store *memory.Store
-	key   *rsa.PrivateKey
+	srv    *httptest.Server
+	store  *memory.Store
+	engine *core.Engine
+	key    *rsa.PrivateKey
 }
 
 func newE2E(t *testing.T, failureLimited bool) *e2e {
@@ -67,7 +68,7 @@ func newE2E(t *testing.T, failureLimited bool) *e2e {
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &e2e{srv: srv, store: store, key: key}
+	return &e2e{srv: srv, store: store, engine: eng, key: key}
 }
 
 func (e *e2e) token(t *testing.T, sub string, extra jwt.MapClaims) string {
@@ -216,5 +217,65 @@ func TestE2EBruteForce(t *testing.T) {
 	}
 	if n := e.store.Len(); n != 1 {
 		t.Fatalf("store len %d, want 1 (authfail:ip:127.0.0.1)", n)
+	}
+}
+
+// TestE2ECredentialRules sends the ambiguous and malformed requests of the
+// tests above over real HTTP, through the net/http middleware (repeated
+// header lines as a client writes them), and checks the exact 401 answers;
+// only the one good request is charged.
+func TestE2ECredentialRules(t *testing.T) {
+	e := newE2E(t, false)
+	ks, err := identity.NewKeys([]identity.KeyRecord{{Hash: identity.HashKey("k2"), Policies: []string{"basic"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := nethttp.Middleware(e.engine, identity.NewAPIKey(ks, identity.APIKeyOptions{}), nethttp.Options{API: "echo"})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	keySrv := httptest.NewServer(h)
+	defer keySrv.Close()
+
+	tok := e.token(t, "alice", nil)
+	type hdr = [2]string
+	for _, tc := range []struct {
+		name   string
+		url    string
+		hdrs   []hdr
+		status int
+		body   string
+	}{
+		{"key: X-API-Key k2 then wrong", keySrv.URL + "/x", []hdr{{"X-API-Key", "k2"}, {"X-API-Key", "wrong"}}, 401, "ambiguous credentials: more than one X-API-Key header"},
+		{"key: X-API-Key wrong then k2", keySrv.URL + "/x", []hdr{{"X-API-Key", "wrong"}, {"X-API-Key", "k2"}}, 401, "ambiguous credentials: more than one X-API-Key header"},
+		{"key: Authorization and X-API-Key differ", keySrv.URL + "/x", []hdr{{"Authorization", "Bearer k2"}, {"X-API-Key", "wrong"}}, 401, "ambiguous credentials: Authorization header and X-API-Key header differ"},
+		{"key: X-API-Key and query differ", keySrv.URL + "/x?api_key=wrong", []hdr{{"X-API-Key", "k2"}}, 401, "ambiguous credentials: X-API-Key header and api_key query parameter differ"},
+		{"key: one key in two places", keySrv.URL + "/x?api_key=k2", []hdr{{"X-API-Key", "k2"}}, 200, "ok"},
+		{"jwt: two Authorization lines", e.srv.URL + "/x", []hdr{{"Authorization", "Bearer " + tok}, {"Authorization", "Bearer garbage"}}, 401, "ambiguous credentials: more than one Authorization header"},
+		{"jwt: no Bearer scheme", e.srv.URL + "/x", []hdr{{"Authorization", tok}}, 401, "Authorization scheme is not Bearer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("GET", tc.url, nil)
+			for _, h := range tc.hdrs {
+				req.Header.Add(h[0], h[1])
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			want := tc.body
+			if tc.status != 200 {
+				want = `{"error":"` + tc.body + `"}` + "\n"
+			}
+			if resp.StatusCode != tc.status || string(b) != want {
+				t.Fatalf("%d %q, want %d %q", resp.StatusCode, b, tc.status, want)
+			}
+			if tc.status != 200 && (resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("RateLimit") != "") {
+				t.Errorf("header %v", resp.Header)
+			}
+		})
+	}
+	if n := e.store.Len(); n != 1 {
+		t.Fatalf("store len %d, want 1 (k2's one allowed request)", n)
 	}
 }

@@ -12,8 +12,9 @@ import (
 )
 
 // FuzzAPIKeyExtract: the key extractor and authenticator never panic; an
-// extracted key is trimmed and comes from one of the sources; failures are
-// 401/403 *Error values.
+// extracted key is trimmed, comes from one of the sources, and every other
+// source is empty or presents the same key; failures are 401/403 *Error
+// values.
 func FuzzAPIKeyExtract(f *testing.F) {
 	f.Add("Bearer right", "", "", "")
 	f.Add("bearer", " right ", "", "")
@@ -21,6 +22,9 @@ func FuzzAPIKeyExtract(f *testing.F) {
 	f.Add("", "", "right", "")
 	f.Add("", "", "", "right")
 	f.Add("Basic dXNlcjpwYXNz", "x", "", "")
+	f.Add("Bearer right", "right", "right", "")
+	f.Add("Bearer right", "wrong", "", "")
+	f.Add("", "right", "", "wrong")
 	ks, err := NewKeys([]KeyRecord{{Hash: HashKey("right"), Policies: []string{"basic"}}})
 	if err != nil {
 		f.Fatal(err)
@@ -28,7 +32,22 @@ func FuzzAPIKeyExtract(f *testing.F) {
 	a := NewAPIKey(ks, APIKeyOptions{Sources: []Source{{InHeader, "Authorization"}, {InHeader, "X-API-Key"}, {InQuery, "api_key"}, {InCookie, "k"}}, MaxKeyLength: 64})
 	f.Fuzz(func(t *testing.T, authz, xkey, query, cookie string) {
 		r := &testReq{h: map[string][]string{"Authorization": {authz}, "X-Api-Key": {xkey}}, q: map[string][]string{"api_key": {query}}, c: map[string]string{"k": cookie}, peer: "192.0.2.1:1"}
-		k := a.Extract(r)
+		k, xerr := a.Extract(r)
+		if xerr != nil {
+			var e *Error
+			if !errors.As(xerr, &e) || e.Status != 401 || e.Kind != ErrInvalidCredentials || k != "" {
+				t.Fatalf("Extract = %q, %v", k, xerr)
+			}
+			if _, err := a.Authenticate(context.Background(), r); err == nil || err.Error() != xerr.Error() {
+				t.Fatalf("Authenticate: %v, Extract: %v", err, xerr)
+			}
+			return
+		}
+		for _, v := range []string{xkey, query, cookie} {
+			if v = strings.TrimSpace(v); v != "" && v != k {
+				t.Fatalf("key %q accepted while another source presents %q", k, v)
+			}
+		}
 		if k != strings.TrimSpace(k) {
 			t.Fatalf("untrimmed key %q", k)
 		}

@@ -213,8 +213,13 @@ type JWTOptions struct {
 	// MaxTokenSize bounds a token's length in bytes; default
 	// DefaultMaxTokenSize (8 KiB).
 	MaxTokenSize int
-	// Sources are where the token is looked for, in order; default the
-	// Authorization header (with its "Bearer " prefix removed).
+	// Sources are where the token may be presented; default
+	// DefaultJWTSources, the Authorization header. There the token must
+	// follow the Bearer scheme ("Authorization: Bearer <token>", RFC 6750
+	// §2.1; the scheme name is case-insensitive): any other Authorization
+	// value is refused. Other header sources, query parameters and cookies
+	// carry the bare token. As for API keys, a repeated header source or two
+	// sources with different tokens are refused as ambiguous.
 	Sources []Source
 	// Now is the clock for exp, nbf and iat; default time.Now.
 	Now func() time.Time
@@ -330,7 +335,7 @@ func NewJWT(o JWTOptions) (*JWT, error) {
 		j.maxSize = DefaultMaxTokenSize
 	}
 	if len(j.sources) == 0 {
-		j.sources = []Source{{InHeader, "Authorization"}}
+		j.sources = DefaultJWTSources()
 	}
 	popts := []jwt.ParserOption{
 		jwt.WithValidMethods(append([]string(nil), o.Algorithms...)),
@@ -383,12 +388,20 @@ func lookup(m map[string]any, path []string) (any, bool) {
 	return cur, true
 }
 
-// Extract returns the presented token, or "" when there is none.
-func (j *JWT) Extract(r Request) string { return extract(r, j.sources) }
+// Extract returns the presented token, or "" when there is none. It fails
+// with a 401 *Error when the request is ambiguous (see APIKey.Extract) or
+// its Authorization header does not use the Bearer scheme.
+func (j *JWT) Extract(r Request) (string, error) { return extract(r, j.sources, true) }
+
+// Sources returns the sources the token is read from.
+func (j *JWT) Sources() []Source { return append([]Source(nil), j.sources...) }
 
 // Authenticate implements Authenticator; see JWT for what is checked.
 func (j *JWT) Authenticate(ctx context.Context, r Request) (*core.Consumer, error) {
-	raw := j.Extract(r)
+	raw, err := j.Extract(r)
+	if err != nil {
+		return nil, err
+	}
 	if raw == "" {
 		return nil, missing("no token")
 	}

@@ -119,12 +119,30 @@ type Source struct {
 	Name string
 }
 
-// DefaultKeySources returns the sources tried, in order, when
-// APIKeyOptions.Sources is empty: the Authorization header (a
-// case-insensitive "Bearer " prefix is stripped), the X-API-Key header, and
-// the api_key query parameter.
+// DefaultKeySources returns the sources tried when APIKeyOptions.Sources
+// is empty: the Authorization header (a case-insensitive "Bearer " prefix is
+// stripped; a bare key is accepted too), the X-API-Key header, and the
+// api_key query parameter.
 func DefaultKeySources() []Source {
 	return []Source{{InHeader, "Authorization"}, {InHeader, "X-API-Key"}, {InQuery, "api_key"}}
+}
+
+// DefaultJWTSources returns the sources JWT reads when JWTOptions.Sources
+// is empty: the Authorization header, Bearer scheme only.
+func DefaultJWTSources() []Source {
+	return []Source{{InHeader, "Authorization"}}
+}
+
+// String names the source for messages: "X-API-Key header", "api_key query
+// parameter", "session cookie".
+func (s Source) String() string {
+	switch s.In {
+	case InQuery:
+		return s.Name + " query parameter"
+	case InCookie:
+		return s.Name + " cookie"
+	}
+	return s.Name + " header"
 }
 
 // DefaultMaxKeyLength bounds presented keys; longer ones are refused
@@ -134,7 +152,9 @@ const DefaultMaxKeyLength = 512
 // APIKeyOptions configure an APIKey authenticator. The zero value uses
 // DefaultKeySources, DefaultMaxKeyLength and time.Now.
 type APIKeyOptions struct {
-	// Sources are tried in order; the first non-empty value is the key.
+	// Sources are where the key may be presented. Every source is read:
+	// a request that presents different keys in two of them, or repeats a
+	// header source, is refused (see Extract).
 	Sources []Source
 	// MaxKeyLength bounds a key's length in bytes.
 	MaxKeyLength int
@@ -162,38 +182,74 @@ func NewAPIKey(keys *Keys, opts APIKeyOptions) *APIKey {
 	return &APIKey{keys: keys, opts: opts}
 }
 
-// Extract returns the presented key, or "" when there is none.
-func (a *APIKey) Extract(r Request) string { return extract(r, a.opts.Sources) }
+// Extract returns the presented key, or "" when there is none. It fails
+// with a 401 *Error (ErrInvalidCredentials) when the request is ambiguous:
+// a header source given more than once (even with one value twice), or
+// two sources presenting different keys. Whichever key a reader took
+// (the first, as net/http's Header.Get does, or the last) a client could
+// then pass the gateway with one key while a component behind it acts on
+// the other.
+func (a *APIKey) Extract(r Request) (string, error) { return extract(r, a.opts.Sources, false) }
 
-// extract returns the first non-empty credential found in sources, with
-// surrounding white space trimmed and, for the Authorization header, a
-// case-insensitive "Bearer" scheme (RFC 6750 §2.1) removed.
-func extract(r Request, sources []Source) string {
+// Sources returns the sources the key is read from.
+func (a *APIKey) Sources() []Source { return append([]Source(nil), a.opts.Sources...) }
+
+// extract returns the credential presented in sources, with surrounding
+// white space trimmed and, for the Authorization header, the
+// case-insensitive "Bearer" scheme (RFC 6750 §2.1) removed; "" when none
+// is presented. Every source is read: a header source with more than one
+// field line, or two sources with different non-empty values, is refused
+// as ambiguous. With bearerOnly, an Authorization header in any other
+// scheme (or a bare credential) is refused too.
+func extract(r Request, sources []Source, bearerOnly bool) (string, error) {
+	var cred string
+	var from Source
 	for _, s := range sources {
 		var v string
 		switch s.In {
 		case InHeader:
-			v = strings.TrimSpace(r.Header(s.Name))
-			if strings.EqualFold(s.Name, "Authorization") && len(v) >= 6 && strings.EqualFold(v[:6], "bearer") &&
-				(len(v) == 6 || v[6] == ' ' || v[6] == '\t') {
-				v = v[6:] // "Bearer" alone is no credential
+			vals := r.HeaderValues(s.Name)
+			if len(vals) > 1 {
+				return "", invalid(401, "ambiguous credentials: more than one "+s.String())
+			}
+			if len(vals) == 1 {
+				v = strings.TrimSpace(vals[0])
+			}
+			if strings.EqualFold(s.Name, "Authorization") && v != "" {
+				if len(v) >= 6 && strings.EqualFold(v[:6], "bearer") && (len(v) == 6 || v[6] == ' ' || v[6] == '\t') {
+					v = v[6:] // "Bearer" alone is no credential
+				} else if bearerOnly {
+					return "", invalid(401, reasonNotBearer)
+				}
 			}
 		case InQuery:
 			v = r.Query(s.Name)
 		case InCookie:
 			v = r.Cookie(s.Name)
 		}
-		if v = strings.TrimSpace(v); v != "" {
-			return v
+		switch v = strings.TrimSpace(v); {
+		case v == "":
+		case cred == "":
+			cred, from = v, s
+		case v != cred:
+			return "", invalid(401, "ambiguous credentials: "+from.String()+" and "+s.String()+" differ")
 		}
 	}
-	return ""
+	return cred, nil
 }
 
+// reasonNotBearer refuses a token sent in the Authorization header without
+// the Bearer scheme.
+const reasonNotBearer = "Authorization scheme is not Bearer"
+
 // Authenticate implements Authenticator: no key → 401 ErrMissingCredentials;
-// unknown, expired, inactive or over-long key → 403 ErrInvalidCredentials.
+// an ambiguous request (see Extract) → 401 ErrInvalidCredentials; unknown,
+// expired, inactive or over-long key → 403 ErrInvalidCredentials.
 func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
-	raw := a.Extract(r)
+	raw, err := a.Extract(r)
+	if err != nil {
+		return nil, err
+	}
 	if raw == "" {
 		return nil, missing("no API key")
 	}
