@@ -2,7 +2,10 @@ package identity
 
 import (
 	"context"
+	"encoding/base64"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -106,6 +109,67 @@ func TestJWTSources(t *testing.T) {
 				return
 			}
 			authErr(t, err, 401, ErrInvalidCredentials, tc.reason)
+		})
+	}
+}
+
+// signRaw signs the given header and claims JSON texts as they are, so a
+// test can send JSON that encoding/json would never produce.
+func signRaw(t testing.TB, m jwt.SigningMethod, key any, header, payload string) string {
+	t.Helper()
+	s := base64.RawURLEncoding.EncodeToString([]byte(header)) + "." + base64.RawURLEncoding.EncodeToString([]byte(payload))
+	sig, err := m.Sign(s, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s + "." + base64.RawURLEncoding.EncodeToString(sig)
+}
+
+// TestJWTRawJSON: correctly signed tokens whose header or claims repeat a
+// member name (at any depth, however it is escaped), carry data after the
+// claims, or hold exp, nbf or iat beyond MaxNumericDate are refused, and
+// the store stays empty; the same tokens without the flaw pass.
+func TestJWTRawJSON(t *testing.T) {
+	k := keys(t)
+	j := mustJWT(t, JWTOptions{Algorithms: []string{"RS256"}, Keys: []JWTKey{{ID: "r1", Key: &k.rsa.PublicKey}},
+		ConsumerClaim: "user.id", DefaultPolicies: []string{"basic"}})
+	const hdr = `{"alg":"RS256","kid":"r1","typ":"JWT"}`
+	iat, exp := strconv.FormatInt(testNow.Unix(), 10), strconv.FormatInt(testNow.Add(time.Hour).Unix(), 10)
+	body := func(user, dates string) string { return `{"user":` + user + `,` + dates + `}` }
+	dates := `"iat":` + iat + `,"exp":` + exp
+	for _, tc := range []struct {
+		name, header, payload, reason string
+	}{
+		{"valid", hdr, body(`{"id":"alice"}`, dates), ""},
+		{"nested objects and arrays", hdr, body(`{"id":"alice","roles":[{"id":1},{"id":2}],"meta":{"a":[1,[2]],"b":{}}}`, dates), ""},
+		{"exp at the largest date", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":253402300799`), ""},
+		{"duplicate top-level claim", hdr, `{"user":{"id":"alice"},"user":{"id":"bob"},` + dates + `}`, "token repeats a claim"},
+		{"duplicate exp", hdr, body(`{"id":"alice"}`, dates+`,"exp":1`), "token repeats a claim"},
+		{"duplicate nested claim", hdr, body(`{"id":"alice","id":"bob"}`, dates), "token repeats a claim"},
+		{"duplicate deep in an array", hdr, body(`{"id":"alice","x":[{"a":1,"a":2}]}`, dates), "token repeats a claim"},
+		{"duplicate spelled with an escape", hdr, body(`{"id":"alice","\u0069d":"bob"}`, dates), "token repeats a claim"},
+		{"duplicate header parameter", `{"alg":"RS256","kid":"r1","kid":"r2"}`, body(`{"id":"alice"}`, dates), "invalid token"},
+		{"data after the claims", hdr, body(`{"id":"alice"}`, dates) + ` {"user":{"id":"bob"}}`, "invalid token"},
+		{"exp 1e300", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":1e300`), "token exp out of range"},
+		{"exp 1e400", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":1e400`), "token exp out of range"},
+		{"exp one past the largest date", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":253402300800`), "token exp out of range"},
+		{"nbf -1e300", hdr, body(`{"id":"alice"}`, dates+`,"nbf":-1e300`), "token nbf out of range"},
+		{"iat 1e19", hdr, body(`{"id":"alice"}`, `"exp":`+exp+`,"iat":1e19`), "token iat out of range"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng, store, _ := engine(t)
+			tok := signRaw(t, jwt.SigningMethodRS256, k.rsa, tc.header, tc.payload)
+			c, _, err := serve(context.Background(), j, eng, bearer(tok))
+			if tc.reason == "" {
+				if err != nil || c.ID != "jwt:alice" {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			authErr(t, err, 401, ErrInvalidCredentials, tc.reason)
+			if store.Len() != 0 {
+				t.Fatalf("store holds %d keys after a refused token", store.Len())
+			}
 		})
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -236,6 +238,10 @@ func TestE2ECredentialRules(t *testing.T) {
 	defer keySrv.Close()
 
 	tok := e.token(t, "alice", nil)
+	dup := signRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
+		`{"sub":"alice","sub":"bob","iss":"https://issuer.example","aud":"echo","exp":`+strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)+`}`)
+	huge := signRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
+		`{"sub":"alice","iss":"https://issuer.example","aud":"echo","exp":1e300}`)
 	type hdr = [2]string
 	for _, tc := range []struct {
 		name   string
@@ -251,6 +257,8 @@ func TestE2ECredentialRules(t *testing.T) {
 		{"key: one key in two places", keySrv.URL + "/x?api_key=k2", []hdr{{"X-API-Key", "k2"}}, 200, "ok"},
 		{"jwt: two Authorization lines", e.srv.URL + "/x", []hdr{{"Authorization", "Bearer " + tok}, {"Authorization", "Bearer garbage"}}, 401, "ambiguous credentials: more than one Authorization header"},
 		{"jwt: no Bearer scheme", e.srv.URL + "/x", []hdr{{"Authorization", tok}}, 401, "Authorization scheme is not Bearer"},
+		{"jwt: duplicate sub", e.srv.URL + "/x", []hdr{{"Authorization", "Bearer " + dup}}, 401, "token repeats a claim"},
+		{"jwt: exp 1e300", e.srv.URL + "/x", []hdr{{"Authorization", "Bearer " + huge}}, 401, "token exp out of range"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("GET", tc.url, nil)
@@ -278,4 +286,16 @@ func TestE2ECredentialRules(t *testing.T) {
 	if n := e.store.Len(); n != 1 {
 		t.Fatalf("store len %d, want 1 (k2's one allowed request)", n)
 	}
+}
+
+// signRaw signs the given header and claims JSON texts as they are, so a
+// test can send JSON that encoding/json would never produce.
+func signRaw(t testing.TB, m jwt.SigningMethod, key any, header, payload string) string {
+	t.Helper()
+	s := base64.RawURLEncoding.EncodeToString([]byte(header)) + "." + base64.RawURLEncoding.EncodeToString([]byte(payload))
+	sig, err := m.Sign(s, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s + "." + base64.RawURLEncoding.EncodeToString(sig)
 }

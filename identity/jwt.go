@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -8,12 +9,16 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -234,7 +239,12 @@ type JWTOptions struct {
 // verifies, it has no "crit" header (no extensions are understood, RFC 7515
 // §4.1.11), exp is present (unless AllowNoExpiry) and not past, nbf and
 // iat are not in the future (each with Leeway), iss and aud match when
-// configured, and the consumer claim is present. Header parameters that
+// configured, and the consumer claim is present. Its header and claims
+// must be JSON objects in which no member name repeats, at any depth (RFC
+// 7515 §4 and RFC 7519 §4 allow refusing them; readers that keep the first
+// duplicate and readers that keep the last would see different claims),
+// with nothing after the claims object, and exp, nbf and iat must be
+// numbers of at most MaxNumericDate in magnitude. Header parameters that
 // point at keys (jku, jwk, x5u, x5c) are ignored: keys come only from the
 // configuration.
 //
@@ -419,11 +429,15 @@ const (
 	reasonMissing   = "token lacks a required claim"
 	reasonNoSubject = "token names no consumer"
 	reasonPolicies  = "invalid policy claim"
+	reasonDupClaim  = "token repeats a claim"
 )
 
 func (j *JWT) authenticate(ctx context.Context, raw string) (*core.Consumer, error) {
 	if len(raw) > j.maxSize {
 		return nil, invalid(401, reasonTooLarge)
+	}
+	if reason := checkJSON(raw); reason != "" {
+		return nil, invalid(401, reason)
 	}
 	claims := jwt.MapClaims{}
 	if _, err := j.parser.ParseWithClaims(raw, claims, func(t *jwt.Token) (any, error) { return j.key(ctx, t) }); err != nil {
@@ -470,6 +484,104 @@ func tokenReason(err error) string {
 		return reasonMissing
 	}
 	return reasonInvalid
+}
+
+// MaxNumericDate is the largest exp, nbf or iat accepted, in magnitude:
+// 9999-12-31T23:59:59Z in seconds since the epoch. golang-jwt converts a
+// NumericDate to time.Time through int64, so a bigger one such as 1e300
+// would wrap around to a date in the distant past.
+const MaxNumericDate = 253402300799
+
+// checkJSON checks what golang-jwt lets through in a compact token's header
+// and claims: a member name that repeats in one object, at any depth
+// (encoding/json keeps the last value; claim-confusion attacks rely on a
+// reader that keeps the first), data after the claims object (the parser
+// decodes the first JSON value and ignores the rest), and exp, nbf or iat
+// out of range (see MaxNumericDate). It returns a failure reason, or ""
+// when it finds none of these. Segments that are not base64url or not JSON
+// are left for the parser to refuse.
+func checkJSON(raw string) string {
+	hdr, rest, ok := strings.Cut(raw, ".")
+	payload, _, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 {
+		return ""
+	}
+	enc := base64.RawURLEncoding.Strict()
+	if b, err := enc.DecodeString(hdr); err == nil && scanJSON(b, false) != "" {
+		return reasonInvalid
+	}
+	if b, err := enc.DecodeString(payload); err == nil {
+		return scanJSON(b, true)
+	}
+	return ""
+}
+
+// scanJSON walks the JSON text b as a token stream; see checkJSON. claims
+// says b is a claim set, whose exp, nbf and iat are range-checked.
+func scanJSON(b []byte, claims bool) string {
+	type level struct {
+		names   map[string]bool // nil for an array
+		wantKey bool            // an object's next token is a member name
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var stack []level
+	var member string // the current top-level member's name
+	values := 0       // top-level values seen
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return ""
+		}
+		if err != nil {
+			return "" // malformed: the parser refuses it
+		}
+		if len(stack) == 0 {
+			if values++; values > 1 {
+				return reasonInvalid
+			}
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		var top *level
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		if top != nil && top.wantKey {
+			name, _ := tok.(string) // the decoder allows only strings here
+			if top.names[name] {
+				if claims {
+					return reasonDupClaim
+				}
+				return reasonInvalid
+			}
+			top.names[name] = true
+			top.wantKey = false
+			if len(stack) == 1 {
+				member = name
+			}
+			continue
+		}
+		// tok is a value; in an object, a member name comes next.
+		if top != nil && top.names != nil {
+			top.wantKey = true
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, level{names: map[string]bool{}, wantKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, level{})
+			continue
+		}
+		if n, ok := tok.(json.Number); ok && claims && len(stack) == 1 && (member == "exp" || member == "nbf" || member == "iat") {
+			if f, err := strconv.ParseFloat(string(n), 64); err != nil || math.Abs(f) > MaxNumericDate {
+				return "token " + member + " out of range"
+			}
+		}
+	}
 }
 
 // errKey is returned by the key function; the parser wraps it in
