@@ -2,9 +2,11 @@
 // configuration.
 //
 // A file is decoded strictly (go.yaml.in/yaml/v3 with KnownFields), then
-// checked as a whole. Every problem found is reported, each naming the file,
-// line and column, the field (as a path such as policies[1].rate.per) and
-// what is wrong with it; the gateway refuses to start on any of them. The
+// checked as a whole: what decoded is checked even when other values did
+// not, so one run reports every problem of a file, decoding and semantic
+// alike, each naming the file, line and column, the field (as a path such
+// as policies[1].rate.per) and what is wrong with it; the gateway refuses
+// to start on any of them. The
 // README's "Gateway configuration reference" documents every field.
 //
 // Parse returns domain values (core.Policy, identity.KeyRecord,
@@ -225,14 +227,20 @@ func Load(path string) (*Config, error) {
 // secret_env and password_env are read from the process environment, so a
 // missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
-	raw, ix, errs := decode(name, data)
-	if len(errs) > 0 {
+	raw, ix, errs, d := decode(name, data)
+	if raw == nil {
 		return nil, errs
 	}
-	v := &validator{file: name, ix: ix}
+	v := &validator{file: name, ix: ix, decoding: d}
 	cfg := v.config(raw)
-	if len(v.errs) > 0 {
-		return nil, v.errs
+	for _, e := range v.errs {
+		if !d.echo(e) {
+			errs = append(errs, e)
+		}
+	}
+	if len(errs) > 0 {
+		sortErrors(errs)
+		return nil, errs
 	}
 	return cfg, nil
 }
@@ -248,6 +256,10 @@ type Error struct {
 	Field string
 	// Problem says what is wrong.
 	Problem string
+
+	// requires marks a validator's "missing" and "needs" problems (see
+	// decoding.echo).
+	requires bool
 }
 
 // Error formats the problem as "file:line:column: field: problem".

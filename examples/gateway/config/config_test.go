@@ -228,6 +228,35 @@ func TestRefusals(t *testing.T) {
 				"t.yaml:3:30: policies[0].rate.per: \"1x\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
 				"t.yaml:5:25: keys[0].policies[0]: unknown policy \"gold\"\n" +
 				"t.yaml:6:8: store: invalid database number: \"x\""},
+		{"decoding and semantic problems in one run",
+			"listen: [a]\nstore_timeout: 50\npolicies:\n  - id: p\n    rate: {requests: 1.5, per: 1s}\n  - id: p\n    rate: {requests: five, per: 5 mins}\n" +
+				"    quota: {max: -3, renewal: 1h}\nkeys:\n  - {key: k, policies: [gold]}\n" +
+				"apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: [keyless], policies: [p]}\nfailure_policy: retry\n",
+			"t.yaml:1:9: listen: want a string, got a list\n" +
+				"t.yaml:2:16: store_timeout: \"50\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
+				"t.yaml:5:22: policies[0].rate.requests: want an integer, got 1.5\n" +
+				"t.yaml:6:9: policies[1].id: duplicate policy id \"p\" (first at line 4)\n" +
+				"t.yaml:7:22: policies[1].rate.requests: want an integer, got \"five\"\n" +
+				"t.yaml:7:33: policies[1].rate.per: \"5 mins\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
+				"t.yaml:8:18: policies[1].quota.max: -3 must be > 0 (or -1 for unlimited)\n" +
+				"t.yaml:10:25: keys[0].policies[0]: unknown policy \"gold\"\n" +
+				"t.yaml:12:61: apis[0].auth: want a string, got a list\n" +
+				"t.yaml:13:17: failure_policy: unknown policy \"retry\" (want open, closed or fallback)"},
+		{"every fraction is reported", "policies:\n  - {id: p, rate: {requests: 0.5, per: 1s, burst: 2.5}, quota: {max: 1e3, renewal: 1h}}\n" + api,
+			"t.yaml:2:30: policies[0].rate.requests: want an integer, got 0.5\n" +
+				"t.yaml:2:51: policies[0].rate.burst: want an integer, got 2.5\n" +
+				"t.yaml:2:70: policies[0].quota.max: want an integer, got 1e3"},
+		// What a decoding problem explains is not reported again.
+		{"a misspelled field is not also missing", "policies:\n  - id: p\n    rate: {reqests: 5, per: 1s}\n" + api,
+			`t.yaml:3:12: policies[0].rate.reqests: unknown field (known here: requests, per, burst, algorithm)`},
+		{"a refused key is not also missing", "policies:\n  - id: p\nkeys:\n  - {key: [k], policies: [p]}\n" + api,
+			`t.yaml:4:11: keys[0].key: want a string, got a list`},
+		{"a refused store is not taken for memory", "store: [redis]\nredis: {timeout: 1s}\npolicies:\n  - {id: p, rate: {requests: 1, per: 1s, algorithm: sliding_window}}\n" + api,
+			`t.yaml:1:8: store: want a string, got a list`},
+		{"references to a refused policy id are not unknown", "policies:\n  - {id: [p], rate: {requests: 1, per: 1s}}\nkeys:\n  - {key: k, policies: [p]}\n" + api,
+			`t.yaml:2:10: policies[0].id: want a string, got a list`},
+		{"a mapping with a repeated key is not also empty", "keys:\n  - key: k\n    api_limits: {a: {rate: {requests: 1, per: 1s}}, a: {quota: {max: 1, renewal: 1h}}}\n" + api,
+			`t.yaml:3:53: keys[0].api_limits.a: given twice (first at line 3)`},
 		{"every decoding problem is reported", "listen: [a]\npolicies:\n  - id: p\n    rate: {requests: x, per: 1s, extra: 1}\n" + api,
 			"t.yaml:1:9: listen: want a string, got a list\n" +
 				"t.yaml:4:22: policies[0].rate.requests: want an integer, got \"x\"\n" +

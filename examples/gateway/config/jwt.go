@@ -63,7 +63,7 @@ func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.P
 	}
 
 	if len(r.Algorithms) == 0 {
-		v.fail(at+".algorithms", "missing (pin the accepted algorithms, like [RS256])")
+		v.require(at+".algorithms", "missing (pin the accepted algorithms, like [RS256])")
 	}
 	var algs []string // the valid ones
 	for j, alg := range r.Algorithms {
@@ -88,7 +88,7 @@ func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.P
 	case len(r.Keys) > 0 && r.JWKS != nil:
 		v.fail(at, "set keys or jwks, not both")
 	case len(r.Keys) == 0 && r.JWKS == nil:
-		v.fail(at, "needs keys (pem_file, secret_env or secret_file) or jwks (url)")
+		v.require(at, "needs keys (pem_file, secret_env or secret_file) or jwks (url)")
 	case r.JWKS != nil:
 		jwks = v.jwks(at+".jwks", r.JWKS)
 	default:
@@ -107,7 +107,7 @@ func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.P
 		}
 	}
 	if r.PolicyClaim == "" && len(r.DefaultPolicies) == 0 {
-		v.fail(at, "needs policy_claim or default_policies (a token without policies would be refused with 403)")
+		v.require(at, "needs policy_claim or default_policies (a token without policies would be refused with 403)")
 	}
 	for j, id := range r.DefaultPolicies {
 		v.policyFor(fmt.Sprintf("%s.default_policies[%d]", at, j), id, apiID, policies)
@@ -137,7 +137,7 @@ func (v *validator) jwtKeys(at string, raw []rawJWTKey, algs []string) []identit
 		}
 		switch {
 		case sources == 0:
-			v.fail(kat, "needs pem_file, secret_env or secret_file")
+			v.require(kat, "needs pem_file, secret_env or secret_file")
 			continue
 		case sources > 1:
 			v.fail(kat, "set one of pem_file, secret_env or secret_file")
@@ -145,7 +145,7 @@ func (v *validator) jwtKeys(at string, raw []rawJWTKey, algs []string) []identit
 		}
 		switch f, dup := first[k.ID]; {
 		case k.ID == "" && len(raw) > 1:
-			v.fail(kat+".id", "missing (with several keys each needs an id, matched against the token's kid)")
+			v.require(kat+".id", "missing (with several keys each needs an id, matched against the token's kid)")
 		case dup && k.ID != "":
 			v.fail(kat+".id", "duplicate key id %q (first at line %d)", k.ID, v.line(f))
 		default:
@@ -222,7 +222,7 @@ func (v *validator) jwks(at string, r *rawJWKS) *identity.JWKSOptions {
 	u, err := url.Parse(r.URL)
 	switch {
 	case r.URL == "":
-		v.fail(at+".url", "missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
+		v.require(at+".url", "missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
 	case err != nil || u.Host == "" || u.Scheme != "https" && u.Scheme != "http":
 		v.fail(at+".url", "%q is not an https:// URL", r.URL)
 	case u.Scheme == "http" && !isLoopback(u.Hostname()):

@@ -17,10 +17,14 @@ import (
 
 // validator turns a rawConfig into a Config, collecting every problem.
 type validator struct {
-	file   string
-	ix     *index
-	errs   Errors
-	memory bool // the store is the in-process one (GCRA only)
+	file string
+	ix   *index
+	errs Errors
+	// decoding says which values did not decode: checks that relate one
+	// field to another are skipped when the other was refused, so that a
+	// value of the wrong type is not reported again as some other problem.
+	decoding *decoding
+	memory   bool // the store is the in-process one (GCRA only), for sure
 	// idle holds the IDs of policies that limit nothing (no rate and no
 	// quota, or both unlimited).
 	idle map[string]bool
@@ -30,6 +34,37 @@ type validator struct {
 func (v *validator) fail(path, format string, args ...any) {
 	line, col := v.ix.pos(path)
 	v.errs = append(v.errs, &Error{File: v.file, Line: line, Column: col, Field: path, Problem: fmt.Sprintf(format, args...)})
+}
+
+// require records that something required is missing at path; Parse drops
+// it when a decoding problem may explain it (see decoding.echo).
+func (v *validator) require(path, format string, args ...any) {
+	v.fail(path, format, args...)
+	v.errs[len(v.errs)-1].requires = true
+}
+
+// refused reports whether the value at path, or one it is inside, did not
+// decode.
+func (v *validator) refused(path string) bool {
+	return v.decoding != nil && v.decoding.covers(path)
+}
+
+// idsRefused reports whether an id in the list at path (policies, apis)
+// did not decode, so that a reference to an unknown id may be to it.
+func (v *validator) idsRefused(path string) bool {
+	if v.decoding == nil {
+		return false
+	}
+	for _, r := range v.decoding.refused {
+		rest, ok := strings.CutPrefix(r, path)
+		if r == "" || ok && rest == "" {
+			return true
+		}
+		if i := strings.IndexByte(rest, ']'); ok && strings.HasPrefix(rest, "[") && i > 0 && (rest[i+1:] == "" || rest[i+1:] == ".id") {
+			return true
+		}
+	}
+	return false
 }
 
 // line returns the line a field's value is on, for "first at line N".
@@ -48,8 +83,8 @@ func (v *validator) config(raw *rawConfig) *Config {
 	}
 	switch s := raw.Store; {
 	case s == "" || s == "memory":
-		v.memory = true
-		if raw.Redis != nil {
+		v.memory = !v.refused("store")
+		if raw.Redis != nil && v.memory {
 			v.fail("redis", "only used with a redis store (store: redis://host:port/db)")
 		}
 	case redisScheme(s) != "":
@@ -78,7 +113,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 	// A policy's apis list may only name APIs that exist.
 	for i, p := range raw.Policies {
 		for j, a := range p.APIs {
-			if _, ok := apis[a]; !ok {
+			if _, ok := apis[a]; !ok && !v.idsRefused("apis") {
 				v.fail(fmt.Sprintf("policies[%d].apis[%d]", i, j), "unknown API %q", a)
 			}
 		}
@@ -96,12 +131,6 @@ func (v *validator) config(raw *rawConfig) *Config {
 			cfg.APIs = append(cfg.APIs, a.API)
 		}
 	}
-	slices.SortStableFunc(v.errs, func(a, b *Error) int {
-		if a.Line != b.Line {
-			return a.Line - b.Line
-		}
-		return a.Column - b.Column
-	})
 	return cfg
 }
 
@@ -230,7 +259,7 @@ func (v *validator) policies(raw []rawPolicy) map[string]*core.Policy {
 		at := fmt.Sprintf("policies[%d]", i)
 		switch f, dup := first[p.ID]; {
 		case p.ID == "":
-			v.fail(at+".id", "missing")
+			v.require(at+".id", "missing")
 		case dup:
 			v.fail(at+".id", "duplicate policy id %q (first at line %d)", p.ID, v.line(f+".id"))
 		default:
@@ -238,7 +267,7 @@ func (v *validator) policies(raw []rawPolicy) map[string]*core.Policy {
 		}
 		rateOff := p.Rate == nil || p.Rate.Requests != nil && *p.Rate.Requests == core.Unlimited
 		quotaOff := p.Quota == nil || p.Quota.Max != nil && *p.Quota.Max == core.Unlimited
-		if rateOff && quotaOff {
+		if rateOff && quotaOff && !v.refused(at+".rate") && !v.refused(at+".quota") {
 			if v.idle == nil {
 				v.idle = map[string]bool{}
 			}
@@ -267,7 +296,7 @@ func (v *validator) rate(at string, r *rawRate) core.Limit {
 	var l core.Limit
 	switch {
 	case r.Requests == nil:
-		v.fail(at+".requests", "missing (requests per period, or -1 for unlimited)")
+		v.require(at+".requests", "missing (requests per period, or -1 for unlimited)")
 	case *r.Requests == core.Unlimited:
 		l.Rate = core.Unlimited
 	case *r.Requests <= 0:
@@ -276,7 +305,7 @@ func (v *validator) rate(at string, r *rawRate) core.Limit {
 		l.Rate = *r.Requests
 	}
 	if r.Per == "" && l.Rate > 0 {
-		v.fail(at+".per", "missing (the period, like 1s, 1m or 24h)")
+		v.require(at+".per", "missing (the period, like 1s, 1m or 24h)")
 	} else {
 		l.Period = v.duration(at+".per", r.Per, 0)
 	}
@@ -319,7 +348,7 @@ func (v *validator) quota(at string, q *rawQuota) core.Quota {
 	var out core.Quota
 	switch {
 	case q.Max == nil:
-		v.fail(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
+		v.require(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
 	case *q.Max == core.Unlimited:
 		out.Max = core.Unlimited
 	case *q.Max <= 0:
@@ -328,7 +357,7 @@ func (v *validator) quota(at string, q *rawQuota) core.Quota {
 		out.Max = *q.Max
 	}
 	if q.Renewal == "" && out.Max > 0 {
-		v.fail(at+".renewal", "missing (the period, like 1h or 720h)")
+		v.require(at+".renewal", "missing (the period, like 1h or 720h)")
 	} else {
 		out.Renewal = v.duration(at+".renewal", q.Renewal, 0)
 	}
@@ -353,7 +382,7 @@ type apiEntry struct {
 
 func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[string]*apiEntry {
 	if len(raw) == 0 {
-		v.fail("apis", "at least one API is required")
+		v.require("apis", "at least one API is required")
 	}
 	m := make(map[string]*apiEntry, len(raw))
 	paths := map[string]string{} // normalised listen path → field path
@@ -362,7 +391,7 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 		a := &apiEntry{idx: i, API: API{ID: r.ID, StripListenPath: true}}
 		switch f, dup := m[r.ID]; {
 		case r.ID == "":
-			v.fail(at+".id", "missing")
+			v.require(at+".id", "missing")
 		case dup:
 			v.fail(at+".id", "duplicate API id %q (first at line %d)", r.ID, v.line(fmt.Sprintf("apis[%d].id", f.idx)))
 		default:
@@ -377,7 +406,9 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 			a.ListenPath = lp
 		}
 		a.Target = v.target(at+".target", r.Target)
-		knownAuth := true
+		// The checks below that depend on auth are skipped when it is
+		// unknown or did not decode: what was meant is not known.
+		knownAuth := !v.refused(at + ".auth")
 		switch r.Auth {
 		case "", "api_key":
 			a.Auth = AuthAPIKey
@@ -393,12 +424,13 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 			a.StripListenPath = *r.StripListenPath
 		}
 		switch {
+		case !knownAuth:
 		case r.Auth == "jwt" && len(r.Policies) > 0:
 			v.fail(at+".policies", "only keyless APIs take policies; a jwt API takes them from the token's policy claim or jwt.default_policies")
 		case r.Auth != "keyless" && len(r.Policies) > 0:
 			v.fail(at+".policies", "only keyless APIs take policies; an api_key API applies each key's own policies")
 		case r.Auth == "keyless" && len(r.Policies) == 0:
-			v.fail(at+".policies", "a keyless API needs at least one policy (applied per client IP)")
+			v.require(at+".policies", "a keyless API needs at least one policy (applied per client IP)")
 		}
 		if r.Auth == "keyless" {
 			for j, id := range r.Policies {
@@ -408,7 +440,7 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 		}
 		switch {
 		case r.Auth == "jwt" && r.JWT == nil:
-			v.fail(at+".jwt", "missing (auth: jwt needs algorithms, and keys or jwks)")
+			v.require(at+".jwt", "missing (auth: jwt needs algorithms, and keys or jwks)")
 		case r.Auth == "jwt":
 			a.JWT, a.JWKS = v.jwt(at+".jwt", r.ID, r.JWT, policies)
 		case r.JWT != nil && knownAuth:
@@ -426,6 +458,7 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 func (v *validator) policyFor(path, id, apiID string, policies map[string]*core.Policy) {
 	p := policies[id]
 	switch {
+	case p == nil && v.idsRefused("policies"):
 	case p == nil:
 		v.fail(path, "unknown policy %q", id)
 	case len(p.APIs) > 0 && apiID != "" && !slices.Contains(p.APIs, apiID):
@@ -443,7 +476,8 @@ func (v *validator) failureLimit(at, auth string, fl *rawFailureLimit, policies 
 	p := policies[id]
 	switch {
 	case id == "":
-		v.fail(at+".policy", "missing (the policy failed attempts are charged to, per client IP)")
+		v.require(at+".policy", "missing (the policy failed attempts are charged to, per client IP)")
+	case p == nil && v.idsRefused("policies"):
 	case p == nil:
 		v.fail(at+".policy", "unknown policy %q", id)
 	case len(p.APIs) > 0:
@@ -458,7 +492,7 @@ func (v *validator) failureLimit(at, auth string, fl *rawFailureLimit, policies 
 func (v *validator) listenPath(at, s string) (string, bool) {
 	switch {
 	case s == "":
-		v.fail(at, `missing (a path prefix like "/orders/")`)
+		v.require(at, `missing (a path prefix like "/orders/")`)
 		return "", false
 	case !strings.HasPrefix(s, "/"):
 		v.fail(at, "%q must start with \"/\"", s)
@@ -483,7 +517,7 @@ func (v *validator) listenPath(at, s string) (string, bool) {
 // target parses builtin:echo or an http(s) base URL.
 func (v *validator) target(at, s string) Target {
 	if s == "" {
-		v.fail(at, "missing (builtin:echo or an http:// or https:// URL)")
+		v.require(at, "missing (builtin:echo or an http:// or https:// URL)")
 		return Target{}
 	}
 	if strings.HasPrefix(s, "builtin:") {
@@ -533,7 +567,7 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			}
 			rec.Hash = h
 		default:
-			v.fail(at, "needs key (plaintext) or key_hash (sha256:<hex>)")
+			v.require(at, "needs key (plaintext) or key_hash (sha256:<hex>)")
 		}
 		if len(v.errs) == n0 {
 			if f, dup := first[rec.Hash]; dup {
@@ -543,12 +577,12 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			}
 		}
 		for j, id := range k.Policies {
-			if policies[id] == nil {
+			if policies[id] == nil && !v.idsRefused("policies") {
 				v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
 			}
 		}
 		if len(k.Policies) == 0 && len(k.APILimits) == 0 {
-			v.fail(at+".policies", "a key needs at least one policy (or api_limits)")
+			v.require(at+".policies", "a key needs at least one policy (or api_limits)")
 		}
 		rec.Policies = k.Policies
 		if k.Expires != "" {
@@ -568,6 +602,7 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			lat := at + ".api_limits." + id
 			a := apis[id]
 			switch {
+			case a == nil && v.idsRefused("apis"):
 			case a == nil:
 				v.fail(lat, "unknown API %q", id)
 			case a.Auth == AuthKeyless:
@@ -575,7 +610,7 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			}
 			l := k.APILimits[id]
 			if l.Rate == nil && l.Quota == nil {
-				v.fail(lat, "needs rate or quota")
+				v.require(lat, "needs rate or quota")
 			}
 			if rec.APILimits == nil {
 				rec.APILimits = map[string]core.Limits{}

@@ -217,35 +217,102 @@ func parent(p string) string {
 	return p[:i]
 }
 
-// decode parses data strictly into a rawConfig and indexes it.
-func decode(file string, data []byte) (*rawConfig, *index, Errors) {
+// decoding is what decode learned about the problems it reported, so that
+// the validator's complaints that merely echo them can be dropped.
+type decoding struct {
+	// refused are the paths of values that did not decode (wrong type,
+	// repeated, a fraction for an integer): yaml left them zero, so what
+	// the validator says about them or below them is an echo ("missing").
+	refused []string
+	// uncertain are the objects (by path) with a refused value or an
+	// unknown field among their own fields: a required field missing
+	// there may well be the one refused or misspelled.
+	uncertain map[string]bool
+}
+
+// echo reports whether a validator error is an echo of a decoding problem:
+// it is about a refused value or something under one, or it says something
+// required is missing (Error.requires) in an uncertain object or of one.
+func (d *decoding) echo(e *Error) bool {
+	return d.covers(e.Field) || e.requires && (d.uncertain[e.Field] || d.uncertain[parent(e.Field)])
+}
+
+// covers reports whether path is a refused value or inside one.
+func (d *decoding) covers(path string) bool {
+	for _, b := range d.refused {
+		if path == b || b == "" || strings.HasPrefix(path, b) && (path[len(b)] == '.' || path[len(b)] == '[') {
+			return true
+		}
+	}
+	return false
+}
+
+// refuse records a value that did not decode.
+func (d *decoding) refuse(path string) {
+	d.refused = append(d.refused, path)
+	d.uncertain[parent(path)] = true
+}
+
+// decode parses data strictly into a rawConfig and indexes it. It reports
+// every decoding problem of the file: yaml's type errors (a value of the
+// wrong type, an unknown or repeated field) and fractions where an integer
+// is wanted. yaml decodes all it can, so raw is returned with the errors
+// for the validator to check what did decode. raw is nil when data is not
+// YAML at all, or when a problem could not be located (then the decoding
+// problems are all that is reported).
+func decode(file string, data []byte) (raw *rawConfig, ix *index, errs Errors, d *decoding) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, Errors{syntaxError(file, err)}
+		return nil, nil, Errors{syntaxError(file, err)}, nil
 	}
 	if len(root.Content) == 0 {
-		return nil, nil, Errors{{File: file, Problem: "empty configuration"}}
+		return nil, nil, Errors{{File: file, Problem: "empty configuration"}}, nil
 	}
-	ix := &index{vals: map[string]*yaml.Node{}}
+	ix = &index{vals: map[string]*yaml.Node{}}
 	ix.walk(&root, "")
 	ix.vals[""] = root.Content[0]
 
-	var raw rawConfig
+	raw, d = new(rawConfig), &decoding{uncertain: map[string]bool{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	err := dec.Decode(&raw)
-	if err == nil {
-		return &raw, ix, ix.checkIntegers(file)
+	if err := dec.Decode(raw); err != nil {
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return nil, nil, Errors{syntaxError(file, err)}, nil
+		}
+		for _, msg := range te.Errors {
+			e, kind := ix.explain(file, msg)
+			errs = append(errs, e)
+			switch kind {
+			case unlocated:
+				raw = nil
+			case unknownField:
+				d.uncertain[parent(e.Field)] = true
+			case badValue:
+				d.refuse(e.Field)
+			case badMapping:
+				// yaml drops a whole mapping that repeats a key.
+				d.refuse(parent(e.Field))
+			}
+		}
 	}
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return nil, nil, Errors{syntaxError(file, err)}
+	for _, e := range ix.checkIntegers(file, d.refused) {
+		errs = append(errs, e)
+		d.refuse(e.Field)
 	}
-	errs := make(Errors, 0, len(te.Errors))
-	for _, msg := range te.Errors {
-		errs = append(errs, ix.explain(file, msg))
-	}
-	return nil, nil, errs
+	sortErrors(errs)
+	return raw, ix, errs, d
+}
+
+// sortErrors orders errs by line and column, keeping the order of errors
+// at one position.
+func sortErrors(errs Errors) {
+	slices.SortStableFunc(errs, func(a, b *Error) int {
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
 }
 
 var syntaxRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
@@ -260,12 +327,13 @@ func syntaxError(file string, err error) *Error {
 }
 
 // checkIntegers refuses fractions where the schema wants an integer: yaml
-// would silently truncate "requests: 2.5" to 2.
-func (ix *index) checkIntegers(file string) Errors {
+// would silently truncate "requests: 2.5" to 2. Paths in reported already
+// have an error from yaml.
+func (ix *index) checkIntegers(file string, reported []string) Errors {
 	var errs Errors
 	for p, n := range ix.vals {
 		t := schemaType(p)
-		if t == nil || n.Kind != yaml.ScalarNode || n.ShortTag() == "!!int" || n.ShortTag() == "!!null" {
+		if t == nil || n.Kind != yaml.ScalarNode || n.ShortTag() == "!!int" || n.ShortTag() == "!!null" || slices.Contains(reported, p) {
 			continue
 		}
 		switch t.Kind() {
@@ -274,12 +342,6 @@ func (ix *index) checkIntegers(file string) Errors {
 				Problem: "want an integer, got " + describeValue(n.ShortTag(), n.Value)})
 		}
 	}
-	slices.SortFunc(errs, func(a, b *Error) int {
-		if a.Line != b.Line {
-			return a.Line - b.Line
-		}
-		return a.Column - b.Column
-	})
 	return errs
 }
 
@@ -292,21 +354,38 @@ var (
 	otherRE        = regexp.MustCompile(`^line (\d+): (.*)$`)
 )
 
+// problemKind says what explain found.
+type problemKind uint8
+
+const (
+	unlocated    problemKind = iota // not tied to a field
+	unknownField                    // Error.Field is not in the schema
+	badValue                        // Error.Field's value did not decode
+	badMapping                      // Error.Field is a repeated map key: its mapping did not decode
+)
+
 // explain turns one of yaml's unmarshal error strings into an Error that
-// names the field.
-func (ix *index) explain(file, msg string) *Error {
+// names the field, and says what kind of problem it is.
+func (ix *index) explain(file, msg string) (*Error, problemKind) {
+	located := func(e *Error, ok bool, k problemKind) (*Error, problemKind) {
+		if !ok {
+			return e, unlocated
+		}
+		return e, k
+	}
 	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		e := ix.atKey(file, line, m[2])
+		e, ok := ix.atKey(file, line, m[2])
 		e.Problem = "unknown field"
 		if names := knownFields[m[3]]; len(names) > 0 {
 			e.Problem += " (known here: " + strings.Join(names, ", ") + ")"
 		}
-		return e
+		return located(e, ok, unknownField)
 	}
 	if m := repeatFieldRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		return ix.repeated(file, line, m[2])
+		e, ok := ix.repeated(file, line, m[2])
+		return located(e, ok, badValue)
 	}
 	if m := repeatKeyRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
@@ -314,38 +393,42 @@ func (ix *index) explain(file, msg string) *Error {
 		if err != nil {
 			name = m[2]
 		}
-		return ix.repeated(file, line, name)
+		e, ok := ix.repeated(file, line, name)
+		return located(e, ok, badMapping)
 	}
 	if m := wrongTypeRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
 		tag, val, want := m[2], m[3], m[4]
 		e := &Error{File: file, Line: line}
-		if path, n := ix.atValue(line, tag, val, want); n != nil {
+		path, n := ix.atValue(line, tag, val, want)
+		if n != nil {
 			e.Field, e.Column = path, n.Column
 		}
 		e.Problem = "want " + describeGoType(want) + ", got " + describeValue(tag, val)
-		return e
+		return located(e, n != nil, badValue)
 	}
 	e := &Error{File: file, Problem: msg}
 	if m := otherRE.FindStringSubmatch(msg); m != nil {
 		e.Line, _ = strconv.Atoi(m[1])
 		e.Problem = m[2]
 	}
-	return e
+	return e, unlocated
 }
 
-// atKey returns an Error located at the first key named name on line.
-func (ix *index) atKey(file string, line int, name string) *Error {
+// atKey returns an Error located at the first key named name on line, and
+// whether there is one.
+func (ix *index) atKey(file string, line int, name string) (*Error, bool) {
 	for _, k := range ix.keys {
 		if k.node.Line == line && k.node.Value == name {
-			return &Error{File: file, Line: line, Column: k.node.Column, Field: k.path}
+			return &Error{File: file, Line: line, Column: k.node.Column, Field: k.path}, true
 		}
 	}
-	return &Error{File: file, Line: line, Field: name}
+	return &Error{File: file, Line: line, Field: name}, false
 }
 
 // repeated reports a key given twice in one mapping; line is the second's.
-func (ix *index) repeated(file string, line int, name string) *Error {
+// It also reports whether it found the key.
+func (ix *index) repeated(file string, line int, name string) (*Error, bool) {
 	first := map[string]*yaml.Node{}
 	for _, k := range ix.keys {
 		if k.node.Value != name {
@@ -353,13 +436,13 @@ func (ix *index) repeated(file string, line int, name string) *Error {
 		}
 		if f := first[k.path]; f != nil && k.node.Line == line {
 			return &Error{File: file, Line: line, Column: k.node.Column, Field: k.path,
-				Problem: "given twice (first at line " + strconv.Itoa(f.Line) + ")"}
+				Problem: "given twice (first at line " + strconv.Itoa(f.Line) + ")"}, true
 		}
 		if first[k.path] == nil {
 			first[k.path] = k.node
 		}
 	}
-	return &Error{File: file, Line: line, Field: name, Problem: "given twice"}
+	return &Error{File: file, Line: line, Field: name, Problem: "given twice"}, false
 }
 
 // atValue finds the value node on line that yaml complained about: one
