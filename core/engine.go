@@ -325,3 +325,12 @@ type storeFunc func(context.Context, Request) (Decision, error)
 
 func (f storeFunc) Take(ctx context.Context, r Request) (Decision, error) { return f(ctx, r) }
 func (f storeFunc) ResetQuota(context.Context, string, string) error      { return nil }
+
+// Decider decides requests; *Engine implements it. Adapters depend on this
+// one method, so a caller can put its own logic (or a test double) in front
+// of an engine.
+type Decider interface {
+	Decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error)
+}
+
+var _ Decider = (*Engine)(nil)

@@ -11,7 +11,6 @@
 package fiber
 
 import (
-	"context"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -22,9 +21,7 @@ import (
 )
 
 // Limiter decides requests; *core.Engine implements it.
-type Limiter interface {
-	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
-}
+type Limiter = core.Decider
 
 // Options configure the middleware. The zero value limits every request at
 // cost 1 under API "" with the default Renderer.
@@ -58,15 +55,11 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) fiber.Hand
 	}
 	return func(c *fiber.Ctx) error {
 		ctx := c.UserContext()
-		var d core.Decision
-		cons, err := auth.Authenticate(ctx, Request{c})
-		if err == nil {
-			cost := int64(1)
-			if opts.Cost != nil {
-				cost = opts.Cost(c)
-			}
-			d, err = l.Decide(ctx, cons, opts.API, cost)
+		var cost func() int64
+		if opts.Cost != nil {
+			cost = func() int64 { return opts.Cost(c) }
 		}
+		_, d, err := response.Check(ctx, l, auth, Request{c}, opts.API, cost)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}

@@ -11,7 +11,6 @@
 package gin
 
 import (
-	"context"
 
 	"github.com/gin-gonic/gin"
 
@@ -22,9 +21,7 @@ import (
 )
 
 // Limiter decides requests; *core.Engine implements it.
-type Limiter interface {
-	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
-}
+type Limiter = core.Decider
 
 // Options configure the middleware. The zero value limits every request at
 // cost 1 under API "" with the default Renderer.
@@ -55,15 +52,11 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) gin.Handle
 	}
 	return func(c *gin.Context) {
 		ctx := c.Request.Context()
-		var d core.Decision
-		cons, err := auth.Authenticate(ctx, nethttp.Request{R: c.Request})
-		if err == nil {
-			cost := int64(1)
-			if opts.Cost != nil {
-				cost = opts.Cost(c)
-			}
-			d, err = l.Decide(ctx, cons, opts.API, cost)
+		var cost func() int64
+		if opts.Cost != nil {
+			cost = func() int64 { return opts.Cost(c) }
 		}
+		_, d, err := response.Check(ctx, l, auth, nethttp.Request{R: c.Request}, opts.API, cost)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}

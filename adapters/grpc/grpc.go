@@ -56,9 +56,7 @@ import (
 )
 
 // Limiter decides requests; *core.Engine implements it.
-type Limiter interface {
-	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
-}
+type Limiter = core.Decider
 
 // Options configure the interceptors. The zero value limits every call (and
 // every stream when it opens) at cost 1 under its full method name, does not
@@ -161,15 +159,11 @@ func StreamServerInterceptor(l Limiter, auth identity.Authenticator, opts Option
 // consumer, the header metadata to send (nil if none) and, when the call
 // must not proceed, its status error.
 func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer, metadata.MD, error) {
-	var d core.Decision
-	c, err := in.auth.Authenticate(ctx, Request{ctx})
-	if err == nil {
-		cost := int64(1)
-		if in.o.Cost != nil {
-			cost = in.o.Cost(ctx, method)
-		}
-		d, err = in.l.Decide(ctx, c, in.o.API(method), cost)
+	var cost func() int64
+	if in.o.Cost != nil {
+		cost = func() int64 { return in.o.Cost(ctx, method) }
 	}
+	c, d, err := response.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), cost)
 	md, st := in.answer(ctx, method, c, d, err)
 	if st != nil {
 		return c, md, st.Err()

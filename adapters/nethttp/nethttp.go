@@ -6,7 +6,6 @@ package nethttp
 
 import (
 	"bytes"
-	"context"
 	"net/http"
 
 	"github.com/limitplane/limitplane/adapters/response"
@@ -15,9 +14,7 @@ import (
 )
 
 // Limiter decides requests; *core.Engine implements it.
-type Limiter interface {
-	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
-}
+type Limiter = core.Decider
 
 // Options configure the middleware. The zero value limits every request at
 // cost 1 under API "" with the default Renderer.
@@ -46,15 +43,11 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) func(http.
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			var d core.Decision
-			c, err := auth.Authenticate(r.Context(), Request{r})
-			if err == nil {
-				cost := int64(1)
-				if opts.Cost != nil {
-					cost = opts.Cost(r)
-				}
-				d, err = l.Decide(r.Context(), c, opts.API, cost)
+			var cost func() int64
+			if opts.Cost != nil {
+				cost = func() int64 { return opts.Cost(r) }
 			}
+			_, d, err := response.Check(r.Context(), l, auth, Request{r}, opts.API, cost)
 			if opts.OnDecision != nil {
 				opts.OnDecision(r, d, err)
 			}

@@ -1,0 +1,26 @@
+package response
+
+import (
+	"context"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Check is the sequence every adapter runs before rendering: authenticate r
+// with auth and, only when that succeeds, decide cost units for api with l
+// (cost nil means 1; it is only called for an authenticated request). A
+// request that fails authentication never reaches l, so it creates no
+// limiter state. Pass the results to Renderer.Render.
+func Check(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, cost func() int64) (*core.Consumer, core.Decision, error) {
+	c, err := auth.Authenticate(ctx, r)
+	if err != nil {
+		return nil, core.Decision{}, err
+	}
+	n := int64(1)
+	if cost != nil {
+		n = cost()
+	}
+	d, err := l.Decide(ctx, c, api, n)
+	return c, d, err
+}
