@@ -24,6 +24,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -122,6 +123,9 @@ func runClient(ctx context.Context, addr, key string, n int, out io.Writer) erro
 		var md metadata.MD
 		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&md))
 		st := status.Convert(err)
+		if st.Code() == codes.Unavailable {
+			return fmt.Errorf("call %d: %w", i, err) // no server there: not a limiter answer
+		}
 		line := fmt.Sprintf("call %d: %v", i, st.Code())
 		if err != nil {
 			line += fmt.Sprintf(" %q", st.Message())

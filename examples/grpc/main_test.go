@@ -49,3 +49,13 @@ call 1: PermissionDenied "unknown API key"
 		t.Fatalf("server output:\n%s", s)
 	}
 }
+
+// A client pointed at no server fails instead of printing Unavailable
+// lines and exiting 0.
+func TestClientWithoutServerFails(t *testing.T) {
+	var out bytes.Buffer
+	err := runClient(context.Background(), "127.0.0.1:1", "demo-key", 3, &out)
+	if err == nil || !strings.Contains(err.Error(), "call 1: ") || out.Len() != 0 {
+		t.Fatalf("err %v, output %q", err, out.String())
+	}
+}
