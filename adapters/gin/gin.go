@@ -11,7 +11,6 @@
 package gin
 
 import (
-
 	"github.com/gin-gonic/gin"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
