@@ -58,7 +58,8 @@ type Config struct {
 	// Listen is the TCP address to listen on, "host:port".
 	Listen string
 	// Store is the counter store as the file names it: "memory", or a
-	// Redis URL (see Redis). Show it with RedactedStore.
+	// Redis URL (see Redis; its scheme may be in any case). Show it with
+	// RedactedStore.
 	Store string
 	// Redis configures the Redis store; nil for the memory store.
 	Redis *Redis
@@ -88,8 +89,9 @@ type Config struct {
 // rediss://, unix://, redis+cluster:// or redis+sentinel:// URL.
 type Redis struct {
 	// URL is what the client connects with (redisstore.NewClientFromURL):
-	// Store with the password from password_env or password_file filled
-	// in. It may hold that secret; never print it.
+	// Store with its scheme in lower case and the password from
+	// password_env or password_file filled in. It may hold that secret;
+	// never print it.
 	URL string
 	// Password is the password filled into URL, "" when none was given,
 	// so messages can hide it.
@@ -194,20 +196,10 @@ func (t Target) String() string {
 	return t.Builtin
 }
 
-// RedactedStore returns Store for messages and banners: a URL's password
-// (in its user information or a password query parameter) is replaced by
-// "xxxxx".
-func (c *Config) RedactedStore() string {
-	u, err := url.Parse(c.Store)
-	if err != nil || u.Scheme == "" {
-		return c.Store
-	}
-	if q := u.Query(); q.Has("password") {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
+// RedactedStore returns Store for messages and banners, as the file wrote
+// it except that a URL's password (in its user information or a password
+// query parameter) is replaced by "xxxxx".
+func (c *Config) RedactedStore() string { return redactURL(c.Store) }
 
 // Load reads and parses the file at path (see Parse).
 func Load(path string) (*Config, error) {

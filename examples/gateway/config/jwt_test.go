@@ -325,6 +325,14 @@ func TestRedisConfig(t *testing.T) {
 			config.Redis{URL: "redis+sentinel://mymaster@s1,s2:26380/3?password=p%40ss%3Aword", Password: "p@ss:word", Options: redisstore.Options{
 				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, BreakerFailures: 5, BreakerCooldown: time.Second}},
 			"redis+sentinel://mymaster@s1,s2:26380/3"},
+		{"scheme in upper case", "store: REDIS://Cache:6379/2\n",
+			config.Redis{URL: "redis://Cache:6379/2", Options: redisstore.Options{
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, BreakerFailures: 5, BreakerCooldown: time.Second}},
+			"REDIS://Cache:6379/2"},
+		{"cluster scheme in mixed case, password", "store: Redis+Cluster://n1:7000,n2:7001\nredis: {password_env: LP_REDIS_PW}\n",
+			config.Redis{URL: "redis+cluster://:p%40ss%3Aword@n1:7000,n2:7001", Password: "p@ss:word", Options: redisstore.Options{
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, BreakerFailures: 5, BreakerCooldown: time.Second}},
+			"Redis+Cluster://n1:7000,n2:7001"},
 		{"unix socket", "store: unix:///run/redis.sock?db=4\n",
 			config.Redis{URL: "unix:///run/redis.sock?db=4", Options: redisstore.Options{
 				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, BreakerFailures: 5, BreakerCooldown: time.Second}},

@@ -18,20 +18,54 @@ import (
 // redisSchemes are the URL schemes redisstore.NewClientFromURL accepts.
 var redisSchemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
 
-// redisScheme returns s's scheme when s is a Redis store URL, else "".
+// redisScheme returns s's scheme in lower case when s is a Redis store
+// URL, else "". Schemes are case-insensitive (RFC 3986 §3.1).
 func redisScheme(s string) string {
 	scheme, _, ok := strings.Cut(s, "://")
 	for _, r := range redisSchemes {
-		if ok && scheme == r {
+		if ok && strings.EqualFold(scheme, r) {
 			return r
 		}
 	}
 	return ""
 }
 
-// redactURL hides a password in s, for messages.
+// redactURL returns s as written with the password in its user
+// information, and the value of any password query parameter, replaced by
+// "xxxxx". It works on the text, so it hides them even in a URL that does
+// not parse.
 func redactURL(s string) string {
-	return (&Config{Store: s}).RedactedStore()
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return s
+	}
+	q := strings.IndexAny(rest, "?#")
+	if q < 0 {
+		q = len(rest)
+	}
+	// The user information ends at the last "@" before the query, so a
+	// password with an unescaped "/" is hidden whole.
+	if at := strings.LastIndexByte(rest[:q], '@'); at >= 0 {
+		if user, _, hasPW := strings.Cut(rest[:at], ":"); hasPW {
+			rest = user + ":xxxxx" + rest[at:]
+		}
+	}
+	base, query, hasQuery := strings.Cut(rest, "?")
+	if !hasQuery {
+		return scheme + "://" + base
+	}
+	query, fragment, hasFragment := strings.Cut(query, "#")
+	params := strings.Split(query, "&")
+	for i, p := range params {
+		if name, _, _ := strings.Cut(p, "="); strings.EqualFold(name, "password") {
+			params[i] = name + "=xxxxx"
+		}
+	}
+	out := scheme + "://" + base + "?" + strings.Join(params, "&")
+	if hasFragment {
+		out += "#" + fragment
+	}
+	return out
 }
 
 // redis validates a Redis store URL and the redis section. The URL is
@@ -43,7 +77,11 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	if r == nil {
 		r = &rawRedis{}
 	}
-	out := &Redis{URL: store, Options: redisstore.Options{
+	scheme := redisScheme(store)
+	// The client is given the scheme in lower case; messages quote the
+	// file.
+	client := scheme + store[len(scheme):]
+	out := &Redis{URL: client, Options: redisstore.Options{
 		KeyPrefix:       redisstore.DefaultKeyPrefix,
 		Timeout:         v.duration("redis.timeout", r.Timeout, redisstore.DefaultTimeout),
 		BreakerFailures: redisstore.DefaultBreakerFailures,
@@ -73,14 +111,18 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		}
 	}
 
-	scheme := redisScheme(store)
-	u, err := url.Parse(store)
+	u, err := url.Parse(client)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		v.fail("store", "%q is not a URL: %v", redactURL(store), err)
+		if shown := redactURL(store); shown != store {
+			// The parser's reason may quote part of the password.
+			v.fail("store", "%q is not a URL", shown)
+		} else {
+			v.fail("store", "%q is not a URL: %v", store, err)
+		}
 		return out
 	}
 	q := u.Query()
@@ -106,7 +148,7 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		}
 	}
 	if scheme == "redis" || scheme == "rediss" || scheme == "unix" {
-		if _, err := redis.ParseURL(store); err != nil {
+		if _, err := redis.ParseURL(client); err != nil {
 			v.fail("store", "%s", strings.TrimPrefix(err.Error(), "redis: "))
 			return out
 		}
