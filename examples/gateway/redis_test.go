@@ -345,7 +345,7 @@ func TestRedisDownAtStartup(t *testing.T) {
 
 	err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, "store: "+url+"\n"+fmt.Sprintf(faultConfig, "closed"))},
 		env{stdout: newOutput(), stderr: newOutput()})
-	want := "store " + url + ": redis does not answer: dial tcp " + srv.Addr + ": connect: connection refused (failure_policy closed: not starting)"
+	want := "store " + url + ": redis is unreachable: dial tcp " + srv.Addr + ": connect: connection refused (failure_policy closed: not starting)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("closed:\n got %v\nwant %s", err, want)
 	}
@@ -353,7 +353,8 @@ func TestRedisDownAtStartup(t *testing.T) {
 	for _, pol := range []string{"open", "fallback"} {
 		t.Run(pol, func(t *testing.T) {
 			gw := start(t, frozen(), "-config", writeConfig(t, "store: "+url+"\n"+fmt.Sprintf(faultConfig, pol)))
-			if out := gw.stderr.String(); !strings.Contains(out, `msg="redis does not answer; starting degraded until it does" store=`+url+" failure_policy="+pol) {
+			if out := gw.stderr.String(); !strings.Contains(out, `msg="redis is unreachable; starting degraded until it answers" store=`+url+" failure_policy="+pol+
+				` err="redis is unreachable: dial tcp `+srv.Addr+`: connect: connection refused"`) {
 				t.Errorf("stderr:\n%s", out)
 			}
 			r := get(t, nil, gw.base+"/echo/", "X-API-Key", "a")
@@ -370,8 +371,10 @@ func TestRedisDownAtStartup(t *testing.T) {
 }
 
 // TestRedisPasswordFromEnv: a password-protected Redis, its password given
-// by redis.password_env; without it the gateway is refused by Redis, and
-// the password never shows in the banner or an error.
+// by redis.password_env; without it, or with a wrong one, Redis refuses the
+// gateway, which does not start under any failure_policy and says
+// "authentication failed"; the password never shows in the banner or an
+// error.
 func TestRedisPasswordFromEnv(t *testing.T) {
 	const pw = "s3cret/p@ss"
 	srv := redistest.Start(t)
@@ -389,12 +392,50 @@ func TestRedisPasswordFromEnv(t *testing.T) {
 		t.Errorf("the password shows in the gateway's output")
 	}
 
-	err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, "store: redis://"+srv.Addr+"/0\n"+fmt.Sprintf(faultConfig, "closed"))},
-		env{stdout: newOutput(), stderr: newOutput()})
-	want := "store redis://" + srv.Addr + "/0: redis does not answer: NOAUTH Authentication required. (failure_policy closed: not starting)"
-	if err == nil || err.Error() != want {
-		t.Errorf("without the password:\n got %v\nwant %s", err, want)
+	t.Setenv("LP_TEST_REDIS_BAD_PW", "not-"+pw)
+	for _, pol := range []string{"closed", "open", "fallback"} {
+		cfg := "store: redis://" + srv.Addr + "/0\n" + fmt.Sprintf(faultConfig, pol)
+		wrong := strings.Replace(cfg, "redis: {", "redis: {password_env: LP_TEST_REDIS_BAD_PW, ", 1)
+		for _, tc := range []struct{ name, cfg, want string }{
+			{"without the password", cfg, "NOAUTH Authentication required."},
+			{"with a wrong password", wrong, "WRONGPASS invalid username-password pair or user is disabled."},
+		} {
+			err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, tc.cfg)}, env{stdout: newOutput(), stderr: newOutput()})
+			want := "store redis://" + srv.Addr + "/0: redis authentication failed: " + tc.want + " (not starting, whatever failure_policy says)"
+			if err == nil || err.Error() != want {
+				t.Errorf("%s, failure_policy %s:\n got %v\nwant %s", tc.name, pol, err, want)
+			}
+		}
 	}
+}
+
+// TestRedisBadDatabase: a database number the server lacks is refused by
+// Redis with "ERR DB index is out of range"; the gateway says so and does
+// not start, even under failure_policy open or fallback.
+func TestRedisBadDatabase(t *testing.T) {
+	srv := redistest.Start(t) // 16 databases, the default
+	for _, pol := range []string{"closed", "open", "fallback"} {
+		err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, "store: redis://"+srv.Addr+"/99\n"+fmt.Sprintf(faultConfig, pol))},
+			env{stdout: newOutput(), stderr: newOutput()})
+		want := "store redis://" + srv.Addr + "/99: redis refused the database number: ERR DB index is out of range (not starting, whatever failure_policy says)"
+		if err == nil || err.Error() != want {
+			t.Errorf("failure_policy %s:\n got %v\nwant %s", pol, err, want)
+		}
+	}
+}
+
+// TestRedisSchemeCase: URL schemes are case-insensitive (RFC 3986 §3.1):
+// store: REDIS://... limits through that Redis, and the banner shows the
+// URL as the file wrote it.
+func TestRedisSchemeCase(t *testing.T) {
+	srv := redistest.Start(t)
+	store := "REDIS://" + srv.Addr + "/0"
+	gw := start(t, frozen(), "-config", writeConfig(t, "store: "+store+"\n"+fmt.Sprintf(faultConfig, "closed")))
+	if want := ", store: " + store + ")\n"; !strings.Contains(gw.stdout.String(), want) {
+		t.Errorf("banner %q lacks %q", gw.stdout, want)
+	}
+	exactly3(t, "REDIS://", gw.base, "a")
+	checkKeys(t, srv.Client(t, nil), redisKey("limitplane:", keyConsumer("a"), "gcra"))
 }
 
 // TestRunRedisYAML runs examples/gateway/redis.yaml as the README's "Run

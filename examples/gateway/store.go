@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -21,11 +22,14 @@ const startupPingTimeout = 5 * time.Second
 // openStore returns the store cfg names. For Redis it creates the client,
 // PINGs it, and registers the store and client with g's closers.
 //
-// When Redis does not answer at startup, failure_policy decides, as it
-// does for every request later: closed refuses to start (every request
-// would get 503, and a mistyped URL should not look like an outage); open
-// and fallback start degraded, with a warning, and begin limiting through
-// Redis as soon as it answers.
+// A Redis that answers but refuses the gateway (a wrong or missing
+// password, a database number out of range) is a configuration error:
+// the gateway does not start, whatever failure_policy says, since waiting
+// would not mend it. When Redis does not answer at startup, failure_policy
+// decides, as it does for every request later: closed refuses to start
+// (every request would get 503, and a mistyped address should not look
+// like an outage); open and fallback start degraded, with a warning, and
+// begin limiting through Redis as soon as it answers.
 func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (core.Store, error) {
 	if cfg.Redis == nil {
 		s := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
@@ -60,14 +64,41 @@ func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log 
 	pctx, cancel := context.WithTimeout(ctx, startupPingTimeout)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
-		msg := hide(err, cfg.Redis.Password)
-		if cfg.FailurePolicy == core.FailClosed {
-			return nil, fmt.Errorf("store %s: redis does not answer: %s (failure_policy closed: not starting)", name, msg)
+		kind, refused := pingFailure(err)
+		msg := kind + ": " + hide(err, cfg.Redis.Password)
+		switch {
+		case refused:
+			return nil, fmt.Errorf("store %s: %s (not starting, whatever failure_policy says)", name, msg)
+		case cfg.FailurePolicy == core.FailClosed:
+			return nil, fmt.Errorf("store %s: %s (failure_policy closed: not starting)", name, msg)
 		}
-		log.Warn("redis does not answer; starting degraded until it does",
+		log.Warn("redis is unreachable; starting degraded until it answers",
 			"store", name, "failure_policy", policyName(cfg.FailurePolicy), "err", msg)
 	}
 	return s, nil
+}
+
+// pingFailure words what a failed startup PING means, and reports whether
+// Redis refused the gateway (a configuration error) rather than failed to
+// answer. go-redis authenticates and selects the database when it opens a
+// connection, so those errors come back from the PING.
+func pingFailure(err error) (kind string, refused bool) {
+	var re redis.Error
+	switch {
+	case !errors.As(err, &re):
+		return "redis is unreachable", false
+	case redis.IsAuthError(err), redis.IsPermissionError(err),
+		// "ERR AUTH <password> called without any password configured"
+		// (Redis 6 and later), "ERR Client sent AUTH, but no password is
+		// set" (before).
+		redis.HasErrorPrefix(err, "AUTH "), redis.HasErrorPrefix(err, "Client sent AUTH"):
+		return "redis authentication failed", true
+	case redis.HasErrorPrefix(err, "DB index is out of range"), redis.HasErrorPrefix(err, "invalid DB index"),
+		redis.HasErrorPrefix(err, "SELECT is not allowed in cluster mode"):
+		return "redis refused the database number", true
+	}
+	// Any other error reply (LOADING, BUSY, ...) should pass.
+	return "redis answered with an error", false
 }
 
 // policyName returns a failure policy's config name.
