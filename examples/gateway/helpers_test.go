@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,6 +17,29 @@ import (
 
 	"github.com/limitplane/limitplane/core"
 )
+
+// TestMain runs main instead of the tests when runMainEnv is set: tests
+// start the test binary that way to check the command's exit status and
+// output as a process (see command).
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// runMainEnv makes the test binary run main.
+const runMainEnv = "LP_GATEWAY_TEST_RUN_MAIN"
+
+// command returns the gateway command with args: the test binary, running
+// main (see TestMain).
+func command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	return cmd
+}
 
 // epoch is the frozen wall clock of tests: X-RateLimit-Reset values are
 // epoch plus whole seconds.

@@ -60,13 +60,35 @@ func main() {
 	}()
 	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr})
 	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		return
+	os.Exit(exitCode(os.Stderr, err))
+}
+
+// usageError is a mistake on the command line. main exits 2 for it, as
+// the flag package's ExitOnError does.
+type usageError struct {
+	err error
+	// printed: the flag package has already written it, with the usage.
+	printed bool
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// exitCode writes run's error to w, once, and returns the exit status: 0
+// after a clean shutdown or -h, 2 for a usage error, 1 for anything else.
+func exitCode(w io.Writer, err error) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		if !ue.printed {
+			fmt.Fprintln(w, "gateway:", err)
+		}
+		return 2
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(1)
-	}
+	fmt.Fprintln(w, "gateway:", err)
+	return 1
 }
 
 // env is what run takes from the world outside its arguments. main passes
@@ -82,7 +104,9 @@ type env struct {
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then
-// shuts down gracefully. It returns nil after a clean shutdown.
+// shuts down gracefully. It returns nil after a clean shutdown,
+// flag.ErrHelp after -h, and a *usageError for a bad command line (the
+// flag package has printed its own errors and the usage).
 func run(ctx context.Context, args []string, e env) error {
 	if e.now == nil {
 		e.now = time.Now
@@ -96,10 +120,18 @@ func run(ctx context.Context, args []string, e env) error {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err: err, printed: true}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (usage: gateway [-config FILE] [-listen ADDR])", fs.Arg(0))
+		return &usageError{err: fmt.Errorf("unexpected argument %q (usage: gateway [-config FILE] [-listen ADDR])", fs.Arg(0))}
+	}
+	if *listen != "" {
+		if err := config.CheckListen(*listen); err != nil {
+			return &usageError{err: fmt.Errorf("-listen: %w", err)}
+		}
 	}
 
 	var cfg *config.Config
@@ -115,9 +147,6 @@ func run(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	if *listen != "" {
-		if err := config.CheckListen(*listen); err != nil {
-			return fmt.Errorf("-listen: %w", err)
-		}
 		cfg.Listen = *listen
 	}
 

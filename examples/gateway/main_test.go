@@ -8,9 +8,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/limitplane/limitplane/examples/gateway/config"
 )
@@ -123,6 +126,69 @@ func TestRunRefuses(t *testing.T) {
 		if out.String() != "" {
 			t.Errorf("run %q printed %q", tc.args, out)
 		}
+	}
+}
+
+// TestExitStatus runs the gateway as a process: a command-line mistake is
+// printed once and exits 2 (the flag package's convention), -h exits 0, a
+// configuration error exits 1, and SIGTERM shuts a running gateway down
+// with status 0.
+func TestExitStatus(t *testing.T) {
+	usage := "Usage: gateway [-config FILE] [-listen ADDR]\n" +
+		"  -config file\n" +
+		"    \tYAML configuration file (default: the built-in demo config)\n" +
+		"  -listen address\n" +
+		"    \taddress to listen on, host:port (overrides the config's listen)\n"
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	for _, tc := range []struct {
+		args   []string
+		status int
+		stderr string
+	}{
+		{[]string{"-port", "1"}, 2, "flag provided but not defined: -port\n" + usage},
+		{[]string{"-listen"}, 2, "flag needs an argument: -listen\n" + usage},
+		{[]string{"demo.yaml"}, 2, `gateway: unexpected argument "demo.yaml" (usage: gateway [-config FILE] [-listen ADDR])` + "\n"},
+		{[]string{"-listen", "8080", "-config", missing}, 2, `gateway: -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)` + "\n"},
+		{[]string{"-h"}, 0, usage},
+		{[]string{"-config", missing}, 1, "gateway: config: open " + missing + ": no such file or directory\n"},
+	} {
+		cmd := command(t, tc.args...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		status := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			status = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if status != tc.status || stderr.String() != tc.stderr || stdout.String() != "" {
+			t.Errorf("gateway %q: status %d, stderr:\n%s\nstdout: %q\nwant status %d, stderr:\n%s", tc.args, status, stderr.String(), stdout.String(), tc.status, tc.stderr)
+		}
+	}
+
+	// A running gateway: SIGTERM, status 0.
+	cmd := command(t, "-listen", "127.0.0.1:0")
+	out := newOutput()
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = out, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case base := <-out.addr:
+		if r := get(t, nil, base+"/open/x"); r.status != 200 {
+			t.Errorf("GET /open/x: %d", r.status)
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("no banner within 30s; stderr: %s", stderr.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil || !strings.HasSuffix(out.String(), "shutting down\n") {
+		t.Errorf("after SIGTERM: %v, stdout ends %q, stderr %q", err, out.String()[max(0, len(out.String())-40):], stderr.String())
 	}
 }
 
