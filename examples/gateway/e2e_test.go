@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -554,5 +555,90 @@ apis: [{id: open, listen_path: /, target: %q, auth: keyless, policies: [anon]}]
 				t.Errorf("from %s claiming %s: upstream saw X-Forwarded-For %q, want %q", tc.from, tc.claimed, got, tc.upstream)
 			}
 		}
+	}
+}
+
+// raw sends one request written out in full (request line, header,
+// blank line) on a new connection to gw and returns the answer.
+func raw(t *testing.T, gw *running, request string) reply {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(gw.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, request); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+// TestOwnAnswers: requests that no route can take get the gateway's JSON
+// answers (400 for the asterisk form, 405 for CONNECT, 404); what net/http
+// refuses before the gateway sees the request stays text/plain, as the
+// README says (a bad escape in the path, a header over max_header_bytes).
+func TestOwnAnswers(t *testing.T) {
+	gw := start(t, frozen(), "-config", writeConfig(t, `
+server: {max_header_bytes: 1024}
+policies: [{id: p, rate: {requests: 100, per: 1m}}]
+apis: [{id: open, listen_path: /open/, target: "builtin:echo", auth: keyless, policies: [p]}]
+`))
+	const host = "Host: gw\r\n"
+	for _, tc := range []struct {
+		name, request string
+		status        int
+		contentType   string
+		body          string
+		allow         string
+	}{
+		{"asterisk form", "GET * HTTP/1.1\r\n" + host + "\r\n", 400, "application/json",
+			`{"error":"request target must be a path starting with /"}` + "\n", ""},
+		{"CONNECT", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405, "application/json",
+			`{"error":"method CONNECT is not allowed"}` + "\n", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"},
+		{"no route", "GET /closed/x HTTP/1.1\r\n" + host + "\r\n", 404, "application/json",
+			`{"error":"no API is served at this path"}` + "\n", ""},
+		{"bad escape (net/http)", "GET /open/%zz HTTP/1.1\r\n" + host + "\r\n", 400, "text/plain; charset=utf-8", "400 Bad Request", ""},
+		{"header too large (net/http)", "GET /open/x HTTP/1.1\r\n" + host + "X-Big: " + strings.Repeat("x", 8<<10) + "\r\n\r\n", 431,
+			"text/plain; charset=utf-8", "431 Request Header Fields Too Large", ""},
+	} {
+		r := raw(t, gw, tc.request)
+		if r.status != tc.status || r.body != tc.body {
+			t.Errorf("%s: %d %q, want %d %q", tc.name, r.status, r.body, tc.status, tc.body)
+		}
+		checkHeaders(t, tc.name, r.header, map[string]string{"Content-Type": tc.contentType, "Allow": tc.allow})
+	}
+}
+
+// TestEchoShowsWhatUpstreamsGet: builtin:echo leaves out hop-by-hop header
+// fields (the fixed ones and those Connection names) and shows credential
+// headers and query parameters as [redacted], the rest of the query as
+// sent.
+func TestEchoShowsWhatUpstreamsGet(t *testing.T) {
+	gw := start(t, frozen(), "-config", writeConfig(t, `
+policies: [{id: p, rate: {requests: 100, per: 1m}}]
+apis: [{id: open, listen_path: /open/, target: "builtin:echo", auth: keyless, policies: [p]}]
+`))
+	r := raw(t, gw, "GET /open/x?api_key=k1&x=%41&access_token=t&api%5Fkey=k2&y HTTP/1.1\r\nHost: gw\r\n"+
+		"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eDp5\r\nTe: trailers\r\nUpgrade: h2c\r\n"+
+		"Authorization: Bearer k1\r\nX-Api-Key: k1\r\nCookie: s=1\r\nX-Kept: yes\r\n\r\n")
+	var e echoReply
+	if err := json.Unmarshal([]byte(r.body), &e); err != nil || r.status != 200 {
+		t.Fatalf("%d %q (%v)", r.status, r.body, err)
+	}
+	if want := "api_key=[redacted]&x=%41&access_token=[redacted]&api%5Fkey=[redacted]&y"; e.Query != want {
+		t.Errorf("query %q, want %q", e.Query, want)
+	}
+	want := map[string]string{"Authorization": "[redacted]", "X-Api-Key": "[redacted]", "Cookie": "[redacted]", "X-Kept": "yes"}
+	if fmt.Sprint(e.Headers) != fmt.Sprint(want) {
+		t.Errorf("headers %v, want %v", e.Headers, want)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/textproto"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -23,9 +25,30 @@ type echoReply struct {
 	BodyBytes  int64             `json:"body_bytes"`
 }
 
+// Credentials the echo upstream never shows: header fields (canonical
+// names) and query parameters whose values it replaces by "[redacted]".
+// They are the places the gateway reads credentials from, plus Cookie and
+// RFC 6750's access_token parameter.
+var (
+	echoSecretHeaders = []string{"Authorization", "X-Api-Key", "Cookie"}
+	echoSecretParams  = []string{"api_key", "access_token"}
+)
+
+// hopHeaders are the hop-by-hop header fields (RFC 9110 §7.6.1, and the
+// older ones net/http/httputil.ReverseProxy also drops): they describe the
+// client's connection to the gateway, so an upstream behind the proxy
+// never receives them, and the echo upstream does not show them.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
 // echo returns the builtin:echo upstream for API id: it answers every
-// request with 200 and JSON describing it. Credential headers are shown as
-// "[redacted]" so a pasted demo output never leaks a key.
+// request with 200 and JSON describing it as an http(s) upstream would
+// receive it: without hop-by-hop header fields (hopHeaders and those the
+// Connection field names), and with credentials (echoSecretHeaders,
+// echoSecretParams) shown as "[redacted]", so a pasted demo output never
+// leaks a key.
 func echo(id string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, maxEchoBody))
@@ -33,14 +56,25 @@ func echo(id string) http.Handler {
 			API:        id,
 			Method:     r.Method,
 			Path:       r.URL.Path,
-			Query:      r.URL.RawQuery,
+			Query:      redactQuery(r.URL.RawQuery, echoSecretParams),
 			RemoteAddr: r.RemoteAddr,
 			Headers:    make(map[string]string, len(r.Header)),
 			BodyBytes:  n,
 		}
+		hop := slices.Clone(hopHeaders)
+		for _, v := range r.Header["Connection"] {
+			for _, name := range strings.Split(v, ",") {
+				if name = textproto.TrimString(name); name != "" {
+					hop = append(hop, http.CanonicalHeaderKey(name))
+				}
+			}
+		}
 		for name, vals := range r.Header {
+			if slices.Contains(hop, name) {
+				continue
+			}
 			v := strings.Join(vals, ", ")
-			if slices.Contains([]string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization"}, name) {
+			if slices.Contains(echoSecretHeaders, name) {
 				v = "[redacted]"
 			}
 			rep.Headers[name] = v
@@ -53,4 +87,28 @@ func echo(id string) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(append(b, '\n'))
 	})
+}
+
+// redactQuery returns the raw query with the value of every parameter
+// named in names replaced by "[redacted]", everything else as sent.
+func redactQuery(raw string, names []string) string {
+	if raw == "" {
+		return ""
+	}
+	pairs := strings.Split(raw, "&")
+	for i, p := range pairs {
+		if k, _, _ := strings.Cut(p, "="); slices.Contains(names, unescapeParam(k)) {
+			pairs[i] = k + "=[redacted]"
+		}
+	}
+	return strings.Join(pairs, "&")
+}
+
+// unescapeParam decodes a query parameter name as url.ParseQuery does; a
+// name that does not decode is returned as it is.
+func unescapeParam(k string) string {
+	if u, err := url.QueryUnescape(k); err == nil {
+		return u
+	}
+	return k
 }

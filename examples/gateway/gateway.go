@@ -145,9 +145,26 @@ func (g *gateway) Close() error {
 	return errors.Join(errs...)
 }
 
+// allowedMethods is the Allow field of the gateway's 405 answer: it
+// forwards any method but CONNECT; these are the ones it advertises.
+const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
 // ServeHTTP routes r by the longest listen path that matches its path.
+// Requests net/http passes on that no route can take are answered here,
+// in JSON like every other answer of the gateway's own.
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect {
+		// A reverse proxy opens no tunnels.
+		w.Header().Set("Allow", allowedMethods)
+		writeError(w, http.StatusMethodNotAllowed, "method CONNECT is not allowed")
+		return
+	}
 	p := r.URL.Path
+	if p != "" && p[0] != '/' {
+		// "GET *": net/http answers only OPTIONS * itself.
+		writeError(w, http.StatusBadRequest, "request target must be a path starting with /")
+		return
+	}
 	if c := cleanPath(p); c != p {
 		// "/open/../echo/x" must not reach the open API's upstream, which
 		// might resolve it to a path the echo API protects: send the
