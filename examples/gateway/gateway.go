@@ -92,13 +92,19 @@ func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger
 			up = stripPrefix(prefix, up)
 		}
 		var auth identity.Authenticator = apiKey
+		sources := apiKey.Sources()
 		switch a.Auth {
 		case config.AuthKeyless:
-			auth = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: clientIP}}
+			auth, sources = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: clientIP}}, nil
 		case config.AuthJWT:
-			if auth, err = g.newJWT(ctx, a, e, log); err != nil {
+			j, err := g.newJWT(ctx, a, e, log)
+			if err != nil {
 				return nil, err
 			}
+			auth, sources = j, j.Sources()
+		}
+		if a.StripAuthData {
+			up = stripCredentials(sources, up)
 		}
 		if a.FailureLimit != "" {
 			auth = &identity.FailureLimited{Auth: auth, Limiter: engine, Policy: a.FailureLimit, ClientIP: clientIP}
@@ -113,7 +119,7 @@ func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger
 // newJWT returns a jwt API's authenticator. A key set fetched from a URL
 // is fetched once now (the gateway does not start without it) and then
 // refreshed in the background until ctx is done or the gateway closes.
-func (g *gateway) newJWT(ctx context.Context, a config.API, e env, log *slog.Logger) (identity.Authenticator, error) {
+func (g *gateway) newJWT(ctx context.Context, a config.API, e env, log *slog.Logger) (*identity.JWT, error) {
 	o := *a.JWT
 	o.Now = e.now
 	if a.JWKS != nil {
@@ -223,11 +229,97 @@ func stripPrefix(prefix string, h http.Handler) http.Handler {
 	})
 }
 
+// dropParam returns the raw query without the parameters named name
+// (compared after unescaping, as url.ParseQuery reads them), and whether
+// there were any.
+func dropParam(raw, name string) (string, bool) {
+	if raw == "" {
+		return raw, false
+	}
+	pairs := strings.Split(raw, "&")
+	kept := pairs[:0]
+	for _, p := range pairs {
+		if k, _, _ := strings.Cut(p, "="); unescapeParam(k) != name {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) == len(pairs) {
+		return raw, false
+	}
+	return strings.Join(kept, "&"), true
+}
+
+// dropCookie returns the Cookie field lines without the cookies named
+// name (lines left empty are dropped), and whether there were any.
+func dropCookie(lines []string, name string) ([]string, bool) {
+	var out []string
+	found := false
+	for _, l := range lines {
+		var kept []string
+		for _, c := range strings.Split(l, ";") {
+			if n, _, _ := strings.Cut(strings.TrimSpace(c), "="); n == name {
+				found = true
+			} else if strings.TrimSpace(c) != "" {
+				kept = append(kept, strings.TrimSpace(c))
+			}
+		}
+		if len(kept) > 0 {
+			out = append(out, strings.Join(kept, "; "))
+		}
+	}
+	return out, found
+}
+
 func orSlash(s string) string {
 	if s == "" {
 		return "/"
 	}
 	return s
+}
+
+// stripCredentials removes every place sources name from a request before
+// h sees it: those header fields, those query parameters (the rest of the
+// query is passed on as sent) and those cookies (other cookies stay). It
+// runs after authentication, which has read the credential.
+func stripCredentials(sources []identity.Source, h http.Handler) http.Handler {
+	if len(sources) == 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A handler must not modify the request it is given: r2 is a
+		// shallow copy, whose Header and URL are copied before a change.
+		r2 := *r
+		cloned := false
+		for _, s := range sources {
+			switch s.In {
+			case identity.InHeader:
+				if _, ok := r2.Header[http.CanonicalHeaderKey(s.Name)]; ok {
+					if !cloned {
+						r2.Header, cloned = r.Header.Clone(), true
+					}
+					r2.Header.Del(s.Name)
+				}
+			case identity.InQuery:
+				if q, ok := dropParam(r2.URL.RawQuery, s.Name); ok {
+					u := *r2.URL
+					u.RawQuery = q
+					r2.URL = &u
+				}
+			case identity.InCookie:
+				if lines, ok := dropCookie(r2.Header["Cookie"], s.Name); ok {
+					if !cloned {
+						r2.Header, cloned = r.Header.Clone(), true
+					}
+					if len(lines) == 0 {
+						r2.Header.Del("Cookie")
+					} else {
+						r2.Header["Cookie"] = lines
+					}
+				}
+			}
+		}
+		h.ServeHTTP(w, &r2)
+	})
 }
 
 // newProxy returns a reverse proxy to a's URL target. The request path

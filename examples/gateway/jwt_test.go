@@ -191,7 +191,8 @@ func TestJWT(t *testing.T) {
 		})
 		if want.status == 200 {
 			var e echoReply
-			if err := json.Unmarshal([]byte(r.body), &e); err != nil || e.Headers["Authorization"] != "[redacted]" {
+			err := json.Unmarshal([]byte(r.body), &e)
+			if _, sent := e.Headers["Authorization"]; err != nil || sent {
 				t.Errorf("echo body %q (%v)", r.body, err)
 			}
 		}

@@ -176,6 +176,11 @@ type API struct {
 	// StripListenPath removes ListenPath from the request path before it
 	// goes upstream ("/echo/a" reaches the upstream as "/a").
 	StripListenPath bool
+	// StripAuthData removes the credential from a request before it goes
+	// upstream: every header, query parameter and cookie the API's
+	// authenticator reads it from (Tyk's strip_auth_data). True by default
+	// for api_key and jwt APIs; always false for keyless ones.
+	StripAuthData bool
 }
 
 // Target is an API's upstream: either a builtin (BuiltinEcho) or an

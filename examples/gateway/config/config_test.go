@@ -37,7 +37,7 @@ func TestRefusals(t *testing.T) {
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
-			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path)`},
+			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data)`},
 		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
 			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
 		{"api_limits key given twice", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: 1s}}\n      a: {rate: {requests: 2, per: 1s}}\n" + api,
@@ -221,6 +221,8 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:2:5: apis[0].policies: a keyless API needs at least one policy (applied per client IP)`},
 		{"api_key API with policies", "policies:\n  - id: p\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", policies: [p]}\n",
 			`t.yaml:4:65: apis[0].policies: only keyless APIs take policies; an api_key API applies each key's own policies`},
+		{"keyless API stripping credentials", "policies:\n  - id: p\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless, policies: [p], strip_auth_data: true}\n",
+			`t.yaml:4:102: apis[0].strip_auth_data: a keyless API reads no credentials, so there are none to strip`},
 		{"keyless API with unknown policy", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless, policies: [anon]}\n",
 			`t.yaml:2:81: apis[0].policies[0]: unknown policy "anon"`},
 		{"keyless policy scoped elsewhere", "policies:\n  - {id: anon, apis: [b]}\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", auth: keyless, policies: [anon]}\n" +
@@ -319,7 +321,7 @@ func TestDemoConfig(t *testing.T) {
 			{Hash: gold, Policies: []string{"gold"}},
 		},
 		APIs: []config.API{
-			{ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthAPIKey, StripListenPath: true},
+			{ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthAPIKey, StripListenPath: true, StripAuthData: true},
 			{ID: "open", ListenPath: "/open/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthKeyless, Policies: []string{"anon"}, StripListenPath: true},
 		},
 	}
@@ -380,6 +382,7 @@ apis:
     target: https://api.internal:8443/v1
     auth: api_key
     strip_listen_path: false
+    strip_auth_data: false
   - id: all
     listen_path: /
     target: http://127.0.0.1:9001

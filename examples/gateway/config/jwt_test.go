@@ -254,7 +254,7 @@ apis:
 	}
 	want := []config.API{
 		{
-			ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true,
+			ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true, StripAuthData: true,
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"RS256", "HS256", "HS512"},
 				Keys: []identity.JWTKey{rsaKey,
@@ -267,14 +267,14 @@ apis:
 			FailureLimit: "authfail",
 		},
 		{
-			ID: "ext", ListenPath: "/ext/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true,
+			ID: "ext", ListenPath: "/ext/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true, StripAuthData: true,
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"ES256"}, ConsumerClaim: "sub", PolicyClaim: "plan", IDPrefix: `jwt:api="ext":`,
 			},
 			JWKS: &identity.JWKSOptions{URL: "https://idp.example/.well-known/jwks.json", RefreshInterval: 10 * time.Minute},
 		},
 		{
-			ID: "local", ListenPath: "/local/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true,
+			ID: "local", ListenPath: "/local/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true, StripAuthData: true,
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"EdDSA"}, ConsumerClaim: "sub", DefaultPolicies: []string{"gold"}, IDPrefix: `jwt:api="local":`,
 			},

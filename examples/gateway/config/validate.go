@@ -423,6 +423,13 @@ func (v *validator) apis(raw []rawAPI, policies map[string]*core.Policy) map[str
 		if r.StripListenPath != nil {
 			a.StripListenPath = *r.StripListenPath
 		}
+		a.StripAuthData = r.Auth != "keyless"
+		if r.StripAuthData != nil {
+			if r.Auth == "keyless" {
+				v.fail(at+".strip_auth_data", "a keyless API reads no credentials, so there are none to strip")
+			}
+			a.StripAuthData = *r.StripAuthData
+		}
 		switch {
 		case !knownAuth:
 		case r.Auth == "jwt" && len(r.Policies) > 0:

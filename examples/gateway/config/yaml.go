@@ -108,6 +108,7 @@ type rawAPI struct {
 	JWT             *rawJWT          `yaml:"jwt"`
 	FailureLimit    *rawFailureLimit `yaml:"failure_limit"`
 	StripListenPath *bool            `yaml:"strip_listen_path"`
+	StripAuthData   *bool            `yaml:"strip_auth_data"`
 }
 
 type rawJWT struct {
