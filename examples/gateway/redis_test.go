@@ -440,15 +440,16 @@ func TestRedisSchemeCase(t *testing.T) {
 
 // TestRunRedisYAML runs examples/gateway/redis.yaml as the README's "Run
 // it against Redis" does, on a test redis-server instead of
-// 127.0.0.1:6379: two gateways, six requests alternating between them,
-// the sixth refused. The README shows this output and the banner.
+// 127.0.0.1:6380: two gateways, six requests alternating between them,
+// the sixth refused. The README shows this output and the banner, and its
+// commands use port 6380 throughout and a built binary.
 func TestRunRedisYAML(t *testing.T) {
 	b, err := os.ReadFile("redis.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	data := string(b)
-	const fileURL = "redis://127.0.0.1:6379/0"
+	const fileURL = "redis://127.0.0.1:6380/0"
 	if !strings.Contains(data, "store: "+fileURL+"\n") {
 		t.Fatalf("redis.yaml does not use %s", fileURL)
 	}
@@ -476,6 +477,20 @@ func TestRunRedisYAML(t *testing.T) {
 	banner = strings.Replace(banner, "config: "+cfg+", store: redis://"+srv.Addr+"/0", "config: examples/gateway/redis.yaml, store: "+fileURL, 1)
 	if !strings.Contains(readme, "```\n"+banner+"```\n") {
 		t.Errorf("README.md does not show the banner:\n%s", banner)
+	}
+	for _, cmd := range []string{
+		"redis-server --port 6380 --save '' --appendonly no &",
+		"go build -o /tmp/gw ./examples/gateway",
+		"/tmp/gw -config examples/gateway/redis.yaml &",
+		"/tmp/gw -config examples/gateway/redis.yaml -listen 127.0.0.1:8081 &",
+		"kill %2 %3; wait %2 %3; kill %1",
+	} {
+		if !strings.Contains(readme, "\n"+cmd) {
+			t.Errorf("README.md's walk-through lacks %q", cmd)
+		}
+	}
+	if strings.Contains(readme, "6379:6379") || strings.Contains(readme, "--port 6379") {
+		t.Errorf("README.md still starts a Redis on 6379")
 	}
 	demo := keyConsumer("demo-key-1")
 	checkKeys(t, srv.Client(t, nil), redisKey("limitplane:demo:", demo, "gcra"), redisKey("limitplane:demo:", demo, "quota"))
