@@ -33,6 +33,10 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 	if !ok {
 		return nil, fmt.Errorf("redisstore: store URL %q has no scheme", redact(rawURL))
 	}
+	// Schemes are case-insensitive (RFC 3986 §3.1); go-redis wants them
+	// lower-case.
+	scheme = strings.ToLower(scheme)
+	rawURL = scheme + "://" + rest
 	switch scheme {
 	case "redis", "rediss", "unix":
 		o, err := redis.ParseURL(rawURL)

@@ -92,3 +92,14 @@ func TestRedact(t *testing.T) {
 		}
 	}
 }
+
+func TestNewClientFromURLSchemeCase(t *testing.T) {
+	c, err := NewClientFromURL("REDIS://127.0.0.1:1/2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if db := c.(*redis.Client).Options().DB; db != 2 {
+		t.Fatalf("db %d, want 2", db)
+	}
+}
