@@ -148,6 +148,14 @@ type Clock interface {
 	Nanotime() int64
 }
 
+// DecisionWriter is implemented by stores that can write a Decision in
+// place: TakeInto(ctx, &req, &d) has exactly Take's semantics and
+// overwrites all of *d. The Engine uses it when its store has it; on a hot
+// in-process key the Decision copy it avoids is about a third of the cost.
+type DecisionWriter interface {
+	TakeInto(ctx context.Context, req *Request, d *Decision) error
+}
+
 // AlgorithmSupporter is implemented by stores that enforce only some
 // algorithms (the in-process store enforces GCRA only). NewEngine and
 // SetConfig refuse policies a store cannot enforce, instead of failing

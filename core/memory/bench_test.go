@@ -336,3 +336,31 @@ func BenchmarkBareMapRandomKeys(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStoreHotKeyInto is BenchmarkStoreHotKey's serial case through
+// TakeInto, which writes the Decision in place.
+func BenchmarkStoreHotKeyInto(b *testing.B) {
+	ctx := context.Background()
+	for _, w := range workloads {
+		for _, c := range clocks(b) {
+			b.Run(w.name+"/"+c.name+"/serial", func(b *testing.B) {
+				s := memory.New(memory.Options{Clock: c.clock})
+				b.Cleanup(func() { s.Close() })
+				req := core.Request{Consumer: hotKey, Rate: w.limit, Cost: 1}
+				var d core.Decision
+				if err := s.TakeInto(ctx, &req, &d); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				n := int64(0)
+				for range b.N {
+					s.TakeInto(ctx, &req, &d)
+					if d.Allowed {
+						n++
+					}
+				}
+				sink = n
+			})
+		}
+	}
+}

@@ -383,9 +383,17 @@ func (s *Store) Len() int {
 // errRetry tells Take that an entry was removed under it.
 var errRetry = errors.New("entry removed; retry")
 
-// Take implements core.Store. Only GCRA is supported; other algorithms
-// return core.ErrUnsupportedAlgorithm.
-func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err error) {
+// Take implements core.Store (through TakeInto). Only GCRA is supported;
+// other algorithms return core.ErrUnsupportedAlgorithm.
+func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
+	err = s.TakeInto(ctx, &req, &d)
+	return d, err
+}
+
+// TakeInto is Take writing the decision into *d (overwriting all of it)
+// instead of returning it: it implements core.DecisionWriter, which the
+// engine prefers, and saves copying the Decision on every call.
+func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
 	// The common case, a valid GCRA rate limit alone on a key already held,
 	// decided in registers with a small frame; everything else, errors
 	// included, in take. The general path copies result structs and costs
@@ -420,9 +428,7 @@ func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err 
 				if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
 					continue
 				}
-				// The one-byte fields before the rest: a caller copying d in
-				// 16-byte moves right after a narrow store would wait for it
-				// (a failed store-to-load forward).
+				*d = core.Decision{}
 				d.Allowed, d.DecidedBy = ok, core.KindRate
 				retry := int64(0)
 				if !ok {
@@ -433,11 +439,13 @@ func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err 
 				reset := time.Duration(after - now)
 				d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
 				d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
-				return d, nil
+				return nil
 			}
 		}
 	}
-	return s.take(req)
+	var err error
+	*d, err = s.take(*req)
+	return err
 }
 
 // take is Take's general path: validation, new keys, quotas, and entries
@@ -662,4 +670,7 @@ var _ core.Store = (*Store)(nil)
 // store enforces GCRA only.
 func (s *Store) SupportsAlgorithm(a core.Algorithm) bool { return a == core.GCRA }
 
-var _ core.AlgorithmSupporter = (*Store)(nil)
+var (
+	_ core.AlgorithmSupporter = (*Store)(nil)
+	_ core.DecisionWriter     = (*Store)(nil)
+)

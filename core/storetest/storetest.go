@@ -31,6 +31,28 @@ type Suite struct {
 	// Concurrency is the number of goroutines in the concurrency vectors
 	// (default 64).
 	Concurrency int
+
+	viaTakeInto bool // set for the rerun through core.DecisionWriter
+}
+
+// dwStore is a Store that also writes decisions in place.
+type dwStore interface {
+	core.Store
+	core.DecisionWriter
+}
+
+// intoStore answers Take through TakeInto, into a Decision filled with
+// garbage first, so a field TakeInto forgets to set shows up.
+type intoStore struct{ dwStore }
+
+func (s intoStore) Take(ctx context.Context, r core.Request) (core.Decision, error) {
+	d := core.Decision{Allowed: true, DecidedBy: core.KindQuota, Policy: "junk", Limit: -7, Remaining: -7, ResetAfter: -7,
+		RetryAfter: -7, Rate: core.Status{Limit: -7, Policy: "junk"}, Quota: core.Status{Limit: -7}, Shadowed: true, Delay: -7}
+	err := s.TakeInto(ctx, &r, &d)
+	if err != nil {
+		return core.Decision{}, err
+	}
+	return d, nil
 }
 
 // start is the initial reading of every manual clock: well above 0, which
@@ -44,6 +66,19 @@ func Run(t *testing.T, s Suite) {
 	}
 	if s.Concurrency <= 0 {
 		s.Concurrency = 64
+	}
+	if !s.viaTakeInto {
+		probe := s.New(t, core.NewManualClock(start))
+		if _, ok := probe.(core.DecisionWriter); ok {
+			// Every vector again through TakeInto, starting from a dirty
+			// Decision each time: it must equal Take's answer in full.
+			into := s
+			into.viaTakeInto = true
+			into.New = func(t *testing.T, clock core.Clock) core.Store {
+				return intoStore{s.New(t, clock).(dwStore)}
+			}
+			t.Run("TakeInto", func(t *testing.T) { Run(t, into) })
+		}
 	}
 	t.Run("GCRA", func(t *testing.T) { runGCRA(t, s) })
 	t.Run("Quota", func(t *testing.T) { runQuota(t, s) })
@@ -85,7 +120,31 @@ func (e *env) take(r core.Request) core.Decision {
 	if err != nil {
 		e.t.Fatalf("Take(%+v): %v", r, err)
 	}
+	invariants(e.t, r, d)
 	return d
+}
+
+// invariants checks what holds for every decision a bare store makes: no
+// policy names or shadowing (those are the engine's), no quota status
+// without a quota, no rate status without a rate limit, no delay without a
+// reservation, and no retry time on an allowed request.
+func invariants(t *testing.T, r core.Request, d core.Decision) {
+	t.Helper()
+	bad := func(what string) { t.Fatalf("decision %+v for %+v: %s", d, r, what) }
+	switch {
+	case d.Policy != "" || d.Rate.Policy != "" || d.Quota.Policy != "":
+		bad("a store set a policy name")
+	case d.Shadowed:
+		bad("a store set Shadowed")
+	case r.Quota.IsUnlimited() && d.Quota != core.Status{}:
+		bad("quota status without a quota")
+	case r.Rate.IsUnlimited() && d.Rate != core.Status{}:
+		bad("rate status without a rate limit")
+	case d.Delay != 0 && (r.MaxDelay <= 0 || !d.Allowed):
+		bad("a delay without a reservation")
+	case d.Allowed && d.RetryAfter != 0:
+		bad("retry time on an allowed request")
+	}
 }
 
 func check(t *testing.T, what string, got, want any) {
