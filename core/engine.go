@@ -103,10 +103,9 @@ type Observer interface {
 // the counters. It is safe for concurrent use; SetConfig swaps the policy set
 // atomically with no lock on the request path.
 type Engine struct {
-	store  Store
-	writer DecisionWriter // store, when it writes decisions in place
-	opts   Options
-	snap   atomic.Pointer[snapshot]
+	store Store
+	opts  Options
+	snap  atomic.Pointer[snapshot]
 }
 
 // NewEngine returns an Engine over store with the policies of cfg.
@@ -118,7 +117,6 @@ func NewEngine(store Store, cfg Config, opts Options) (*Engine, error) {
 		return nil, errors.New("limitplane: NewEngine: FailFallback needs Options.Fallback")
 	}
 	e := &Engine{store: store, opts: opts}
-	e.writer, _ = store.(DecisionWriter)
 	if err := e.SetConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -306,13 +304,7 @@ func (e *Engine) take(ctx context.Context, req Request) (Decision, error) {
 		sctx, cancel = context.WithTimeout(ctx, e.opts.StoreTimeout)
 		defer cancel()
 	}
-	var d Decision
-	var err error
-	if e.writer != nil {
-		err = e.writer.TakeInto(sctx, &req, &d)
-	} else {
-		d, err = e.store.Take(sctx, req)
-	}
+	d, err := e.store.Take(sctx, req)
 	if err == nil || errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrUnsupportedAlgorithm) {
 		return d, err
 	}

@@ -391,8 +391,8 @@ func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, er
 }
 
 // TakeInto is Take writing the decision into *d (overwriting all of it)
-// instead of returning it: it implements core.DecisionWriter, which the
-// engine prefers, and saves copying the Decision on every call.
+// instead of returning it (core.DecisionWriter): called on a *Store, it
+// saves copying the Decision on every call.
 func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
 	// The common case, a valid GCRA rate limit alone on a key already held,
 	// decided in registers with a small frame; everything else, errors
