@@ -269,6 +269,7 @@ type JWT struct {
 	prefix   string
 	maxSize  int
 	sources  []Source
+	lookup   []string // lookupNames(sources)
 }
 
 // NewJWT returns a JWT authenticator for o. It fails on a missing or
@@ -347,6 +348,7 @@ func NewJWT(o JWTOptions) (*JWT, error) {
 	if len(j.sources) == 0 {
 		j.sources = DefaultJWTSources()
 	}
+	j.lookup = lookupNames(j.sources)
 	popts := []jwt.ParserOption{
 		jwt.WithValidMethods(append([]string(nil), o.Algorithms...)),
 		jwt.WithLeeway(o.Leeway),
@@ -401,7 +403,7 @@ func lookup(m map[string]any, path []string) (any, bool) {
 // Extract returns the presented token, or "" when there is none. It fails
 // with a 401 *Error when the request is ambiguous (see APIKey.Extract) or
 // its Authorization header does not use the Bearer scheme.
-func (j *JWT) Extract(r Request) (string, error) { return extract(r, j.sources, true) }
+func (j *JWT) Extract(r Request) (string, error) { return extract(r, j.sources, j.lookup, true) }
 
 // Sources returns the sources the token is read from.
 func (j *JWT) Sources() []Source { return append([]Source(nil), j.sources...) }

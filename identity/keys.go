@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/textproto"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -164,8 +165,9 @@ type APIKeyOptions struct {
 
 // APIKey authenticates requests by API key against a Keys registry.
 type APIKey struct {
-	keys *Keys
-	opts APIKeyOptions
+	keys   *Keys
+	opts   APIKeyOptions
+	lookup []string // header sources' names in canonical form, by source
 }
 
 // NewAPIKey returns an APIKey authenticator over keys.
@@ -179,7 +181,23 @@ func NewAPIKey(keys *Keys, opts APIKeyOptions) *APIKey {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &APIKey{keys: keys, opts: opts}
+	return &APIKey{keys: keys, opts: opts, lookup: lookupNames(opts.Sources)}
+}
+
+// lookupNames returns each source's name as it is looked up: header names
+// in canonical MIME form (textproto.CanonicalMIMEHeaderKey), computed once
+// here rather than, allocating, on every request. Header lookups are
+// case-insensitive everywhere (net/http, fasthttp, gRPC metadata), so only
+// the cost changes; messages keep the configured spelling.
+func lookupNames(sources []Source) []string {
+	names := make([]string, len(sources))
+	for i, s := range sources {
+		names[i] = s.Name
+		if s.In == InHeader {
+			names[i] = textproto.CanonicalMIMEHeaderKey(s.Name)
+		}
+	}
+	return names
 }
 
 // Extract returns the presented key, or "" when there is none. It fails
@@ -189,7 +207,9 @@ func NewAPIKey(keys *Keys, opts APIKeyOptions) *APIKey {
 // (the first, as net/http's Header.Get does, or the last) a client could
 // then pass the gateway with one key while a component behind it acts on
 // the other.
-func (a *APIKey) Extract(r Request) (string, error) { return extract(r, a.opts.Sources, false) }
+func (a *APIKey) Extract(r Request) (string, error) {
+	return extract(r, a.opts.Sources, a.lookup, false)
+}
 
 // Sources returns the sources the key is read from.
 func (a *APIKey) Sources() []Source { return append([]Source(nil), a.opts.Sources...) }
@@ -201,14 +221,14 @@ func (a *APIKey) Sources() []Source { return append([]Source(nil), a.opts.Source
 // field line, or two sources with different non-empty values, is refused
 // as ambiguous. With bearerOnly, an Authorization header in any other
 // scheme (or a bare credential) is refused too.
-func extract(r Request, sources []Source, bearerOnly bool) (string, error) {
+func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (string, error) {
 	var cred string
 	var from Source
-	for _, s := range sources {
+	for i, s := range sources {
 		var v string
 		switch s.In {
 		case InHeader:
-			vals := r.HeaderValues(s.Name)
+			vals := r.HeaderValues(lookup[i])
 			if len(vals) > 1 {
 				return "", invalid(401, "ambiguous credentials: more than one "+s.String())
 			}
