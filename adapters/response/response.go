@@ -25,8 +25,10 @@ package response
 
 import (
 	"errors"
+	"hash/maphash"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
@@ -93,7 +95,26 @@ type Result struct {
 }
 
 // Renderer renders decisions. It is immutable and safe for concurrent use.
-type Renderer struct{ o Options }
+type Renderer struct {
+	o Options
+	// policies caches RateLimit-Policy values, which change only with the
+	// policies themselves: a small direct-mapped, lock-free cache keyed by
+	// the fields the value is made of.
+	seed     maphash.Seed
+	policies [64]atomic.Pointer[policyValue]
+}
+
+// policyKey is what a RateLimit-Policy value is made of.
+type policyKey struct {
+	rateName, quotaName   string
+	rateLimit, quotaLimit int64
+	rateWin, quotaWin     time.Duration
+}
+
+type policyValue struct {
+	k policyKey
+	v string
+}
 
 // NewRenderer returns a Renderer for o.
 func NewRenderer(o Options) *Renderer {
@@ -106,7 +127,7 @@ func NewRenderer(o Options) *Renderer {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Renderer{o: o}
+	return &Renderer{o: o, seed: maphash.MakeSeed()}
 }
 
 // Render returns the answer for a decision d, or for err when it is not nil
@@ -178,17 +199,16 @@ func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
 		return dst
 	}
 	if !r.o.NoRateLimitFields {
-		var pol, cur []byte
-		var buf [256]byte
-		pol, cur = buf[:0], buf[128:128]
+		var buf [128]byte
+		cur := buf[:0]
 		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
 		if d.Rate.Limit > 0 {
-			pol, cur = item(pol, cur, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+			cur = current(cur, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			pol, cur = item(pol, cur, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+			cur = current(cur, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
 		}
-		dst = append(dst, Header{HeaderPolicy, string(pol)}, Header{HeaderRateLimit, string(cur)})
+		dst = append(dst, Header{HeaderPolicy, r.policyField(d)}, Header{HeaderRateLimit, string(cur)})
 	}
 	if r.o.XRateLimit {
 		reset := ceilSeconds(d.ResetAfter)
@@ -206,20 +226,56 @@ func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
 	return dst
 }
 
-// item appends one policy to the RateLimit-Policy and RateLimit lists.
-func item(pol, cur []byte, s core.Status, name, suffix string, denied bool, retry time.Duration) ([]byte, []byte) {
+// policyField returns the RateLimit-Policy value for d, from the cache
+// when the same policies were rendered before.
+func (r *Renderer) policyField(d core.Decision) string {
+	var k policyKey
+	if d.Rate.Limit > 0 {
+		k.rateName, k.rateLimit, k.rateWin = d.Rate.Policy, d.Rate.Limit, d.Rate.Window
+	}
+	if d.Quota.Limit > 0 {
+		k.quotaName, k.quotaLimit, k.quotaWin = d.Quota.Policy, d.Quota.Limit, d.Quota.Window
+	}
+	slot := &r.policies[maphash.Comparable(r.seed, k)%uint64(len(r.policies))]
+	if pv := slot.Load(); pv != nil && pv.k == k {
+		return pv.v
+	}
+	var buf [128]byte
+	pol := buf[:0]
+	if k.rateLimit > 0 {
+		pol = policyItem(pol, k.rateName, "", k.rateLimit, k.rateWin)
+	}
+	if k.quotaLimit > 0 {
+		pol = policyItem(pol, k.quotaName, "/quota", k.quotaLimit, k.quotaWin)
+	}
+	v := string(pol)
+	slot.Store(&policyValue{k: k, v: v})
+	return v
+}
+
+// policyItem appends one policy to a RateLimit-Policy list.
+func policyItem(pol []byte, name, suffix string, limit int64, window time.Duration) []byte {
 	if len(pol) > 0 {
 		pol = append(pol, ", "...)
-		cur = append(cur, ", "...)
 	}
 	if name == "" {
 		name = "limit"
 	}
 	pol = appendSFString(pol, name, suffix)
 	pol = append(pol, ";q="...)
-	pol = strconv.AppendInt(pol, s.Limit, 10)
+	pol = strconv.AppendInt(pol, limit, 10)
 	pol = append(pol, ";w="...)
-	pol = strconv.AppendInt(pol, max(ceilSeconds(s.Window), 1), 10)
+	return strconv.AppendInt(pol, max(ceilSeconds(window), 1), 10)
+}
+
+// current appends one policy's state to a RateLimit list.
+func current(cur []byte, s core.Status, name, suffix string, denied bool, retry time.Duration) []byte {
+	if len(cur) > 0 {
+		cur = append(cur, ", "...)
+	}
+	if name == "" {
+		name = "limit"
+	}
 	t := ceilSeconds(s.ResetAfter)
 	if denied && retry >= 0 {
 		t = ceilSeconds(retry)
@@ -228,8 +284,7 @@ func item(pol, cur []byte, s core.Status, name, suffix string, denied bool, retr
 	cur = append(cur, ";r="...)
 	cur = strconv.AppendInt(cur, s.Remaining, 10)
 	cur = append(cur, ";t="...)
-	cur = strconv.AppendInt(cur, t, 10)
-	return pol, cur
+	return strconv.AppendInt(cur, t, 10)
 }
 
 // appendSFString appends name+suffix as an RFC 8941 sf-string: printable

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -132,4 +133,38 @@ func TestRenderErrors(t *testing.T) {
 			t.Errorf("%v: message %q does not match body %s", c.err, res.Message, res.Body)
 		}
 	}
+}
+
+// Long policy names overflow the stack buffers, and the policy cache keeps
+// every policy's own value, whichever shared its slot last — also under
+// concurrent rendering.
+func TestRenderPolicyCache(t *testing.T) {
+	r := NewRenderer(Options{})
+	want := func(i int) (core.Decision, string, string) {
+		name := fmt.Sprintf("policy-%03d-%s", i, strings.Repeat("x", i%90))
+		d := core.Decision{Allowed: true, DecidedBy: core.KindRate,
+			Rate:  core.Status{Limit: int64(i + 1), Remaining: int64(i), ResetAfter: time.Second, Window: time.Duration(i+1) * time.Second, Policy: name},
+			Quota: core.Status{Limit: 1000, Remaining: 999, ResetAfter: time.Hour, Window: time.Hour, Policy: name}}
+		pol := fmt.Sprintf(`"%s";q=%d;w=%d, "%s/quota";q=1000;w=3600`, name, i+1, i+1, name)
+		cur := fmt.Sprintf(`"%s";r=%d;t=1, "%s/quota";r=999;t=3600`, name, i, name)
+		return d, pol, cur
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := 0; round < 3; round++ {
+				for i := 0; i < 200; i++ {
+					d, pol, cur := want((i + g*25) % 200)
+					res := r.Render(nil, d, nil)
+					if res.Headers[0].Value != pol || res.Headers[1].Value != cur {
+						t.Errorf("policy %d:\n got %s | %s\nwant %s | %s", i, res.Headers[0].Value, res.Headers[1].Value, pol, cur)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
