@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
 )
 
 // concurrency is the number of goroutines calling at once.
@@ -30,6 +31,7 @@ var benchLimit = limit{perSec: 1_000_000, burst: 1_000_000}
 // decisions/s is b.N over the timed wall-clock time; B/op and allocs/op are
 // the whole process's (the pipeline's goroutines included), divided by b.N.
 func BenchmarkRedis(b *testing.B) {
+	srv := redistest.Start(b) // one server for every limiter in this run
 	for _, w := range []struct {
 		name string
 		keys int
@@ -40,14 +42,14 @@ func BenchmarkRedis(b *testing.B) {
 		}
 		b.Run(w.name, func(b *testing.B) {
 			b.Run("PING", func(b *testing.B) {
-				c := client(b)
+				c := client(b, srv)
 				runParallel(b, keys, func(ctx context.Context, _ string) (bool, error) {
 					return true, c.Ping(ctx).Err()
 				})
 			})
 			for _, ct := range contenders {
 				b.Run(ct.name, func(b *testing.B) {
-					runParallel(b, keys, ct.build(b, benchLimit, redisstore.Options{}))
+					runParallel(b, keys, ct.build(b, srv, benchLimit, redisstore.Options{}))
 				})
 			}
 		})

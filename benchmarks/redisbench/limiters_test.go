@@ -8,6 +8,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
 	ulule "github.com/ulule/limiter/v3"
 	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 )
@@ -25,11 +26,11 @@ type limit struct {
 type allowFunc func(ctx context.Context, key string) (bool, error)
 
 // contender is one limiter under test. build makes it on a fresh client of
-// the shared server (with poolSize connections); what it needs closed is
+// srv (with poolSize connections); what it needs closed is
 // closed by tb.Cleanup.
 type contender struct {
 	name  string
-	build func(tb testing.TB, l limit, opts redisstore.Options) allowFunc
+	build func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc
 }
 
 // pipelineDepth is Options.Pipeline for the pipelined limitplane store: up
@@ -37,8 +38,8 @@ type contender struct {
 const pipelineDepth = 64
 
 var contenders = []contender{
-	{"redis_rate", func(tb testing.TB, l limit, _ redisstore.Options) allowFunc {
-		rl := redis_rate.NewLimiter(client(tb))
+	{"redis_rate", func(tb testing.TB, srv *redistest.Server, l limit, _ redisstore.Options) allowFunc {
+		rl := redis_rate.NewLimiter(client(tb, srv))
 		lim := redis_rate.Limit{Rate: int(l.perSec), Period: time.Second, Burst: int(l.burst)}
 		return func(ctx context.Context, key string) (bool, error) {
 			r, err := rl.Allow(ctx, key, lim)
@@ -48,8 +49,8 @@ var contenders = []contender{
 			return r.Allowed > 0, nil
 		}
 	}},
-	{"ulule", func(tb testing.TB, l limit, _ redisstore.Options) allowFunc {
-		store, err := ululeredis.NewStoreWithOptions(client(tb), ulule.StoreOptions{Prefix: ulule.DefaultPrefix, MaxRetry: ulule.DefaultMaxRetry})
+	{"ulule", func(tb testing.TB, srv *redistest.Server, l limit, _ redisstore.Options) allowFunc {
+		store, err := ululeredis.NewStoreWithOptions(client(tb, srv), ulule.StoreOptions{Prefix: ulule.DefaultPrefix, MaxRetry: ulule.DefaultMaxRetry})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -62,17 +63,17 @@ var contenders = []contender{
 			return !c.Reached, nil
 		}
 	}},
-	{"limitplane", func(tb testing.TB, l limit, opts redisstore.Options) allowFunc {
-		return limitplane(tb, l, opts)
+	{"limitplane", func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc {
+		return limitplane(tb, srv, l, opts)
 	}},
-	{"limitplane-pipeline", func(tb testing.TB, l limit, opts redisstore.Options) allowFunc {
+	{"limitplane-pipeline", func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc {
 		opts.Pipeline = pipelineDepth
-		return limitplane(tb, l, opts)
+		return limitplane(tb, srv, l, opts)
 	}},
 }
 
-func limitplane(tb testing.TB, l limit, opts redisstore.Options) allowFunc {
-	s, err := redisstore.New(client(tb), opts)
+func limitplane(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc {
+	s, err := redisstore.New(client(tb, srv), opts)
 	if err != nil {
 		tb.Fatal(err)
 	}

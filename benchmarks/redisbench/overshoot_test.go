@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
 )
 
 // The overshoot workload: 64 goroutines hammer one key with a limit of 100
@@ -48,9 +49,9 @@ func (r overshootRun) bound(name string, l limit) int64 {
 }
 
 // runOvershoot drives allow with the overshoot workload on key.
-func runOvershoot(t *testing.T, allow allowFunc, key string) overshootRun {
+func runOvershoot(t *testing.T, srv *redistest.Server, allow allowFunc, key string) overshootRun {
 	t.Helper()
-	c := client(t)
+	c := client(t, srv)
 	ctx := context.Background()
 	t0, err := c.Time(ctx).Result()
 	if err != nil {
@@ -102,10 +103,11 @@ func TestOvershoot(t *testing.T) {
 	// the only bound the peers have, so a stall of the loaded machine is
 	// no failure for one and a slow success for the others.
 	opts := redisstore.Options{Timeout: 3 * time.Second}
+	srv := redistest.Start(t)
 	for _, ct := range contenders {
 		t.Run(ct.name, func(t *testing.T) {
 			key := "overshoot-" + ct.name + "-" + strconv.FormatInt(time.Now().UnixNano(), 10) + "-" + strconv.FormatInt(overshootSeq.Add(1), 10)
-			r := runOvershoot(t, ct.build(t, overshootLimit, opts), key)
+			r := runOvershoot(t, srv, ct.build(t, srv, overshootLimit, opts), key)
 			b := r.bound(ct.name, overshootLimit)
 			over := max(r.admitted-b, 0)
 			t.Logf("%s: admitted %d, denied %d, failed %d in %v (Redis TIME): bound %d, overshoot %d",
