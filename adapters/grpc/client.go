@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -32,34 +31,24 @@ type ClientOptions struct {
 }
 
 // Client holds outbound gRPC calls to a remote service under that
-// service's limit: each call (or stream opening) waits with core.Wait,
-// honouring the call's context and failing fast with an error matching
-// core.ErrWaitExceedsDeadline when the wait would pass its deadline. When
-// the server still ends a call with ResourceExhausted carrying
-// errdetails.RetryInfo, later calls are held back that long — in every
-// process sharing the Store when it is a core.Penalizer. It is the gRPC
-// twin of nethttp.Transport.
+// service's limit, through a core.Throttle: each call (or stream opening)
+// waits, honouring the call's context and failing fast with
+// DeadlineExceeded when the wait would pass its deadline. When the server
+// still ends a call with ResourceExhausted carrying errdetails.RetryInfo,
+// later calls are held back that long — in every process sharing the Store
+// when it is a core.Penalizer. It is the gRPC twin of nethttp.Transport.
 type Client struct {
-	o         ClientOptions
-	req       core.Request
-	notBefore atomic.Int64 // Unix ns before which no call is sent
+	cost     func(ctx context.Context, fullMethod string) int64
+	throttle *core.Throttle
 }
 
 // NewClient returns a Client for o.
 func NewClient(o ClientOptions) (*Client, error) {
-	if o.Store == nil || o.Key == "" {
-		return nil, errors.New("limitplane: grpc.NewClient: Store and Key are required")
-	}
-	if o.Limit.IsUnlimited() {
-		return nil, errors.New("limitplane: grpc.NewClient: a Limit is required")
-	}
-	if err := o.Limit.Validate(); err != nil {
+	th, err := core.NewThrottle(core.ThrottleOptions{Store: o.Store, Key: o.Key, Limit: o.Limit, MaxBackoff: o.MaxBackoff})
+	if err != nil {
 		return nil, fmt.Errorf("limitplane: grpc.NewClient: %w", err)
 	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = time.Minute
-	}
-	return &Client{o: o, req: core.Request{Consumer: o.Key, Rate: o.Limit, Cost: 1}}, nil
+	return &Client{cost: o.Cost, throttle: th}, nil
 }
 
 // UnaryClientInterceptor returns the interceptor for unary calls.
@@ -87,28 +76,15 @@ func (c *Client) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	}
 }
 
-// admit waits out any server-requested backoff, then the shared limit. Its
-// errors are gRPC statuses: DeadlineExceeded or Canceled for the context,
-// ResourceExhausted when the cost can never pass, Unavailable when the
-// store fails.
+// admit waits for the shared limit. Its errors are gRPC statuses:
+// DeadlineExceeded or Canceled for the context, ResourceExhausted when the
+// cost can never pass, Unavailable when the store fails.
 func (c *Client) admit(ctx context.Context, method string) error {
-	if d := time.Duration(c.notBefore.Load() - time.Now().UnixNano()); d > 0 {
-		if dl, ok := ctx.Deadline(); ok && time.Now().Add(d).After(dl) {
-			return status.Errorf(codes.DeadlineExceeded, "limitplane: %s asked to wait %v, past the deadline", c.o.Key, d)
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return status.FromContextError(ctx.Err()).Err()
-		}
+	cost := int64(1)
+	if c.cost != nil {
+		cost = c.cost(ctx, method)
 	}
-	req := c.req
-	if c.o.Cost != nil {
-		req.Cost = c.o.Cost(ctx, method)
-	}
-	_, err := core.Wait(ctx, c.o.Store, req)
+	err := c.throttle.Wait(ctx, cost)
 	switch {
 	case err == nil:
 		return nil
@@ -119,7 +95,7 @@ func (c *Client) admit(ctx context.Context, method string) error {
 	case errors.Is(err, core.ErrCostExceedsBurst):
 		return status.Errorf(codes.ResourceExhausted, "limitplane: %v", err)
 	}
-	return status.Errorf(codes.Unavailable, "limitplane: %s: %v", c.o.Key, err)
+	return status.Errorf(codes.Unavailable, "limitplane: %s: %v", c.throttle.Key(), err)
 }
 
 // observe backs off after a ResourceExhausted that carries RetryInfo.
@@ -129,21 +105,9 @@ func (c *Client) observe(ctx context.Context, err error) {
 		return
 	}
 	for _, det := range st.Details() {
-		ri, ok := det.(*errdetails.RetryInfo)
-		if !ok || ri.GetRetryDelay() == nil {
-			continue
+		if ri, ok := det.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			c.throttle.Backoff(ctx, ri.GetRetryDelay().AsDuration())
+			return
 		}
-		d := min(max(ri.GetRetryDelay().AsDuration(), 0), c.o.MaxBackoff)
-		until := time.Now().Add(d).UnixNano()
-		for {
-			cur := c.notBefore.Load()
-			if cur >= until || c.notBefore.CompareAndSwap(cur, until) {
-				break
-			}
-		}
-		if p, ok := c.o.Store.(core.Penalizer); ok {
-			_ = p.Penalize(ctx, c.o.Key, "", c.o.Limit, d) // best effort; the call's error is returned either way
-		}
-		return
 	}
 }

@@ -1,12 +1,9 @@
 package nethttp
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
@@ -32,92 +29,48 @@ type TransportOptions struct {
 }
 
 // Transport is an http.RoundTripper that holds outbound calls to a
-// third-party API under that API's limit. Each call waits (core.Wait,
-// honouring the request's context) until the shared limit allows it, and
-// fails fast with an error matching core.ErrWaitExceedsDeadline when the
-// wait would pass the context's deadline. When the third party still answers
-// 429 with Retry-After, the Transport holds back every later call for that
-// long, and, when the Store is a core.Penalizer, so does every other
-// process sharing the Store.
+// third-party API under that API's limit, through a core.Throttle. Each
+// call waits (core.Wait, honouring the request's context) until the shared
+// limit allows it, and fails fast with an error matching
+// core.ErrWaitExceedsDeadline when the wait would pass the context's
+// deadline. When the third party still answers 429 with Retry-After, the
+// Transport holds back every later call for that long, and, when the Store
+// is a core.Penalizer, so does every other process sharing the Store.
 type Transport struct {
-	o         TransportOptions
-	req       core.Request
-	notBefore atomic.Int64 // Unix ns before which no call is sent
-	now       func() time.Time
+	base     http.RoundTripper
+	cost     func(*http.Request) int64
+	throttle *core.Throttle
 }
 
 // NewTransport returns a Transport for o.
 func NewTransport(o TransportOptions) (*Transport, error) {
-	if o.Store == nil || o.Key == "" {
-		return nil, errors.New("limitplane: NewTransport: Store and Key are required")
-	}
-	if o.Limit.IsUnlimited() {
-		return nil, errors.New("limitplane: NewTransport: a Limit is required")
-	}
-	if err := o.Limit.Validate(); err != nil {
+	th, err := core.NewThrottle(core.ThrottleOptions{Store: o.Store, Key: o.Key, Limit: o.Limit, MaxBackoff: o.MaxBackoff})
+	if err != nil {
 		return nil, fmt.Errorf("limitplane: NewTransport: %w", err)
 	}
 	if o.Base == nil {
 		o.Base = http.DefaultTransport
 	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = time.Minute
-	}
-	return &Transport{o: o, req: core.Request{Consumer: o.Key, Rate: o.Limit, Cost: 1}, now: time.Now}, nil
+	return &Transport{base: o.Base, cost: o.Cost, throttle: th}, nil
 }
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx := r.Context()
-	if err := t.holdBack(r); err != nil {
-		return nil, err
+	cost := int64(1)
+	if t.cost != nil {
+		cost = t.cost(r)
 	}
-	req := t.req
-	if t.o.Cost != nil {
-		req.Cost = t.o.Cost(r)
+	if err := t.throttle.Wait(r.Context(), cost); err != nil {
+		return nil, fmt.Errorf("limitplane transport %s: %w", t.throttle.Key(), err)
 	}
-	if _, err := core.Wait(ctx, t.o.Store, req); err != nil {
-		return nil, fmt.Errorf("limitplane transport %s: %w", t.o.Key, err)
-	}
-	resp, err := t.o.Base.RoundTrip(r)
+	resp, err := t.base.RoundTrip(r)
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
 		return resp, err
 	}
-	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), t.now()); ok {
-		d = min(d, t.o.MaxBackoff)
-		until := t.now().Add(d).UnixNano()
-		for {
-			cur := t.notBefore.Load()
-			if cur >= until || t.notBefore.CompareAndSwap(cur, until) {
-				break
-			}
-		}
-		if p, ok := t.o.Store.(core.Penalizer); ok {
-			// Best effort: the response is returned either way.
-			_ = p.Penalize(ctx, t.o.Key, "", t.o.Limit, d)
-		}
+	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		t.throttle.Backoff(r.Context(), d)
 	}
 	return resp, nil
-}
-
-// holdBack sleeps until a third party's Retry-After has passed.
-func (t *Transport) holdBack(r *http.Request) error {
-	d := time.Duration(t.notBefore.Load() - t.now().UnixNano())
-	if d <= 0 {
-		return nil
-	}
-	ctx := r.Context()
-	if dl, ok := ctx.Deadline(); ok && t.now().Add(d).After(dl) {
-		return fmt.Errorf("limitplane transport %s: third party asked to wait %v: %w (%w)", t.o.Key, d, core.ErrWaitExceedsDeadline, context.DeadlineExceeded)
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP-date

@@ -1,0 +1,103 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// ThrottleOptions configure a Throttle.
+type ThrottleOptions struct {
+	// Store keeps the shared budget: an in-process store shares it within
+	// one process, a Redis store across every process using the same Key.
+	Store Store
+	// Key names the budget (e.g. "api.example.com"); every Throttle with
+	// the same Store and Key draws on one limit.
+	Key string
+	// Limit is the third party's rate limit. Required.
+	Limit Limit
+	// MaxBackoff caps how long one Backoff holds calls back; default one
+	// minute.
+	MaxBackoff time.Duration
+}
+
+// Throttle holds outbound work — calls to a third-party API, jobs — under
+// a limit shared through a Store. Wait admits each call (a reservation, see
+// Wait); Backoff records the third party's own "slow down" (HTTP 429 with
+// Retry-After, gRPC RetryInfo), after which every Wait of this Throttle, and
+// of every process sharing the Store when it is a Penalizer, holds back
+// that long. nethttp.Transport and the gRPC client interceptors are built
+// on it. It is safe for concurrent use.
+type Throttle struct {
+	o         ThrottleOptions
+	req       Request
+	notBefore atomic.Int64 // Unix ns before which Wait admits nothing
+}
+
+// NewThrottle returns a Throttle for o. It fails when Store or Key is
+// missing or Limit is not a valid, limited Limit.
+func NewThrottle(o ThrottleOptions) (*Throttle, error) {
+	if o.Store == nil || o.Key == "" {
+		return nil, errors.New("limitplane: NewThrottle: Store and Key are required")
+	}
+	if o.Limit.IsUnlimited() {
+		return nil, errors.New("limitplane: NewThrottle: a Limit is required")
+	}
+	if err := o.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("limitplane: NewThrottle: %w", err)
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = time.Minute
+	}
+	return &Throttle{o: o, req: Request{Consumer: o.Key, Rate: o.Limit, Cost: 1}}, nil
+}
+
+// Key returns the budget's name.
+func (t *Throttle) Key() string { return t.o.Key }
+
+// Wait blocks until a call of cost units may start: first until any
+// Backoff has passed, then until the shared limit admits it (core.Wait).
+// Errors are those of core.Wait: an error matching ErrWaitExceedsDeadline
+// (and context.DeadlineExceeded) at once when the wait would pass ctx's
+// deadline, ctx.Err() when ctx ends while waiting, ErrCostExceedsBurst,
+// or the store's error.
+func (t *Throttle) Wait(ctx context.Context, cost int64) error {
+	if d := time.Duration(t.notBefore.Load() - time.Now().UnixNano()); d > 0 {
+		if dl, ok := ctx.Deadline(); ok && time.Now().Add(d).After(dl) {
+			return fmt.Errorf("limitplane: %s asked to wait %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+		}
+		tm := time.NewTimer(d)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return ctx.Err()
+		}
+	}
+	req := t.req
+	req.Cost = cost
+	_, err := Wait(ctx, t.o.Store, req)
+	return err
+}
+
+// Backoff holds every later Wait back for d (at most MaxBackoff), and, when
+// the Store is a Penalizer, every process sharing it (best effort: a store
+// error is ignored, the local hold stays).
+func (t *Throttle) Backoff(ctx context.Context, d time.Duration) {
+	d = min(max(d, 0), t.o.MaxBackoff)
+	if d == 0 {
+		return
+	}
+	until := time.Now().Add(d).UnixNano()
+	for {
+		cur := t.notBefore.Load()
+		if cur >= until || t.notBefore.CompareAndSwap(cur, until) {
+			break
+		}
+	}
+	if p, ok := t.o.Store.(Penalizer); ok {
+		_ = p.Penalize(ctx, t.o.Key, "", t.o.Limit, d)
+	}
+}
