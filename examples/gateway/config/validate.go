@@ -287,6 +287,32 @@ func (v *validator) policies(raw []rawPolicy) map[string]*core.Policy {
 	return m
 }
 
+// count validates a limit's count: positive, or core.Unlimited (-1). It
+// returns 0 after reporting a problem.
+func (v *validator) count(path string, n *int64, what string) int64 {
+	switch {
+	case n == nil:
+		v.require(path, "missing (%s, or -1 for unlimited)", what)
+		return 0
+	case *n == core.Unlimited:
+		return core.Unlimited
+	case *n <= 0:
+		v.fail(path, "%d must be > 0 (or -1 for unlimited)", *n)
+		return 0
+	}
+	return *n
+}
+
+// period validates the period of a limit whose count is n: required when
+// n is positive.
+func (v *validator) period(path, raw string, n int64, examples string) time.Duration {
+	if raw == "" && n > 0 {
+		v.require(path, "missing (the period, like %s)", examples)
+		return 0
+	}
+	return v.duration(path, raw, 0)
+}
+
 // rate validates a rate block; nil means none.
 func (v *validator) rate(at string, r *rawRate) core.Limit {
 	if r == nil {
@@ -294,21 +320,8 @@ func (v *validator) rate(at string, r *rawRate) core.Limit {
 	}
 	n0 := len(v.errs)
 	var l core.Limit
-	switch {
-	case r.Requests == nil:
-		v.require(at+".requests", "missing (requests per period, or -1 for unlimited)")
-	case *r.Requests == core.Unlimited:
-		l.Rate = core.Unlimited
-	case *r.Requests <= 0:
-		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", *r.Requests)
-	default:
-		l.Rate = *r.Requests
-	}
-	if r.Per == "" && l.Rate > 0 {
-		v.require(at+".per", "missing (the period, like 1s, 1m or 24h)")
-	} else {
-		l.Period = v.duration(at+".per", r.Per, 0)
-	}
+	l.Rate = v.count(at+".requests", r.Requests, "requests per period")
+	l.Period = v.period(at+".per", r.Per, l.Rate, "1s, 1m or 24h")
 	if r.Burst != nil {
 		if *r.Burst <= 0 {
 			v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", *r.Burst)
@@ -346,21 +359,8 @@ func (v *validator) quota(at string, q *rawQuota) core.Quota {
 	}
 	n0 := len(v.errs)
 	var out core.Quota
-	switch {
-	case q.Max == nil:
-		v.require(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
-	case *q.Max == core.Unlimited:
-		out.Max = core.Unlimited
-	case *q.Max <= 0:
-		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", *q.Max)
-	default:
-		out.Max = *q.Max
-	}
-	if q.Renewal == "" && out.Max > 0 {
-		v.require(at+".renewal", "missing (the period, like 1h or 720h)")
-	} else {
-		out.Renewal = v.duration(at+".renewal", q.Renewal, 0)
-	}
+	out.Max = v.count(at+".max", q.Max, "requests per renewal period")
+	out.Renewal = v.period(at+".renewal", q.Renewal, out.Max, "1h or 720h")
 	if len(v.errs) > n0 {
 		return core.Quota{}
 	}
