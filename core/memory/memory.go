@@ -4,17 +4,31 @@
 // Each key holds one atomic theoretical arrival time (GCRA's TAT), updated
 // with a compare-and-swap loop, and, when a quota applies, a pointer to its
 // current quota period whose used count is likewise a CAS-updated atomic.
-// A key is hashed once, with a per-process random seed: the consumer's hash
-// picks the shard (so all of a consumer's keys share one), and the hash of
-// consumer and scope indexes the shard's open-addressing table. Lookups read
-// the table without a lock (atomic loads only); inserts, sweeps and resizes
-// take the shard's mutex, never a key's state. A table is never changed in
-// a way that hides a live key from a reader: removal leaves a deleted mark,
-// and a resize publishes a new table while the old one stays intact, so a
-// reader at worst finds an entry just swept (its TAT reads dead; it then
-// looks again under the lock) or misses a key inserted while it looked (the
-// lookup then takes effect before that insert; a request that changes
-// state inserts under the lock, where it finds the key).
+// A key's state lives in its slot of an open-addressing table (32 bytes:
+// fingerprint, TAT, quota pointer), so deciding for a key that is not in
+// the CPU's caches costs one cache miss, not one for the table and another
+// for a separately allocated entry. That is what keeps a store of millions
+// of keys fast, since each such miss costs 100–170 ns.
+//
+// A key is identified by a 128-bit fingerprint of (consumer, scope): two
+// 64-bit hash/maphash values under independent seeds, random per process.
+// The store keeps no copy of the key itself (so it holds no credential and
+// pins no caller memory). Two distinct keys share state only if both hashes
+// collide, which for n keys has probability below n²/2¹²⁹ (about 10⁻²⁷ for
+// a million keys); keys cannot be chosen to collide without the seeds.
+// Tyk's hash_keys likewise identifies keys by a 128-bit hash.
+//
+// The consumer's hash picks the shard (so all of a consumer's keys share
+// one), and the key's first hash indexes the shard's table. Lookups read the
+// table without a lock (atomic loads only); inserts, sweeps and resizes take
+// the shard's mutex, never a key's state. A table is never changed in a way
+// that hides a live key from a reader: removal leaves a deleted mark, and a
+// resize freezes each key's state in the old table (so a reader still
+// holding it fails its CAS), copies it to the new table and publishes the
+// new table only when complete. A reader that meets frozen state looks the
+// key up again under the lock; a reader that misses a key inserted while it
+// looked takes effect before that insert (a request that changes state
+// inserts under the lock, where it finds the key).
 //
 // An entry whose TAT has passed and whose quota period has ended is the same
 // state as no entry (DESIGN.md), so sweeps drop such entries without loss.
@@ -29,11 +43,9 @@ import (
 	"errors"
 	"hash/maphash"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
@@ -58,78 +70,31 @@ const minSweepAt = 64
 // minSlots is the size of a shard's first table.
 const minSlots = 8
 
-// dead marks an entry's TAT while a sweep removes it. Any goroutine that sees
-// it looks the key up again (blocking on the shard lock the sweep holds).
-const dead = math.MinInt64
-
-// entry is one key's state: 48 bytes plus the key (see newEntry), which
-// with its 16-byte table slot (tables are filled between 3/8 and 3/4 as
-// they grow) keeps a key under 100 bytes of heap besides the key itself.
-type entry struct {
-	tat      atomic.Int64           // GCRA theoretical arrival time; 0 = none; dead while being removed
-	quota    atomic.Pointer[period] // current quota period; nil = none; tombstone while being removed
-	consumer string
-	scope    string
-}
-
-func (e *entry) is(consumer, scope string) bool {
-	return e.consumer == consumer && e.scope == scope
-}
-
-// Entries with room for their key: a lookup that finds an entry compares
-// the key it holds, and with the key in the same allocation that costs no
-// second cache miss (or TLB miss) on a large store. The store also never
-// keeps a caller's string alive, which might pin a larger buffer.
-type (
-	entry16 struct {
-		entry
-		key [16]byte
-	}
-	entry32 struct {
-		entry
-		key [32]byte
-	}
-	entry48 struct {
-		entry
-		key [48]byte
-	}
-	entry80 struct {
-		entry
-		key [80]byte
-	}
+// Frozen TATs. A live TAT is a time on the store's clock, or a little
+// below 0 after a refund (never below −2^61, the largest n×T): everything
+// below frozen is one of these marks, and any goroutine that reads one
+// looks the key up again under the shard lock.
+const (
+	// dead marks the TAT of a swept entry.
+	dead = math.MinInt64
+	// movedTo+i marks the TAT of an entry a resize moved to slot i of the
+	// old table's next table.
+	movedTo = math.MinInt64 + 1
+	// frozen is the bound below which a TAT is a mark.
+	frozen = -1 << 62
 )
 
-// newEntry returns an empty entry for (consumer, scope) holding its own
-// copy of both, inline when they total at most 80 bytes.
-func newEntry(consumer, scope string) *entry {
-	var e *entry
-	var buf []byte
-	switch n := len(consumer) + len(scope); {
-	case n <= 16:
-		x := new(entry16)
-		e, buf = &x.entry, x.key[:n]
-	case n <= 32:
-		x := new(entry32)
-		e, buf = &x.entry, x.key[:n]
-	case n <= 48:
-		x := new(entry48)
-		e, buf = &x.entry, x.key[:n]
-	case n <= 80:
-		x := new(entry80)
-		e, buf = &x.entry, x.key[:n]
-	default:
-		return &entry{consumer: strings.Clone(consumer), scope: strings.Clone(scope)}
-	}
-	copy(buf[copy(buf, consumer):], scope)
-	// The strings point into the entry's own array, which is never
-	// written again; they keep the whole allocation alive.
-	if consumer != "" {
-		e.consumer = unsafe.String(&buf[0], len(consumer))
-	}
-	if scope != "" {
-		e.scope = unsafe.String(&buf[len(consumer)], len(scope))
-	}
-	return e
+// Marks in a slot's hash; a key's first hash is never one of them.
+const (
+	emptyHash   = 0 // an empty slot: ends a probe
+	deletedHash = 1 // a slot whose entry was swept: probes pass over it
+	firstHash   = 2 // the smallest hash a key can have
+)
+
+// entry is one key's state.
+type entry struct {
+	tat   atomic.Int64           // GCRA theoretical arrival time; 0 = none; frozen: see dead, movedTo
+	quota atomic.Pointer[period] // current quota period; nil = none; tombstone once frozen
 }
 
 type period struct {
@@ -137,19 +102,22 @@ type period struct {
 	used atomic.Int64
 }
 
-// tombstone is the quota pointer of an entry being removed. It is never
-// written to.
+// tombstone is the quota pointer of a frozen entry. It is never written to.
 var tombstone = &period{}
 
-// deleted marks a table slot whose entry was swept. Probes pass over it.
-var deleted = &entry{}
+// fingerprint identifies a key: two hashes under independent seeds. h,
+// at least firstHash, also indexes the table.
+type fingerprint struct{ h, check uint64 }
 
-// slot is one cell of a table: a key hash and its entry. An empty slot
-// (nil entry) ends a probe; a slot, once filled, only ever changes to
-// deleted.
+// slot is one cell of a table: a key's fingerprint and its state, 32 bytes
+// (two to a cache line, never straddling one, as large slices are
+// page-aligned). An empty slot is filled once (check first, then hash,
+// which publishes it) and can then only change to deleted; deleted slots
+// are reused only by a resize, which builds a new table.
 type slot struct {
-	hash atomic.Uint64
-	e    atomic.Pointer[entry]
+	hash  atomic.Uint64 // fingerprint.h, emptyHash or deletedHash
+	check atomic.Uint64 // fingerprint.check
+	entry
 }
 
 // table is an open-addressing hash table with linear probing. Its size is a
@@ -157,6 +125,9 @@ type slot struct {
 type table struct {
 	slots []slot
 	mask  uint64
+	// next is the table that replaced this one (set before any entry is
+	// moved), for following a movedTo mark.
+	next atomic.Pointer[table]
 }
 
 func newTable(size int) *table {
@@ -230,80 +201,96 @@ func (s *Store) janitor(every time.Duration) {
 	}
 }
 
-// Seeds of the key hash, random per process.
-var consumerSeed, scopeSeed = maphash.MakeSeed(), maphash.MakeSeed()
+// Seeds of the key hashes, random per process: the consumer's and the
+// scope's of each of the fingerprint's two hashes.
+var (
+	consumerSeed, scopeSeed           = maphash.MakeSeed(), maphash.MakeSeed()
+	consumerCheckSeed, scopeCheckSeed = maphash.MakeSeed(), maphash.MakeSeed()
+)
 
-// keyHash returns the map hash of (consumer, scope) given the consumer's
-// hash hc. Scopes are hashed with their own seed, so swapping consumer and
-// scope gives an unrelated hash.
-func keyHash(hc uint64, scope string) uint64 {
-	if scope != "" {
-		hc ^= maphash.String(scopeSeed, scope)
-	}
-	return hc
-}
-
-// locate returns the shard of (consumer, scope) and the key's hash.
-func (s *Store) locate(consumer, scope string) (*shard, uint64) {
+// locate returns the shard and the fingerprint of (consumer, scope). Scopes
+// are hashed with seeds of their own, so swapping consumer and scope gives
+// an unrelated fingerprint.
+func (s *Store) locate(consumer, scope string) (*shard, fingerprint) {
 	hc := maphash.String(consumerSeed, consumer)
-	return &s.shards[hc>>s.shift], keyHash(hc, scope)
+	f := fingerprint{h: hc, check: maphash.String(consumerCheckSeed, consumer)}
+	if scope != "" {
+		f.h ^= maphash.String(scopeSeed, scope)
+		f.check ^= maphash.String(scopeCheckSeed, scope)
+	}
+	if f.h < firstHash {
+		f.h += firstHash
+	}
+	return &s.shards[hc>>s.shift], f
 }
 
-// get returns the entry for (consumer, scope) with hash h, or nil. It takes
-// no lock; nil may mean the key was inserted while get looked (see the
-// package comment), so a caller that must be sure asks put.
-func (sh *shard) get(h uint64, consumer, scope string) *entry {
-	t := sh.tab.Load()
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
+// get returns the entry for f, or nil. It takes no lock; nil may mean the
+// key was inserted while get looked (see the package comment), so a caller
+// that must be sure asks put.
+func (sh *shard) get(f fingerprint) *entry {
+	return sh.tab.Load().find(f)
+}
+
+// find returns the entry for f in t, or nil.
+func (t *table) find(f fingerprint) *entry {
+	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
 		sl := &t.slots[i]
-		e := sl.e.Load()
-		if e == nil {
+		switch h := sl.hash.Load(); {
+		case h == emptyHash:
 			return nil
-		}
-		if sl.hash.Load() == h && e != deleted && e.is(consumer, scope) {
-			return e
+		case h == f.h && sl.check.Load() == f.check:
+			return &sl.entry
 		}
 	}
 }
 
-// put returns the entry for (consumer, scope) with hash h, inserting one if
-// needed.
-func (sh *shard) put(h uint64, consumer, scope string, now int64) *entry {
+// put returns the entry for f and its table, inserting one if needed.
+func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.get(h, consumer, scope); e != nil {
-		return e
+	t := sh.tab.Load()
+	if e := t.find(f); e != nil {
+		return t, e
 	}
 	if sh.live >= sh.nextSweep {
 		sh.sweepLocked(now)
 	}
-	t := sh.tab.Load()
+	t = sh.tab.Load() // the sweep may have shrunk it
 	if 4*(sh.used+1) > 3*len(t.slots) {
 		t = sh.resize(sh.live + 1)
 	}
-	e := newEntry(consumer, scope)
-	t.insert(h, e)
+	_, sl := t.claim(f)
+	t.publish(sl, f)
 	sh.live++
 	sh.used++
-	return e
+	return t, &sl.entry
 }
 
-// insert puts e in the first empty slot of h's probe sequence. The hash is
-// stored before the entry, so a reader that sees the entry sees its hash.
-func (t *table) insert(h uint64, e *entry) {
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
-		if sl := &t.slots[i]; sl.e.Load() == nil {
-			sl.hash.Store(h)
-			sl.e.Store(e)
-			return
+// claim returns the first empty slot of f's probe sequence and its index.
+// Only the shard's lock holder may claim, and it must publish the slot
+// before releasing the lock.
+func (t *table) claim(f fingerprint) (uint64, *slot) {
+	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
+		if sl := &t.slots[i]; sl.hash.Load() == emptyHash {
+			return i, sl
 		}
 	}
 }
 
+// publish makes the claimed slot sl visible as f's. The check is stored
+// before the hash, so a reader that sees the hash sees the check.
+func (t *table) publish(sl *slot, f fingerprint) {
+	sl.check.Store(f.check)
+	sl.hash.Store(f.h)
+}
+
 // resize publishes a new table for the live entries, the smallest that n
 // entries fill at most half of, and returns it. Growth (at 3/4) therefore
-// doubles the table. The old table is left as it is for readers still
-// probing it.
+// doubles the table. Each entry is frozen in the old table (its TAT becomes
+// movedTo+i, its quota tombstone) as it is copied, so no update made
+// through the old table is lost: one made before the freeze is copied, one
+// after fails its CAS, and its maker looks the key up again under the lock,
+// which resize holds until the new table is published.
 func (sh *shard) resize(n int) *table {
 	size := minSlots
 	for 2*n > size {
@@ -311,11 +298,18 @@ func (sh *shard) resize(n int) *table {
 	}
 	old := sh.tab.Load()
 	t := newTable(size)
+	old.next.Store(t)
 	for i := range old.slots {
 		sl := &old.slots[i]
-		if e := sl.e.Load(); e != nil && e != deleted {
-			t.insert(sl.hash.Load(), e)
+		h := sl.hash.Load()
+		if h < firstHash {
+			continue
 		}
+		f := fingerprint{h: h, check: sl.check.Load()}
+		j, to := t.claim(f)
+		to.tat.Store(sl.tat.Swap(movedTo + int64(j)))
+		to.quota.Store(sl.quota.Swap(tombstone))
+		t.publish(to, f)
 	}
 	sh.tab.Store(t)
 	sh.used = sh.live
@@ -342,8 +336,8 @@ func (sh *shard) sweepLocked(now int64) {
 	t := sh.tab.Load()
 	for i := range t.slots {
 		sl := &t.slots[i]
-		if e := sl.e.Load(); e != nil && e != deleted && e.kill(now) {
-			sl.e.Store(deleted)
+		if sl.hash.Load() >= firstHash && sl.kill(now) {
+			sl.hash.Store(deletedHash)
 			sh.live--
 		}
 	}
@@ -354,7 +348,7 @@ func (sh *shard) sweepLocked(now int64) {
 }
 
 // kill marks e dead and reports true if it no longer limits anything at now;
-// the caller, holding the write lock, then removes it from its map.
+// the caller, holding the shard lock, then marks its slot deleted.
 func (e *entry) kill(now int64) bool {
 	t := e.tat.Load()
 	if t > now || !e.tat.CompareAndSwap(t, dead) {
@@ -380,7 +374,7 @@ func (s *Store) Len() int {
 	return n
 }
 
-// errRetry tells Take that an entry was removed under it.
+// errRetry tells take that an entry was swept or moved under it.
 var errRetry = errors.New("entry removed; retry")
 
 // Take implements core.Store (through TakeInto). Only GCRA is supported;
@@ -400,7 +394,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// about twice as much.
 	if req.Cost >= 0 && req.Rate.Algorithm == core.GCRA && !req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
 		p, perr := req.Rate.CheckedGCRA()
-		sh, h := s.locate(req.Consumer, req.Scope)
+		sh, f := s.locate(req.Consumer, req.Scope)
 		var now int64 // s.clock.now(), inlined by hand
 		switch c := &s.clock; {
 		case c.coarse != nil:
@@ -410,12 +404,12 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 		default:
 			now = c.any.Nanotime()
 		}
-		if e := sh.get(h, req.Consumer, req.Scope); e != nil && perr == nil {
+		if e := sh.get(f); e != nil && perr == nil {
 			n, md := req.Cost, req.Reservation()
 			for {
 				tat := e.tat.Load()
-				if tat == dead {
-					break // being swept: take looks up again
+				if tat < frozen {
+					break // swept or moved: take looks up again
 				}
 				next, ok := p.ConformWithin(tat, now, n, md)
 				after := next // the TAT after the call
@@ -471,27 +465,29 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 			return core.Decision{}, err
 		}
 	}
-	sh, h := s.locate(req.Consumer, req.Scope)
+	sh, f := s.locate(req.Consumer, req.Scope)
 	now := s.clock.now()
-	e := sh.get(h, req.Consumer, req.Scope)
+	t := sh.tab.Load()
+	e := t.find(f)
 	if e == nil {
 		if req.Cost == 0 || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
 			// Cannot change state: answer from the empty state, create nothing.
-			return decide(nil, p, limited, req, now)
+			return sh.decide(nil, nil, p, limited, req, now)
 		}
-		e = sh.put(h, req.Consumer, req.Scope, now)
+		t, e = sh.put(f, now)
 	}
 	for {
-		d, err := decide(e, p, limited, req, now)
+		d, err := sh.decide(t, e, p, limited, req, now)
 		if err != errRetry {
 			return d, err
 		}
-		e = sh.put(h, req.Consumer, req.Scope, now)
+		t, e = sh.put(f, now)
 	}
 }
 
-// decide applies req to e (nil means the empty state, read-only).
-func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int64) (core.Decision, error) {
+// decide applies req to e, an entry of table t (nil means the empty state,
+// read-only).
+func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req core.Request, now int64) (core.Decision, error) {
 	var d core.Decision
 	n := req.Cost
 	quota := !req.Quota.IsUnlimited()
@@ -536,7 +532,7 @@ func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int
 		for {
 			tat := int64(0)
 			if e != nil {
-				if tat = e.tat.Load(); tat == dead {
+				if tat = e.tat.Load(); tat < frozen {
 					return d, errRetry
 				}
 			}
@@ -566,7 +562,7 @@ func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int
 		for n > 0 {
 			q = e.quota.Load()
 			if q == tombstone {
-				refund(e, p, limited && r.Store, n)
+				sh.refund(t, e, p, limited && r.Store, n)
 				return core.Decision{}, errRetry
 			}
 			if q == nil || q.end <= now {
@@ -581,7 +577,7 @@ func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int
 			used := q.used.Load()
 			if used+n > req.Quota.Max {
 				// Lost a race for the last units: undo the rate step.
-				refund(e, p, limited && r.Store, n)
+				sh.refund(t, e, p, limited && r.Store, n)
 				d = core.Decision{}
 				if limited {
 					setRate(&d, p, p.Step(oldTAT, now, 0))
@@ -616,16 +612,29 @@ func decide(e *entry, p core.GCRAParams, limited bool, req core.Request, now int
 }
 
 // refund gives back n×T of TAT after the quota denied a request whose rate
-// step was already stored. The CAS loop makes it exact under concurrency:
-// the result equals the state in which this request never happened.
-func refund(e *entry, p core.GCRAParams, stored bool, n int64) {
+// step was already stored in e, an entry of table t. The CAS loop makes it
+// exact under concurrency: the result equals the state in which this
+// request never happened. If a resize moved the entry meanwhile, the step
+// was moved with it, and refund follows it to its new slot (waiting on the
+// shard lock for the resize to finish). If a sweep removed it, its TAT had
+// passed, which made the step void: there is nothing to give back.
+func (sh *shard) refund(t *table, e *entry, p core.GCRAParams, stored bool, n int64) {
 	if !stored {
 		return
 	}
 	for {
-		t := e.tat.Load()
-		if t == dead || e.tat.CompareAndSwap(t, t-n*p.T) {
+		switch tat := e.tat.Load(); {
+		case tat >= frozen:
+			if e.tat.CompareAndSwap(tat, tat-n*p.T) {
+				return
+			}
+		case tat == dead:
 			return
+		default:
+			sh.mu.Lock()
+			t = t.next.Load()
+			e = &t.slots[tat-movedTo].entry
+			sh.mu.Unlock()
 		}
 	}
 }
@@ -648,15 +657,19 @@ func setQuota(d *core.Decision, qt core.Quota, q *period, used, now int64) {
 
 // ResetQuota deletes the quota period of (consumer, scope).
 func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
-	sh, h := s.locate(consumer, scope)
+	sh, f := s.locate(consumer, scope)
+	e := sh.get(f)
 	for {
-		e := sh.get(h, consumer, scope)
 		if e == nil {
 			return nil
 		}
 		q := e.quota.Load()
 		if q == tombstone {
-			continue // being removed; look again
+			// Swept or moved: look again once the sweep or resize is done.
+			sh.mu.Lock()
+			e = sh.get(f)
+			sh.mu.Unlock()
+			continue
 		}
 		if q == nil || e.quota.CompareAndSwap(q, nil) {
 			return nil

@@ -204,47 +204,149 @@ func TestRealClockNeverExceedsBound(t *testing.T) {
 	})
 }
 
-// TestHashCollisions forces keys onto one hash: each stays distinct, a swept
-// one leaves the others reachable past its deleted mark, and a resize keeps
-// them all.
+// TestHashCollisions forces keys onto one table hash: keys whose
+// fingerprints differ only in the check hash stay distinct, a swept one
+// leaves the others reachable past its deleted mark, and resizes keep them
+// all with their state.
 func TestHashCollisions(t *testing.T) {
 	clock := core.NewManualClock(start)
 	s := New(Options{Clock: clock, Shards: 1})
 	sh := &s.shards[0]
 	const h = 12345
+	fa, fb, fc, fd := fingerprint{h, 1}, fingerprint{h, 2}, fingerprint{h, 3}, fingerprint{h, 4}
 	now := clock.Nanotime()
-	a := sh.put(h, "a", "", now)
-	b := sh.put(h, "b", "", now)
-	c := sh.put(h, "a", "x", now)
+	_, a := sh.put(fa, now)
+	_, b := sh.put(fb, now)
+	_, c := sh.put(fc, now)
 	if a == b || a == c || b == c {
 		t.Fatal("colliding keys share an entry")
 	}
-	if sh.get(h, "a", "") != a || sh.get(h, "b", "") != b || sh.get(h, "a", "x") != c || sh.get(h, "c", "") != nil {
+	if sh.get(fa) != a || sh.get(fb) != b || sh.get(fc) != c || sh.get(fd) != nil {
 		t.Fatal("lookup under a shared hash returned the wrong entry")
 	}
-	if sh.put(h, "b", "", now) != b {
+	if _, e := sh.put(fb, now); e != b {
 		t.Fatal("put of a present key made a new entry")
 	}
 	// Keep b and c limited; a's zero TAT is idle and is swept.
-	b.tat.Store(now + 1)
-	c.tat.Store(now + 1)
+	b.tat.Store(now + 2)
+	c.tat.Store(now + 3)
 	s.Sweep()
-	if s.Len() != 2 || sh.get(h, "a", "") != nil || sh.get(h, "b", "") != b || sh.get(h, "a", "x") != c {
+	if s.Len() != 2 || sh.get(fa) != nil || sh.get(fb) != b || sh.get(fc) != c {
 		t.Fatalf("after sweeping a: Len %d, lookups wrong", s.Len())
 	}
 	if a.tat.Load() != dead {
 		t.Fatal("swept entry not marked dead")
 	}
-	// Grow the table past several resizes; the colliding pair stays.
+	// Grow the table past several resizes; the colliding pair stays, with
+	// its state, and the entries left behind are frozen.
 	for i := range 1000 {
-		sh.put(uint64(i), "k"+strconv.Itoa(i), "", now).tat.Store(now + 1)
+		_, e := sh.put(fingerprint{uint64(i) + firstHash, 7}, now)
+		e.tat.Store(now + 1)
 	}
 	// Growth at 3/4 doubles: 8, 16, ..., 1024 holds 768, 2048 holds 1536.
 	if got := len(sh.tab.Load().slots); got != 2048 {
 		t.Fatalf("table size for 1002 keys = %d, want 2048", got)
 	}
-	if sh.get(h, "b", "") != b || sh.get(h, "a", "x") != c || s.Len() != 1002 {
-		t.Fatal("colliding keys lost in a resize")
+	if s.Len() != 1002 {
+		t.Fatalf("Len = %d, want 1002", s.Len())
+	}
+	nb, nc := sh.get(fb), sh.get(fc)
+	if nb == nil || nc == nil || nb.tat.Load() != now+2 || nc.tat.Load() != now+3 {
+		t.Fatal("colliding keys or their TATs lost in a resize")
+	}
+	if tb := b.tat.Load(); tb < movedTo || tb >= frozen || c.quota.Load() != tombstone {
+		t.Fatalf("old entry after a resize: TAT %d, want a movedTo mark, and quota tombstone", tb)
+	}
+}
+
+// TestRefundFollowsMove: a request whose rate step is stored, then loses
+// the race for the quota's last unit, gives the step back even when a
+// resize moved its key in between.
+func TestRefundFollowsMove(t *testing.T) {
+	clock := core.NewManualClock(start)
+	s := New(Options{Clock: clock, Shards: 1})
+	sh := &s.shards[0]
+	now := clock.Nanotime()
+	p := core.GCRAParams{T: 10, Tau: 100, Burst: 10}
+	f := fingerprint{firstHash + 99, 5}
+	t0, e := sh.put(f, now)
+	e.tat.Store(now + 40) // as if this request's step of 1×T had been stored
+	// Two resizes move the key twice.
+	sh.mu.Lock()
+	sh.resize(100)
+	sh.resize(1000)
+	sh.mu.Unlock()
+	sh.refund(t0, e, p, true, 1)
+	if got := sh.get(f).tat.Load(); got != now+30 {
+		t.Fatalf("TAT after refund = now%+d, want now+30", got-now)
+	}
+	// A swept entry has nothing to give back, and refund returns.
+	clock.Advance(time.Second)
+	s.Sweep()
+	if s.Len() != 0 {
+		t.Fatalf("Len = %d after the sweep, want 0", s.Len())
+	}
+	sh.refund(t0, e, p, true, 1) // follows both moves to the dead slot
+}
+
+// TestQuotaExactUnderResizes spends one quota from 8 goroutines while
+// another floods new keys into the same shard (resizes, sweeps): exactly
+// Max requests are admitted, whatever moved under them.
+func TestQuotaExactUnderResizes(t *testing.T) {
+	for round := range 20 {
+		clock := core.NewManualClock(start)
+		s := New(Options{Clock: clock, Shards: 1})
+		ctx := context.Background()
+		const max = 300
+		req := core.Request{
+			Consumer: "q",
+			Rate:     core.Limit{Rate: 1000, Period: time.Millisecond, Burst: 1000},
+			Quota:    core.Quota{Max: max, Renewal: time.Hour},
+			Cost:     1,
+		}
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		var stop atomic.Bool
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				fl := core.Request{Consumer: "f" + strconv.Itoa(round) + "-" + strconv.Itoa(i), Rate: core.Limit{Rate: 1, Period: time.Hour}, Cost: 1}
+				if _, err := s.Take(ctx, fl); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		var workers sync.WaitGroup
+		for range 8 {
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				for range 100 {
+					d, err := s.Take(ctx, req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		workers.Wait()
+		stop.Store(true)
+		wg.Wait()
+		if got := admitted.Load(); got != max {
+			t.Fatalf("round %d: admitted %d, want exactly %d", round, got, max)
+		}
+		// The rate steps of the 500 requests the quota denied were all given
+		// back: the TAT holds exactly the 300 admitted steps.
+		_, f := s.locate("q", "")
+		if got, want := s.shards[0].get(f).tat.Load(), clock.Nanotime()+max*int64(time.Microsecond); got != want {
+			t.Fatalf("round %d: TAT = now%+d ns, want now+%d", round, got-clock.Nanotime(), want-clock.Nanotime())
+		}
 	}
 }
 

@@ -18,15 +18,15 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 	if err != nil {
 		return err
 	}
-	sh, h := s.locate(consumer, scope)
+	sh, f := s.locate(consumer, scope)
 	now := s.clock.now()
 	target := now + int64(d) + p.Tau - p.T
 	for {
-		e := sh.put(h, consumer, scope, now)
+		_, e := sh.put(f, now)
 		for {
 			t := e.tat.Load()
-			if t == dead {
-				break // being swept; look up again
+			if t < frozen {
+				break // swept or moved; look up again
 			}
 			if t >= target || e.tat.CompareAndSwap(t, target) {
 				return nil
