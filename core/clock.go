@@ -51,9 +51,13 @@ type CoarseClock struct {
 	done chan struct{}
 }
 
-// NewCoarseClock starts a CoarseClock over base that refreshes every
-// resolution (1ms when resolution ≤ 0). Call Stop when done.
+// NewCoarseClock starts a CoarseClock over base (NewSystemClock() when nil)
+// that refreshes every resolution (1ms when resolution ≤ 0). Call Stop when
+// done.
 func NewCoarseClock(base Clock, resolution time.Duration) *CoarseClock {
+	if base == nil {
+		base = NewSystemClock()
+	}
 	if resolution <= 0 {
 		resolution = time.Millisecond
 	}

@@ -133,3 +133,21 @@ func TestCoarseClock(t *testing.T) {
 		t.Fatalf("after Stop reading %d, want 99", got)
 	}
 }
+
+// TestCoarseClockNilBase: a nil base means the system clock, as elsewhere
+// (memory.Options.Clock), rather than a panic in the constructor.
+func TestCoarseClockNilBase(t *testing.T) {
+	c := NewCoarseClock(nil, time.Millisecond)
+	defer c.Stop()
+	before := c.Nanotime()
+	if before <= 0 {
+		t.Fatalf("initial reading %d, want > 0", before)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Nanotime() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("coarse clock over the system clock never refreshed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
