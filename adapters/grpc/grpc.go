@@ -164,7 +164,7 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 		cost = func() int64 { return in.o.Cost(ctx, method) }
 	}
 	c, d, err := response.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), cost)
-	md, st := in.answer(ctx, method, c, d, err)
+	md, st := in.answer(ctx, method, c, d, err, true)
 	if st != nil {
 		return c, md, st.Err()
 	}
@@ -172,10 +172,14 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 }
 
 // answer renders a decision and returns its metadata and, unless it
-// passes, the status that ends the call.
-func (in *interceptor) answer(ctx context.Context, method string, c *core.Consumer, d core.Decision, err error) (metadata.MD, *status.Status) {
+// passes, the status that ends the call. For a decision that passes, the
+// metadata is built only with passMD (nil otherwise).
+func (in *interceptor) answer(ctx context.Context, method string, c *core.Consumer, d core.Decision, err error, passMD bool) (metadata.MD, *status.Status) {
 	if in.o.OnDecision != nil {
 		in.o.OnDecision(ctx, method, d, err)
+	}
+	if !passMD && err == nil && d.Allowed {
+		return nil, nil // Render would pass it
 	}
 	var buf [8]response.Header
 	res := in.rend.Render(buf[:0], d, err)
@@ -216,7 +220,7 @@ func (s *meteredStream) RecvMsg(m any) error {
 	}
 	ctx := s.Context()
 	d, err := s.in.l.Decide(ctx, s.c, s.api, s.in.o.MessageCost)
-	md, st := s.in.answer(ctx, s.method, s.c, d, err)
+	md, st := s.in.answer(ctx, s.method, s.c, d, err, false)
 	if st == nil {
 		return nil
 	}
@@ -290,15 +294,25 @@ func errorCode(httpStatus int) codes.Code {
 	return codes.Internal
 }
 
-// mdKeys holds the metadata key of each field adapters/response writes.
-var mdKeys = func() map[string]string {
-	m := make(map[string]string)
-	for _, n := range []string{response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
-		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset} {
-		m[n] = strings.ToLower(n)
+// mdKey returns the metadata key of a header field: the names
+// adapters/response writes are matched without lower-casing them.
+func mdKey(name string) string {
+	switch name {
+	case response.HeaderPolicy:
+		return "ratelimit-policy"
+	case response.HeaderRateLimit:
+		return "ratelimit"
+	case response.HeaderRetryAfter:
+		return "retry-after"
+	case response.HeaderXLimit:
+		return "x-ratelimit-limit"
+	case response.HeaderXRemaining:
+		return "x-ratelimit-remaining"
+	case response.HeaderXReset:
+		return "x-ratelimit-reset"
 	}
-	return m
-}()
+	return strings.ToLower(name)
+}
 
 // Metadata returns header fields rendered by adapters/response as gRPC
 // metadata: the same names, lower-cased as gRPC requires, with the same
@@ -310,12 +324,8 @@ func Metadata(hs []response.Header) metadata.MD {
 	md := make(metadata.MD, len(hs))
 	vals := make([]string, len(hs)) // one allocation for every field's value slice
 	for i, h := range hs {
-		k, ok := mdKeys[h.Name]
-		if !ok {
-			k = strings.ToLower(h.Name)
-		}
 		vals[i] = h.Value
-		md[k] = vals[i : i+1 : i+1]
+		md[mdKey(h.Name)] = vals[i : i+1 : i+1]
 	}
 	return md
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -302,6 +303,40 @@ func TestUnaryAuthAndErrors(t *testing.T) {
 	}
 }
 
+// mdNames are the metadata keys of every field adapters/response renders.
+var mdNames = []string{"ratelimit-policy", "ratelimit", "retry-after", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"}
+
+// TestUnaryAllFields checks the header metadata of allowed and denied calls
+// with the X-RateLimit fields on (the values the HTTP adapters send, see
+// adapters/internal/crosstest), and that a fail-open call has none.
+func TestUnaryAllFields(t *testing.T) {
+	rend := response.NewRenderer(response.Options{XRateLimit: true, Now: func() time.Time { return time.Unix(1_800_000_000, 0) }})
+	auth := identity.NewAPIKey(keys(t), identity.APIKeyOptions{})
+	opts := lpgrpc.Options{Renderer: rend}
+	e := serve(t, frozenStore(), core.Options{}, auth, opts)
+	for i, w := range []struct {
+		code codes.Code
+		md   string
+	}{
+		{codes.OK, `ratelimit-policy=["\"default\";q=2;w=1"] ratelimit=["\"default\";r=1;t=1"] retry-after=[] ` +
+			`x-ratelimit-limit=["2"] x-ratelimit-remaining=["1"] x-ratelimit-reset=["1800000001"] `},
+		{codes.OK, `ratelimit-policy=["\"default\";q=2;w=1"] ratelimit=["\"default\";r=0;t=1"] retry-after=[] ` +
+			`x-ratelimit-limit=["2"] x-ratelimit-remaining=["0"] x-ratelimit-reset=["1800000001"] `},
+		{codes.ResourceExhausted, `ratelimit-policy=["\"default\";q=2;w=1"] ratelimit=["\"default\";r=0;t=1"] retry-after=["1"] ` +
+			`x-ratelimit-limit=["2"] x-ratelimit-remaining=["0"] x-ratelimit-reset=["1800000001"] `},
+	} {
+		md, err := e.check(withKey("k1"))
+		if got := mdString(md, mdNames...); status.Code(err) != w.code || got != w.md {
+			t.Errorf("call %d: %v, metadata\n got %s\nwant %v %s", i+1, err, got, w.code, w.md)
+		}
+	}
+	// A failing store under FailOpen: the call passes, with no fields.
+	md, err := serve(t, failingStore{}, core.Options{}, auth, opts).check(withKey("k1"))
+	if got, none := mdString(md, mdNames...), mdString(nil, mdNames...); err != nil || got != none {
+		t.Fatalf("fail open: %v, metadata %s", err, got)
+	}
+}
+
 func TestUnaryKeylessByPeer(t *testing.T) {
 	e := serve(t, frozenStore(), core.Options{}, &identity.Keyless{Policies: []string{"open"}}, lpgrpc.Options{
 		API: func(string) string { return "health" },
@@ -466,6 +501,12 @@ func TestMetadata(t *testing.T) {
 	}
 	if lpgrpc.Metadata(nil) != nil {
 		t.Fatal("Metadata(nil) is not nil")
+	}
+	for _, n := range []string{response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset} {
+		if md := lpgrpc.Metadata([]response.Header{{Name: n, Value: "v"}}); len(md) != 1 || len(md[strings.ToLower(n)]) != 1 {
+			t.Errorf("%s: metadata %v, want it under %q", n, md, strings.ToLower(n))
+		}
 	}
 }
 

@@ -193,23 +193,27 @@ func (r *Renderer) failure(dst []Header, err error) Result {
 	return Result{Status: status, Body: errorBody(msg, -1), Message: msg, Headers: dst}
 }
 
-// headers appends the limit fields for d.
+// headers appends the limit fields for d. The values rendered for this
+// answer — all but RateLimit-Policy's, which is cached — are written to one
+// buffer and share one string.
 func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
-	if d.DecidedBy == core.KindNone {
+	if d.DecidedBy == core.KindNone || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
 		return dst
 	}
+	var bb [128]byte
+	buf := bb[:0]
 	if !r.o.NoRateLimitFields {
-		var buf [128]byte
-		cur := buf[:0]
+		dst = append(dst, Header{HeaderPolicy, r.policyField(d)})
 		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
 		if d.Rate.Limit > 0 {
-			cur = current(cur, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+			buf = current(buf, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			cur = current(cur, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+			buf = current(buf, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
 		}
-		dst = append(dst, Header{HeaderPolicy, r.policyField(d)}, Header{HeaderRateLimit, string(cur)})
 	}
+	cur := len(buf) // the RateLimit value is buf[:cur]; the X-RateLimit values follow
+	limit, remaining := cur, cur
 	if r.o.XRateLimit {
 		reset := ceilSeconds(d.ResetAfter)
 		if !d.Allowed && d.RetryAfter > d.ResetAfter {
@@ -218,10 +222,21 @@ func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
 		if r.o.XRateLimitReset == ResetEpoch {
 			reset += r.o.Now().Unix()
 		}
+		buf = strconv.AppendInt(buf, d.Limit, 10)
+		limit = len(buf)
+		buf = strconv.AppendInt(buf, d.Remaining, 10)
+		remaining = len(buf)
+		buf = strconv.AppendInt(buf, reset, 10)
+	}
+	vals := string(buf)
+	if !r.o.NoRateLimitFields {
+		dst = append(dst, Header{HeaderRateLimit, vals[:cur]})
+	}
+	if r.o.XRateLimit {
 		dst = append(dst,
-			Header{HeaderXLimit, strconv.FormatInt(d.Limit, 10)},
-			Header{HeaderXRemaining, strconv.FormatInt(d.Remaining, 10)},
-			Header{HeaderXReset, strconv.FormatInt(reset, 10)})
+			Header{HeaderXLimit, vals[cur:limit]},
+			Header{HeaderXRemaining, vals[limit:remaining]},
+			Header{HeaderXReset, vals[remaining:]})
 	}
 	return dst
 }

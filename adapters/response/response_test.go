@@ -76,6 +76,15 @@ func TestRender(t *testing.T) {
 				{HeaderXLimit, "5"}, {HeaderXRemaining, "5"}, {HeaderXReset, "1800000000"},
 			},
 		},
+		{
+			name: "no limit configured",
+			d:    core.Decision{Allowed: true, DecidedBy: core.KindRate},
+			pass: true,
+			headers: []Header{
+				{HeaderPolicy, ""}, {HeaderRateLimit, ""},
+				{HeaderXLimit, "0"}, {HeaderXRemaining, "0"}, {HeaderXReset, "1800000000"},
+			},
+		},
 		{name: "fail open", d: core.Decision{Allowed: true}, pass: true},
 	}
 	for _, c := range cases {
