@@ -338,7 +338,7 @@ type Request struct{ Ctx context.Context }
 
 // Header implements identity.Request.
 func (q Request) Header(name string) string {
-	if v := metadata.ValueFromIncomingContext(q.Ctx, name); len(v) > 0 {
+	if v := metadata.ValueFromIncomingContext(q.Ctx, metadataKey(name)); len(v) > 0 {
 		return v[0]
 	}
 	return ""
@@ -347,7 +347,27 @@ func (q Request) Header(name string) string {
 // HeaderValues returns every value of the named metadata key (nil when
 // absent).
 func (q Request) HeaderValues(name string) []string {
-	return metadata.ValueFromIncomingContext(q.Ctx, name)
+	return metadata.ValueFromIncomingContext(q.Ctx, metadataKey(name))
+}
+
+// metadataKey returns name lower-cased, the form gRPC keeps incoming keys
+// in (HTTP/2 header names are lower-case), so that
+// metadata.ValueFromIncomingContext finds it with one map lookup instead of
+// comparing it case-insensitively with every key. identity asks for the
+// canonical HTTP forms, so the common ones are constants here.
+func metadataKey(name string) string {
+	switch name {
+	case "Authorization":
+		return "authorization"
+	case "X-Api-Key":
+		return "x-api-key"
+	}
+	for i := 0; i < len(name); i++ {
+		if 'A' <= name[i] && name[i] <= 'Z' {
+			return strings.ToLower(name)
+		}
+	}
+	return name
 }
 
 // Query implements identity.Request; gRPC calls have no query, so it

@@ -516,3 +516,27 @@ func (failingStore) Take(context.Context, core.Request) (core.Decision, error) {
 	return core.Decision{}, errors.New("connection refused")
 }
 func (failingStore) ResetQuota(context.Context, string, string) error { return nil }
+
+// TestRequestHeaderCase: identity asks for canonical HTTP names; the
+// incoming metadata keys are lower-case. Each lookup finds its value, for
+// the constant-mapped names, for other mixed-case names and for names
+// already lower-case.
+func TestRequestHeaderCase(t *testing.T) {
+	md := metadata.Pairs("authorization", "Bearer a", "x-api-key", "k1", "x-tenant-key", "t1", "x-tenant-key", "t2")
+	q := lpgrpc.Request{Ctx: metadata.NewIncomingContext(context.Background(), md)}
+	for name, want := range map[string]string{
+		"Authorization": "Bearer a",
+		"X-Api-Key":     "k1",
+		"X-API-KEY":     "k1",
+		"x-api-key":     "k1",
+		"X-Tenant-Key":  "t1",
+		"X-Missing":     "",
+	} {
+		if got := q.Header(name); got != want {
+			t.Errorf("Header(%q) = %q, want %q", name, got, want)
+		}
+	}
+	if got := q.HeaderValues("X-Tenant-Key"); len(got) != 2 || got[0] != "t1" || got[1] != "t2" {
+		t.Errorf("HeaderValues(X-Tenant-Key) = %q, want [t1 t2]", got)
+	}
+}
