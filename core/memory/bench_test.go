@@ -283,6 +283,25 @@ func BenchmarkStoreRandomKeys(b *testing.B) {
 
 func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 	ctx := context.Background()
+	// serial-into is serial through TakeInto (core.DecisionWriter), which
+	// writes the Decision in place instead of returning it.
+	b.Run("serial-into", func(b *testing.B) {
+		req := core.Request{Rate: manyLimit, Cost: 1}
+		var d core.Decision
+		b.ResetTimer()
+		n, i := int64(0), 0
+		for range b.N {
+			req.Consumer = f.keys[i]
+			if i++; i == manyKeys {
+				i = 0
+			}
+			store.TakeInto(ctx, &req, &d)
+			if d.Allowed {
+				n++
+			}
+		}
+		sink = n
+	})
 	b.Run("serial", func(b *testing.B) {
 		req := core.Request{Rate: manyLimit, Cost: 1}
 		b.ResetTimer()
