@@ -10,13 +10,17 @@ import (
 // is not usable; use NewSystemClock.
 type SystemClock struct{ origin time.Time }
 
-// NewSystemClock returns a Clock whose origin is the moment of the call.
-// Each read costs about one monotonic clock read (time.Since).
-func NewSystemClock() SystemClock { return SystemClock{origin: time.Now()} }
+// NewSystemClock returns a Clock whose origin is 1ns before the moment of
+// the call. Each read costs one monotonic clock read (time.Since).
+func NewSystemClock() SystemClock {
+	// The origin is set 1ns back so that every reading is at least 1 (0
+	// can mean "never" in stored state) without adding 1 to each reading.
+	return SystemClock{origin: time.Now().Add(-1)}
+}
 
-// Nanotime returns the nanoseconds elapsed since the clock was created.
-// The result is at least 1, so 0 can mean "never" in stored state.
-func (c SystemClock) Nanotime() int64 { return int64(time.Since(c.origin)) + 1 }
+// Nanotime returns the nanoseconds elapsed since the clock's origin: at
+// least 1, so 0 can mean "never" in stored state.
+func (c SystemClock) Nanotime() int64 { return int64(time.Since(c.origin)) }
 
 // ManualClock is a Clock that only moves when told to: tests freeze it,
 // step it and read exact results. It is safe for concurrent use.

@@ -151,3 +151,18 @@ func TestCoarseClockNilBase(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestSystemClockStartsAtOne: readings are at least 1 from the first one
+// on (0 means "never" to stores) and never go backwards.
+func TestSystemClockStartsAtOne(t *testing.T) {
+	for range 1000 {
+		c := NewSystemClock()
+		first := c.Nanotime()
+		if first < 1 {
+			t.Fatalf("first reading %d, want ≥ 1", first)
+		}
+		if next := c.Nanotime(); next < first {
+			t.Fatalf("reading went back from %d to %d", first, next)
+		}
+	}
+}
