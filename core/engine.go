@@ -237,7 +237,7 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 }
 
 func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
-	if cost < 0 {
+	if cost < 0 || cost > MaxCost {
 		return Decision{}, ErrInvalidCost
 	}
 	if c == nil {

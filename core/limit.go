@@ -85,8 +85,8 @@ var (
 	// ErrCostExceedsBurst reports a request whose cost is larger than the
 	// burst: it can never be allowed, so Wait gives up at once.
 	ErrCostExceedsBurst = errors.New("cost exceeds burst")
-	// ErrInvalidCost reports a negative cost.
-	ErrInvalidCost = errors.New("cost must be >= 0")
+	// ErrInvalidCost reports a cost below 0 or above MaxCost.
+	ErrInvalidCost = errors.New("cost must be in [0, 2^53)")
 	// ErrUnsupportedAlgorithm is returned by a store that does not
 	// implement the Limit's Algorithm.
 	ErrUnsupportedAlgorithm = errors.New("algorithm not supported by this store")

@@ -97,7 +97,8 @@ type Request struct {
 	Rate Limit
 	// Quota is the quota; the zero Quota or Unlimited skips it.
 	Quota Quota
-	// Cost is the number of units; 0 peeks without changing state.
+	// Cost is the number of units, in [0, MaxCost]; 0 peeks without
+	// changing state.
 	Cost int64
 	// MaxDelay lets a GCRA rate limit admit the request by reservation:
 	// when it does not conform now but will within MaxDelay, its units are
@@ -118,9 +119,14 @@ func (r *Request) Reservation() int64 {
 	return int64(min(max(r.MaxDelay, 0), MaxReservation))
 }
 
+// MaxCost is the largest cost a Request may carry, 2^53 − 1: every store
+// refuses a larger one with ErrInvalidCost (the Redis store computes in Lua
+// numbers, exact integers below 2^53, and the in-process store matches it).
+const MaxCost = 1<<53 - 1
+
 // Validate checks the request's limits and cost.
 func (r *Request) Validate() error {
-	if r.Cost < 0 {
+	if r.Cost < 0 || r.Cost > MaxCost {
 		return ErrInvalidCost
 	}
 	if err := r.Rate.Validate(); err != nil {

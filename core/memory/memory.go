@@ -392,7 +392,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// decided in registers with a small frame; everything else, errors
 	// included, in take. The general path copies result structs and costs
 	// about twice as much.
-	if req.Cost >= 0 && req.Rate.Algorithm == core.GCRA && !req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
+	if req.Cost >= 0 && req.Cost <= core.MaxCost && req.Rate.Algorithm == core.GCRA && !req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
 		p, perr := req.Rate.CheckedGCRA()
 		sh, f := s.locate(req.Consumer, req.Scope)
 		var now int64 // s.clock.now(), inlined by hand
@@ -445,7 +445,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 // take is Take's general path: validation, new keys, quotas, and entries
 // being swept.
 func (s *Store) take(req core.Request) (core.Decision, error) {
-	if req.Cost < 0 {
+	if req.Cost < 0 || req.Cost > core.MaxCost {
 		return core.Decision{}, core.ErrInvalidCost
 	}
 	var p core.GCRAParams
@@ -470,7 +470,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 	t := sh.tab.Load()
 	e := t.find(f)
 	if e == nil {
-		if req.Cost == 0 || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
+		if req.Cost == 0 || (!limited && !quota) || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
 			// Cannot change state: answer from the empty state, create nothing.
 			return sh.decide(nil, nil, p, limited, req, now)
 		}
@@ -507,7 +507,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 		if q != nil {
 			used = q.used.Load()
 		}
-		if used+n > req.Quota.Max {
+		if n > req.Quota.Max-used { // used+n > Max, without overflow
 			setQuota(&d, req.Quota, q, used, now)
 			d.DecidedBy, d.RetryAfter = core.KindQuota, d.Quota.ResetAfter
 			if n > req.Quota.Max {
@@ -575,7 +575,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				continue
 			}
 			used := q.used.Load()
-			if used+n > req.Quota.Max {
+			if n > req.Quota.Max-used {
 				// Lost a race for the last units: undo the rate step.
 				sh.refund(t, e, p, limited && r.Store, n)
 				d = core.Decision{}
@@ -612,12 +612,19 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 }
 
 // refund gives back n×T of TAT after the quota denied a request whose rate
-// step was already stored in e, an entry of table t. The CAS loop makes it
-// exact under concurrency: the result equals the state in which this
-// request never happened. If a resize moved the entry meanwhile, the step
-// was moved with it, and refund follows it to its new slot (waiting on the
-// shard lock for the resize to finish). If a sweep removed it, its TAT had
-// passed, which made the step void: there is nothing to give back.
+// step was already stored in e, an entry of table t. Subtracting commutes
+// with the other requests' steps, so the TAT ends as if this request had
+// never happened. Until the refund lands, though, its step is visible: a
+// concurrent request on the same key may be denied by the rate limit where
+// the final state would have admitted it (fewer admitted, never more). That
+// can happen only on a key with both a rate limit and a quota, while
+// concurrent requests race for the quota's last units; the Redis store,
+// which decides both in one script, has no such window.
+//
+// If a resize moved the entry meanwhile, the step was moved with it, and
+// refund follows it to its new slot (waiting on the shard lock for the
+// resize to finish). If a sweep removed it, its TAT had passed, which made
+// the step void: there is nothing to give back.
 func (sh *shard) refund(t *table, e *entry, p core.GCRAParams, stored bool, n int64) {
 	if !stored {
 		return

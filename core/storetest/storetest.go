@@ -5,7 +5,9 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -416,6 +418,26 @@ func runQuota(t *testing.T, s Suite) {
 		check(t, "new period reset", d.ResetAfter, time.Hour)
 	})
 
+	// HugeCost: a valid cost far above Max, after units were spent (so
+	// used + cost would overflow int64 if computed), is denied for good
+	// (RetryAfter −1) and spends nothing; the quota then admits exactly
+	// what is left.
+	t.Run("HugeCost", func(t *testing.T) {
+		e := newEnv(t, s)
+		q := core.Quota{Max: 10, Renewal: time.Hour}
+		check(t, "first", e.take(core.Request{Quota: q, Cost: 1}).Allowed, true)
+		d := e.take(core.Request{Quota: q, Cost: core.MaxCost})
+		check(t, "huge allowed", d.Allowed, false)
+		check(t, "huge retry after", d.RetryAfter, time.Duration(-1))
+		check(t, "huge remaining", d.Remaining, int64(9))
+		for i := int64(8); i >= 0; i-- {
+			d = e.take(core.Request{Quota: q, Cost: 1})
+			check(t, "allowed", d.Allowed, true)
+			check(t, "remaining", d.Remaining, i)
+		}
+		check(t, "11th", e.take(core.Request{Quota: q, Cost: 1}).Allowed, false)
+	})
+
 	t.Run("Unlimited", func(t *testing.T) {
 		e := newEnv(t, s)
 		for i := 0; i < 50; i++ {
@@ -503,6 +525,18 @@ func runErrors(t *testing.T, s Suite) {
 	for i, r := range bad {
 		if _, err := e.store.Take(context.Background(), r); err == nil {
 			t.Errorf("bad request %d (%+v): no error", i, r)
+		}
+	}
+	// Costs outside [0, MaxCost] are refused as such, whatever the limits.
+	for _, n := range []int64{-1, core.MaxCost + 1, math.MaxInt64, math.MinInt64} {
+		for _, r := range []core.Request{
+			{Consumer: "x", Rate: core.PerSecond(1), Cost: n},
+			{Consumer: "x", Quota: core.Quota{Max: 10, Renewal: time.Hour}, Cost: n},
+			{Consumer: "x", Cost: n},
+		} {
+			if _, err := e.store.Take(context.Background(), r); !errors.Is(err, core.ErrInvalidCost) {
+				t.Errorf("cost %d (%+v): error %v, want ErrInvalidCost", n, r, err)
+			}
 		}
 	}
 }
