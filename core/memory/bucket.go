@@ -44,10 +44,14 @@ func (b *Bucket) Allow() bool {
 }
 
 // AllowN reports whether n events may happen at now (ns on the bucket's
-// clock), and records them if so. n > burst is never allowed; n == 0 only
-// asks. It computes no Remaining or durations (see TakeN), which keeps it
-// to a load, a few compares and, when allowed with n > 0, one CAS.
+// clock), and records them if so. n > burst is never allowed, nor is n < 0
+// (which would give units back); n == 0 only asks. It computes no Remaining
+// or durations (see TakeN), which keeps it to a load, a few compares and,
+// when allowed with n > 0, one CAS.
 func (b *Bucket) AllowN(now, n int64) bool {
+	if n < 0 {
+		return false
+	}
 	for {
 		tat := b.tat.Load()
 		next, ok := b.p.Conform(tat, now, n)
@@ -58,8 +62,14 @@ func (b *Bucket) AllowN(now, n int64) bool {
 }
 
 // TakeN is AllowN returning the full GCRA result (remaining, reset and
-// retry times in ns).
+// retry times in ns). For n < 0 it changes nothing and returns the state
+// with Allowed false and RetryAfter −1.
 func (b *Bucket) TakeN(now, n int64) core.GCRAResult {
+	if n < 0 {
+		r := b.p.Step(b.tat.Load(), now, 0)
+		r.Allowed, r.RetryAfter = false, -1
+		return r
+	}
 	for {
 		tat := b.tat.Load()
 		r := b.p.Step(tat, now, n)

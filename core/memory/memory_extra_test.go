@@ -7,6 +7,7 @@ package memory
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
@@ -471,5 +472,62 @@ func TestBucketMatchesStep(t *testing.T) {
 		if b.tat.Load() != tat {
 			t.Fatalf("step %d: stored TAT %d, want %d", i, b.tat.Load(), tat)
 		}
+	}
+}
+
+// TestBucketNegativeN: a negative n is never allowed and gives nothing
+// back: after it, the exhausted bucket is still exhausted.
+func TestBucketNegativeN(t *testing.T) {
+	clock := core.NewManualClock(start)
+	b, err := NewBucket(core.Limit{Rate: 1, Period: time.Hour, Burst: 2}, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := clock.Nanotime()
+	if !b.AllowN(now, 2) || b.AllowN(now, 1) {
+		t.Fatal("burst of 2 not spent exactly")
+	}
+	tat := b.tat.Load()
+	if b.AllowN(now, -100) {
+		t.Error("AllowN(-100) allowed")
+	}
+	if r := b.TakeN(now, -5); r.Allowed || r.Store || r.RetryAfter != -1 || r.Remaining != 0 {
+		t.Errorf("TakeN(-5) = %+v, want denied, nothing stored, RetryAfter -1, Remaining 0", r)
+	}
+	if got := b.tat.Load(); got != tat {
+		t.Errorf("TAT moved from %d to %d by negative costs", tat, got)
+	}
+	if b.AllowN(now, 1) {
+		t.Error("exhausted bucket admitted after negative costs")
+	}
+}
+
+// TestPenalizeHugeDuration: a penalty too large to add to the clock is
+// capped at core.MaxReservation instead of overflowing into no penalty.
+func TestPenalizeHugeDuration(t *testing.T) {
+	clock := core.NewManualClock(start)
+	s := New(Options{Clock: clock})
+	l := core.Limit{Rate: 10, Period: time.Second, Burst: 1} // T = τ = 100ms
+	if err := s.Penalize(context.Background(), "k", "", l, time.Duration(math.MaxInt64)); err != nil {
+		t.Fatal(err)
+	}
+	d := take(t, s, core.Request{Consumer: "k", Rate: l, Cost: 1})
+	if d.Allowed || d.RetryAfter != core.MaxReservation {
+		t.Fatalf("after a huge penalty: allowed %v, RetryAfter %v; want denied for %v", d.Allowed, d.RetryAfter, core.MaxReservation)
+	}
+}
+
+// TestNoLimitsNoState: a request with neither a rate limit nor a quota is
+// allowed and creates no entry.
+func TestNoLimitsNoState(t *testing.T) {
+	s := New(Options{Clock: core.NewManualClock(start)})
+	for i := range 1000 {
+		d := take(t, s, core.Request{Consumer: "c" + strconv.Itoa(i), Cost: 1})
+		if !d.Allowed {
+			t.Fatal("unlimited request denied")
+		}
+	}
+	if n := s.Len(); n != 0 {
+		t.Fatalf("Len = %d after 1000 unlimited requests, want 0", n)
 	}
 }

@@ -9,11 +9,13 @@ import (
 
 // Penalize implements core.Penalizer: it moves the TAT of (consumer, scope)
 // to at least now + d + τ − T, the earliest state in which a unit request
-// conforms exactly d from now. It never moves the TAT backwards.
+// conforms exactly d from now. It never moves the TAT backwards. d above
+// core.MaxReservation (2^61 ns, about 73 years) is treated as that.
 func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
 	if d <= 0 || l.IsUnlimited() {
 		return nil
 	}
+	d = min(d, core.MaxReservation) // keeps now + d + τ far from overflow
 	p, err := l.CheckedGCRA()
 	if err != nil {
 		return err
