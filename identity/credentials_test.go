@@ -23,30 +23,33 @@ func TestAPIKeyAmbiguous(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		hdrs   []hdr
-		query  string
+		query  []string // api_key values, in order
 		cookie string
 		reason string // "" means accepted as k1
 	}{
-		{"X-API-Key twice", []hdr{{"X-API-Key", "k2"}, {"X-API-Key", "wrong"}}, "", "", "ambiguous credentials: more than one X-API-Key header"},
-		{"X-API-Key twice, reversed", []hdr{{"X-API-Key", "wrong"}, {"X-API-Key", "k2"}}, "", "", "ambiguous credentials: more than one X-API-Key header"},
-		{"X-API-Key twice, same key", []hdr{{"X-API-Key", "k1"}, {"X-API-Key", "k1"}}, "", "", "ambiguous credentials: more than one X-API-Key header"},
-		{"X-API-Key twice, one empty", []hdr{{"X-API-Key", "k1"}, {"X-API-Key", ""}}, "", "", "ambiguous credentials: more than one X-API-Key header"},
-		{"Authorization twice", []hdr{{"Authorization", "Bearer k1"}, {"Authorization", "Bearer k2"}}, "", "", "ambiguous credentials: more than one Authorization header"},
-		{"Authorization and X-API-Key differ", []hdr{{"Authorization", "Bearer k1"}, {"X-API-Key", "k2"}}, "", "", "ambiguous credentials: Authorization header and X-API-Key header differ"},
-		{"X-API-Key and query differ", []hdr{{"X-API-Key", "k1"}}, "k2", "", "ambiguous credentials: X-API-Key header and api_key query parameter differ"},
-		{"query and cookie differ", nil, "k1", "k2", "ambiguous credentials: api_key query parameter and lp_key cookie differ"},
-		{"Authorization and X-API-Key agree", []hdr{{"Authorization", "Bearer k1"}, {"X-API-Key", " k1 "}}, "", "", ""},
-		{"every source agrees", []hdr{{"Authorization", "k1"}, {"X-API-Key", "k1"}}, "k1", "k1", ""},
-		{"empty Bearer and a key", []hdr{{"Authorization", "Bearer"}, {"X-API-Key", "k1"}}, "", "", ""},
+		{"X-API-Key twice", []hdr{{"X-API-Key", "k2"}, {"X-API-Key", "wrong"}}, nil, "", "ambiguous credentials: more than one X-API-Key header"},
+		{"X-API-Key twice, reversed", []hdr{{"X-API-Key", "wrong"}, {"X-API-Key", "k2"}}, nil, "", "ambiguous credentials: more than one X-API-Key header"},
+		{"X-API-Key twice, same key", []hdr{{"X-API-Key", "k1"}, {"X-API-Key", "k1"}}, nil, "", "ambiguous credentials: more than one X-API-Key header"},
+		{"X-API-Key twice, one empty", []hdr{{"X-API-Key", "k1"}, {"X-API-Key", ""}}, nil, "", "ambiguous credentials: more than one X-API-Key header"},
+		{"Authorization twice", []hdr{{"Authorization", "Bearer k1"}, {"Authorization", "Bearer k2"}}, nil, "", "ambiguous credentials: more than one Authorization header"},
+		{"Authorization and X-API-Key differ", []hdr{{"Authorization", "Bearer k1"}, {"X-API-Key", "k2"}}, nil, "", "ambiguous credentials: Authorization header and X-API-Key header differ"},
+		{"X-API-Key and query differ", []hdr{{"X-API-Key", "k1"}}, []string{"k2"}, "", "ambiguous credentials: X-API-Key header and api_key query parameter differ"},
+		{"query and cookie differ", nil, []string{"k1"}, "k2", "ambiguous credentials: api_key query parameter and lp_key cookie differ"},
+		{"Authorization and X-API-Key agree", []hdr{{"Authorization", "Bearer k1"}, {"X-API-Key", " k1 "}}, nil, "", ""},
+		{"every source agrees", []hdr{{"Authorization", "k1"}, {"X-API-Key", "k1"}}, []string{"k1"}, "k1", ""},
+		{"api_key twice", nil, []string{"k2", "zzz"}, "", "ambiguous credentials: more than one api_key query parameter"},
+		{"api_key twice, reversed", nil, []string{"zzz", "k2"}, "", "ambiguous credentials: more than one api_key query parameter"},
+		{"api_key twice, same key", nil, []string{"k1", "k1"}, "", "ambiguous credentials: more than one api_key query parameter"},
+		{"api_key twice, one empty", nil, []string{"k1", ""}, "", "ambiguous credentials: more than one api_key query parameter"},
+		{"api_key twice and an agreeing header", []hdr{{"X-API-Key", "k1"}}, []string{"k1", "k1"}, "", "ambiguous credentials: more than one api_key query parameter"},
+		{"empty Bearer and a key", []hdr{{"Authorization", "Bearer"}, {"X-API-Key", "k1"}}, nil, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newReq("192.0.2.1:1")
 			for _, h := range tc.hdrs {
 				r.with(h[0], h[1])
 			}
-			if tc.query != "" {
-				r.q.Set("api_key", tc.query)
-			}
+			r.q["api_key"] = tc.query
 			if tc.cookie != "" {
 				r.c["lp_key"] = tc.cookie
 			}
@@ -172,4 +175,29 @@ func TestJWTRawJSON(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstQueryOnly is a Request that is not a QueryValuer: it offers only
+// the first value of a query parameter.
+type firstQueryOnly struct{ Request }
+
+// TestAPIKeyQueryWithoutQueryValuer: a Request that cannot list a
+// parameter's values is read as before, by its first value (so identity
+// cannot see the repetition); one that can is refused.
+func TestAPIKeyQueryWithoutQueryValuer(t *testing.T) {
+	ks, err := NewKeys([]KeyRecord{{Hash: HashKey("k1"), Policies: []string{"basic"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := NewAPIKey(ks, APIKeyOptions{})
+	r := newReq("192.0.2.1:1")
+	r.q["api_key"] = []string{"k1", "zzz"}
+	if _, ok := Request(firstQueryOnly{r}).(QueryValuer); ok {
+		t.Fatal("firstQueryOnly is a QueryValuer")
+	}
+	if k, err := a.Extract(firstQueryOnly{r}); k != "k1" || err != nil {
+		t.Errorf("without QueryValues: Extract = %q, %v; want k1", k, err)
+	}
+	_, err = a.Authenticate(context.Background(), r)
+	authErr(t, err, 401, ErrInvalidCredentials, "ambiguous credentials: more than one api_key query parameter")
 }

@@ -38,6 +38,7 @@ func (r *testReq) with(name, value string) *testReq { r.h.Add(name, value); retu
 func (r *testReq) Header(name string) string         { return r.h.Get(name) }
 func (r *testReq) HeaderValues(name string) []string { return r.h.Values(name) }
 func (r *testReq) Query(name string) string          { return r.q.Get(name) }
+func (r *testReq) QueryValues(name string) []string  { return r.q[name] }
 func (r *testReq) Cookie(name string) string         { return r.c[name] }
 func (r *testReq) RemoteAddr() string                { return r.peer }
 

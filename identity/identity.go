@@ -35,11 +35,29 @@ type Request interface {
 	// one the client sent.
 	HeaderValues(name string) []string
 	// Query returns the first value of the named URL query parameter.
+	// A Request that carries a URL query should also implement
+	// QueryValuer, so that a credential parameter given twice is refused
+	// as ambiguous (see APIKey.Extract) instead of read as its first value.
 	Query(name string) string
 	// Cookie returns the value of the named cookie.
 	Cookie(name string) string
 	// RemoteAddr returns the transport peer as "host:port" or "host".
 	RemoteAddr() string
+}
+
+// QueryValuer is implemented by Requests that can list every value of a
+// URL query parameter, as HeaderValues lists a header's. When a Request
+// implements it, a query parameter that a credential source names
+// (api_key, by default) is read with QueryValues, and a parameter given
+// more than once is refused as ambiguous, as a repeated header is. The
+// adapters' Requests over net/http (so Gin) and Fiber implement it; gRPC
+// calls have no query.
+type QueryValuer interface {
+	// QueryValues returns every value of the named query parameter, in
+	// the order given, after unescaping names and values as
+	// url.ParseQuery does (nil when absent). A parameter given without
+	// "=" has the value "".
+	QueryValues(name string) []string
 }
 
 // Authenticator resolves a request to the consumer it is charged to. It

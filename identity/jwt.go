@@ -223,8 +223,9 @@ type JWTOptions struct {
 	// follow the Bearer scheme ("Authorization: Bearer <token>", RFC 6750
 	// §2.1; the scheme name is case-insensitive): any other Authorization
 	// value is refused. Other header sources, query parameters and cookies
-	// carry the bare token. As for API keys, a repeated header source or two
-	// sources with different tokens are refused as ambiguous.
+	// carry the bare token. As for API keys, a repeated header or query
+	// parameter source or two sources with different tokens are refused
+	// as ambiguous.
 	Sources []Source
 	// Now is the clock for exp, nbf and iat; default time.Now.
 	Now func() time.Time

@@ -155,7 +155,7 @@ const DefaultMaxKeyLength = 512
 type APIKeyOptions struct {
 	// Sources are where the key may be presented. Every source is read:
 	// a request that presents different keys in two of them, or repeats a
-	// header source, is refused (see Extract).
+	// header or query parameter source, is refused (see Extract).
 	Sources []Source
 	// MaxKeyLength bounds a key's length in bytes.
 	MaxKeyLength int
@@ -202,11 +202,12 @@ func lookupNames(sources []Source) []string {
 
 // Extract returns the presented key, or "" when there is none. It fails
 // with a 401 *Error (ErrInvalidCredentials) when the request is ambiguous:
-// a header source given more than once (even with one value twice), or
-// two sources presenting different keys. Whichever key a reader took
-// (the first, as net/http's Header.Get does, or the last) a client could
-// then pass the gateway with one key while a component behind it acts on
-// the other.
+// a header source given more than once (even with one value twice), a
+// query parameter source given more than once (likewise; this needs a
+// Request that implements QueryValuer), or two sources presenting
+// different keys. Whichever key a reader took (the first, as net/http's
+// Header.Get and url.Values.Get do, or the last) a client could then pass
+// the gateway with one key while a component behind it acts on the other.
 func (a *APIKey) Extract(r Request) (string, error) {
 	return extract(r, a.opts.Sources, a.lookup, false)
 }
@@ -218,8 +219,9 @@ func (a *APIKey) Sources() []Source { return append([]Source(nil), a.opts.Source
 // white space trimmed and, for the Authorization header, the
 // case-insensitive "Bearer" scheme (RFC 6750 §2.1) removed; "" when none
 // is presented. Every source is read: a header source with more than one
-// field line, or two sources with different non-empty values, is refused
-// as ambiguous. With bearerOnly, an Authorization header in any other
+// field line, a query parameter source given more than once (when r is a
+// QueryValuer), or two sources with different non-empty values, is
+// refused as ambiguous. With bearerOnly, an Authorization header in any other
 // scheme (or a bare credential) is refused too.
 func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (string, error) {
 	var cred string
@@ -243,7 +245,18 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (str
 				}
 			}
 		case InQuery:
-			v = r.Query(s.Name)
+			qv, ok := r.(QueryValuer)
+			if !ok {
+				v = r.Query(s.Name)
+				break
+			}
+			vals := qv.QueryValues(s.Name)
+			if len(vals) > 1 {
+				return "", invalid(401, "ambiguous credentials: more than one "+s.String())
+			}
+			if len(vals) == 1 {
+				v = vals[0]
+			}
 		case InCookie:
 			v = r.Cookie(s.Name)
 		}

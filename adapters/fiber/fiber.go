@@ -98,6 +98,8 @@ func Write(c *fiber.Ctx, res response.Result) bool {
 // key, say) without it changing under it.
 type Request struct{ C *fiber.Ctx }
 
+var _ identity.QueryValuer = Request{}
+
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return strings.Clone(q.C.Get(name)) }
 
@@ -113,6 +115,17 @@ func (q Request) HeaderValues(name string) []string {
 
 // Query implements identity.Request.
 func (q Request) Query(name string) string { return strings.Clone(q.C.Query(name)) }
+
+// QueryValues implements identity.QueryValuer: every value of the named
+// query parameter, in the order given (nil when absent), so that identity
+// refuses a credential parameter given twice.
+func (q Request) QueryValues(name string) []string {
+	var vs []string
+	for _, v := range q.C.Request().URI().QueryArgs().PeekMulti(name) {
+		vs = append(vs, string(v))
+	}
+	return vs
+}
 
 // Cookie implements identity.Request.
 func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(name)) }

@@ -27,7 +27,9 @@ type recorder struct {
 func (r *recorder) Authenticate(_ context.Context, q identity.Request) (*core.Consumer, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.seen = append(r.seen, append([]string{q.Header("X-API-Key"), q.Query("q"), q.Cookie("c")}, q.HeaderValues("X-Forwarded-For")...))
+	seen := []string{q.Header("X-API-Key"), q.Query("q"), q.Cookie("c")}
+	seen = append(seen, q.(identity.QueryValuer).QueryValues("q")...)
+	r.seen = append(r.seen, append(seen, q.HeaderValues("X-Forwarded-For")...))
 	if _, err := identity.PeerAddr(q); err != nil {
 		return nil, err
 	}
@@ -64,7 +66,7 @@ func TestRequestOutlivesHandler(t *testing.T) {
 	defer client.CloseIdleConnections()
 	var want [][]string
 	for i, v := range []string{"aaaa", "bbbb", "cccc"} {
-		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/?q="+v, nil)
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/?q="+v+"&q=2"+v, nil)
 		req.Header.Set("X-API-Key", "key-"+v)
 		req.Header.Add("X-Forwarded-For", "192.0.2."+fmt.Sprint(i))
 		req.Header.Add("X-Forwarded-For", "198.51.100.1")
@@ -75,7 +77,7 @@ func TestRequestOutlivesHandler(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		want = append(want, []string{"key-" + v, v, "cookie-" + v, fmt.Sprint("192.0.2.", i), "198.51.100.1"})
+		want = append(want, []string{"key-" + v, v, "cookie-" + v, v, "2" + v, fmt.Sprint("192.0.2.", i), "198.51.100.1"})
 	}
 	if fmt.Sprint(rec.seen) != fmt.Sprint(want) {
 		t.Fatalf("kept values changed:\n got %q\nwant %q", rec.seen, want)

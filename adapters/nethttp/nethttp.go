@@ -89,6 +89,8 @@ func Write(w http.ResponseWriter, res response.Result) bool {
 // Request adapts *http.Request to identity.Request.
 type Request struct{ R *http.Request }
 
+var _ identity.QueryValuer = Request{}
+
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return q.R.Header.Get(name) }
 
@@ -102,6 +104,16 @@ func (q Request) Query(name string) string {
 		return ""
 	}
 	return q.R.URL.Query().Get(name)
+}
+
+// QueryValues implements identity.QueryValuer: every value of the named
+// query parameter, in the order given (nil when absent), so that identity
+// refuses a credential parameter given twice.
+func (q Request) QueryValues(name string) []string {
+	if q.R.URL == nil || q.R.URL.RawQuery == "" {
+		return nil
+	}
+	return q.R.URL.Query()[name]
 }
 
 // Cookie implements identity.Request.

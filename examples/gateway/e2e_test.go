@@ -169,8 +169,9 @@ func checkRealClockReplies(t *testing.T, replies []reply, elapsed time.Duration)
 }
 
 // TestAuthFailures: a missing key is 401 and an unknown, expired or
-// inactive key 403, each with a JSON body and no rate-limit fields; keys
-// are read from X-API-Key, Authorization (with or without Bearer) and the
+// inactive key 403, an ambiguous request (a key header or parameter given
+// twice) 401, each with a JSON body and no rate-limit fields; keys are
+// read from X-API-Key, Authorization (with or without Bearer) and the
 // api_key query parameter.
 func TestAuthFailures(t *testing.T) {
 	gw := start(t, frozen(), "-config", writeConfig(t, `
@@ -199,6 +200,12 @@ apis:
 		{"expired key", "/a/x", []string{"X-API-Key", "old"}, 403, `{"error":"API key expired"}`},
 		{"inactive key", "/a/x", []string{"X-API-Key", "off"}, 403, `{"error":"unknown API key"}`},
 		{"key without a policy for this API", "/a/x", []string{"X-API-Key", "b-only"}, 403, `{"error":"access to this API is not allowed"}`},
+		// A key parameter given twice is ambiguous, as a header given
+		// twice is, whichever comes first.
+		{"api_key twice", "/a/x?api_key=good&api_key=zzz", nil, 401, `{"error":"ambiguous credentials: more than one api_key query parameter"}`},
+		{"api_key twice, reversed", "/a/x?api_key=zzz&api_key=good", nil, 401, `{"error":"ambiguous credentials: more than one api_key query parameter"}`},
+		{"api_key twice, same key, escaped name", "/a/x?api_key=good&api%5Fkey=good", []string{"X-API-Key", "good"}, 401, `{"error":"ambiguous credentials: more than one api_key query parameter"}`},
+		{"X-API-Key twice", "/a/x", []string{"X-API-Key", "good", "X-API-Key", "zzz"}, 401, `{"error":"ambiguous credentials: more than one X-API-Key header"}`},
 		// One key read from three places spends one bucket.
 		{"bearer", "/a/x", []string{"Authorization", "Bearer good"}, 200, `"p";r=9;t=6`},
 		{"bare authorization", "/a/x", []string{"Authorization", "good"}, 200, `"p";r=8;t=12`},

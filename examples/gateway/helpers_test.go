@@ -160,7 +160,7 @@ func fetch(c *http.Client, url string, hdr ...string) (reply, error) {
 		return reply{}, err
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+		req.Header.Add(hdr[i], hdr[i+1])
 	}
 	if c == nil {
 		c = http.DefaultClient

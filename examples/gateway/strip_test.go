@@ -81,6 +81,21 @@ apis:
 		}
 	}
 
+	// A key parameter given twice never reaches an upstream, which might
+	// read the value the gateway did not check: not even one that
+	// receives the credential (strip_auth_data: false).
+	for _, path := range []string{"/keep/a?api_key=k1&api_key=zzz", "/keep/a?api_key=zzz&api_key=k1", "/keyed/a?api_key=k1&api_key=zzz"} {
+		r := get(t, nil, gw.base+path)
+		if want := `{"error":"ambiguous credentials: more than one api_key query parameter"}` + "\n"; r.status != 401 || r.body != want {
+			t.Errorf("%s: %d %q, want 401 %q", path, r.status, r.body, want)
+		}
+		select {
+		case got := <-saw:
+			t.Errorf("%s: the upstream received %q", path, got)
+		default:
+		}
+	}
+
 	r := get(t, nil, gw.base+"/echo/x?api_key=k1&x=1", "X-API-Key", "k1")
 	var e echoReply
 	if err := json.Unmarshal([]byte(r.body), &e); err != nil || r.status != 200 {

@@ -133,19 +133,23 @@ var servers = []struct {
 var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 
 // get sends GET /x with key in the place via names: "" or "x-api-key",
-// "bearer", "query" or "cookie".
+// "bearer", "query" or "cookie"; with via "raw query", key is the whole
+// query string.
 func get(t *testing.T, base, key, via string) answer {
 	t.Helper()
 	url := base + "/x"
-	if via == "query" {
+	switch via {
+	case "query":
 		url += "?api_key=" + key
+	case "raw query":
+		url += "?" + key
 	}
 	req, err := http.NewRequest("GET", url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	switch {
-	case key == "" || via == "query":
+	case key == "" || via == "query" || via == "raw query":
 	case via == "bearer":
 		req.Header.Set("Authorization", "Bearer "+key)
 	case via == "cookie":
@@ -179,6 +183,12 @@ func h(kv ...string) map[string]string {
 	}
 	return m
 }
+
+// ambiguousQuery is the answer to a request that repeats the api_key
+// parameter.
+var ambiguousQuery = answer{401, h(
+	"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "73",
+), `{"error":"ambiguous credentials: more than one api_key query parameter"}` + "\n"}
 
 func TestSameAnswersAcrossFrameworks(t *testing.T) {
 	scenarios := []struct {
@@ -260,6 +270,34 @@ func TestSameAnswersAcrossFrameworks(t *testing.T) {
 				"X-Ratelimit-Limit", "2", "X-Ratelimit-Remaining", "0", "X-Ratelimit-Reset", "1800003600",
 				"Content-Type", "application/json", "X-Content-Type-Options", "nosniff", "Content-Length", "52",
 			), `{"error":"quota exceeded","retry_after_ms":3600000}` + "\n"},
+		},
+		// A key parameter given twice is ambiguous, as a repeated header
+		// is, whichever value comes first and however the name is
+		// escaped: a reader taking the last value would act on a key
+		// that was never checked.
+		{
+			name: "api_key twice",
+			key:  "api_key=k-rate&api_key=zzz",
+			via:  "raw query",
+			want: ambiguousQuery,
+		},
+		{
+			name: "api_key twice, reversed",
+			key:  "api_key=zzz&api_key=k-rate",
+			via:  "raw query",
+			want: ambiguousQuery,
+		},
+		{
+			name: "api_key twice, same key, one name escaped",
+			key:  "api_key=k-rate&x=1&api%5Fkey=k-rate",
+			via:  "raw query",
+			want: ambiguousQuery,
+		},
+		{
+			name: "api_key twice, once without a value",
+			key:  "api_key=k-rate&api_key",
+			via:  "raw query",
+			want: ambiguousQuery,
 		},
 		{
 			name: "missing key",
