@@ -105,8 +105,9 @@ type env struct {
 
 // run parses args, loads the configuration, serves until ctx is done, then
 // shuts down gracefully. It returns nil after a clean shutdown,
-// flag.ErrHelp after -h, and a *usageError for a bad command line (the
-// flag package has printed its own errors and the usage).
+// flag.ErrHelp after -h, and a *usageError for a bad command line (an
+// unknown flag, a bad -listen, a stray argument), after printing the
+// error and the usage to e.stderr.
 func run(ctx context.Context, args []string, e env) error {
 	if e.now == nil {
 		e.now = time.Now
@@ -114,7 +115,13 @@ func run(ctx context.Context, args []string, e env) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	configFile := fs.String("config", "", "YAML configuration `file` (default: the built-in demo config)")
-	listen := fs.String("listen", "", "`address` to listen on, host:port (overrides the config's listen)")
+	var listen string
+	// A bad address is a bad flag value: the flag package reports it with
+	// the usage, as it does an unknown flag.
+	fs.Func("listen", "`address` to listen on, host:port (overrides the config's listen)", func(s string) error {
+		listen = s
+		return config.CheckListen(s)
+	})
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: gateway [-config FILE] [-listen ADDR]")
 		fs.PrintDefaults()
@@ -126,12 +133,11 @@ func run(ctx context.Context, args []string, e env) error {
 		return &usageError{err: err, printed: true}
 	}
 	if fs.NArg() > 0 {
-		return &usageError{err: fmt.Errorf("unexpected argument %q (usage: gateway [-config FILE] [-listen ADDR])", fs.Arg(0))}
-	}
-	if *listen != "" {
-		if err := config.CheckListen(*listen); err != nil {
-			return &usageError{err: fmt.Errorf("-listen: %w", err)}
-		}
+		// Reported as the flag package reports its own errors.
+		err := fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		fmt.Fprintln(fs.Output(), err)
+		fs.Usage()
+		return &usageError{err: err, printed: true}
 	}
 
 	var cfg *config.Config
@@ -146,8 +152,8 @@ func run(ctx context.Context, args []string, e env) error {
 	} else if err != nil {
 		return err
 	}
-	if *listen != "" {
-		cfg.Listen = *listen
+	if listen != "" {
+		cfg.Listen = listen
 	}
 
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))

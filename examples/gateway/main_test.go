@@ -113,10 +113,11 @@ func TestRunRefuses(t *testing.T) {
 			bad + ":1:8: store: invalid database number: \"x\"\n" +
 			bad + ":4:22: policies[0].rate.requests: -3 must be > 0 (or -1 for unlimited)"},
 		{[]string{"-config", missing}, "config: open " + missing + ": no such file or directory"},
-		{[]string{"-listen", "8080"}, `-listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)`},
+		{[]string{"-listen", "8080"}, `invalid value "8080" for flag -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)`},
+		{[]string{"-listen", ""}, `invalid value "" for flag -listen: "" is not host:port (like 127.0.0.1:8080 or :8080)`},
 		{[]string{"-listen", busy.Addr().String()}, "listen tcp " + busy.Addr().String() + ": bind: address already in use"},
 		{[]string{"-port", "1"}, "flag provided but not defined: -port"},
-		{[]string{"demo.yaml"}, `unexpected argument "demo.yaml" (usage: gateway [-config FILE] [-listen ADDR])`},
+		{[]string{"demo.yaml"}, `unexpected argument "demo.yaml"`},
 	} {
 		out, errOut := newOutput(), newOutput()
 		err := run(context.Background(), tc.args, env{stdout: out, stderr: errOut})
@@ -129,8 +130,9 @@ func TestRunRefuses(t *testing.T) {
 	}
 }
 
-// TestExitStatus runs the gateway as a process: a command-line mistake is
-// printed once and exits 2 (the flag package's convention), -h exits 0, a
+// TestExitStatus runs the gateway as a process: a command-line mistake (an
+// unknown flag, a bad -listen, a stray argument) is printed once, with the
+// usage, and exits 2 (the flag package's convention), -h exits 0, a
 // configuration error exits 1, and SIGTERM shuts a running gateway down
 // with status 0.
 func TestExitStatus(t *testing.T) {
@@ -147,8 +149,9 @@ func TestExitStatus(t *testing.T) {
 	}{
 		{[]string{"-port", "1"}, 2, "flag provided but not defined: -port\n" + usage},
 		{[]string{"-listen"}, 2, "flag needs an argument: -listen\n" + usage},
-		{[]string{"demo.yaml"}, 2, `gateway: unexpected argument "demo.yaml" (usage: gateway [-config FILE] [-listen ADDR])` + "\n"},
-		{[]string{"-listen", "8080", "-config", missing}, 2, `gateway: -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)` + "\n"},
+		{[]string{"demo.yaml"}, 2, `unexpected argument "demo.yaml"` + "\n" + usage},
+		{[]string{"-listen", "8080", "-config", missing}, 2, `invalid value "8080" for flag -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)` + "\n" + usage},
+		{[]string{"-config", missing, "-listen", "8080"}, 2, `invalid value "8080" for flag -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)` + "\n" + usage},
 		{[]string{"-h"}, 0, usage},
 		{[]string{"-config", missing}, 1, "gateway: config: open " + missing + ": no such file or directory\n"},
 	} {
