@@ -146,6 +146,14 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:3:18: policies[0].quota.max: -2 must be > 0 (or -1 for unlimited)`},
 		{"renewal missing", "policies:\n  - id: p\n    quota: {max: 10}\n" + api,
 			`t.yaml:3:12: policies[0].quota.renewal: missing (the period, like 1h or 720h)`},
+		// time.ParseDuration says "invalid duration" for both; the file's
+		// author needs to know which.
+		{"per out of range", "policies:\n  - id: p\n    rate: {requests: 5, per: 9999999999h}\n" + api,
+			`t.yaml:3:30: policies[0].rate.per: "9999999999h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
+		{"renewal out of range in nanoseconds", "policies:\n  - id: p\n    quota: {max: 10, renewal: 9223372036854775808ns}\n" + api,
+			`t.yaml:3:31: policies[0].quota.renewal: "9223372036854775808ns" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
+		{"the longest duration is in range", "store_timeout: 2562047h47m16.854775807s\nserver: {idle_timeout: 1.5.s}\n" + api,
+			`t.yaml:2:24: server.idle_timeout: "1.5.s" is not a duration (like 500ms, 10s, 1m or 24h)`},
 		{"renewal not a duration", "policies:\n  - id: p\n    quota: {max: 10, renewal: 1d}\n" + api,
 			`t.yaml:3:31: policies[0].quota.renewal: "1d" is not a duration (like 500ms, 10s, 1m or 24h)`},
 		{"renewal too long", "policies:\n  - id: p\n    quota: {max: 10, renewal: 1000000h}\n" + api,

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -96,10 +95,10 @@ func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.P
 	}
 
 	if r.Leeway != "" {
-		d, err := time.ParseDuration(r.Leeway)
+		d, problem := parseDuration(r.Leeway, "30s or 1m")
 		switch {
-		case err != nil:
-			v.fail(at+".leeway", "%q is not a duration (like 30s or 1m)", r.Leeway)
+		case problem != "":
+			v.fail(at+".leeway", "%s", problem)
 		case d < 0:
 			v.fail(at+".leeway", "%s must be >= 0", r.Leeway)
 		default:

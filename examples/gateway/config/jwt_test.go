@@ -154,6 +154,8 @@ func TestJWTRefusals(t *testing.T) {
 			at(len("algorithms: [RS256], "+rsaKey+", leeway: ")) + `apis[0].jwt.leeway: -5s must be >= 0`},
 		{"leeway not a duration", jwtAPI("algorithms: [RS256], " + rsaKey + ", leeway: 30" + pol),
 			at(len("algorithms: [RS256], "+rsaKey+", leeway: ")) + `apis[0].jwt.leeway: "30" is not a duration (like 30s or 1m)`},
+		{"leeway out of range", jwtAPI("algorithms: [RS256], " + rsaKey + ", leeway: 9999999999h" + pol),
+			at(len("algorithms: [RS256], "+rsaKey+", leeway: ")) + `apis[0].jwt.leeway: "9999999999h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
 		{"no policies at all", jwtAPI("algorithms: [RS256], " + rsaKey),
 			at(-1) + `apis[0].jwt: needs policy_claim or default_policies (a token without policies would be refused with 403)`},
 		{"unknown default policy", jwtAPI("algorithms: [RS256], " + rsaKey + ", default_policies: [p, basic]"),

@@ -2,9 +2,11 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,14 +148,32 @@ func CheckListen(addr string) error {
 	return nil
 }
 
+// durationRE matches time.ParseDuration's syntax, whatever the magnitude.
+var durationRE = regexp.MustCompile(`^[-+]?(0|((\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h))+)$`)
+
+// parseDuration is time.ParseDuration with the problem worded for the
+// file: a value written as a duration that does not fit a time.Duration
+// (over about 292 years) is out of range, not "not a duration", which
+// time.ParseDuration's error does not tell apart.
+func parseDuration(s, examples string) (time.Duration, string) {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err == nil:
+		return d, ""
+	case durationRE.MatchString(s):
+		return 0, fmt.Sprintf("%q is out of range (durations go up to %v, about 292 years)", s, time.Duration(math.MaxInt64))
+	}
+	return 0, fmt.Sprintf("%q is not a duration (like %s)", s, examples)
+}
+
 // duration parses an optional positive duration; "" gives def.
 func (v *validator) duration(path, s string, def time.Duration) time.Duration {
 	if s == "" {
 		return def
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		v.fail(path, "%q is not a duration (like 500ms, 10s, 1m or 24h)", s)
+	d, problem := parseDuration(s, "500ms, 10s, 1m or 24h")
+	if problem != "" {
+		v.fail(path, "%s", problem)
 		return def
 	}
 	if d <= 0 {
