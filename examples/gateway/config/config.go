@@ -226,7 +226,7 @@ func Load(path string) (*Config, error) {
 func Parse(name string, data []byte) (*Config, error) {
 	raw, ix, errs, d := decode(name, data)
 	if raw == nil {
-		return nil, errs
+		return nil, dedup(errs, ix)
 	}
 	v := &validator{file: name, ix: ix, decoding: d}
 	cfg := v.config(raw)
@@ -237,7 +237,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	}
 	if len(errs) > 0 {
 		sortErrors(errs)
-		return nil, errs
+		return nil, dedup(errs, ix)
 	}
 	return cfg, nil
 }

@@ -276,6 +276,35 @@ func TestRefusals(t *testing.T) {
 			"t.yaml:1:9: listen: want a string, got a list\n" +
 				"t.yaml:4:22: policies[0].rate.requests: want an integer, got \"x\"\n" +
 				"t.yaml:4:34: policies[0].rate.extra: unknown field (known here: requests, per, burst, algorithm)"},
+		{"two values on one line that fail alike", "policies:\n  - {id: p, rate: {requests: x, per: 1s, burst: x}}\n" + api,
+			"t.yaml:2:30: policies[0].rate.requests: want an integer, got \"x\"\n" +
+				"t.yaml:2:49: policies[0].rate.burst: want an integer, got \"x\""},
+
+		// Anchors and aliases: yaml decodes an anchor's text again at
+		// every alias, but each problem is reported once, where the text
+		// is; a problem of the alias itself at each alias.
+		{"a problem in an anchor used nine times", "policies:\n  - {id: p, rate: {requests: 1, per: 1s}}\n" +
+			"keys:\n  - key: k1\n    policies: [p]\n    api_limits: &l\n      a: &r {rate: {requests: x, per: 1s}}\n      b: *r\n      c: *r\n" +
+			"  - {key: k2, policies: [p], api_limits: *l}\n  - {key: k3, policies: [p], api_limits: *l}\n" +
+			"apis: [{id: a, listen_path: /a/, target: \"builtin:echo\"}, {id: b, listen_path: /b/, target: \"builtin:echo\"}, {id: c, listen_path: /c/, target: \"builtin:echo\"}]\n",
+			`t.yaml:7:31: keys[0].api_limits.a.rate.requests: want an integer, got "x"`},
+		{"a value problem in an anchor", "policies:\n  - {id: p, rate: &r {requests: 0, per: 1s}}\n  - {id: q, rate: *r}\n  - {id: s, rate: *r}\n" + api,
+			`t.yaml:2:33: policies[0].rate.requests: 0 must be > 0 (or -1 for unlimited)`},
+		{"a fraction in an anchor", "policies:\n  - {id: q, quota: &u {max: 2.5, renewal: 1h}}\n  - {id: r, quota: *u}\n" + api,
+			"t.yaml:2:29: policies[0].quota.max: want an integer, got 2.5"},
+		{"keys an alias brings to another kind of mapping", "policies:\n  - &q {id: q, quota: {max: 2, renewal: 1h}}\n  - {id: r, quota: *q}\n" + api,
+			"t.yaml:2:9: policies[1].quota.id: unknown field (known here: max, renewal)\n" +
+				"t.yaml:2:16: policies[1].quota.quota: unknown field (known here: max, renewal)"},
+		{"an anchor outside the schema is named by where it is used", "x-rate: &d {requests: five, per: 1s, burst: 2.5, bust: 1}\npolicies:\n  - {id: p, rate: *d}\n  - {id: q, rate: *d}\n" + api,
+			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, shadow, client_ip, server, response, policies, keys, apis)\n" +
+				"t.yaml:1:23: policies[0].rate.requests: want an integer, got \"five\"\n" +
+				"t.yaml:1:45: policies[0].rate.burst: want an integer, got 2.5\n" +
+				"t.yaml:1:50: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)"},
+		{"an alias whose value does not fit, at each use", "policies:\n  - {id: p, rate: {requests: 1, per: 1s}}\nkeys:\n  - {key: k1, policies: &l [p]}\n  - {key: k2, policies: [*l, *l]}\n" + api,
+			"t.yaml:5:26: keys[1].policies[0]: want a string, got a list\n" +
+				"t.yaml:5:30: keys[1].policies[1]: want a string, got a list"},
+		{"a policy given twice through an alias", "policies:\n  - &q {id: q, quota: {max: 2, renewal: 1h}}\n  - *q\n" + api,
+			`t.yaml:3:5: policies[1].id: duplicate policy id "q" (first at line 2)`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -156,9 +156,27 @@ var knownFields = func() map[string][]string {
 }()
 
 // index locates the nodes of a parsed file by field path, for messages.
+//
+// Paths are as the file is written: an alias is indexed where it stands
+// (its path maps to the alias node) but not followed, so the nodes under an
+// anchor have the paths of the anchor's own place. The same text is decoded
+// once per place an alias brings it to, so problems inside an anchor come
+// back from yaml once per use, and the validator's once per path; canon
+// and expand relate the two kinds of path so that each is reported once.
 type index struct {
 	vals map[string]*yaml.Node // path → value node (the first, if repeated)
 	keys []keyRef              // every mapping key, in file order
+	// anchored maps an anchored node to its path; aliases maps an alias's
+	// path to its anchor's path, and aliasedAs the other way round (in
+	// file order).
+	anchored  map[*yaml.Node]string
+	aliases   map[string]string
+	aliasedAs map[string][]string
+}
+
+func newIndex() *index {
+	return &index{vals: map[string]*yaml.Node{}, anchored: map[*yaml.Node]string{},
+		aliases: map[string]string{}, aliasedAs: map[string][]string{}}
 }
 
 type keyRef struct {
@@ -167,6 +185,9 @@ type keyRef struct {
 }
 
 func (ix *index) walk(n *yaml.Node, path string) {
+	if n.Anchor != "" {
+		ix.anchored[n] = path
+	}
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
@@ -191,9 +212,78 @@ func (ix *index) walk(n *yaml.Node, path string) {
 			ix.vals[p] = c
 			ix.walk(c, p)
 		}
+	case yaml.AliasNode:
+		// Not followed: the anchor is indexed where it is defined, and
+		// following aliases could multiply work on alias bombs. yaml
+		// refuses an alias before its anchor, so the anchor's path is
+		// known.
+		if a, ok := ix.anchored[n.Alias]; ok && path != "" {
+			ix.aliases[path] = a
+			ix.aliasedAs[a] = append(ix.aliasedAs[a], path)
+		}
 	}
-	// Aliases are not followed: their targets are indexed where they are
-	// defined, and following them could multiply work on alias bombs.
+}
+
+// canon returns the path as the file writes it: a path that leads through
+// an alias (strictly: not the alias itself) continues from its anchor's
+// place, policies[1].rate.per for policies: [{rate: &r {...}}, {rate: *r}]
+// being policies[0].rate.per. Two paths with one canonical path hold the
+// same text.
+func (ix *index) canon(path string) string {
+	if ix == nil || len(ix.aliases) == 0 {
+		return path
+	}
+	// Each step moves to an anchor written earlier in the file, so this
+	// ends; the bound only guards against surprises.
+	for step := 0; step < 100; step++ {
+		moved := false
+		for i := 1; i < len(path); i++ {
+			if path[i] != '.' && path[i] != '[' {
+				continue
+			}
+			if a, ok := ix.aliases[path[:i]]; ok {
+				path, moved = a+path[i:], true
+				break
+			}
+		}
+		if !moved {
+			return path
+		}
+	}
+	return path
+}
+
+// maxExpansions bounds expand: an alias bomb brings one text to more paths
+// than anyone needs named.
+const maxExpansions = 64
+
+// expand returns the paths through aliases that lead to the text at path
+// (a path as written, see canon), without path itself, nearest first and
+// each step in file order of the aliases: for policies: [{rate: &r {per: x}}, {rate: *r}],
+// expand("policies[0].rate.per") is [policies[1].rate.per], and
+// expand("policies[0].rate") [policies[1].rate].
+func (ix *index) expand(path string) []string {
+	if len(ix.aliases) == 0 {
+		return nil
+	}
+	var out []string
+	seen := map[string]bool{path: true}
+	for queue := []string{path}; len(queue) > 0 && len(out) < maxExpansions; queue = queue[1:] {
+		p := queue[0]
+		for i := len(p); i > 0; i-- {
+			if i < len(p) && p[i] != '.' && p[i] != '[' {
+				continue
+			}
+			for _, alias := range ix.aliasedAs[p[:i]] {
+				if q := alias + p[i:]; !seen[q] && len(out) < maxExpansions {
+					seen[q] = true
+					out = append(out, q)
+					queue = append(queue, q)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // pos returns the position of path's value node, or of its nearest
@@ -221,6 +311,8 @@ func parent(p string) string {
 // decoding is what decode learned about the problems it reported, so that
 // the validator's complaints that merely echo them can be dropped.
 type decoding struct {
+	// canon is the index's canon, or the identity.
+	canon func(string) string
 	// refused are the paths of values that did not decode (wrong type,
 	// repeated, a fraction for an integer): yaml left them zero, so what
 	// the validator says about them or below them is an echo ("missing").
@@ -235,11 +327,24 @@ type decoding struct {
 // it is about a refused value or something under one, or it says something
 // required is missing (Error.requires) in an uncertain object or of one.
 func (d *decoding) echo(e *Error) bool {
-	return d.covers(e.Field) || e.requires && (d.uncertain[e.Field] || d.uncertain[parent(e.Field)])
+	if d.covers(e.Field) {
+		return true
+	}
+	for _, f := range [...]string{e.Field, d.canon(e.Field)} {
+		if e.requires && (d.uncertain[f] || d.uncertain[parent(f)]) {
+			return true
+		}
+	}
+	return false
 }
 
-// covers reports whether path is a refused value or inside one.
+// covers reports whether path is a refused value or inside one, as
+// written or as the text it leads to (see index.canon).
 func (d *decoding) covers(path string) bool {
+	return d.coversPath(path) || d.coversPath(d.canon(path))
+}
+
+func (d *decoding) coversPath(path string) bool {
 	for _, b := range d.refused {
 		if path == b || b == "" || strings.HasPrefix(path, b) && (path[len(b)] == '.' || path[len(b)] == '[') {
 			return true
@@ -269,11 +374,11 @@ func decode(file string, data []byte) (raw *rawConfig, ix *index, errs Errors, d
 	if len(root.Content) == 0 {
 		return nil, nil, Errors{{File: file, Problem: "empty configuration"}}, nil
 	}
-	ix = &index{vals: map[string]*yaml.Node{}}
+	ix = newIndex()
 	ix.walk(&root, "")
 	ix.vals[""] = root.Content[0]
 
-	raw, d = new(rawConfig), &decoding{uncertain: map[string]bool{}}
+	raw, d = new(rawConfig), &decoding{canon: ix.canon, uncertain: map[string]bool{}}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(raw); err != nil {
@@ -281,8 +386,16 @@ func decode(file string, data []byte) (raw *rawConfig, ix *index, errs Errors, d
 		if !errors.As(err, &te) {
 			return nil, nil, Errors{syntaxError(file, err)}, nil
 		}
+		// yaml repeats a message for each time it decoded the text, once
+		// per alias to it (and for each of two values on one line that
+		// fail alike): the nth repetition is the nth place it fits.
+		seen := map[string]int{}
 		for _, msg := range te.Errors {
-			e, kind := ix.explain(file, msg)
+			e, kind := ix.explain(file, msg, seen[msg])
+			seen[msg]++
+			if kind == repeated {
+				continue
+			}
 			errs = append(errs, e)
 			switch kind {
 			case unlocated:
@@ -297,12 +410,33 @@ func decode(file string, data []byte) (raw *rawConfig, ix *index, errs Errors, d
 			}
 		}
 	}
-	for _, e := range ix.checkIntegers(file, d.refused) {
+	for _, e := range ix.checkIntegers(file, d) {
 		errs = append(errs, e)
 		d.refuse(e.Field)
 	}
 	sortErrors(errs)
 	return raw, ix, errs, d
+}
+
+// dedup drops the errors that repeat an earlier one: the same problem with
+// the same text, reached by another path through an alias (see
+// index.canon). errs must be sorted; the first, usually the text's own
+// place, is kept.
+func dedup(errs Errors, ix *index) Errors {
+	type key struct{ file, field, problem string }
+	seen := map[key]bool{}
+	out := errs[:0]
+	for _, e := range errs {
+		k := key{e.File, ix.canon(e.Field), e.Problem}
+		if e.Field == "" {
+			k.field = strconv.Itoa(e.Line) + ":" + strconv.Itoa(e.Column)
+		}
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // sortErrors orders errs by line and column, keeping the order of errors
@@ -328,19 +462,25 @@ func syntaxError(file string, err error) *Error {
 }
 
 // checkIntegers refuses fractions where the schema wants an integer: yaml
-// would silently truncate "requests: 2.5" to 2. Paths in reported already
+// would silently truncate "requests: 2.5" to 2. A value that an alias
+// brings to such a field is refused there. Values d has refused already
 // have an error from yaml.
-func (ix *index) checkIntegers(file string, reported []string) Errors {
+func (ix *index) checkIntegers(file string, d *decoding) Errors {
 	var errs Errors
 	for p, n := range ix.vals {
-		t := schemaType(p)
-		if t == nil || n.Kind != yaml.ScalarNode || n.ShortTag() == "!!int" || n.ShortTag() == "!!null" || slices.Contains(reported, p) {
+		if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!int" || n.ShortTag() == "!!null" {
 			continue
 		}
-		switch t.Kind() {
-		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-			errs = append(errs, &Error{File: file, Line: n.Line, Column: n.Column, Field: p,
-				Problem: "want an integer, got " + describeValue(n.ShortTag(), n.Value)})
+		for _, q := range append([]string{p}, ix.expand(p)...) {
+			t := schemaType(q)
+			if t == nil || d.coversPath(q) {
+				continue
+			}
+			switch t.Kind() {
+			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+				errs = append(errs, &Error{File: file, Line: n.Line, Column: n.Column, Field: q,
+					Problem: "want an integer, got " + describeValue(n.ShortTag(), n.Value)})
+			}
 		}
 	}
 	return errs
@@ -363,11 +503,13 @@ const (
 	unknownField                    // Error.Field is not in the schema
 	badValue                        // Error.Field's value did not decode
 	badMapping                      // Error.Field is a repeated map key: its mapping did not decode
+	repeated                        // a repetition of a message with no place left for it: drop it
 )
 
 // explain turns one of yaml's unmarshal error strings into an Error that
-// names the field, and says what kind of problem it is.
-func (ix *index) explain(file, msg string) (*Error, problemKind) {
+// names the field, and says what kind of problem it is. nth counts the
+// earlier times yaml gave the same message.
+func (ix *index) explain(file, msg string, nth int) (*Error, problemKind) {
 	located := func(e *Error, ok bool, k problemKind) (*Error, problemKind) {
 		if !ok {
 			return e, unlocated
@@ -376,7 +518,10 @@ func (ix *index) explain(file, msg string) (*Error, problemKind) {
 	}
 	if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
-		e, ok := ix.atKey(file, line, m[2])
+		e, ok := ix.atKey(file, line, m[2], m[3], nth)
+		if e == nil {
+			return nil, repeated
+		}
 		e.Problem = "unknown field"
 		if names := knownFields[m[3]]; len(names) > 0 {
 			e.Problem += " (known here: " + strings.Join(names, ", ") + ")"
@@ -401,12 +546,16 @@ func (ix *index) explain(file, msg string) (*Error, problemKind) {
 		line, _ := strconv.Atoi(m[1])
 		tag, val, want := m[2], m[3], m[4]
 		e := &Error{File: file, Line: line}
-		path, n := ix.atValue(line, tag, val, want)
-		if n != nil {
-			e.Field, e.Column = path, n.Column
+		places := ix.atValue(line, tag, val, want)
+		if nth > 0 && nth >= len(places) {
+			return e, repeated
+		}
+		if nth < len(places) {
+			pl := places[nth]
+			e.Field, e.Line, e.Column = pl.path, pl.node.Line, pl.node.Column
 		}
 		e.Problem = "want " + describeGoType(want) + ", got " + describeValue(tag, val)
-		return located(e, n != nil, badValue)
+		return located(e, len(places) > 0, badValue)
 	}
 	e := &Error{File: file, Problem: msg}
 	if m := otherRE.FindStringSubmatch(msg); m != nil {
@@ -416,13 +565,35 @@ func (ix *index) explain(file, msg string) (*Error, problemKind) {
 	return e, unlocated
 }
 
-// atKey returns an Error located at the first key named name on line, and
-// whether there is one.
-func (ix *index) atKey(file string, line int, name string) (*Error, bool) {
+// atKey returns an Error located at the nth place of a key named name on
+// line in a mapping that decodes into typ (as yaml names a type,
+// "config.rawRate"), and whether there is one; nil when yaml repeats
+// itself (see atValue). A key an alias brings to a mapping of another
+// type is reported by the path through the alias, at the key.
+func (ix *index) atKey(file string, line int, name, typ string, nth int) (*Error, bool) {
+	var places, fitting []place
 	for _, k := range ix.keys {
-		if k.node.Line == line && k.node.Value == name {
-			return &Error{File: file, Line: line, Column: k.node.Column, Field: k.path}, true
+		if k.node.Line != line || k.node.Value != name {
+			continue
 		}
+		for _, q := range append([]string{k.path}, ix.expand(k.path)...) {
+			places = append(places, place{q, k.node})
+			if t := schemaType(parent(q)); t != nil && t.String() == typ {
+				fitting = append(fitting, place{q, k.node})
+			}
+		}
+	}
+	if len(fitting) > 0 {
+		places = fitting
+	}
+	// ix.keys is in file order, and expand's results are too.
+	slices.SortStableFunc(places, func(a, b place) int { return a.node.Column - b.node.Column })
+	switch {
+	case nth < len(places):
+		pl := places[nth]
+		return &Error{File: file, Line: line, Column: pl.node.Column, Field: pl.path}, true
+	case nth > 0:
+		return nil, false
 	}
 	return &Error{File: file, Line: line, Field: name}, false
 }
@@ -446,16 +617,33 @@ func (ix *index) repeated(file string, line int, name string) (*Error, bool) {
 	return &Error{File: file, Line: line, Field: name, Problem: "given twice"}, false
 }
 
-// atValue finds the value node on line that yaml complained about: one
-// with the tag and value it printed, where the schema expects want.
-func (ix *index) atValue(line int, tag, val, want string) (string, *yaml.Node) {
+// place is where a problem is reported: a field path and the node whose
+// position is given.
+type place struct {
+	path string
+	node *yaml.Node
+}
+
+// atValue finds the places of the value yaml complained about: a node on
+// line with the tag and value it printed, at a path (as written, or
+// through aliases) where the schema expects want. yaml names the line of
+// the text it decoded, so an alias's value is found at its anchor's line;
+// the alias itself is then the place, since the text is wrong only where
+// the alias brings it. When no path expects want, every match is a place.
+// Places come leftmost first, a text's own path before the paths aliases
+// bring it to; map order is random, so ties go to the shorter path.
+func (ix *index) atValue(line int, tag, val, want string) []place {
 	truncated := strings.HasSuffix(val, "...")
 	prefix := strings.TrimSuffix(val, "...")
-	var bestPath string
-	var best *yaml.Node
-	bestFits := false
+	type candidate struct {
+		place
+		fits  bool
+		alias int // 0 for the text's own path, 1 + the expansion's index otherwise
+	}
+	var cands []candidate
+	anyFits := false
 	for p, n := range ix.vals {
-		if n.Line != line || n.ShortTag() != tag {
+		if n.Line != line || n.ShortTag() != tag || n.Kind == yaml.AliasNode {
 			continue
 		}
 		if tag != "!!map" && tag != "!!seq" {
@@ -463,21 +651,39 @@ func (ix *index) atValue(line int, tag, val, want string) (string, *yaml.Node) {
 				continue
 			}
 		}
-		t := schemaType(p)
-		fits := t != nil && t.String() == want
-		// Prefer a node where the schema expects the type yaml named; then
-		// the leftmost, then the shortest path (map order is random).
-		switch {
-		case best == nil, fits && !bestFits:
-		case fits != bestFits:
-			continue
-		case n.Column < best.Column, n.Column == best.Column && len(p) < len(bestPath):
-		default:
-			continue
+		for i, q := range append([]string{p}, ix.expand(p)...) {
+			t := schemaType(q)
+			c := candidate{place{q, n}, t != nil && t.String() == want, i}
+			if alias := ix.vals[q]; alias != nil && alias.Kind == yaml.AliasNode {
+				c.node = alias
+			}
+			anyFits = anyFits || c.fits
+			cands = append(cands, c)
 		}
-		bestPath, best, bestFits = p, n, fits
 	}
-	return bestPath, best
+	if anyFits {
+		cands = slices.DeleteFunc(cands, func(c candidate) bool { return !c.fits })
+	}
+	slices.SortFunc(cands, func(a, b candidate) int {
+		if a.node.Line != b.node.Line {
+			return a.node.Line - b.node.Line
+		}
+		if a.node.Column != b.node.Column {
+			return a.node.Column - b.node.Column
+		}
+		if a.alias != b.alias {
+			return a.alias - b.alias
+		}
+		if len(a.path) != len(b.path) {
+			return len(a.path) - len(b.path)
+		}
+		return strings.Compare(a.path, b.path)
+	})
+	places := make([]place, len(cands))
+	for i, c := range cands {
+		places[i] = c.place
+	}
+	return places
 }
 
 // schemaType returns the Go type the raw schema decodes path into, with
