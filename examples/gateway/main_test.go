@@ -103,6 +103,7 @@ func TestRunRefuses(t *testing.T) {
 	}
 	defer busy.Close()
 	missing := filepath.Join(dir, "missing.yaml")
+	tab := writeConfig(t, "\tlisten: 127.0.0.1:8080\n")
 
 	for _, tc := range []struct {
 		args []string
@@ -113,6 +114,8 @@ func TestRunRefuses(t *testing.T) {
 			bad + ":1:8: store: invalid database number: \"x\"\n" +
 			bad + ":4:22: policies[0].rate.requests: -3 must be > 0 (or -1 for unlimited)"},
 		{[]string{"-config", missing}, "config: open " + missing + ": no such file or directory"},
+		{[]string{"-config", tab}, "invalid configuration, not starting:\n" +
+			tab + ":1:1: YAML syntax: found character that cannot start any token (a tab: YAML indents with spaces)"},
 		{[]string{"-listen", "8080"}, `invalid value "8080" for flag -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)`},
 		{[]string{"-listen", ""}, `invalid value "" for flag -listen: "" is not host:port (like 127.0.0.1:8080 or :8080)`},
 		{[]string{"-listen", busy.Addr().String()}, "listen tcp " + busy.Addr().String() + ": bind: address already in use"},

@@ -29,8 +29,22 @@ func TestRefusals(t *testing.T) {
 		// Decoding: syntax, shape, unknown and repeated fields.
 		{"empty file", "", `t.yaml: empty configuration`},
 		{"comments only", "# nothing\n", `t.yaml: empty configuration`},
-		{"syntax error", "apis: [\n", `t.yaml:1: YAML syntax: did not find expected node content`},
-		{"tab indentation", "apis:\n\t- id: a\n", `t.yaml:2: YAML syntax: found character that cannot start any token`},
+		// yaml's syntax errors give at most a line, sometimes the line
+		// where the enclosing block starts and none on the first line:
+		// the position is where yaml noticed the problem.
+		{"syntax error", "apis: [\n", `t.yaml:1:7: YAML syntax: did not find expected node content`},
+		{"tab indentation", "apis:\n\t- id: a\n", `t.yaml:2:1: YAML syntax: found character that cannot start any token (a tab: YAML indents with spaces)`},
+		{"tab on the first line", "\tlisten: :80\n" + api, `t.yaml:1:1: YAML syntax: found character that cannot start any token (a tab: YAML indents with spaces)`},
+		{"tab after the first column", "policies:\n  - id: p\n  \t rate: {}\n" + api, `t.yaml:3:3: YAML syntax: found a tab character that violates indentation`},
+		{"tab indenting a continued value", "policies:\n  - id: p\n\trate: {}\n" + api, `t.yaml:3:1: YAML syntax: found a tab character that violates indentation`},
+		{"mapping inside a plain value", "listen: a: b\n" + api, `t.yaml:1:10: YAML syntax: mapping values are not allowed in this context`},
+		{"key indented too little", "policies:\n  - id: p\n   rate: {}\n" + api, `t.yaml:3:4: YAML syntax: did not find expected '-' indicator`},
+		{"unknown escape after a wide character", "listen: x\nstore: \"é\\q\"\n", `t.yaml:2:10: YAML syntax: found unknown escape character`},
+		{"a control character", "listen: :80\n\x01\n", `t.yaml:2:1: YAML syntax: control characters are not allowed`},
+		{"unclosed quote", "apis: []\nlisten: \"abc\n", `t.yaml:2:9: YAML syntax: found unexpected end of stream`},
+		// When only the whole file fails with yaml's message, yaml's line
+		// (here the one after the end) is all there is.
+		{"unclosed quote on the first line", "listen: \"abc\n", `t.yaml:2: YAML syntax: found unexpected end of stream`},
 		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
 		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
 			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, shadow, client_ip, server, response, policies, keys, apis)`},

@@ -6,8 +6,10 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -369,7 +371,14 @@ func (d *decoding) refuse(path string) {
 func decode(file string, data []byte) (raw *rawConfig, ix *index, errs Errors, d *decoding) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, nil, Errors{syntaxError(file, err)}, nil
+		e := syntaxError(file, err)
+		if line, col, off, ok := locateSyntaxError(data, err.Error()); ok && line >= e.Line {
+			e.Line, e.Column = line, col
+			if data[off] == '\t' && strings.HasSuffix(e.Problem, "found character that cannot start any token") {
+				e.Problem += " (a tab: YAML indents with spaces)"
+			}
+		}
+		return nil, nil, Errors{e}, nil
 	}
 	if len(root.Content) == 0 {
 		return nil, nil, Errors{{File: file, Problem: "empty configuration"}}, nil
@@ -459,6 +468,47 @@ func syntaxError(file string, err error) *Error {
 		return &Error{File: file, Line: line, Problem: "YAML syntax: " + m[2]}
 	}
 	return &Error{File: file, Problem: "YAML syntax: " + strings.TrimPrefix(msg, "yaml: ")}
+}
+
+// maxLocate bounds the files locateSyntaxError searches: each step parses
+// the file again.
+const maxLocate = 1 << 20
+
+// locateSyntaxError returns the line and column (1-based, in characters)
+// and the byte offset of the character at which yaml found the syntax
+// error it reported as msg, and whether it could tell. yaml (go.yaml.in
+// /yaml/v3) exposes no column: its message gives at most a line, which may
+// be where the enclosing construct starts, and none on the first line. So
+// this finds the shortest prefix of data that yaml refuses with the very
+// same message: its last character is the one that made yaml fail. The
+// prefix is found by bisection (yaml reads its input in one pass, so
+// longer prefixes fail alike) and then checked; when the check fails, or
+// only the whole file fails so (yaml noticed at the end, its message
+// naming another line), ok is false.
+func locateSyntaxError(data []byte, msg string) (line, col, off int, ok bool) {
+	if len(data) > maxLocate {
+		return 0, 0, 0, false
+	}
+	fails := func(n int) bool {
+		var node yaml.Node
+		err := yaml.Unmarshal(data[:n], &node)
+		return err != nil && err.Error() == msg
+	}
+	var ends []int // the end offset of each character
+	for i := 0; i < len(data); {
+		_, w := utf8.DecodeRune(data[i:])
+		i += w
+		ends = append(ends, i)
+	}
+	k := sort.Search(len(ends), func(k int) bool { return fails(ends[k]) })
+	if k >= len(ends)-1 || !fails(ends[k]) || k > 0 && fails(ends[k-1]) {
+		return 0, 0, 0, false
+	}
+	if k > 0 {
+		off = ends[k-1]
+	}
+	lineStart := bytes.LastIndexByte(data[:off], '\n') + 1
+	return 1 + bytes.Count(data[:off], []byte{'\n'}), 1 + utf8.RuneCount(data[lineStart:off]), off, true
 }
 
 // checkIntegers refuses fractions where the schema wants an integer: yaml
