@@ -67,6 +67,9 @@ func parse(args []string) (config, error) {
 	if c.processes < 1 || c.rate < 1 || c.duration <= 0 {
 		return c, errors.New("-processes, -rate and -duration must be positive")
 	}
+	if err := jobLimit(c.rate).Validate(); err != nil {
+		return c, fmt.Errorf("-rate %d: %w", c.rate, err)
+	}
 	return c, nil
 }
 
@@ -129,9 +132,21 @@ func run(args []string, out io.Writer, exe string) error {
 		total += r.n
 	}
 	fmt.Fprintf(out, "total: %d jobs in %v = %.1f jobs/s (limit %d/s, at most %d)\n",
-		total, c.duration, float64(total)/c.duration.Seconds(), c.rate, 1+c.rate*int64(c.duration/time.Second))
-	fmt.Fprintf(out, "jobs=%d\n", total)
+		total, c.duration, float64(total)/c.duration.Seconds(), c.rate, maxJobs(jobLimit(c.rate), c.duration))
 	return nil
+}
+
+// jobLimit is the limit the workers share: rate jobs a second, in bursts
+// of 1, so that their jobs are spread evenly over each second.
+func jobLimit(rate int64) core.Limit {
+	return core.Limit{Rate: rate, Period: time.Second, Burst: 1}
+}
+
+// maxJobs is the most jobs l lets through in a run of d: its burst at
+// once, then one every emission interval T (Period/Rate, rounded down to
+// a nanosecond as the stores compute it) until the end of the run.
+func maxJobs(l core.Limit, d time.Duration) int64 {
+	return l.EffectiveBurst() + int64(d/l.EmissionInterval())
 }
 
 func lastLine(s string) string {
@@ -157,8 +172,7 @@ func work(c config, out io.Writer) error {
 	time.Sleep(time.Until(start))
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(c.duration))
 	defer cancel()
-	// Burst 1: the workers' jobs are spread evenly over each second.
-	job := core.Request{Consumer: c.key, Rate: core.Limit{Rate: c.rate, Period: time.Second, Burst: 1}, Cost: 1}
+	job := core.Request{Consumer: c.key, Rate: jobLimit(c.rate), Cost: 1}
 	var n int64
 	for {
 		if _, err := core.Wait(ctx, store, job); err != nil {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/limitplane/limitplane/internal/redistest"
 )
@@ -33,18 +34,86 @@ func TestFourProcessesShareOneRate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	m := regexp.MustCompile(`(?m)^jobs=(\d+)$`).FindStringSubmatch(out.String())
-	if m == nil {
-		t.Fatalf("no total in output:\n%s", out.String())
-	}
-	total, _ := strconv.Atoi(m[1])
-	if total < 490 || total > 501 {
-		t.Fatalf("4 workers at 50/s for 10s did %d jobs, want 490..501\n%s", total, out.String())
+	total, atMost := totals(t, out.String())
+	if total < 490 || total > 501 || atMost != 501 {
+		t.Fatalf("4 workers at 50/s for 10s did %d jobs (at most %d), want 490..501 (at most 501)\n%s", total, atMost, out.String())
 	}
 	if n := len(regexp.MustCompile(`(?m)^worker done: [1-9]\d* jobs$`).FindAllString(out.String(), -1)); n != 4 {
 		t.Fatalf("%d workers reported jobs, want 4\n%s", n, out.String())
 	}
 	t.Log(out.String())
+}
+
+// totals reads the jobs done and the bound from run's last line, and
+// checks that the output is what README.md shows: the header, one line
+// per worker and the total.
+func totals(t *testing.T, out string) (total, atMost int) {
+	t.Helper()
+	re := regexp.MustCompile(`^\d+ workers share \d+ jobs/s via redis://\S+ for \S+\n(?:worker done: \d+ jobs\n)+` +
+		`total: (\d+) jobs in \S+ = [\d.]+ jobs/s \(limit \d+/s, at most (\d+)\)\n$`)
+	m := re.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("output is not header, workers, total:\n%s", out)
+	}
+	total, _ = strconv.Atoi(m[1])
+	atMost, _ = strconv.Atoi(m[2])
+	return total, atMost
+}
+
+// TestREADMEOutput: README.md's sample run has the lines run prints, and
+// the bound maxJobs gives for it.
+func TestREADMEOutput(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)go run ./examples/worker -processes 4 -rate 50 -duration 10s\n```\n\n```\n(.*?)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md: the worker's sample run not found")
+	}
+	if _, atMost := totals(t, string(m[1])); int64(atMost) != maxJobs(jobLimit(50), 10*time.Second) {
+		t.Errorf("README.md says at most %d", atMost)
+	}
+}
+
+// A run whose duration is not whole seconds: 2 workers at 10/s for 1.5 s
+// may do 1 + 10×1.5 = 16 jobs (the bound once truncated 1.5 s to 1 s and
+// printed 11 under a total of 15), and do about that many.
+func TestFractionalDuration(t *testing.T) {
+	srv := redistest.Start(t)
+	var out bytes.Buffer
+	err := run([]string{"-processes", "2", "-rate", "10", "-duration", "1500ms", "-redis", "redis://" + srv.Addr + "/0"}, &out, os.Args[0])
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	total, atMost := totals(t, out.String())
+	if atMost != 16 || total > atMost || total < 14 {
+		t.Fatalf("2 workers at 10/s for 1.5s did %d jobs (at most %d), want 14..16 (at most 16)\n%s", total, atMost, out.String())
+	}
+	t.Log(out.String())
+}
+
+// TestMaxJobs: the bound is the burst plus one job per emission interval
+// T, with T rounded down to a nanosecond as the stores compute it.
+func TestMaxJobs(t *testing.T) {
+	for _, tc := range []struct {
+		rate int64
+		d    time.Duration
+		want int64
+	}{
+		{50, 10 * time.Second, 501},
+		{10, 1500 * time.Millisecond, 16},
+		{10, 1499 * time.Millisecond, 15},
+		{1, 999 * time.Millisecond, 1},
+		{3, time.Second, 4},           // T = 333333333ns: 3 intervals fit, not 3.000000003
+		{3, 1000 * time.Second, 3001}, // 3000.000009 intervals
+		{7, 10 * time.Second, 71},
+		{1_000_000_000, time.Second, 1_000_000_001},
+	} {
+		if got := maxJobs(jobLimit(tc.rate), tc.d); got != tc.want {
+			t.Errorf("maxJobs(%d/s, %v) = %d, want %d", tc.rate, tc.d, got, tc.want)
+		}
+	}
 }
 
 // A worker whose Redis is unreachable fails loudly instead of reporting 0
@@ -58,7 +127,7 @@ func TestUnreachableRedisFails(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-processes", "0"}, {"-rate", "-1"}, {"-duration", "0s"}, {"-nope"}} {
+	for _, args := range [][]string{{"-processes", "0"}, {"-rate", "-1"}, {"-rate", "2000000000"}, {"-duration", "0s"}, {"-nope"}} {
 		if err := run(args, &bytes.Buffer{}, ""); err == nil {
 			t.Errorf("%v accepted", args)
 		}
