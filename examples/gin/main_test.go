@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -61,5 +62,17 @@ func TestRun(t *testing.T) {
 	}
 	if s := out.String(); !strings.Contains(s, "curl -i -H 'X-API-Key: demo-key' "+url) || !strings.HasSuffix(s, "stopped\n") {
 		t.Fatalf("output:\n%s", s)
+	}
+
+	// README.md shows the banner on the default address (the Fiber one
+	// as the Gin one, with "Fiber").
+	banner, _, _ := strings.Cut(out.String(), "Ctrl-C stops it.\n")
+	banner = strings.ReplaceAll(banner+"Ctrl-C stops it.\n", ln.Addr().String(), "127.0.0.1:8080")
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), strings.ReplaceAll(banner, "Gin", "Gin")) || !strings.Contains(banner, "limitplane Gin example on ") {
+		t.Errorf("README.md does not show the banner:\n%s", banner)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
 	"strings"
 	"testing"
 
@@ -47,6 +48,17 @@ call 1: PermissionDenied "unknown API key"
 	}
 	if s := srvOut.String(); !strings.Contains(s, "go run ./examples/grpc -client -addr "+ln.Addr().String()) || !strings.HasSuffix(s, "stopped\n") {
 		t.Fatalf("server output:\n%s", s)
+	}
+
+	// README.md shows the banner on the default address.
+	banner, _, _ := strings.Cut(srvOut.String(), "Ctrl-C stops it.\n")
+	banner = strings.ReplaceAll(banner+"Ctrl-C stops it.\n", ln.Addr().String(), "127.0.0.1:50051")
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "```\n"+banner+"```\n") {
+		t.Errorf("README.md does not show the banner:\n%s", banner)
 	}
 }
 
