@@ -254,6 +254,8 @@ func TestE2ECredentialRules(t *testing.T) {
 		{"key: X-API-Key wrong then k2", keySrv.URL + "/x", []hdr{{"X-API-Key", "wrong"}, {"X-API-Key", "k2"}}, 401, "ambiguous credentials: more than one X-API-Key header"},
 		{"key: Authorization and X-API-Key differ", keySrv.URL + "/x", []hdr{{"Authorization", "Bearer k2"}, {"X-API-Key", "wrong"}}, 401, "ambiguous credentials: Authorization header and X-API-Key header differ"},
 		{"key: X-API-Key and query differ", keySrv.URL + "/x?api_key=wrong", []hdr{{"X-API-Key", "k2"}}, 401, "ambiguous credentials: X-API-Key header and api_key query parameter differ"},
+		{"key: api_key twice", keySrv.URL + "/x?api_key=k2&api_key=wrong", nil, 401, "ambiguous credentials: more than one api_key query parameter"},
+		{"key: api_key twice, same key, with a header", keySrv.URL + "/x?api_key=k2&api_key=k2", []hdr{{"X-API-Key", "k2"}}, 401, "ambiguous credentials: more than one api_key query parameter"},
 		{"key: one key in two places", keySrv.URL + "/x?api_key=k2", []hdr{{"X-API-Key", "k2"}}, 200, "ok"},
 		{"jwt: two Authorization lines", e.srv.URL + "/x", []hdr{{"Authorization", "Bearer " + tok}, {"Authorization", "Bearer garbage"}}, 401, "ambiguous credentials: more than one Authorization header"},
 		{"jwt: no Bearer scheme", e.srv.URL + "/x", []hdr{{"Authorization", tok}}, 401, "Authorization scheme is not Bearer"},
@@ -285,6 +287,32 @@ func TestE2ECredentialRules(t *testing.T) {
 	}
 	if n := e.store.Len(); n != 1 {
 		t.Fatalf("store len %d, want 1 (k2's one allowed request)", n)
+	}
+}
+
+// TestE2EJWTNumericConsumerIsItsText: a numeric consumer claim is the
+// consumer its JSON text names, as the token writes it: "sub":1 and
+// "sub":"1" share counters, but 1.0 and 1e0 are consumers of their own.
+func TestE2EJWTNumericConsumerIsItsText(t *testing.T) {
+	e := newE2E(t, false)
+	exp := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
+	tok := func(sub string) string {
+		return signRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
+			`{"sub":`+sub+`,"iss":"https://issuer.example","aud":"echo","exp":`+exp+`}`)
+	}
+	for i, tc := range []struct{ sub, ratelimit string }{
+		{`1`, `"basic";r=1;t=30`},
+		{`"1"`, `"basic";r=0;t=60`}, // the same consumer as 1
+		{`1.0`, `"basic";r=1;t=30`},
+		{`1e0`, `"basic";r=1;t=30`},
+		{`1.0`, `"basic";r=0;t=60`},
+	} {
+		if got := e.get(t, tok(tc.sub)); got.status != 200 || got.current != tc.ratelimit {
+			t.Fatalf("request %d, sub %s: %+v, want 200 and RateLimit %s", i+1, tc.sub, got, tc.ratelimit)
+		}
+	}
+	if n := e.store.Len(); n != 3 {
+		t.Fatalf("store len %d, want 3 (1, 1.0, 1e0)", n)
 	}
 }
 

@@ -202,7 +202,9 @@ type JWTOptions struct {
 	// ConsumerClaim names the claim whose value is the consumer; default
 	// "sub". A dotted path ("user.id") reaches into nested objects; a
 	// top-level claim whose name contains dots is found first. The value
-	// must be a non-empty string or a number.
+	// must be a non-empty string or a number; a number is taken as its
+	// JSON text exactly as the token writes it (1 is the consumer "1",
+	// 1.0 the consumer "1.0").
 	ConsumerClaim string
 	// PolicyClaim, when set, names the claim (dotted paths as above)
 	// listing the consumer's policies: a string (one policy ID) or an
@@ -252,8 +254,11 @@ type JWTOptions struct {
 // The consumer ID is IDPrefix followed by the claim value when that is
 // 1..128 printable ASCII characters, no spaces, not starting with '~';
 // otherwise by '~' and the hex of the first 16 bytes of its SHA-256, so IDs
-// stay short and printable and the two forms never collide. Tokens with the same
-// consumer claim share their limits, whatever else differs.
+// stay short and printable and the two forms never collide. The claim
+// value is a string's characters or a number's JSON text as written, not
+// converted: "sub":1 and "sub":"1" name one consumer, 1.0 and 1e0 two
+// others. Tokens with the same consumer claim share their limits, whatever
+// else differs.
 //
 // Every failure is a 401 *Error: ErrMissingCredentials when no token is
 // presented, ErrInvalidCredentials otherwise, with a short client-safe
