@@ -91,6 +91,7 @@ func sign(t *testing.T, m jwt.SigningMethod, key any, kid string, c jwt.MapClaim
 func jwtConfig(redisAddr, pemFile string) string {
 	return fmt.Sprintf(`
 store: redis://%s/0
+redis: {timeout: 10s}
 policies:
   - {id: basic, rate: {requests: 2, per: 1m}}
   - {id: gold, rate: {requests: 5, per: 1m}}
