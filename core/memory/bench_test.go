@@ -285,38 +285,9 @@ func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 	ctx := context.Background()
 	// serial-into is serial through TakeInto (core.DecisionWriter), which
 	// writes the Decision in place instead of returning it.
-	b.Run("serial-into", func(b *testing.B) {
-		req := core.Request{Rate: manyLimit, Cost: 1}
-		var d core.Decision
-		b.ResetTimer()
-		n, i := int64(0), 0
-		for range b.N {
-			req.Consumer = f.keys[i]
-			if i++; i == manyKeys {
-				i = 0
-			}
-			store.TakeInto(ctx, &req, &d)
-			if d.Allowed {
-				n++
-			}
-		}
-		sink = n
-	})
+	b.Run("serial-into", func(b *testing.B) { serialRandomKeys(b, f, store, true) })
 	b.Run("serial", func(b *testing.B) {
-		req := core.Request{Rate: manyLimit, Cost: 1}
-		b.ResetTimer()
-		n, i := int64(0), 0
-		for range b.N {
-			req.Consumer = f.keys[i]
-			if i++; i == manyKeys {
-				i = 0
-			}
-			d, _ := store.Take(ctx, req)
-			if d.Allowed {
-				n++
-			}
-		}
-		sink = n
+		serialRandomKeys(b, f, store, false)
 		b.ReportMetric(f.bytesPerKey, "bytes/key")
 	})
 	b.Run("parallel", func(b *testing.B) {
@@ -346,6 +317,31 @@ func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 		})
 		b.ReportMetric(f.bytesPerKey, "bytes/key")
 	})
+}
+
+// serialRandomKeys sends the keys in order from one goroutine, through
+// TakeInto if into, else through Take.
+func serialRandomKeys(b *testing.B, f *keyFixture, store *memory.Store, into bool) {
+	ctx := context.Background()
+	req := core.Request{Rate: manyLimit, Cost: 1}
+	var d core.Decision
+	b.ResetTimer()
+	n, i := int64(0), 0
+	for range b.N {
+		req.Consumer = f.keys[i]
+		if i++; i == manyKeys {
+			i = 0
+		}
+		if into {
+			store.TakeInto(ctx, &req, &d)
+		} else {
+			d, _ = store.Take(ctx, req)
+		}
+		if d.Allowed {
+			n++
+		}
+	}
+	sink = n
 }
 
 // BenchmarkBareMapRandomKeys looks the same 1,000,000 keys, sent in the
