@@ -17,6 +17,7 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 )
 
 // workerEnv names the Redis address a re-executed test binary works
@@ -24,6 +25,10 @@ import (
 const workerEnv = "REDISSTORE_TEST_WORKER_ADDR"
 
 func TestMain(m *testing.M) {
+	// The fault tests kill redis-server on purpose; go-redis would log every
+	// refused dial ("failed to dial after N attempts") to stderr. Drop those
+	// lines only, so anything else go-redis says still shows.
+	redis.SetLogger(logging.NewBlacklistLogger([]string{"failed to dial"}))
 	if addr := os.Getenv(workerEnv); addr != "" {
 		worker(addr)
 		os.Exit(0)

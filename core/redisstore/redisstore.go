@@ -34,6 +34,19 @@
 // Options.BreakerCooldown, then lets one probe through and closes again when
 // Redis answers, so limiting resumes by itself. Errors are wrapped with %w;
 // core.Engine's FailurePolicy decides what a failure means for the request.
+//
+// How soon a call to a Redis that is down fails is up to the go-redis
+// client. With go-redis's defaults a refused connection is dialled 5 times,
+// 100 ms apart, and the command retried up to 3 times after 10 ms to 1 s
+// pauses, so until the breaker opens each call uses up Options.Timeout.
+// Clients from NewClientFromURL dial once and retry without pausing, so a
+// refused connection fails at once (a host that does not answer still
+// costs the timeout); set DialerRetries 1 and MinRetryBackoff −1 on a
+// client of your own for the same. Once PoolSize of its dials have failed,
+// a go-redis pool stops dialling and repeats the last dial error until its
+// own background probe, once a second, connects again: for up to about a
+// second after Redis is back, calls that need a new connection may still
+// fail while others already succeed.
 package redisstore
 
 import (

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -28,6 +29,19 @@ import (
 // The client has ContextTimeoutEnabled set, so a context deadline (the
 // store's Options.Timeout) really bounds each call's socket reads and
 // writes. The caller closes the client.
+//
+// The client fails fast when Redis refuses connections (it is down, or
+// restarting): it dials each new connection once (DialerRetries 1, where
+// go-redis's default makes 5 attempts 100 ms apart) and retries a failed
+// command without pausing (MinRetryBackoff −1, where go-redis's default
+// sleeps 10 ms to 1 s before each of its MaxRetries retries). So a Take
+// against a refused port returns the "connection refused" error in about a
+// millisecond, instead of retrying until Options.Timeout ends it, and the
+// circuit breaker opens after BreakerFailures quick failures. A host that
+// does not answer at all still costs dial_timeout or Options.Timeout,
+// whichever is shorter. A URL that sets min_retry_backoff, or (Cluster and
+// Sentinel forms, the only ones go-redis parses it for) dialer_retries,
+// keeps its own value.
 func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
@@ -47,6 +61,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
 		o.ContextTimeoutEnabled = true
+		failFast(query(rawURL), &o.DialerRetries, &o.MinRetryBackoff)
 		return redis.NewClient(o), nil
 	case "redis+cluster", "rediss+cluster":
 		base := strings.TrimSuffix(scheme, "+cluster")
@@ -67,6 +82,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
 		o.ContextTimeoutEnabled = true
+		failFast(q, &o.DialerRetries, &o.MinRetryBackoff)
 		return redis.NewClusterClient(o), nil
 	case "redis+sentinel", "rediss+sentinel":
 		o, err := failoverOptions(strings.TrimSuffix(scheme, "+sentinel"), rest)
@@ -77,9 +93,31 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
 		}
 		o.ContextTimeoutEnabled = true
+		failFast(query(scheme+"://"+rest), &o.DialerRetries, &o.MinRetryBackoff)
 		return redis.NewFailoverClient(o), nil
 	}
 	return nil, fmt.Errorf("redisstore: store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", redact(rawURL), scheme)
+}
+
+// failFast sets the dial and retry options that make a refused connection
+// fail at once (see NewClientFromURL), unless the URL's query q names them.
+func failFast(q url.Values, dialerRetries *int, minRetryBackoff *time.Duration) {
+	if !q.Has("dialer_retries") {
+		*dialerRetries = 1
+	}
+	if !q.Has("min_retry_backoff") {
+		*minRetryBackoff = -1 // go-redis: no backoff
+	}
+}
+
+// query returns raw's query parameters; the URL has already been parsed
+// successfully by go-redis, so an error here only leaves them empty.
+func query(raw string) url.Values {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	return u.Query()
 }
 
 // splitHosts parses u and splits its comma-separated host list, adding

@@ -2,10 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -101,5 +105,75 @@ func TestNewClientFromURLSchemeCase(t *testing.T) {
 	defer c.Close()
 	if db := c.(*redis.Client).Options().DB; db != 2 {
 		t.Fatalf("db %d, want 2", db)
+	}
+}
+
+// TestRefusedConnectionFailsFast: with Redis killed, a Take through a
+// client from NewClientFromURL fails with the refused dial, not after the
+// store's timeout (go-redis's defaults, 5 dial attempts 100 ms apart and
+// 10 ms to 1 s pauses between command retries, would use up the whole
+// second). The breaker is off, so every Take really goes to go-redis.
+func TestRefusedConnectionFailsFast(t *testing.T) {
+	const timeout, bound = time.Second, 100 * time.Millisecond
+	srv := redistest.Start(t)
+	c, err := NewClientFromURL("redis://" + srv.Addr + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if o := c.(*redis.Client).Options(); o.DialerRetries != 1 || o.MinRetryBackoff > 0 {
+		t.Fatalf("DialerRetries %d, MinRetryBackoff %v; want 1 and none", o.DialerRetries, o.MinRetryBackoff)
+	}
+	s, err := New(c, Options{Timeout: timeout, BreakerFailures: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := core.Request{Consumer: "c", Rate: core.PerSecond(10), Cost: 1}
+	if _, err := s.Take(ctx, req); err != nil {
+		t.Fatal(err) // a pooled connection, now to be found dead
+	}
+	srv.Kill()
+	for i := 0; i < 10; i++ {
+		start := time.Now()
+		_, err := s.Take(ctx, req)
+		took := time.Since(start)
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Take %d after the kill: %v (after %v), want connection refused", i, err, took)
+		}
+		if took >= bound {
+			t.Fatalf("Take %d after the kill took %v, want < %v (timeout %v): %v", i, took, bound, timeout, err)
+		}
+	}
+}
+
+// TestNewClientFromURLKeepsRetryOptions: a URL that sets the retry options
+// NewClientFromURL would otherwise choose keeps its values.
+func TestNewClientFromURLKeepsRetryOptions(t *testing.T) {
+	c, err := NewClientFromURL("redis://127.0.0.1:1/0?min_retry_backoff=5ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if o := c.(*redis.Client).Options(); o.MinRetryBackoff != 5*time.Millisecond || o.DialerRetries != 1 {
+		t.Fatalf("MinRetryBackoff %v, DialerRetries %d; want 5ms and 1", o.MinRetryBackoff, o.DialerRetries)
+	}
+	cc, err := NewClientFromURL("redis+cluster://127.0.0.1:1,127.0.0.1:2?dialer_retries=3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	if o := cc.(*redis.ClusterClient).Options(); o.DialerRetries != 3 || o.MinRetryBackoff > 0 {
+		t.Fatalf("cluster: DialerRetries %d, MinRetryBackoff %v; want 3 and none", o.DialerRetries, o.MinRetryBackoff)
+	}
+	for raw, want := range map[string]int{"redis+sentinel://m@127.0.0.1:1": 1, "redis+sentinel://m@127.0.0.1:1?dialer_retries=2": 2} {
+		fc, err := NewClientFromURL(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := fc.(*redis.Client).Options(); o.DialerRetries != want || o.MinRetryBackoff > 0 {
+			t.Errorf("%s: DialerRetries %d, MinRetryBackoff %v; want %d and none", raw, o.DialerRetries, o.MinRetryBackoff, want)
+		}
+		fc.Close()
 	}
 }
