@@ -51,10 +51,10 @@ func faultRun(t *testing.T, pol core.FailurePolicy) {
 		// down, so go-redis serves its last dial error ("connection
 		// refused", or "i/o timeout") to every Take that needs a new
 		// connection until its next probe, up to goRedisDialProbe +
-		// dialTimeout after Redis is back; a Take
-		// already in flight may still time out (timeout); those failures
-		// may reopen the breaker for a cooldown. The margin absorbs
-		// scheduling delays on a loaded 2-CPU machine.
+		// dialTimeout after Redis is back; a Take already in flight may
+		// still time out (timeout); those failures may reopen the breaker
+		// for a cooldown. The margin absorbs scheduling delays on a loaded
+		// 2-CPU machine.
 		margin = 500 * time.Millisecond
 		settle = goRedisDialProbe + dialTimeout + timeout + cooldown + margin
 	)
