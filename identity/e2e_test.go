@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/pem"
 	"io"
 	"net/http"
@@ -238,9 +237,9 @@ func TestE2ECredentialRules(t *testing.T) {
 	defer keySrv.Close()
 
 	tok := e.token(t, "alice", nil)
-	dup := signRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
+	dup := identity.SignRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
 		`{"sub":"alice","sub":"bob","iss":"https://issuer.example","aud":"echo","exp":`+strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)+`}`)
-	huge := signRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
+	huge := identity.SignRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
 		`{"sub":"alice","iss":"https://issuer.example","aud":"echo","exp":1e300}`)
 	type hdr = [2]string
 	for _, tc := range []struct {
@@ -297,7 +296,7 @@ func TestE2EJWTNumericConsumerIsItsText(t *testing.T) {
 	e := newE2E(t, false)
 	exp := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
 	tok := func(sub string) string {
-		return signRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
+		return identity.SignRaw(t, jwt.SigningMethodRS256, e.key, `{"alg":"RS256","kid":"k1"}`,
 			`{"sub":`+sub+`,"iss":"https://issuer.example","aud":"echo","exp":`+exp+`}`)
 	}
 	for i, tc := range []struct{ sub, ratelimit string }{
@@ -314,16 +313,4 @@ func TestE2EJWTNumericConsumerIsItsText(t *testing.T) {
 	if n := e.store.Len(); n != 3 {
 		t.Fatalf("store len %d, want 3 (1, 1.0, 1e0)", n)
 	}
-}
-
-// signRaw signs the given header and claims JSON texts as they are, so a
-// test can send JSON that encoding/json would never produce.
-func signRaw(t testing.TB, m jwt.SigningMethod, key any, header, payload string) string {
-	t.Helper()
-	s := base64.RawURLEncoding.EncodeToString([]byte(header)) + "." + base64.RawURLEncoding.EncodeToString([]byte(payload))
-	sig, err := m.Sign(s, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s + "." + base64.RawURLEncoding.EncodeToString(sig)
 }
