@@ -1,0 +1,322 @@
+// Command proxybench measures the gateway's HTTP throughput against peers in
+// the same run: a bare net/http/httputil.ReverseProxy and, when installed,
+// nginx, each in its own process in front of the same upstream, driven by
+// wrk in interleaved rounds.
+//
+//	go run ./cmd/proxybench -rounds 6 -duration 10s
+//
+// The gateway is examples/gateway built from this checkout, run with a
+// memory store and one API key whose policy (10^9 requests a second and a
+// quota of 10^15 a day) is checked on every request and never denies, so
+// the numbers are those of a gateway with limiting on. Every process is
+// started on loopback and stopped at the end. It prints one line per round
+// and proxy, then the median requests/s of each and its ratio to the bare
+// Go proxy and to nginx.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const benchKey = "proxybench-key"
+
+func main() {
+	role := os.Getenv("PROXYBENCH_ROLE")
+	switch role {
+	case "upstream":
+		serveUpstream(os.Getenv("PROXYBENCH_ADDR"))
+		return
+	case "bare":
+		serveBare(os.Getenv("PROXYBENCH_ADDR"), os.Getenv("PROXYBENCH_TARGET"))
+		return
+	}
+	rounds := flag.Int("rounds", 6, "interleaved rounds")
+	duration := flag.Duration("duration", 10*time.Second, "wrk duration of each measurement")
+	conns := flag.Int("c", 64, "wrk connections")
+	threads := flag.Int("t", 2, "wrk threads")
+	gatewayBin := flag.String("gateway", "", "a built examples/gateway binary (default: built from ../examples/gateway)")
+	flag.Parse()
+	if err := run(*rounds, *duration, *conns, *threads, *gatewayBin); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// serveUpstream answers every request with the same 1 KiB body.
+func serveUpstream(addr string) {
+	body := []byte(strings.Repeat("x", 1023) + "\n")
+	log.Fatal(http.ListenAndServe(addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write(body)
+	})))
+}
+
+// serveBare is the peer: httputil.ReverseProxy with the transport settings
+// the gateway uses, nothing else.
+func serveBare(addr, target string) {
+	u, err := url.Parse(target)
+	if err != nil {
+		log.Fatal(err)
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+	p := &httputil.ReverseProxy{
+		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
+		Transport: t,
+		// wrk closes its connections mid-request when a run ends.
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	log.Fatal(http.ListenAndServe(addr, p))
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	url  string
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func start(name string, cmd *exec.Cmd, addr, path string) (*proc, error) {
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, url: "http://" + addr + path}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return p, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.stop()
+	return nil, fmt.Errorf("%s: not listening on %s after 15s", name, addr)
+}
+
+func (p *proc) stop() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+func run(rounds int, duration time.Duration, conns, threads int, gatewayBin string) error {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return errors.New("wrk not found on PATH (Debian: apt-get install wrk)")
+	}
+	dir, err := os.MkdirTemp("", "proxybench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if gatewayBin == "" {
+		gatewayBin = filepath.Join(dir, "gateway")
+		build := exec.Command("go", "build", "-o", gatewayBin, "./examples/gateway")
+		build.Dir, build.Stderr = "..", os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build gateway: %w", err)
+		}
+	}
+
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	upAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), "PROXYBENCH_ROLE=upstream", "PROXYBENCH_ADDR="+upAddr)
+	up, err := start("upstream", cmd, upAddr, "/")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, up)
+
+	var targets []*proc
+	bareAddr, _ := freeAddr()
+	cmd = exec.Command(self)
+	cmd.Env = append(os.Environ(), "PROXYBENCH_ROLE=bare", "PROXYBENCH_ADDR="+bareAddr, "PROXYBENCH_TARGET=http://"+upAddr)
+	bare, err := start("bare-httputil", cmd, bareAddr, "/bench")
+	if err != nil {
+		return err
+	}
+	procs, targets = append(procs, bare), append(targets, bare)
+
+	gwAddr, _ := freeAddr()
+	cfg := filepath.Join(dir, "gateway.yaml")
+	yaml := fmt.Sprintf(`listen: %s
+store: memory
+policies:
+  - id: bench
+    rate: {requests: 1000000000, per: 1s}
+    quota: {max: 1000000000000000, renewal: 24h}
+keys:
+  - key: %s
+    policies: [bench]
+apis:
+  - id: bench
+    listen_path: /bench/
+    target: http://%s
+    auth: api_key
+`, gwAddr, benchKey, upAddr)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		return err
+	}
+	gw, err := start("limitplane-gateway", exec.Command(gatewayBin, "-config", cfg), gwAddr, "/bench/")
+	if err != nil {
+		return err
+	}
+	procs, targets = append(procs, gw), append(targets, gw)
+
+	if ng, err := exec.LookPath("nginx"); err == nil {
+		ngAddr, _ := freeAddr()
+		conf := filepath.Join(dir, "nginx.conf")
+		os.WriteFile(conf, []byte(fmt.Sprintf(`daemon off;
+worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  upstream up { server %[2]s; keepalive 256; }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For $remote_addr;
+    }
+  }
+}
+`, dir, upAddr, ngAddr)), 0o600)
+		n, err := start("nginx", exec.Command(ng, "-c", conf, "-p", dir), ngAddr, "/bench")
+		if err != nil {
+			return err
+		}
+		procs, targets = append(procs, n), append(targets, n)
+	}
+
+	// Every target must answer 200 before it is measured.
+	for _, t := range targets {
+		req, _ := http.NewRequestWithContext(context.Background(), "GET", t.url, nil)
+		req.Header.Set("X-API-Key", benchKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("%s answered %d", t.name, resp.StatusCode)
+		}
+	}
+
+	results := map[string][]float64{}
+	for r := 1; r <= rounds; r++ {
+		for _, t := range targets {
+			rps, err := wrk(t.url, duration, conns, threads)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			results[t.name] = append(results[t.name], rps)
+			fmt.Printf("round=%d proxy=%s req_per_s=%.0f\n", r, t.name, rps)
+		}
+	}
+	med := map[string]float64{}
+	for name, v := range results {
+		slices.Sort(v)
+		med[name] = v[len(v)/2]
+		if len(v)%2 == 0 {
+			med[name] = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+	}
+	fmt.Println()
+	for _, t := range targets {
+		line := fmt.Sprintf("proxy=%s median_req_per_s=%.0f vs_bare=%.2f", t.name, med[t.name], med[t.name]/med["bare-httputil"])
+		if n, ok := med["nginx"]; ok {
+			line += fmt.Sprintf(" vs_nginx=%.2f", med[t.name]/n)
+		}
+		fmt.Println(line)
+	}
+	return nil
+}
+
+var (
+	rpsRe  = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	non2xx = regexp.MustCompile(`Non-2xx or 3xx responses:\s+(\d+)`)
+)
+
+// wrk runs wrk against url with the bench key and returns requests/s. Any
+// non-2xx answer is an error: a proxy that answers 429 or 502 is not being
+// measured.
+func wrk(u string, d time.Duration, conns, threads int) (float64, error) {
+	cmd := exec.Command("wrk", "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns), "-d"+d.String(),
+		"-H", "X-API-Key: "+benchKey, u)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("wrk: %w: %s", err, out)
+	}
+	if m := non2xx.FindSubmatch(out); m != nil {
+		return 0, fmt.Errorf("wrk saw %s non-2xx answers:\n%s", m[1], out)
+	}
+	m := rpsRe.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no Requests/sec in wrk output:\n%s", out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "Socket errors") {
+			return 0, fmt.Errorf("wrk: %s", sc.Text())
+		}
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
