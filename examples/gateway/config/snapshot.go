@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/limitplane/limitplane/spec"
@@ -17,7 +18,7 @@ func (r resolver) ReadFile(name string) ([]byte, error) { return r.v.readFile(na
 
 func (r resolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(name) }
 
-// snapshot builds the travelling part of a file that validated without a
+// snapshot builds, with slices of its own, the travelling part of a file that validated without a
 // problem: its policies, keys (hashed: cfg.Keys holds the hashes of
 // plaintext keys) and APIs, with listen paths normalised. It then checks
 // the snapshot with spec's own Validate, so the file can never hold what
@@ -25,10 +26,10 @@ func (r resolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(na
 func (v *validator) snapshot(raw *rawConfig, cfg *Config) spec.Snapshot {
 	var s spec.Snapshot
 	for _, p := range raw.Policies {
-		s.Policies = append(s.Policies, spec.Policy{ID: p.ID, Rate: specRate(p.Rate), Quota: specQuota(p.Quota), APIs: p.APIs, Shadow: p.Shadow})
+		s.Policies = append(s.Policies, spec.Policy{ID: p.ID, Rate: specRate(p.Rate), Quota: specQuota(p.Quota), APIs: slices.Clone(p.APIs), Shadow: p.Shadow})
 	}
 	for i, k := range raw.Keys {
-		sk := spec.Key{KeyHash: cfg.Keys[i].Hash.String(), Policies: k.Policies, Inactive: k.Inactive}
+		sk := spec.Key{KeyHash: cfg.Keys[i].Hash.String(), Policies: slices.Clone(k.Policies), Inactive: k.Inactive}
 		if k.Expires != "" {
 			t := cfg.Keys[i].Expires
 			sk.Expires = &t
@@ -43,8 +44,8 @@ func (v *validator) snapshot(raw *rawConfig, cfg *Config) spec.Snapshot {
 	}
 	for i, a := range raw.APIs {
 		sa := spec.API{
-			ID: a.ID, ListenPath: cfg.APIs[i].ListenPath, Target: a.Target, Auth: a.Auth, Policies: a.Policies,
-			StripListenPath: a.StripListenPath, StripAuthData: a.StripAuthData, Tags: a.Tags,
+			ID: a.ID, ListenPath: cfg.APIs[i].ListenPath, Target: a.Target, Auth: a.Auth, Policies: slices.Clone(a.Policies),
+			StripListenPath: a.StripListenPath, StripAuthData: a.StripAuthData, Tags: slices.Clone(a.Tags),
 		}
 		if a.FailureLimit != nil {
 			sa.FailureLimit = &spec.FailureLimit{Policy: a.FailureLimit.Policy}
