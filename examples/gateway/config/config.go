@@ -12,7 +12,11 @@
 // Parse returns domain values (core.Policy, identity.KeyRecord,
 // response.Options) ready to hand to the engine, the key registry and the
 // renderer; plaintext API keys are hashed with identity.HashKey while
-// loading and are not kept.
+// loading and are not kept. The policies, keys and APIs are also returned
+// as a spec.Snapshot, the model a control plane sends: the file's names
+// are the snapshot's JSON names, a file is checked by spec's Validate too,
+// and the rest of the file (listen address, store, Redis, failure policy,
+// timeouts, response format, client_ip) is local to the gateway.
 package config
 
 import (
@@ -26,6 +30,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // Defaults for fields left out of a file.
@@ -51,7 +56,7 @@ const (
 
 // BuiltinEcho is the target of the built-in echo upstream, which answers
 // every request with JSON describing it.
-const BuiltinEcho = "builtin:echo"
+const BuiltinEcho = spec.BuiltinEcho
 
 // Config is a validated gateway configuration.
 type Config struct {
@@ -83,6 +88,11 @@ type Config struct {
 	Keys []identity.KeyRecord
 	// APIs are the routes, in file order.
 	APIs []API
+	// Snapshot is the file's travelling part (package spec): its
+	// policies, keys (by hash) and APIs, as a control plane would send
+	// them, with Revision 0. Policies, Keys and APIs above are the same
+	// data converted for the gateway; the rest of Config stays local.
+	Snapshot spec.Snapshot
 }
 
 // Redis is the Redis store's configuration: Config.Store was a redis://,
@@ -234,6 +244,10 @@ func Parse(name string, data []byte) (*Config, error) {
 		if !d.echo(e) {
 			errs = append(errs, e)
 		}
+	}
+	if len(errs) == 0 {
+		cfg.Snapshot = v.snapshot(raw, cfg)
+		errs = append(errs, v.errs...)
 	}
 	if len(errs) > 0 {
 		sortErrors(errs)

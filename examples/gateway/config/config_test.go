@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"net/url"
@@ -15,6 +16,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/examples/gateway/config"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // api is a valid one-line API list, appended to cases that need one.
@@ -51,7 +53,7 @@ func TestRefusals(t *testing.T) {
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
-			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data)`},
+			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data, tags)`},
 		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
 			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
 		{"api_limits key given twice", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: 1s}}\n      a: {rate: {requests: 2, per: 1s}}\n" + api,
@@ -375,6 +377,21 @@ func TestDemoConfig(t *testing.T) {
 			{ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthAPIKey, StripListenPath: true, StripAuthData: true},
 			{ID: "open", ListenPath: "/open/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthKeyless, Policies: []string{"anon"}, StripListenPath: true},
 		},
+		Snapshot: spec.Snapshot{
+			Policies: []spec.Policy{
+				{ID: "default", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute), Burst: 5}, Quota: &spec.Quota{Max: 100, Renewal: spec.Duration(24 * time.Hour)}},
+				{ID: "gold", Rate: &spec.Rate{Requests: core.Unlimited}, Quota: &spec.Quota{Max: 10000, Renewal: spec.Duration(24 * time.Hour)}},
+				{ID: "anon", Rate: &spec.Rate{Requests: 10, Per: spec.Duration(time.Minute)}},
+			},
+			Keys: []spec.Key{
+				{KeyHash: identity.HashKey("demo-key-1").String(), Policies: []string{"default"}},
+				{KeyHash: gold.String(), Policies: []string{"gold"}},
+			},
+			APIs: []spec.API{
+				{ID: "echo", ListenPath: "/echo/", Target: spec.BuiltinEcho, Auth: spec.AuthAPIKey},
+				{ID: "open", ListenPath: "/open/", Target: spec.BuiltinEcho, Auth: spec.AuthKeyless, Policies: []string{"anon"}},
+			},
+		},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("demo config:\n got %+v\nwant %+v", cfg, want)
@@ -434,6 +451,7 @@ apis:
     auth: api_key
     strip_listen_path: false
     strip_auth_data: false
+    tags: [eu, edge]
   - id: all
     listen_path: /
     target: http://127.0.0.1:9001
@@ -445,11 +463,11 @@ apis:
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
-	cfg, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1)))
+	_, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1)))
 	if err == nil {
 		t.Fatalf("a bare hex key_hash was accepted")
 	}
-	cfg, err = config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", h.String(), 1)))
+	cfg, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", h.String(), 1)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,6 +509,23 @@ apis:
 		t.Errorf("expires = %v, want %v", cfg.Keys[0].Expires, want.Keys[0].Expires)
 	}
 	cfg.Keys[0].Expires = want.Keys[0].Expires
+	// The travelling part, as a control plane would send it: the file's
+	// names, the key by its hash, the listen path normalised.
+	snap, err := json.Marshal(cfg.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSnap := `{"revision":0,"policies":[` +
+		`{"id":"p","rate":{"requests":10,"per":"1s","burst":20,"algorithm":"gcra"},"quota":{"max":-1},"apis":["svc"],"shadow":true},` +
+		`{"id":"free","rate":{"requests":-1}}],"keys":[` +
+		`{"key_hash":"` + identity.HashKey("k1").String() + `","policies":["p"],"api_limits":{"svc":{"rate":{"requests":3,"per":"1m0s"},"quota":{"max":1000,"renewal":"720h0m0s"}}},"expires":"2027-01-31T12:00:00+01:00","inactive":true},` +
+		`{"key_hash":"` + h.String() + `","policies":["free"]}],"apis":[` +
+		`{"id":"svc","listen_path":"/svc/","target":"https://api.internal:8443/v1","auth":"api_key","strip_listen_path":false,"strip_auth_data":false,"tags":["eu","edge"]},` +
+		`{"id":"all","listen_path":"/","target":"http://127.0.0.1:9001","auth":"keyless","policies":["free"]}]}`
+	if string(snap) != wantSnap {
+		t.Errorf("snapshot JSON:\n got %s\nwant %s", snap, wantSnap)
+	}
+	cfg.Snapshot = spec.Snapshot{}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("config:\n got %+v\nwant %+v", cfg, want)
 	}

@@ -1,27 +1,16 @@
 package config
 
 import (
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rsa"
 	"fmt"
 	"net"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
 )
-
-// jwtAlgorithms are the JWS algorithms an API can pin, in the order
-// messages list them. "none" is never among them.
-var jwtAlgorithms = []string{
-	"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
-	"ES256", "ES384", "ES512", "EdDSA",
-}
 
 // orList writes items as "a, b or c".
 func orList(items []string) string {
@@ -31,18 +20,10 @@ func orList(items []string) string {
 	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
 }
 
-// JWTIDPrefix returns the consumer-ID prefix of a jwt API's consumers:
-// tokens from one issuer are one namespace, so jwt APIs with the same
-// issuer share a consumer's counters (as API keys share theirs across
-// APIs), while an API without an issuer keeps its consumers to itself.
-// The quoted part keeps the prefixes of different issuers and APIs from
-// ever running into each other.
-func JWTIDPrefix(issuer, apiID string) string {
-	if issuer != "" {
-		return "jwt:iss=" + strconv.Quote(issuer) + ":"
-	}
-	return "jwt:api=" + strconv.Quote(apiID) + ":"
-}
+// JWTIDPrefix returns the consumer-ID prefix of a jwt API's consumers
+// (spec.JWTIDPrefix, where the rule lives so that every gateway applying
+// a snapshot names a consumer's counters alike).
+func JWTIDPrefix(issuer, apiID string) string { return spec.JWTIDPrefix(issuer, apiID) }
 
 // jwt validates a jwt API's jwt section. It returns the authenticator's
 // options (keys loaded) and, for a key set fetched from a URL, the JWKS
@@ -70,8 +51,8 @@ func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.P
 		switch {
 		case strings.EqualFold(alg, "none"):
 			v.fail(f, "%q is never accepted: every token must be signed", alg)
-		case !slices.Contains(jwtAlgorithms, alg):
-			v.fail(f, "unknown algorithm %q (want %s)", alg, orList(jwtAlgorithms))
+		case !slices.Contains(spec.JWTAlgorithms(), alg):
+			v.fail(f, "unknown algorithm %q (want %s)", alg, orList(spec.JWTAlgorithms()))
 		case slices.Contains(algs, alg):
 			v.fail(f, "%s is listed twice", alg)
 		case r.JWKS != nil && strings.HasPrefix(alg, "HS"):
@@ -151,35 +132,13 @@ func (v *validator) jwtKeys(at string, raw []rawJWTKey, algs []string) []identit
 			first[k.ID] = kat + ".id"
 		}
 
-		var key identity.JWTKey
-		if k.PEMFile != "" {
-			data, err := v.readFile(k.PEMFile)
-			if err != nil {
-				v.fail(kat+".pem_file", "%v", err)
-				continue
-			}
-			if key, err = identity.ParseJWTKeyPEM(k.ID, data); err != nil {
-				v.fail(kat+".pem_file", "%s: %s", k.PEMFile, strings.TrimPrefix(err.Error(), "identity: "))
-				continue
-			}
-		} else {
-			field, from, secret := kat+".secret_env", "environment variable "+k.SecretEnv, ""
-			if k.SecretEnv != "" {
-				secret = v.env(field, k.SecretEnv)
-			} else {
-				field, from = kat+".secret_file", k.SecretFile
-				secret = v.secretFile(field, k.SecretFile)
-			}
-			if secret == "" {
-				continue // reported
-			}
-			if len(secret) < identity.MinHMACKeySize {
-				v.fail(field, "%s holds %d bytes; an HMAC secret needs at least %d", from, len(secret), identity.MinHMACKeySize)
-				continue
-			}
-			key = identity.SecretKey(k.ID, []byte(secret))
+		key, err := (&spec.JWTKey{ID: k.ID, PEMFile: k.PEMFile, SecretEnv: k.SecretEnv, SecretFile: k.SecretFile}).Resolve(resolver{v})
+		if err != nil {
+			e := err.(*spec.Error)
+			v.fail(kat+"."+e.Path, "%s", e.Problem)
+			continue
 		}
-		what, fits := keyAlgorithms(key.Key)
+		what, fits := spec.KeyAlgorithms(key.Key)
 		if len(algs) > 0 && !slices.ContainsFunc(algs, func(a string) bool { return slices.Contains(fits, a) }) {
 			v.fail(kat, "%s fits none of the algorithms [%s] (it verifies %s)", what, strings.Join(algs, ", "), orList(fits))
 			continue
@@ -187,29 +146,6 @@ func (v *validator) jwtKeys(at string, raw []rawJWTKey, algs []string) []identit
 		keys = append(keys, key)
 	}
 	return keys
-}
-
-// keyAlgorithms describes a verification key and lists the algorithms it
-// can verify.
-func keyAlgorithms(key any) (string, []string) {
-	switch k := key.(type) {
-	case []byte:
-		return "an HMAC secret", []string{"HS256", "HS384", "HS512"}
-	case *rsa.PublicKey:
-		return "an RSA key", []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"}
-	case *ecdsa.PublicKey:
-		switch k.Curve {
-		case elliptic.P256():
-			return "an ECDSA P-256 key", []string{"ES256"}
-		case elliptic.P384():
-			return "an ECDSA P-384 key", []string{"ES384"}
-		case elliptic.P521():
-			return "an ECDSA P-521 key", []string{"ES512"}
-		}
-	case ed25519.PublicKey:
-		return "an Ed25519 key", []string{"EdDSA"}
-	}
-	return fmt.Sprintf("a %T", key), nil
 }
 
 // jwks validates a jwt section's jwks block.

@@ -2,11 +2,7 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"net"
-	"net/url"
-	"path"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +11,7 @@ import (
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // validator turns a rawConfig into a Config, collecting every problem.
@@ -148,23 +145,22 @@ func CheckListen(addr string) error {
 	return nil
 }
 
-// durationRE matches time.ParseDuration's syntax, whatever the magnitude.
-var durationRE = regexp.MustCompile(`^[-+]?(0|((\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h))+)$`)
-
-// parseDuration is time.ParseDuration with the problem worded for the
-// file: a value written as a duration that does not fit a time.Duration
-// (over about 292 years) is out of range, not "not a duration", which
-// time.ParseDuration's error does not tell apart.
+// parseDuration is spec.ParseDuration with examples added to a "not a
+// duration" problem.
 func parseDuration(s, examples string) (time.Duration, string) {
-	d, err := time.ParseDuration(s)
-	switch {
-	case err == nil:
+	d, err := spec.ParseDuration(s)
+	if err == nil {
 		return d, ""
-	case durationRE.MatchString(s):
-		return 0, fmt.Sprintf("%q is out of range (durations go up to %v, about 292 years)", s, time.Duration(math.MaxInt64))
 	}
-	return 0, fmt.Sprintf("%q is not a duration (like %s)", s, examples)
+	problem := specProblem(err)
+	if strings.HasSuffix(problem, "is not a duration") {
+		problem += " (like " + examples + ")"
+	}
+	return 0, problem
 }
+
+// specProblem returns a spec error's text without its "spec: " prefix.
+func specProblem(err error) string { return strings.TrimPrefix(err.Error(), "spec: ") }
 
 // duration parses an optional positive duration; "" gives def.
 func (v *validator) duration(path, s string, def time.Duration) time.Duration {
@@ -515,56 +511,35 @@ func (v *validator) failureLimit(at, auth string, fl *rawFailureLimit, policies 
 	return id
 }
 
-// listenPath normalises a listen path to end in "/".
+// listenPath normalises a listen path to end in "/" (spec.CleanListenPath).
 func (v *validator) listenPath(at, s string) (string, bool) {
+	clean, err := spec.CleanListenPath(s)
 	switch {
 	case s == "":
-		v.require(at, `missing (a path prefix like "/orders/")`)
+		v.require(at, "%s", specProblem(err))
 		return "", false
-	case !strings.HasPrefix(s, "/"):
-		v.fail(at, "%q must start with \"/\"", s)
-		return "", false
-	case strings.IndexFunc(s, func(c rune) bool {
-		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-._~/", c))
-	}) >= 0:
-		v.fail(at, "%q may only contain letters, digits, \"-\", \".\", \"_\", \"~\" and \"/\"", s)
-		return "", false
-	}
-	clean := path.Clean(s)
-	if clean != "/" {
-		clean += "/"
-	}
-	if s != clean && s+"/" != clean {
-		v.fail(at, "%q is not a clean path (want %q)", s, clean)
+	case err != nil:
+		v.fail(at, "%s", specProblem(err))
 		return "", false
 	}
 	return clean, true
 }
 
-// target parses builtin:echo or an http(s) base URL.
+// target parses builtin:echo or an http(s) base URL (spec.ParseTarget).
 func (v *validator) target(at, s string) Target {
-	if s == "" {
-		v.require(at, "missing (builtin:echo or an http:// or https:// URL)")
-		return Target{}
-	}
-	if strings.HasPrefix(s, "builtin:") {
-		if s != BuiltinEcho {
-			v.fail(at, "unknown builtin %q (want builtin:echo)", s)
-		}
-		return Target{Builtin: s}
-	}
-	u, err := url.Parse(s)
+	u, err := spec.ParseTarget(s)
 	switch {
-	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Opaque != "":
-		v.fail(at, "%q is not builtin:echo or an http:// or https:// URL", s)
-	case u.Host == "" || u.Hostname() == "":
-		v.fail(at, "%q has no host", s)
-	case u.User != nil:
-		v.fail(at, "%q must not carry credentials", s)
-	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-		v.fail(at, "%q must not have a query or fragment", s)
+	case s == "":
+		v.require(at, "%s", specProblem(err))
+	case err != nil:
+		v.fail(at, "%s", specProblem(err))
+	case u == nil:
+		return Target{Builtin: s}
 	default:
 		return Target{URL: u}
+	}
+	if strings.HasPrefix(s, "builtin:") {
+		return Target{Builtin: s}
 	}
 	return Target{}
 }

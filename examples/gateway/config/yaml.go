@@ -111,6 +111,7 @@ type rawAPI struct {
 	FailureLimit    *rawFailureLimit `yaml:"failure_limit"`
 	StripListenPath *bool            `yaml:"strip_listen_path"`
 	StripAuthData   *bool            `yaml:"strip_auth_data"`
+	Tags            []string         `yaml:"tags"`
 }
 
 type rawJWT struct {

@@ -1,0 +1,92 @@
+package config
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/limitplane/limitplane/spec"
+)
+
+// TestSpecNamesAreTheFileNames checks that each spec type's JSON names are
+// the YAML names of the file section it models, so a file, an admin API and
+// a control plane speak one vocabulary. The differences are deliberate:
+// a file may give a key in plaintext (hashed at load, never in a snapshot),
+// a snapshot has a revision, and a snapshot may carry an inline PEM public
+// key or an inline HMAC secret that the file does not offer.
+func TestSpecNamesAreTheFileNames(t *testing.T) {
+	for _, tc := range []struct {
+		file, spec any
+		onlyFile   []string
+		onlySpec   []string
+	}{
+		{file: rawConfig{}, spec: spec.Snapshot{}, onlySpec: []string{"revision"},
+			onlyFile: []string{"listen", "store", "failure_policy", "store_timeout", "redis", "shadow", "client_ip", "server", "response"}},
+		{file: rawPolicy{}, spec: spec.Policy{}},
+		{file: rawRate{}, spec: spec.Rate{}},
+		{file: rawQuota{}, spec: spec.Quota{}},
+		{file: rawKey{}, spec: spec.Key{}, onlyFile: []string{"key"}},
+		{file: rawLimits{}, spec: spec.Limits{}},
+		{file: rawAPI{}, spec: spec.API{}},
+		{file: rawJWT{}, spec: spec.JWT{}},
+		{file: rawJWTKey{}, spec: spec.JWTKey{}, onlySpec: []string{"pem", "secret"}},
+		{file: rawJWKS{}, spec: spec.JWKS{}},
+		{file: rawFailureLimit{}, spec: spec.FailureLimit{}},
+	} {
+		fileNames := tagNames(reflect.TypeOf(tc.file), "yaml")
+		specNames := tagNames(reflect.TypeOf(tc.spec), "json")
+		var onlyFile, onlySpec []string
+		for _, n := range fileNames {
+			if !slices.Contains(specNames, n) {
+				onlyFile = append(onlyFile, n)
+			}
+		}
+		for _, n := range specNames {
+			if !slices.Contains(fileNames, n) {
+				onlySpec = append(onlySpec, n)
+			}
+		}
+		if !slices.Equal(onlyFile, tc.onlyFile) || !slices.Equal(onlySpec, tc.onlySpec) {
+			t.Errorf("%T / %T: only in the file %q (want %q), only in spec %q (want %q)",
+				tc.file, tc.spec, onlyFile, tc.onlyFile, onlySpec, tc.onlySpec)
+		}
+	}
+}
+
+func tagNames(t reflect.Type, key string) []string {
+	var names []string
+	for i := 0; i < t.NumField(); i++ {
+		names = append(names, strings.Split(t.Field(i).Tag.Get(key), ",")[0])
+	}
+	return names
+}
+
+// TestSpecValidateRunsOnFiles checks that a file is also checked by
+// spec.Validate, with spec's problems placed at their line and column:
+// repeated tags are refused by spec only.
+func TestSpecValidateRunsOnFiles(t *testing.T) {
+	doc := `policies:
+  - id: p
+    rate: {requests: 1, per: 1s}
+keys:
+  - key: k
+    policies: [p]
+apis:
+  - id: a
+    listen_path: /a/
+    target: builtin:echo
+    tags: [eu, eu]
+`
+	_, err := Parse("t.yaml", []byte(doc))
+	if err == nil || err.Error() != `t.yaml:11:16: apis[0].tags[1]: tag "eu" is listed twice` {
+		t.Fatalf("err = %v", err)
+	}
+	cfg, err := Parse("t.yaml", []byte(strings.Replace(doc, "[eu, eu]", "[eu, edge]", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Snapshot.Validate(); err != nil || !slices.Equal(cfg.Snapshot.APIs[0].Tags, []string{"eu", "edge"}) {
+		t.Fatalf("snapshot: %v, tags %q", err, cfg.Snapshot.APIs[0].Tags)
+	}
+}

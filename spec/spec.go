@@ -1,0 +1,293 @@
+// Package spec is limitplane's configuration that travels: the policies,
+// API keys and APIs a gateway enforces, as plain data that a YAML file, an
+// admin API and a control plane all speak.
+//
+// A Snapshot holds one complete, consistent set of them with a revision
+// number. Its JSON form uses the field names of the gateway's YAML file
+// (README, "Gateway configuration reference"): "requests", "per",
+// "key_hash", "listen_path", "api_limits" and so on; durations are Go
+// duration strings ("1m", "24h") and times RFC 3339. Validate checks a
+// snapshot as a whole and reports every problem with its field path, such
+// as policies[1].rate.per.
+//
+// What travels: policies (rate, quota, the APIs they cover, shadow),
+// keys by their SHA-256 only (a plaintext key is hashed where it is read
+// and never kept; see identity.HashKey), per-key per-API limits, expiry and
+// the inactive flag, and APIs (id, listen path, target, auth kind, keyless
+// policies, JWT settings, failure limit, strip flags and tags, by which a
+// control plane picks the APIs each data plane serves).
+//
+// What stays local to each gateway and is never part of a snapshot: its
+// listen address, counter store and Redis settings, failure policy,
+// timeouts, response format, trusted proxies and admin settings.
+//
+// Secrets. A snapshot names secrets; it does not carry them. A JWT key is
+// a reference resolved where the snapshot is applied, by that gateway's
+// Resolver: secret_env (an environment variable holding an HMAC secret),
+// secret_file or pem_file (a file on the gateway's disk). So a snapshot can
+// be logged, stored and sent without exposing a secret, and each data
+// plane keeps its own. The one exception is JWTKey.Secret, an HMAC secret
+// written inline: it exists only for an operator who explicitly puts it
+// there (an admin API that is the only place the secret lives), and a
+// snapshot holding one must be treated as a secret itself. A PEM public
+// key is not a secret and may be inline (JWTKey.PEM).
+//
+// spec imports only core and identity: no YAML, gRPC, Redis or adapter
+// package, so anything may import it.
+package spec
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"regexp"
+	"time"
+)
+
+// Snapshot is one complete, consistent set of policies, keys and APIs.
+// Applying a snapshot replaces everything the previous one held.
+type Snapshot struct {
+	// Revision orders snapshots: a control plane raises it with every
+	// change, and a gateway never applies a lower one over a higher. 0 is
+	// a snapshot that no control plane numbered (a local file).
+	Revision uint64 `json:"revision"`
+	// Policies are the named rate limits and quotas, in file order.
+	Policies []Policy `json:"policies,omitempty"`
+	// Keys are the API keys, by hash.
+	Keys []Key `json:"keys,omitempty"`
+	// APIs are the routes, in file order.
+	APIs []API `json:"apis,omitempty"`
+}
+
+// Policy is a named rate limit and quota (core.Policy). A nil Rate or
+// Quota is absent: the policy does not limit that and takes no part when
+// several policies are merged for it. Requests or Max of -1 is an explicit
+// "unlimited", which does take part (and wins).
+type Policy struct {
+	// ID names the policy; keys, keyless APIs, JWT default policies and
+	// failure limits refer to it. Required and unique.
+	ID string `json:"id"`
+	// Rate is the rate limit, or nil for none.
+	Rate *Rate `json:"rate,omitempty"`
+	// Quota is the quota, or nil for none.
+	Quota *Quota `json:"quota,omitempty"`
+	// APIs restricts the policy to these API IDs; empty means every API.
+	APIs []string `json:"apis,omitempty"`
+	// Shadow computes and reports the policy's decisions but never
+	// denies.
+	Shadow bool `json:"shadow,omitempty"`
+}
+
+// Rate is a rate limit: Requests per Per, in bursts of up to Burst.
+type Rate struct {
+	// Requests is the number of requests per Per; -1 means unlimited
+	// (then Per and Burst are left out). 0 is invalid.
+	Requests int64 `json:"requests"`
+	// Per is the period; required unless Requests is -1.
+	Per Duration `json:"per,omitempty"`
+	// Burst is the most requests at once; 0 (left out) means Requests.
+	// Only GCRA has one.
+	Burst int64 `json:"burst,omitempty"`
+	// Algorithm is "gcra" (the default when empty), "sliding_window",
+	// "fixed_window" or "sliding_log" (see core.ParseAlgorithm).
+	Algorithm string `json:"algorithm,omitempty"`
+}
+
+// Quota is a budget of Max requests per Renewal period, which starts at
+// the consumer's first request.
+type Quota struct {
+	// Max is the number of requests per period; -1 means unlimited (then
+	// Renewal is left out). 0 is invalid.
+	Max int64 `json:"max"`
+	// Renewal is the period; required unless Max is -1.
+	Renewal Duration `json:"renewal,omitempty"`
+}
+
+// Limits are a key's own limits for one API; they replace the key's
+// policies there (core.Consumer.APILimits). At least one is set.
+type Limits struct {
+	// Rate is the rate limit, or nil for none.
+	Rate *Rate `json:"rate,omitempty"`
+	// Quota is the quota, or nil for none.
+	Quota *Quota `json:"quota,omitempty"`
+}
+
+// Key is an API key, known by its SHA-256 only.
+type Key struct {
+	// KeyHash is "sha256:" and the 64 lower- or upper-case hex digits of
+	// the key's SHA-256 (identity.KeyHash.String). Required and unique.
+	KeyHash string `json:"key_hash"`
+	// Policies are the IDs of the key's policies.
+	Policies []string `json:"policies,omitempty"`
+	// APILimits are per-API limits by API ID, replacing the policies for
+	// those APIs. A key needs policies or API limits.
+	APILimits map[string]Limits `json:"api_limits,omitempty"`
+	// Expires is when the key stops working; nil means never.
+	Expires *time.Time `json:"expires,omitempty"`
+	// Inactive keys are refused like unknown ones.
+	Inactive bool `json:"inactive,omitempty"`
+}
+
+// Authentication kinds, the values of API.Auth.
+const (
+	// AuthAPIKey requires a key from the key list; each key's policies
+	// apply. The default (an empty Auth means it).
+	AuthAPIKey = "api_key"
+	// AuthKeyless admits anyone; the API's own policies apply per client
+	// IP address.
+	AuthKeyless = "keyless"
+	// AuthJWT requires a signed JSON Web Token (see JWT).
+	AuthJWT = "jwt"
+)
+
+// BuiltinEcho is the target of the built-in echo upstream, which answers
+// every request with JSON describing it.
+const BuiltinEcho = "builtin:echo"
+
+// API is one protected upstream and the path prefix it is served under.
+type API struct {
+	// ID names the API; policies' apis lists and keys' api_limits refer
+	// to it. Required and unique.
+	ID string `json:"id"`
+	// ListenPath is the path prefix, a clean absolute path such as
+	// "/orders/" (see CleanListenPath); unique across APIs.
+	ListenPath string `json:"listen_path"`
+	// Target is BuiltinEcho or an http(s) base URL without credentials,
+	// query or fragment (see ParseTarget).
+	Target string `json:"target"`
+	// Auth is AuthAPIKey (the default when empty), AuthKeyless or AuthJWT.
+	Auth string `json:"auth,omitempty"`
+	// Policies apply per client IP on a keyless API, which needs at least
+	// one; other APIs take none.
+	Policies []string `json:"policies,omitempty"`
+	// JWT configures a jwt API; required for one, refused on others.
+	JWT *JWT `json:"jwt,omitempty"`
+	// FailureLimit, when set, charges failed authentications to a policy
+	// per client address. Not for keyless APIs.
+	FailureLimit *FailureLimit `json:"failure_limit,omitempty"`
+	// StripListenPath removes ListenPath from the path sent upstream;
+	// nil means true.
+	StripListenPath *bool `json:"strip_listen_path,omitempty"`
+	// StripAuthData removes the credential from requests sent upstream;
+	// nil means true for api_key and jwt APIs. Refused on keyless APIs.
+	StripAuthData *bool `json:"strip_auth_data,omitempty"`
+	// Tags label the API for sharding: a control plane sends an API only
+	// to the data planes whose tags select it. Each is non-empty and
+	// listed once; none means every data plane.
+	Tags []string `json:"tags,omitempty"`
+}
+
+// JWT is a jwt API's token checking (identity.JWTOptions).
+type JWT struct {
+	// Algorithms are the accepted JWS algorithms, at least one (see
+	// JWTAlgorithms); "none" is never accepted.
+	Algorithms []string `json:"algorithms,omitempty"`
+	// Keys are static verification keys; exactly one of Keys and JWKS.
+	Keys []JWTKey `json:"keys,omitempty"`
+	// JWKS fetches the keys from an identity provider instead.
+	JWKS *JWKS `json:"jwks,omitempty"`
+	// Issuer, when set, must equal the token's iss.
+	Issuer string `json:"issuer,omitempty"`
+	// Audience, when set, must share a value with the token's aud.
+	Audience []string `json:"audience,omitempty"`
+	// Leeway is the clock skew allowed on exp, nbf and iat; >= 0.
+	Leeway Duration `json:"leeway,omitempty"`
+	// ConsumerClaim names the consumer's claim; "" means "sub".
+	ConsumerClaim string `json:"consumer_claim,omitempty"`
+	// PolicyClaim names the claim listing a token's policy IDs.
+	PolicyClaim string `json:"policy_claim,omitempty"`
+	// DefaultPolicies apply to tokens without a policy claim. A JWT needs
+	// PolicyClaim or DefaultPolicies.
+	DefaultPolicies []string `json:"default_policies,omitempty"`
+}
+
+// JWTKey is one verification key, given by reference: exactly one of
+// PEMFile, SecretEnv, SecretFile, PEM and Secret is set. References are
+// resolved by the gateway that applies the snapshot (see Resolver).
+type JWTKey struct {
+	// ID is the key ID a token names in its kid header; required when a
+	// JWT has several keys, unique among them.
+	ID string `json:"id,omitempty"`
+	// PEMFile is a file on the gateway holding a PEM public key or
+	// certificate (identity.ParseJWTKeyPEM).
+	PEMFile string `json:"pem_file,omitempty"`
+	// SecretEnv is an environment variable on the gateway holding an HMAC
+	// secret of at least identity.MinHMACKeySize bytes.
+	SecretEnv string `json:"secret_env,omitempty"`
+	// SecretFile is a file on the gateway holding an HMAC secret; a final
+	// line ending is not part of it.
+	SecretFile string `json:"secret_file,omitempty"`
+	// PEM is a PEM public key or certificate written inline. Public keys
+	// are not secret.
+	PEM string `json:"pem,omitempty"`
+	// Secret is an HMAC secret written inline. Only for an operator who
+	// explicitly chooses to carry the secret in the snapshot (see the
+	// package documentation): prefer SecretEnv or SecretFile.
+	Secret string `json:"secret,omitempty"`
+}
+
+// JWKS is a JSON Web Key Set to take a JWT's keys from.
+type JWKS struct {
+	// URL is the set's https URL (http only to a loopback host).
+	URL string `json:"url"`
+	// RefreshInterval is how often it is fetched again; 0 (left out)
+	// means identity.DefaultJWKSRefresh.
+	RefreshInterval Duration `json:"refresh_interval,omitempty"`
+}
+
+// FailureLimit names the policy failed authentications are charged to.
+type FailureLimit struct {
+	// Policy is a policy's ID; it must have no apis list and must limit
+	// something.
+	Policy string `json:"policy"`
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("500ms", "1m", "24h"). Decoding also accepts a number of nanoseconds.
+type Duration time.Duration
+
+// String returns the duration as time.Duration formats it ("1m0s").
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON reads a duration string or an integer of nanoseconds. An
+// error names the value and starts with "spec: ".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var n int64
+		if err := json.Unmarshal(b, &n); err != nil {
+			return fmt.Errorf("spec: duration %s is not a duration string (like \"1m\") or a number of nanoseconds", b)
+		}
+		*d = Duration(n)
+		return nil
+	}
+	v, err := ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// durationRE matches time.ParseDuration's syntax, whatever the magnitude.
+var durationRE = regexp.MustCompile(`^[-+]?(0|((\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h))+)$`)
+
+// ParseDuration is time.ParseDuration with the problem worded for a
+// configuration: a value written as a duration that does not fit a
+// time.Duration (over about 292 years) is out of range, not "not a
+// duration". The error starts with "spec: ".
+func ParseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err == nil:
+		return d, nil
+	case durationRE.MatchString(s):
+		return 0, fmt.Errorf("spec: %q is out of range (durations go up to %v, about 292 years)", s, time.Duration(math.MaxInt64))
+	}
+	return 0, fmt.Errorf("spec: %q is not a duration", s)
+}

@@ -1,0 +1,375 @@
+package spec_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io/fs"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// full returns a valid snapshot that sets every field at least once.
+func full() spec.Snapshot {
+	exp := time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC)
+	return spec.Snapshot{
+		Revision: 42,
+		Policies: []spec.Policy{
+			{ID: "default", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute), Burst: 5}, Quota: &spec.Quota{Max: 100, Renewal: spec.Duration(24 * time.Hour)}},
+			{ID: "gold", Rate: &spec.Rate{Requests: -1}, Quota: &spec.Quota{Max: 10000, Renewal: spec.Duration(24 * time.Hour)}, APIs: []string{"echo", "tokens"}, Shadow: true},
+			{ID: "anon", Rate: &spec.Rate{Requests: 10, Per: spec.Duration(time.Minute), Algorithm: "sliding_window"}},
+			{ID: "logins", Rate: &spec.Rate{Requests: 3, Per: spec.Duration(time.Minute)}},
+		},
+		Keys: []spec.Key{
+			{KeyHash: identity.HashKey("demo-key-1").String(), Policies: []string{"default"}, Expires: &exp},
+			{KeyHash: identity.HashKey("demo-key-2").String(), Policies: []string{"gold"}, Inactive: true,
+				APILimits: map[string]spec.Limits{"echo": {Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}, Quota: &spec.Quota{Max: -1}}}},
+		},
+		APIs: []spec.API{
+			{ID: "echo", ListenPath: "/echo/", Target: spec.BuiltinEcho, Auth: spec.AuthAPIKey, StripListenPath: ptr(false), StripAuthData: ptr(true),
+				FailureLimit: &spec.FailureLimit{Policy: "logins"}, Tags: []string{"eu", "edge"}},
+			{ID: "open", ListenPath: "/open/", Target: "https://upstream.example/v1", Auth: spec.AuthKeyless, Policies: []string{"anon"}},
+			{ID: "tokens", ListenPath: "/tokens/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT, JWT: &spec.JWT{
+				Algorithms: []string{"HS256"}, Keys: []spec.JWTKey{{ID: "a", SecretEnv: "JWT_A"}, {ID: "b", SecretFile: "b.secret"}},
+				Issuer: "https://idp.example", Audience: []string{"gw"}, Leeway: spec.Duration(30 * time.Second),
+				ConsumerClaim: "user.id", PolicyClaim: "pol", DefaultPolicies: []string{"gold"}}},
+			{ID: "idp", ListenPath: "/idp/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT, JWT: &spec.JWT{
+				Algorithms: []string{"RS256"}, JWKS: &spec.JWKS{URL: "https://idp.example/jwks.json", RefreshInterval: spec.Duration(time.Hour)},
+				PolicyClaim: "pol"}},
+		},
+	}
+}
+
+func TestFullSnapshotIsValid(t *testing.T) {
+	s := full()
+	if err := s.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	in := full()
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out spec.Snapshot
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip changed the snapshot:\n in: %+v\nout: %+v\njson: %s", in, out, b)
+	}
+}
+
+func TestJSONForm(t *testing.T) {
+	s := spec.Snapshot{
+		Revision: 7,
+		Policies: []spec.Policy{
+			{ID: "p", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute)}, Quota: &spec.Quota{Max: -1}},
+		},
+		Keys: []spec.Key{{KeyHash: "sha256:" + strings.Repeat("ab", 32), Policies: []string{"p"},
+			Expires: ptr(time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC))}},
+		APIs: []spec.API{{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho, Tags: []string{"eu"}}},
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"revision":7,` +
+		`"policies":[{"id":"p","rate":{"requests":5,"per":"1m0s"},"quota":{"max":-1}}],` +
+		`"keys":[{"key_hash":"sha256:` + strings.Repeat("ab", 32) + `","policies":["p"],"expires":"2027-01-31T00:00:00Z"}],` +
+		`"apis":[{"id":"a","listen_path":"/a/","target":"builtin:echo","tags":["eu"]}]}`
+	if string(b) != want {
+		t.Fatalf("JSON:\n got %s\nwant %s", b, want)
+	}
+}
+
+func TestDurationJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		err  string
+	}{
+		{in: `"1m"`, want: time.Minute},
+		{in: `"24h"`, want: 24 * time.Hour},
+		{in: `"1.5s"`, want: 1500 * time.Millisecond},
+		{in: `1000`, want: time.Microsecond},
+		{in: `"soon"`, err: `spec: "soon" is not a duration`},
+		{in: `"3000000h"`, err: `spec: "3000000h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
+		{in: `true`, err: `spec: duration true is not a duration string (like "1m") or a number of nanoseconds`},
+	} {
+		var d spec.Duration
+		err := json.Unmarshal([]byte(tc.in), &d)
+		switch {
+		case tc.err != "" && (err == nil || err.Error() != tc.err):
+			t.Errorf("%s: error %v, want %q", tc.in, err, tc.err)
+		case tc.err == "" && err != nil:
+			t.Errorf("%s: %v", tc.in, err)
+		case tc.err == "" && time.Duration(d) != tc.want:
+			t.Errorf("%s: %v, want %v", tc.in, time.Duration(d), tc.want)
+		}
+	}
+}
+
+func TestValidateReportsEveryProblemWithItsPath(t *testing.T) {
+	s := spec.Snapshot{
+		Policies: []spec.Policy{
+			{ID: "p", Rate: &spec.Rate{Requests: 5}},
+			{ID: "p", Quota: &spec.Quota{Max: 0, Renewal: spec.Duration(time.Hour)}},
+			{ID: "", Rate: &spec.Rate{Requests: 2, Per: spec.Duration(time.Second), Burst: 3, Algorithm: "fixed_window"}},
+			{ID: "q", APIs: []string{"nope"}},
+			{ID: "fast", Rate: &spec.Rate{Requests: 2, Per: 1}},
+		},
+		Keys: []spec.Key{
+			{KeyHash: "sha256:zz", Policies: []string{"missing"}},
+			{KeyHash: identity.HashKey("k").String()},
+			{KeyHash: identity.HashKey("k").String(), Policies: []string{"p"},
+				APILimits: map[string]spec.Limits{"open": {}, "ghost": {Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}}}},
+		},
+		APIs: []spec.API{
+			{ID: "a", ListenPath: "/a/", Target: "ftp://x", FailureLimit: &spec.FailureLimit{Policy: "q"}},
+			{ID: "a", ListenPath: "/a", Target: spec.BuiltinEcho, Auth: "basic"},
+			{ID: "open", ListenPath: "/o//", Target: "http://user:pw@h/", Auth: spec.AuthKeyless, StripAuthData: ptr(false), Tags: []string{"eu", "eu", ""}},
+			{ID: "j", ListenPath: "/j/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT, JWT: &spec.JWT{
+				Algorithms: []string{"none", "HS256", "HS256"},
+				Keys:       []spec.JWTKey{{SecretEnv: "A", SecretFile: "b"}, {Secret: "short"}},
+				Leeway:     spec.Duration(-time.Second)}},
+		},
+	}
+	err := s.Validate()
+	var errs spec.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Validate = %v, want spec.Errors", err)
+	}
+	want := []string{
+		"policies[0].rate.per: missing (the period, like 1s, 1m or 24h)",
+		`policies[1].id: duplicate policy id "p" (first at policies[0].id)`,
+		"policies[1].quota.max: 0 must be > 0 (or -1 for unlimited)",
+		"policies[2].id: missing",
+		"policies[2].rate.burst: fixed_window has no burst (it counts up to requests per per); leave burst out",
+		"policies[4].rate: rate 2 per 1ns is finer than one event per nanosecond",
+		`apis[0].target: "ftp://x" is not builtin:echo or an http:// or https:// URL`,
+		`apis[0].failure_limit.policy: policy "q" has an apis list; failures are charged outside any API, so a failure_limit policy must leave apis out`,
+		`apis[1].id: duplicate API id "a" (first at apis[0].id)`,
+		`apis[1].listen_path: "/a" is the same path as apis[0].listen_path`,
+		`apis[1].auth: unknown auth "basic" (want api_key, keyless or jwt)`,
+		`apis[2].listen_path: "/o//" is not a clean path (want "/o/")`,
+		`apis[2].target: "http://user:pw@h/" must not carry credentials`,
+		"apis[2].strip_auth_data: a keyless API reads no credentials, so there are none to strip",
+		"apis[2].policies: a keyless API needs at least one policy (applied per client IP)",
+		`apis[2].tags[1]: tag "eu" is listed twice`,
+		"apis[2].tags[2]: empty tag",
+		`apis[3].jwt.algorithms[0]: "none" is never accepted: every token must be signed`,
+		"apis[3].jwt.algorithms[2]: HS256 is listed twice",
+		"apis[3].jwt.keys[0]: set one of pem_file, secret_env or secret_file",
+		"apis[3].jwt.keys[0].id: missing (with several keys each needs an id, matched against the token's kid)",
+		"apis[3].jwt.keys[1].secret: the inline secret holds 5 bytes; an HMAC secret needs at least 32",
+		"apis[3].jwt.keys[1].id: missing (with several keys each needs an id, matched against the token's kid)",
+		"apis[3].jwt.leeway: -1s must be >= 0",
+		"apis[3].jwt: needs policy_claim or default_policies (a token without policies would be refused with 403)",
+		`policies[3].apis[0]: unknown API "nope"`,
+		`keys[0].key_hash: "sha256:zz" is not sha256:<64 hex digits>`,
+		`keys[0].policies[0]: unknown policy "missing"`,
+		"keys[1].policies: a key needs at least one policy (or api_limits)",
+		"keys[2].key_hash: same key as keys[1]",
+		`keys[2].api_limits.ghost: unknown API "ghost"`,
+		`keys[2].api_limits.open: API "open" is keyless; api_limits only apply to api_key APIs`,
+		"keys[2].api_limits.open: needs rate or quota",
+	}
+	got := make([]string, len(errs))
+	for i, e := range errs {
+		got[i] = e.Path + ": " + e.Problem
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if first := errs[0].Error(); first != "spec: policies[0].rate.per: missing (the period, like 1s, 1m or 24h)" {
+		t.Fatalf("Error() = %q", first)
+	}
+}
+
+func TestConversionsKeepAbsentAndUnlimitedApart(t *testing.T) {
+	s := full()
+	got := s.CorePolicies()
+	want := []core.Policy{
+		{ID: "default", Rate: core.Limit{Rate: 5, Period: time.Minute, Burst: 5}, Quota: core.Quota{Max: 100, Renewal: 24 * time.Hour}},
+		{ID: "gold", Rate: core.Limit{Rate: core.Unlimited}, Quota: core.Quota{Max: 10000, Renewal: 24 * time.Hour}, APIs: []string{"echo", "tokens"}, Shadow: true},
+		{ID: "anon", Rate: core.Limit{Rate: 10, Period: time.Minute, Algorithm: core.SlidingWindow}},
+		{ID: "logins", Rate: core.Limit{Rate: 3, Period: time.Minute}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("CorePolicies:\n got %+v\nwant %+v", got, want)
+	}
+	recs, err := s.KeyRecords()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs[0].Hash != identity.HashKey("demo-key-1") || !recs[0].Expires.Equal(time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC)) || recs[0].Inactive {
+		t.Fatalf("record 0: %+v", recs[0])
+	}
+	wantLimits := map[string]core.Limits{"echo": {Rate: core.Limit{Rate: 1, Period: time.Second}, Quota: core.Quota{Max: core.Unlimited}}}
+	if !recs[1].Inactive || !reflect.DeepEqual(recs[1].APILimits, wantLimits) || !recs[1].Expires.IsZero() {
+		t.Fatalf("record 1: %+v", recs[1])
+	}
+	bad := spec.Snapshot{Keys: []spec.Key{{KeyHash: "sha256:00"}}}
+	if _, err := bad.KeyRecords(); err == nil || !strings.HasPrefix(err.Error(), `spec: keys[0]: spec: key_hash "sha256:00": `) {
+		t.Fatalf("KeyRecords on a bad hash: %v", err)
+	}
+}
+
+func TestAPIDefaults(t *testing.T) {
+	keyless := spec.API{Auth: spec.AuthKeyless}
+	plain := spec.API{}
+	if keyless.StripsAuthData() || !plain.StripsAuthData() || !plain.StripsListenPath() || plain.AuthOrDefault() != spec.AuthAPIKey {
+		t.Fatalf("defaults: keyless strips auth %v, api_key strips auth %v, strips path %v, auth %q",
+			keyless.StripsAuthData(), plain.StripsAuthData(), plain.StripsListenPath(), plain.AuthOrDefault())
+	}
+	no := spec.API{StripListenPath: ptr(false), StripAuthData: ptr(false)}
+	if no.StripsAuthData() || no.StripsListenPath() {
+		t.Fatal("explicit false ignored")
+	}
+}
+
+// resolver is a Resolver over maps, standing in for a gateway's files and
+// environment.
+type resolver struct {
+	files map[string][]byte
+	env   map[string]string
+}
+
+func (r resolver) ReadFile(name string) ([]byte, error) {
+	b, ok := r.files[name]
+	if !ok {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	return b, nil
+}
+
+func (r resolver) LookupEnv(name string) (string, bool) {
+	v, ok := r.env[name]
+	return v, ok
+}
+
+func TestJWTOptionsResolveReferences(t *testing.T) {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&priv.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemData := pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+	secret := strings.Repeat("s", 32)
+	r := resolver{
+		files: map[string][]byte{"ec.pem": pemData, "hs.secret": []byte(secret + "\n"), "empty": []byte("\n")},
+		env:   map[string]string{"HS": secret, "SHORT": "abc", "EMPTY": ""},
+	}
+
+	j := &spec.JWT{Algorithms: []string{"HS256", "ES256"}, Issuer: "iss", PolicyClaim: "pol", Keys: []spec.JWTKey{
+		{ID: "env", SecretEnv: "HS"}, {ID: "file", SecretFile: "hs.secret"}, {ID: "ec", PEMFile: "ec.pem"},
+		{ID: "inline", Secret: secret}, {ID: "pem", PEM: string(pemData)},
+	}}
+	o, jwks, err := j.Options("tokens", r)
+	if err != nil || jwks != nil {
+		t.Fatalf("Options: %v, jwks %v", err, jwks)
+	}
+	if o.IDPrefix != `jwt:iss="iss":` || o.ConsumerClaim != "sub" || len(o.Keys) != 5 {
+		t.Fatalf("options: prefix %q, consumer claim %q, %d keys", o.IDPrefix, o.ConsumerClaim, len(o.Keys))
+	}
+	if string(o.Keys[0].Key.([]byte)) != secret || string(o.Keys[1].Key.([]byte)) != secret || !o.Keys[2].Key.(*ecdsa.PublicKey).Equal(&priv.PublicKey) {
+		t.Fatalf("keys not loaded: %+v", o.Keys)
+	}
+	if _, err := identity.NewJWT(o); err != nil {
+		t.Fatalf("identity.NewJWT refuses the options: %v", err)
+	}
+
+	bad := &spec.JWT{Algorithms: []string{"ES256"}, PolicyClaim: "pol", Keys: []spec.JWTKey{
+		{ID: "1", SecretEnv: "NOPE"}, {ID: "2", SecretEnv: "EMPTY"}, {ID: "3", SecretEnv: "SHORT"},
+		{ID: "4", SecretFile: "empty"}, {ID: "5", PEMFile: "missing.pem"}, {ID: "6", PEMFile: "hs.secret"}, {ID: "7", SecretEnv: "HS"},
+	}}
+	_, _, err = bad.Options("x", r)
+	var errs spec.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Options = %v, want spec.Errors", err)
+	}
+	want := "spec: keys[0].secret_env: environment variable NOPE is not set\n" +
+		"spec: keys[1].secret_env: environment variable EMPTY is empty\n" +
+		"spec: keys[2].secret_env: environment variable SHORT holds 3 bytes; an HMAC secret needs at least 32\n" +
+		"spec: keys[3].secret_file: empty is empty\n" +
+		"spec: keys[4].pem_file: open missing.pem: file does not exist\n" +
+		"spec: keys[5].pem_file: hs.secret: no PEM block found\n" +
+		"spec: keys[6]: an HMAC secret fits none of the algorithms [ES256] (it verifies HS256, HS384 or HS512)"
+	if err.Error() != want {
+		t.Fatalf("errors:\n%s\nwant:\n%s", err, want)
+	}
+
+	jw := &spec.JWT{Algorithms: []string{"RS256"}, JWKS: &spec.JWKS{URL: "https://idp.example/jwks"}}
+	o, jwks, err = jw.Options("idp", r)
+	if err != nil || jwks == nil || jwks.URL != "https://idp.example/jwks" || jwks.RefreshInterval != identity.DefaultJWKSRefresh || o.IDPrefix != `jwt:api="idp":` {
+		t.Fatalf("JWKS options: %+v, %v, %v", jwks, o.IDPrefix, err)
+	}
+}
+
+func TestHelpers(t *testing.T) {
+	if p, err := spec.CleanListenPath("/orders"); err != nil || p != "/orders/" {
+		t.Fatalf("CleanListenPath(/orders) = %q, %v", p, err)
+	}
+	if _, err := spec.CleanListenPath("orders"); err == nil || err.Error() != `spec: "orders" must start with "/"` {
+		t.Fatalf("CleanListenPath(orders): %v", err)
+	}
+	if u, err := spec.ParseTarget("https://up.example/base"); err != nil || u.Host != "up.example" || u.Path != "/base" {
+		t.Fatalf("ParseTarget: %v, %v", u, err)
+	}
+	if u, err := spec.ParseTarget(spec.BuiltinEcho); err != nil || u != nil {
+		t.Fatalf("ParseTarget(builtin:echo): %v, %v", u, err)
+	}
+	if err := spec.CheckJWKSURL("http://127.0.0.1:9/jwks"); err != nil {
+		t.Fatalf("loopback http: %v", err)
+	}
+	if err := spec.CheckJWKSURL("http://idp.example/jwks"); err == nil || err.Error() != `spec: "http://idp.example/jwks" must be https (plain http only to a loopback address)` {
+		t.Fatalf("plain http: %v", err)
+	}
+	algs := spec.JWTAlgorithms()
+	algs[0] = "changed"
+	if spec.JWTAlgorithms()[0] != "HS256" {
+		t.Fatal("JWTAlgorithms returned its own slice")
+	}
+}
+
+// TestImportsNoYAMLGRPCRedisOrAdapters keeps spec importable by anything:
+// no YAML decoder, gRPC, Redis client or adapter among its dependencies.
+func TestImportsNoYAMLGRPCRedisOrAdapters(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/limitplane/limitplane/spec").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 10 {
+		t.Fatalf("go list printed %d packages: %q", len(deps), out)
+	}
+	var bad []string
+	for _, d := range deps {
+		if strings.Contains(d, "yaml") || strings.Contains(d, "grpc") || strings.Contains(d, "redis") || strings.Contains(d, "/adapters") ||
+			strings.HasPrefix(d, "github.com/limitplane/limitplane/") && d != "github.com/limitplane/limitplane/core" && d != "github.com/limitplane/limitplane/identity" && d != "github.com/limitplane/limitplane/spec" {
+			bad = append(bad, d)
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("spec depends on %v", bad)
+	}
+}

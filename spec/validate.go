@@ -1,0 +1,486 @@
+package spec
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Error is one problem in a Snapshot.
+type Error struct {
+	// Path is the offending field, as the YAML file and the JSON form
+	// name it: "policies[1].rate.per", "keys[0].api_limits.orders".
+	Path string
+	// Problem says what is wrong, without the path.
+	Problem string
+}
+
+// Error returns "spec: path: problem".
+func (e *Error) Error() string { return "spec: " + e.Path + ": " + e.Problem }
+
+// Errors is every problem Validate found: the policies', then the APIs',
+// then the policies' references to APIs, then the keys', each part in
+// order. It is never empty when returned as an error.
+type Errors []*Error
+
+// Error returns the problems one per line.
+func (es Errors) Error() string {
+	s := make([]string, len(es))
+	for i, e := range es {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "\n")
+}
+
+// Validate checks the snapshot as a whole: that every policy, key and API
+// can be enforced, that IDs, key hashes and listen paths are unique, and
+// that every reference (a key's policies, a policy's APIs, a keyless API's
+// policies, JWT default policies, failure limits, api_limits) names
+// something that exists and fits. It returns nil or an Errors listing
+// every problem, each with its path. It reads no file and no environment
+// variable: secret references are checked only for their form (see
+// Resolver).
+func (s *Snapshot) Validate() error {
+	v := &validator{}
+	v.snapshot(s)
+	if len(v.errs) == 0 {
+		return nil
+	}
+	return v.errs
+}
+
+type validator struct {
+	errs Errors
+}
+
+func (v *validator) fail(path, format string, args ...any) {
+	v.errs = append(v.errs, &Error{Path: path, Problem: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) snapshot(s *Snapshot) {
+	policies := map[string]*Policy{}
+	first := map[string]string{}
+	for i := range s.Policies {
+		p := &s.Policies[i]
+		at := fmt.Sprintf("policies[%d]", i)
+		switch f, dup := first[p.ID]; {
+		case p.ID == "":
+			v.fail(at+".id", "missing")
+		case dup:
+			v.fail(at+".id", "duplicate policy id %q (first at %s)", p.ID, f)
+		default:
+			first[p.ID] = at + ".id"
+			policies[p.ID] = p
+		}
+		v.rate(at+".rate", p.Rate)
+		v.quota(at+".quota", p.Quota)
+	}
+
+	apis := map[string]*API{}
+	firstAPI := map[string]string{}
+	paths := map[string]string{}
+	for i := range s.APIs {
+		a := &s.APIs[i]
+		at := fmt.Sprintf("apis[%d]", i)
+		switch f, dup := firstAPI[a.ID]; {
+		case a.ID == "":
+			v.fail(at+".id", "missing")
+		case dup:
+			v.fail(at+".id", "duplicate API id %q (first at %s)", a.ID, f)
+		default:
+			firstAPI[a.ID] = at + ".id"
+			apis[a.ID] = a
+		}
+		if lp, err := CleanListenPath(a.ListenPath); err != nil {
+			v.fail(at+".listen_path", "%s", problem(err))
+		} else if f, dup := paths[lp]; dup {
+			v.fail(at+".listen_path", "%q is the same path as %s", a.ListenPath, f)
+		} else {
+			paths[lp] = at + ".listen_path"
+		}
+		v.api(at, a, policies)
+	}
+	for i, p := range s.Policies {
+		for j, id := range p.APIs {
+			if apis[id] == nil {
+				v.fail(fmt.Sprintf("policies[%d].apis[%d]", i, j), "unknown API %q", id)
+			}
+		}
+	}
+
+	firstKey := map[identity.KeyHash]string{}
+	for i := range s.Keys {
+		k := &s.Keys[i]
+		at := fmt.Sprintf("keys[%d]", i)
+		switch h, err := identity.ParseKeyHash(k.KeyHash); {
+		case k.KeyHash == "":
+			v.fail(at+".key_hash", "missing (sha256:<64 hex digits>)")
+		case err != nil:
+			v.fail(at+".key_hash", "%q is not sha256:<64 hex digits>", k.KeyHash)
+		default:
+			if f, dup := firstKey[h]; dup {
+				v.fail(at+".key_hash", "same key as %s", f)
+			} else {
+				firstKey[h] = at
+			}
+		}
+		for j, id := range k.Policies {
+			if policies[id] == nil {
+				v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
+			}
+		}
+		if len(k.Policies) == 0 && len(k.APILimits) == 0 {
+			v.fail(at+".policies", "a key needs at least one policy (or api_limits)")
+		}
+		ids := make([]string, 0, len(k.APILimits))
+		for id := range k.APILimits {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		for _, id := range ids {
+			lat := at + ".api_limits." + id
+			l := k.APILimits[id]
+			switch a := apis[id]; {
+			case a == nil:
+				v.fail(lat, "unknown API %q", id)
+			case a.Auth == AuthKeyless:
+				v.fail(lat, "API %q is keyless; api_limits only apply to api_key APIs", id)
+			}
+			if l.Rate == nil && l.Quota == nil {
+				v.fail(lat, "needs rate or quota")
+			}
+			v.rate(lat+".rate", l.Rate)
+			v.quota(lat+".quota", l.Quota)
+		}
+	}
+}
+
+// rate checks a rate block; nil is absent and valid.
+func (v *validator) rate(at string, r *Rate) {
+	if r == nil {
+		return
+	}
+	n0 := len(v.errs)
+	switch {
+	case r.Requests == core.Unlimited:
+	case r.Requests <= 0:
+		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
+	case r.Per == 0:
+		v.fail(at+".per", "missing (the period, like 1s, 1m or 24h)")
+	case r.Per < 0:
+		v.fail(at+".per", "%s must be > 0", r.Per)
+	}
+	if r.Burst < 0 {
+		v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", r.Burst)
+	}
+	alg, err := core.ParseAlgorithm(r.Algorithm)
+	switch {
+	case err != nil:
+		v.fail(at+".algorithm", "unknown algorithm %q (want gcra, sliding_window, fixed_window or sliding_log)", r.Algorithm)
+	case alg != core.GCRA && r.Burst != 0:
+		v.fail(at+".burst", "%s has no burst (it counts up to requests per per); leave burst out", alg)
+	}
+	if len(v.errs) > n0 || r.Requests == core.Unlimited {
+		return
+	}
+	if err := r.Limit().Validate(); err != nil {
+		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+	}
+}
+
+// quota checks a quota block; nil is absent and valid.
+func (v *validator) quota(at string, q *Quota) {
+	if q == nil {
+		return
+	}
+	switch {
+	case q.Max == core.Unlimited:
+		return
+	case q.Max <= 0:
+		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", q.Max)
+		return
+	case q.Renewal == 0:
+		v.fail(at+".renewal", "missing (the period, like 1h or 720h)")
+		return
+	case q.Renewal < 0:
+		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
+		return
+	}
+	if err := q.Quota().Validate(); err != nil {
+		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+	}
+}
+
+func (v *validator) api(at string, a *API, policies map[string]*Policy) {
+	if _, err := ParseTarget(a.Target); err != nil {
+		v.fail(at+".target", "%s", problem(err))
+	}
+	knownAuth := true
+	switch a.Auth {
+	case "", AuthAPIKey, AuthKeyless, AuthJWT:
+	default:
+		knownAuth = false
+		v.fail(at+".auth", "unknown auth %q (want api_key, keyless or jwt)", a.Auth)
+	}
+	keyless := a.Auth == AuthKeyless
+	if a.StripAuthData != nil && keyless {
+		v.fail(at+".strip_auth_data", "a keyless API reads no credentials, so there are none to strip")
+	}
+	switch {
+	case !knownAuth:
+	case a.Auth == AuthJWT && len(a.Policies) > 0:
+		v.fail(at+".policies", "only keyless APIs take policies; a jwt API takes them from the token's policy claim or jwt.default_policies")
+	case !keyless && len(a.Policies) > 0:
+		v.fail(at+".policies", "only keyless APIs take policies; an api_key API applies each key's own policies")
+	case keyless && len(a.Policies) == 0:
+		v.fail(at+".policies", "a keyless API needs at least one policy (applied per client IP)")
+	}
+	if keyless {
+		for j, id := range a.Policies {
+			v.policyFor(fmt.Sprintf("%s.policies[%d]", at, j), id, a.ID, policies)
+		}
+	}
+	switch {
+	case a.Auth == AuthJWT && a.JWT == nil:
+		v.fail(at+".jwt", "missing (auth: jwt needs algorithms, and keys or jwks)")
+	case a.Auth == AuthJWT:
+		v.jwt(at+".jwt", a.ID, a.JWT, policies)
+	case a.JWT != nil && knownAuth:
+		v.fail(at+".jwt", "only used with auth: jwt")
+	}
+	if fl := a.FailureLimit; fl != nil {
+		fat := at + ".failure_limit"
+		p := policies[fl.Policy]
+		switch {
+		case keyless:
+			v.fail(fat, "a keyless API asks for no credentials, so no attempt can fail")
+		case fl.Policy == "":
+			v.fail(fat+".policy", "missing (the policy failed attempts are charged to, per client IP)")
+		case p == nil:
+			v.fail(fat+".policy", "unknown policy %q", fl.Policy)
+		case len(p.APIs) > 0:
+			v.fail(fat+".policy", "policy %q has an apis list; failures are charged outside any API, so a failure_limit policy must leave apis out", fl.Policy)
+		case p.Idle():
+			v.fail(fat+".policy", "policy %q limits nothing (give it a rate or a quota)", fl.Policy)
+		}
+	}
+	seen := map[string]bool{}
+	for j, t := range a.Tags {
+		tat := fmt.Sprintf("%s.tags[%d]", at, j)
+		switch {
+		case t == "":
+			v.fail(tat, "empty tag")
+		case seen[t]:
+			v.fail(tat, "tag %q is listed twice", t)
+		}
+		seen[t] = true
+	}
+}
+
+// policyFor checks that the policy id, named at path for the API apiID,
+// exists and covers that API.
+func (v *validator) policyFor(path, id, apiID string, policies map[string]*Policy) {
+	p := policies[id]
+	switch {
+	case p == nil:
+		v.fail(path, "unknown policy %q", id)
+	case len(p.APIs) > 0 && apiID != "" && !slices.Contains(p.APIs, apiID):
+		v.fail(path, "policy %q does not cover API %q (its apis list leaves it out)", id, apiID)
+	}
+}
+
+func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
+	if len(j.Algorithms) == 0 {
+		v.fail(at+".algorithms", "missing (pin the accepted algorithms, like [RS256])")
+	}
+	var algs []string
+	for i, alg := range j.Algorithms {
+		f := fmt.Sprintf("%s.algorithms[%d]", at, i)
+		switch {
+		case strings.EqualFold(alg, "none"):
+			v.fail(f, "%q is never accepted: every token must be signed", alg)
+		case !slices.Contains(jwtAlgorithms, alg):
+			v.fail(f, "unknown algorithm %q (want %s)", alg, orList(jwtAlgorithms))
+		case slices.Contains(algs, alg):
+			v.fail(f, "%s is listed twice", alg)
+		case j.JWKS != nil && strings.HasPrefix(alg, "HS"):
+			v.fail(f, "%s needs a shared secret in keys; a JWKS publishes public keys only", alg)
+		default:
+			algs = append(algs, alg)
+		}
+	}
+	switch {
+	case len(j.Keys) > 0 && j.JWKS != nil:
+		v.fail(at, "set keys or jwks, not both")
+	case len(j.Keys) == 0 && j.JWKS == nil:
+		v.fail(at, "needs keys (pem_file, secret_env or secret_file) or jwks (url)")
+	case j.JWKS != nil:
+		if err := CheckJWKSURL(j.JWKS.URL); err != nil {
+			v.fail(at+".jwks.url", "%s", problem(err))
+		}
+		if j.JWKS.RefreshInterval < 0 {
+			v.fail(at+".jwks.refresh_interval", "%s must be > 0", j.JWKS.RefreshInterval)
+		}
+	default:
+		first := map[string]string{}
+		for i, k := range j.Keys {
+			kat := fmt.Sprintf("%s.keys[%d]", at, i)
+			n := 0
+			for _, s := range []string{k.PEMFile, k.SecretEnv, k.SecretFile, k.PEM, k.Secret} {
+				if s != "" {
+					n++
+				}
+			}
+			switch {
+			case n == 0:
+				v.fail(kat, "needs pem_file, secret_env or secret_file")
+			case n > 1:
+				v.fail(kat, "set one of pem_file, secret_env or secret_file")
+			case k.Secret != "" && len(k.Secret) < identity.MinHMACKeySize:
+				v.fail(kat+".secret", "the inline secret holds %d bytes; an HMAC secret needs at least %d", len(k.Secret), identity.MinHMACKeySize)
+			case k.PEM != "":
+				if _, err := identity.ParseJWTKeyPEM(k.ID, []byte(k.PEM)); err != nil {
+					v.fail(kat+".pem", "%s", strings.TrimPrefix(err.Error(), "identity: "))
+				}
+			}
+			switch f, dup := first[k.ID]; {
+			case k.ID == "" && len(j.Keys) > 1:
+				v.fail(kat+".id", "missing (with several keys each needs an id, matched against the token's kid)")
+			case dup && k.ID != "":
+				v.fail(kat+".id", "duplicate key id %q (first at %s)", k.ID, f)
+			default:
+				first[k.ID] = kat + ".id"
+			}
+		}
+	}
+	if j.Leeway < 0 {
+		v.fail(at+".leeway", "%s must be >= 0", j.Leeway)
+	}
+	if j.PolicyClaim == "" && len(j.DefaultPolicies) == 0 {
+		v.fail(at, "needs policy_claim or default_policies (a token without policies would be refused with 403)")
+	}
+	for i, id := range j.DefaultPolicies {
+		v.policyFor(fmt.Sprintf("%s.default_policies[%d]", at, i), id, apiID, policies)
+	}
+}
+
+// problem returns err's text without the "spec: " prefix.
+func problem(err error) string { return strings.TrimPrefix(err.Error(), "spec: ") }
+
+// jwtAlgorithms are the JWS algorithms an API can pin, in the order
+// messages list them. "none" is never among them.
+var jwtAlgorithms = []string{
+	"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+	"ES256", "ES384", "ES512", "EdDSA",
+}
+
+// JWTAlgorithms returns the JWS algorithms a JWT may pin, in a fixed
+// order: HS*, RS*, PS*, ES* and EdDSA. "none" is never among them.
+func JWTAlgorithms() []string { return slices.Clone(jwtAlgorithms) }
+
+// orList writes items as "a, b or c".
+func orList(items []string) string {
+	if len(items) < 2 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
+}
+
+// CleanListenPath returns a listen path ending in "/" ("/orders" gives
+// "/orders/"), or an error (starting "spec: ") when s is empty, does not
+// start with "/", holds a character other than letters, digits and
+// "-._~/", or is not clean ("/a//b/", "/a/../b/").
+func CleanListenPath(s string) (string, error) {
+	switch {
+	case s == "":
+		return "", errors.New(`spec: missing (a path prefix like "/orders/")`)
+	case !strings.HasPrefix(s, "/"):
+		return "", fmt.Errorf("spec: %q must start with \"/\"", s)
+	case strings.IndexFunc(s, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-._~/", c))
+	}) >= 0:
+		return "", fmt.Errorf("spec: %q may only contain letters, digits, \"-\", \".\", \"_\", \"~\" and \"/\"", s)
+	}
+	clean := path.Clean(s)
+	if clean != "/" {
+		clean += "/"
+	}
+	if s != clean && s+"/" != clean {
+		return "", fmt.Errorf("spec: %q is not a clean path (want %q)", s, clean)
+	}
+	return clean, nil
+}
+
+// ParseTarget parses an API's target: BuiltinEcho gives a nil URL, an
+// http or https base URL (host required; no credentials, query or
+// fragment) gives the URL. Anything else is an error starting "spec: ".
+func ParseTarget(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("spec: missing (builtin:echo or an http:// or https:// URL)")
+	}
+	if strings.HasPrefix(s, "builtin:") {
+		if s != BuiltinEcho {
+			return nil, fmt.Errorf("spec: unknown builtin %q (want builtin:echo)", s)
+		}
+		return nil, nil
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Opaque != "":
+		return nil, fmt.Errorf("spec: %q is not builtin:echo or an http:// or https:// URL", s)
+	case u.Host == "" || u.Hostname() == "":
+		return nil, fmt.Errorf("spec: %q has no host", s)
+	case u.User != nil:
+		return nil, fmt.Errorf("spec: %q must not carry credentials", s)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return nil, fmt.Errorf("spec: %q must not have a query or fragment", s)
+	}
+	return u, nil
+}
+
+// CheckJWKSURL reports why s is not a JWK Set URL a gateway fetches: it
+// must be https, or http to localhost or a loopback address. The error
+// starts with "spec: ".
+func CheckJWKSURL(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case s == "":
+		return errors.New("spec: missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
+	case err != nil || u.Host == "" || u.Scheme != "https" && u.Scheme != "http":
+		return fmt.Errorf("spec: %q is not an https:// URL", s)
+	case u.Scheme == "http" && !isLoopback(u.Hostname()):
+		return fmt.Errorf("spec: %q must be https (plain http only to a loopback address)", s)
+	}
+	return nil
+}
+
+// isLoopback reports whether host is localhost or a loopback address.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
+}
+
+// Idle reports whether the policy limits nothing: it has no rate and no
+// quota, or both are unlimited.
+func (p *Policy) Idle() bool {
+	rateOff := p.Rate == nil || p.Rate.Requests == core.Unlimited
+	quotaOff := p.Quota == nil || p.Quota.Max == core.Unlimited
+	return rateOff && quotaOff
+}
+
+// durationOr returns d, or def when d is 0.
+func durationOr(d Duration, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return time.Duration(d)
+}
