@@ -42,7 +42,7 @@ func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 	if o.Store == nil || o.Key == "" {
 		return nil, errors.New("limitplane: NewThrottle: Store and Key are required")
 	}
-	if o.Limit.IsUnlimited() {
+	if !o.Limit.Enforced() {
 		return nil, errors.New("limitplane: NewThrottle: a Limit is required")
 	}
 	if err := o.Limit.Validate(); err != nil {
