@@ -232,15 +232,15 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 }
 
 func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
-	pl, err := e.plan(c, api, cost)
+	pl, err := e.prepare(c, api, cost)
 	if err != nil {
 		return Decision{}, err
 	}
 	return e.apply(ctx, &pl, pl.req)
 }
 
-// plan checks a Decide or Wait call and resolves c's limits for api.
-func (e *Engine) plan(c *Consumer, api string, cost int64) (plan, error) {
+// prepare checks a Decide or Wait call and resolves c's limits for api.
+func (e *Engine) prepare(c *Consumer, api string, cost int64) (plan, error) {
 	if cost < 0 || cost > MaxCost {
 		return plan{}, ErrInvalidCost
 	}
@@ -290,7 +290,7 @@ func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) 
 // wait is Wait with the clock and timer seams of the package function wait.
 func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
 	start := time.Now()
-	pl, err := e.plan(c, api, cost)
+	pl, err := e.prepare(c, api, cost)
 	took := time.Since(start)
 	var d Decision
 	if err == nil {
