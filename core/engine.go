@@ -37,8 +37,13 @@ type Consumer struct {
 	// claim, or "ip:" and the client address.
 	ID string
 	// Policies are the IDs of the policies that apply. When several cover
-	// an API, the most generous rate and the most generous quota win (as
-	// Tyk combines policies).
+	// an API, each limit is chosen separately among the policies that set
+	// it: the most generous rate and the most generous quota win (as Tyk
+	// combines policies), and Unlimited beats every finite limit. A policy
+	// that leaves a limit out (zero) takes no part in choosing it, so one
+	// policy may carry the rate and another the quota (Tyk's partitioned
+	// policies); when none of them sets a rate there is no rate limit, and
+	// likewise for the quota.
 	Policies []string
 	// APILimits, when it has an entry for an API, replaces the policies
 	// for that API and gives the consumer separate counters there.
@@ -88,13 +93,16 @@ type Options struct {
 	// OnStoreError, if set, is called with every store error (for logs and
 	// metrics). It must be safe for concurrent use.
 	OnStoreError func(error)
-	// Observer, if set, is told about every decision Decide makes.
+	// Observer, if set, is told about every Decide and every Wait call:
+	// once per call, with its final decision and error (see Engine.Wait).
 	Observer Observer
 }
 
 // Observer is told about every decision the engine makes, for metrics and
-// logs. took is the time spent deciding, store round trip included.
-// Implementations must be safe for concurrent use and must not block.
+// logs: once per Engine.Decide or Engine.Wait call. took is the time spent
+// deciding, store round trips included; for Wait it is the sum of its store
+// calls and leaves out the time slept. Implementations must be safe for
+// concurrent use and must not block.
 type Observer interface {
 	ObserveDecision(api string, d Decision, err error, took time.Duration)
 }
@@ -111,10 +119,10 @@ type Engine struct {
 // NewEngine returns an Engine over store with the policies of cfg.
 func NewEngine(store Store, cfg Config, opts Options) (*Engine, error) {
 	if store == nil {
-		return nil, errors.New("limitplane: NewEngine: nil store")
+		return nil, errors.New("core: NewEngine: nil store")
 	}
 	if opts.FailurePolicy == FailFallback && opts.Fallback == nil {
-		return nil, errors.New("limitplane: NewEngine: FailFallback needs Options.Fallback")
+		return nil, errors.New("core: NewEngine: FailFallback needs Options.Fallback")
 	}
 	e := &Engine{store: store, opts: opts}
 	if err := e.SetConfig(cfg); err != nil {
@@ -136,7 +144,7 @@ func (e *Engine) SetConfig(cfg Config) error {
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
-		if !p.Rate.IsUnlimited() {
+		if p.Rate.Enforced() {
 			for _, st := range []Store{e.store, e.opts.Fallback} {
 				if as, ok := st.(AlgorithmSupporter); ok && !as.SupportsAlgorithm(p.Rate.Algorithm) {
 					return fmt.Errorf("policy %q: %w: %v", p.ID, ErrUnsupportedAlgorithm, p.Rate.Algorithm)
@@ -162,7 +170,9 @@ func (e *Engine) Policy(id string) (Policy, bool) {
 // Store returns the engine's store.
 func (e *Engine) Store() Store { return e.store }
 
-// plan is what one request is checked against.
+// plan is what one request is checked against. ratePolicy and quotaPolicy
+// name the policies the limits came from ("" when no policy sets the limit,
+// or for a consumer's APILimits).
 type plan struct {
 	req         Request
 	ratePolicy  string
@@ -188,13 +198,16 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 		if !p.appliesTo(api) {
 			continue
 		}
-		if !found || moreGenerousRate(p.Rate, pl.req.Rate) {
+		found = true
+		// A limit the policy leaves out takes no part; policy IDs are
+		// never empty, so "" means no policy has set the limit yet. On a
+		// tie the first policy keeps it.
+		if !p.Rate.IsZero() && (pl.ratePolicy == "" || ratePerNs(p.Rate) > ratePerNs(pl.req.Rate)) {
 			pl.req.Rate, pl.ratePolicy, pl.rateShadow = p.Rate, p.ID, p.Shadow
 		}
-		if !found || moreGenerousQuota(p.Quota, pl.req.Quota) {
+		if !p.Quota.IsZero() && (pl.quotaPolicy == "" || quotaPerNs(p.Quota) > quotaPerNs(pl.req.Quota)) {
 			pl.req.Quota, pl.quotaPolicy, pl.quotaShadow = p.Quota, p.ID, p.Shadow
 		}
-		found = true
 	}
 	if !found {
 		return pl, ErrNoPolicy
@@ -202,30 +215,12 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 	return pl, nil
 }
 
-func moreGenerousRate(a, b Limit) bool {
-	if b.IsUnlimited() {
-		return false
-	}
-	if a.IsUnlimited() {
-		return true
-	}
-	return ratePerNs(a) > ratePerNs(b)
-}
-
-func moreGenerousQuota(a, b Quota) bool {
-	if b.IsUnlimited() {
-		return false
-	}
-	if a.IsUnlimited() {
-		return true
-	}
-	return quotaPerNs(a) > quotaPerNs(b)
-}
-
 // Decide spends cost units of c's limits for api and returns the decision.
-// cost 0 peeks. Errors: ErrNoPolicy and ErrUnknownPolicy (the consumer may
-// not use api: answer 403), ErrInvalidCost, and under FailClosed an error
-// wrapping ErrStoreUnavailable.
+// cost 0 peeks. Errors: ErrNoConsumer for a nil c, ErrNoPolicy and
+// ErrUnknownPolicy (the consumer may not use api: answer 403),
+// ErrInvalidCost for a cost outside [0, MaxCost], and under FailClosed an
+// error wrapping ErrStoreUnavailable. A denial by a shadow policy (or any
+// denial under Options.Shadow) is returned allowed, with Shadowed set.
 func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
 	if e.opts.Observer == nil {
 		return e.decide(ctx, c, api, cost)
@@ -237,17 +232,29 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 }
 
 func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
-	if cost < 0 || cost > MaxCost {
-		return Decision{}, ErrInvalidCost
-	}
-	if c == nil {
-		return Decision{}, ErrNoConsumer
-	}
-	pl, err := e.resolve(c, api, cost)
+	pl, err := e.prepare(c, api, cost)
 	if err != nil {
 		return Decision{}, err
 	}
-	d, err := e.take(ctx, pl.req)
+	return e.apply(ctx, &pl, pl.req)
+}
+
+// prepare checks a Decide or Wait call and resolves c's limits for api.
+func (e *Engine) prepare(c *Consumer, api string, cost int64) (plan, error) {
+	if cost < 0 || cost > MaxCost {
+		return plan{}, ErrInvalidCost
+	}
+	if c == nil {
+		return plan{}, ErrNoConsumer
+	}
+	return e.resolve(c, api, cost)
+}
+
+// apply takes req (pl.req, with a MaxDelay when Wait reserves) and turns the
+// store's decision into the engine's: the policies the limits came from are
+// named, and a shadowed denial is allowed.
+func (e *Engine) apply(ctx context.Context, pl *plan, req Request) (Decision, error) {
+	d, err := e.take(ctx, req)
 	if err != nil {
 		return d, err
 	}
@@ -267,17 +274,38 @@ func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64
 	return d, nil
 }
 
-// Wait is Decide that, while denied, sleeps and retries; see the package
-// function Wait for its errors.
+// Wait is Decide that, while denied, sleeps and retries, as the package
+// function Wait does; it returns Decide's errors and Wait's. Everything
+// Decide does applies: the cost is checked (ErrInvalidCost), the decision
+// names its policies (Policy, Rate.Policy, Quota.Policy), and a denial by a
+// shadow policy (or under Options.Shadow) is returned at once, allowed and
+// Shadowed, without waiting; a shadowed rate limit is never reserved, so
+// Wait does not sleep for it either. Options.Observer is told once per
+// Wait call, with the final decision and error, not about each retry; its
+// took is the time spent in store calls, without the time slept.
 func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
-	if c == nil {
-		return Decision{}, ErrNoConsumer
+	return e.wait(ctx, c, api, cost, time.Now, newStdTimer)
+}
+
+// wait is Wait with the clock and timer seams of the package function wait.
+func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
+	start := time.Now()
+	pl, err := e.prepare(c, api, cost)
+	took := time.Since(start)
+	var d Decision
+	if err == nil {
+		take := func(ctx context.Context, req Request) (Decision, error) {
+			start := time.Now()
+			d, err := e.apply(ctx, &pl, req)
+			took += time.Since(start)
+			return d, err
+		}
+		d, err = wait(ctx, take, pl.req, !pl.rateShadow && !e.opts.Shadow, now, newTimer)
 	}
-	pl, err := e.resolve(c, api, cost)
-	if err != nil {
-		return Decision{}, err
+	if e.opts.Observer != nil {
+		e.opts.Observer.ObserveDecision(api, d, err, took)
 	}
-	return wait(ctx, storeFunc(e.take), pl.req, time.Now, newStdTimer)
+	return d, err
 }
 
 // ResetQuota deletes the quota counter c has for api (its key-wide counter,
@@ -295,7 +323,7 @@ func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error 
 
 // take applies req to the store under the failure policy.
 func (e *Engine) take(ctx context.Context, req Request) (Decision, error) {
-	if req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
+	if !req.Rate.Enforced() && !req.Quota.Enforced() {
 		return Decision{Allowed: true}, nil
 	}
 	sctx := ctx
@@ -319,12 +347,6 @@ func (e *Engine) take(ctx context.Context, req Request) (Decision, error) {
 	}
 	return Decision{Allowed: true}, nil
 }
-
-// storeFunc adapts a take function to Store for Wait.
-type storeFunc func(context.Context, Request) (Decision, error)
-
-func (f storeFunc) Take(ctx context.Context, r Request) (Decision, error) { return f(ctx, r) }
-func (f storeFunc) ResetQuota(context.Context, string, string) error      { return nil }
 
 // Decider decides requests; *Engine implements it. Adapters depend on this
 // one method, so a caller can put its own logic (or a test double) in front

@@ -3,6 +3,8 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -233,5 +235,155 @@ func TestEngineNilConsumer(t *testing.T) {
 	}
 	if err := e.ResetQuota(ctx, nil, ""); !errors.Is(err, core.ErrNoConsumer) {
 		t.Fatalf("ResetQuota(nil): %v", err)
+	}
+}
+
+// TestEnginePartitionedPolicies: one policy carries the rate, another the
+// quota (Tyk's partitioned policies). The limit each leaves out takes no
+// part, so both apply, in either order, and each is named after its policy.
+func TestEnginePartitionedPolicies(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	cfg := core.Config{Policies: []core.Policy{
+		{ID: "rate", Rate: core.PerMinute(5)},
+		{ID: "quota", Quota: core.Quota{Max: 100_000, Renewal: year}},
+	}}
+	for _, order := range [][]string{{"rate", "quota"}, {"quota", "rate"}} {
+		t.Run(strings.Join(order, "+"), func(t *testing.T) {
+			e, clock := newEngine(t, cfg, core.Options{})
+			c := &core.Consumer{ID: "c", Policies: order}
+			ctx := context.Background()
+			check := func(what string, d core.Decision, allowed bool, rateLeft, quotaLeft int64) {
+				t.Helper()
+				if d.Allowed != allowed || d.DecidedBy != core.KindRate || d.Policy != "rate" ||
+					d.Rate.Policy != "rate" || d.Rate.Limit != 5 || d.Rate.Remaining != rateLeft ||
+					d.Quota.Policy != "quota" || d.Quota.Limit != 100_000 || d.Quota.Remaining != quotaLeft {
+					t.Fatalf("%s: %+v; want allowed %v by the rate of \"rate\" (remaining %d), quota of \"quota\" remaining %d",
+						what, d, allowed, rateLeft, quotaLeft)
+				}
+			}
+			for i := int64(1); i <= 5; i++ {
+				d, err := e.Decide(ctx, c, "api", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				check(fmt.Sprintf("request %d", i), d, true, 5-i, 100_000-i)
+			}
+			d, err := e.Decide(ctx, c, "api", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check("request 6", d, false, 0, 99_995)
+			if d.RetryAfter != 12*time.Second {
+				t.Fatalf("request 6: RetryAfter %v, want 12s (one emission interval)", d.RetryAfter)
+			}
+			clock.Advance(12 * time.Second)
+			d, err = e.Decide(ctx, c, "api", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check("12s later", d, true, 0, 99_994)
+		})
+	}
+}
+
+// TestEnginePartitionedQuotaDenies: with the rate and the quota from two
+// policies, the exhausted quota denies and the decision names the quota's
+// policy; the rate limit's units are not spent by the denial.
+func TestEnginePartitionedQuotaDenies(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{
+		{ID: "rate", Rate: core.PerMinute(5)},
+		{ID: "quota", Quota: core.Quota{Max: 3, Renewal: time.Hour}},
+	}}, core.Options{})
+	c := &core.Consumer{ID: "c", Policies: []string{"rate", "quota"}}
+	ctx := context.Background()
+	for i := int64(1); i <= 3; i++ {
+		d, err := e.Decide(ctx, c, "api", 1)
+		if err != nil || !d.Allowed || d.Policy != "rate" || d.Rate.Remaining != 5-i || d.Quota.Remaining != 3-i || d.Quota.Policy != "quota" {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+	}
+	d, err := e.Decide(ctx, c, "api", 1)
+	if err != nil || d.Allowed || d.DecidedBy != core.KindQuota || d.Policy != "quota" || d.Quota.Policy != "quota" ||
+		d.Rate.Policy != "rate" || d.Rate.Remaining != 2 || d.Quota.Remaining != 0 || d.RetryAfter != time.Hour {
+		t.Fatalf("request 4: %+v, %v; want denied by the quota of \"quota\", retry after 1h, rate remaining 2", d, err)
+	}
+}
+
+// TestEngineExplicitUnlimitedBeatsFinite: -1 is the most generous limit,
+// wherever it is listed; the other limit still comes from the policy that
+// sets it.
+func TestEngineExplicitUnlimitedBeatsFinite(t *testing.T) {
+	cfg := core.Config{Policies: []core.Policy{
+		{ID: "finite", Rate: core.PerMinute(5), Quota: core.Quota{Max: 3, Renewal: time.Hour}},
+		{ID: "free-rate", Rate: core.Limit{Rate: core.Unlimited}},
+		{ID: "free-quota", Quota: core.Quota{Max: core.Unlimited}},
+	}}
+	ctx := context.Background()
+	for _, order := range [][]string{{"finite", "free-rate"}, {"free-rate", "finite"}} {
+		t.Run(strings.Join(order, "+"), func(t *testing.T) {
+			e, _ := newEngine(t, cfg, core.Options{})
+			c := &core.Consumer{ID: "c", Policies: order}
+			admitted := 0
+			var last core.Decision
+			for range 10 {
+				d, err := e.Decide(ctx, c, "api", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					admitted++
+				}
+				last = d
+			}
+			// The unlimited rate lets all through to the quota of 3.
+			if admitted != 3 {
+				t.Fatalf("admitted %d of 10, want 3 (unlimited rate, quota 3 from \"finite\")", admitted)
+			}
+			if last.DecidedBy != core.KindQuota || last.Policy != "finite" || last.Quota.Policy != "finite" ||
+				last.Rate != (core.Status{Policy: "free-rate"}) {
+				t.Fatalf("denial: %+v; want the quota of \"finite\", and an unlimited rate from \"free-rate\"", last)
+			}
+		})
+	}
+	t.Run("finite+free-rate+free-quota", func(t *testing.T) {
+		e, _ := newEngine(t, cfg, core.Options{})
+		c := &core.Consumer{ID: "c", Policies: []string{"finite", "free-rate", "free-quota"}}
+		for i := range 10 {
+			d, err := e.Decide(ctx, c, "api", 1)
+			if err != nil || !d.Allowed || d.DecidedBy != core.KindNone || d.Policy != "" ||
+				d.Rate != (core.Status{Policy: "free-rate"}) || d.Quota != (core.Status{Policy: "free-quota"}) {
+				t.Fatalf("request %d: %+v, %v; want allowed, both limits unlimited", i, d, err)
+			}
+		}
+		if n := e.Store().(*memory.Store).Len(); n != 0 {
+			t.Fatalf("unlimited requests created %d store entries", n)
+		}
+	})
+}
+
+// TestEngineNoPolicySetsALimit: a policy that sets neither limit grants
+// access but limits nothing, and does not lift a limit another policy sets.
+func TestEngineNoPolicySetsALimit(t *testing.T) {
+	e, _ := newEngine(t, core.Config{Policies: []core.Policy{
+		{ID: "access"},
+		{ID: "rate", Rate: core.PerMinute(2)},
+	}}, core.Options{})
+	ctx := context.Background()
+	open := &core.Consumer{ID: "open", Policies: []string{"access"}}
+	for i := range 10 {
+		d, err := e.Decide(ctx, open, "api", 1)
+		if err != nil || d != (core.Decision{Allowed: true}) {
+			t.Fatalf("access only, request %d: %+v, %v; want allowed with no limit", i, d, err)
+		}
+	}
+	c := &core.Consumer{ID: "c", Policies: []string{"access", "rate"}}
+	for i, want := range []bool{true, true, false} {
+		d, err := e.Decide(ctx, c, "api", 1)
+		if err != nil || d.Allowed != want || d.Policy != "rate" || d.Rate.Policy != "rate" || d.Quota != (core.Status{}) {
+			t.Fatalf("access+rate, request %d: %+v, %v; want allowed %v by \"rate\", no quota", i, d, err, want)
+		}
+	}
+	if n := e.Store().(*memory.Store).Len(); n != 1 {
+		t.Fatalf("store holds %d entries, want 1 (consumer c's rate)", n)
 	}
 }

@@ -16,6 +16,9 @@ import (
 
 // Unlimited, as a Limit's Rate or a Quota's Max, means "no limit": every
 // request is allowed and no counter is kept. The value -1 follows Tyk.
+// Unlimited is not the same as a limit left out (the zero Limit or Quota):
+// when several policies are merged, a left-out limit takes no part, while
+// Unlimited takes part and beats every finite limit.
 const Unlimited = -1
 
 // maxTolerance bounds the burst tolerance τ = Burst × T (and therefore every
@@ -93,7 +96,9 @@ var (
 )
 
 // Limit is a rate limit: Rate events per Period, with bursts of up to Burst
-// events. The zero Limit means "no rate limit configured" (see IsZero).
+// events. The zero Limit means "no rate limit configured" (see IsZero): the
+// limit is absent, which is not the same as Rate == Unlimited (see
+// Unlimited).
 //
 // Under GCRA the emission interval is T = Period / Rate (rounded down to a
 // whole nanosecond) and the burst tolerance is τ = Burst × T.
@@ -116,12 +121,18 @@ func PerSecond(r int64) Limit { return Limit{Rate: r, Period: time.Second} }
 // PerMinute returns a GCRA Limit of r events per minute with burst r.
 func PerMinute(r int64) Limit { return Limit{Rate: r, Period: time.Minute} }
 
-// IsZero reports whether l is the zero Limit, meaning "not configured".
+// IsZero reports whether l is the zero Limit, meaning "not configured": the
+// limit is absent. It is not unlimited (see IsUnlimited).
 func (l Limit) IsZero() bool { return l == Limit{} }
 
-// IsUnlimited reports whether l admits everything: it is zero or its Rate is
-// Unlimited.
-func (l Limit) IsUnlimited() bool { return l.Rate == Unlimited || l.IsZero() }
+// IsUnlimited reports whether l is explicitly unlimited: its Rate is
+// Unlimited (-1). The zero Limit is absent, not unlimited, and reports
+// false; use Enforced to ask whether a store has anything to count.
+func (l Limit) IsUnlimited() bool { return l.Rate == Unlimited }
+
+// Enforced reports whether l limits anything: it is neither absent (zero)
+// nor Unlimited. Stores count only enforced limits.
+func (l Limit) Enforced() bool { return l.Rate != Unlimited && !l.IsZero() }
 
 // EffectiveBurst returns Burst, or Rate when Burst is zero.
 func (l Limit) EffectiveBurst() int64 {
@@ -172,7 +183,8 @@ func (l Limit) Validate() error {
 // Quota is a budget of Max requests per Renewal period. The period starts at
 // the consumer's first request, not on a calendar boundary (Tyk's
 // semantics), and a unit is only spent when the rate limit also allows the
-// request. The zero Quota means "no quota configured".
+// request. The zero Quota means "no quota configured" (absent), which is not
+// the same as Max == Unlimited (see Unlimited).
 type Quota struct {
 	// Max is the number of requests per period; Unlimited (-1) disables
 	// the quota.
@@ -181,12 +193,18 @@ type Quota struct {
 	Renewal time.Duration
 }
 
-// IsZero reports whether q is the zero Quota, meaning "not configured".
+// IsZero reports whether q is the zero Quota, meaning "not configured": the
+// quota is absent. It is not unlimited (see IsUnlimited).
 func (q Quota) IsZero() bool { return q == Quota{} }
 
-// IsUnlimited reports whether q admits everything: it is zero or its Max is
-// Unlimited.
-func (q Quota) IsUnlimited() bool { return q.Max == Unlimited || q.IsZero() }
+// IsUnlimited reports whether q is explicitly unlimited: its Max is
+// Unlimited (-1). The zero Quota is absent, not unlimited, and reports
+// false; use Enforced to ask whether a store has anything to count.
+func (q Quota) IsUnlimited() bool { return q.Max == Unlimited }
+
+// Enforced reports whether q limits anything: it is neither absent (zero)
+// nor Unlimited. Stores count only enforced quotas.
+func (q Quota) Enforced() bool { return q.Max != Unlimited && !q.IsZero() }
 
 // Validate reports why q cannot be enforced, wrapping ErrInvalidLimit, or
 // nil. The zero Quota and Max == Unlimited are valid; otherwise Max and
@@ -208,14 +226,17 @@ func (q Quota) Validate() error {
 }
 
 // Policy is a named pair of rate limit and quota that keys refer to, as in
-// Tyk. A zero Rate or Quota means that part is not limited by this policy.
+// Tyk. A zero Rate or Quota means the policy leaves that limit out: when a
+// consumer has several policies, it takes no part in choosing that limit
+// (Tyk's partitioned policies: one policy may carry the rate, another the
+// quota). Unlimited (-1) means unlimited and beats any finite limit.
 type Policy struct {
 	// ID names the policy; it appears in Decision.Policy and in the
 	// RateLimit-Policy response field.
 	ID string
-	// Rate is the policy's rate limit.
+	// Rate is the policy's rate limit; zero leaves it out.
 	Rate Limit
-	// Quota is the policy's quota.
+	// Quota is the policy's quota; zero leaves it out.
 	Quota Quota
 	// APIs restricts the policy to these API IDs; empty means every API.
 	APIs []string
@@ -251,7 +272,8 @@ func (p *Policy) appliesTo(api string) bool {
 	return false
 }
 
-// ratePerNs compares limits by sustained rate: larger means more generous.
+// ratePerNs compares set (non-zero, valid) limits by sustained rate: larger
+// means more generous, and Unlimited is +Inf.
 func ratePerNs(l Limit) float64 {
 	if l.Rate == Unlimited {
 		return math.Inf(1)
@@ -259,7 +281,8 @@ func ratePerNs(l Limit) float64 {
 	return float64(l.Rate) / float64(l.Period)
 }
 
-// quotaPerNs compares quotas by allowance per unit of time.
+// quotaPerNs compares set (non-zero, valid) quotas by allowance per unit of
+// time; Unlimited is +Inf.
 func quotaPerNs(q Quota) float64 {
 	if q.Max == Unlimited {
 		return math.Inf(1)

@@ -9,7 +9,8 @@ import (
 type Kind uint8
 
 const (
-	// KindNone: nothing limited the request (no limit, or all unlimited).
+	// KindNone: nothing limited the request (no limit set, or every set
+	// limit is Unlimited).
 	KindNone Kind = iota
 	// KindRate: the rate limit decided.
 	KindRate
@@ -31,7 +32,8 @@ func (k Kind) String() string {
 // Status is the state of one limit (rate or quota) after a decision.
 type Status struct {
 	// Limit is the most requests the limit allows at once: the burst for a
-	// rate limit, Max for a quota. Zero when the limit is not configured.
+	// rate limit, Max for a quota. Zero when the limit is not configured
+	// or is Unlimited.
 	Limit int64
 	// Remaining is how many unit-cost requests would pass right now.
 	Remaining int64
@@ -43,7 +45,9 @@ type Status struct {
 	// algorithms, Renewal for a quota.
 	Window time.Duration
 	// Policy is the ID of the policy the limit came from; set by the
-	// Engine ("" from a bare Store, or for a consumer's own APILimits).
+	// Engine. It is "" when no policy sets the limit, from a bare Store,
+	// and for a consumer's own APILimits. A Status with Limit 0 and a
+	// Policy means that policy made the limit Unlimited.
 	Policy string
 }
 
@@ -71,7 +75,7 @@ type Decision struct {
 	// when the cost exceeds the burst and can never pass.
 	RetryAfter time.Duration
 	// Rate and Quota hold both limits' states; a zero Status means the
-	// limit is not configured.
+	// limit is not configured (see Status.Policy for an Unlimited one).
 	Rate  Status
 	Quota Status
 	// Shadowed is true when a shadow policy would have denied the request
@@ -93,9 +97,11 @@ type Request struct {
 	// Scope separates counters of one consumer, e.g. per API ("" for
 	// key-wide counters).
 	Scope string
-	// Rate is the rate limit; the zero Limit or Unlimited skips it.
+	// Rate is the rate limit; the zero Limit (absent) or Unlimited skips
+	// it (see Limit.Enforced).
 	Rate Limit
-	// Quota is the quota; the zero Quota or Unlimited skips it.
+	// Quota is the quota; the zero Quota (absent) or Unlimited skips it
+	// (see Quota.Enforced).
 	Quota Quota
 	// Cost is the number of units, in [0, MaxCost]; 0 peeks without
 	// changing state.

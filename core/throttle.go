@@ -40,13 +40,13 @@ type Throttle struct {
 // missing or Limit is not a valid, limited Limit.
 func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 	if o.Store == nil || o.Key == "" {
-		return nil, errors.New("limitplane: NewThrottle: Store and Key are required")
+		return nil, errors.New("core: NewThrottle: Store and Key are required")
 	}
-	if o.Limit.IsUnlimited() {
-		return nil, errors.New("limitplane: NewThrottle: a Limit is required")
+	if !o.Limit.Enforced() {
+		return nil, errors.New("core: NewThrottle: a Limit is required")
 	}
 	if err := o.Limit.Validate(); err != nil {
-		return nil, fmt.Errorf("limitplane: NewThrottle: %w", err)
+		return nil, fmt.Errorf("core: NewThrottle: %w", err)
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = time.Minute
@@ -66,7 +66,7 @@ func (t *Throttle) Key() string { return t.o.Key }
 func (t *Throttle) Wait(ctx context.Context, cost int64) error {
 	if d := time.Duration(t.notBefore.Load() - time.Now().UnixNano()); d > 0 {
 		if dl, ok := ctx.Deadline(); ok && time.Now().Add(d).After(dl) {
-			return fmt.Errorf("limitplane: %s asked to wait %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+			return fmt.Errorf("core: %s asked to wait %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
 		}
 		tm := time.NewTimer(d)
 		select {

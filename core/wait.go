@@ -32,7 +32,7 @@ var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
 // exactly the limit's pace; the limit itself is never exceeded. This is how
 // worker processes share one rate.
 func Wait(ctx context.Context, s Store, req Request) (Decision, error) {
-	return wait(ctx, s, req, time.Now, newStdTimer)
+	return wait(ctx, s.Take, req, true, time.Now, newStdTimer)
 }
 
 // timer is the test seam for Wait, as in golang.org/x/time/rate.
@@ -48,18 +48,24 @@ func (s stdTimer) Stop() bool          { return s.t.Stop() }
 
 func newStdTimer(d time.Duration) timer { return stdTimer{time.NewTimer(d)} }
 
-func wait(ctx context.Context, s Store, req Request, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
+// wait is Wait over take, with the clock (now, for the deadline) and the
+// timer as parameters. When reserve is false it asks for no reservation
+// (MaxDelay 0) and sleeps only on denials: Engine.Wait does so for a
+// shadowed rate limit, whose denials are allowed at once.
+func wait(ctx context.Context, take func(context.Context, Request) (Decision, error), req Request, reserve bool, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return Decision{}, err
 		}
 		// Reserve the earliest slot the deadline allows: one store call,
 		// and waiters are served at exactly the limit's pace.
-		req.MaxDelay = MaxReservation
-		if dl, ok := ctx.Deadline(); ok {
-			req.MaxDelay = max(dl.Sub(now()), 0)
+		if reserve {
+			req.MaxDelay = MaxReservation
+			if dl, ok := ctx.Deadline(); ok {
+				req.MaxDelay = max(dl.Sub(now()), 0)
+			}
 		}
-		d, err := s.Take(ctx, req)
+		d, err := take(ctx, req)
 		if err != nil {
 			return d, err
 		}
@@ -79,14 +85,14 @@ func wait(ctx context.Context, s Store, req Request, now func() time.Time, newTi
 			}
 		}
 		if d.RetryAfter < 0 {
-			return d, fmt.Errorf("limitplane: Wait(cost=%d): %w", req.Cost, ErrCostExceedsBurst)
+			return d, fmt.Errorf("core: Wait(cost=%d): %w", req.Cost, ErrCostExceedsBurst)
 		}
 		delay := d.RetryAfter
 		if delay <= 0 {
 			delay = time.Microsecond // a racing peer took the slot; try again promptly
 		}
 		if dl, ok := ctx.Deadline(); ok && now().Add(delay).After(dl) {
-			return d, fmt.Errorf("limitplane: Wait(cost=%d) needs %v: %w (%w)", req.Cost, delay, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+			return d, fmt.Errorf("core: Wait(cost=%d) needs %v: %w (%w)", req.Cost, delay, ErrWaitExceedsDeadline, context.DeadlineExceeded)
 		}
 		t := newTimer(delay)
 		select {

@@ -46,7 +46,7 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 	}
 	req := Request{Consumer: "w", Rate: Limit{Rate: 4, Period: time.Second, Burst: 1}, Cost: 1}
 	for i := 0; i < 3; i++ {
-		if _, err := wait(context.Background(), s, req, time.Now, newTimer); err != nil {
+		if _, err := wait(context.Background(), s.Take, req, true, time.Now, newTimer); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,22 +60,22 @@ func TestWaitErrors(t *testing.T) {
 	s := &stepStore{clock: clock}
 	noTimer := func(time.Duration) timer { t.Fatal("Wait slept"); return nil }
 	req := Request{Consumer: "w", Rate: Limit{Rate: 1, Period: time.Minute, Burst: 2}, Cost: 3}
-	if _, err := wait(context.Background(), s, req, time.Now, noTimer); !errors.Is(err, ErrCostExceedsBurst) {
+	if _, err := wait(context.Background(), s.Take, req, true, time.Now, noTimer); !errors.Is(err, ErrCostExceedsBurst) {
 		t.Fatalf("cost > burst: %v", err)
 	}
 	req.Cost = 2
-	if _, err := wait(context.Background(), s, req, time.Now, noTimer); err != nil {
+	if _, err := wait(context.Background(), s.Take, req, true, time.Now, noTimer); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := wait(ctx, s, req, time.Now, noTimer) // needs 2 minutes
+	_, err := wait(ctx, s.Take, req, true, time.Now, noTimer) // needs 2 minutes
 	if !errors.Is(err, ErrWaitExceedsDeadline) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("deadline: %v", err)
 	}
 	cctx, ccancel := context.WithCancel(context.Background())
 	ccancel()
-	if _, err := wait(cctx, s, req, time.Now, noTimer); !errors.Is(err, context.Canceled) {
+	if _, err := wait(cctx, s.Take, req, true, time.Now, noTimer); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: %v", err)
 	}
 }

@@ -19,7 +19,7 @@ type Bucket struct {
 // NewBucket returns a Bucket enforcing l (which must be a limited GCRA
 // Limit) with clock (core.NewSystemClock() when nil).
 func NewBucket(l core.Limit, clock core.Clock) (*Bucket, error) {
-	if l.IsUnlimited() || l.Algorithm != core.GCRA {
+	if !l.Enforced() || l.Algorithm != core.GCRA {
 		return nil, core.ErrUnsupportedAlgorithm
 	}
 	p, err := l.CheckedGCRA()

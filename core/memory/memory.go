@@ -392,7 +392,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// decided in registers with a small frame; everything else, errors
 	// included, in take. The general path copies result structs and costs
 	// about twice as much.
-	if req.Cost >= 0 && req.Cost <= core.MaxCost && req.Rate.Algorithm == core.GCRA && !req.Rate.IsUnlimited() && req.Quota.IsUnlimited() {
+	if req.Cost >= 0 && req.Cost <= core.MaxCost && req.Rate.Algorithm == core.GCRA && req.Rate.Enforced() && !req.Quota.Enforced() {
 		p, perr := req.Rate.CheckedGCRA()
 		sh, f := s.locate(req.Consumer, req.Scope)
 		var now int64 // s.clock.now(), inlined by hand
@@ -449,7 +449,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 		return core.Decision{}, core.ErrInvalidCost
 	}
 	var p core.GCRAParams
-	limited := !req.Rate.IsUnlimited()
+	limited := req.Rate.Enforced()
 	if limited {
 		var err error
 		if p, err = req.Rate.CheckedGCRA(); err != nil {
@@ -459,7 +459,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 			return core.Decision{}, core.ErrUnsupportedAlgorithm
 		}
 	}
-	quota := !req.Quota.IsUnlimited()
+	quota := req.Quota.Enforced()
 	if quota {
 		if err := req.Quota.Validate(); err != nil {
 			return core.Decision{}, err
@@ -490,7 +490,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req core.Request, now int64) (core.Decision, error) {
 	var d core.Decision
 	n := req.Cost
-	quota := !req.Quota.IsUnlimited()
+	quota := req.Quota.Enforced()
 
 	// 1. Quota peek: an exhausted quota denies without touching the rate.
 	var q *period

@@ -12,7 +12,7 @@ import (
 // conforms exactly d from now. It never moves the TAT backwards. d above
 // core.MaxReservation (2^61 ns, about 73 years) is treated as that.
 func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
-	if d <= 0 || l.IsUnlimited() {
+	if d <= 0 || !l.Enforced() {
 		return nil
 	}
 	d = min(d, core.MaxReservation) // keeps now + d + τ far from overflow

@@ -296,8 +296,8 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if n < 0 || n >= maxExact {
 		return core.Decision{}, core.ErrInvalidCost
 	}
-	limited := !req.Rate.IsUnlimited()
-	quota := !req.Quota.IsUnlimited()
+	limited := req.Rate.Enforced()
+	quota := req.Quota.Enforced()
 	var p core.GCRAParams
 	if limited {
 		var err error

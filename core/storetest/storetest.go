@@ -138,9 +138,9 @@ func invariants(t *testing.T, r core.Request, d core.Decision) {
 		bad("a store set a policy name")
 	case d.Shadowed:
 		bad("a store set Shadowed")
-	case r.Quota.IsUnlimited() && d.Quota != core.Status{}:
+	case !r.Quota.Enforced() && d.Quota != core.Status{}:
 		bad("quota status without a quota")
-	case r.Rate.IsUnlimited() && d.Rate != core.Status{}:
+	case !r.Rate.Enforced() && d.Rate != core.Status{}:
 		bad("rate status without a rate limit")
 	case d.Delay != 0 && (r.MaxDelay <= 0 || !d.Allowed):
 		bad("a delay without a reservation")

@@ -325,6 +325,44 @@ apis:
 	}
 }
 
+// TestPartitionedPolicies: a key whose rate comes from one policy and whose
+// quota comes from another gets both: exactly 5 requests pass, then 429 by
+// the rate policy, and the header fields name each limit's policy.
+func TestPartitionedPolicies(t *testing.T) {
+	gw := start(t, frozen(), "-config", writeConfig(t, `
+response: {x_ratelimit: true, x_ratelimit_reset: seconds}
+policies:
+  - {id: rate, rate: {requests: 5, per: 1m}}
+  - {id: yearly, quota: {max: 100000, renewal: 8760h}}
+keys:
+  - {key: k, policies: [yearly, rate]}
+apis:
+  - {id: a, listen_path: /a/, target: "builtin:echo"}
+`))
+	policy := `"rate";q=5;w=60, "yearly/quota";q=100000;w=31536000`
+	for i := 1; i <= 5; i++ {
+		r := get(t, nil, gw.base+"/a/", "X-API-Key", "k")
+		if r.status != 200 {
+			t.Fatalf("request %d: status %d %s", i, r.status, r.body)
+		}
+		checkHeaders(t, fmt.Sprintf("request %d", i), r.header, map[string]string{
+			"RateLimit-Policy":      policy,
+			"RateLimit":             fmt.Sprintf(`"rate";r=%d;t=%d, "yearly/quota";r=%d;t=31536000`, 5-i, 12*i, 100000-i),
+			"X-RateLimit-Limit":     "5",
+			"X-RateLimit-Remaining": strconv.Itoa(5 - i),
+		})
+	}
+	r := get(t, nil, gw.base+"/a/", "X-API-Key", "k")
+	if r.status != 429 {
+		t.Fatalf("request 6: status %d, want 429", r.status)
+	}
+	checkHeaders(t, "request 6", r.header, map[string]string{
+		"RateLimit-Policy": policy,
+		"RateLimit":        `"rate";r=0;t=12, "yearly/quota";r=99995;t=31536000`,
+		"Retry-After":      "12",
+	})
+}
+
 // TestPerAPIKeyLimits: a key's api_limits replace its policies on that API
 // with counters of their own.
 func TestPerAPIKeyLimits(t *testing.T) {
