@@ -1,164 +1,46 @@
-package main
+package gateway
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
 	"path"
-	"slices"
 	"strings"
-	"time"
+	"sync"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
-	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
-	"github.com/limitplane/limitplane/core/memory"
-	"github.com/limitplane/limitplane/examples/gateway/config"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
 )
-
-// gateway routes each request to the API with the longest matching listen
-// path, through that API's rate-limit middleware, to its upstream.
-type gateway struct {
-	routes    []route // longest listen path first
-	closers   []func() error
-	transport *http.Transport
-}
 
 type route struct {
 	prefix string // the listen path without its final slash: "" for "/"
-	api    config.API
+	api    *spec.API
 	h      http.Handler
-}
-
-// newGateway wires cfg: one store, engine and key registry for every API,
-// and per API its authenticator and the nethttp middleware in front of a
-// reverse proxy or the echo upstream. ctx is the gateway's lifetime: JWKS
-// refreshes run until it is done. Close releases what it started.
-func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (_ *gateway, err error) {
-	g := &gateway{transport: newTransport()}
-	defer func() {
-		if err != nil {
-			g.Close()
-		}
-	}()
-	store, err := g.openStore(ctx, cfg, e, log)
-	if err != nil {
-		return nil, err
-	}
-	opts := core.Options{
-		FailurePolicy: cfg.FailurePolicy,
-		StoreTimeout:  cfg.StoreTimeout,
-		Shadow:        cfg.Shadow,
-		OnStoreError:  func(err error) { log.Warn("limit store failed", "err", err) },
-	}
-	if cfg.FailurePolicy == core.FailFallback {
-		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
-		g.closers = append(g.closers, fb.Close)
-		opts.Fallback = windowsAsGCRA{fb}
-	}
-	engine, err := core.NewEngine(store, core.Config{Policies: cfg.Policies}, opts)
-	if err != nil {
-		return nil, err
-	}
-	keys, err := identity.NewKeys(cfg.Keys)
-	if err != nil {
-		return nil, err
-	}
-	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: e.now})
-	clientIP, err := identity.NewClientIP(cfg.ClientIP)
-	if err != nil {
-		return nil, err
-	}
-	ro := cfg.Response
-	ro.Now = e.now
-	rend := response.NewRenderer(ro)
-
-	for _, a := range cfg.APIs {
-		var up http.Handler
-		if a.Target.URL != nil {
-			up = newProxy(a, g.transport, cfg.ClientIP.TrustedProxies, log)
-		} else {
-			up = echo(a.ID)
-		}
-		prefix := strings.TrimSuffix(a.ListenPath, "/")
-		if a.StripListenPath {
-			up = stripPrefix(prefix, up)
-		}
-		var auth identity.Authenticator = apiKey
-		sources := apiKey.Sources()
-		switch a.Auth {
-		case config.AuthKeyless:
-			auth, sources = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: clientIP}}, nil
-		case config.AuthJWT:
-			j, err := g.newJWT(ctx, a, e, log)
-			if err != nil {
-				return nil, err
-			}
-			auth, sources = j, j.Sources()
-		}
-		if a.StripAuthData {
-			up = stripCredentials(sources, up)
-		}
-		if a.FailureLimit != "" {
-			auth = &identity.FailureLimited{Auth: auth, Limiter: engine, Policy: a.FailureLimit, ClientIP: clientIP}
-		}
-		h := nethttp.Middleware(engine, auth, nethttp.Options{API: a.ID, Renderer: rend})(up)
-		g.routes = append(g.routes, route{prefix: prefix, api: a, h: h})
-	}
-	slices.SortStableFunc(g.routes, func(a, b route) int { return len(b.prefix) - len(a.prefix) })
-	return g, nil
-}
-
-// newJWT returns a jwt API's authenticator. A key set fetched from a URL
-// is fetched once now (the gateway does not start without it) and then
-// refreshed in the background until ctx is done or the gateway closes.
-func (g *gateway) newJWT(ctx context.Context, a config.API, e env, log *slog.Logger) (*identity.JWT, error) {
-	o := *a.JWT
-	o.Now = e.now
-	if a.JWKS != nil {
-		jo := *a.JWKS
-		jo.OnError = func(err error) { log.Warn("JWKS refresh failed", "api", a.ID, "err", err) }
-		jwks, err := identity.NewJWKS(ctx, jo)
-		if err != nil {
-			return nil, fmt.Errorf("API %q: %w", a.ID, err)
-		}
-		g.closers = append(g.closers, func() error { jwks.Close(); return nil })
-		o.JWKS = jwks
-	}
-	j, err := identity.NewJWT(o)
-	if err != nil {
-		return nil, fmt.Errorf("API %q: %w", a.ID, err)
-	}
-	return j, nil
-}
-
-// Close stops the JWKS refreshes and the stores' goroutines, closes the
-// Redis client, and drops idle upstream connections. It is called once,
-// after the server has shut down.
-func (g *gateway) Close() error {
-	var errs []error
-	for i := len(g.closers) - 1; i >= 0; i-- {
-		errs = append(errs, g.closers[i]())
-	}
-	g.transport.CloseIdleConnections()
-	return errors.Join(errs...)
 }
 
 // allowedMethods is the Allow field of the gateway's 405 answer: it
 // forwards any method but CONNECT; these are the ones it advertises.
 const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
-// ServeHTTP routes r by the longest listen path that matches its path.
-// Requests net/http passes on that no route can take are answered here,
-// in JSON like every other answer of the gateway's own.
-func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP routes r by the longest listen path that matches its path,
+// under the snapshot running when r arrives. Requests no route can take
+// are answered here, in JSON like every other answer of the gateway's own:
+// 503 before the first Apply, 405 for CONNECT, 400 for a target that is
+// not a path, 308 to the clean path for one with "." or ".." segments,
+// 404 when no listen path matches.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	st := g.state.Load()
+	if st == nil {
+		writeError(w, http.StatusServiceUnavailable, "no configuration applied yet")
+		return
+	}
 	if r.Method == http.MethodConnect {
 		// A reverse proxy opens no tunnels.
 		w.Header().Set("Allow", allowedMethods)
@@ -180,8 +62,8 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusPermanentRedirect, "request path is not clean; use "+c)
 		return
 	}
-	for i := range g.routes {
-		rt := &g.routes[i]
+	for i := range st.routes {
+		rt := &st.routes[i]
 		// prefix "/echo" matches "/echo" and "/echo/...", not "/echoes".
 		if strings.HasPrefix(p, rt.prefix) && (len(p) == len(rt.prefix) || p[len(rt.prefix)] == '/') {
 			rt.h.ServeHTTP(w, r)
@@ -322,13 +204,12 @@ func stripCredentials(sources []identity.Source, h http.Handler) http.Handler {
 	})
 }
 
-// newProxy returns a reverse proxy to a's URL target. The request path
+// newProxy returns a reverse proxy for API api to target. The request path
 // (already stripped) is joined to the target's path; the Host header
 // becomes the target's; X-Forwarded-For, -Host and -Proto are set afresh
 // from the peer, except that a trusted proxy's X-Forwarded-For chain is
 // kept and the proxy's address appended.
-func newProxy(a config.API, t http.RoundTripper, trusted []netip.Prefix, log *slog.Logger) http.Handler {
-	target := a.Target.URL
+func newProxy(api string, target *url.URL, t http.RoundTripper, buffers httputil.BufferPool, trusted []netip.Prefix, log *slog.Logger) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -337,13 +218,14 @@ func newProxy(a config.API, t http.RoundTripper, trusted []netip.Prefix, log *sl
 			}
 			pr.SetXForwarded()
 		},
-		Transport: t,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Transport:  t,
+		BufferPool: buffers,
+		ErrorLog:   slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return // the client went away
 			}
-			log.Warn("upstream failed", "api", a.ID, "target", target.String(), "err", err)
+			log.Warn("upstream failed", "api", api, "target", target.String(), "err", err)
 			writeError(w, http.StatusBadGateway, "upstream unavailable")
 		},
 	}
@@ -365,6 +247,19 @@ func fromTrusted(r *http.Request, trusted []netip.Prefix) bool {
 	}
 	return false
 }
+
+// bufferPool is an httputil.BufferPool of 32 KiB copy buffers: without
+// one, ReverseProxy allocates a fresh buffer for every response body.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // newTransport is http.DefaultTransport with enough idle connections per
 // upstream for a busy gateway (the default keeps 2).

@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"context"
@@ -6,76 +6,112 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
-	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/spec"
 	"github.com/redis/go-redis/v9"
 )
 
 // startupPingTimeout bounds the PING that checks Redis at startup.
 const startupPingTimeout = 5 * time.Second
 
-// openStore returns the store cfg names. For Redis it creates the client,
-// PINGs it, and registers the store and client with g's closers.
+// StoreOptions say which counter store OpenStore opens.
+type StoreOptions struct {
+	// URL is "memory" (or "") for the in-process store, or a Redis URL as
+	// redisstore.NewClientFromURL takes it (redis://, rediss://, unix://,
+	// redis+cluster://, redis+sentinel://), its password filled in.
+	URL string
+	// Password is the password inside URL, if any: messages hide it.
+	Password string
+	// Name is how messages call the store; "" means URL with Password
+	// replaced by "xxxxx".
+	Name string
+	// Redis are the Redis store's options.
+	Redis redisstore.Options
+	// Memory are the in-process store's options; a zero SweepInterval
+	// means one minute.
+	Memory memory.Options
+	// FailurePolicy decides what a Redis that does not answer at startup
+	// means (see OpenStore).
+	FailurePolicy core.FailurePolicy
+	// Logger receives warnings (Redis unreachable at startup, circuit
+	// breaker changes, go-redis's own pool messages); nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// OpenStore opens the store o names and returns it with the function that
+// closes it (and its Redis client). For Redis it creates the client and
+// PINGs it.
 //
 // A Redis that answers but refuses the gateway (a wrong or missing
 // password, a database number out of range) is a configuration error:
-// the gateway does not start, whatever failure_policy says, since waiting
-// would not mend it. When Redis does not answer at startup, failure_policy
-// decides, as it does for every request later: closed refuses to start
-// (every request would get 503, and a mistyped address should not look
-// like an outage); open and fallback start degraded, with a warning, and
-// begin limiting through Redis as soon as it answers.
-func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (core.Store, error) {
-	if cfg.Redis == nil {
-		s := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
-		g.closers = append(g.closers, s.Close)
-		return s, nil
+// OpenStore fails, whatever FailurePolicy says, since waiting would not
+// mend it. When Redis does not answer, FailurePolicy decides, as it does
+// for every request later: core.FailClosed fails (every request would get
+// 503, and a mistyped address should not look like an outage); FailOpen
+// and FailFallback return the store with a warning, and it limits through
+// Redis as soon as Redis answers.
+func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, error) {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
 	}
-	name := cfg.RedactedStore()
+	if o.URL == "" || o.URL == "memory" {
+		mo := o.Memory
+		if mo.SweepInterval == 0 {
+			mo.SweepInterval = time.Minute
+		}
+		s := memory.New(mo)
+		return s, s.Close, nil
+	}
+	name := o.Name
+	if name == "" {
+		name = hideIn(o.URL, o.Password)
+	}
 	// go-redis logs pool trouble (failed dials while Redis is down) with
 	// its own global logger; send it to the gateway's log. The logger is
-	// process-wide: the last gateway started in a process gets it.
+	// process-wide: the last store opened in a process gets it.
 	redis.SetLogger(redisLog{log})
-	client, err := redisstore.NewClientFromURL(cfg.Redis.URL)
+	client, err := redisstore.NewClientFromURL(o.URL)
 	if err != nil {
-		return nil, fmt.Errorf("store %s: %s", name, hide(err, cfg.Redis.Password))
+		return nil, nil, fmt.Errorf("gateway: store %s: %s", name, hide(err, o.Password))
 	}
-	g.closers = append(g.closers, client.Close)
-	o := cfg.Redis.Options
-	o.OnBreakerChange = func(from, to string) {
-		log.Warn("redis circuit breaker", "from", from, "to", to)
+	ro := o.Redis
+	if ro.OnBreakerChange == nil {
+		ro.OnBreakerChange = func(from, to string) {
+			log.Warn("redis circuit breaker", "from", from, "to", to)
+		}
 	}
-	if e.clock != nil {
-		// A test froze the clock: the scripts take its time instead of
-		// Redis TIME, and keys outlive the frozen instant in real time.
-		o.Clock, o.TTLMargin = e.clock, time.Minute
-	}
-	s, err := redisstore.New(client, o)
+	s, err := redisstore.New(client, ro)
 	if err != nil {
-		return nil, fmt.Errorf("store %s: %w", name, err)
+		client.Close()
+		return nil, nil, fmt.Errorf("gateway: store %s: %w", name, err)
 	}
-	g.closers = append(g.closers, s.Close)
+	closeAll := func() error { return errors.Join(s.Close(), client.Close()) }
 
 	pctx, cancel := context.WithTimeout(ctx, startupPingTimeout)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
 		kind, refused := pingFailure(err)
-		msg := kind + ": " + hide(err, cfg.Redis.Password)
+		msg := kind + ": " + hide(err, o.Password)
 		switch {
 		case refused:
-			return nil, fmt.Errorf("store %s: %s (not starting, whatever failure_policy says)", name, msg)
-		case cfg.FailurePolicy == core.FailClosed:
-			return nil, fmt.Errorf("store %s: %s (failure_policy closed: not starting)", name, msg)
+			closeAll()
+			return nil, nil, fmt.Errorf("gateway: store %s: %s (not starting, whatever failure_policy says)", name, msg)
+		case o.FailurePolicy == core.FailClosed:
+			closeAll()
+			return nil, nil, fmt.Errorf("gateway: store %s: %s (failure_policy closed: not starting)", name, msg)
 		}
 		log.Warn("redis is unreachable; starting degraded until it answers",
-			"store", name, "failure_policy", policyName(cfg.FailurePolicy), "err", msg)
+			"store", name, "failure_policy", policyName(o.FailurePolicy), "err", msg)
 	}
-	return s, nil
+	return s, closeAll, nil
 }
 
 // pingFailure words what a failed startup PING means, and reports whether
@@ -114,8 +150,11 @@ func policyName(p core.FailurePolicy) string {
 
 // hide returns err's text with password (as given and URL-escaped)
 // replaced by "xxxxx": go-redis and URL errors may quote the URL.
-func hide(err error, password string) string {
-	msg := err.Error()
+func hide(err error, password string) string { return hideIn(err.Error(), password) }
+
+// hideIn returns msg with password (as given and URL-escaped) replaced by
+// "xxxxx".
+func hideIn(msg, password string) string {
 	if password == "" {
 		return msg
 	}
@@ -133,17 +172,73 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 	r.l.Warn(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "component", "go-redis")
 }
 
-// windowsAsGCRA is the fallback store under failure_policy fallback. The
-// in-process store implements only GCRA, so while Redis is down a window
-// limit (fixed_window, sliding_window, sliding_log) of N per period is
-// enforced as GCRA with the same N per period and a burst of N: the same
-// long-run rate, without the fixed window's 2× burst at a boundary.
-type windowsAsGCRA struct{ *memory.Store }
+// WindowsAsGCRA is the fallback store for failure_policy fallback over a
+// store that has window algorithms (Redis). The in-process store
+// implements only GCRA, so while the main store is down a window limit
+// (fixed_window, sliding_window, sliding_log) of N per period is enforced
+// as GCRA with the same N per period and a burst of N: the same long-run
+// rate, without the fixed window's 2× burst at a boundary.
+//
+// It holds the memory store as a named field, not embedded, so it has
+// exactly the methods written here: an embedded store would pass on
+// TakeInto and SupportsAlgorithm and so skip the conversion.
+type WindowsAsGCRA struct{ mem *memory.Store }
 
-// Take implements core.Store.
-func (s windowsAsGCRA) Take(ctx context.Context, req core.Request) (core.Decision, error) {
+// NewWindowsAsGCRA returns mem as a fallback store enforcing every
+// algorithm.
+func NewWindowsAsGCRA(mem *memory.Store) WindowsAsGCRA { return WindowsAsGCRA{mem: mem} }
+
+// Take implements core.Store: req's limit, converted to GCRA if it names
+// a window algorithm, is applied to the in-process store.
+func (s WindowsAsGCRA) Take(ctx context.Context, req core.Request) (core.Decision, error) {
 	if req.Rate.Algorithm != core.GCRA {
 		req.Rate.Algorithm, req.Rate.Burst = core.GCRA, 0
 	}
-	return s.Store.Take(ctx, req)
+	return s.mem.Take(ctx, req)
 }
+
+// ResetQuota implements core.Store.
+func (s WindowsAsGCRA) ResetQuota(ctx context.Context, consumer, scope string) error {
+	return s.mem.ResetQuota(ctx, consumer, scope)
+}
+
+// SupportsAlgorithm implements core.AlgorithmSupporter: every algorithm
+// is enforced, the window ones as GCRA.
+func (s WindowsAsGCRA) SupportsAlgorithm(a core.Algorithm) bool {
+	switch a {
+	case core.GCRA, core.SlidingWindow, core.FixedWindow, core.SlidingLog:
+		return true
+	}
+	return false
+}
+
+// fallbackStore is the in-process fallback a gateway makes for itself.
+type fallbackStore struct {
+	WindowsAsGCRA
+	close func() error
+}
+
+// Close stops the fallback store's sweeps.
+func (f fallbackStore) Close() error { return f.close() }
+
+// newFallback returns the fallback store for FailFallback: an in-process
+// store on clock (nil: the system clock), swept every minute.
+func newFallback(clock core.Clock) fallbackStore {
+	m := memory.New(memory.Options{Clock: clock, SweepInterval: time.Minute})
+	return fallbackStore{WindowsAsGCRA: NewWindowsAsGCRA(m), close: m.Close}
+}
+
+// osResolver resolves secret references from the process environment and
+// the file system (relative paths from the working directory).
+type osResolver struct{}
+
+// LookupEnv implements spec.Resolver.
+func (osResolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(name) }
+
+// ReadFile implements spec.Resolver.
+func (osResolver) ReadFile(name string) ([]byte, error) { return os.ReadFile(name) }
+
+var (
+	_ core.AlgorithmSupporter = WindowsAsGCRA{}
+	_ spec.Resolver           = osResolver{}
+)

@@ -1,0 +1,381 @@
+// Package gateway is limitplane's API gateway as a library: an http.Handler
+// that routes each request by its path to an API, identifies the consumer
+// (API key, JWT or client IP), decides it with the engine, and proxies what
+// passes to the API's upstream.
+//
+// What it enforces comes from a spec.Snapshot, applied with Apply at any
+// time: policies, keys and routes are swapped together, atomically, so each
+// request is decided entirely under one snapshot; requests in flight finish
+// under the one they started with, and counters are kept (a changed rate
+// takes effect on the next request without resetting anyone). How it runs
+// is local and fixed at New (Options): the counter store, the failure
+// policy, the response format, trusted proxies, secrets.
+//
+// examples/gateway is the runnable program around it: it reads a YAML file
+// (package gateway/config), calls New and Apply, serves, and applies the
+// file again on SIGHUP.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// ErrStaleRevision is returned by Apply for a snapshot whose revision is
+// lower than the one running (a revision of 0, a local file's, is never
+// stale).
+var ErrStaleRevision = errors.New("gateway: snapshot revision is older than the running one")
+
+// Options are a gateway's local settings: they are fixed for its lifetime
+// and never part of a snapshot.
+type Options struct {
+	// Store holds the counters; required. The gateway does not close it
+	// (see OpenStore for one that the caller closes).
+	Store core.Store
+	// FailurePolicy is what the engine does when Store fails.
+	FailurePolicy core.FailurePolicy
+	// Fallback is the store used under core.FailFallback; nil means an
+	// in-process store that the gateway creates, which enforces window
+	// algorithms as GCRA with the same requests per period (see
+	// WindowsAsGCRA).
+	Fallback core.Store
+	// StoreTimeout bounds each store call; 0 means no bound.
+	StoreTimeout time.Duration
+	// Shadow makes every policy a shadow policy: limits are computed and
+	// reported, nothing is denied.
+	Shadow bool
+	// Observer, if set, is told about every decision (metrics.Collector).
+	Observer core.Observer
+	// OnStoreError, if set, is called with every store error; it must be
+	// safe for concurrent use and must not block.
+	OnStoreError func(error)
+	// ClientIP says how keyless APIs and failure limits find a client's
+	// address.
+	ClientIP identity.ClientIPOptions
+	// Response configures status codes and header fields. Now is filled
+	// from Options.Now when nil.
+	Response response.Options
+	// Resolver resolves the secret references of a snapshot's JWT keys
+	// (secret_env, secret_file, pem_file); nil means the process
+	// environment and files relative to the working directory.
+	Resolver spec.Resolver
+	// Transport carries requests to http(s) upstreams; nil means a clone
+	// of http.DefaultTransport keeping up to 256 idle connections per
+	// upstream, which Close releases.
+	Transport http.RoundTripper
+	// Logger receives the gateway's own log lines (upstream failures,
+	// JWKS refresh failures); nil means slog.Default().
+	Logger *slog.Logger
+	// Clock is the in-process fallback store's clock; nil means the
+	// system clock. A test seam.
+	Clock core.Clock
+	// Now is the wall clock for key expiry, JWT validation and
+	// X-RateLimit-Reset; nil means time.Now. A test seam.
+	Now func() time.Time
+}
+
+// Gateway is an http.Handler enforcing the last applied snapshot. Until
+// the first Apply it answers every request 503. It is safe for concurrent
+// use.
+type Gateway struct {
+	opts      Options
+	log       *slog.Logger
+	transport http.RoundTripper
+	ownsTrans *http.Transport // closed by Close when the gateway made it
+	fallback  core.Store
+	closers   []func() error
+	clientIP  *identity.ClientIP
+	render    *response.Renderer
+	buffers   bufferPool // the proxies' copy buffers, shared by every state
+
+	state atomic.Pointer[state]
+
+	mu     sync.Mutex // serialises Apply and Close
+	jwks   map[spec.JWKS]*identity.JWKS
+	closed bool
+	// ctx bounds the JWKS refreshes; cancelled by Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// state is one applied snapshot, ready to serve: every request loads it
+// once and is decided entirely by it.
+type state struct {
+	snap   *spec.Snapshot
+	engine *core.Engine
+	keys   *identity.Keys
+	routes []route // longest listen path first
+	apis   map[string]*spec.API
+}
+
+// New returns a gateway with opts and no snapshot: it answers 503 until
+// Apply succeeds. Close releases what it starts.
+func New(opts Options) (*Gateway, error) {
+	if opts.Store == nil {
+		return nil, errors.New("gateway: Options.Store is nil")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Resolver == nil {
+		opts.Resolver = osResolver{}
+	}
+	g := &Gateway{opts: opts, log: opts.Logger, jwks: map[spec.JWKS]*identity.JWKS{}}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.transport = opts.Transport
+	if g.transport == nil {
+		g.ownsTrans = newTransport()
+		g.transport = g.ownsTrans
+	}
+	g.fallback = opts.Fallback
+	if opts.FailurePolicy == core.FailFallback && g.fallback == nil {
+		fb := newFallback(opts.Clock)
+		g.closers = append(g.closers, fb.Close)
+		g.fallback = fb
+	}
+	ip, err := identity.NewClientIP(opts.ClientIP)
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.clientIP = ip
+	ro := opts.Response
+	if ro.Now == nil {
+		ro.Now = opts.Now
+	}
+	g.render = response.NewRenderer(ro)
+	return g, nil
+}
+
+// Apply validates snap and, if it is valid and every API in it can be
+// built, makes it the gateway's configuration: policies, keys and routes
+// change together for the next request; requests in flight finish under
+// the previous snapshot; counters are kept. Otherwise it returns an error
+// and the running configuration stays: a spec.Errors for an invalid
+// snapshot, ErrStaleRevision for one older than the running one, or the
+// problem building an API (an unresolvable secret, a JWKS that cannot be
+// fetched within ctx, an algorithm the store lacks). Apply keeps snap; the
+// caller must not change it afterwards.
+func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) error {
+	if snap == nil {
+		return errors.New("gateway: Apply: nil snapshot")
+	}
+	if err := snap.Validate(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return errors.New("gateway: Apply after Close")
+	}
+	if cur := g.state.Load(); cur != nil && snap.Revision != 0 && snap.Revision < cur.snap.Revision {
+		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.snap.Revision)
+	}
+	st, jwks, err := g.build(ctx, snap)
+	if err != nil {
+		// JWKS fetched for this snapshot only are not needed after all.
+		for k, j := range jwks {
+			if g.jwks[k] != j {
+				j.Close()
+			}
+		}
+		return err
+	}
+	g.state.Store(st)
+	for k, j := range g.jwks {
+		if jwks[k] != j {
+			// Requests in flight may still use j: its cached keys stay
+			// usable after Close, only its refresh stops.
+			j.Close()
+		}
+	}
+	g.jwks = jwks
+	return nil
+}
+
+// build makes the state for snap, reusing the running JWKS of the same URL
+// and refresh interval. It returns the JWKS the state uses.
+func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[spec.JWKS]*identity.JWKS, error) {
+	jwks := map[spec.JWKS]*identity.JWKS{}
+	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: snap.CorePolicies()}, core.Options{
+		FailurePolicy: g.opts.FailurePolicy,
+		Fallback:      g.fallback,
+		StoreTimeout:  g.opts.StoreTimeout,
+		Shadow:        g.opts.Shadow,
+		OnStoreError:  g.opts.OnStoreError,
+		Observer:      g.opts.Observer,
+	})
+	if err != nil {
+		return nil, jwks, fmt.Errorf("gateway: %w", err)
+	}
+	records, err := snap.KeyRecords()
+	if err != nil {
+		return nil, jwks, fmt.Errorf("gateway: %w", err)
+	}
+	keys, err := identity.NewKeys(records)
+	if err != nil {
+		return nil, jwks, fmt.Errorf("gateway: %w", err)
+	}
+	st := &state{snap: snap, engine: engine, keys: keys, apis: make(map[string]*spec.API, len(snap.APIs))}
+	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
+	for i := range snap.APIs {
+		a := &snap.APIs[i]
+		st.apis[a.ID] = a
+		rt, err := g.route(ctx, st, a, apiKey, jwks)
+		if err != nil {
+			return nil, jwks, fmt.Errorf("gateway: API %q: %w", a.ID, err)
+		}
+		st.routes = append(st.routes, rt)
+	}
+	slices.SortStableFunc(st.routes, func(a, b route) int { return len(b.prefix) - len(a.prefix) })
+	return st, jwks, nil
+}
+
+// route builds one API's handler: its upstream, the strips, the
+// authenticator and the rate-limit middleware.
+func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *identity.APIKey, jwks map[spec.JWKS]*identity.JWKS) (route, error) {
+	var up http.Handler
+	if a.Target == spec.BuiltinEcho {
+		up = echo(a.ID)
+	} else {
+		target, err := spec.ParseTarget(a.Target)
+		if err != nil {
+			return route{}, err
+		}
+		up = newProxy(a.ID, target, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
+	}
+	prefix := strings.TrimSuffix(a.ListenPath, "/")
+	if a.StripsListenPath() {
+		up = stripPrefix(prefix, up)
+	}
+	var auth identity.Authenticator = apiKey
+	sources := apiKey.Sources()
+	switch a.AuthOrDefault() {
+	case spec.AuthKeyless:
+		auth, sources = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: g.clientIP}}, nil
+	case spec.AuthJWT:
+		j, err := g.newJWT(ctx, a, jwks)
+		if err != nil {
+			return route{}, err
+		}
+		auth, sources = j, j.Sources()
+	}
+	if a.StripsAuthData() {
+		up = stripCredentials(sources, up)
+	}
+	if a.FailureLimit != nil {
+		auth = &identity.FailureLimited{Auth: auth, Limiter: st.engine, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP}
+	}
+	h := nethttp.Middleware(st.engine, auth, nethttp.Options{API: a.ID, Renderer: g.render})(up)
+	return route{prefix: prefix, api: a, h: h}, nil
+}
+
+// newJWT returns a jwt API's authenticator. A key set fetched from a URL
+// is fetched now (the snapshot is refused without it) unless the running
+// configuration already has it, and refreshed in the background until it
+// is no longer used or the gateway closes.
+func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks map[spec.JWKS]*identity.JWKS) (*identity.JWT, error) {
+	o, jo, err := a.JWT.Options(a.ID, g.opts.Resolver)
+	if err != nil {
+		return nil, err
+	}
+	o.Now = g.opts.Now
+	if jo != nil {
+		k := *a.JWT.JWKS
+		set := jwks[k]
+		if set == nil {
+			set = g.jwks[k]
+		}
+		if set == nil {
+			jo.OnError = func(err error) { g.log.Warn("JWKS refresh failed", "api", a.ID, "url", k.URL, "err", err) }
+			// The set outlives this call: its refreshes are bound to the
+			// gateway, its first fetch to ctx.
+			set, err = newJWKS(ctx, g.ctx, *jo)
+			if err != nil {
+				return nil, err
+			}
+		}
+		jwks[k] = set
+		o.JWKS = set
+	}
+	return identity.NewJWT(o)
+}
+
+// newJWKS starts a key set whose first fetch is bounded by ctx and whose
+// refreshes run until life ends or the set is closed.
+func newJWKS(ctx, life context.Context, o identity.JWKSOptions) (*identity.JWKS, error) {
+	fctx, cancel := context.WithCancel(life)
+	stop := context.AfterFunc(ctx, cancel)
+	set, err := identity.NewJWKS(fctx, o)
+	if !stop() && err == nil {
+		// ctx ended just as the fetch succeeded: the set's refreshes
+		// would already be cancelled.
+		set.Close()
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return set, nil
+}
+
+// Snapshot returns the running snapshot, or nil before the first Apply.
+// The caller must not change it.
+func (g *Gateway) Snapshot() *spec.Snapshot {
+	if st := g.state.Load(); st != nil {
+		return st.snap
+	}
+	return nil
+}
+
+// Engine returns the engine of the running snapshot, or nil before the
+// first Apply. Each Apply makes a new engine over the same store.
+func (g *Gateway) Engine() *core.Engine {
+	if st := g.state.Load(); st != nil {
+		return st.engine
+	}
+	return nil
+}
+
+// Close stops the JWKS refreshes and the fallback store, and drops idle
+// upstream connections of a transport the gateway made. Requests still
+// being served finish with the configuration they have. Close does not
+// close Options.Store.
+func (g *Gateway) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	g.cancel()
+	for _, j := range g.jwks {
+		j.Close()
+	}
+	var errs []error
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		errs = append(errs, g.closers[i]())
+	}
+	if g.ownsTrans != nil {
+		g.ownsTrans.CloseIdleConnections()
+	}
+	return errors.Join(errs...)
+}
