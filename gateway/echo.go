@@ -13,9 +13,11 @@ import (
 // maxEchoBody is how much of a request body the echo upstream reads.
 const maxEchoBody = 1 << 20
 
-// echoReply is the echo upstream's answer: the request as it arrived
-// upstream (after the listen path was stripped).
-type echoReply struct {
+// EchoReply is the JSON answer of the built-in echo upstream
+// (spec.BuiltinEcho): the request as it arrived upstream, after the listen
+// path and credentials were stripped, with credentials it still carries
+// shown as "[redacted]".
+type EchoReply struct {
 	API        string            `json:"api"`
 	Method     string            `json:"method"`
 	Path       string            `json:"path"`
@@ -52,7 +54,7 @@ var hopHeaders = []string{
 func echo(id string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, maxEchoBody))
-		rep := echoReply{
+		rep := EchoReply{
 			API:        id,
 			Method:     r.Method,
 			Path:       r.URL.Path,

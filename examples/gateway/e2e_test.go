@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/limitplane/limitplane/gateway"
 )
 
 const concurrentConfig = `
@@ -103,7 +105,7 @@ func checkExact(t *testing.T, replies []reply) {
 				"Content-Type":           "application/json",
 				"X-Content-Type-Options": "",
 			})
-			var e echoReply
+			var e gateway.EchoReply
 			err = json.Unmarshal([]byte(r.body), &e)
 			if _, sent := e.Headers["X-Api-Key"]; err != nil || e.API != "echo" || e.Path != "/hello" || sent {
 				t.Fatalf("echo body %q (%v)", r.body, err)
@@ -263,7 +265,7 @@ apis:
 		t.Fatalf("127.0.0.2: status %d, want 200", r.status)
 	}
 	checkHeaders(t, "127.0.0.2", r.header, map[string]string{"RateLimit": `"anon";r=1;t=30`})
-	var e echoReply
+	var e gateway.EchoReply
 	if err := json.Unmarshal([]byte(r.body), &e); err != nil || !strings.HasPrefix(e.RemoteAddr, "127.0.0.2:") {
 		t.Errorf("echo saw remote_addr %q (%v), want 127.0.0.2:port", e.RemoteAddr, err)
 	}
@@ -496,7 +498,7 @@ apis:
 		{withRoot, "/echo/v2/y", "v2", "/y"},
 	} {
 		r := get(t, nil, tc.gw.base+tc.path)
-		var e echoReply
+		var e gateway.EchoReply
 		if err := json.Unmarshal([]byte(r.body), &e); err != nil || r.status != 200 || e.API != tc.api || e.Path != tc.sees {
 			t.Errorf("%s: %d api %q path %q, want api %q path %q (%v)", tc.path, r.status, e.API, e.Path, tc.api, tc.sees, err)
 		}
@@ -685,7 +687,7 @@ apis: [{id: open, listen_path: /open/, target: "builtin:echo", auth: keyless, po
 	r := raw(t, gw, "GET /open/x?api_key=k1&x=%41&access_token=t&api%5Fkey=k2&y HTTP/1.1\r\nHost: gw\r\n"+
 		"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eDp5\r\nTe: trailers\r\nUpgrade: h2c\r\n"+
 		"Authorization: Bearer k1\r\nX-Api-Key: k1\r\nCookie: s=1\r\nX-Kept: yes\r\n\r\n")
-	var e echoReply
+	var e gateway.EchoReply
 	if err := json.Unmarshal([]byte(r.body), &e); err != nil || r.status != 200 {
 		t.Fatalf("%d %q (%v)", r.status, r.body, err)
 	}

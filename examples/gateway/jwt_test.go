@@ -20,8 +20,10 @@ import (
 	"testing"
 
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/internal/redistest"
+
+	"github.com/limitplane/limitplane/gateway"
 )
 
 // jwtIssuer is the issuer of the test tokens.
@@ -191,7 +193,7 @@ func TestJWT(t *testing.T) {
 			"RateLimit": want.rl, "RateLimit-Policy": `"basic";q=2;w=60`, "Retry-After": want.retryAfter,
 		})
 		if want.status == 200 {
-			var e echoReply
+			var e gateway.EchoReply
 			err := json.Unmarshal([]byte(r.body), &e)
 			if _, sent := e.Headers["Authorization"]; err != nil || sent {
 				t.Errorf("echo body %q (%v)", r.body, err)
@@ -360,7 +362,7 @@ apis:
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 	err = run(t.Context(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, cfg(dead.URL+"/jwks.json"))}, env{stdout: newOutput(), stderr: newOutput()})
-	if want := `API "ext": identity: JWKS ` + dead.URL + "/jwks.json: "; err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "connection refused") {
+	if want := `gateway: API "ext": identity: JWKS ` + dead.URL + "/jwks.json: "; err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("dead JWKS: err = %v, want %s...connection refused", err, want)
 	}
 }

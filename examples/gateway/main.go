@@ -41,7 +41,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
-	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/gateway/config"
 )
 
 // demoYAML is the configuration used when no -config is given.
@@ -58,7 +58,23 @@ func main() {
 		<-ctx.Done()
 		stop() // a second signal kills at once
 	}()
-	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr})
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reload := make(chan struct{}, 1)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				select {
+				case reload <- struct{}{}:
+				default: // a reload is already pending: it reads the newest file
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload})
 	stop()
 	os.Exit(exitCode(os.Stderr, err))
 }
@@ -87,7 +103,8 @@ func exitCode(w io.Writer, err error) int {
 		}
 		return 2
 	}
-	fmt.Fprintln(w, "gateway:", err)
+	// Errors of package gateway already name it.
+	fmt.Fprintln(w, "gateway:", strings.TrimPrefix(err.Error(), "gateway: "))
 	return 1
 }
 
@@ -101,6 +118,9 @@ type env struct {
 	// now is the wall clock for X-RateLimit-Reset and key expiry; nil
 	// means time.Now.
 	now func() time.Time
+	// reload receives one value per reload request (main: SIGHUP); nil
+	// means none.
+	reload <-chan struct{}
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then
@@ -152,16 +172,17 @@ func run(ctx context.Context, args []string, e env) error {
 	} else if err != nil {
 		return err
 	}
+	fileListen := cfg.Listen
 	if listen != "" {
 		cfg.Listen = listen
 	}
 
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	gw, err := newGateway(ctx, cfg, e, log)
+	gw, closeGW, err := open(ctx, cfg, e, log)
 	if err != nil {
 		return err
 	}
-	defer gw.Close()
+	defer closeGW()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
@@ -179,10 +200,15 @@ func run(ctx context.Context, args []string, e env) error {
 	go func() { served <- srv.Serve(ln) }()
 	printBanner(e.stdout, baseURL(ln.Addr()), cfg, *configFile)
 
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
+	for done := false; !done; {
+		select {
+		case err := <-served:
+			return err
+		case <-e.reload:
+			reload(ctx, gw, cfg, fileListen, *configFile, log)
+		case <-ctx.Done():
+			done = true
+		}
 	}
 	fmt.Fprintln(e.stdout, "shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/gateway/config"
 )
 
 // TestDemo runs the gateway as `go run ./examples/gateway` does, with no

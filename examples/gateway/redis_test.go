@@ -339,7 +339,7 @@ func TestRedisDownAtStartup(t *testing.T) {
 
 	err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, "store: "+url+"\n"+fmt.Sprintf(faultConfig, "closed"))},
 		env{stdout: newOutput(), stderr: newOutput()})
-	want := "store " + url + ": redis is unreachable: dial tcp " + srv.Addr + ": connect: connection refused (failure_policy closed: not starting)"
+	want := "gateway: store " + url + ": redis is unreachable: dial tcp " + srv.Addr + ": connect: connection refused (failure_policy closed: not starting)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("closed:\n got %v\nwant %s", err, want)
 	}
@@ -395,7 +395,7 @@ func TestRedisPasswordFromEnv(t *testing.T) {
 			{"with a wrong password", wrong, "WRONGPASS invalid username-password pair or user is disabled."},
 		} {
 			err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, tc.cfg)}, env{stdout: newOutput(), stderr: newOutput()})
-			want := "store redis://" + srv.Addr + "/0: redis authentication failed: " + tc.want + " (not starting, whatever failure_policy says)"
+			want := "gateway: store redis://" + srv.Addr + "/0: redis authentication failed: " + tc.want + " (not starting, whatever failure_policy says)"
 			if err == nil || err.Error() != want {
 				t.Errorf("%s, failure_policy %s:\n got %v\nwant %s", tc.name, pol, err, want)
 			}
@@ -411,7 +411,7 @@ func TestRedisBadDatabase(t *testing.T) {
 	for _, pol := range []string{"closed", "open", "fallback"} {
 		err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, "store: redis://"+srv.Addr+"/99\n"+fmt.Sprintf(faultConfig, pol))},
 			env{stdout: newOutput(), stderr: newOutput()})
-		want := "store redis://" + srv.Addr + "/99: redis refused the database number: ERR DB index is out of range (not starting, whatever failure_policy says)"
+		want := "gateway: store redis://" + srv.Addr + "/99: redis refused the database number: ERR DB index is out of range (not starting, whatever failure_policy says)"
 		if err == nil || err.Error() != want {
 			t.Errorf("failure_policy %s:\n got %v\nwant %s", pol, err, want)
 		}

@@ -11,7 +11,7 @@ import (
 // readme returns the repository's README.md.
 func readme(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../../README.md")
+	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

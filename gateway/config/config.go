@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -93,6 +94,9 @@ type Config struct {
 	// them, with Revision 0. Policies, Keys and APIs above are the same
 	// data converted for the gateway; the rest of Config stays local.
 	Snapshot spec.Snapshot
+	// Resolver resolves the snapshot's secret references as the file
+	// does: files relative to its directory, the process environment.
+	Resolver FileResolver
 }
 
 // Redis is the Redis store's configuration: Config.Store was a redis://,
@@ -247,6 +251,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	}
 	if len(errs) == 0 {
 		cfg.Snapshot = v.snapshot(raw, cfg)
+		cfg.Resolver = FileResolver{Dir: filepath.Dir(name)}
 		errs = append(errs, v.errs...)
 	}
 	if len(errs) > 0 {

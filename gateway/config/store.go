@@ -206,14 +206,29 @@ func (v *validator) secretFile(path, p string) string {
 // maxFileSize bounds the files a config refers to (keys and secrets).
 const maxFileSize = 1 << 20
 
-// readFile reads a small regular file named in the config; a relative
-// path is taken from the config file's directory. Devices, pipes and
-// directories are refused without being opened, so a mistyped path cannot
-// block or exhaust the loader.
+// readFile reads a small regular file named in the config (see
+// FileResolver.ReadFile).
 func (v *validator) readFile(p string) ([]byte, error) {
+	return FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
+}
+
+// FileResolver resolves a snapshot's secret references as the file they
+// came from does (spec.Resolver): files relative to Dir, the
+// configuration file's directory, and the process environment. Config's
+// Resolver is the one for its file.
+type FileResolver struct {
+	// Dir is where relative file names start.
+	Dir string
+}
+
+// ReadFile reads a small regular file; a relative path is taken from Dir.
+// Devices, pipes and directories are refused without being opened, and
+// files over 1 MiB are refused, so a mistyped path cannot block or exhaust
+// the loader.
+func (r FileResolver) ReadFile(p string) ([]byte, error) {
 	full := p
 	if !filepath.IsAbs(p) {
-		full = filepath.Join(filepath.Dir(v.file), p)
+		full = filepath.Join(r.Dir, p)
 	}
 	fi, err := os.Stat(full)
 	if err == nil && !fi.Mode().IsRegular() {
@@ -234,3 +249,6 @@ func (v *validator) readFile(p string) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// LookupEnv returns the process environment's variable name.
+func (FileResolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(name) }

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core/redisstore"
-	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/identity"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
-	"github.com/limitplane/limitplane/examples/gateway/config"
+	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -345,7 +345,7 @@ func TestRefusals(t *testing.T) {
 // TestDemoConfig checks that the built-in demo config parses to exactly
 // the values the README and the banner describe.
 func TestDemoConfig(t *testing.T) {
-	cfg, err := config.Load(filepath.Join("..", "demo.yaml"))
+	cfg, err := config.Load(filepath.Join("..", "..", "examples", "gateway", "demo.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,6 +392,7 @@ func TestDemoConfig(t *testing.T) {
 				{ID: "open", ListenPath: "/open/", Target: spec.BuiltinEcho, Auth: spec.AuthKeyless, Policies: []string{"anon"}},
 			},
 		},
+		Resolver: config.FileResolver{Dir: filepath.Join("..", "..", "examples", "gateway")},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("demo config:\n got %+v\nwant %+v", cfg, want)
@@ -526,6 +527,10 @@ apis:
 		t.Errorf("snapshot JSON:\n got %s\nwant %s", snap, wantSnap)
 	}
 	cfg.Snapshot = spec.Snapshot{}
+	if cfg.Resolver != (config.FileResolver{Dir: "."}) {
+		t.Errorf("Resolver = %+v, want the file's directory, .", cfg.Resolver)
+	}
+	cfg.Resolver = config.FileResolver{}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("config:\n got %+v\nwant %+v", cfg, want)
 	}
@@ -566,7 +571,7 @@ func TestCheckListen(t *testing.T) {
 // FuzzParse checks that no input makes Parse panic, and that every refusal
 // is a non-empty Errors whose entries name the file.
 func FuzzParse(f *testing.F) {
-	demo, err := os.ReadFile(filepath.Join("..", "demo.yaml"))
+	demo, err := os.ReadFile(filepath.Join("..", "..", "examples", "gateway", "demo.yaml"))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -574,7 +579,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(api))
 	f.Add([]byte("policies:\n  - id: p\n    rate: {requests: 2.5, per: x, bust: 1}\n    rate: {}\n" + api))
 	f.Add([]byte("a: &x [*x]\n"))
-	redis, err := os.ReadFile(filepath.Join("..", "redis.yaml"))
+	redis, err := os.ReadFile(filepath.Join("..", "..", "examples", "gateway", "redis.yaml"))
 	if err != nil {
 		f.Fatal(err)
 	}
