@@ -1,7 +1,10 @@
 package storetest
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,4 +252,67 @@ func runSlidingLog(t *testing.T, s Suite) {
 		expectWin(t, "1 more", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
 		expectWin(t, "full", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, time.Second, time.Second)
 	})
+}
+
+// runCounts checks the bound on counts (core.MaxCount, 2^53 − 1): every
+// store refuses a limit above it as an invalid limit, and counts exactly up
+// to it, in GCRA, quotas and every window algorithm it lists.
+func runCounts(t *testing.T, s Suite) {
+	over := int64(core.MaxCount) + 1
+	// Periods long enough that T ≥ 1 ns and whole microseconds.
+	const long = time.Duration(1e18)
+
+	t.Run("AboveMaxCountRefused", func(t *testing.T) {
+		e := newEnv(t, s)
+		bad := []core.Request{
+			{Rate: core.Limit{Rate: over, Period: long}, Cost: 1},
+			{Rate: core.Limit{Rate: 1, Period: 1, Burst: over}, Cost: 1},
+			{Quota: core.Quota{Max: over, Renewal: time.Hour}, Cost: 1},
+			{Rate: core.PerSecond(5), Quota: core.Quota{Max: over, Renewal: time.Hour}, Cost: 1},
+		}
+		for _, a := range s.Algorithms {
+			bad = append(bad, core.Request{Rate: windowLimit(a, over, long), Cost: 1})
+		}
+		for _, r := range bad {
+			r.Consumer = e.id
+			_, err := e.store.Take(context.Background(), r)
+			if !errors.Is(err, core.ErrInvalidLimit) || !strings.Contains(err.Error(), "above 9007199254740991 (2^53 − 1)") {
+				t.Errorf("%+v: error %v, want ErrInvalidLimit naming the bound 2^53 − 1", r, err)
+			}
+		}
+	})
+
+	// exact spends MaxCount − 1, then 2 (denied), 1 and 1 (denied) against
+	// a limit of MaxCount, checking every Remaining.
+	exact := func(t *testing.T, r core.Request, kind core.Kind) {
+		e := newEnv(t, s)
+		steps := []struct {
+			cost      int64
+			allowed   bool
+			remaining int64
+		}{{core.MaxCount - 1, true, 1}, {2, false, 1}, {1, true, 0}, {1, false, 0}, {0, true, 0}}
+		for i, st := range steps {
+			r.Cost = st.cost
+			d := e.take(r)
+			if d.Allowed != st.allowed || d.Remaining != st.remaining || d.Limit != core.MaxCount || d.DecidedBy != kind {
+				t.Fatalf("step %d (cost %d): allowed=%v remaining=%d limit=%d by=%v; want allowed=%v remaining=%d limit=%d by=%v",
+					i, st.cost, d.Allowed, d.Remaining, d.Limit, d.DecidedBy, st.allowed, st.remaining, int64(core.MaxCount), kind)
+			}
+		}
+	}
+	t.Run("QuotaAtMaxCount", func(t *testing.T) {
+		exact(t, core.Request{Quota: core.Quota{Max: core.MaxCount, Renewal: time.Hour}}, core.KindQuota)
+	})
+	t.Run("GCRABurstAtMaxCount", func(t *testing.T) {
+		// T = 1 ns; the clock stands still, so nothing refills.
+		exact(t, core.Request{Rate: core.Limit{Rate: 1, Period: 1, Burst: core.MaxCount}}, core.KindRate)
+	})
+	for _, a := range s.Algorithms {
+		if a == core.SlidingWindow {
+			continue // its Rate × Period bound (in the store) is tighter
+		}
+		t.Run(a.String()+"AtMaxCount", func(t *testing.T) {
+			exact(t, core.Request{Rate: windowLimit(a, core.MaxCount, time.Hour)}, core.KindRate)
+		})
+	}
 }

@@ -152,6 +152,14 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:3:11: policies[0].rate: rate 2000000000 per 1s is finer than one event per nanosecond`},
 		{"burst overflows", "policies:\n  - id: p\n    rate: {requests: 1, per: 8760h, burst: 1000}\n" + api,
 			`t.yaml:3:11: policies[0].rate: burst 1000 × emission interval 8760h0m0s overflows`},
+		// Counts above 2^53 − 1 (core.MaxCount) no store keeps exactly
+		// (issue 9): refused for every algorithm and for quotas.
+		{"quota max above 2^53 - 1", "policies:\n  - id: p\n    quota: {max: 9007199254740992, renewal: 720h}\n" + api,
+			`t.yaml:3:12: policies[0].quota: quota max 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly`},
+		{"fixed window above 2^53 - 1", "store: redis://r\npolicies:\n  - id: p\n    rate: {requests: 9007199254740992, per: 3000h, algorithm: fixed_window}\n" + api,
+			`t.yaml:4:11: policies[0].rate: rate 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly`},
+		{"gcra burst above 2^53 - 1", "policies:\n  - id: p\n    rate: {requests: 1, per: 1ns, burst: 9007199254740992}\n" + api,
+			`t.yaml:3:11: policies[0].rate: burst 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly`},
 		{"quota max missing", "policies:\n  - id: p\n    quota: {renewal: 1h}\n" + api,
 			`t.yaml:3:12: policies[0].quota.max: missing (requests per renewal period, or -1 for unlimited)`},
 		{"zero quota", "policies:\n  - id: p\n    quota: {max: 0, renewal: 1h}\n" + api,
