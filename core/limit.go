@@ -49,8 +49,11 @@ const (
 	// A client can spend the whole limit at the end of one window and again
 	// at the start of the next: up to 2× the limit across a boundary.
 	FixedWindow
-	// SlidingLog keeps one timestamp per admitted request (exact, but its
-	// memory grows with Rate).
+	// SlidingLog is exact: a request passes iff the units admitted in the
+	// last Period plus its cost are at most Rate. The Redis store keeps one
+	// entry per microsecond with admitted requests, carrying their cost, so
+	// its memory grows with the number of requests per Period (at most
+	// Rate), and a request's work does not grow with its cost.
 	SlidingLog
 )
 
