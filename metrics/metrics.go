@@ -23,6 +23,15 @@ type Options struct {
 	// Keys, if set, reports the number of live limiter keys (for example
 	// a *memory.Store) as the <namespace>_keys gauge.
 	Keys interface{ Len() int }
+	// KeyCap, if set, reports an in-process store's cap on keys and the
+	// new keys it refused there (a *memory.Store with Options.MaxKeys) as
+	// the <namespace>_keys_max gauge (0 when unbounded) and the
+	// <namespace>_keys_refused_total counter: refusals mean new consumers
+	// are being turned away while the store is full.
+	KeyCap interface {
+		MaxKeys() int
+		KeysRefused() uint64
+	}
 	// Buckets are the decision-latency histogram buckets in seconds;
 	// default from 10µs to 1s.
 	Buckets []float64
@@ -33,6 +42,8 @@ type Collector struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	keys      prometheus.GaugeFunc
+	keysMax   prometheus.GaugeFunc
+	refused   prometheus.CounterFunc
 }
 
 // New returns a Collector for o.
@@ -61,6 +72,17 @@ func New(o Options) *Collector {
 			Help: "Limiter keys currently held in process.",
 		}, func() float64 { return float64(keys.Len()) })
 	}
+	if o.KeyCap != nil {
+		kc := o.KeyCap
+		c.keysMax = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: o.Namespace, Name: "keys_max",
+			Help: "Most limiter keys the in-process store holds; 0 means unbounded.",
+		}, func() float64 { return float64(kc.MaxKeys()) })
+		c.refused = prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: o.Namespace, Name: "keys_refused_total",
+			Help: "Requests refused because they would add a limiter key to a full in-process store.",
+		}, func() float64 { return float64(kc.KeysRefused()) })
+	}
 	return c
 }
 
@@ -86,6 +108,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.keys != nil {
 		c.keys.Describe(ch)
 	}
+	if c.keysMax != nil {
+		c.keysMax.Describe(ch)
+		c.refused.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -94,6 +120,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.latency.Collect(ch)
 	if c.keys != nil {
 		c.keys.Collect(ch)
+	}
+	if c.keysMax != nil {
+		c.keysMax.Collect(ch)
+		c.refused.Collect(ch)
 	}
 }
 

@@ -59,7 +59,7 @@ func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger
 		OnStoreError:  func(err error) { log.Warn("limit store failed", "err", err) },
 	}
 	if cfg.FailurePolicy == core.FailFallback {
-		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
+		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute, MaxKeys: cfg.Memory.MaxKeys})
 		g.closers = append(g.closers, fb.Close)
 		opts.Fallback = windowsAsGCRA{fb}
 	}

@@ -32,7 +32,7 @@ const startupPingTimeout = 5 * time.Second
 // begin limiting through Redis as soon as it answers.
 func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (core.Store, error) {
 	if cfg.Redis == nil {
-		s := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
+		s := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute, MaxKeys: cfg.Memory.MaxKeys})
 		g.closers = append(g.closers, s.Close)
 		return s, nil
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -233,4 +234,35 @@ func (v *validator) readFile(p string) ([]byte, error) {
 		return nil, fmt.Errorf("cannot read %s: %w", full, err)
 	}
 	return b, nil
+}
+
+// memoryStore validates the memory section: max_keys >= 0, and the section
+// only where an in-process store runs (store memory, or failure_policy
+// fallback). cfg's Store, Redis and FailurePolicy are already set.
+func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
+	var out Memory
+	if r == nil {
+		return out
+	}
+	if cfg.Redis != nil && cfg.FailurePolicy != core.FailFallback && !v.failed("failure_policy") {
+		v.fail("memory", "only used with the memory store or failure_policy: fallback")
+	}
+	if n := r.MaxKeys; n != nil {
+		if *n < 0 {
+			v.fail("memory.max_keys", "%d must be >= 0 (0 means unbounded)", *n)
+		} else {
+			out.MaxKeys = *n
+		}
+	}
+	return out
+}
+
+// failed reports whether a problem was already reported at path.
+func (v *validator) failed(path string) bool {
+	for _, e := range v.errs {
+		if e.Field == path {
+			return true
+		}
+	}
+	return false
 }

@@ -102,6 +102,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 	default:
 		v.fail("failure_policy", "unknown policy %q (want open, closed or fallback)", raw.FailurePolicy)
 	}
+	cfg.Memory = v.memoryStore(cfg, raw.Memory)
 	cfg.StoreTimeout = v.duration("store_timeout", raw.StoreTimeout, 0)
 	cfg.ClientIP = v.clientIP(raw.ClientIP)
 	cfg.Server = v.server(raw.Server)
