@@ -111,10 +111,10 @@ type Engine struct {
 // NewEngine returns an Engine over store with the policies of cfg.
 func NewEngine(store Store, cfg Config, opts Options) (*Engine, error) {
 	if store == nil {
-		return nil, errors.New("limitplane: NewEngine: nil store")
+		return nil, errors.New("core: NewEngine: nil store")
 	}
 	if opts.FailurePolicy == FailFallback && opts.Fallback == nil {
-		return nil, errors.New("limitplane: NewEngine: FailFallback needs Options.Fallback")
+		return nil, errors.New("core: NewEngine: FailFallback needs Options.Fallback")
 	}
 	e := &Engine{store: store, opts: opts}
 	if err := e.SetConfig(cfg); err != nil {

@@ -79,14 +79,14 @@ func wait(ctx context.Context, s Store, req Request, now func() time.Time, newTi
 			}
 		}
 		if d.RetryAfter < 0 {
-			return d, fmt.Errorf("limitplane: Wait(cost=%d): %w", req.Cost, ErrCostExceedsBurst)
+			return d, fmt.Errorf("core: Wait(cost=%d): %w", req.Cost, ErrCostExceedsBurst)
 		}
 		delay := d.RetryAfter
 		if delay <= 0 {
 			delay = time.Microsecond // a racing peer took the slot; try again promptly
 		}
 		if dl, ok := ctx.Deadline(); ok && now().Add(delay).After(dl) {
-			return d, fmt.Errorf("limitplane: Wait(cost=%d) needs %v: %w (%w)", req.Cost, delay, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+			return d, fmt.Errorf("core: Wait(cost=%d) needs %v: %w (%w)", req.Cost, delay, ErrWaitExceedsDeadline, context.DeadlineExceeded)
 		}
 		t := newTimer(delay)
 		select {
