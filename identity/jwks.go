@@ -95,7 +95,7 @@ func NewJWKS(ctx context.Context, o JWKSOptions) (*JWKS, error) {
 	}
 	switch {
 	case u.Scheme == "https":
-	case u.Scheme == "http" && (o.AllowInsecureHTTP || isLoopback(u.Hostname())):
+	case u.Scheme == "http" && (o.AllowInsecureHTTP || IsLoopbackHost(u.Hostname())):
 	default:
 		return nil, fmt.Errorf("identity: JWKS URL %q: want https (or AllowInsecureHTTP)", o.URL)
 	}
@@ -203,7 +203,11 @@ func (s *JWKS) key(ctx context.Context, t *jwt.Token, hasKID bool) (any, error) 
 	return k, nil
 }
 
-func isLoopback(host string) bool {
+// IsLoopbackHost reports whether host, a URL's Hostname() (no port, no
+// brackets), is "localhost" or a loopback IP address (127.0.0.0/8, ::1):
+// the hosts a plain-http JWKS URL may name without AllowInsecureHTTP.
+// Other names are not resolved, so they report false.
+func IsLoopbackHost(host string) bool {
 	if host == "localhost" {
 		return true
 	}

@@ -373,3 +373,14 @@ func TestJWKSConcurrentUnknownKID(t *testing.T) {
 		t.Fatalf("after the fetch: %v", err)
 	}
 }
+
+func TestIsLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "127.0.0.1": true, "127.8.9.10": true, "::1": true,
+		"": false, "10.0.0.1": false, "::": false, "idp.example": false, "localhost.example": false, "[::1]": false,
+	} {
+		if got := IsLoopbackHost(host); got != want {
+			t.Errorf("IsLoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
