@@ -225,7 +225,7 @@ func (t Target) String() string {
 // RedactedStore returns Store for messages and banners, as the file wrote
 // it except that a URL's password (in its user information or a password
 // query parameter) is replaced by "xxxxx".
-func (c *Config) RedactedStore() string { return redactURL(c.Store) }
+func (c *Config) RedactedStore() string { return redisstore.RedactURL(c.Store) }
 
 // Load reads and parses the file at path (see Parse).
 func Load(path string) (*Config, error) {

@@ -471,8 +471,7 @@ apis:
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
-	_, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1)))
-	if err == nil {
+	if _, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1))); err == nil {
 		t.Fatalf("a bare hex key_hash was accepted")
 	}
 	cfg, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", h.String(), 1)))

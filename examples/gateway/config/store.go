@@ -31,44 +31,6 @@ func redisScheme(s string) string {
 	return ""
 }
 
-// redactURL returns s as written with the password in its user
-// information, and the value of any password query parameter, replaced by
-// "xxxxx". It works on the text, so it hides them even in a URL that does
-// not parse.
-func redactURL(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return s
-	}
-	q := strings.IndexAny(rest, "?#")
-	if q < 0 {
-		q = len(rest)
-	}
-	// The user information ends at the last "@" before the query, so a
-	// password with an unescaped "/" is hidden whole.
-	if at := strings.LastIndexByte(rest[:q], '@'); at >= 0 {
-		if user, _, hasPW := strings.Cut(rest[:at], ":"); hasPW {
-			rest = user + ":xxxxx" + rest[at:]
-		}
-	}
-	base, query, hasQuery := strings.Cut(rest, "?")
-	if !hasQuery {
-		return scheme + "://" + base
-	}
-	query, fragment, hasFragment := strings.Cut(query, "#")
-	params := strings.Split(query, "&")
-	for i, p := range params {
-		if name, _, _ := strings.Cut(p, "="); strings.EqualFold(name, "password") {
-			params[i] = name + "=xxxxx"
-		}
-	}
-	out := scheme + "://" + base + "?" + strings.Join(params, "&")
-	if hasFragment {
-		out += "#" + fragment
-	}
-	return out
-}
-
 // redis validates a Redis store URL and the redis section. The URL is
 // checked here as far as that needs no client: its shape, go-redis's own
 // option parsing for the one-server forms, and pool_size (which go-redis
@@ -118,7 +80,7 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		if shown := redactURL(store); shown != store {
+		if shown := redisstore.RedactURL(store); shown != store {
 			// The parser's reason may quote part of the password.
 			v.fail("store", "%q is not a URL", shown)
 		} else {
