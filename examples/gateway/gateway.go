@@ -61,7 +61,7 @@ func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger
 	if cfg.FailurePolicy == core.FailFallback {
 		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute})
 		g.closers = append(g.closers, fb.Close)
-		opts.Fallback = windowsAsGCRA{fb}
+		opts.Fallback = windowsAsGCRA{mem: fb}
 	}
 	engine, err := core.NewEngine(store, core.Config{Policies: cfg.Policies}, opts)
 	if err != nil {

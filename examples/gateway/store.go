@@ -138,12 +138,36 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 // limit (fixed_window, sliding_window, sliding_log) of N per period is
 // enforced as GCRA with the same N per period and a burst of N: the same
 // long-run rate, without the fixed window's 2× burst at a boundary.
-type windowsAsGCRA struct{ *memory.Store }
+//
+// The in-process store is a named field, not embedded: embedding would
+// pass on its optional interfaces (core.AlgorithmSupporter,
+// core.DecisionWriter), and the engine would see "GCRA only" and refuse
+// window policies, or a caller would reach TakeInto past the conversion.
+// Every method here is written out.
+type windowsAsGCRA struct{ mem *memory.Store }
 
-// Take implements core.Store.
+// Take implements core.Store: req's limit, converted to GCRA if it names
+// a window algorithm, is applied to the in-process store.
 func (s windowsAsGCRA) Take(ctx context.Context, req core.Request) (core.Decision, error) {
 	if req.Rate.Algorithm != core.GCRA {
 		req.Rate.Algorithm, req.Rate.Burst = core.GCRA, 0
 	}
-	return s.Store.Take(ctx, req)
+	return s.mem.Take(ctx, req)
 }
+
+// ResetQuota implements core.Store.
+func (s windowsAsGCRA) ResetQuota(ctx context.Context, consumer, scope string) error {
+	return s.mem.ResetQuota(ctx, consumer, scope)
+}
+
+// SupportsAlgorithm implements core.AlgorithmSupporter: every algorithm
+// is enforced, the window ones as GCRA.
+func (s windowsAsGCRA) SupportsAlgorithm(a core.Algorithm) bool {
+	switch a {
+	case core.GCRA, core.SlidingWindow, core.FixedWindow, core.SlidingLog:
+		return true
+	}
+	return false
+}
+
+var _ core.AlgorithmSupporter = windowsAsGCRA{}
