@@ -151,6 +151,16 @@ func (g *gateway) Close() error {
 	return errors.Join(errs...)
 }
 
+// errReloadUnsupported is what reload answers until the gateway can
+// reload its configuration.
+var errReloadUnsupported = errors.New("reloading the configuration is not supported yet; restart the gateway to apply a changed file")
+
+// reload is called on each reload request (SIGHUP) while the gateway
+// serves. It is where a configuration reload will go; for now it changes
+// nothing (counters, routes and keys stay as they are) and returns
+// errReloadUnsupported.
+func (g *gateway) reload(context.Context) error { return errReloadUnsupported }
+
 // allowedMethods is the Allow field of the gateway's 405 answer: it
 // forwards any method but CONNECT; these are the ones it advertises.
 const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
