@@ -116,6 +116,9 @@ type env struct {
 	// is handled by gateway.reload while the gateway keeps serving. nil
 	// means none ever come.
 	reload <-chan os.Signal
+	// afterFunc times the intervals of the store-failure log; nil means
+	// time.AfterFunc.
+	afterFunc afterFunc
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then

@@ -37,10 +37,13 @@ func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log 
 		return s, nil
 	}
 	name := cfg.RedactedStore()
-	// go-redis logs pool trouble (failed dials while Redis is down) with
-	// its own global logger; send it to the gateway's log. The logger is
-	// process-wide: the last gateway started in a process gets it.
-	redis.SetLogger(redisLog{log})
+	// go-redis logs pool trouble (a failed dial each time it dials while
+	// Redis is down) with its own global logger; send it to the gateway's
+	// log, at most a line per interval as for store failures. The logger
+	// is process-wide: the last gateway started in a process gets it.
+	rl := newFailureLog(log, failureLogOptions{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: e.afterFunc})
+	g.closers = append(g.closers, rl.Close)
+	redis.SetLogger(redisLog{rl})
 	client, err := redisstore.NewClientFromURL(cfg.Redis.URL)
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %s", name, hide(err, cfg.Redis.Password))
@@ -125,12 +128,13 @@ func hide(err error, password string) string {
 	return msg
 }
 
-// redisLog adapts the gateway's logger to go-redis's.
-type redisLog struct{ l *slog.Logger }
+// redisLog adapts the gateway's logger to go-redis's: each message is a
+// failure for a failureLog.
+type redisLog struct{ f *failureLog }
 
 // Printf implements go-redis's internal.Logging.
 func (r redisLog) Printf(_ context.Context, format string, v ...any) {
-	r.l.Warn(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "component", "go-redis")
+	r.f.Failed(errors.New(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")))
 }
 
 // windowsAsGCRA is the fallback store under failure_policy fallback. The
