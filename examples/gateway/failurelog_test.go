@@ -185,9 +185,9 @@ apis: [{id: echo, listen_path: /echo/, target: "builtin:echo"}]
 `))
 	const clients, maxRequests = 8, 2_000_000
 	var (
-		mu                 sync.Mutex
+		mu                  sync.Mutex
 		requests, unlimited int
-		sinceBack          int // limited answers since the last unlimited one
+		sinceBack           int // limited answers since the last unlimited one
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
