@@ -5,7 +5,10 @@
 //
 // Labels are bounded by configuration — api, policy, limit (rate, quota,
 // none) and result (allowed, denied, shadow_denied, error) — never one value
-// per consumer.
+// per consumer. Store failures are counted apart, by ObserveStoreError
+// (pass it as core.Options.OnStoreError): under the open and fallback
+// failure policies a failed store call still ends in a decision without
+// error, so decisions_total alone does not show an outage.
 package metrics
 
 import (
@@ -44,6 +47,8 @@ type Collector struct {
 	keys      prometheus.GaugeFunc
 	keysMax   prometheus.GaugeFunc
 	refused   prometheus.CounterFunc
+	// storeErrors counts failed store calls.
+	storeErrors prometheus.Counter
 }
 
 // New returns a Collector for o.
@@ -64,6 +69,10 @@ func New(o Options) *Collector {
 			Help:    "Time to decide one request, store round trip included, by API.",
 			Buckets: o.Buckets,
 		}, []string{"api"}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: o.Namespace, Name: "store_errors_total",
+			Help: "Store calls that failed (unreachable, timed out, circuit breaker open), whatever the failure policy then decided.",
+		}),
 	}
 	if o.Keys != nil {
 		keys := o.Keys
@@ -101,10 +110,17 @@ func (c *Collector) ObserveDecision(api string, d core.Decision, err error, took
 	c.latency.WithLabelValues(api).Observe(took.Seconds())
 }
 
+// ObserveStoreError counts one failed store call, as
+// <namespace>_store_errors_total; it has core.Options.OnStoreError's
+// signature and is safe for concurrent use. err is not recorded (labels
+// stay bounded).
+func (c *Collector) ObserveStoreError(err error) { c.storeErrors.Inc() }
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.decisions.Describe(ch)
 	c.latency.Describe(ch)
+	c.storeErrors.Describe(ch)
 	if c.keys != nil {
 		c.keys.Describe(ch)
 	}
@@ -118,6 +134,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.decisions.Collect(ch)
 	c.latency.Collect(ch)
+	c.storeErrors.Collect(ch)
 	if c.keys != nil {
 		c.keys.Collect(ch)
 	}

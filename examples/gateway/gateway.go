@@ -21,6 +21,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/examples/gateway/config"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/metrics"
 )
 
 // gateway routes each request to the API with the longest matching listen
@@ -29,6 +30,9 @@ type gateway struct {
 	routes    []route // longest listen path first
 	closers   []func() error
 	transport *http.Transport
+	// metrics counts store failures (store_errors_total); it is not
+	// exposed yet.
+	metrics *metrics.Collector
 }
 
 type route struct {
@@ -42,7 +46,7 @@ type route struct {
 // reverse proxy or the echo upstream. ctx is the gateway's lifetime: JWKS
 // refreshes run until it is done. Close releases what it started.
 func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (_ *gateway, err error) {
-	g := &gateway{transport: newTransport()}
+	g := &gateway{transport: newTransport(), metrics: metrics.New(metrics.Options{})}
 	defer func() {
 		if err != nil {
 			g.Close()
@@ -52,16 +56,23 @@ func newGateway(ctx context.Context, cfg *config.Config, e env, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
+	// Under a Redis outage every request fails: the metric counts each
+	// failure, the log gets a line per interval.
+	failures := newFailureLog(log, failureLogOptions{Msg: "limit store failed", AfterFunc: e.afterFunc})
+	g.closers = append(g.closers, failures.Close)
 	opts := core.Options{
 		FailurePolicy: cfg.FailurePolicy,
 		StoreTimeout:  cfg.StoreTimeout,
 		Shadow:        cfg.Shadow,
-		OnStoreError:  func(err error) { log.Warn("limit store failed", "err", err) },
+		OnStoreError: func(err error) {
+			g.metrics.ObserveStoreError(err)
+			failures.Failed(err)
+		},
 	}
 	if cfg.FailurePolicy == core.FailFallback {
 		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute, MaxKeys: cfg.Memory.MaxKeys})
 		g.closers = append(g.closers, fb.Close)
-		opts.Fallback = windowsAsGCRA{fb}
+		opts.Fallback = windowsAsGCRA{mem: fb}
 	}
 	engine, err := core.NewEngine(store, core.Config{Policies: cfg.Policies}, opts)
 	if err != nil {
@@ -150,6 +161,16 @@ func (g *gateway) Close() error {
 	g.transport.CloseIdleConnections()
 	return errors.Join(errs...)
 }
+
+// errReloadUnsupported is what reload answers until the gateway can
+// reload its configuration.
+var errReloadUnsupported = errors.New("reloading the configuration is not supported yet; restart the gateway to apply a changed file")
+
+// reload is called on each reload request (SIGHUP) while the gateway
+// serves. It is where a configuration reload will go; for now it changes
+// nothing (counters, routes and keys stay as they are) and returns
+// errReloadUnsupported.
+func (g *gateway) reload(context.Context) error { return errReloadUnsupported }
 
 // allowedMethods is the Allow field of the gateway's 405 answer: it
 // forwards any method but CONNECT; these are the ones it advertises.

@@ -19,7 +19,10 @@
 // an http(s) upstream through net/http/httputil.ReverseProxy, or
 // builtin:echo, which answers with JSON describing the request. SIGINT or
 // SIGTERM shuts the gateway down cleanly, letting requests in flight
-// finish, then closes the Redis client and stops JWKS refreshes.
+// finish (for up to server.shutdown_timeout; connections still busy then
+// are closed), then closes the Redis client and stops JWKS refreshes.
+// SIGHUP does not stop the gateway: it logs that reloading the
+// configuration is not supported yet and keeps serving.
 //
 // The configuration reference is in the repository's README.md.
 package main
@@ -37,6 +40,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,7 +62,12 @@ func main() {
 		<-ctx.Done()
 		stop() // a second signal kills at once
 	}()
-	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr})
+	// SIGHUP's default action ends the process; caught, it asks for a
+	// reload instead (see run).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: hup})
+	signal.Stop(hup)
 	stop()
 	os.Exit(exitCode(os.Stderr, err))
 }
@@ -75,7 +84,9 @@ func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
 // exitCode writes run's error to w, once, and returns the exit status: 0
-// after a clean shutdown or -h, 2 for a usage error, 1 for anything else.
+// after a requested shutdown (also when shutdown_timeout cut requests
+// still in flight) or -h, 2 for a usage error, 1 for anything else (the
+// gateway could not start, or its server failed).
 func exitCode(w io.Writer, err error) int {
 	var ue *usageError
 	switch {
@@ -101,10 +112,21 @@ type env struct {
 	// now is the wall clock for X-RateLimit-Reset and key expiry; nil
 	// means time.Now.
 	now func() time.Time
+	// reload delivers reload requests (main sends SIGHUP here); each one
+	// is handled by gateway.reload while the gateway keeps serving. nil
+	// means none ever come.
+	reload <-chan os.Signal
+	// afterFunc times the intervals of the store-failure log; nil means
+	// time.AfterFunc.
+	afterFunc afterFunc
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then
-// shuts down gracefully. It returns nil after a clean shutdown,
+// shuts down gracefully: it stops accepting connections and waits up to
+// server.shutdown_timeout for requests in flight, then closes the
+// connections still busy (their clients see the connection closed without
+// a response, or a cut-off body) and logs how many requests it cut. It
+// returns nil after such a shutdown, cut requests or not,
 // flag.ErrHelp after -h, and a *usageError for a bad command line (an
 // unknown flag, a bad -listen, a stray argument), after printing the
 // error and the usage to e.stderr.
@@ -166,8 +188,9 @@ func run(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	active := &inFlight{h: gw}
 	srv := &http.Server{
-		Handler:           gw,
+		Handler:           active,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
 		ReadTimeout:       cfg.Server.ReadTimeout,
 		WriteTimeout:      cfg.Server.WriteTimeout,
@@ -179,15 +202,31 @@ func run(ctx context.Context, args []string, e env) error {
 	go func() { served <- srv.Serve(ln) }()
 	printBanner(e.stdout, baseURL(ln.Addr()), cfg, *configFile)
 
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
+serve:
+	for {
+		select {
+		case err := <-served:
+			return err
+		case sig := <-e.reload:
+			if err := gw.reload(ctx); err != nil {
+				log.Warn("configuration not reloaded; serving with the running one", "signal", sig.String(), "err", err)
+			}
+		case <-ctx.Done():
+			break serve
+		}
 	}
 	fmt.Fprintln(e.stdout, "shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	switch err := srv.Shutdown(sctx); {
+	case errors.Is(err, context.DeadlineExceeded):
+		// The shutdown was asked for and is carried out: cutting what
+		// outlives shutdown_timeout is its documented end, not a failure.
+		cut := active.n.Load()
+		srv.Close()
+		log.Warn("shutdown_timeout passed; closed the connections of requests still in flight",
+			"shutdown_timeout", cfg.Server.ShutdownTimeout, "requests_cut", cut)
+	case err != nil:
 		srv.Close()
 		return fmt.Errorf("shutdown: %w", err)
 	}
@@ -195,6 +234,20 @@ func run(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	return nil
+}
+
+// inFlight counts the requests its handler is serving, for the shutdown
+// log line.
+type inFlight struct {
+	n atomic.Int64
+	h http.Handler
+}
+
+// ServeHTTP implements http.Handler.
+func (f *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.n.Add(1)
+	defer f.n.Add(-1)
+	f.h.ServeHTTP(w, r)
 }
 
 // baseURL returns the URL clients reach addr at (a wildcard address is

@@ -37,10 +37,13 @@ func (g *gateway) openStore(ctx context.Context, cfg *config.Config, e env, log 
 		return s, nil
 	}
 	name := cfg.RedactedStore()
-	// go-redis logs pool trouble (failed dials while Redis is down) with
-	// its own global logger; send it to the gateway's log. The logger is
-	// process-wide: the last gateway started in a process gets it.
-	redis.SetLogger(redisLog{log})
+	// go-redis logs pool trouble (a failed dial each time it dials while
+	// Redis is down) with its own global logger; send it to the gateway's
+	// log, at most a line per interval as for store failures. The logger
+	// is process-wide: the last gateway started in a process gets it.
+	rl := newFailureLog(log, failureLogOptions{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: e.afterFunc})
+	g.closers = append(g.closers, rl.Close)
+	redis.SetLogger(redisLog{rl})
 	client, err := redisstore.NewClientFromURL(cfg.Redis.URL)
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %s", name, hide(err, cfg.Redis.Password))
@@ -125,12 +128,13 @@ func hide(err error, password string) string {
 	return msg
 }
 
-// redisLog adapts the gateway's logger to go-redis's.
-type redisLog struct{ l *slog.Logger }
+// redisLog adapts the gateway's logger to go-redis's: each message is a
+// failure for a failureLog.
+type redisLog struct{ f *failureLog }
 
 // Printf implements go-redis's internal.Logging.
 func (r redisLog) Printf(_ context.Context, format string, v ...any) {
-	r.l.Warn(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "component", "go-redis")
+	r.f.Failed(errors.New(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")))
 }
 
 // windowsAsGCRA is the fallback store under failure_policy fallback. The
@@ -138,12 +142,36 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 // limit (fixed_window, sliding_window, sliding_log) of N per period is
 // enforced as GCRA with the same N per period and a burst of N: the same
 // long-run rate, without the fixed window's 2× burst at a boundary.
-type windowsAsGCRA struct{ *memory.Store }
+//
+// The in-process store is a named field, not embedded: embedding would
+// pass on its optional interfaces (core.AlgorithmSupporter,
+// core.DecisionWriter), and the engine would see "GCRA only" and refuse
+// window policies, or a caller would reach TakeInto past the conversion.
+// Every method here is written out.
+type windowsAsGCRA struct{ mem *memory.Store }
 
-// Take implements core.Store.
+// Take implements core.Store: req's limit, converted to GCRA if it names
+// a window algorithm, is applied to the in-process store.
 func (s windowsAsGCRA) Take(ctx context.Context, req core.Request) (core.Decision, error) {
 	if req.Rate.Algorithm != core.GCRA {
 		req.Rate.Algorithm, req.Rate.Burst = core.GCRA, 0
 	}
-	return s.Store.Take(ctx, req)
+	return s.mem.Take(ctx, req)
 }
+
+// ResetQuota implements core.Store.
+func (s windowsAsGCRA) ResetQuota(ctx context.Context, consumer, scope string) error {
+	return s.mem.ResetQuota(ctx, consumer, scope)
+}
+
+// SupportsAlgorithm implements core.AlgorithmSupporter: every algorithm
+// is enforced, the window ones as GCRA.
+func (s windowsAsGCRA) SupportsAlgorithm(a core.Algorithm) bool {
+	switch a {
+	case core.GCRA, core.SlidingWindow, core.FixedWindow, core.SlidingLog:
+		return true
+	}
+	return false
+}
+
+var _ core.AlgorithmSupporter = windowsAsGCRA{}

@@ -104,6 +104,14 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		v.fail("store", "%q needs the master's name: redis+sentinel://master@host:26379,...", store)
 		return out
 	}
+	if scheme != "unix" {
+		for _, h := range strings.Split(u.Host, ",") {
+			if port, ok := hostPort(h); ok && !validPort(port) {
+				v.fail("store", "host %q: port %q is not a number from 1 to 65535", h, port)
+				return out
+			}
+		}
+	}
 	if ps, ok := q["pool_size"]; ok {
 		if n, err := strconv.Atoi(ps[0]); err != nil || n < 0 || n > math.MaxInt32 {
 			v.fail("store", "pool_size=%s: want 0 (go-redis's default) to %d", ps[0], math.MaxInt32)
@@ -227,4 +235,26 @@ func (v *validator) failed(path string) bool {
 		}
 	}
 	return false
+}
+
+// hostPort returns the port of one host of a store URL's host list
+// ("host:port", "[v6]:port"), and whether it names one. An IPv6 address
+// without brackets names none. An empty port ("host:") is go-redis's
+// default port and passes.
+func hostPort(h string) (string, bool) {
+	if strings.HasPrefix(h, "[") {
+		_, port, ok := strings.Cut(h, "]:")
+		return port, ok && port != ""
+	}
+	if strings.Count(h, ":") != 1 {
+		return "", false
+	}
+	_, port, _ := strings.Cut(h, ":")
+	return port, port != ""
+}
+
+// validPort reports whether port is a decimal TCP port, 1 to 65535.
+func validPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535 && strings.TrimLeft(port, "0123456789") == ""
 }
