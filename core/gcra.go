@@ -27,7 +27,8 @@ func (l Limit) GCRA() GCRAParams {
 // dividing only once: the fast path for stores handed arbitrary Requests.
 // l must not be zero or Unlimited.
 func (l Limit) CheckedGCRA() (GCRAParams, error) {
-	if l.Rate > 0 && l.Period > 0 && l.Burst >= 0 && l.Algorithm <= SlidingLog {
+	// Rate in [1, MaxCount] and Burst in [0, MaxCount], one comparison each.
+	if uint64(l.Rate-1) < MaxCount && l.Period > 0 && uint64(l.Burst) <= MaxCount && l.Algorithm <= SlidingLog {
 		t := int64(l.Period) / l.Rate
 		b := l.EffectiveBurst()
 		if hi, lo := bits.Mul64(uint64(b), uint64(t)); t > 0 && hi == 0 && lo <= uint64(maxTolerance) {

@@ -26,6 +26,16 @@ const Unlimited = -1
 // clock. 2^61 ns is about 73 years.
 const maxTolerance = int64(1) << 61
 
+// MaxCount is the largest count a limit may state, 2^53 − 1: a Limit's Rate
+// and Burst and a Quota's Max above it are refused by Validate (wrapping
+// ErrInvalidLimit), and so by every store, the Engine and the gateway's
+// configuration. The Redis store counts in Lua numbers, IEEE doubles, which
+// hold every integer up to 2^53 exactly and no longer count one by one above
+// it; the in-process store refuses the same limits, so a policy means the
+// same in both. It is also the largest integer a JSON or JavaScript client
+// reads exactly from a Remaining or Limit field. Equal to MaxCost.
+const MaxCount = 1<<53 - 1
+
 // Algorithm selects how a Limit is enforced. The zero value is GCRA.
 type Algorithm uint8
 
@@ -42,8 +52,11 @@ const (
 	// A client can spend the whole limit at the end of one window and again
 	// at the start of the next: up to 2× the limit across a boundary.
 	FixedWindow
-	// SlidingLog keeps one timestamp per admitted request (exact, but its
-	// memory grows with Rate).
+	// SlidingLog is exact: a request passes iff the units admitted in the
+	// last Period plus its cost are at most Rate. The Redis store keeps one
+	// entry per microsecond with admitted requests, carrying their cost, so
+	// its memory grows with the number of requests per Period (at most
+	// Rate), and a request's work does not grow with its cost.
 	SlidingLog
 )
 
@@ -151,9 +164,10 @@ func (l Limit) EmissionInterval() time.Duration {
 
 // Validate reports why l cannot be enforced, wrapping ErrInvalidLimit, or
 // nil. The zero Limit and Rate == Unlimited are valid. Otherwise Rate,
-// Period and Burst (when set) must be positive, Period/Rate must be at least
-// one nanosecond, and Burst × T must stay below 2^61 ns so no arithmetic can
-// overflow.
+// Period and Burst (when set) must be positive, Rate and Burst at most
+// MaxCount (2^53 − 1, the largest count every store keeps exactly),
+// Period/Rate must be at least one nanosecond, and Burst × T must stay
+// below 2^61 ns so no arithmetic can overflow.
 func (l Limit) Validate() error {
 	if l.IsZero() || l.Rate == Unlimited {
 		return nil
@@ -169,6 +183,12 @@ func (l Limit) Validate() error {
 	}
 	if l.Burst < 0 {
 		return fmt.Errorf("%w: burst %d must be > 0 (0 means equal to rate)", ErrInvalidLimit, l.Burst)
+	}
+	if l.Rate > MaxCount {
+		return fmt.Errorf("%w: rate %d is above %d (2^53 − 1), the largest count every store keeps exactly", ErrInvalidLimit, l.Rate, int64(MaxCount))
+	}
+	if l.Burst > MaxCount {
+		return fmt.Errorf("%w: burst %d is above %d (2^53 − 1), the largest count every store keeps exactly", ErrInvalidLimit, l.Burst, int64(MaxCount))
 	}
 	t := int64(l.Period) / l.Rate
 	if t == 0 {
@@ -208,13 +228,17 @@ func (q Quota) Enforced() bool { return q.Max != Unlimited && !q.IsZero() }
 
 // Validate reports why q cannot be enforced, wrapping ErrInvalidLimit, or
 // nil. The zero Quota and Max == Unlimited are valid; otherwise Max and
-// Renewal must be positive and Renewal below 2^61 ns.
+// Renewal must be positive, Max at most MaxCount (2^53 − 1, the largest
+// count every store keeps exactly) and Renewal below 2^61 ns.
 func (q Quota) Validate() error {
 	if q.IsZero() || q.Max == Unlimited {
 		return nil
 	}
 	if q.Max <= 0 {
 		return fmt.Errorf("%w: quota max %d must be > 0 (or -1 for unlimited)", ErrInvalidLimit, q.Max)
+	}
+	if q.Max > MaxCount {
+		return fmt.Errorf("%w: quota max %d is above %d (2^53 − 1), the largest count every store keeps exactly", ErrInvalidLimit, q.Max, int64(MaxCount))
 	}
 	if q.Renewal <= 0 {
 		return fmt.Errorf("%w: quota renewal %v must be > 0", ErrInvalidLimit, q.Renewal)

@@ -25,6 +25,14 @@ func TestLimitValidate(t *testing.T) {
 		{Limit{Rate: 1, Period: 1 << 62, Burst: 1}, "overflows"},
 		{Limit{Rate: 1, Period: time.Hour, Burst: 1 << 40}, "overflows"},
 		{Limit{Rate: 1, Period: time.Second, Algorithm: 9}, "unknown algorithm 9"},
+		// Counts are bounded by MaxCount = 2^53 − 1 (issue 9): the largest
+		// ones are valid, one more is not, in every algorithm.
+		{Limit{Rate: MaxCount, Period: 1 << 60}, ""},
+		{Limit{Rate: 1, Period: 1, Burst: MaxCount}, ""},
+		{Limit{Rate: MaxCount + 1, Period: 1 << 60}, "rate 9007199254740992 is above 9007199254740991 (2^53 − 1)"},
+		{Limit{Rate: MaxCount + 1, Period: 1 << 60, Algorithm: FixedWindow}, "rate 9007199254740992 is above 9007199254740991 (2^53 − 1)"},
+		{Limit{Rate: MaxCount + 1, Period: 1 << 60, Algorithm: SlidingLog}, "rate 9007199254740992 is above"},
+		{Limit{Rate: 1, Period: 1, Burst: MaxCount + 1}, "burst 9007199254740992 is above 9007199254740991 (2^53 − 1)"},
 	}
 	for _, c := range cases {
 		err := c.l.Validate()
@@ -44,7 +52,7 @@ func TestLimitValidate(t *testing.T) {
 }
 
 func TestQuotaValidate(t *testing.T) {
-	for _, q := range []Quota{{}, {Max: Unlimited}, {Max: 1, Renewal: time.Hour}} {
+	for _, q := range []Quota{{}, {Max: Unlimited}, {Max: 1, Renewal: time.Hour}, {Max: MaxCount, Renewal: time.Hour}} {
 		if err := q.Validate(); err != nil {
 			t.Errorf("%+v: %v", q, err)
 		}
@@ -53,6 +61,11 @@ func TestQuotaValidate(t *testing.T) {
 		if err := q.Validate(); !errors.Is(err, ErrInvalidLimit) {
 			t.Errorf("%+v: error %v, want ErrInvalidLimit", q, err)
 		}
+	}
+	q := Quota{Max: MaxCount + 1, Renewal: time.Hour}
+	const want = "invalid limit: quota max 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly"
+	if err := q.Validate(); !errors.Is(err, ErrInvalidLimit) || err.Error() != want {
+		t.Errorf("%+v: error %v, want %q", q, err, want)
 	}
 }
 

@@ -128,7 +128,7 @@ func (r *Request) Reservation() int64 {
 // MaxCost is the largest cost a Request may carry, 2^53 − 1: every store
 // refuses a larger one with ErrInvalidCost (the Redis store computes in Lua
 // numbers, exact integers below 2^53, and the in-process store matches it).
-const MaxCost = 1<<53 - 1
+const MaxCost = MaxCount
 
 // Validate checks the request's limits and cost.
 func (r *Request) Validate() error {

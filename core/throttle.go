@@ -34,6 +34,13 @@ type Throttle struct {
 	o         ThrottleOptions
 	req       Request
 	notBefore atomic.Int64 // Unix ns before which Wait admits nothing
+
+	// now and newTimer are the test seam, as for Wait (see wait) and in
+	// golang.org/x/time/rate: time.Now and time.NewTimer outside tests,
+	// which in this package set them to a stepped clock and timers that
+	// fire at once.
+	now      func() time.Time
+	newTimer func(time.Duration) timer
 }
 
 // NewThrottle returns a Throttle for o. It fails when Store or Key is
@@ -51,7 +58,7 @@ func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = time.Minute
 	}
-	return &Throttle{o: o, req: Request{Consumer: o.Key, Rate: o.Limit, Cost: 1}}, nil
+	return &Throttle{o: o, req: Request{Consumer: o.Key, Rate: o.Limit, Cost: 1}, now: time.Now, newTimer: newStdTimer}, nil
 }
 
 // Key returns the budget's name.
@@ -64,13 +71,14 @@ func (t *Throttle) Key() string { return t.o.Key }
 // deadline, ctx.Err() when ctx ends while waiting, ErrCostExceedsBurst,
 // or the store's error.
 func (t *Throttle) Wait(ctx context.Context, cost int64) error {
-	if d := time.Duration(t.notBefore.Load() - time.Now().UnixNano()); d > 0 {
-		if dl, ok := ctx.Deadline(); ok && time.Now().Add(d).After(dl) {
-			return fmt.Errorf("core: %s asked to wait %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+	now := t.now()
+	if d := time.Duration(t.notBefore.Load() - now.UnixNano()); d > 0 {
+		if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+			return fmt.Errorf("core: throttle %q backing off for %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
 		}
-		tm := time.NewTimer(d)
+		tm := t.newTimer(d)
 		select {
-		case <-tm.C:
+		case <-tm.C():
 		case <-ctx.Done():
 			tm.Stop()
 			return ctx.Err()
@@ -78,7 +86,7 @@ func (t *Throttle) Wait(ctx context.Context, cost int64) error {
 	}
 	req := t.req
 	req.Cost = cost
-	_, err := Wait(ctx, t.o.Store, req)
+	_, err := wait(ctx, t.o.Store.Take, req, true, t.now, t.newTimer)
 	return err
 }
 
@@ -90,7 +98,7 @@ func (t *Throttle) Backoff(ctx context.Context, d time.Duration) {
 	if d == 0 {
 		return
 	}
-	until := time.Now().Add(d).UnixNano()
+	until := t.now().Add(d).UnixNano()
 	for {
 		cur := t.notBefore.Load()
 		if cur >= until || t.notBefore.CompareAndSwap(cur, until) {

@@ -60,8 +60,12 @@ type Options struct {
 	Shadow bool
 	// Observer, if set, is told about every decision (metrics.Collector).
 	Observer core.Observer
-	// OnStoreError, if set, is called with every store error; it must be
-	// safe for concurrent use and must not block.
+	// OnStoreError, if set, is called with every store error (for
+	// metrics: metrics.Collector.ObserveStoreError); it must be safe for
+	// concurrent use and must not block. The gateway also logs store
+	// errors to Logger itself, without flooding it: the first of an
+	// outage at once, then one line per 5 s with the number since the
+	// last line (failures) and since start (total).
 	OnStoreError func(error)
 	// ClientIP says how keyless APIs and failure limits find a client's
 	// address.
@@ -86,6 +90,9 @@ type Options struct {
 	// Now is the wall clock for key expiry, JWT validation and
 	// X-RateLimit-Reset; nil means time.Now. A test seam.
 	Now func() time.Time
+	// AfterFunc times the store-failure log's intervals; nil means
+	// time.AfterFunc. A test seam.
+	AfterFunc AfterFunc
 }
 
 // Gateway is an http.Handler enforcing the last applied snapshot. Until
@@ -98,6 +105,7 @@ type Gateway struct {
 	ownsTrans *http.Transport // closed by Close when the gateway made it
 	fallback  core.Store
 	closers   []func() error
+	onStore   func(error) // the engines' OnStoreError
 	clientIP  *identity.ClientIP
 	render    *response.Renderer
 	buffers   bufferPool // the proxies' copy buffers, shared by every state
@@ -143,6 +151,14 @@ func New(opts Options) (*Gateway, error) {
 	if g.transport == nil {
 		g.ownsTrans = newTransport()
 		g.transport = g.ownsTrans
+	}
+	failures := newFailureLog(g.log, failureLogOptions{Msg: "limit store failed", AfterFunc: opts.AfterFunc})
+	g.closers = append(g.closers, failures.Close)
+	g.onStore = func(err error) {
+		if opts.OnStoreError != nil {
+			opts.OnStoreError(err)
+		}
+		failures.Failed(err)
 	}
 	g.fallback = opts.Fallback
 	if opts.FailurePolicy == core.FailFallback && g.fallback == nil {
@@ -219,7 +235,7 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 		Fallback:      g.fallback,
 		StoreTimeout:  g.opts.StoreTimeout,
 		Shadow:        g.opts.Shadow,
-		OnStoreError:  g.opts.OnStoreError,
+		OnStoreError:  g.onStore,
 		Observer:      g.opts.Observer,
 	})
 	if err != nil {

@@ -40,9 +40,12 @@ type StoreOptions struct {
 	// means (see OpenStore).
 	FailurePolicy core.FailurePolicy
 	// Logger receives warnings (Redis unreachable at startup, circuit
-	// breaker changes, go-redis's own pool messages); nil means
-	// slog.Default().
+	// breaker changes, go-redis's own pool messages, at most one line per
+	// 5 s with counts as for store failures); nil means slog.Default().
 	Logger *slog.Logger
+	// AfterFunc times the go-redis log's intervals; nil means
+	// time.AfterFunc. A test seam.
+	AfterFunc AfterFunc
 }
 
 // OpenStore opens the store o names and returns it with the function that
@@ -74,12 +77,15 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 	if name == "" {
 		name = hideIn(o.URL, o.Password)
 	}
-	// go-redis logs pool trouble (failed dials while Redis is down) with
-	// its own global logger; send it to the gateway's log. The logger is
-	// process-wide: the last store opened in a process gets it.
-	redis.SetLogger(redisLog{log})
+	// go-redis logs pool trouble (a failed dial each time it dials while
+	// Redis is down) with its own global logger; send it to the gateway's
+	// log, at most a line per interval as for store failures. The logger
+	// is process-wide: the last store opened in a process gets it.
+	rl := newFailureLog(log, failureLogOptions{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: o.AfterFunc})
+	redis.SetLogger(redisLog{rl})
 	client, err := redisstore.NewClientFromURL(o.URL)
 	if err != nil {
+		rl.Close()
 		return nil, nil, fmt.Errorf("gateway: store %s: %s", name, hide(err, o.Password))
 	}
 	ro := o.Redis
@@ -91,9 +97,10 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 	s, err := redisstore.New(client, ro)
 	if err != nil {
 		client.Close()
+		rl.Close()
 		return nil, nil, fmt.Errorf("gateway: store %s: %w", name, err)
 	}
-	closeAll := func() error { return errors.Join(s.Close(), client.Close()) }
+	closeAll := func() error { return errors.Join(s.Close(), client.Close(), rl.Close()) }
 
 	pctx, cancel := context.WithTimeout(ctx, startupPingTimeout)
 	defer cancel()
@@ -164,12 +171,13 @@ func hideIn(msg, password string) string {
 	return msg
 }
 
-// redisLog adapts the gateway's logger to go-redis's.
-type redisLog struct{ l *slog.Logger }
+// redisLog adapts the gateway's logger to go-redis's: each message is a
+// failure for a failureLog.
+type redisLog struct{ f *failureLog }
 
 // Printf implements go-redis's internal.Logging.
 func (r redisLog) Printf(_ context.Context, format string, v ...any) {
-	r.l.Warn(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "), "component", "go-redis")
+	r.f.Failed(errors.New(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")))
 }
 
 // WindowsAsGCRA is the fallback store for failure_policy fallback over a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,4 +201,13 @@ func TestAPIKeyQueryWithoutQueryValuer(t *testing.T) {
 	}
 	_, err = a.Authenticate(context.Background(), r)
 	authErr(t, err, 401, ErrInvalidCredentials, "ambiguous credentials: more than one api_key query parameter")
+}
+
+func TestParseKeyHashErrors(t *testing.T) {
+	for _, s := range []string{"", "SHA256:ab", "sha256:zz", "sha256:" + strings.Repeat("a", 62)} {
+		want := `identity: key hash "` + s + `": want sha256:<64 hex digits>`
+		if _, err := ParseKeyHash(s); err == nil || err.Error() != want {
+			t.Errorf("ParseKeyHash(%q): %v, want %s", s, err, want)
+		}
+	}
 }

@@ -61,8 +61,14 @@ type JWKSOptions struct {
 	// default a failed first fetch is an error.
 	AllowStartWithoutKeys bool
 	// OnError, if set, receives every failed fetch (for logs and
-	// metrics). It must be safe for concurrent use.
+	// metrics), except a fetch cut short because the JWKS is stopping
+	// (Close, or the end of the context given to NewJWKS): a clean
+	// shutdown reports nothing. It must be safe for concurrent use.
 	OnError func(error)
+
+	// fetchFailed, when set, is called after each failed fetch has been
+	// handled (reported to OnError or dropped): a test seam.
+	fetchFailed func()
 }
 
 // JWKS is a remote JSON Web Key Set, cached in memory and refreshed in the
@@ -89,7 +95,7 @@ func NewJWKS(ctx context.Context, o JWKSOptions) (*JWKS, error) {
 	}
 	switch {
 	case u.Scheme == "https":
-	case u.Scheme == "http" && (o.AllowInsecureHTTP || isLoopback(u.Hostname())):
+	case u.Scheme == "http" && (o.AllowInsecureHTTP || IsLoopbackHost(u.Hostname())):
 	default:
 		return nil, fmt.Errorf("identity: JWKS URL %q: want https (or AllowInsecureHTTP)", o.URL)
 	}
@@ -117,8 +123,17 @@ func NewJWKS(ctx context.Context, o JWKSOptions) (*JWKS, error) {
 
 	ctx, cancel := context.WithCancel(ctx)
 	var onErr func(context.Context, error)
-	if o.OnError != nil {
-		onErr = func(_ context.Context, err error) { o.OnError(fmt.Errorf("identity: JWKS %s: %w", o.URL, err)) }
+	if o.OnError != nil || o.fetchFailed != nil {
+		// jwkset passes the fetch's own context, already cancelled, so the
+		// JWKS's context tells a shutdown from a failure.
+		onErr = func(_ context.Context, err error) {
+			if ctx.Err() == nil && o.OnError != nil {
+				o.OnError(fmt.Errorf("identity: JWKS %s: %w", o.URL, err))
+			}
+			if o.fetchFailed != nil {
+				o.fetchFailed()
+			}
+		}
 	}
 	// jwkset starts its refresh goroutine before the first fetch; every
 	// failure path below cancels ctx to end it.
@@ -188,7 +203,11 @@ func (s *JWKS) key(ctx context.Context, t *jwt.Token, hasKID bool) (any, error) 
 	return k, nil
 }
 
-func isLoopback(host string) bool {
+// IsLoopbackHost reports whether host, a URL's Hostname() (no port, no
+// brackets), is "localhost" or a loopback IP address (127.0.0.0/8, ::1):
+// the hosts a plain-http JWKS URL may name without AllowInsecureHTTP.
+// Other names are not resolved, so they report false.
+func IsLoopbackHost(host string) bool {
 	if host == "localhost" {
 		return true
 	}

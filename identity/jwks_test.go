@@ -200,45 +200,101 @@ func TestJWKSRotation(t *testing.T) {
 	}
 }
 
-// TestJWKSBackgroundRefreshStops: the refresh goroutine picks up new keys
-// and stops fetching after Close (or when its context is cancelled).
+// roundTripFunc is an http.RoundTripper from a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestJWKSBackgroundRefreshStops: the refresh goroutine picks up new keys;
+// stopping the JWKS (Close, or the context given to NewJWKS) while a fetch
+// is halfway through its response body is a clean shutdown: OnError hears
+// nothing, the cached keys stay, and nothing more is fetched. The server
+// stalls mid-body until the client goes away, and the test stops the JWKS
+// only once the client holds the response headers, so the fetch is cut
+// short mid-body every time.
 func TestJWKSBackgroundRefreshStops(t *testing.T) {
 	k := keys(t)
+	one, err := json.Marshal(map[string]any{"keys": []map[string]string{jwk(t, "a", "", &k.p256.PublicKey)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := json.Marshal(map[string]any{"keys": []map[string]string{jwk(t, "a", "", &k.p256.PublicKey), jwk(t, "b", "", k.ed.Public())}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, stop := range []string{"Close", "context"} {
 		t.Run(stop, func(t *testing.T) {
-			srv := newJWKSServer(t, jwk(t, "a", "", &k.p256.PublicKey))
+			var (
+				mu      sync.Mutex
+				phase   int // 0: serve one key; 1: serve two, once; 2: stall halfway
+				hits    atomic.Int64
+				once    sync.Once
+				stalled = make(chan struct{})
+			)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
+				mu.Lock()
+				p := phase
+				if p == 1 {
+					phase = 2
+				}
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				switch p {
+				case 0:
+					w.Write(one)
+				case 1:
+					w.Write(two)
+				default:
+					w.Header().Set("X-Stall", "1")
+					w.Write(two[:len(two)/2])
+					w.(http.Flusher).Flush()
+					<-r.Context().Done() // until the client goes away
+				}
+			}))
+			defer srv.Close()
+			client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				resp, err := http.DefaultTransport.RoundTrip(r)
+				if err == nil && resp.Header.Get("X-Stall") != "" {
+					once.Do(func() { close(stalled) })
+				}
+				return resp, err
+			})}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var errs atomic.Int64
-			set, err := NewJWKS(ctx, JWKSOptions{URL: srv.URL, RefreshInterval: 5 * time.Millisecond, UnknownKIDRefresh: -1,
-				OnError: func(error) { errs.Add(1) }})
+			errs := make(chan error, 16)
+			failed := make(chan struct{}, 16)
+			set, err := NewJWKS(ctx, JWKSOptions{URL: srv.URL, Client: client, RefreshInterval: time.Millisecond, UnknownKIDRefresh: -1,
+				OnError:     func(err error) { errs <- err },
+				fetchFailed: func() { failed <- struct{}{} },
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv.set(t, jwk(t, "a", "", &k.p256.PublicKey), jwk(t, "b", "", k.ed.Public()))
-			deadline := time.Now().Add(5 * time.Second)
-			for set.Len(context.Background()) != 2 {
-				if time.Now().After(deadline) {
-					t.Fatal("background refresh never picked up the new key")
-				}
-				time.Sleep(time.Millisecond)
+			mu.Lock()
+			phase = 1
+			mu.Unlock()
+			<-stalled // the fetch after the one that served two keys
+			if n := set.Len(context.Background()); n != 2 {
+				t.Fatalf("cached %d keys, want 2 (the refresh picked up the new key)", n)
 			}
+			h := hits.Load()
 			if stop == "Close" {
 				set.Close()
 			} else {
 				cancel()
 			}
-			time.Sleep(50 * time.Millisecond) // let a fetch in flight finish
-			h := srv.hits.Load()
-			time.Sleep(100 * time.Millisecond)
-			if h2 := srv.hits.Load(); h2 != h {
+			<-failed // the stalled fetch has ended and been handled
+			select {
+			case err := <-errs:
+				t.Fatalf("stopping reported %v", err)
+			default:
+			}
+			if h2 := hits.Load(); h2 != h {
 				t.Fatalf("%d fetches after stop, want none", h2-h)
 			}
-			if set.Len(context.Background()) != 2 {
-				t.Fatal("cached keys lost on stop")
-			}
-			if errs.Load() != 0 {
-				t.Fatalf("%d refresh errors", errs.Load())
+			if n := set.Len(context.Background()); n != 2 {
+				t.Fatalf("cached %d keys after stop, want 2", n)
 			}
 		})
 	}
@@ -315,5 +371,16 @@ func TestJWKSConcurrentUnknownKID(t *testing.T) {
 	}
 	if _, err := j.Authenticate(context.Background(), bearer(tok)); err != nil {
 		t.Fatalf("after the fetch: %v", err)
+	}
+}
+
+func TestIsLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "127.0.0.1": true, "127.8.9.10": true, "::1": true,
+		"": false, "10.0.0.1": false, "::": false, "idp.example": false, "localhost.example": false, "[::1]": false,
+	} {
+		if got := IsLoopbackHost(host); got != want {
+			t.Errorf("IsLoopbackHost(%q) = %v, want %v", host, got, want)
+		}
 	}
 }

@@ -25,11 +25,11 @@ func ParseKeyHash(s string) (KeyHash, error) {
 	var h KeyHash
 	hexpart, ok := strings.CutPrefix(s, "sha256:")
 	if !ok {
-		return h, fmt.Errorf("key hash %q: want sha256:<64 hex digits>", s)
+		return h, fmt.Errorf("identity: key hash %q: want sha256:<64 hex digits>", s)
 	}
 	b, err := hex.DecodeString(hexpart)
 	if err != nil || len(b) != len(h) {
-		return h, fmt.Errorf("key hash %q: want sha256:<64 hex digits>", s)
+		return h, fmt.Errorf("identity: key hash %q: want sha256:<64 hex digits>", s)
 	}
 	copy(h[:], b)
 	return h, nil

@@ -5,7 +5,10 @@
 //
 // Labels are bounded by configuration — api, policy, limit (rate, quota,
 // none) and result (allowed, denied, shadow_denied, error) — never one value
-// per consumer.
+// per consumer. Store failures are counted apart, by ObserveStoreError
+// (pass it as core.Options.OnStoreError): under the open and fallback
+// failure policies a failed store call still ends in a decision without
+// error, so decisions_total alone does not show an outage.
 package metrics
 
 import (
@@ -23,6 +26,15 @@ type Options struct {
 	// Keys, if set, reports the number of live limiter keys (for example
 	// a *memory.Store) as the <namespace>_keys gauge.
 	Keys interface{ Len() int }
+	// KeyCap, if set, reports an in-process store's cap on keys and the
+	// new keys it refused there (a *memory.Store with Options.MaxKeys) as
+	// the <namespace>_keys_max gauge (0 when unbounded) and the
+	// <namespace>_keys_refused_total counter: refusals mean new consumers
+	// are being turned away while the store is full.
+	KeyCap interface {
+		MaxKeys() int
+		KeysRefused() uint64
+	}
 	// Buckets are the decision-latency histogram buckets in seconds;
 	// default from 10µs to 1s.
 	Buckets []float64
@@ -33,6 +45,10 @@ type Collector struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	keys      prometheus.GaugeFunc
+	keysMax   prometheus.GaugeFunc
+	refused   prometheus.CounterFunc
+	// storeErrors counts failed store calls.
+	storeErrors prometheus.Counter
 }
 
 // New returns a Collector for o.
@@ -53,6 +69,10 @@ func New(o Options) *Collector {
 			Help:    "Time to decide one request, store round trip included, by API.",
 			Buckets: o.Buckets,
 		}, []string{"api"}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: o.Namespace, Name: "store_errors_total",
+			Help: "Store calls that failed (unreachable, timed out, circuit breaker open), whatever the failure policy then decided.",
+		}),
 	}
 	if o.Keys != nil {
 		keys := o.Keys
@@ -60,6 +80,17 @@ func New(o Options) *Collector {
 			Namespace: o.Namespace, Name: "keys",
 			Help: "Limiter keys currently held in process.",
 		}, func() float64 { return float64(keys.Len()) })
+	}
+	if o.KeyCap != nil {
+		kc := o.KeyCap
+		c.keysMax = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: o.Namespace, Name: "keys_max",
+			Help: "Most limiter keys the in-process store holds; 0 means unbounded.",
+		}, func() float64 { return float64(kc.MaxKeys()) })
+		c.refused = prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: o.Namespace, Name: "keys_refused_total",
+			Help: "Requests refused because they would add a limiter key to a full in-process store.",
+		}, func() float64 { return float64(kc.KeysRefused()) })
 	}
 	return c
 }
@@ -79,12 +110,23 @@ func (c *Collector) ObserveDecision(api string, d core.Decision, err error, took
 	c.latency.WithLabelValues(api).Observe(took.Seconds())
 }
 
+// ObserveStoreError counts one failed store call, as
+// <namespace>_store_errors_total; it has core.Options.OnStoreError's
+// signature and is safe for concurrent use. err is not recorded (labels
+// stay bounded).
+func (c *Collector) ObserveStoreError(err error) { c.storeErrors.Inc() }
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.decisions.Describe(ch)
 	c.latency.Describe(ch)
+	c.storeErrors.Describe(ch)
 	if c.keys != nil {
 		c.keys.Describe(ch)
+	}
+	if c.keysMax != nil {
+		c.keysMax.Describe(ch)
+		c.refused.Describe(ch)
 	}
 }
 
@@ -92,8 +134,13 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.decisions.Collect(ch)
 	c.latency.Collect(ch)
+	c.storeErrors.Collect(ch)
 	if c.keys != nil {
 		c.keys.Collect(ch)
+	}
+	if c.keysMax != nil {
+		c.keysMax.Collect(ch)
+		c.refused.Collect(ch)
 	}
 }
 

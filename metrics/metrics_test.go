@@ -74,3 +74,28 @@ func TestMetricsEndpointShowsExactCounts(t *testing.T) {
 		t.Error("a consumer ID leaked into a label")
 	}
 }
+
+// TestKeyCapMetrics: a memory store at its MaxKeys shows its key count,
+// its cap and the new keys it refused.
+func TestKeyCapMetrics(t *testing.T) {
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour)), MaxKeys: 2})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.New(metrics.Options{Keys: store, KeyCap: store}))
+	l := core.Limit{Rate: 1, Period: time.Minute}
+	for _, c := range []string{"a", "b", "c", "d", "e"} {
+		store.Take(context.Background(), core.Request{Consumer: c, Rate: l, Cost: 1})
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range []string{"limitplane_keys 2", "limitplane_keys_max 2", "limitplane_keys_refused_total 3"} {
+		if !strings.Contains(string(b), line+"\n") {
+			t.Errorf("scrape lacks %q:\n%s", line, b)
+		}
+	}
+}

@@ -46,7 +46,7 @@ type Client struct {
 func NewClient(o ClientOptions) (*Client, error) {
 	th, err := core.NewThrottle(core.ThrottleOptions{Store: o.Store, Key: o.Key, Limit: o.Limit, MaxBackoff: o.MaxBackoff})
 	if err != nil {
-		return nil, fmt.Errorf("limitplane: grpc.NewClient: %w", err)
+		return nil, fmt.Errorf("grpc: NewClient: %w", err)
 	}
 	return &Client{cost: o.Cost, throttle: th}, nil
 }
@@ -89,13 +89,13 @@ func (c *Client) admit(ctx context.Context, method string) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, core.ErrWaitExceedsDeadline):
-		return status.Errorf(codes.DeadlineExceeded, "limitplane: %v", err)
+		return status.Errorf(codes.DeadlineExceeded, "grpc: client %q: %v", c.throttle.Key(), err)
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	case errors.Is(err, core.ErrCostExceedsBurst):
-		return status.Errorf(codes.ResourceExhausted, "limitplane: %v", err)
+		return status.Errorf(codes.ResourceExhausted, "grpc: client %q: %v", c.throttle.Key(), err)
 	}
-	return status.Errorf(codes.Unavailable, "limitplane: %s: %v", c.throttle.Key(), err)
+	return status.Errorf(codes.Unavailable, "grpc: client %q: %v", c.throttle.Key(), err)
 }
 
 // observe backs off after a ResourceExhausted that carries RetryInfo.

@@ -3,6 +3,7 @@ package grpc_test
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,10 +23,11 @@ import (
 )
 
 // limitedServer is a real gRPC server (health service) that enforces rate
-// on every caller by peer address, with limitplane's own interceptor.
-func limitedServer(t *testing.T, rate core.Limit) string {
+// on every caller by peer address, with limitplane's own interceptor, on
+// clock.
+func limitedServer(t *testing.T, rate core.Limit, clock core.Clock) string {
 	t.Helper()
-	eng, err := core.NewEngine(memory.New(memory.Options{}), core.Config{Policies: []core.Policy{{ID: "server", Rate: rate}}}, core.Options{})
+	eng, err := core.NewEngine(memory.New(memory.Options{Clock: clock}), core.Config{Policies: []core.Policy{{ID: "server", Rate: rate}}}, core.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,52 +53,77 @@ func dialThrough(t *testing.T, addr string, c *lpgrpc.Client) healthpb.HealthCli
 	return healthpb.NewHealthClient(conn)
 }
 
+// TestClientKeepsServerUnderItsLimit: client and server read one frozen
+// ManualClock, so the outcome does not depend on scheduling. Both allow 5
+// an hour (burst 5); of 60 calls from 30 goroutines with a one-minute
+// deadline exactly 5 reach the server and 55 fail at once with
+// DeadlineExceeded (the next slot is 12 minutes away); twelve minutes
+// later exactly one more passes.
 func TestClientKeepsServerUnderItsLimit(t *testing.T) {
-	// The server allows 20/s with a burst of 5 (slack for scheduling jitter);
-	// the client is held at 20/s burst 1: 60 calls from 30 goroutines.
-	addr := limitedServer(t, core.Limit{Rate: 20, Period: time.Second, Burst: 5})
-	c, err := lpgrpc.NewClient(lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "health", Limit: core.Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	clock := core.NewManualClock(int64(time.Hour))
+	limit := core.Limit{Rate: 5, Period: time.Hour}
+	addr := limitedServer(t, limit, clock)
+	c, err := lpgrpc.NewClient(lpgrpc.ClientOptions{Store: memory.New(memory.Options{Clock: clock}), Key: "health", Limit: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hc := dialThrough(t, addr, c)
-	var ok, exhausted, next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for g := 0; g < 30; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= 60 {
-				_, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{})
-				switch status.Code(err) {
-				case codes.OK:
-					ok.Add(1)
-				case codes.ResourceExhausted:
-					exhausted.Add(1)
-				default:
-					t.Error(err)
+	const wantMsg = `grpc: client "health": core: Wait(cost=1) needs 12m0s: wait would exceed context deadline (context deadline exceeded)`
+	round := func() (ok, refused int64) {
+		var nok, nrefused, next atomic.Int64
+		var wg sync.WaitGroup
+		for range 30 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= 60 {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+					cancel()
+					st := status.Convert(err)
+					switch {
+					case st.Code() == codes.OK:
+						nok.Add(1)
+					case st.Code() == codes.DeadlineExceeded && st.Message() == wantMsg:
+						nrefused.Add(1)
+					default:
+						t.Errorf("status %v, want OK or DeadlineExceeded %q", err, wantMsg)
+					}
 				}
-			}
-		}()
+			}()
+		}
+		wg.Wait()
+		return nok.Load(), nrefused.Load()
 	}
-	wg.Wait()
-	if ok.Load() != 60 || exhausted.Load() != 0 {
-		t.Fatalf("server answered %d OK and %d ResourceExhausted; want 60 and 0", ok.Load(), exhausted.Load())
+	if ok, refused := round(); ok != 5 || refused != 55 {
+		t.Fatalf("server answered %d OK, the client refused %d; want 5 and 55", ok, refused)
 	}
-	if el := time.Since(start); el < 59*50*time.Millisecond {
-		t.Fatalf("60 calls at 20/s took %v, faster than the limit allows", el)
+	clock.Advance(12 * time.Minute)
+	if ok, refused := round(); ok != 1 || refused != 59 {
+		t.Fatalf("12 minutes later: server answered %d OK, the client refused %d; want 1 and 59", ok, refused)
 	}
 }
 
+// TestClientBacksOffOnRetryInfo: the server allows 1 a minute, so the
+// second call comes back ResourceExhausted with RetryInfo of exactly one
+// minute (its store reads a frozen ManualClock). That holds back the client
+// that got it and, through the shared store (a core.Penalizer), another
+// client; each fails at once with DeadlineExceeded, without calling, when
+// its deadline is inside the hold. The hold ends when the test moves the
+// clock.
 func TestClientBacksOffOnRetryInfo(t *testing.T) {
-	// The server allows 1 a minute: the second call comes back
-	// ResourceExhausted with RetryInfo ≈ 1 min, capped here at 1s.
-	addr := limitedServer(t, core.Limit{Rate: 1, Period: time.Minute})
-	store := memory.New(memory.Options{})
-	opts := lpgrpc.ClientOptions{Store: store, Key: "health", Limit: core.PerSecond(100), MaxBackoff: time.Second}
-	a, _ := lpgrpc.NewClient(opts)
-	b, _ := lpgrpc.NewClient(opts) // another client sharing the store
+	clock := core.NewManualClock(int64(time.Hour))
+	addr := limitedServer(t, core.Limit{Rate: 1, Period: time.Minute}, clock)
+	store := memory.New(memory.Options{Clock: clock})
+	opts := lpgrpc.ClientOptions{Store: store, Key: "health", Limit: core.PerSecond(100)}
+	a, err := lpgrpc.NewClient(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lpgrpc.NewClient(opts) // another client sharing the store
+	if err != nil {
+		t.Fatal(err)
+	}
 	ha, hb := dialThrough(t, addr, a), dialThrough(t, addr, b)
 	ctx := context.Background()
 	if _, err := ha.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
@@ -105,27 +132,35 @@ func TestClientBacksOffOnRetryInfo(t *testing.T) {
 	if _, err := ha.Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("second call: %v, want ResourceExhausted", err)
 	}
-	// A short deadline fails fast with DeadlineExceeded, without calling.
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := ha.Check(short, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("short deadline: %v, want DeadlineExceeded", err)
+	// a holds itself back (its own Backoff, on the real clock).
+	_, err = ha.Check(short, &healthpb.HealthCheckRequest{})
+	if st := status.Convert(err); st.Code() != codes.DeadlineExceeded || !strings.HasPrefix(st.Message(), `grpc: client "health": core: throttle "health" backing off for `) {
+		t.Fatalf("the client that got RetryInfo, inside the hold: %v", err)
 	}
-	// The other client sharing the store is held back too (Penalize).
-	t0 := time.Now()
-	_, err := hb.Check(ctx, &healthpb.HealthCheckRequest{})
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("third call: %v (the server still refuses)", err)
+	// The store holds b for exactly the minute.
+	_, err = hb.Check(short, &healthpb.HealthCheckRequest{})
+	if st, want := status.Convert(err), `grpc: client "health": core: Wait(cost=1) needs 1m0s: wait would exceed context deadline (context deadline exceeded)`; st.Code() != codes.DeadlineExceeded || st.Message() != want {
+		t.Fatalf("a client sharing the store, inside the hold: %v; want DeadlineExceeded %q", err, want)
 	}
-	if el := time.Since(t0); el < 900*time.Millisecond {
-		t.Fatalf("a client sharing the store waited %v after RetryInfo, want about 1s", el)
+	clock.Advance(time.Minute)
+	if _, err := hb.Check(short, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("after the hold: %v", err)
 	}
 }
 
 func TestNewClientValidates(t *testing.T) {
-	for _, o := range []lpgrpc.ClientOptions{{}, {Store: memory.New(memory.Options{}), Key: "k"}, {Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}} {
-		if _, err := lpgrpc.NewClient(o); err == nil {
-			t.Errorf("%+v accepted", o)
+	for _, c := range []struct {
+		o    lpgrpc.ClientOptions
+		want string
+	}{
+		{lpgrpc.ClientOptions{}, "grpc: NewClient: core: NewThrottle: Store and Key are required"},
+		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k"}, "grpc: NewClient: core: NewThrottle: a Limit is required"},
+		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "grpc: NewClient: core: NewThrottle: invalid limit: period 0s must be > 0"},
+	} {
+		if _, err := lpgrpc.NewClient(c.o); err == nil || err.Error() != c.want {
+			t.Errorf("%+v: %v, want %s", c.o, err, c.want)
 		}
 	}
 }

@@ -46,7 +46,7 @@ type Transport struct {
 func NewTransport(o TransportOptions) (*Transport, error) {
 	th, err := core.NewThrottle(core.ThrottleOptions{Store: o.Store, Key: o.Key, Limit: o.Limit, MaxBackoff: o.MaxBackoff})
 	if err != nil {
-		return nil, fmt.Errorf("limitplane: NewTransport: %w", err)
+		return nil, fmt.Errorf("nethttp: NewTransport: %w", err)
 	}
 	if o.Base == nil {
 		o.Base = http.DefaultTransport
@@ -54,14 +54,20 @@ func NewTransport(o TransportOptions) (*Transport, error) {
 	return &Transport{base: o.Base, cost: o.Cost, throttle: th}, nil
 }
 
-// RoundTrip implements http.RoundTripper.
+// RoundTrip implements http.RoundTripper. When the call may not start
+// (the errors of core.Throttle.Wait, wrapped as "nethttp: transport
+// <key>: ..."), it closes the request body, as the RoundTripper contract
+// asks, and returns without calling Base.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	cost := int64(1)
 	if t.cost != nil {
 		cost = t.cost(r)
 	}
 	if err := t.throttle.Wait(r.Context(), cost); err != nil {
-		return nil, fmt.Errorf("limitplane transport %s: %w", t.throttle.Key(), err)
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		return nil, fmt.Errorf("nethttp: transport %q: %w", t.throttle.Key(), err)
 	}
 	resp, err := t.base.RoundTrip(r)
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,11 +18,11 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 )
 
-// thirdParty is a real HTTP server that enforces its own limit and counts
-// what it saw.
-func thirdParty(t *testing.T, l core.Limit) (*httptest.Server, *atomic.Int64, *atomic.Int64) {
+// thirdParty is a real HTTP server that enforces its own limit on clock
+// and counts what it saw.
+func thirdParty(t *testing.T, l core.Limit, clock core.Clock) (*httptest.Server, *atomic.Int64, *atomic.Int64) {
 	t.Helper()
-	b, err := memory.NewBucket(l, nil)
+	b, err := memory.NewBucket(l, clock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,92 +41,218 @@ func thirdParty(t *testing.T, l core.Limit) (*httptest.Server, *atomic.Int64, *a
 	return srv, &ok, &limited
 }
 
+// TestTransportKeepsThirdPartyUnderItsLimit: the client's store and the
+// third party read one frozen ManualClock, so the outcome does not depend
+// on scheduling. The third party allows 5 an hour (burst 5) and so does
+// the client; of 200 concurrent calls with a one-minute deadline exactly 5
+// reach it, and 195 fail at once: the next slot is 12 minutes away (one
+// emission interval), past their deadline. Twelve minutes later exactly one
+// more passes.
 func TestTransportKeepsThirdPartyUnderItsLimit(t *testing.T) {
-	// The third party allows 20/s with a burst of 5 (slack for up to 200ms
-	// of scheduling and network jitter on a loaded machine); the client is
-	// held at 20/s burst 1, so its calls start exactly 50ms apart.
-	srv, ok, limited := thirdParty(t, core.Limit{Rate: 20, Period: time.Second, Burst: 5})
-	tr, err := nethttp.NewTransport(nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "third-party", Limit: core.Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	clock := core.NewManualClock(int64(time.Hour))
+	limit := core.Limit{Rate: 5, Period: time.Hour}
+	srv, ok, limited := thirdParty(t, limit, clock)
+	tr, err := nethttp.NewTransport(nethttp.TransportOptions{Store: memory.New(memory.Options{Clock: clock}), Key: "third-party", Limit: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
 	client := &http.Client{Transport: tr}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for g := 0; g < 50; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= 200 {
-				resp, err := client.Get(srv.URL)
-				if err != nil {
-					t.Error(err)
-					return
+	const wantErr = `nethttp: transport "third-party": core: Wait(cost=1) needs 12m0s: wait would exceed context deadline (context deadline exceeded)`
+	round := func() (refused int64) {
+		var next, n atomic.Int64
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= 200 {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					resp, err := client.Do(mustReq(t, ctx, srv.URL, nil))
+					cancel()
+					if err != nil {
+						var ue *url.Error
+						if !errors.As(err, &ue) || !errors.Is(err, core.ErrWaitExceedsDeadline) || ue.Err.Error() != wantErr {
+							t.Errorf("error %v, want %s", err, wantErr)
+						}
+						n.Add(1)
+						continue
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
 				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
+			}()
+		}
+		wg.Wait()
+		return n.Load()
 	}
-	wg.Wait()
-	el := time.Since(start)
-	if ok.Load() != 200 || limited.Load() != 0 {
-		t.Fatalf("third party saw %d ok and %d 429s; want 200 and 0", ok.Load(), limited.Load())
+	if refused := round(); ok.Load() != 5 || limited.Load() != 0 || refused != 195 {
+		t.Fatalf("third party saw %d ok and %d 429s, the transport refused %d; want 5, 0, 195", ok.Load(), limited.Load(), refused)
 	}
-	// 200 calls at 20/s burst 1: the last may start 199 emission intervals
-	// after the first.
-	if el < 199*50*time.Millisecond {
-		t.Fatalf("200 calls took %v, faster than the limit allows", el)
+	clock.Advance(12 * time.Minute)
+	if refused := round(); ok.Load() != 6 || limited.Load() != 0 || refused != 199 {
+		t.Fatalf("12 minutes later: third party saw %d ok and %d 429s, the transport refused %d; want 6, 0, 199", ok.Load(), limited.Load(), refused)
 	}
-	t.Logf("200 calls through the transport took %v", el)
 }
 
+// TestTransportBacksOffOnRetryAfter: a 429 with Retry-After holds back the
+// transport that got it and, through the shared store (a core.Penalizer),
+// another transport; each fails at once when its deadline is inside the
+// hold. The store reads a frozen ManualClock, so the hold ends only when
+// the test moves it.
 func TestTransportBacksOffOnRetryAfter(t *testing.T) {
 	var calls atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Retry-After", "3600")
 			w.WriteHeader(429)
 			return
 		}
 		io.WriteString(w, "ok")
 	}))
 	defer srv.Close()
-	store := memory.New(memory.Options{})
-	opts := nethttp.TransportOptions{Store: store, Key: "tp", Limit: core.PerSecond(100)}
-	a, _ := nethttp.NewTransport(opts)
-	b, _ := nethttp.NewTransport(opts) // another client sharing the store
-	resp, err := (&http.Client{Transport: a}).Get(srv.URL)
+	clock := core.NewManualClock(int64(time.Hour))
+	opts := nethttp.TransportOptions{Store: memory.New(memory.Options{Clock: clock}), Key: "tp", Limit: core.PerSecond(100), MaxBackoff: 2 * time.Hour}
+	a, err := nethttp.NewTransport(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := nethttp.NewTransport(opts) // another client sharing the store
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.RoundTrip(mustReq(t, context.Background(), srv.URL, nil))
 	if err != nil || resp.StatusCode != 429 {
 		t.Fatalf("first call: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	start := time.Now()
-	resp, err = (&http.Client{Transport: b}).Get(srv.URL)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("second call: %v %v", resp, err)
-	}
-	resp.Body.Close()
-	if el := time.Since(start); el < 900*time.Millisecond {
-		t.Fatalf("a client sharing the store waited %v after Retry-After: 1", el)
-	}
-	// A deadline shorter than the hold fails fast.
-	calls.Store(0)
-	resp, _ = (&http.Client{Transport: a}).Get(srv.URL) // 429 again, hold 1s
-	resp.Body.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	start = time.Now()
-	_, err = a.RoundTrip(mustReq(t, ctx, srv.URL))
-	if !errors.Is(err, core.ErrWaitExceedsDeadline) || time.Since(start) > 50*time.Millisecond {
-		t.Fatalf("short deadline: err %v after %v; want ErrWaitExceedsDeadline at once", err, time.Since(start))
+	// The store holds b for the hour: RetryAfter = 1h exactly.
+	_, err = b.RoundTrip(mustReq(t, ctx, srv.URL, nil))
+	if want := `nethttp: transport "tp": core: Wait(cost=1) needs 1h0m0s: wait would exceed context deadline (context deadline exceeded)`; err == nil || err.Error() != want || !errors.Is(err, core.ErrWaitExceedsDeadline) {
+		t.Fatalf("a client sharing the store, inside the hold: %v; want %s", err, want)
+	}
+	// a holds itself back too (its own Backoff, on the real clock).
+	if _, err = a.RoundTrip(mustReq(t, ctx, srv.URL, nil)); !errors.Is(err, core.ErrWaitExceedsDeadline) || !strings.HasPrefix(err.Error(), `nethttp: transport "tp": core: throttle "tp" backing off for `) {
+		t.Fatalf("the client that got the 429, inside the hold: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the third party saw %d calls during the hold, want 1", n)
+	}
+	clock.Advance(time.Hour)
+	resp, err = b.RoundTrip(mustReq(t, ctx, srv.URL, nil))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the hold: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+// closeRecorder is a request body that records Close.
+type closeRecorder struct {
+	io.Reader
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newCloseRecorder() *closeRecorder {
+	return &closeRecorder{Reader: strings.NewReader("payload"), closed: make(chan struct{})}
+}
+
+func (c *closeRecorder) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+func (c *closeRecorder) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
 	}
 }
 
-func mustReq(t *testing.T, ctx context.Context, url string) *http.Request {
+// TestTransportClosesBodyOnError: net/http's RoundTripper contract says
+// RoundTrip closes the request body, errors included. Every way the
+// throttle can refuse a call closes it before RoundTrip returns; a call that
+// goes through hands it to Base, which closes it.
+func TestTransportClosesBodyOnError(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/slow-down" {
+			w.Header().Set("Retry-After", "3600")
+			w.WriteHeader(429)
+		}
+	}))
+	defer srv.Close()
+	clock := core.NewManualClock(int64(time.Hour))
+	newTr := func(cost func(*http.Request) int64) *nethttp.Transport {
+		tr, err := nethttp.NewTransport(nethttp.TransportOptions{Store: memory.New(memory.Options{Clock: clock}), Key: "k",
+			Limit: core.Limit{Rate: 1, Period: time.Hour, Burst: 2}, Cost: cost, MaxBackoff: 2 * time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	short, cancelShort := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelShort()
+	backedOff := newTr(nil)
+	body := newCloseRecorder()
+	resp, err := backedOff.RoundTrip(mustReq(t, context.Background(), srv.URL+"/slow-down", body))
+	if err != nil || resp.StatusCode != 429 {
+		t.Fatalf("call through: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	<-body.closed // closed by Base (http.Transport), maybe after RoundTrip returned
+	for _, c := range []struct {
+		name string
+		tr   *nethttp.Transport
+		ctx  context.Context
+		is   error
+	}{
+		{"context cancelled", newTr(nil), cancelled, context.Canceled},
+		{"cost above burst", newTr(func(*http.Request) int64 { return 3 }), context.Background(), core.ErrCostExceedsBurst},
+		{"store error (invalid cost)", newTr(func(*http.Request) int64 { return -1 }), context.Background(), core.ErrInvalidCost},
+		{"deadline inside the store's hold", newTr(nil), short, core.ErrWaitExceedsDeadline}, // the shared key is full: 2 hours away
+		{"deadline inside a Backoff", backedOff, short, core.ErrWaitExceedsDeadline},
+	} {
+		if c.name == "deadline inside the store's hold" {
+			for range 2 { // fill the burst; the bodies go to Base
+				b := newCloseRecorder()
+				resp, err := c.tr.RoundTrip(mustReq(t, context.Background(), srv.URL, b))
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("filling the burst: %v %v", resp, err)
+				}
+				resp.Body.Close()
+				<-b.closed
+			}
+		}
+		body := newCloseRecorder()
+		before := calls.Load()
+		resp, err := c.tr.RoundTrip(mustReq(t, c.ctx, srv.URL, body))
+		if resp != nil || !errors.Is(err, c.is) || !strings.HasPrefix(err.Error(), `nethttp: transport "k": `) {
+			t.Errorf("%s: %v %v, want an error matching %v", c.name, resp, err, c.is)
+		}
+		if !body.isClosed() {
+			t.Errorf("%s: request body not closed", c.name)
+		}
+		if calls.Load() != before {
+			t.Errorf("%s: the call reached the server", c.name)
+		}
+	}
+}
+
+func mustReq(t *testing.T, ctx context.Context, url string, body io.ReadCloser) *http.Request {
 	t.Helper()
-	r, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	method := "GET"
+	if body != nil {
+		method = "POST"
+	}
+	r, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,13 +260,16 @@ func mustReq(t *testing.T, ctx context.Context, url string) *http.Request {
 }
 
 func TestNewTransportValidates(t *testing.T) {
-	for _, o := range []nethttp.TransportOptions{
-		{},
-		{Store: memory.New(memory.Options{}), Key: "k"},
-		{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}},
+	for _, c := range []struct {
+		o    nethttp.TransportOptions
+		want string
+	}{
+		{nethttp.TransportOptions{}, "nethttp: NewTransport: core: NewThrottle: Store and Key are required"},
+		{nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "k"}, "nethttp: NewTransport: core: NewThrottle: a Limit is required"},
+		{nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "nethttp: NewTransport: core: NewThrottle: invalid limit: period 0s must be > 0"},
 	} {
-		if _, err := nethttp.NewTransport(o); err == nil {
-			t.Errorf("%+v accepted", o)
+		if _, err := nethttp.NewTransport(c.o); err == nil || err.Error() != c.want {
+			t.Errorf("%+v: %v, want %s", c.o, err, c.want)
 		}
 	}
 }

@@ -36,11 +36,28 @@
 // doubled since its last sweep, which keeps memory proportional to the keys
 // that are still limited. Sweep and Options.SweepInterval add explicit and
 // periodic sweeps. An exhausted key is never dropped while still limited.
+//
+// # Bounding the number of keys
+//
+// With Options.MaxKeys set, the store holds at most that many keys: at the
+// cap, a request that would create a key (a new consumer, or a new scope of
+// one) is refused with an error wrapping ErrTooManyKeys, while every key
+// already held keeps its exact counters. Nothing is evicted: dropping a key
+// that is still limited would hand its consumer a fresh allowance. Keys
+// leave only when they no longer limit anything (their TAT has passed and
+// their quota period ended), by the sweeps above; at the cap an insert also
+// sweeps its own shard first, at most once a second per shard, so idle keys
+// make room even without Options.SweepInterval. core.Engine treats the
+// refusal as a store failure, so its FailurePolicy decides the request:
+// FailClosed refuses new consumers during a flood of them (a gateway
+// answers 503), FailOpen lets them through unlimited. KeysRefused counts
+// the refusals; Len counts the keys.
 package memory
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -62,6 +79,44 @@ type Options struct {
 	// shard at that interval until Close. Amortised sweeps on insert run
 	// either way.
 	SweepInterval time.Duration
+	// MaxKeys, when > 0, is the most keys (consumer and scope pairs) the
+	// store holds; at the cap a request that would add a key fails with an
+	// error wrapping ErrTooManyKeys and changes nothing (see the package
+	// comment). Requests that create no key (peeks, costs that can never
+	// pass) are answered as usual. Default 0: unbounded.
+	MaxKeys int
+}
+
+// ErrTooManyKeys is wrapped by the error of a request that would add a key
+// to a Store already holding Options.MaxKeys keys. No counter changed.
+var ErrTooManyKeys = errors.New("memory: too many keys")
+
+// capSweepGap is how often, at most, an insert that finds the store at
+// Options.MaxKeys sweeps its shard to make room: once per shard per second
+// of the store's clock, so a flood of new keys at the cap costs one shard
+// sweep a second, not one per request.
+const capSweepGap = int64(time.Second)
+
+// keyCount counts the keys of all shards and the inserts refused at the
+// cap. It sits on cache lines of its own: inserts write it, while every
+// request reads the Store's other fields.
+type keyCount struct {
+	_       [64]byte
+	keys    atomic.Int64  // entries in all shards
+	refused atomic.Uint64 // inserts refused at max
+	max     int64         // Options.MaxKeys; 0 = unbounded
+	_       [64]byte
+}
+
+// reserve counts one more key, or reports false (counting nothing) when
+// the store is at max. Concurrent reservations never take the count above
+// max: each adds first and gives back if it went over.
+func (c *keyCount) reserve() bool {
+	if n := c.keys.Add(1); c.max > 0 && n > c.max {
+		c.keys.Add(-1)
+		return false
+	}
+	return true
 }
 
 // minSweepAt is the smallest shard size at which an insert sweeps.
@@ -138,10 +193,13 @@ type shard struct {
 	tab atomic.Pointer[table]
 	mu  sync.Mutex // serialises writers: inserts, sweeps, resizes
 	// Guarded by mu:
-	live      int      // entries in tab
-	used      int      // live plus deleted slots in tab
-	nextSweep int      // live count at which an insert sweeps first
-	_         [64]byte // keep shards on separate cache lines
+	live      int       // entries in tab
+	used      int       // live plus deleted slots in tab
+	nextSweep int       // live count at which an insert sweeps first
+	capSwept  bool      // an insert at the store's cap swept, at capSweep
+	capSweep  int64     // when an insert at the store's cap last swept
+	count     *keyCount // the store's, shared by all shards
+	_         [64]byte  // keep shards on separate cache lines
 }
 
 // Store is the in-process Store. Create it with New; it is safe for
@@ -150,6 +208,7 @@ type Store struct {
 	clock  clock
 	shift  uint // a consumer hash's top bits pick its shard: h >> shift
 	shards []shard
+	count  keyCount
 	stop   chan struct{}
 	done   chan struct{}
 	closed sync.Once
@@ -165,9 +224,12 @@ func New(opts Options) *Store {
 		}
 	}
 	s := &Store{clock: newClock(opts.Clock), shift: shift, shards: make([]shard, n)}
+	s.count.max = int64(max(opts.MaxKeys, 0))
 	for i := range s.shards {
-		s.shards[i].tab.Store(newTable(minSlots))
-		s.shards[i].nextSweep = minSweepAt
+		sh := &s.shards[i]
+		sh.tab.Store(newTable(minSlots))
+		sh.nextSweep = minSweepAt
+		sh.count = &s.count
 	}
 	if opts.SweepInterval > 0 {
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
@@ -244,7 +306,8 @@ func (t *table) find(f fingerprint) *entry {
 	}
 }
 
-// put returns the entry for f and its table, inserting one if needed.
+// put returns the entry for f and its table, inserting one if needed. At
+// the store's MaxKeys it inserts nothing and returns nil, nil.
 func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -254,6 +317,19 @@ func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 	}
 	if sh.live >= sh.nextSweep {
 		sh.sweepLocked(now)
+	}
+	if !sh.count.reserve() {
+		// At the cap: sweep this shard for room, at most once a capSweepGap.
+		if sh.capSwept && now-sh.capSweep < capSweepGap {
+			sh.count.refused.Add(1)
+			return nil, nil
+		}
+		sh.capSwept, sh.capSweep = true, now
+		sh.sweepLocked(now)
+		if !sh.count.reserve() {
+			sh.count.refused.Add(1)
+			return nil, nil
+		}
 	}
 	t = sh.tab.Load() // the sweep may have shrunk it
 	if 4*(sh.used+1) > 3*len(t.slots) {
@@ -339,6 +415,7 @@ func (sh *shard) sweepLocked(now int64) {
 		if sl.hash.Load() >= firstHash && sl.kill(now) {
 			sl.hash.Store(deletedHash)
 			sh.live--
+			sh.count.keys.Add(-1)
 		}
 	}
 	if len(t.slots) > minSlots && 8*sh.live < len(t.slots) {
@@ -362,6 +439,13 @@ func (e *entry) kill(now int64) bool {
 	return true
 }
 
+// KeysRefused returns how many requests were refused with ErrTooManyKeys
+// since New: inserts at Options.MaxKeys (for metrics).
+func (s *Store) KeysRefused() uint64 { return s.count.refused.Load() }
+
+// MaxKeys returns Options.MaxKeys, 0 when unbounded.
+func (s *Store) MaxKeys() int { return int(s.count.max) }
+
 // Len returns the number of keys held (for tests and metrics).
 func (s *Store) Len() int {
 	n := 0
@@ -378,7 +462,9 @@ func (s *Store) Len() int {
 var errRetry = errors.New("entry removed; retry")
 
 // Take implements core.Store (through TakeInto). Only GCRA is supported;
-// other algorithms return core.ErrUnsupportedAlgorithm.
+// other algorithms return core.ErrUnsupportedAlgorithm. A request that
+// would add a key to a store at Options.MaxKeys returns an error wrapping
+// ErrTooManyKeys and changes nothing.
 func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
 	err = s.TakeInto(ctx, &req, &d)
 	return d, err
@@ -474,15 +560,24 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 			// Cannot change state: answer from the empty state, create nothing.
 			return sh.decide(nil, nil, p, limited, req, now)
 		}
-		t, e = sh.put(f, now)
+		if t, e = sh.put(f, now); e == nil {
+			return core.Decision{}, s.tooMany()
+		}
 	}
 	for {
 		d, err := sh.decide(t, e, p, limited, req, now)
 		if err != errRetry {
 			return d, err
 		}
-		t, e = sh.put(f, now)
+		if t, e = sh.put(f, now); e == nil {
+			return core.Decision{}, s.tooMany()
+		}
 	}
+}
+
+// tooMany is the error of a request refused at Options.MaxKeys.
+func (s *Store) tooMany() error {
+	return fmt.Errorf("%w: the store holds its MaxKeys %d; a new key was refused", ErrTooManyKeys, s.count.max)
 }
 
 // decide applies req to e, an entry of table t (nil means the empty state,

@@ -10,7 +10,8 @@ import (
 // Penalize implements core.Penalizer: it moves the TAT of (consumer, scope)
 // to at least now + d + τ − T, the earliest state in which a unit request
 // conforms exactly d from now. It never moves the TAT backwards. d above
-// core.MaxReservation (2^61 ns, about 73 years) is treated as that.
+// core.MaxReservation (2^61 ns, about 73 years) is treated as that. A new
+// key at Options.MaxKeys is refused with an error wrapping ErrTooManyKeys.
 func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
 	if d <= 0 || !l.Enforced() {
 		return nil
@@ -25,6 +26,9 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 	target := now + int64(d) + p.Tau - p.T
 	for {
 		_, e := sh.put(f, now)
+		if e == nil {
+			return s.tooMany()
+		}
 		for {
 			t := e.tat.Load()
 			if t < frozen {

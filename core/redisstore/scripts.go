@@ -219,22 +219,64 @@ end
 `
 
 // logChunk: ARGV[9] Rate, ARGV[10] Period in µs; time in whole µs. The
-// rate key is a sorted set with one member per admitted unit, scored by its
-// time; the live ones are those scored in (now − P, now]. Reply: a
-// remaining, b reset (µs until the newest live entry expires), d retry (µs
-// until enough entries expire for the same request to pass).
+// rate key is a sorted set with one member per microsecond in which
+// requests were admitted, scored by that microsecond and named
+// "<µs>:<cum>:<units>": units is the cost admitted in it, cum the running
+// total of units admitted through it, modulo 2^53. The live members are
+// those scored in (now − P, now]; scores only grow (a request admitted at
+// or before the newest member's microsecond, as after Redis TIME stepped
+// back, is merged into it), so the live ones are the newest, and their
+// units add up to cum(newest) − (cum(oldest live) − units(oldest live)),
+// exact modulo 2^53 since at most Rate < 2^53 units are live. So a request
+// costs the same whatever its cost: it adds or rewrites one member and
+// removes at most 16 expired ones (the key's TTL drops the
+// rest), a denied one changes nothing, and RetryAfter is found by a binary
+// search over the live members, O(log² members). The set holds at most one
+// member per µs of the Period and at most Rate live ones. Reply: a
+// remaining, b reset (µs until the newest live member expires), d retry
+// (µs until enough units expire for the same request to pass).
 const logChunk = `
 local R, P = tonumber(ARGV[9]), tonumber(ARGV[10])
 local now = now_u
-local lo = '(' .. string.format('%d', now - P)
-local function sl_reply(count, denied)
+local M = 9007199254740992
+-- (a + b) mod 2^53 and (a - b) mod 2^53 for 0 <= a, b < 2^53, exact in doubles
+local function madd(a, b)
+  if a >= M - b then return a - (M - b) end
+  return a + b
+end
+local function msub(a, b)
+  if a >= b then return a - b end
+  return (a - b) + M
+end
+local function sl_cu(m)
+  local c, u = string.match(m, ':(%d+):(%d+)$')
+  return tonumber(c), tonumber(u)
+end
+-- live units; e, the number of expired members (ranks 0..e-1); base, the
+-- running total before the oldest live member; the newest member and its
+-- score (false, 0 when the set is empty)
+local function sl_state()
+  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if #top == 0 then return 0, 0, 0, false, 0 end
+  local ts = tonumber(top[2])
+  local e = redis.call('ZCOUNT', KEYS[1], '-inf', string.format('%d', now - P))
+  if ts <= now - P then return 0, e, 0, top[1], ts end
+  local c1, u1 = sl_cu(redis.call('ZRANGE', KEYS[1], e, e)[1])
+  local base = msub(c1, u1)
+  return msub(sl_cu(top[1]), base), e, base, top[1], ts
+end
+local function sl_reply(count, e, base, ts, denied)
   local reset, retry = 0, 0
-  if count > 0 then
-    local v = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', lo, 'WITHSCORES', 'LIMIT', 0, 1)
-    reset = tonumber(v[2]) + P - now
-  end
+  if count > 0 then reset = ts + P - now end
   if denied and n <= R then
-    local v = redis.call('ZRANGEBYSCORE', KEYS[1], lo, '+inf', 'WITHSCORES', 'LIMIT', count - (R - n) - 1, 1)
+    -- the oldest live member through which at least need units expire
+    local need = count - (R - n)
+    local lo, hi = e, redis.call('ZCARD', KEYS[1]) - 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if msub(sl_cu(redis.call('ZRANGE', KEYS[1], mid, mid)[1]), base) >= need then hi = mid else lo = mid + 1 end
+    end
+    local v = redis.call('ZRANGE', KEYS[1], lo, lo, 'WITHSCORES')
     retry = tonumber(v[2]) + P - now
   end
   local rem = R - count
@@ -242,22 +284,27 @@ local function sl_reply(count, denied)
   return rem, reset, 0, retry, 0
 end
 local function rate_peek()
-  return sl_reply(redis.call('ZCOUNT', KEYS[1], lo, '+inf'), false)
+  local count, e, base, _, ts = sl_state()
+  return sl_reply(count, e, base, ts, false)
 end
 local function rate_take()
-  local count = redis.call('ZCOUNT', KEYS[1], lo, '+inf')
-  if n > R or count + n > R then return false, sl_reply(count, true) end
+  local count, e, base, top, ts = sl_state()
+  if n > R or n > R - count then return false, sl_reply(count, e, base, ts, true) end
   if n > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - P))
-    local snow = string.format('%d', now)
-    local m = redis.call('ZCOUNT', KEYS[1], snow, snow)
-    for i = 0, n - 1 do
-      redis.call('ZADD', KEYS[1], snow, snow .. ':' .. string.format('%d', m + i))
+    local c, u = 0, 0
+    if top then c, u = sl_cu(top) end
+    if top and ts >= now then
+      redis.call('ZREM', KEYS[1], top)
+      redis.call('ZADD', KEYS[1], ts, string.format('%d:%d:%d', ts, madd(c, n), u + n))
+    else
+      ts = now
+      redis.call('ZADD', KEYS[1], ts, string.format('%d:%d:%d', ts, madd(c, n), n))
     end
-    redis.call('PEXPIRE', KEYS[1], ttl(P, 0))
+    if e > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, math.min(e, 16) - 1) end
+    redis.call('PEXPIRE', KEYS[1], ttl(ts + P - now, 0))
     count = count + n
   end
-  return true, sl_reply(count, false)
+  return true, sl_reply(count, e, base, ts, false)
 end
 `
 

@@ -45,7 +45,7 @@ import (
 func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return nil, fmt.Errorf("redisstore: store URL %q has no scheme", redact(rawURL))
+		return nil, fmt.Errorf("redisstore: store URL %q has no scheme", RedactURL(rawURL))
 	}
 	// Schemes are case-insensitive (RFC 3986 §3.1); go-redis wants them
 	// lower-case.
@@ -58,7 +58,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 			err = checkPool(o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
+			return nil, fmt.Errorf("redisstore: store URL %q: %w", RedactURL(rawURL), err)
 		}
 		o.ContextTimeoutEnabled = true
 		failFast(query(rawURL), &o.DialerRetries, &o.MinRetryBackoff)
@@ -79,7 +79,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 			err = checkPool(o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
+			return nil, fmt.Errorf("redisstore: store URL %q: %w", RedactURL(rawURL), err)
 		}
 		o.ContextTimeoutEnabled = true
 		failFast(q, &o.DialerRetries, &o.MinRetryBackoff)
@@ -90,13 +90,13 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 			err = checkPool(o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("redisstore: store URL %q: %w", redact(rawURL), err)
+			return nil, fmt.Errorf("redisstore: store URL %q: %w", RedactURL(rawURL), err)
 		}
 		o.ContextTimeoutEnabled = true
 		failFast(query(scheme+"://"+rest), &o.DialerRetries, &o.MinRetryBackoff)
 		return redis.NewFailoverClient(o), nil
 	}
-	return nil, fmt.Errorf("redisstore: store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", redact(rawURL), scheme)
+	return nil, fmt.Errorf("redisstore: store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", RedactURL(rawURL), scheme)
 }
 
 // failFast sets the dial and retry options that make a refused connection
@@ -125,7 +125,7 @@ func query(raw string) url.Values {
 func splitHosts(raw, defPort string) (*url.URL, []string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, nil, fmt.Errorf("redisstore: store URL %q: %w", redact(raw), err)
+		return nil, nil, fmt.Errorf("redisstore: store URL %q: %w", RedactURL(raw), err)
 	}
 	var hosts []string
 	for _, h := range strings.Split(u.Host, ",") {
@@ -138,7 +138,7 @@ func splitHosts(raw, defPort string) (*url.URL, []string, error) {
 		hosts = append(hosts, h)
 	}
 	if len(hosts) == 0 {
-		return nil, nil, fmt.Errorf("redisstore: store URL %q names no host", redact(raw))
+		return nil, nil, fmt.Errorf("redisstore: store URL %q names no host", RedactURL(raw))
 	}
 	return u, hosts, nil
 }
@@ -157,18 +157,44 @@ func checkPool(sizes ...int) error {
 	return nil
 }
 
-// redact hides a password in a URL for error messages: the userinfo
-// password and a password query parameter (the Sentinel form's).
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
+// RedactURL returns the store URL s as written, with the password in its
+// user information and the value of every password query parameter (the
+// Sentinel form's; the name is matched case-insensitively) replaced by
+// "xxxxx", for logs and error messages. It works on the text, so it hides
+// them even in a URL that does not parse; text without "://" is returned
+// unchanged.
+func RedactURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return s
 	}
-	if q := u.Query(); q.Has("password") {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
+	q := strings.IndexAny(rest, "?#")
+	if q < 0 {
+		q = len(rest)
 	}
-	return u.Redacted()
+	// The user information ends at the last "@" before the query, so a
+	// password with an unescaped "/" is hidden whole.
+	if at := strings.LastIndexByte(rest[:q], '@'); at >= 0 {
+		if user, _, hasPW := strings.Cut(rest[:at], ":"); hasPW {
+			rest = user + ":xxxxx" + rest[at:]
+		}
+	}
+	base, query, hasQuery := strings.Cut(rest, "?")
+	if !hasQuery {
+		return scheme + "://" + base
+	}
+	query, fragment, hasFragment := strings.Cut(query, "#")
+	params := strings.Split(query, "&")
+	for i, p := range params {
+		if name, _, _ := strings.Cut(p, "="); strings.EqualFold(name, "password") {
+			params[i] = name + "=xxxxx"
+		}
+	}
+	out := scheme + "://" + base + "?" + strings.Join(params, "&")
+	if hasFragment {
+		out += "#" + fragment
+	}
+	return out
 }
 
 // failoverOptions parses the part after "redis+sentinel://" (base is

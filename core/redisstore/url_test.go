@@ -84,15 +84,17 @@ func TestNewClientFromURLRefusesBadPools(t *testing.T) {
 	}
 }
 
-func TestRedact(t *testing.T) {
+func TestRedactURL(t *testing.T) {
 	cases := map[string]string{
 		"redis://u:pw@h:1/0":                       "redis://u:xxxxx@h:1/0",
 		"redis+sentinel://m@h1,h2?password=pw&x=1": "redis+sentinel://m@h1,h2?password=xxxxx&x=1",
 		"redis://h:1/0":                            "redis://h:1/0",
+		"redis://u:p%zz/@h:1/0?PassWord=s#f":       "redis://u:xxxxx@h:1/0?PassWord=xxxxx#f", // does not parse
+		"h:1":                                      "h:1",
 	}
 	for in, want := range cases {
-		if got := redact(in); got != want {
-			t.Errorf("redact(%q) = %q, want %q", in, got, want)
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -1,7 +1,10 @@
 package storetest
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,8 +33,10 @@ import (
 //     would pass; ResetAfter runs to the end of the window after the
 //     current one when c > 0, else to the end of the current one when
 //     p > 0.
-//   - SlidingLog: one timestamp per admitted unit; the live ones are those
-//     in (now − Period, now]; RetryAfter is when enough of them have left.
+//   - SlidingLog: exact, as if one timestamp were kept per admitted unit
+//     (a store may keep one per request with its cost); the live ones are
+//     those in (now − Period, now]; RetryAfter is when enough of them have
+//     left.
 //
 // The vectors step the clock in whole microseconds (and Periods are whole
 // microseconds), so a store computing in µs passes.
@@ -241,6 +246,50 @@ func runSlidingLog(t *testing.T, s Suite) {
 		expectWin(t, "all expired", e.take(core.Request{Rate: l, Cost: 0}), l, true, 3, 0, 0)
 	})
 
+	// CostlyRequests: requests of several units are logged as their
+	// units: the oldest request's units all leave together, and a retry
+	// waits for the request whose leaving makes room.
+	t.Run("CostlyRequests", func(t *testing.T) {
+		e := newEnv(t, s)
+		l := windowLimit(core.SlidingLog, 10, time.Second)
+		expectWin(t, "3 at 0", e.take(core.Request{Rate: l, Cost: 3}), l, true, 7, time.Second, 0)
+		e.clock.Advance(100 * time.Millisecond)
+		expectWin(t, "4 at 100ms", e.take(core.Request{Rate: l, Cost: 4}), l, true, 3, time.Second, 0)
+		e.clock.Advance(100 * time.Millisecond)
+		expectWin(t, "2 at 200ms", e.take(core.Request{Rate: l, Cost: 2}), l, true, 1, time.Second, 0)
+		expectWin(t, "3 waits for the 0ms request", e.take(core.Request{Rate: l, Cost: 3}), l, false, 1, time.Second, 800*time.Millisecond)
+		expectWin(t, "5 waits for the 100ms request", e.take(core.Request{Rate: l, Cost: 5}), l, false, 1, time.Second, 900*time.Millisecond)
+		expectWin(t, "10 waits for all", e.take(core.Request{Rate: l, Cost: 10}), l, false, 1, time.Second, time.Second)
+		e.clock.Advance(800 * time.Millisecond)
+		expectWin(t, "3 at 1s", e.take(core.Request{Rate: l, Cost: 3}), l, true, 1, time.Second, 0)
+		e.clock.Advance(900 * time.Millisecond)
+		expectWin(t, "peek at 1.9s", e.take(core.Request{Rate: l, Cost: 0}), l, true, 7, 100*time.Millisecond, 0)
+	})
+
+	// AtMaxCount: a log of Rate 2^53 − 1 admits whole costs exactly across
+	// periods, whatever a store's running totals do past 2^53.
+	t.Run("AtMaxCount", func(t *testing.T) {
+		e := newEnv(t, s)
+		const r = core.MaxCount
+		// T = Period / Rate must be at least 1 ns: a Period of 10^16 ns
+		// (about 116 days), stepped in tenths.
+		const p = time.Duration(1e16)
+		l := windowLimit(core.SlidingLog, r, p)
+		expectWin(t, "r−1 at 0", e.take(core.Request{Rate: l, Cost: r - 1}), l, true, 1, p, 0)
+		e.clock.Advance(p)
+		expectWin(t, "r−1 at P", e.take(core.Request{Rate: l, Cost: r - 1}), l, true, 1, p, 0)
+		e.clock.Advance(p / 10)
+		expectWin(t, "1 at 1.1P", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, p, 0)
+		expectWin(t, "1 more waits for P", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, p, 9*p/10)
+		e.clock.Advance(9 * p / 10)
+		expectWin(t, "2 at 2P", e.take(core.Request{Rate: l, Cost: 2}), l, true, r-3, p, 0)
+		expectWin(t, "r−3 at 2P", e.take(core.Request{Rate: l, Cost: r - 3}), l, true, 0, p, 0)
+		expectWin(t, "1 more waits for 1.1P", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, p, p/10)
+		expectWin(t, "2 more wait for 2P", e.take(core.Request{Rate: l, Cost: 2}), l, false, 0, p, p)
+		e.clock.Advance(p / 10)
+		expectWin(t, "1 at 2.1P", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, p, 0)
+	})
+
 	t.Run("SameInstantUnits", func(t *testing.T) {
 		e := newEnv(t, s)
 		l := windowLimit(core.SlidingLog, 5, time.Second)
@@ -249,4 +298,67 @@ func runSlidingLog(t *testing.T, s Suite) {
 		expectWin(t, "1 more", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
 		expectWin(t, "full", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, time.Second, time.Second)
 	})
+}
+
+// runCounts checks the bound on counts (core.MaxCount, 2^53 − 1): every
+// store refuses a limit above it as an invalid limit, and counts exactly up
+// to it, in GCRA, quotas and every window algorithm it lists.
+func runCounts(t *testing.T, s Suite) {
+	over := int64(core.MaxCount) + 1
+	// Periods long enough that T ≥ 1 ns and whole microseconds.
+	const long = time.Duration(1e18)
+
+	t.Run("AboveMaxCountRefused", func(t *testing.T) {
+		e := newEnv(t, s)
+		bad := []core.Request{
+			{Rate: core.Limit{Rate: over, Period: long}, Cost: 1},
+			{Rate: core.Limit{Rate: 1, Period: 1, Burst: over}, Cost: 1},
+			{Quota: core.Quota{Max: over, Renewal: time.Hour}, Cost: 1},
+			{Rate: core.PerSecond(5), Quota: core.Quota{Max: over, Renewal: time.Hour}, Cost: 1},
+		}
+		for _, a := range s.Algorithms {
+			bad = append(bad, core.Request{Rate: windowLimit(a, over, long), Cost: 1})
+		}
+		for _, r := range bad {
+			r.Consumer = e.id
+			_, err := e.store.Take(context.Background(), r)
+			if !errors.Is(err, core.ErrInvalidLimit) || !strings.Contains(err.Error(), "above 9007199254740991 (2^53 − 1)") {
+				t.Errorf("%+v: error %v, want ErrInvalidLimit naming the bound 2^53 − 1", r, err)
+			}
+		}
+	})
+
+	// exact spends MaxCount − 1, then 2 (denied), 1 and 1 (denied) against
+	// a limit of MaxCount, checking every Remaining.
+	exact := func(t *testing.T, r core.Request, kind core.Kind) {
+		e := newEnv(t, s)
+		steps := []struct {
+			cost      int64
+			allowed   bool
+			remaining int64
+		}{{core.MaxCount - 1, true, 1}, {2, false, 1}, {1, true, 0}, {1, false, 0}, {0, true, 0}}
+		for i, st := range steps {
+			r.Cost = st.cost
+			d := e.take(r)
+			if d.Allowed != st.allowed || d.Remaining != st.remaining || d.Limit != core.MaxCount || d.DecidedBy != kind {
+				t.Fatalf("step %d (cost %d): allowed=%v remaining=%d limit=%d by=%v; want allowed=%v remaining=%d limit=%d by=%v",
+					i, st.cost, d.Allowed, d.Remaining, d.Limit, d.DecidedBy, st.allowed, st.remaining, int64(core.MaxCount), kind)
+			}
+		}
+	}
+	t.Run("QuotaAtMaxCount", func(t *testing.T) {
+		exact(t, core.Request{Quota: core.Quota{Max: core.MaxCount, Renewal: time.Hour}}, core.KindQuota)
+	})
+	t.Run("GCRABurstAtMaxCount", func(t *testing.T) {
+		// T = 1 ns; the clock stands still, so nothing refills.
+		exact(t, core.Request{Rate: core.Limit{Rate: 1, Period: 1, Burst: core.MaxCount}}, core.KindRate)
+	})
+	for _, a := range s.Algorithms {
+		if a == core.SlidingWindow {
+			continue // its Rate × Period bound (in the store) is tighter
+		}
+		t.Run(a.String()+"AtMaxCount", func(t *testing.T) {
+			exact(t, core.Request{Rate: windowLimit(a, core.MaxCount, long)}, core.KindRate)
+		})
+	}
 }

@@ -699,3 +699,36 @@ apis: [{id: open, listen_path: /open/, target: "builtin:echo", auth: keyless, po
 		t.Errorf("headers %v, want %v", e.Headers, want)
 	}
 }
+
+// TestMemoryMaxKeys: with memory.max_keys 2 and failure_policy closed, a
+// third client address is refused with the store-failure status while the
+// two held ones keep their exact limits.
+func TestMemoryMaxKeys(t *testing.T) {
+	gw := start(t, frozen(), "-config", writeConfig(t, `
+failure_policy: closed
+memory: {max_keys: 2}
+policies:
+  - {id: anon, rate: {requests: 2, per: 1m}}
+apis:
+  - {id: open, listen_path: /open/, target: "builtin:echo", auth: keyless, policies: [anon]}
+`))
+	one, two, three := clientFrom("127.0.0.1"), clientFrom("127.0.0.2"), clientFrom("127.0.0.3")
+	for _, c := range []*http.Client{one, two} {
+		if r := get(t, c, gw.base+"/open/x"); r.status != 200 {
+			t.Fatalf("held client: status %d, want 200", r.status)
+		}
+	}
+	r := get(t, three, gw.base+"/open/x")
+	if want := `{"error":"rate limit store unavailable"}` + "\n"; r.status != 503 || r.body != want {
+		t.Fatalf("third address at the cap: status %d body %q, want 503 %q", r.status, r.body, want)
+	}
+	if r := get(t, one, gw.base+"/open/x"); r.status != 200 || r.header.Get("RateLimit") != `"anon";r=0;t=60` {
+		t.Fatalf("held client's second request: status %d RateLimit %q", r.status, r.header.Get("RateLimit"))
+	}
+	if r := get(t, one, gw.base+"/open/x"); r.status != 429 {
+		t.Fatalf("held client's third request: status %d, want 429", r.status)
+	}
+	if !strings.Contains(gw.stderr.String(), "memory: too many keys") && !strings.Contains(gw.stdout.String(), "memory: too many keys") {
+		t.Errorf("the refusal was not logged:\n%s%s", gw.stdout, gw.stderr)
+	}
+}

@@ -58,11 +58,16 @@ type output struct {
 	buf   bytes.Buffer
 	addr  chan string
 	found bool
+	// changed gets a value after writes (at most one waits), for
+	// waitFor.
+	changed chan struct{}
 }
 
 var listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
 
-func newOutput() *output { return &output{addr: make(chan string, 1)} }
+func newOutput() *output {
+	return &output{addr: make(chan string, 1), changed: make(chan struct{}, 1)}
+}
 
 func (o *output) Write(p []byte) (int, error) {
 	o.mu.Lock()
@@ -72,7 +77,25 @@ func (o *output) Write(p []byte) (int, error) {
 		o.found = true
 		o.addr <- m[1]
 	}
+	select {
+	case o.changed <- struct{}{}:
+	default:
+	}
 	return len(p), nil
+}
+
+// waitFor waits until the output contains s, and fails the test if it
+// does not within 30 s.
+func (o *output) waitFor(t *testing.T, s string) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for !strings.Contains(o.String(), s) {
+		select {
+		case <-o.changed:
+		case <-timeout:
+			t.Fatalf("no %q in the output within 30s:\n%s", s, o)
+		}
+	}
 }
 
 func (o *output) String() string {

@@ -19,7 +19,10 @@
 // an http(s) upstream through net/http/httputil.ReverseProxy, or
 // builtin:echo, which answers with JSON describing the request. SIGINT or
 // SIGTERM shuts the gateway down cleanly, letting requests in flight
-// finish, then closes the Redis client and stops JWKS refreshes.
+// finish (for up to server.shutdown_timeout; connections still busy then
+// are closed), then closes the Redis client and stops JWKS refreshes.
+// SIGHUP does not stop the gateway: it logs that reloading the
+// configuration is not supported yet and keeps serving.
 //
 // The configuration reference is in the repository's README.md.
 package main
@@ -37,10 +40,12 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 )
 
@@ -91,7 +96,9 @@ func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
 // exitCode writes run's error to w, once, and returns the exit status: 0
-// after a clean shutdown or -h, 2 for a usage error, 1 for anything else.
+// after a requested shutdown (also when shutdown_timeout cut requests
+// still in flight) or -h, 2 for a usage error, 1 for anything else (the
+// gateway could not start, or its server failed).
 func exitCode(w io.Writer, err error) int {
 	var ue *usageError
 	switch {
@@ -121,10 +128,17 @@ type env struct {
 	// reload receives one value per reload request (main: SIGHUP); nil
 	// means none.
 	reload <-chan struct{}
+	// afterFunc times the intervals of the store-failure log; nil means
+	// time.AfterFunc.
+	afterFunc gateway.AfterFunc
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then
-// shuts down gracefully. It returns nil after a clean shutdown,
+// shuts down gracefully: it stops accepting connections and waits up to
+// server.shutdown_timeout for requests in flight, then closes the
+// connections still busy (their clients see the connection closed without
+// a response, or a cut-off body) and logs how many requests it cut. It
+// returns nil after such a shutdown, cut requests or not,
 // flag.ErrHelp after -h, and a *usageError for a bad command line (an
 // unknown flag, a bad -listen, a stray argument), after printing the
 // error and the usage to e.stderr.
@@ -187,8 +201,9 @@ func run(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	active := &inFlight{h: gw}
 	srv := &http.Server{
-		Handler:           gw,
+		Handler:           active,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
 		ReadTimeout:       cfg.Server.ReadTimeout,
 		WriteTimeout:      cfg.Server.WriteTimeout,
@@ -213,7 +228,15 @@ func run(ctx context.Context, args []string, e env) error {
 	fmt.Fprintln(e.stdout, "shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	switch err := srv.Shutdown(sctx); {
+	case errors.Is(err, context.DeadlineExceeded):
+		// The shutdown was asked for and is carried out: cutting what
+		// outlives shutdown_timeout is its documented end, not a failure.
+		cut := active.n.Load()
+		srv.Close()
+		log.Warn("shutdown_timeout passed; closed the connections of requests still in flight",
+			"shutdown_timeout", cfg.Server.ShutdownTimeout, "requests_cut", cut)
+	case err != nil:
 		srv.Close()
 		return fmt.Errorf("shutdown: %w", err)
 	}
@@ -221,6 +244,20 @@ func run(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	return nil
+}
+
+// inFlight counts the requests its handler is serving, for the shutdown
+// log line.
+type inFlight struct {
+	n atomic.Int64
+	h http.Handler
+}
+
+// ServeHTTP implements http.Handler.
+func (f *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.n.Add(1)
+	defer f.n.Add(-1)
+	f.h.ServeHTTP(w, r)
 }
 
 // baseURL returns the URL clients reach addr at (a wildcard address is

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
@@ -18,9 +19,10 @@ import (
 func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (*gateway.Gateway, func() error, error) {
 	so := gateway.StoreOptions{
 		URL:           "memory",
-		Memory:        memory.Options{Clock: e.clock},
+		Memory:        memory.Options{Clock: e.clock, MaxKeys: cfg.Memory.MaxKeys},
 		FailurePolicy: cfg.FailurePolicy,
 		Logger:        log,
+		AfterFunc:     e.afterFunc,
 	}
 	if r := cfg.Redis; r != nil {
 		so.URL, so.Password, so.Name, so.Redis = r.URL, r.Password, cfg.RedactedStore(), r.Options
@@ -35,18 +37,26 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (*ga
 	if err != nil {
 		return nil, nil, err
 	}
+	var fallback core.Store
+	if cfg.FailurePolicy == core.FailFallback {
+		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute, MaxKeys: cfg.Memory.MaxKeys})
+		fallback = gateway.NewWindowsAsGCRA(fb)
+		closeRedis := closeStore
+		closeStore = func() error { return errors.Join(closeRedis(), fb.Close()) }
+	}
 	gw, err := gateway.New(gateway.Options{
 		Store:         store,
+		Fallback:      fallback,
 		FailurePolicy: cfg.FailurePolicy,
 		StoreTimeout:  cfg.StoreTimeout,
 		Shadow:        cfg.Shadow,
-		OnStoreError:  func(err error) { log.Warn("limit store failed", "err", err) },
 		ClientIP:      cfg.ClientIP,
 		Response:      cfg.Response,
 		Resolver:      cfg.Resolver,
 		Logger:        log,
 		Clock:         e.clock,
 		Now:           e.now,
+		AfterFunc:     e.afterFunc,
 	})
 	if err != nil {
 		closeStore()

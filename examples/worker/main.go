@@ -8,7 +8,9 @@
 //
 // Without -redis it starts a private redis-server (from PATH) on a free
 // loopback port and stops it at the end. The parent starts the worker
-// processes (re-running its own binary with -child), each calls core.Wait
+// processes (re-running its own binary with LIMITPLANE_WORKER_CHILD=1 and
+// LIMITPLANE_WORKER_START_AT in the environment, so -h lists only the
+// flags a user sets), each calls core.Wait
 // before every job, and the parent prints what each achieved and the total
 // rate.
 package main
@@ -34,11 +36,27 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 )
 
+// The parent tells a worker process what it is through its environment,
+// not through flags, so that -h shows only the flags a user sets.
+const (
+	childEnv   = "LIMITPLANE_WORKER_CHILD"    // "1" in a worker process
+	startAtEnv = "LIMITPLANE_WORKER_START_AT" // Unix ns at which workers start
+)
+
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Args[0]); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
+	os.Exit(exitCode(os.Args[1:], os.Getenv, os.Stdout, os.Stderr, os.Args[0]))
+}
+
+// exitCode runs the command and returns its exit status: 0 on success and
+// after -h (which prints the usage), 1 on any error.
+func exitCode(args []string, getenv func(string) string, stdout, stderr io.Writer, exe string) int {
+	err := run(args, getenv, stdout, stderr, exe)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	}
+	fmt.Fprintln(stderr, "worker:", err)
+	return 1
 }
 
 type config struct {
@@ -51,18 +69,27 @@ type config struct {
 	startAt   int64 // Unix ns when children start working
 }
 
-func parse(args []string) (config, error) {
+// parse reads the user's flags, and, in a worker process, the parent's
+// environment variables; usage and flag errors go to stderr.
+func parse(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	fs.IntVar(&c.processes, "processes", 4, "worker processes to start")
 	fs.Int64Var(&c.rate, "rate", 50, "global jobs per second shared by all workers")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "how long the workers run")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis URL (redis://host:port/db); empty starts a private redis-server")
 	fs.StringVar(&c.key, "key", "", "name of the shared limit (default: a fresh one per run)")
-	fs.BoolVar(&c.child, "child", false, "internal: run as one worker process")
-	fs.Int64Var(&c.startAt, "start-at", 0, "internal: Unix ns at which workers start")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if getenv(childEnv) == "1" {
+		c.child = true
+		at, err := strconv.ParseInt(getenv(startAtEnv), 10, 64)
+		if err != nil {
+			return c, fmt.Errorf("worker process: %s: %w", startAtEnv, err)
+		}
+		c.startAt = at
 	}
 	if c.processes < 1 || c.rate < 1 || c.duration <= 0 {
 		return c, errors.New("-processes, -rate and -duration must be positive")
@@ -75,8 +102,8 @@ func parse(args []string) (config, error) {
 
 // run is the parent: it starts the workers and prints the total. exe is
 // the binary to re-run as a worker.
-func run(args []string, out io.Writer, exe string) error {
-	c, err := parse(args)
+func run(args []string, getenv func(string) string, out, stderr io.Writer, exe string) error {
+	c, err := parse(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -107,11 +134,10 @@ func run(args []string, out io.Writer, exe string) error {
 	}
 	results := make(chan result, c.processes)
 	for i := 0; i < c.processes; i++ {
-		cmd := exec.CommandContext(ctx, exe, "-child", "-redis", c.redisURL, "-key", c.key,
-			"-rate", strconv.FormatInt(c.rate, 10), "-duration", c.duration.String(),
-			"-start-at", strconv.FormatInt(startAt.UnixNano(), 10))
-		cmd.Env = append(os.Environ(), "LIMITPLANE_WORKER_CHILD=1")
-		cmd.Stderr = os.Stderr
+		cmd := exec.CommandContext(ctx, exe, "-redis", c.redisURL, "-key", c.key,
+			"-rate", strconv.FormatInt(c.rate, 10), "-duration", c.duration.String())
+		cmd.Env = append(os.Environ(), childEnv+"=1", startAtEnv+"="+strconv.FormatInt(startAt.UnixNano(), 10))
+		cmd.Stderr = stderr
 		go func() {
 			b, err := cmd.Output()
 			if err != nil {

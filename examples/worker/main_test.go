@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"regexp"
 	"strconv"
@@ -16,11 +17,7 @@ import (
 // (run, inside a test) re-runs it.
 func TestMain(m *testing.M) {
 	if os.Getenv("LIMITPLANE_WORKER_CHILD") == "1" {
-		if err := run(os.Args[1:], os.Stdout, ""); err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(exitCode(os.Args[1:], os.Getenv, os.Stdout, os.Stderr, ""))
 	}
 	os.Exit(m.Run())
 }
@@ -30,7 +27,7 @@ func TestMain(m *testing.M) {
 func TestFourProcessesShareOneRate(t *testing.T) {
 	srv := redistest.Start(t)
 	var out bytes.Buffer
-	err := run([]string{"-processes", "4", "-rate", "50", "-duration", "10s", "-redis", "redis://" + srv.Addr + "/0"}, &out, os.Args[0])
+	err := run([]string{"-processes", "4", "-rate", "50", "-duration", "10s", "-redis", "redis://" + srv.Addr + "/0"}, noEnv, &out, os.Stderr, os.Args[0])
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -82,7 +79,7 @@ func TestREADMEOutput(t *testing.T) {
 func TestFractionalDuration(t *testing.T) {
 	srv := redistest.Start(t)
 	var out bytes.Buffer
-	err := run([]string{"-processes", "2", "-rate", "10", "-duration", "1500ms", "-redis", "redis://" + srv.Addr + "/0"}, &out, os.Args[0])
+	err := run([]string{"-processes", "2", "-rate", "10", "-duration", "1500ms", "-redis", "redis://" + srv.Addr + "/0"}, noEnv, &out, os.Stderr, os.Args[0])
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -120,15 +117,45 @@ func TestMaxJobs(t *testing.T) {
 // jobs.
 func TestUnreachableRedisFails(t *testing.T) {
 	var out bytes.Buffer
-	err := run([]string{"-processes", "1", "-duration", "2s", "-redis", "redis://127.0.0.1:1/0"}, &out, os.Args[0])
+	err := run([]string{"-processes", "1", "-duration", "2s", "-redis", "redis://127.0.0.1:1/0"}, noEnv, &out, os.Stderr, os.Args[0])
 	if err == nil || !strings.Contains(err.Error(), "worker process: exit status 1") {
 		t.Fatalf("err %v, want the worker process to fail\n%s", err, out.String())
 	}
 }
 
+// noEnv is the environment of the parent process: no worker variables.
+func noEnv(string) string { return "" }
+
+// -h prints only the flags a user sets and exits 0; the worker processes
+// learn their role from the environment, not from flags.
+func TestHelp(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := exitCode([]string{"-h"}, noEnv, &out, &errOut, ""); code != 0 {
+		t.Fatalf("-h exited %d, want 0", code)
+	}
+	const want = `Usage of worker:
+  -duration duration
+    	how long the workers run (default 10s)
+  -key string
+    	name of the shared limit (default: a fresh one per run)
+  -processes int
+    	worker processes to start (default 4)
+  -rate int
+    	global jobs per second shared by all workers (default 50)
+  -redis string
+    	Redis URL (redis://host:port/db); empty starts a private redis-server
+`
+	if out.String() != "" || errOut.String() != want {
+		t.Fatalf("-h printed %q to stdout and %q to stderr, want nothing and %q", out.String(), errOut.String(), want)
+	}
+	if code := exitCode([]string{"-child"}, noEnv, &out, &errOut, ""); code != 1 {
+		t.Fatalf("-child exited %d, want 1 (no such flag)", code)
+	}
+}
+
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"-processes", "0"}, {"-rate", "-1"}, {"-rate", "2000000000"}, {"-duration", "0s"}, {"-nope"}} {
-		if err := run(args, &bytes.Buffer{}, ""); err == nil {
+		if err := run(args, noEnv, &bytes.Buffer{}, io.Discard, ""); err == nil {
 			t.Errorf("%v accepted", args)
 		}
 	}

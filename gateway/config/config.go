@@ -69,6 +69,9 @@ type Config struct {
 	Store string
 	// Redis configures the Redis store; nil for the memory store.
 	Redis *Redis
+	// Memory configures the in-process store: the store itself when Store
+	// is "memory", and the fallback store of failure_policy fallback.
+	Memory Memory
 	// FailurePolicy is what the engine does when the store fails.
 	FailurePolicy core.FailurePolicy
 	// StoreTimeout bounds each store call; 0 means no bound.
@@ -113,6 +116,14 @@ type Redis struct {
 	// Options are the store's options. Clock is left nil: Redis's own
 	// TIME decides.
 	Options redisstore.Options
+}
+
+// Memory is the in-process store's configuration.
+type Memory struct {
+	// MaxKeys is memory.Options.MaxKeys: the most keys (consumer and
+	// scope pairs) the store holds; at the cap a new consumer's request is
+	// a store failure, decided by failure_policy. 0 means unbounded.
+	MaxKeys int
 }
 
 // Server holds the HTTP server's timeouts and limits.
@@ -218,7 +229,7 @@ func (t Target) String() string {
 // RedactedStore returns Store for messages and banners, as the file wrote
 // it except that a URL's password (in its user information or a password
 // query parameter) is replaced by "xxxxx".
-func (c *Config) RedactedStore() string { return redactURL(c.Store) }
+func (c *Config) RedactedStore() string { return redisstore.RedactURL(c.Store) }
 
 // Load reads and parses the file at path (see Parse).
 func Load(path string) (*Config, error) {

@@ -49,7 +49,7 @@ func TestRefusals(t *testing.T) {
 		{"unclosed quote on the first line", "listen: \"abc\n", `t.yaml:2: YAML syntax: found unexpected end of stream`},
 		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
 		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
-			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, shadow, client_ip, server, response, policies, keys, apis)`},
+			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, policies, keys, apis)`},
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
@@ -154,6 +154,14 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:3:11: policies[0].rate: rate 2000000000 per 1s is finer than one event per nanosecond`},
 		{"burst overflows", "policies:\n  - id: p\n    rate: {requests: 1, per: 8760h, burst: 1000}\n" + api,
 			`t.yaml:3:11: policies[0].rate: burst 1000 × emission interval 8760h0m0s overflows`},
+		// Counts above 2^53 − 1 (core.MaxCount) no store keeps exactly
+		// (issue 9): refused for every algorithm and for quotas.
+		{"quota max above 2^53 - 1", "policies:\n  - id: p\n    quota: {max: 9007199254740992, renewal: 720h}\n" + api,
+			`t.yaml:3:12: policies[0].quota: quota max 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly`},
+		{"fixed window above 2^53 - 1", "store: redis://r\npolicies:\n  - id: p\n    rate: {requests: 9007199254740992, per: 3000h, algorithm: fixed_window}\n" + api,
+			`t.yaml:4:11: policies[0].rate: rate 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly`},
+		{"gcra burst above 2^53 - 1", "policies:\n  - id: p\n    rate: {requests: 1, per: 1ns, burst: 9007199254740992}\n" + api,
+			`t.yaml:3:11: policies[0].rate: burst 9007199254740992 is above 9007199254740991 (2^53 − 1), the largest count every store keeps exactly`},
 		{"quota max missing", "policies:\n  - id: p\n    quota: {renewal: 1h}\n" + api,
 			`t.yaml:3:12: policies[0].quota.max: missing (requests per renewal period, or -1 for unlimited)`},
 		{"zero quota", "policies:\n  - id: p\n    quota: {max: 0, renewal: 1h}\n" + api,
@@ -312,7 +320,7 @@ func TestRefusals(t *testing.T) {
 			"t.yaml:2:9: policies[1].quota.id: unknown field (known here: max, renewal)\n" +
 				"t.yaml:2:16: policies[1].quota.quota: unknown field (known here: max, renewal)"},
 		{"an anchor outside the schema is named by where it is used", "x-rate: &d {requests: five, per: 1s, burst: 2.5, bust: 1}\npolicies:\n  - {id: p, rate: *d}\n  - {id: q, rate: *d}\n" + api,
-			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, shadow, client_ip, server, response, policies, keys, apis)\n" +
+			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, policies, keys, apis)\n" +
 				"t.yaml:1:23: policies[0].rate.requests: want an integer, got \"five\"\n" +
 				"t.yaml:1:45: policies[0].rate.burst: want an integer, got 2.5\n" +
 				"t.yaml:1:50: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)"},
@@ -464,8 +472,7 @@ apis:
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
-	_, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1)))
-	if err == nil {
+	if _, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", strings.ToUpper(h.String()[7:]), 1))); err == nil {
 		t.Fatalf("a bare hex key_hash was accepted")
 	}
 	cfg, err := config.Parse("t.yaml", []byte(strings.Replace(doc, "SHA256:ABC", h.String(), 1)))
@@ -610,4 +617,37 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMemoryConfig: memory.max_keys reaches Config.Memory for the memory
+// store and for the fallback store of failure_policy fallback; it is
+// refused where no in-process store runs, and below 0.
+func TestMemoryConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       int
+	}{
+		{"left out", "", 0},
+		{"memory store", "memory: {max_keys: 100000}\n", 100000},
+		{"explicitly unbounded", "store: memory\nmemory: {max_keys: 0}\n", 0},
+		{"redis with fallback", "store: redis://r\nfailure_policy: fallback\nmemory:\n  max_keys: 5000\n", 5000},
+	} {
+		cfg, err := config.Parse("t.yaml", []byte(tc.yaml+api))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if cfg.Memory.MaxKeys != tc.want {
+			t.Errorf("%s: MaxKeys %d, want %d", tc.name, cfg.Memory.MaxKeys, tc.want)
+		}
+	}
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"negative", "memory: {max_keys: -1}\n", `t.yaml:1:20: memory.max_keys: -1 must be >= 0 (0 means unbounded)`},
+		{"redis without fallback", "store: redis://r\nmemory: {max_keys: 10}\n", `t.yaml:2:9: memory: only used with the memory store or failure_policy: fallback`},
+		{"unknown field", "memory: {keys: 10}\n", `t.yaml:1:10: memory.keys: unknown field (known here: max_keys)`},
+	} {
+		_, err := config.Parse("t.yaml", []byte(tc.yaml+api))
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s: error %v, want %s", tc.name, err, tc.want)
+		}
+	}
 }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -160,14 +159,8 @@ func (v *validator) jwks(at string, r *rawJWKS) *identity.JWKSOptions {
 		v.require(at+".url", "missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
 	case err != nil || u.Host == "" || u.Scheme != "https" && u.Scheme != "http":
 		v.fail(at+".url", "%q is not an https:// URL", r.URL)
-	case u.Scheme == "http" && !isLoopback(u.Hostname()):
+	case u.Scheme == "http" && !identity.IsLoopbackHost(u.Hostname()):
 		v.fail(at+".url", "%q must be https (plain http only to a loopback address)", r.URL)
 	}
 	return o
-}
-
-// isLoopback reports whether host is localhost or a loopback address.
-func isLoopback(host string) bool {
-	ip := net.ParseIP(host)
-	return host == "localhost" || ip != nil && ip.IsLoopback()
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -28,44 +29,6 @@ func redisScheme(s string) string {
 		}
 	}
 	return ""
-}
-
-// redactURL returns s as written with the password in its user
-// information, and the value of any password query parameter, replaced by
-// "xxxxx". It works on the text, so it hides them even in a URL that does
-// not parse.
-func redactURL(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return s
-	}
-	q := strings.IndexAny(rest, "?#")
-	if q < 0 {
-		q = len(rest)
-	}
-	// The user information ends at the last "@" before the query, so a
-	// password with an unescaped "/" is hidden whole.
-	if at := strings.LastIndexByte(rest[:q], '@'); at >= 0 {
-		if user, _, hasPW := strings.Cut(rest[:at], ":"); hasPW {
-			rest = user + ":xxxxx" + rest[at:]
-		}
-	}
-	base, query, hasQuery := strings.Cut(rest, "?")
-	if !hasQuery {
-		return scheme + "://" + base
-	}
-	query, fragment, hasFragment := strings.Cut(query, "#")
-	params := strings.Split(query, "&")
-	for i, p := range params {
-		if name, _, _ := strings.Cut(p, "="); strings.EqualFold(name, "password") {
-			params[i] = name + "=xxxxx"
-		}
-	}
-	out := scheme + "://" + base + "?" + strings.Join(params, "&")
-	if hasFragment {
-		out += "#" + fragment
-	}
-	return out
 }
 
 // redis validates a Redis store URL and the redis section. The URL is
@@ -117,7 +80,7 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		if shown := redactURL(store); shown != store {
+		if shown := redisstore.RedactURL(store); shown != store {
 			// The parser's reason may quote part of the password.
 			v.fail("store", "%q is not a URL", shown)
 		} else {
@@ -140,6 +103,14 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	case strings.HasSuffix(scheme, "+sentinel") && u.User.Username() == "":
 		v.fail("store", "%q needs the master's name: redis+sentinel://master@host:26379,...", store)
 		return out
+	}
+	if scheme != "unix" {
+		for _, h := range strings.Split(u.Host, ",") {
+			if port, ok := hostPort(h); ok && !validPort(port) {
+				v.fail("store", "host %q: port %q is not a number from 1 to 65535", h, port)
+				return out
+			}
+		}
 	}
 	if ps, ok := q["pool_size"]; ok {
 		if n, err := strconv.Atoi(ps[0]); err != nil || n < 0 || n > math.MaxInt32 {
@@ -252,3 +223,56 @@ func (r FileResolver) ReadFile(p string) ([]byte, error) {
 
 // LookupEnv returns the process environment's variable name.
 func (FileResolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(name) }
+
+// memoryStore validates the memory section: max_keys >= 0, and the section
+// only where an in-process store runs (store memory, or failure_policy
+// fallback). cfg's Store, Redis and FailurePolicy are already set.
+func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
+	var out Memory
+	if r == nil {
+		return out
+	}
+	if cfg.Redis != nil && cfg.FailurePolicy != core.FailFallback && !v.failed("failure_policy") {
+		v.fail("memory", "only used with the memory store or failure_policy: fallback")
+	}
+	if n := r.MaxKeys; n != nil {
+		if *n < 0 {
+			v.fail("memory.max_keys", "%d must be >= 0 (0 means unbounded)", *n)
+		} else {
+			out.MaxKeys = *n
+		}
+	}
+	return out
+}
+
+// failed reports whether a problem was already reported at path.
+func (v *validator) failed(path string) bool {
+	for _, e := range v.errs {
+		if e.Field == path {
+			return true
+		}
+	}
+	return false
+}
+
+// hostPort returns the port of one host of a store URL's host list
+// ("host:port", "[v6]:port"), and whether it names one. An IPv6 address
+// without brackets names none. An empty port ("host:") is go-redis's
+// default port and passes.
+func hostPort(h string) (string, bool) {
+	if strings.HasPrefix(h, "[") {
+		_, port, ok := strings.Cut(h, "]:")
+		return port, ok && port != ""
+	}
+	if strings.Count(h, ":") != 1 {
+		return "", false
+	}
+	_, port, _ := strings.Cut(h, ":")
+	return port, port != ""
+}
+
+// validPort reports whether port is a decimal TCP port, 1 to 65535.
+func validPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535 && strings.TrimLeft(port, "0123456789") == ""
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -90,7 +91,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 		cfg.Store = s
 		cfg.Redis = v.redis(s, raw.Redis)
 	default:
-		v.fail("store", "unknown store %q (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)", redactURL(s))
+		v.fail("store", "unknown store %q (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)", redisstore.RedactURL(s))
 	}
 	switch raw.FailurePolicy {
 	case "", "open":
@@ -102,6 +103,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 	default:
 		v.fail("failure_policy", "unknown policy %q (want open, closed or fallback)", raw.FailurePolicy)
 	}
+	cfg.Memory = v.memoryStore(cfg, raw.Memory)
 	cfg.StoreTimeout = v.duration("store_timeout", raw.StoreTimeout, 0)
 	cfg.ClientIP = v.clientIP(raw.ClientIP)
 	cfg.Server = v.server(raw.Server)

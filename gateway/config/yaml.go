@@ -24,6 +24,7 @@ type rawConfig struct {
 	FailurePolicy string      `yaml:"failure_policy"`
 	StoreTimeout  string      `yaml:"store_timeout"`
 	Redis         *rawRedis   `yaml:"redis"`
+	Memory        *rawMemory  `yaml:"memory"`
 	Shadow        bool        `yaml:"shadow"`
 	ClientIP      rawClientIP `yaml:"client_ip"`
 	Server        rawServer   `yaml:"server"`
@@ -41,6 +42,10 @@ type rawRedis struct {
 	BreakerCooldown string `yaml:"breaker_cooldown"`
 	PasswordEnv     string `yaml:"password_env"`
 	PasswordFile    string `yaml:"password_file"`
+}
+
+type rawMemory struct {
+	MaxKeys *int `yaml:"max_keys"`
 }
 
 type rawClientIP struct {
@@ -146,7 +151,7 @@ type rawFailureLimit struct {
 // ("config.rawRate") to its field names, for "unknown field" messages.
 var knownFields = func() map[string][]string {
 	m := map[string][]string{}
-	for _, v := range []any{rawConfig{}, rawRedis{}, rawClientIP{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
+	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
 		rawJWT{}, rawJWTKey{}, rawJWKS{}, rawFailureLimit{}} {
 		t := reflect.TypeOf(v)
 		var names []string
