@@ -142,11 +142,11 @@ func TestSwapUnderLoad(t *testing.T) {
 		{"/stable/x", swapKeyV}, {"/stable/x", swapKeyB}, {"/even/x", swapKeyB}, {"/even/x", swapKeyV},
 	}
 	var (
-		stop     = make(chan struct{})
-		progress = make(chan struct{}, 4096)
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		problems []string
+		stop                         = make(chan struct{})
+		progress                     = make(chan struct{}, 4096)
+		wg                           sync.WaitGroup
+		mu                           sync.Mutex
+		problems                     []string
 		admittedA, deniedA, requests atomic.Int64
 	)
 	fail := func(format string, args ...any) {
