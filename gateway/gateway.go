@@ -248,23 +248,11 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 	return st, jwks, nil
 }
 
-// route builds one API's handler: its upstream, the strips, the
-// authenticator and the rate-limit middleware.
+// route builds one API's handler: the authenticator, the rate-limit
+// middleware, and the upstream, which gets the request with the listen
+// path and the credentials stripped as the API says.
 func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *identity.APIKey, jwks map[spec.JWKS]*identity.JWKS) (route, error) {
-	var up http.Handler
-	if a.Target == spec.BuiltinEcho {
-		up = echo(a.ID)
-	} else {
-		target, err := spec.ParseTarget(a.Target)
-		if err != nil {
-			return route{}, err
-		}
-		up = newProxy(a.ID, target, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
-	}
 	prefix := strings.TrimSuffix(a.ListenPath, "/")
-	if a.StripsListenPath() {
-		up = stripPrefix(prefix, up)
-	}
 	var auth identity.Authenticator = apiKey
 	sources := apiKey.Sources()
 	switch a.AuthOrDefault() {
@@ -277,8 +265,22 @@ func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *ide
 		}
 		auth, sources = j, j.Sources()
 	}
+	var strip outbound
+	if a.StripsListenPath() {
+		strip.prefix = prefix
+	}
 	if a.StripsAuthData() {
-		up = stripCredentials(sources, up)
+		strip.sources = sources
+	}
+	var up http.Handler
+	if a.Target == spec.BuiltinEcho {
+		up = strip.handler(echo(a.ID))
+	} else {
+		target, err := spec.ParseTarget(a.Target)
+		if err != nil {
+			return route{}, err
+		}
+		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
 	}
 	if a.FailureLimit != nil {
 		auth = &identity.FailureLimited{Auth: auth, Limiter: st.engine, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP}
