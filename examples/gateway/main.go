@@ -21,6 +21,9 @@
 // SIGTERM shuts the gateway down cleanly, letting requests in flight
 // finish, then closes the Redis client and stops JWKS refreshes.
 //
+// With LP_GATEWAY_CPUPROFILE=file in its environment the gateway writes a
+// CPU profile of its whole run to file, for benchmarks.
+//
 // The configuration reference is in the repository's README.md.
 package main
 
@@ -74,7 +77,11 @@ func main() {
 			}
 		}
 	}()
-	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload})
+	stopProfile, err := startCPUProfile(os.Getenv(cpuProfileEnv))
+	if err == nil {
+		err = run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload})
+		stopProfile()
+	}
 	stop()
 	os.Exit(exitCode(os.Stderr, err))
 }
