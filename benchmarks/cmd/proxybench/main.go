@@ -8,8 +8,8 @@
 // The gateway is examples/gateway built from this checkout, run with a
 // memory store and one API key whose policy (10^9 requests a second and a
 // quota of 10^15 a day) is checked on every request and never denies, so
-// the numbers are those of a gateway with limiting on. -gateway-before adds
-// a second gateway binary (an older build) to the same rounds, so a change
+// the numbers are those of a gateway with limiting on. Each -gateway-before
+// adds another gateway binary (an older build) to the same rounds, so a change
 // is measured against its baseline under the same load. Every process is
 // started on loopback and stopped at the end. It prints one line per round
 // and proxy, then the median requests/s of each and its ratio to the bare
@@ -56,9 +56,13 @@ func main() {
 	conns := flag.Int("c", 64, "wrk connections")
 	threads := flag.Int("t", 2, "wrk threads")
 	gatewayBin := flag.String("gateway", "", "a built examples/gateway binary (default: built from ../examples/gateway)")
-	beforeBin := flag.String("gateway-before", "", "a second examples/gateway `binary` (an older build) measured in the same rounds as \"gateway-before\"; none by default")
+	var before []string
+	flag.Func("gateway-before", "another examples/gateway `binary` (an older build) measured in the same rounds, as \"gateway-before\"; repeat it for more (\"gateway-before-2\", ...)", func(s string) error {
+		before = append(before, s)
+		return nil
+	})
 	flag.Parse()
-	if err := run(*rounds, *duration, *conns, *threads, *gatewayBin, *beforeBin); err != nil {
+	if err := run(*rounds, *duration, *conns, *threads, *gatewayBin, before); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -139,7 +143,7 @@ func (p *proc) stop() {
 	}
 }
 
-func run(rounds int, duration time.Duration, conns, threads int, gatewayBin, beforeBin string) error {
+func run(rounds int, duration time.Duration, conns, threads int, gatewayBin string, before []string) error {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return errors.New("wrk not found on PATH (Debian: apt-get install wrk)")
 	}
@@ -209,8 +213,12 @@ apis:
 		return err
 	}
 	gateways := [][2]string{{"limitplane-gateway", gatewayBin}}
-	if beforeBin != "" {
-		gateways = append(gateways, [2]string{"gateway-before", beforeBin})
+	for i, b := range before {
+		name := "gateway-before"
+		if i > 0 {
+			name += fmt.Sprintf("-%d", i+1)
+		}
+		gateways = append(gateways, [2]string{name, b})
 	}
 	for _, g := range gateways {
 		gwAddr, _ := freeAddr()
