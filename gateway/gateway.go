@@ -167,9 +167,14 @@ func New(opts Options) (*Gateway, error) {
 // Apply validates snap and, if it is valid and every API in it can be
 // built, makes it the gateway's configuration: policies, keys and routes
 // change together for the next request; requests in flight finish under
-// the previous snapshot; counters are kept. Otherwise it returns an error
-// and the running configuration stays: a spec.Errors for an invalid
-// snapshot, ErrStaleRevision for one older than the running one, or the
+// the previous snapshot; counters are kept. Kept counters meet the new
+// limits as they stand: a quota count is compared with the new maximum (5
+// spent of 5 an hour, raised to 10, leaves exactly 5), and a GCRA
+// theoretical arrival time with the new burst tolerance (a burst of 5 a
+// minute spent, raised to 10 a minute, leaves the bucket empty at the new
+// rate too: it refills at one every 6 s from then). Otherwise it returns
+// an error and the running configuration stays: a spec.Errors for an
+// invalid snapshot, ErrStaleRevision for one older than the running one, or the
 // problem building an API (an unresolvable secret, a JWKS that cannot be
 // fetched within ctx, an algorithm the store lacks). Apply keeps snap; the
 // caller must not change it afterwards.
