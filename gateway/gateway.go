@@ -183,9 +183,14 @@ func New(opts Options) (*Gateway, error) {
 // Apply validates snap and, if it is valid and every API in it can be
 // built, makes it the gateway's configuration: policies, keys and routes
 // change together for the next request; requests in flight finish under
-// the previous snapshot; counters are kept. Otherwise it returns an error
-// and the running configuration stays: a spec.Errors for an invalid
-// snapshot, ErrStaleRevision for one older than the running one, or the
+// the previous snapshot; counters are kept. Kept counters meet the new
+// limits as they stand: a quota count is compared with the new maximum (5
+// spent of 5 an hour, raised to 10, leaves exactly 5), and a GCRA
+// theoretical arrival time with the new burst tolerance (a burst of 5 a
+// minute spent, raised to 10 a minute, leaves the bucket empty at the new
+// rate too: it refills at one every 6 s from then). Otherwise it returns
+// an error and the running configuration stays: a spec.Errors for an
+// invalid snapshot, ErrStaleRevision for one older than the running one, or the
 // problem building an API (an unresolvable secret, a JWKS that cannot be
 // fetched within ctx, an algorithm the store lacks). Apply keeps snap; the
 // caller must not change it afterwards.
@@ -264,23 +269,11 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 	return st, jwks, nil
 }
 
-// route builds one API's handler: its upstream, the strips, the
-// authenticator and the rate-limit middleware.
+// route builds one API's handler: the authenticator, the rate-limit
+// middleware, and the upstream, which gets the request with the listen
+// path and the credentials stripped as the API says.
 func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *identity.APIKey, jwks map[spec.JWKS]*identity.JWKS) (route, error) {
-	var up http.Handler
-	if a.Target == spec.BuiltinEcho {
-		up = echo(a.ID)
-	} else {
-		target, err := spec.ParseTarget(a.Target)
-		if err != nil {
-			return route{}, err
-		}
-		up = newProxy(a.ID, target, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
-	}
 	prefix := strings.TrimSuffix(a.ListenPath, "/")
-	if a.StripsListenPath() {
-		up = stripPrefix(prefix, up)
-	}
 	var auth identity.Authenticator = apiKey
 	sources := apiKey.Sources()
 	switch a.AuthOrDefault() {
@@ -293,8 +286,22 @@ func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *ide
 		}
 		auth, sources = j, j.Sources()
 	}
+	var strip outbound
+	if a.StripsListenPath() {
+		strip.prefix = prefix
+	}
 	if a.StripsAuthData() {
-		up = stripCredentials(sources, up)
+		strip.sources = sources
+	}
+	var up http.Handler
+	if a.Target == spec.BuiltinEcho {
+		up = strip.handler(echo(a.ID))
+	} else {
+		target, err := spec.ParseTarget(a.Target)
+		if err != nil {
+			return route{}, err
+		}
+		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
 	}
 	if a.FailureLimit != nil {
 		auth = &identity.FailureLimited{Auth: auth, Limiter: st.engine, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP}

@@ -88,26 +88,69 @@ func cleanPath(p string) string {
 	return c
 }
 
-// stripPrefix removes prefix (a listen path without its final slash) from
-// the request path: "/echo/a" becomes "/a", "/echo" becomes "/".
-func stripPrefix(prefix string, h http.Handler) http.Handler {
-	if prefix == "" {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r2 := new(http.Request)
-		*r2 = *r
-		u := *r.URL
-		r2.URL = &u
-		u.Path = orSlash(strings.TrimPrefix(r.URL.Path, prefix))
-		if r.URL.RawPath != "" {
-			if rest, ok := strings.CutPrefix(r.URL.RawPath, prefix); ok {
+// outbound is what an API strips from a request before its upstream sees
+// it. The reverse proxy applies it to its outbound request, a copy it
+// makes anyway, so stripping costs no copy of its own there.
+type outbound struct {
+	// prefix is the listen path (without its final slash) to remove from
+	// the path: "/echo/a" becomes "/a", "/echo" becomes "/". "" keeps
+	// the path.
+	prefix string
+	// sources are the credential places to remove: those header fields,
+	// those query parameters (the rest of the query is passed on as sent)
+	// and those cookies (other cookies stay).
+	sources []identity.Source
+}
+
+// apply strips r, whose Header and URL the caller owns (a copy, never a
+// request a handler was given).
+func (o outbound) apply(r *http.Request) {
+	if o.prefix != "" {
+		u := r.URL
+		p := u.Path
+		u.Path = orSlash(strings.TrimPrefix(p, o.prefix))
+		if u.RawPath != "" {
+			if rest, ok := strings.CutPrefix(u.RawPath, o.prefix); ok {
 				u.RawPath = orSlash(rest)
 			} else {
 				u.RawPath = "" // prefix spelled with escapes: re-escape Path
 			}
 		}
-		h.ServeHTTP(w, r2)
+	}
+	for _, s := range o.sources {
+		switch s.In {
+		case identity.InHeader:
+			r.Header.Del(s.Name)
+		case identity.InQuery:
+			if q, ok := dropParam(r.URL.RawQuery, s.Name); ok {
+				r.URL.RawQuery = q
+			}
+		case identity.InCookie:
+			if lines, ok := dropCookie(r.Header["Cookie"], s.Name); ok {
+				if len(lines) == 0 {
+					r.Header.Del("Cookie")
+				} else {
+					r.Header["Cookie"] = lines
+				}
+			}
+		}
+	}
+}
+
+// handler returns h behind o, for an upstream other than the proxy: h
+// gets a copy of each request, stripped.
+func (o outbound) handler(h http.Handler) http.Handler {
+	if o.prefix == "" && len(o.sources) == 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A handler must not modify the request it is given.
+		r2 := *r
+		r2.Header = r.Header.Clone()
+		u := *r.URL
+		r2.URL = &u
+		o.apply(&r2)
+		h.ServeHTTP(w, &r2)
 	})
 }
 
@@ -159,59 +202,16 @@ func orSlash(s string) string {
 	return s
 }
 
-// stripCredentials removes every place sources name from a request before
-// h sees it: those header fields, those query parameters (the rest of the
-// query is passed on as sent) and those cookies (other cookies stay). It
-// runs after authentication, which has read the credential.
-func stripCredentials(sources []identity.Source, h http.Handler) http.Handler {
-	if len(sources) == 0 {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// A handler must not modify the request it is given: r2 is a
-		// shallow copy, whose Header and URL are copied before a change.
-		r2 := *r
-		cloned := false
-		for _, s := range sources {
-			switch s.In {
-			case identity.InHeader:
-				if _, ok := r2.Header[http.CanonicalHeaderKey(s.Name)]; ok {
-					if !cloned {
-						r2.Header, cloned = r.Header.Clone(), true
-					}
-					r2.Header.Del(s.Name)
-				}
-			case identity.InQuery:
-				if q, ok := dropParam(r2.URL.RawQuery, s.Name); ok {
-					u := *r2.URL
-					u.RawQuery = q
-					r2.URL = &u
-				}
-			case identity.InCookie:
-				if lines, ok := dropCookie(r2.Header["Cookie"], s.Name); ok {
-					if !cloned {
-						r2.Header, cloned = r.Header.Clone(), true
-					}
-					if len(lines) == 0 {
-						r2.Header.Del("Cookie")
-					} else {
-						r2.Header["Cookie"] = lines
-					}
-				}
-			}
-		}
-		h.ServeHTTP(w, &r2)
-	})
-}
-
-// newProxy returns a reverse proxy for API api to target. The request path
-// (already stripped) is joined to the target's path; the Host header
-// becomes the target's; X-Forwarded-For, -Host and -Proto are set afresh
-// from the peer, except that a trusted proxy's X-Forwarded-For chain is
-// kept and the proxy's address appended.
-func newProxy(api string, target *url.URL, t http.RoundTripper, buffers httputil.BufferPool, trusted []netip.Prefix, log *slog.Logger) http.Handler {
+// newProxy returns a reverse proxy for API api to target. The request is
+// stripped as strip says, then its path is joined to the target's path;
+// the Host header becomes the target's; X-Forwarded-For, -Host and -Proto
+// are set afresh from the peer, except that a trusted proxy's
+// X-Forwarded-For chain is kept and the proxy's address appended.
+func newProxy(api string, target *url.URL, strip outbound, t http.RoundTripper, buffers httputil.BufferPool, trusted []netip.Prefix, log *slog.Logger) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// pr.Out is the proxy's own copy, its Header and URL too.
+			strip.apply(pr.Out)
 			pr.SetURL(target)
 			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 && fromTrusted(pr.In, trusted) {
 				pr.Out.Header["X-Forwarded-For"] = xff
@@ -249,17 +249,29 @@ func fromTrusted(r *http.Request, trusted []netip.Prefix) bool {
 }
 
 // bufferPool is an httputil.BufferPool of 32 KiB copy buffers: without
-// one, ReverseProxy allocates a fresh buffer for every response body.
+// one, ReverseProxy allocates a fresh buffer for every response body. It
+// pools the buffers' arrays, so that Put, which turns the slice back into
+// a pointer to its array, allocates nothing either (a pooled *[]byte
+// would cost an allocation per Put).
 type bufferPool struct{ p sync.Pool }
 
+// copyBufferSize is the size of the proxies' copy buffers, as
+// ReverseProxy's own.
+const copyBufferSize = 32 << 10
+
 func (b *bufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
-		return *v
+	if v, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return v[:]
 	}
-	return make([]byte, 32<<10)
+	return new([copyBufferSize]byte)[:]
 }
 
-func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) < copyBufferSize {
+		return // not one of ours
+	}
+	b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
+}
 
 // newTransport is http.DefaultTransport with enough idle connections per
 // upstream for a busy gateway (the default keeps 2).

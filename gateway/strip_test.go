@@ -20,9 +20,9 @@ type upstreamSaw struct {
 // stay) and a custom header, with a repeated query parameter.
 func TestStripCredentialsSources(t *testing.T) {
 	saw := make(chan upstreamSaw, 1)
-	srv := httptest.NewServer(stripCredentials([]identity.Source{
+	srv := httptest.NewServer(outbound{sources: []identity.Source{
 		{In: identity.InCookie, Name: "lp_key"}, {In: identity.InHeader, Name: "X-Other"}, {In: identity.InQuery, Name: "t"},
-	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	}}.handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		saw <- upstreamSaw{r.URL.RawQuery, r.Header.Values("Authorization"), r.Header.Values("X-Api-Key"),
 			r.Header.Values("Cookie"), r.Header.Values("X-Other")}
 	})))
@@ -39,5 +39,18 @@ func TestStripCredentialsSources(t *testing.T) {
 	want := upstreamSaw{query: "u=2", authorization: []string{"Basic eDp5"}, cookie: []string{"a=1; b=2"}}
 	if got := <-saw; fmt.Sprintf("%q", got) != fmt.Sprintf("%q", want) {
 		t.Errorf("handler saw %q, want %q", got, want)
+	}
+}
+
+// TestBufferPoolPutAllocatesNothing: the proxies' copy buffers go back to
+// the pool without an allocation per response.
+func TestBufferPoolPutAllocatesNothing(t *testing.T) {
+	var p bufferPool
+	p.Put(p.Get()) // the pool's first buffer
+	if n := testing.AllocsPerRun(100, func() { p.Put(p.Get()) }); n != 0 {
+		t.Errorf("Get and Put: %v allocations, want 0", n)
+	}
+	if got := len(p.Get()); got != 32<<10 {
+		t.Errorf("buffer of %d bytes, want %d", got, 32<<10)
 	}
 }

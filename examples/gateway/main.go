@@ -24,6 +24,9 @@
 // SIGHUP does not stop the gateway: it logs that reloading the
 // configuration is not supported yet and keeps serving.
 //
+// With LP_GATEWAY_CPUPROFILE=file in its environment the gateway writes a
+// CPU profile of its whole run to file, for benchmarks.
+//
 // The configuration reference is in the repository's README.md.
 package main
 
@@ -79,7 +82,11 @@ func main() {
 			}
 		}
 	}()
-	err := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload})
+	stopProfile, err := startCPUProfile(os.Getenv(cpuProfileEnv))
+	if err == nil {
+		err = run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload})
+		stopProfile()
+	}
 	stop()
 	os.Exit(exitCode(os.Stderr, err))
 }

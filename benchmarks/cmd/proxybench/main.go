@@ -8,7 +8,9 @@
 // The gateway is examples/gateway built from this checkout, run with a
 // memory store and one API key whose policy (10^9 requests a second and a
 // quota of 10^15 a day) is checked on every request and never denies, so
-// the numbers are those of a gateway with limiting on. Every process is
+// the numbers are those of a gateway with limiting on. Each -gateway-before
+// adds another gateway binary (an older build) to the same rounds, so a change
+// is measured against its baseline under the same load. Every process is
 // started on loopback and stopped at the end. It prints one line per round
 // and proxy, then the median requests/s of each and its ratio to the bare
 // Go proxy and to nginx.
@@ -54,8 +56,13 @@ func main() {
 	conns := flag.Int("c", 64, "wrk connections")
 	threads := flag.Int("t", 2, "wrk threads")
 	gatewayBin := flag.String("gateway", "", "a built examples/gateway binary (default: built from ../examples/gateway)")
+	var before []string
+	flag.Func("gateway-before", "another examples/gateway `binary` (an older build) measured in the same rounds, as \"gateway-before\"; repeat it for more (\"gateway-before-2\", ...)", func(s string) error {
+		before = append(before, s)
+		return nil
+	})
 	flag.Parse()
-	if err := run(*rounds, *duration, *conns, *threads, *gatewayBin); err != nil {
+	if err := run(*rounds, *duration, *conns, *threads, *gatewayBin, before); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -136,7 +143,7 @@ func (p *proc) stop() {
 	}
 }
 
-func run(rounds int, duration time.Duration, conns, threads int, gatewayBin string) error {
+func run(rounds int, duration time.Duration, conns, threads int, gatewayBin string, before []string) error {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return errors.New("wrk not found on PATH (Debian: apt-get install wrk)")
 	}
@@ -186,10 +193,9 @@ func run(rounds int, duration time.Duration, conns, threads int, gatewayBin stri
 	}
 	procs, targets = append(procs, bare), append(targets, bare)
 
-	gwAddr, _ := freeAddr()
+	// Both gateways get the same file; -listen gives each its address.
 	cfg := filepath.Join(dir, "gateway.yaml")
-	yaml := fmt.Sprintf(`listen: %s
-store: memory
+	yaml := fmt.Sprintf(`store: memory
 policies:
   - id: bench
     rate: {requests: 1000000000, per: 1s}
@@ -202,15 +208,26 @@ apis:
     listen_path: /bench/
     target: http://%s
     auth: api_key
-`, gwAddr, benchKey, upAddr)
+`, benchKey, upAddr)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		return err
 	}
-	gw, err := start("limitplane-gateway", exec.Command(gatewayBin, "-config", cfg), gwAddr, "/bench/")
-	if err != nil {
-		return err
+	gateways := [][2]string{{"limitplane-gateway", gatewayBin}}
+	for i, b := range before {
+		name := "gateway-before"
+		if i > 0 {
+			name += fmt.Sprintf("-%d", i+1)
+		}
+		gateways = append(gateways, [2]string{name, b})
 	}
-	procs, targets = append(procs, gw), append(targets, gw)
+	for _, g := range gateways {
+		gwAddr, _ := freeAddr()
+		gw, err := start(g[0], exec.Command(g[1], "-config", cfg, "-listen", gwAddr), gwAddr, "/bench/")
+		if err != nil {
+			return err
+		}
+		procs, targets = append(procs, gw), append(targets, gw)
+	}
 
 	if ng, err := exec.LookPath("nginx"); err == nil {
 		ngAddr, _ := freeAddr()
