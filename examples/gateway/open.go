@@ -46,13 +46,13 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 			m.gateway.ObserveStoreError(err)
 			log.Warn("limit store failed", "err", err)
 		},
-		OnApply:       m.gateway.ObserveApply,
-		ClientIP:      cfg.ClientIP,
-		Response:      cfg.Response,
-		Resolver:      cfg.Resolver,
-		Logger:        log,
-		Clock:         e.clock,
-		Now:           e.now,
+		OnApply:  m.gateway.ObserveApply,
+		ClientIP: cfg.ClientIP,
+		Response: cfg.Response,
+		Resolver: cfg.Resolver,
+		Logger:   log,
+		Clock:    e.clock,
+		Now:      e.now,
 	})
 	if err != nil {
 		closeStore()
