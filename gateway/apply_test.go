@@ -37,9 +37,9 @@ func basic(rev uint64, target string, rate *spec.Rate, quota *spec.Quota) *spec.
 
 func perMinute(n int64) *spec.Rate { return &spec.Rate{Requests: n, Per: spec.Duration(time.Minute)} }
 
-// statuses sends n requests with key k1 to /api/x and returns their
+// k1Statuses sends n requests with key k1 to /api/x and returns their
 // statuses.
-func statuses(t *testing.T, g *testGateway, n int) []int {
+func k1Statuses(t *testing.T, g *testGateway, n int) []int {
 	t.Helper()
 	var s []int
 	for range n {
@@ -87,7 +87,7 @@ func TestApplyRefusesInvalidSnapshot(t *testing.T) {
 	g := newTestGateway(t)
 	good := basic(1, up.URL, perMinute(3), nil)
 	g.apply(t, good)
-	checkStatuses(t, "before", statuses(t, g, 1), []int{200})
+	checkStatuses(t, "before", k1Statuses(t, g, 1), []int{200})
 
 	bad := basic(2, up.URL, perMinute(100), nil)
 	bad.Keys[0].Policies = []string{"gold"}
@@ -108,7 +108,7 @@ func TestApplyRefusesInvalidSnapshot(t *testing.T) {
 		t.Error("the running snapshot changed")
 	}
 	// Still 3 a minute, one already spent.
-	checkStatuses(t, "after", statuses(t, g, 3), []int{200, 200, 429})
+	checkStatuses(t, "after", k1Statuses(t, g, 3), []int{200, 200, 429})
 	if a := g.mustGet(t, "/other/x", "k1"); a.status != 404 {
 		t.Errorf("/other/ of the refused snapshot: %d, want 404", a.status)
 	}
@@ -132,7 +132,7 @@ func TestApplyRefusesUnbuildableSnapshot(t *testing.T) {
 	if g.gw.Snapshot() != good {
 		t.Error("the running snapshot changed")
 	}
-	checkStatuses(t, "after", statuses(t, g, 4), []int{200, 200, 200, 429})
+	checkStatuses(t, "after", k1Statuses(t, g, 4), []int{200, 200, 200, 429})
 }
 
 // TestApplyStaleRevision checks revision order: a lower revision is
@@ -172,14 +172,14 @@ func TestApplyKeepsCounters(t *testing.T) {
 	t.Run("quota", func(t *testing.T) {
 		g := newTestGateway(t)
 		g.apply(t, basic(1, up.URL, nil, &spec.Quota{Max: 5, Renewal: hour}))
-		checkStatuses(t, "5 an hour", statuses(t, g, 6), append(repeat(200, 5), 429))
+		checkStatuses(t, "5 an hour", k1Statuses(t, g, 6), append(repeat(200, 5), 429))
 		g.apply(t, basic(2, up.URL, nil, &spec.Quota{Max: 10, Renewal: hour}))
-		checkStatuses(t, "10 an hour", statuses(t, g, 6), append(repeat(200, 5), 429))
+		checkStatuses(t, "10 an hour", k1Statuses(t, g, 6), append(repeat(200, 5), 429))
 	})
 	t.Run("gcra", func(t *testing.T) {
 		g := newTestGateway(t)
 		g.apply(t, basic(1, up.URL, perMinute(5), nil))
-		checkStatuses(t, "5 a minute", statuses(t, g, 6), append(repeat(200, 5), 429))
+		checkStatuses(t, "5 a minute", k1Statuses(t, g, 6), append(repeat(200, 5), 429))
 		g.apply(t, basic(2, up.URL, perMinute(10), nil))
 		a := g.mustGet(t, "/api/x", "k1")
 		if a.status != 429 || a.header.Get("Retry-After") != "6" || a.header.Get("RateLimit-Policy") != `"p";q=10;w=60` {
@@ -187,7 +187,7 @@ func TestApplyKeepsCounters(t *testing.T) {
 				a.status, a.header.Get("Retry-After"), a.header.Get("RateLimit-Policy"))
 		}
 		g.clock.Advance(6 * time.Second)
-		checkStatuses(t, "6 s later", statuses(t, g, 2), []int{200, 429})
+		checkStatuses(t, "6 s later", k1Statuses(t, g, 2), []int{200, 429})
 	})
 }
 

@@ -67,6 +67,11 @@ type Options struct {
 	// outage at once, then one line per 5 s with the number since the
 	// last line (failures) and since start (total).
 	OnStoreError func(error)
+	// OnApply, if set, is told the outcome of every Apply call, after it
+	// has taken effect: the snapshot's revision (0 for a nil snapshot) and
+	// Apply's error, nil when the snapshot now runs
+	// (metrics.Gateway.ObserveApply). It must be safe for concurrent use.
+	OnApply func(revision uint64, err error)
 	// ClientIP says how keyless APIs and failure limits find a client's
 	// address.
 	ClientIP identity.ClientIPOptions
@@ -194,7 +199,17 @@ func New(opts Options) (*Gateway, error) {
 // problem building an API (an unresolvable secret, a JWKS that cannot be
 // fetched within ctx, an algorithm the store lacks). Apply keeps snap; the
 // caller must not change it afterwards.
-func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) error {
+func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
+	if g.opts.OnApply != nil {
+		// Deferred first, so it runs after the unlock below.
+		defer func() {
+			var rev uint64
+			if snap != nil {
+				rev = snap.Revision
+			}
+			g.opts.OnApply(rev, err)
+		}()
+	}
 	if snap == nil {
 		return errors.New("gateway: Apply: nil snapshot")
 	}

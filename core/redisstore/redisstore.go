@@ -200,6 +200,23 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Ping reports whether Redis answers a PING within ctx and
+// Options.Timeout, for readiness checks. It goes around the circuit
+// breaker (an open breaker would only repeat the last failure) and does not
+// count towards it. With a Cluster client it asks one node; with Sentinel,
+// the current master. The error wraps go-redis's.
+func (s *Store) Ping(ctx context.Context) error {
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redisstore: ping: %w", err)
+	}
+	return nil
+}
+
 // callCtx returns a context bounded by Options.Timeout.
 func (s *Store) callCtx() (context.Context, context.CancelFunc) {
 	if s.timeout > 0 {

@@ -276,3 +276,32 @@ func TestWaitAcrossClients(t *testing.T) {
 		t.Fatalf("15 waits at 20/s burst 1 took %v, want ≥ 700ms", el)
 	}
 }
+
+// TestPing: Ping answers nil while the server runs, an error while it is
+// stopped (even with the breaker open, which Ping goes around), and nil
+// again once the server is back on its port.
+func TestPing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	s := newStore(t, c, redisstore.Options{Timeout: time.Second, BreakerFailures: 1, BreakerCooldown: time.Hour})
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping with the server up: %v", err)
+	}
+	srv.Kill()
+	if err := s.Ping(ctx); err == nil || !strings.HasPrefix(err.Error(), "redisstore: ping: ") {
+		t.Fatalf("Ping with the server down = %v, want a redisstore: ping: error", err)
+	}
+	// One failed Take opens the breaker for an hour.
+	req := core.Request{Consumer: "c", Rate: core.Limit{Rate: 1, Period: time.Second}, Cost: 1}
+	if _, err := s.Take(ctx, req); err == nil {
+		t.Fatal("Take with the server down succeeded")
+	}
+	if _, err := s.Take(ctx, req); !errors.Is(err, redisstore.ErrCircuitOpen) {
+		t.Fatalf("second Take: %v, want ErrCircuitOpen", err)
+	}
+	srv.Restart(t)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping after restart, breaker open: %v", err)
+	}
+}

@@ -199,7 +199,8 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	gw, closeGW, err := open(ctx, cfg, e, log)
+	m := newOpsMetrics()
+	gw, closeGW, err := open(ctx, cfg, e, log, m)
 	if err != nil {
 		return err
 	}
@@ -209,6 +210,18 @@ func run(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	active := &inFlight{h: gw}
+	rl := &reloader{gw: gw, running: cfg, fileListen: fileListen, file: *configFile, log: log, stats: m.gateway}
+	adm, err := startAdmin(cfg, gw, m, rl.reload, log)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("admin: %w", err)
+	}
+	var adminBase string
+	var adminServed chan error // nil, never ready, without an admin endpoint
+	if adm != nil {
+		defer adm.srv.Close()
+		adminBase, adminServed = adm.base, adm.served
+	}
 	srv := &http.Server{
 		Handler:           active,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
@@ -220,14 +233,16 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	printBanner(e.stdout, baseURL(ln.Addr()), cfg, *configFile)
+	printBanner(e.stdout, baseURL(ln.Addr()), adminBase, cfg, *configFile)
 
 	for done := false; !done; {
 		select {
 		case err := <-served:
 			return err
+		case err := <-adminServed:
+			return fmt.Errorf("admin: %w", err)
 		case <-e.reload:
-			reload(ctx, gw, cfg, fileListen, *configFile, log)
+			rl.reload(ctx) // logged; the running configuration stays
 		case <-ctx.Done():
 			done = true
 		}
@@ -235,6 +250,13 @@ func run(ctx context.Context, args []string, e env) error {
 	fmt.Fprintln(e.stdout, "shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
 	defer cancel()
+	if adm != nil {
+		// The admin endpoint's calls are short: it stops first, within
+		// the same bound, and the gateway's requests keep going meanwhile.
+		if err := adm.srv.Shutdown(sctx); err != nil {
+			adm.srv.Close()
+		}
+	}
 	switch err := srv.Shutdown(sctx); {
 	case errors.Is(err, context.DeadlineExceeded):
 		// The shutdown was asked for and is carried out: cutting what
@@ -283,10 +305,11 @@ func baseURL(addr net.Addr) string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
-// printBanner says where the gateway listens, what it routes, and, for the
-// demo config, three requests to try. It writes once, so a reader that
-// sees the first line has the whole banner.
-func printBanner(out io.Writer, base string, cfg *config.Config, file string) {
+// printBanner says where the gateway listens, where its admin endpoint
+// listens (admin, "" when off), what it routes, and, for the demo config,
+// three requests to try. It writes once, so a reader that sees the first
+// line has the whole banner.
+func printBanner(out io.Writer, base, admin string, cfg *config.Config, file string) {
 	w := new(strings.Builder)
 	defer func() { io.WriteString(out, w.String()) }()
 	name := file
@@ -294,6 +317,13 @@ func printBanner(out io.Writer, base string, cfg *config.Config, file string) {
 		name = "built-in demo"
 	}
 	fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, cfg.RedactedStore())
+	if admin != "" {
+		token := "token required for changes"
+		if !cfg.Admin.Loopback {
+			token = "token required"
+		}
+		fmt.Fprintf(w, "  admin endpoint at %s (/metrics, /healthz, /readyz, /consumers/{id}, /reload; %s)\n", admin, token)
+	}
 	for _, a := range cfg.APIs {
 		auth := a.Auth.String()
 		if a.Auth == config.AuthKeyless {

@@ -11,12 +11,13 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
+	"github.com/limitplane/limitplane/metrics"
 )
 
-// open opens the store cfg names, makes the gateway over it and applies
-// cfg's snapshot. The returned function closes the gateway, then the
-// store.
-func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (*gateway.Gateway, func() error, error) {
+// open opens the store cfg names, makes the gateway over it, reporting
+// to m, and applies cfg's snapshot. The returned function closes the
+// gateway, then the store.
+func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *opsMetrics) (*gateway.Gateway, func() error, error) {
 	so := gateway.StoreOptions{
 		URL:           "memory",
 		Memory:        memory.Options{Clock: e.clock, MaxKeys: cfg.Memory.MaxKeys},
@@ -50,6 +51,9 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (*ga
 		FailurePolicy: cfg.FailurePolicy,
 		StoreTimeout:  cfg.StoreTimeout,
 		Shadow:        cfg.Shadow,
+		Observer:      m.decisions,
+		OnStoreError:  m.decisions.ObserveStoreError,
+		OnApply:       m.gateway.ObserveApply,
 		ClientIP:      cfg.ClientIP,
 		Response:      cfg.Response,
 		Resolver:      cfg.Resolver,
@@ -70,18 +74,35 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger) (*ga
 	return gw, closeAll, nil
 }
 
+// reloader reads the configuration file again and applies it, on SIGHUP
+// and on the admin endpoint's POST /reload.
+type reloader struct {
+	gw *gateway.Gateway
+	// running is the configuration the gateway started with, fileListen
+	// its file's listen address (before a -listen flag), file its name
+	// ("" for the built-in demo).
+	running          *config.Config
+	fileListen, file string
+	log              *slog.Logger
+	// stats counts the files that do not load as refused (Apply counts
+	// the rest itself).
+	stats *metrics.Gateway
+}
+
 // reload reads the configuration file again and applies its policies,
-// keys and APIs to gw. A file with problems is refused, each problem
-// logged with its line and column, and the running configuration stays.
-// Local settings (listen address, store, failure policy, timeouts,
-// response format, client IP) take effect only at a restart: each one the
-// file changed is logged as such and the running value is kept. running
-// is the configuration the gateway started with, fileListen its file's
-// listen address (before a -listen flag).
-func reload(ctx context.Context, gw *gateway.Gateway, running *config.Config, fileListen, file string, log *slog.Logger) {
+// keys and APIs. A file with problems is refused, each problem logged with
+// its line and column, and the running configuration stays; the error
+// returned says why (a config.Errors lists one problem per line). Local
+// settings (listen address, store, failure policy, timeouts, response
+// format, client IP, admin) take effect only at a restart: each one the
+// file changed is logged as such and the running value is kept.
+func (r *reloader) reload(ctx context.Context) error {
+	log, file := r.log, r.file
 	if file == "" {
-		log.Warn("reload: the gateway runs the built-in demo configuration; there is no file to read again")
-		return
+		err := errors.New("the gateway runs the built-in demo configuration; there is no file to read again")
+		log.Warn("reload: " + err.Error())
+		r.stats.ObserveApply(0, err)
+		return err
 	}
 	cfg, err := config.Load(file)
 	if errs := (config.Errors{}); errors.As(err, &errs) {
@@ -89,20 +110,23 @@ func reload(ctx context.Context, gw *gateway.Gateway, running *config.Config, fi
 			log.Error("reload refused: "+e.Error(), "file", file)
 		}
 		log.Error("reload refused; the running configuration stays", "file", file, "problems", len(errs))
-		return
+		r.stats.ObserveApply(0, err)
+		return err
 	} else if err != nil {
 		log.Error("reload refused; the running configuration stays", "file", file, "err", err)
-		return
+		r.stats.ObserveApply(0, err)
+		return err
 	}
-	for _, name := range restartOnly(running, fileListen, cfg) {
+	for _, name := range restartOnly(r.running, r.fileListen, cfg) {
 		log.Warn("reload: "+name+" changed in the file; it takes effect only when the gateway restarts", "file", file)
 	}
-	if err := gw.Apply(ctx, &cfg.Snapshot); err != nil {
+	if err := r.gw.Apply(ctx, &cfg.Snapshot); err != nil {
 		log.Error("reload refused; the running configuration stays", "file", file, "err", err)
-		return
+		return err
 	}
 	s := &cfg.Snapshot
 	log.Info("reloaded", "file", file, "policies", len(s.Policies), "keys", len(s.Keys), "apis", len(s.APIs))
+	return nil
 }
 
 // restartOnly names the local settings whose value differs between the
@@ -123,5 +147,6 @@ func restartOnly(running *config.Config, fileListen string, next *config.Config)
 	check("client_ip", running.ClientIP, next.ClientIP)
 	check("server", running.Server, next.Server)
 	check("response", running.Response, next.Response)
+	check("admin", running.Admin, next.Admin)
 	return changed
 }

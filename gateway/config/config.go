@@ -53,6 +53,9 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	// DefaultMaxHeaderBytes bounds a request's header size.
 	DefaultMaxHeaderBytes = 64 << 10
+	// DefaultAdminListen is the address of the operations endpoint when
+	// the admin section leaves listen out: the loopback only.
+	DefaultAdminListen = "127.0.0.1:8090"
 )
 
 // BuiltinEcho is the target of the built-in echo upstream, which answers
@@ -86,6 +89,9 @@ type Config struct {
 	Server Server
 	// Response configures the status codes and header fields.
 	Response response.Options
+	// Admin configures the operations endpoint (gateway.AdminHandler);
+	// nil when the file has no admin section, and then there is none.
+	Admin *Admin
 	// Policies are the rate limits and quotas keys and keyless APIs use.
 	Policies []core.Policy
 	// Keys are the API keys, hashed.
@@ -142,6 +148,21 @@ type Server struct {
 	ShutdownTimeout time.Duration
 	// MaxHeaderBytes bounds a request header's size in bytes.
 	MaxHeaderBytes int
+}
+
+// Admin is the operations endpoint's configuration.
+type Admin struct {
+	// Listen is its TCP address, "host:port"; DefaultAdminListen when the
+	// file leaves it out.
+	Listen string
+	// Loopback reports whether Listen is a loopback address (127.0.0.0/8,
+	// ::1 or localhost): only there may reads go without the token.
+	Loopback bool
+	// Token is the bearer token read from token_env or token_file; ""
+	// when neither is set (allowed on a loopback address only; calls
+	// that change state are then refused). It is a secret: never print
+	// it.
+	Token string
 }
 
 // AuthMode says how an API identifies its consumers.

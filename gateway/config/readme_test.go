@@ -68,6 +68,7 @@ func TestREADMEExamples(t *testing.T) {
 		t.Fatal("README.md: complete example file not found")
 	}
 	t.Setenv("REDIS_PASSWORD", "example") // the example's redis.password_env
+	t.Setenv("LP_ADMIN_TOKEN", "example") // and its admin.token_env
 	if _, err := Parse("README.md", []byte(full[1])); err != nil {
 		t.Errorf("the README's complete example is refused:\n%v", err)
 	}

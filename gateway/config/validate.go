@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,6 +109,9 @@ func (v *validator) config(raw *rawConfig) *Config {
 	cfg.ClientIP = v.clientIP(raw.ClientIP)
 	cfg.Server = v.server(raw.Server)
 	cfg.Response = v.response(raw.Response)
+	if raw.Admin != nil {
+		cfg.Admin = v.admin(raw.Admin)
+	}
 
 	policies := v.policies(raw.Policies)
 	apis := v.apis(raw.APIs, policies)
@@ -145,6 +149,44 @@ func CheckListen(addr string) error {
 		return fmt.Errorf("%q is not host:port (like 127.0.0.1:8080 or :8080)", addr)
 	}
 	return nil
+}
+
+// admin validates the admin section: a listen address that is not
+// loopback needs a token, and the token's source must give one.
+func (v *validator) admin(r *rawAdmin) *Admin {
+	a := &Admin{Listen: DefaultAdminListen}
+	if r.Listen != "" {
+		if err := CheckListen(r.Listen); err != nil {
+			v.fail("admin.listen", "%v", err)
+			return a
+		}
+		a.Listen = r.Listen
+	}
+	a.Loopback = loopbackListen(a.Listen)
+	switch {
+	case r.TokenEnv != "" && r.TokenFile != "":
+		v.fail("admin", "set token_env or token_file, not both")
+		return a
+	case r.TokenEnv != "":
+		a.Token = v.env("admin.token_env", r.TokenEnv)
+	case r.TokenFile != "":
+		a.Token = v.secretFile("admin.token_file", r.TokenFile)
+	case !a.Loopback:
+		v.fail("admin.listen", "%q is not a loopback address: set admin.token_env or admin.token_file, since every call there needs the token", a.Listen)
+	}
+	return a
+}
+
+// loopbackListen reports whether the listen address addr (already
+// checked) is on the loopback only: "localhost" or a loopback IP. An empty
+// host listens on every interface.
+func loopbackListen(addr string) bool {
+	host, _, _ := net.SplitHostPort(addr)
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
 }
 
 // parseDuration is spec.ParseDuration with examples added to a "not a

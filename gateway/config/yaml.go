@@ -29,6 +29,7 @@ type rawConfig struct {
 	ClientIP      rawClientIP `yaml:"client_ip"`
 	Server        rawServer   `yaml:"server"`
 	Response      rawResponse `yaml:"response"`
+	Admin         *rawAdmin   `yaml:"admin"`
 	Policies      []rawPolicy `yaml:"policies"`
 	Keys          []rawKey    `yaml:"keys"`
 	APIs          []rawAPI    `yaml:"apis"`
@@ -46,6 +47,12 @@ type rawRedis struct {
 
 type rawMemory struct {
 	MaxKeys *int `yaml:"max_keys"`
+}
+
+type rawAdmin struct {
+	Listen    string `yaml:"listen"`
+	TokenEnv  string `yaml:"token_env"`
+	TokenFile string `yaml:"token_file"`
 }
 
 type rawClientIP struct {
@@ -151,7 +158,7 @@ type rawFailureLimit struct {
 // ("config.rawRate") to its field names, for "unknown field" messages.
 var knownFields = func() map[string][]string {
 	m := map[string][]string{}
-	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
+	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawAdmin{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
 		rawJWT{}, rawJWTKey{}, rawJWKS{}, rawFailureLimit{}} {
 		t := reflect.TypeOf(v)
 		var names []string

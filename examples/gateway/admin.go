@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/gateway/config"
+	"github.com/limitplane/limitplane/metrics"
+)
+
+// opsMetrics are the gateway's Prometheus metrics, served by the admin
+// endpoint's GET /metrics: decisions, the gateway's own counters, and the
+// Go runtime and process collectors, in a registry of their own.
+type opsMetrics struct {
+	registry  *prometheus.Registry
+	decisions *metrics.Collector
+	gateway   *metrics.Gateway
+}
+
+func newOpsMetrics() *opsMetrics {
+	m := &opsMetrics{
+		registry:  prometheus.NewRegistry(),
+		decisions: metrics.New(metrics.Options{}),
+		gateway:   metrics.NewGateway(metrics.Options{}),
+	}
+	m.registry.MustRegister(m.decisions, m.gateway,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// adminServer is the operations endpoint's HTTP server.
+type adminServer struct {
+	srv    *http.Server
+	base   string     // http://host:port
+	served chan error // Serve's result
+}
+
+// startAdmin listens on cfg.Admin's address and serves gw's operations
+// endpoint there, with m's metrics and reload for POST /reload. It returns
+// nil when the file has no admin section.
+func startAdmin(cfg *config.Config, gw *gateway.Gateway, m *opsMetrics, reload func(context.Context) error, log *slog.Logger) (*adminServer, error) {
+	a := cfg.Admin
+	if a == nil {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", a.Listen)
+	if err != nil {
+		return nil, err
+	}
+	s := &adminServer{base: baseURL(ln.Addr()), served: make(chan error, 1)}
+	s.srv = &http.Server{
+		Handler: gw.AdminHandler(gateway.AdminOptions{
+			Token:             a.Token,
+			ReadsWithoutToken: a.Loopback,
+			Reload:            reload,
+			Gatherer:          m.registry,
+		}),
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		ReadTimeout:       cfg.Server.ReadTimeout,
+		WriteTimeout:      cfg.Server.WriteTimeout,
+		IdleTimeout:       cfg.Server.IdleTimeout,
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	go func() { s.served <- s.srv.Serve(ln) }()
+	return s, nil
+}
