@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -117,6 +119,46 @@ func BenchmarkServeHTTP(b *testing.B) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkApplyKeys measures Apply of a snapshot of n keys that differs
+// from the running one in one key: today Apply validates the whole
+// snapshot and rebuilds the key registry, so its cost grows with n. The
+// data-plane agent needs this to be proportional to the change instead.
+func BenchmarkApplyKeys(b *testing.B) {
+	for _, n := range []int{1_000, 100_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			m := memory.New(memory.Options{})
+			defer m.Close()
+			g, err := gateway.New(gateway.Options{Store: m})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer g.Close()
+			snap := func(rev uint64) *spec.Snapshot {
+				s := &spec.Snapshot{
+					Revision: rev,
+					Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 10, Per: spec.Duration(time.Second)}}},
+					APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho}},
+					Keys:     make([]spec.Key, n),
+				}
+				for i := range s.Keys {
+					s.Keys[i] = spec.Key{KeyHash: identity.HashKey(strconv.Itoa(i)).String(), Policies: []string{"p"}}
+				}
+				s.Keys[int(rev)%n].Inactive = true // the one change
+				return s
+			}
+			snaps := []*spec.Snapshot{snap(1), snap(2)}
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				s := *snaps[i%2]
+				s.Revision = 0
+				if err := g.Apply(context.Background(), &s); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
