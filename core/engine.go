@@ -149,6 +149,11 @@ func (e *Engine) SetConfig(cfg Config) error {
 				if as, ok := st.(AlgorithmSupporter); ok && !as.SupportsAlgorithm(p.Rate.Algorithm) {
 					return fmt.Errorf("policy %q: %w: %v", p.ID, ErrUnsupportedAlgorithm, p.Rate.Algorithm)
 				}
+				if lc, ok := st.(LimitChecker); ok {
+					if err := lc.CheckLimit(p.Rate); err != nil {
+						return fmt.Errorf("policy %q: %w", p.ID, err)
+					}
+				}
 			}
 		}
 		p.APIs = append([]string(nil), p.APIs...)

@@ -179,6 +179,16 @@ type AlgorithmSupporter interface {
 	SupportsAlgorithm(a Algorithm) bool
 }
 
+// LimitChecker is implemented by stores that can enforce only some limits
+// of an algorithm they support (the Redis store counts sliding windows in
+// whole microseconds, exactly below 2^53). NewEngine and SetConfig call
+// CheckLimit for every policy's rate limit and refuse the config with its
+// error, which wraps ErrInvalidLimit, instead of failing every request
+// later.
+type LimitChecker interface {
+	CheckLimit(l Limit) error
+}
+
 // Penalizer is implemented by stores that can hold a consumer's rate limit
 // back. After Penalize(ctx, consumer, scope, l, d) no request of cost 1
 // under l passes before d has elapsed; later ones flow at l's rate again.

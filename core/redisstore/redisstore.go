@@ -476,6 +476,11 @@ func (s *Store) run(ctx context.Context, sc script, args []any, want int) ([]int
 	return v, nil
 }
 
+// CheckLimit implements core.LimitChecker: the sliding algorithms count in
+// whole microseconds, and a sliding window's Rate × Period in µs must stay
+// below 2^53 (Lua numbers are doubles). Errors wrap core.ErrInvalidLimit.
+func (s *Store) CheckLimit(l core.Limit) error { return checkWindow(l) }
+
 // checkWindow enforces the sliding algorithms' microsecond arithmetic.
 func checkWindow(l core.Limit) error {
 	if l.Algorithm != core.SlidingWindow && l.Algorithm != core.SlidingLog {

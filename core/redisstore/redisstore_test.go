@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -228,6 +229,15 @@ func TestScriptReload(t *testing.T) {
 	}
 }
 
+// checkErr is the error text the store gives for a window limit it cannot
+// count.
+func checkErr(l core.Limit) string {
+	if l.Period%time.Microsecond != 0 {
+		return fmt.Sprintf("invalid limit: redisstore: %v period %v is not a whole number of microseconds", l.Algorithm, l.Period)
+	}
+	return fmt.Sprintf("invalid limit: redisstore: sliding window rate %d × period %v reaches 2^53 µs", l.Rate, l.Period)
+}
+
 // TestWindowLimitsRejected: the sliding algorithms count whole µs.
 func TestWindowLimitsRejected(t *testing.T) {
 	srv := redistest.Start(t)
@@ -239,6 +249,12 @@ func TestWindowLimitsRejected(t *testing.T) {
 	} {
 		if _, err := s.Take(context.Background(), core.Request{Consumer: "x", Rate: l, Cost: 1}); !errors.Is(err, core.ErrInvalidLimit) {
 			t.Errorf("%+v: err %v, want ErrInvalidLimit", l, err)
+		}
+		// The engine refuses such a policy up front, as the gateway's
+		// Apply does, instead of failing every request later.
+		_, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "w", Rate: l}}}, core.Options{})
+		if want := `policy "w": ` + checkErr(l); err == nil || err.Error() != want || !errors.Is(err, core.ErrInvalidLimit) {
+			t.Errorf("%+v: NewEngine err %v, want %s", l, err, want)
 		}
 	}
 	if _, err := redisstore.New(redis.NewClient(&redis.Options{Addr: srv.Addr}), redisstore.Options{KeyPrefix: "a{b"}); err == nil {
