@@ -97,7 +97,7 @@ func decodeChange(c *syncpb.Change) (Change, error) {
 	if d.Object == syncpb.Change_OBJECT_KEY {
 		h, err := identity.ParseKeyHash(d.ID)
 		if err != nil {
-			return d, fmt.Errorf("key id %q: %w", d.ID, err)
+			return d, fmt.Errorf("key id: %w", err)
 		}
 		d.ID = h.String()
 	}
@@ -327,4 +327,3 @@ func patch[T any](base []T, ops []op[T], idOf func(*T) string, match idMatch) ([
 	}
 	return out, nil
 }
-
