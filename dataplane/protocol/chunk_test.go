@@ -1,0 +1,125 @@
+package protocol
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/spec"
+)
+
+func TestChunksAssemble(t *testing.T) {
+	snap := snapshotWithKeys(42, 200)
+	want := jsonOf(t, snap)
+	chunks, err := Chunks(snap, "n1", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wantN := (len(want) + 999) / 1000; len(chunks) != wantN {
+		t.Fatalf("%d chunks of a %d-byte snapshot, want %d", len(chunks), len(want), wantN)
+	}
+	var joined strings.Builder
+	for i, c := range chunks {
+		if c.Seq != uint32(i) || c.Revision != 42 || c.Nonce != "n1" || c.Last != (i == len(chunks)-1) {
+			t.Fatalf("chunk %d: seq %d revision %d nonce %q last %v", i, c.Seq, c.Revision, c.Nonce, c.Last)
+		}
+		if i < len(chunks)-1 && (len(c.Data) != 1000 || c.Digest != "") {
+			t.Fatalf("chunk %d: %d bytes, digest %q; want 1000 and none", i, len(c.Data), c.Digest)
+		}
+		joined.Write(c.Data)
+	}
+	if joined.String() != want {
+		t.Fatal("chunks do not join to the snapshot's JSON")
+	}
+	if got := chunks[len(chunks)-1].Digest; got != Digest(snap) {
+		t.Fatalf("last chunk digest %s, want %s", got, Digest(snap))
+	}
+
+	a := NewAssembler(AssemblerOptions{})
+	for i, c := range chunks {
+		got, err := a.Add(c)
+		if err != nil {
+			t.Fatalf("chunk %d: %v", i, err)
+		}
+		if (got != nil) != c.Last || a.InProgress() == c.Last {
+			t.Fatalf("chunk %d: snapshot %v, in progress %v", i, got != nil, a.InProgress())
+		}
+		if got != nil && jsonOf(t, got) != want {
+			t.Fatal("assembled snapshot differs")
+		}
+	}
+}
+
+func TestChunksOfEmptySnapshot(t *testing.T) {
+	chunks, err := Chunks(snapshotWithKeys(3, 0), "n", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(chunks) != 1 || !chunks[0].Last || chunks[0].Seq != 0 {
+		t.Fatalf("chunks = %v, want one last chunk", chunks)
+	}
+}
+
+func TestAssemblerRefuses(t *testing.T) {
+	snap := snapshotWithKeys(5, 50)
+	chunks, err := Chunks(snap, "n", 500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(chunks) < 4 {
+		t.Fatalf("only %d chunks", len(chunks))
+	}
+	last := chunks[len(chunks)-1]
+	one := func(data string, rev uint64, digest string) []*syncpb.SnapshotChunk {
+		return []*syncpb.SnapshotChunk{{Revision: rev, Nonce: "x", Last: true, Data: []byte(data), Digest: digest}}
+	}
+	withDigest := func(c *syncpb.SnapshotChunk, d string) *syncpb.SnapshotChunk {
+		return &syncpb.SnapshotChunk{Revision: c.Revision, Nonce: c.Nonce, Seq: c.Seq, Last: c.Last, Data: c.Data, Digest: d}
+	}
+	for _, tc := range []struct {
+		name   string
+		chunks []*syncpb.SnapshotChunk
+		opts   AssemblerOptions
+		want   string
+	}{
+		{"first not 0", chunks[1:], AssemblerOptions{}, "protocol: snapshot 5 chunk 1: the first chunk must be 0"},
+		{"missing chunk", []*syncpb.SnapshotChunk{chunks[0], chunks[2]}, AssemblerOptions{}, "protocol: snapshot 5: chunk 2 came where chunk 1 was due"},
+		{"repeated chunk", []*syncpb.SnapshotChunk{chunks[0], chunks[0]}, AssemblerOptions{}, "protocol: snapshot 5: chunk 0 came where chunk 1 was due"},
+		{"other nonce", []*syncpb.SnapshotChunk{chunks[0], {Revision: 5, Nonce: "m", Seq: 1}}, AssemblerOptions{}, `protocol: snapshot 5 chunk 1 (nonce "m") came while snapshot 5 (nonce "n") was at chunk 1`},
+		{"too big", chunks, AssemblerOptions{MaxBytes: 1200}, "protocol: snapshot 5: over 1200 bytes at chunk 2"},
+		{"wrong digest", append(append([]*syncpb.SnapshotChunk{}, chunks[:len(chunks)-1]...), withDigest(last, "v1:00")), AssemblerOptions{}, "protocol: snapshot 5: digest " + Digest(snap) + ", the control plane sent v1:00"},
+		{"revision inside", one(`{"revision":4}`, 5, ""), AssemblerOptions{}, "protocol: snapshot 5: its JSON says revision 4"},
+		{"unknown field", one(`{"revision":5,"keyz":[]}`, 5, ""), AssemblerOptions{}, `protocol: snapshot 5: decode JSON: json: unknown field "keyz"`},
+		{"trailing data", one(`{"revision":5} {}`, 5, ""), AssemblerOptions{}, "protocol: snapshot 5: decode JSON: data after the value"},
+		{"truncated", one(`{"revision":5,`, 5, ""), AssemblerOptions{}, "protocol: snapshot 5: decode JSON: unexpected EOF"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAssembler(tc.opts)
+			var err error
+			for i, c := range tc.chunks {
+				var got *spec.Snapshot
+				if got, err = a.Add(c); err != nil {
+					break
+				}
+				if got != nil {
+					t.Fatalf("chunk %d: assembled a snapshot", i)
+				}
+			}
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("error %v, want %s", err, tc.want)
+			}
+			if a.InProgress() {
+				t.Fatal("still in progress after an error")
+			}
+			// It starts afresh: a small snapshot now assembles.
+			fresh, err := Chunks(snapshotWithKeys(6, 0), "r", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := a.Add(fresh[0])
+			if err != nil || got == nil || got.Revision != 6 {
+				t.Fatalf("after the error: %v, %v", got, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,161 @@
+package protocol
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/bits"
+	"strings"
+	"time"
+
+	"github.com/limitplane/limitplane/spec"
+)
+
+// Object tags in a digest: an object's hash covers its kind, so a policy
+// and an API with the same JSON are different objects.
+const (
+	tagPolicy = 'P'
+	tagKey    = 'K'
+	tagAPI    = 'A'
+)
+
+// digestDomain separates the digest from any other SHA-256 of the same
+// bytes and names the construction's version.
+const digestDomain = "limitplane.sync.v1 digest\x00"
+
+// Digest returns the digest of a snapshot's content: "v1:" and 64 hex
+// digits. Two configurations with the same policies, keys and APIs have
+// the same digest, whatever their revisions and whatever the order of
+// their lists. Reports compare contents, and a gateway's revision travels
+// beside the digest anyway, so a gateway that reached the same content by
+// another path (a snapshot, or changes) reports the same digest.
+//
+// The content is canonical spec JSON per object: encoding/json writes a
+// struct's fields in declaration order and a map's keys sorted; a key's
+// key_hash is written in lower case (identity treats the case of its hex
+// digits as insignificant) and its expiry in UTC (RFC 3339 with
+// nanoseconds). Order within an object's own lists (a key's policies, a
+// policy's APIs) is kept: it is what the control plane sent.
+//
+// Construction: each object hashes to SHA-256(kind tag, canonical JSON);
+// the digest is SHA-256 over a domain string, the sum of the object hashes
+// modulo 2^256 and the number of objects. The sum does not depend on
+// order and can be kept up to date one object at a time (see Digester),
+// so neither side rehashes a million keys for one change. It detects
+// drift, which is its job; it is not a signature: authenticity comes from
+// the stream's TLS.
+//
+// A nil snapshot has the digest of an empty one.
+func Digest(snap *spec.Snapshot) string {
+	var d Digester
+	if snap != nil {
+		for i := range snap.Policies {
+			d.AddPolicy(&snap.Policies[i])
+		}
+		for i := range snap.Keys {
+			d.AddKey(&snap.Keys[i])
+		}
+		for i := range snap.APIs {
+			d.AddAPI(&snap.APIs[i])
+		}
+	}
+	return d.Digest()
+}
+
+// Digester computes Digest one object at a time: add every object of a
+// configuration, then remove the old and add the new version of each
+// object a change touches. The zero value is the digest of an empty
+// configuration. Removing an object that was never added leaves a digest
+// that no configuration has. A Digester is a value: copy it to keep a
+// state; it is not safe for concurrent use.
+type Digester struct {
+	sum [4]uint64 // little-endian limbs of a 256-bit sum
+	n   uint64    // objects added minus objects removed
+}
+
+// AddPolicy adds a policy.
+func (d *Digester) AddPolicy(p *spec.Policy) { d.add(objectHash(tagPolicy, p)) }
+
+// RemovePolicy removes a policy added before.
+func (d *Digester) RemovePolicy(p *spec.Policy) { d.sub(objectHash(tagPolicy, p)) }
+
+// AddKey adds a key.
+func (d *Digester) AddKey(k *spec.Key) { d.add(objectHash(tagKey, canonicalKeyOf(k))) }
+
+// RemoveKey removes a key added before.
+func (d *Digester) RemoveKey(k *spec.Key) { d.sub(objectHash(tagKey, canonicalKeyOf(k))) }
+
+// AddAPI adds an API.
+func (d *Digester) AddAPI(a *spec.API) { d.add(objectHash(tagAPI, a)) }
+
+// RemoveAPI removes an API added before.
+func (d *Digester) RemoveAPI(a *spec.API) { d.sub(objectHash(tagAPI, a)) }
+
+// Digest returns the digest of the objects added and not removed, in
+// Digest's form.
+func (d *Digester) Digest() string {
+	var buf [len(digestDomain) + 40]byte
+	b := append(buf[:0], digestDomain...)
+	for i := 3; i >= 0; i-- {
+		b = binary.BigEndian.AppendUint64(b, d.sum[i])
+	}
+	b = binary.BigEndian.AppendUint64(b, d.n)
+	h := sha256.Sum256(b)
+	return "v1:" + hex.EncodeToString(h[:])
+}
+
+func (d *Digester) add(h [32]byte) {
+	var c uint64
+	for i := range 4 {
+		d.sum[i], c = bits.Add64(d.sum[i], limb(h, i), c)
+	}
+	d.n++
+}
+
+func (d *Digester) sub(h [32]byte) {
+	var b uint64
+	for i := range 4 {
+		d.sum[i], b = bits.Sub64(d.sum[i], limb(h, i), b)
+	}
+	d.n--
+}
+
+// limb returns the i-th least significant 64 bits of h read as a
+// big-endian 256-bit number.
+func limb(h [32]byte, i int) uint64 { return binary.BigEndian.Uint64(h[24-8*i:]) }
+
+// canonicalKey is a key as the digest sees it: key_hash in lower case and
+// the expiry formatted in UTC by hand (time.Time's MarshalJSON fails for
+// years past 9999; Format does not).
+type canonicalKey struct {
+	spec.Key
+	Expires string `json:"expires,omitempty"` // shadows Key.Expires
+}
+
+func canonicalKeyOf(k *spec.Key) *canonicalKey {
+	c := &canonicalKey{Key: *k}
+	c.KeyHash = strings.ToLower(k.KeyHash)
+	if k.Expires != nil {
+		c.Expires = k.Expires.UTC().Format(time.RFC3339Nano)
+	}
+	return c
+}
+
+// objectHash is SHA-256 of the kind tag and the object's JSON. The spec
+// types hold only strings, numbers, bools, slices, string-keyed maps and
+// Durations (and a key's expiry, formatted by canonicalKeyOf), none of
+// which fails to marshal; an error is a bug in this package.
+func objectHash(tag byte, v any) [32]byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("protocol: digest: %v", err))
+	}
+	h := sha256.New()
+	h.Write([]byte{tag})
+	h.Write(b)
+	var out [32]byte
+	h.Sum(out[:0])
+	return out
+}
