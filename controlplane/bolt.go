@@ -270,9 +270,11 @@ func (r *boltReader) Key(hash string) (*spec.Key, error) {
 
 func (r *boltReader) API(id string) (*spec.API, error) { return get[spec.API](r.btx, bucketAPIs, id) }
 
-func (r *boltReader) policies() ([]spec.Policy, error) { return all[spec.Policy](r.btx, bucketPolicies) }
-func (r *boltReader) apis() ([]spec.API, error)        { return all[spec.API](r.btx, bucketAPIs) }
-func (r *boltReader) keys() ([]spec.Key, error)        { return all[spec.Key](r.btx, bucketKeys) }
+func (r *boltReader) policies() ([]spec.Policy, error) {
+	return all[spec.Policy](r.btx, bucketPolicies)
+}
+func (r *boltReader) apis() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
+func (r *boltReader) keys() ([]spec.Key, error) { return all[spec.Key](r.btx, bucketKeys) }
 
 func get[T any](btx *bolt.Tx, bucket []byte, id string) (*T, error) {
 	v := btx.Bucket(bucket).Get([]byte(id))
