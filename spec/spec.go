@@ -110,6 +110,11 @@ type Limits struct {
 	Rate *Rate `json:"rate,omitempty"`
 	// Quota is the quota, or nil for none.
 	Quota *Quota `json:"quota,omitempty"`
+	// QuotaEpoch numbers the quota's periods for this key and API: a
+	// quota reset raises it, and quota counters are named with it, so a
+	// reset takes effect wherever the raised epoch is applied. 0 (left
+	// out) for a key no control plane manages.
+	QuotaEpoch uint64 `json:"quota_epoch,omitempty"`
 }
 
 // Key is an API key, known by its SHA-256 only.
@@ -126,6 +131,11 @@ type Key struct {
 	Expires *time.Time `json:"expires,omitempty"`
 	// Inactive keys are refused like unknown ones.
 	Inactive bool `json:"inactive,omitempty"`
+	// QuotaEpoch numbers the key's quota periods: a quota reset raises
+	// it, and quota counters are named with it, so a reset takes effect
+	// wherever the raised epoch is applied, once. 0 (left out) for a key
+	// no control plane manages.
+	QuotaEpoch uint64 `json:"quota_epoch,omitempty"`
 }
 
 // Authentication kinds, the values of API.Auth.

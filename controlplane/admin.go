@@ -1,0 +1,489 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// AdminOptions configure Admin.
+type AdminOptions struct {
+	// Store holds the state. Required.
+	Store Store
+	// Token is the bearer token every call must carry
+	// ("Authorization: Bearer <token>"). Required: the admin API never
+	// runs without one.
+	Token string
+	// DataPlanes is the registry GET /api/dataplanes lists; nil lists
+	// none.
+	DataPlanes *DataPlanes
+	// MaxBodyBytes bounds a request body; 0 means 1 MiB.
+	MaxBodyBytes int64
+	// Log receives refused calls (wrong token) and store failures; nil
+	// means slog.Default().
+	Log *slog.Logger
+}
+
+// MaxProblems is the most validation problems one answer lists; the
+// answer says how many more there were.
+const MaxProblems = 100
+
+// Admin returns the admin REST API's handler. Bodies are spec's JSON;
+// unknown fields are refused. Every answer is JSON; an error is
+// {"error": "...", "problems": [{"path": "...", "problem": "..."}]}, with
+// problems only when a write would leave an invalid state (422; paths
+// name objects by ID: keys["sha256:…"].policies[0]). A call without the
+// token gets 401.
+//
+//	PUT    /api/policies/{id}   store a policy             → {"revision"}
+//	GET    /api/policies/{id}   the policy (404 if none)
+//	DELETE /api/policies/{id}   delete it (404 if none)    → {"revision"}
+//	PUT/GET/DELETE /api/apis/{id}      the same for APIs
+//	POST   /api/keys            create a key from {"key": plaintext, ...}
+//	                            (hashed at once, never stored) or
+//	                            {"key_hash": ...}; 409 if it exists
+//	                            → 201 {"key_hash", "revision"}
+//	PUT    /api/keys/{hash}     create or replace a key; replacing resets
+//	                            its quotas unless ?suppress_reset=1
+//	                            → {"key_hash", "revision"}
+//	GET/DELETE /api/keys/{hash}
+//	POST   /api/keys/{hash}/reset-quota[?api=ID]
+//	                            reset the key's quotas, or only its
+//	                            api_limits quota for API ID (409 when it
+//	                            has none) → {"key_hash", "revision"}
+//	GET    /api/revision        → {"revision"}
+//	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}
+//
+// {hash} is "sha256:" and 64 hex digits in either case; keys are answered
+// with it in lower case. Quota epochs (quota_epoch) are the control
+// plane's: values in bodies are ignored (see withEpochs for the rule).
+// GET answers carry the revision read in the Limitplane-Revision header.
+func Admin(o AdminOptions) (http.Handler, error) {
+	if o.Store == nil {
+		return nil, errors.New("controlplane: admin: no store")
+	}
+	if o.Token == "" {
+		return nil, errors.New("controlplane: admin: no token (the admin API never runs without one)")
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 1 << 20
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.DataPlanes == nil {
+		o.DataPlanes = &DataPlanes{}
+	}
+	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token))}
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /api/policies/{id}", a.putPolicy)
+	mux.HandleFunc("GET /api/policies/{id}", a.getPolicy)
+	mux.HandleFunc("DELETE /api/policies/{id}", a.deletePolicy)
+	mux.HandleFunc("PUT /api/apis/{id}", a.putAPI)
+	mux.HandleFunc("GET /api/apis/{id}", a.getAPI)
+	mux.HandleFunc("DELETE /api/apis/{id}", a.deleteAPI)
+	mux.HandleFunc("POST /api/keys", a.postKey)
+	mux.HandleFunc("PUT /api/keys/{hash}", a.putKey)
+	mux.HandleFunc("GET /api/keys/{hash}", a.getKey)
+	mux.HandleFunc("DELETE /api/keys/{hash}", a.deleteKey)
+	mux.HandleFunc("POST /api/keys/{hash}/reset-quota", a.resetQuota)
+	mux.HandleFunc("GET /api/revision", a.revision)
+	mux.HandleFunc("GET /api/dataplanes", a.dataPlanes)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint", nil)
+	})
+	return a.authenticate(mux), nil
+}
+
+type admin struct {
+	o     AdminOptions
+	token [sha256.Size]byte
+}
+
+// authenticate refuses calls without the bearer token with 401. The
+// tokens are compared as SHA-256 digests in constant time, so neither
+// the token nor its length leaks through timing.
+func (a *admin) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
+			a.o.Log.Warn("controlplane: admin call refused: missing or wrong bearer token",
+				"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="limitplane control plane"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token", nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// httpError is an answer other than 200 chosen inside a transaction.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func notFound(format string, args ...any) error {
+	return &httpError{http.StatusNotFound, fmt.Sprintf(format, args...)}
+}
+
+// written is the answer to a successful write.
+type written struct {
+	KeyHash  string `json:"key_hash,omitempty"`
+	Revision uint64 `json:"revision"`
+}
+
+// update runs fn in a write and answers {"revision"} (with keyHash when
+// not ""), or the error.
+func (a *admin) update(w http.ResponseWriter, r *http.Request, status int, keyHash string, fn func(tx Tx) error) {
+	rev, err := a.o.Store.Update(r.Context(), fn)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, status, written{KeyHash: keyHash, Revision: rev})
+}
+
+// fail answers err: its own status for an httpError, 422 with the
+// problems for spec.Errors, 500 (logged) otherwise.
+func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var he *httpError
+	var errs spec.Errors
+	switch {
+	case errors.As(err, &he):
+		writeError(w, he.status, he.msg, nil)
+	case errors.As(err, &errs):
+		writeError(w, http.StatusUnprocessableEntity, "the change would leave an invalid configuration; nothing was changed", errs)
+	case errors.Is(err, context.Canceled):
+		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
+	default:
+		a.o.Log.Error("controlplane: admin call failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, err.Error(), nil)
+	}
+}
+
+// decode reads the body as JSON into v, refusing unknown fields and
+// trailing data.
+func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: %v", err), nil)
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("body is not valid JSON for this object: %v", err), nil)
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "body has data after the JSON object", nil)
+		return false
+	}
+	return true
+}
+
+// sameID checks that a body's ID is empty or the path's.
+func sameID(w http.ResponseWriter, field, body, path string) bool {
+	if body != "" && body != path {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s %q in the body differs from %q in the path", field, body, path), nil)
+		return false
+	}
+	return true
+}
+
+func (a *admin) putPolicy(w http.ResponseWriter, r *http.Request) {
+	var p spec.Policy
+	id := r.PathValue("id")
+	if !a.decode(w, r, &p) || !sameID(w, "id", p.ID, id) {
+		return
+	}
+	p.ID = id
+	a.update(w, r, http.StatusOK, "", func(tx Tx) error { return tx.PutPolicy(p) })
+}
+
+func (a *admin) getPolicy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	a.get(w, r, func(rd Reader) (any, error) {
+		p, err := rd.Policy(id)
+		if p == nil && err == nil {
+			return nil, notFound("no policy %q", id)
+		}
+		return p, err
+	})
+}
+
+func (a *admin) deletePolicy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	a.update(w, r, http.StatusOK, "", func(tx Tx) error {
+		return deleted(tx.DeletePolicy(id))("no policy %q", id)
+	})
+}
+
+func (a *admin) putAPI(w http.ResponseWriter, r *http.Request) {
+	var api spec.API
+	id := r.PathValue("id")
+	if !a.decode(w, r, &api) || !sameID(w, "id", api.ID, id) {
+		return
+	}
+	api.ID = id
+	a.update(w, r, http.StatusOK, "", func(tx Tx) error { return tx.PutAPI(api) })
+}
+
+func (a *admin) getAPI(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	a.get(w, r, func(rd Reader) (any, error) {
+		api, err := rd.API(id)
+		if api == nil && err == nil {
+			return nil, notFound("no API %q", id)
+		}
+		return api, err
+	})
+}
+
+func (a *admin) deleteAPI(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	a.update(w, r, http.StatusOK, "", func(tx Tx) error {
+		return deleted(tx.DeleteAPI(id))("no API %q", id)
+	})
+}
+
+// deleted turns a Tx delete's result into nil, its error, or a 404 with
+// the message it is given.
+func deleted(ok bool, err error) func(format string, args ...any) error {
+	return func(format string, args ...any) error {
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return notFound(format, args...)
+		}
+		return nil
+	}
+}
+
+// newKey is POST /api/keys's body: a key given in plaintext or by hash.
+type newKey struct {
+	spec.Key
+	// Plain is the key in plaintext; it is hashed at once and never
+	// kept.
+	Plain string `json:"key,omitempty"`
+}
+
+func (a *admin) postKey(w http.ResponseWriter, r *http.Request) {
+	var nk newKey
+	if !a.decode(w, r, &nk) {
+		return
+	}
+	k := nk.Key
+	switch {
+	case nk.Plain != "" && k.KeyHash != "":
+		writeError(w, http.StatusBadRequest, "give the key in plaintext (key) or by hash (key_hash), not both", nil)
+		return
+	case nk.Plain != "":
+		k.KeyHash = identity.HashKey(nk.Plain).String()
+	case k.KeyHash == "":
+		writeError(w, http.StatusBadRequest, "missing key (plaintext) or key_hash", nil)
+		return
+	}
+	h, ok := parseHash(w, k.KeyHash)
+	if !ok {
+		return
+	}
+	k.KeyHash = h
+	a.update(w, r, http.StatusCreated, h, func(tx Tx) error {
+		old, err := tx.Key(h)
+		switch {
+		case err != nil:
+			return err
+		case old != nil:
+			return &httpError{http.StatusConflict, fmt.Sprintf("key %s exists; PUT /api/keys/%s replaces it", h, h)}
+		}
+		return tx.PutKey(withEpochs(k, nil, tx.Revision(), false))
+	})
+}
+
+// parseHash returns hash in lower case, or answers 400.
+func parseHash(w http.ResponseWriter, hash string) (string, bool) {
+	h, err := identity.ParseKeyHash(hash)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("key hash %q is not sha256:<64 hex digits>", hash), nil)
+		return "", false
+	}
+	return h.String(), true
+}
+
+// flag reads a boolean query parameter: absent is false; 1, true, 0 and
+// false (strconv.ParseBool) are accepted; anything else answers 400.
+func flag(w http.ResponseWriter, r *http.Request, name string) (value, ok bool) {
+	s := r.URL.Query().Get(name)
+	if s == "" {
+		return false, true
+	}
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("?%s=%q: want 1 or 0", name, s), nil)
+		return false, false
+	}
+	return v, true
+}
+
+func (a *admin) putKey(w http.ResponseWriter, r *http.Request) {
+	h, ok := parseHash(w, r.PathValue("hash"))
+	if !ok {
+		return
+	}
+	suppress, ok := flag(w, r, "suppress_reset")
+	if !ok {
+		return
+	}
+	var k spec.Key
+	if !a.decode(w, r, &k) {
+		return
+	}
+	if k.KeyHash != "" {
+		bh, err := identity.ParseKeyHash(k.KeyHash)
+		if err != nil || bh.String() != h {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("key_hash %q in the body differs from %q in the path", k.KeyHash, h), nil)
+			return
+		}
+	}
+	k.KeyHash = h
+	a.update(w, r, http.StatusOK, h, func(tx Tx) error {
+		old, err := tx.Key(h)
+		if err != nil {
+			return err
+		}
+		return tx.PutKey(withEpochs(k, old, tx.Revision(), !suppress))
+	})
+}
+
+func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
+	h, ok := parseHash(w, r.PathValue("hash"))
+	if !ok {
+		return
+	}
+	a.get(w, r, func(rd Reader) (any, error) {
+		k, err := rd.Key(h)
+		if k == nil && err == nil {
+			return nil, notFound("no key %s", h)
+		}
+		return k, err
+	})
+}
+
+func (a *admin) deleteKey(w http.ResponseWriter, r *http.Request) {
+	h, ok := parseHash(w, r.PathValue("hash"))
+	if !ok {
+		return
+	}
+	a.update(w, r, http.StatusOK, h, func(tx Tx) error {
+		return deleted(tx.DeleteKey(h))("no key %s", h)
+	})
+}
+
+func (a *admin) resetQuota(w http.ResponseWriter, r *http.Request) {
+	h, ok := parseHash(w, r.PathValue("hash"))
+	if !ok {
+		return
+	}
+	api := r.URL.Query().Get("api")
+	a.update(w, r, http.StatusOK, h, func(tx Tx) error {
+		k, err := tx.Key(h)
+		switch {
+		case err != nil:
+			return err
+		case k == nil:
+			return notFound("no key %s", h)
+		}
+		reset, ok := resetEpochs(*k, api, tx.Revision())
+		if !ok {
+			return &httpError{http.StatusConflict, fmt.Sprintf("key %s has no api_limits entry for API %q; reset its quotas without ?api=", h, api)}
+		}
+		return tx.PutKey(reset)
+	})
+}
+
+func (a *admin) revision(w http.ResponseWriter, r *http.Request) {
+	var rev uint64
+	if err := a.o.Store.View(r.Context(), func(rd Reader) error { rev = rd.Revision(); return nil }); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, written{Revision: rev})
+}
+
+func (a *admin) dataPlanes(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, struct {
+		DataPlanes []DataPlane `json:"dataplanes"`
+	}{a.o.DataPlanes.List()})
+}
+
+// get answers the object fn reads, with the revision read.
+func (a *admin) get(w http.ResponseWriter, r *http.Request, fn func(rd Reader) (any, error)) {
+	var v any
+	var rev uint64
+	err := a.o.Store.View(r.Context(), func(rd Reader) error {
+		var err error
+		v, err = fn(rd)
+		rev = rd.Revision()
+		return err
+	})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Limitplane-Revision", strconv.FormatUint(rev, 10))
+	writeJSON(w, http.StatusOK, v)
+}
+
+// problem is one validation problem in an error answer.
+type problem struct {
+	Path    string `json:"path"`
+	Problem string `json:"problem"`
+}
+
+// errorBody is every error answer.
+type errorBody struct {
+	Error    string    `json:"error"`
+	Problems []problem `json:"problems,omitempty"`
+	// MoreProblems counts the problems left out after MaxProblems.
+	MoreProblems int `json:"more_problems,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string, errs spec.Errors) {
+	b := errorBody{Error: msg}
+	for i, e := range errs {
+		if i == MaxProblems {
+			b.MoreProblems = len(errs) - i
+			break
+		}
+		b.Problems = append(b.Problems, problem{e.Path, e.Problem})
+	}
+	writeJSON(w, status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the answer failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

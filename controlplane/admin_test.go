@@ -1,0 +1,249 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/controlplane"
+)
+
+const token = "s3cret-admin-token"
+
+// server serves the admin API over a Bolt store on a real HTTP server.
+func server(t testing.TB, o controlplane.BoltOptions, dps *controlplane.DataPlanes) (*controlplane.Bolt, string) {
+	t.Helper()
+	s, _ := open(t, o)
+	h, err := controlplane.Admin(controlplane.AdminOptions{
+		Store: s, Token: token, DataPlanes: dps,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return s, srv.URL
+}
+
+type answer struct {
+	status int
+	body   string
+	header http.Header
+}
+
+// call makes a request with the admin token and returns the answer.
+func call(t testing.TB, method, url, body string) answer {
+	t.Helper()
+	return callWith(t, method, url, body, "Bearer "+token)
+}
+
+func callWith(t testing.TB, method, url, body, auth string) answer {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer{resp.StatusCode, strings.TrimSuffix(string(b), "\n"), resp.Header}
+}
+
+// expect checks an answer's status and exact body.
+func expect(t *testing.T, a answer, status int, body string) {
+	t.Helper()
+	if a.status != status || a.body != body {
+		t.Fatalf("got %d %s\nwant %d %s", a.status, a.body, status, body)
+	}
+}
+
+func TestAdminRefusesWithoutToken(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	unauthorized := `{"error":"missing or wrong bearer token"}`
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, "bearer " + token, "Bearer " + token + "x"} {
+		for _, r := range [][2]string{{"GET", "/api/revision"}, {"PUT", "/api/policies/p"}, {"GET", "/api/dataplanes"}, {"GET", "/nowhere"}} {
+			a := callWith(t, r[0], base+r[1], `{"rate":{"requests":1,"per":"1s"}}`, auth)
+			expect(t, a, 401, unauthorized)
+			if got := a.header.Get("WWW-Authenticate"); got != `Bearer realm="limitplane control plane"` {
+				t.Fatalf("WWW-Authenticate %q", got)
+			}
+		}
+	}
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	if _, err := controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}}); err == nil {
+		t.Fatal("Admin without a token: no error")
+	}
+}
+
+// TestAdminObjects walks policies, APIs and keys through the API with the
+// exact revision of each write, and refuses invalid writes with paths,
+// leaving the state alone.
+func TestAdminObjects(t *testing.T) {
+	s, base := server(t, controlplane.BoltOptions{}, nil)
+	h1 := hash("demo-key-1")
+	expect(t, call(t, "PUT", base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"},"quota":{"max":1000,"renewal":"24h"}}`), 200, `{"revision":1}`)
+	a := call(t, "GET", base+"/api/policies/gold", "")
+	expect(t, a, 200, `{"id":"gold","rate":{"requests":5,"per":"1m0s"},"quota":{"max":1000,"renewal":"24h0m0s"}}`)
+	if got := a.header.Get("Limitplane-Revision"); got != "1" {
+		t.Fatalf("Limitplane-Revision %q, want 1", got)
+	}
+	expect(t, call(t, "PUT", base+"/api/apis/echo", `{"listen_path":"/echo/","target":"builtin:echo","tags":["eu"]}`), 200, `{"revision":2}`)
+	expect(t, call(t, "GET", base+"/api/apis/echo", ""), 200, `{"id":"echo","listen_path":"/echo/","target":"builtin:echo","tags":["eu"]}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"demo-key-1","policies":["gold"]}`), 201, `{"key_hash":"`+h1+`","revision":3}`)
+	expect(t, call(t, "GET", base+"/api/keys/"+strings.ToUpper(h1[7:])+"x", ""), 400, `{"error":"key hash \"`+strings.ToUpper(h1[7:])+`x\" is not sha256:\u003c64 hex digits\u003e"}`)
+	expect(t, call(t, "GET", base+"/api/keys/sha256:"+strings.ToUpper(h1[7:]), ""), 200, `{"key_hash":"`+h1+`","policies":["gold"],"quota_epoch":3}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key_hash":"`+h1+`","policies":["gold"]}`), 409, `{"error":"key `+h1+` exists; PUT /api/keys/`+h1+` replaces it"}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"x","key_hash":"`+h1+`","policies":["gold"]}`), 400, `{"error":"give the key in plaintext (key) or by hash (key_hash), not both"}`)
+
+	// Invalid writes: refused with paths, nothing changed.
+	h2 := hash("k2")
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k2","policies":["gold","nope"]}`), 422,
+		`{"error":"the change would leave an invalid configuration; nothing was changed","problems":[{"path":"keys[\"`+h2+`\"].policies[1]","problem":"unknown policy \"nope\""}]}`)
+	expect(t, call(t, "DELETE", base+"/api/policies/gold", ""), 422,
+		`{"error":"the change would leave an invalid configuration; nothing was changed","problems":[{"path":"keys[\"`+h1+`\"].policies[0]","problem":"unknown policy \"gold\""}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"},"colour":"red"}`), 400,
+		`{"error":"body is not valid JSON for this object: json: unknown field \"colour\""}`)
+	expect(t, call(t, "PUT", base+"/api/policies/gold", `{"id":"silver","rate":{"requests":5,"per":"1m"}}`), 400,
+		`{"error":"id \"silver\" in the body differs from \"gold\" in the path"}`)
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":3}`)
+	expect(t, call(t, "GET", base+"/api/keys/"+h2, ""), 404, `{"error":"no key `+h2+`"}`)
+	expect(t, call(t, "GET", base+"/api/policies/gold", ""), 200, `{"id":"gold","rate":{"requests":5,"per":"1m0s"},"quota":{"max":1000,"renewal":"24h0m0s"}}`)
+
+	expect(t, call(t, "DELETE", base+"/api/keys/"+h1, ""), 200, `{"key_hash":"`+h1+`","revision":4}`)
+	expect(t, call(t, "DELETE", base+"/api/keys/"+h1, ""), 404, `{"error":"no key `+h1+`"}`)
+	expect(t, call(t, "DELETE", base+"/api/policies/gold", ""), 200, `{"revision":5}`)
+	expect(t, call(t, "DELETE", base+"/api/apis/echo", ""), 200, `{"revision":6}`)
+	expect(t, call(t, "GET", base+"/api/apis/echo", ""), 404, `{"error":"no API \"echo\""}`)
+	expect(t, call(t, "GET", base+"/api/nothing", ""), 404, `{"error":"no such endpoint"}`)
+	if got := revision(t, s); got != 6 {
+		t.Fatalf("store at %d, want 6", got)
+	}
+}
+
+// TestAdminQuotaEpochs: a key's quota epoch is the revision of its last
+// reset. A PUT of an existing key resets unless ?suppress_reset=1; a
+// reset-quota raises the key's epochs, or with ?api= one entry's.
+func TestAdminQuotaEpochs(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	h := hash("k")
+	key := func(rev int, epoch, eu, us int) string {
+		return fmt.Sprintf(`{"key_hash":"%s","policies":["gold"],"api_limits":{"eu":{"quota":{"max":600,"renewal":"24h0m0s"},"quota_epoch":%d},"us":{"quota":{"max":400,"renewal":"24h0m0s"},"quota_epoch":%d}},"quota_epoch":%d}`, h, eu, us, epoch)
+	}
+	body := `{"policies":["gold"],"api_limits":{"eu":{"quota":{"max":600,"renewal":"24h"}},"us":{"quota":{"max":400,"renewal":"24h"}}},"quota_epoch":999}`
+	expect(t, call(t, "PUT", base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`), 200, `{"revision":1}`)
+	expect(t, call(t, "PUT", base+"/api/apis/eu", `{"listen_path":"/eu/","target":"builtin:echo","tags":["eu"]}`), 200, `{"revision":2}`)
+	expect(t, call(t, "PUT", base+"/api/apis/us", `{"listen_path":"/us/","target":"builtin:echo","tags":["us"]}`), 200, `{"revision":3}`)
+	steps := []struct {
+		method, path, body string
+		status             int
+		answer, key        string
+	}{
+		// New key: every epoch is its revision (999 in the body is ignored).
+		{"PUT", "/api/keys/" + h, body, 200, `{"key_hash":"` + h + `","revision":4}`, key(4, 4, 4, 4)},
+		// Update with suppress_reset: epochs kept.
+		{"PUT", "/api/keys/" + h + "?suppress_reset=1", body, 200, `{"key_hash":"` + h + `","revision":5}`, key(5, 4, 4, 4)},
+		// Update without: every epoch raised to the revision.
+		{"PUT", "/api/keys/" + h, body, 200, `{"key_hash":"` + h + `","revision":6}`, key(6, 6, 6, 6)},
+		{"PUT", "/api/keys/" + h + "?suppress_reset=0", body, 200, `{"key_hash":"` + h + `","revision":7}`, key(7, 7, 7, 7)},
+		// Reset one API's quota.
+		{"POST", "/api/keys/" + h + "/reset-quota?api=eu", "", 200, `{"key_hash":"` + h + `","revision":8}`, key(8, 7, 8, 7)},
+		// Reset the key's quotas.
+		{"POST", "/api/keys/" + h + "/reset-quota", "", 200, `{"key_hash":"` + h + `","revision":9}`, key(9, 9, 9, 9)},
+		{"POST", "/api/keys/" + h + "/reset-quota?api=asia", "", 409, `{"error":"key ` + h + ` has no api_limits entry for API \"asia\"; reset its quotas without ?api="}`, key(9, 9, 9, 9)},
+		{"POST", "/api/keys/" + hash("other") + "/reset-quota", "", 404, `{"error":"no key ` + hash("other") + `"}`, key(9, 9, 9, 9)},
+		{"PUT", "/api/keys/" + h + "?suppress_reset=yes", body, 400, `{"error":"?suppress_reset=\"yes\": want 1 or 0"}`, key(9, 9, 9, 9)},
+	}
+	for i, st := range steps {
+		a := call(t, st.method, base+st.path, st.body)
+		if a.status != st.status || a.body != st.answer {
+			t.Fatalf("step %d: %s %s: %d %s\nwant %d %s", i, st.method, st.path, a.status, a.body, st.status, st.answer)
+		}
+		if got := call(t, "GET", base+"/api/keys/"+h, ""); got.body != st.key {
+			t.Fatalf("step %d: key\n%s\nwant\n%s", i, got.body, st.key)
+		}
+	}
+}
+
+func TestAdminDataPlanes(t *testing.T) {
+	dps := &controlplane.DataPlanes{}
+	_, base := server(t, controlplane.BoltOptions{}, dps)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[]}`)
+	seen := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	dps.Update("gw-2", func(dp *controlplane.DataPlane) {
+		dp.Group, dp.Tags, dp.Connected, dp.AppliedRevision, dp.LastSeen = "eu", []string{"eu"}, true, 7, seen
+	})
+	dps.Update("gw-1", func(dp *controlplane.DataPlane) {
+		dp.Group, dp.AppliedRevision, dp.LastSeen = "eu", 6, seen
+		dp.LastRejection = &controlplane.Rejection{Revision: 7, Problem: "spec: keys[0].key_hash: missing", At: seen}
+	})
+	dps.Update("gw-0", func(dp *controlplane.DataPlane) { dp.Group = "us" })
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","group":"eu","connected":false,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-2","group":"eu","tags":["eu"],"connected":true,"applied_revision":7,"last_seen":"2026-01-02T03:04:05Z"},`+
+		`{"gateway_id":"gw-0","group":"us","connected":false,"applied_revision":0,"last_seen":"0001-01-01T00:00:00Z"}]}`)
+	if !dps.Remove("gw-0") || dps.Remove("gw-0") {
+		t.Fatal("Remove: want true then false")
+	}
+}
+
+// BenchmarkAdminWrites16Clients measures durable key writes per second
+// through the admin API over real HTTP from 16 concurrent clients (each
+// write is fsynced before its 200).
+func BenchmarkAdminWrites16Clients(b *testing.B) {
+	_, base := server(b, controlplane.BoltOptions{}, nil)
+	if a := call(b, "PUT", base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`); a.status != 200 {
+		b.Fatal(a.body)
+	}
+	const clients = 16
+	var next atomic.Int64
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				body := fmt.Sprintf(`{"key":"bench-%d","policies":["gold"]}`, i)
+				req, _ := http.NewRequest("POST", base+"/api/keys", bytes.NewReader([]byte(body)))
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				var w struct{ Revision uint64 }
+				json.NewDecoder(resp.Body).Decode(&w)
+				resp.Body.Close()
+				if resp.StatusCode != 201 {
+					b.Errorf("status %d", resp.StatusCode)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "writes/s")
+}

@@ -1,0 +1,431 @@
+package controlplane_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/controlplane"
+	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// open opens a Bolt store in a fresh file, closed at the end of the test.
+func open(t testing.TB, o controlplane.BoltOptions) (*controlplane.Bolt, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "cp.db")
+	s, err := controlplane.OpenBolt(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func hash(key string) string { return identity.HashKey(key).String() }
+
+func policy(id string, requests int64) spec.Policy {
+	return spec.Policy{ID: id, Rate: &spec.Rate{Requests: requests, Per: spec.Duration(time.Minute)}}
+}
+
+func update(t *testing.T, s controlplane.Store, fn func(tx controlplane.Tx) error) uint64 {
+	t.Helper()
+	rev, err := s.Update(context.Background(), fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
+func revision(t *testing.T, s controlplane.Store) uint64 {
+	t.Helper()
+	var rev uint64
+	if err := s.View(context.Background(), func(r controlplane.Reader) error { rev = r.Revision(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
+// summary is a change without its value, for comparisons.
+func summary(cs []controlplane.Change) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = fmt.Sprintf("%d %s %s %s", c.Revision, c.Op, c.Object, c.ID)
+	}
+	return out
+}
+
+// TestRevisionsAndChangeLog writes a sequence and checks the revision of
+// each write, that a write of nothing and a failed write raise nothing,
+// and the change log, values included.
+func TestRevisionsAndChangeLog(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	if got := revision(t, s); got != 0 {
+		t.Fatalf("new store at revision %d, want 0", got)
+	}
+	k1 := hash("k1")
+	steps := []struct {
+		fn   func(tx controlplane.Tx) error
+		want uint64
+	}{
+		{func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) }, 1},
+		{func(tx controlplane.Tx) error { return tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"gold"}}) }, 2},
+		{func(tx controlplane.Tx) error {
+			return tx.PutAPI(spec.API{ID: "echo", ListenPath: "/echo/", Target: spec.BuiltinEcho})
+		}, 3},
+		{func(tx controlplane.Tx) error { return nil }, 3}, // wrote nothing
+		{func(tx controlplane.Tx) error { // two objects, one revision
+			if err := tx.PutPolicy(policy("silver", 5)); err != nil {
+				return err
+			}
+			return tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"silver"}})
+		}, 4},
+		{func(tx controlplane.Tx) error { _, err := tx.DeleteKey(k1); return err }, 5},
+	}
+	for i, st := range steps {
+		if got := update(t, s, st.fn); got != st.want {
+			t.Fatalf("step %d: revision %d, want %d", i, got, st.want)
+		}
+	}
+	boom := errors.New("boom")
+	_, err := s.Update(ctx, func(tx controlplane.Tx) error {
+		if err := tx.PutPolicy(policy("bronze", 1)); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("failed write: %v, want boom", err)
+	}
+	if got := revision(t, s); got != 5 {
+		t.Fatalf("revision %d after a failed write, want 5", got)
+	}
+	cs, err := s.ChangesSince(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"1 put policy gold",
+		"2 put key " + k1,
+		"3 put api echo",
+		"4 put policy silver",
+		"4 put key " + k1,
+		"5 delete key " + k1,
+	}
+	if got := summary(cs); !reflect.DeepEqual(got, want) {
+		t.Fatalf("changes:\n%q\nwant\n%q", got, want)
+	}
+	if got, want := string(cs[4].Value), `{"key_hash":"`+k1+`","policies":["silver"]}`; got != want {
+		t.Fatalf("change value %s, want %s", got, want)
+	}
+	if cs[5].Value != nil {
+		t.Fatalf("delete carries a value: %s", cs[5].Value)
+	}
+	cs, err = s.ChangesSince(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(cs); !reflect.DeepEqual(got, want[3:]) {
+		t.Fatalf("changes since 3: %q, want %q", got, want[3:])
+	}
+}
+
+// TestChangeLogBound keeps 3 revisions: changes since an older revision
+// are refused with ErrTooFarBehind, since a future one with
+// ErrRevisionAhead, and the bound holds after reopening the file.
+func TestChangeLogBound(t *testing.T) {
+	s, path := open(t, controlplane.BoltOptions{ChangeLogRevisions: 3})
+	ctx := context.Background()
+	for i := range 6 {
+		update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("p", int64(i+1))) })
+	}
+	check := func(s controlplane.Store) {
+		t.Helper()
+		for rev, want := range map[uint64][]string{
+			3: {"4 put policy p", "5 put policy p", "6 put policy p"},
+			5: {"6 put policy p"},
+			6: {},
+		} {
+			cs, err := s.ChangesSince(ctx, rev)
+			if err != nil {
+				t.Fatalf("since %d: %v", rev, err)
+			}
+			if got := summary(cs); !reflect.DeepEqual(got, want) {
+				t.Fatalf("since %d: %q, want %q", rev, got, want)
+			}
+		}
+		for _, rev := range []uint64{0, 1, 2} {
+			if _, err := s.ChangesSince(ctx, rev); !errors.Is(err, controlplane.ErrTooFarBehind) {
+				t.Fatalf("since %d: %v, want ErrTooFarBehind", rev, err)
+			}
+		}
+		if _, err := s.ChangesSince(ctx, 7); !errors.Is(err, controlplane.ErrRevisionAhead) {
+			t.Fatalf("since 7: %v, want ErrRevisionAhead", err)
+		}
+	}
+	check(s)
+	s.Close()
+	s2, err := controlplane.OpenBolt(path, controlplane.BoltOptions{ChangeLogRevisions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	check(s2)
+	if got := revision(t, s2); got != 6 {
+		t.Fatalf("reopened at revision %d, want 6", got)
+	}
+}
+
+// TestInvalidWritesRefused: writes that would leave an invalid state are
+// refused with spec.Errors whose paths name the object by ID, and change
+// nothing.
+func TestInvalidWritesRefused(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	k1 := hash("k1")
+	update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
+	update(t, s, func(tx controlplane.Tx) error { return tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"gold"}}) })
+	before, err := s.Snapshot(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		fn   func(tx controlplane.Tx) error
+		want []string
+	}{
+		{"key with an unknown policy", func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: hash("k2"), Policies: []string{"gold", "nope"}})
+		}, []string{`spec: keys["` + hash("k2") + `"].policies[1]: unknown policy "nope"`}},
+		{"delete a policy a key uses", func(tx controlplane.Tx) error {
+			_, err := tx.DeletePolicy("gold")
+			return err
+		}, []string{`spec: keys["` + k1 + `"].policies[0]: unknown policy "gold"`}},
+		{"bad rate", func(tx controlplane.Tx) error {
+			return tx.PutPolicy(spec.Policy{ID: "bad", Rate: &spec.Rate{Requests: 0, Per: spec.Duration(time.Second)}})
+		}, []string{`spec: policies["bad"].rate.requests: 0 must be > 0 (or -1 for unlimited)`}},
+		{"bad key hash", func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: "md5:x", Policies: []string{"gold"}})
+		}, []string{`spec: keys["md5:x"].key_hash: "md5:x" is not sha256:<64 hex digits>`}},
+		{"API with a policy on an api_key API", func(tx controlplane.Tx) error {
+			return tx.PutAPI(spec.API{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho, Policies: []string{"gold"}})
+		}, []string{`spec: apis["a"].policies: only keyless APIs take policies; an api_key API applies each key's own policies`}},
+	}
+	for _, c := range cases {
+		_, err := s.Update(ctx, c.fn)
+		var errs spec.Errors
+		if !errors.As(err, &errs) {
+			t.Fatalf("%s: %v, want spec.Errors", c.name, err)
+		}
+		got := make([]string, len(errs))
+		for i, e := range errs {
+			got[i] = e.Error()
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Fatalf("%s:\n%q\nwant\n%q", c.name, got, c.want)
+		}
+	}
+	after, err := s.Snapshot(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(after, before) {
+		t.Fatalf("state changed:\n%+v\nwas\n%+v", after, before)
+	}
+	if after.Revision != 2 {
+		t.Fatalf("revision %d, want 2", after.Revision)
+	}
+}
+
+// TestConcurrentWritesGetDistinctRevisions: 16 writers of 25 keys each
+// share transactions, and every write gets its own revision, 1 to 400.
+func TestConcurrentWritesGetDistinctRevisions(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
+	const writers, each = 16, 25
+	revs := make(chan uint64, writers*each)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				k := spec.Key{KeyHash: hash(fmt.Sprint(w, "-", i)), Policies: []string{"gold"}}
+				rev, err := s.Update(ctx, func(tx controlplane.Tx) error { return tx.PutKey(k) })
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				revs <- rev
+			}
+		})
+	}
+	wg.Wait()
+	close(revs)
+	var got []int
+	for r := range revs {
+		got = append(got, int(r))
+	}
+	sort.Ints(got)
+	for i, r := range got {
+		if r != i+2 {
+			t.Fatalf("revisions %v: want 2..%d, each once", got, writers*each+1)
+		}
+	}
+	snap, err := s.Snapshot(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Keys) != writers*each || snap.Revision != writers*each+1 {
+		t.Fatalf("%d keys at revision %d, want %d at %d", len(snap.Keys), snap.Revision, writers*each, writers*each+1)
+	}
+}
+
+func TestSelects(t *testing.T) {
+	for _, c := range []struct {
+		api, dp []string
+		want    bool
+	}{
+		{nil, nil, true},
+		{nil, []string{"eu"}, true},
+		{[]string{"eu"}, nil, false},
+		{[]string{"eu"}, []string{"eu"}, true},
+		{[]string{"eu"}, []string{"us"}, false},
+		{[]string{"eu", "us"}, []string{"us"}, true},
+		{[]string{"eu"}, []string{"us", "eu"}, true},
+		{[]string{"eu", "us"}, []string{"asia", "africa"}, false},
+	} {
+		if got := controlplane.Selects(c.api, c.dp); got != c.want {
+			t.Errorf("Selects(%q, %q) = %v, want %v", c.api, c.dp, got, c.want)
+		}
+	}
+}
+
+// TestSnapshotSelectsByTag stores tagged APIs with policies and keys that
+// refer to them, and checks what each data plane receives: exactly the
+// APIs its tags select, the references to others removed, and a snapshot
+// that passes Validate.
+func TestSnapshotSelectsByTag(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	api := func(id string, tags ...string) spec.API {
+		return spec.API{ID: id, ListenPath: "/" + id + "/", Target: spec.BuiltinEcho, Tags: tags}
+	}
+	quota := func(max int64) spec.Limits {
+		return spec.Limits{Quota: &spec.Quota{Max: max, Renewal: spec.Duration(24 * time.Hour)}}
+	}
+	update(t, s, func(tx controlplane.Tx) error {
+		for _, a := range []spec.API{api("all"), api("eu", "eu"), api("us", "us"), api("both", "eu", "us")} {
+			if err := tx.PutAPI(a); err != nil {
+				return err
+			}
+		}
+		for _, p := range []spec.Policy{
+			policy("global", 100),
+			{ID: "p-eu", Rate: policy("", 6).Rate, APIs: []string{"eu"}},
+			{ID: "p-eu-all", Rate: policy("", 7).Rate, APIs: []string{"eu", "all"}},
+		} {
+			if err := tx.PutPolicy(p); err != nil {
+				return err
+			}
+		}
+		for _, k := range []spec.Key{
+			{KeyHash: hash("a"), Policies: []string{"global"}},
+			{KeyHash: hash("b"), Policies: []string{"p-eu"}},
+			{KeyHash: hash("c"), APILimits: map[string]spec.Limits{"us": quota(400), "eu": quota(600)}},
+			{KeyHash: hash("d"), Policies: []string{"p-eu", "p-eu-all"}},
+		} {
+			if err := tx.PutKey(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	type view struct {
+		APIs     []string
+		Policies map[string][]string // ID → apis
+		Keys     map[string]string   // plaintext → policies and api_limits
+	}
+	name := map[string]string{hash("a"): "a", hash("b"): "b", hash("c"): "c", hash("d"): "d"}
+	for _, c := range []struct {
+		tags []string
+		want view
+	}{
+		{nil, view{
+			APIs:     []string{"all"},
+			Policies: map[string][]string{"global": nil, "p-eu-all": {"all"}},
+			Keys:     map[string]string{"a": "[global] []", "d": "[p-eu-all] []"},
+		}},
+		{[]string{"eu"}, view{
+			APIs:     []string{"all", "both", "eu"},
+			Policies: map[string][]string{"global": nil, "p-eu": {"eu"}, "p-eu-all": {"eu", "all"}},
+			Keys:     map[string]string{"a": "[global] []", "b": "[p-eu] []", "c": "[] [eu]", "d": "[p-eu p-eu-all] []"},
+		}},
+		{[]string{"us"}, view{
+			APIs:     []string{"all", "both", "us"},
+			Policies: map[string][]string{"global": nil, "p-eu-all": {"all"}},
+			Keys:     map[string]string{"a": "[global] []", "c": "[] [us]", "d": "[p-eu-all] []"},
+		}},
+		{[]string{"asia"}, view{
+			APIs:     []string{"all"},
+			Policies: map[string][]string{"global": nil, "p-eu-all": {"all"}},
+			Keys:     map[string]string{"a": "[global] []", "d": "[p-eu-all] []"},
+		}},
+	} {
+		snap, err := s.Snapshot(ctx, c.tags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := snap.Validate(); err != nil {
+			t.Fatalf("tags %q: snapshot invalid: %v", c.tags, err)
+		}
+		got := view{Policies: map[string][]string{}, Keys: map[string]string{}}
+		for _, a := range snap.APIs {
+			got.APIs = append(got.APIs, a.ID)
+		}
+		for _, p := range snap.Policies {
+			got.Policies[p.ID] = p.APIs
+		}
+		for _, k := range snap.Keys {
+			var limits []string
+			for id := range k.APILimits {
+				limits = append(limits, id)
+			}
+			sort.Strings(limits)
+			got.Keys[name[k.KeyHash]] = fmt.Sprintf("%v %v", k.Policies, limits)
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("tags %q:\n%+v\nwant\n%+v", c.tags, got, c.want)
+		}
+		if snap.Revision != 1 {
+			t.Errorf("tags %q: revision %d, want 1", c.tags, snap.Revision)
+		}
+	}
+	// The stored state itself is untouched by selection.
+	full, err := s.Snapshot(ctx, []string{"eu", "us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full.APIs) != 4 || len(full.Policies) != 3 || len(full.Keys) != 4 {
+		t.Fatalf("full snapshot: %d APIs, %d policies, %d keys; want 4, 3, 4", len(full.APIs), len(full.Policies), len(full.Keys))
+	}
+	for _, k := range full.Keys {
+		if k.KeyHash != hash("c") {
+			continue
+		}
+		b, err := json.Marshal(k.APILimits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := `{"eu":{"quota":{"max":600,"renewal":"24h0m0s"}},"us":{"quota":{"max":400,"renewal":"24h0m0s"}}}`; string(b) != want {
+			t.Fatalf("key c's api_limits %s, want %s", b, want)
+		}
+	}
+}
