@@ -28,6 +28,11 @@ var (
 type Limits struct {
 	Rate  Limit
 	Quota Quota
+	// QuotaEpoch is the epoch of the consumer's quota counter for this
+	// API, apart from Consumer.QuotaEpoch because per-API limits have
+	// counters of their own (see Request.QuotaEpoch). Raising it resets
+	// this API's quota only.
+	QuotaEpoch uint64
 }
 
 // Consumer is an authenticated caller as the engine sees it.
@@ -48,6 +53,12 @@ type Consumer struct {
 	// APILimits, when it has an entry for an API, replaces the policies
 	// for that API and gives the consumer separate counters there.
 	APILimits map[string]Limits
+	// QuotaEpoch is the epoch of the consumer's key-wide quota counter
+	// (see Request.QuotaEpoch): raising it starts a fresh quota period
+	// on the consumer's next request, on every store; giving the same
+	// value again changes nothing. A control plane raises it to reset a
+	// key's quota. The rate limit is not affected.
+	QuotaEpoch uint64
 }
 
 // Config is the engine's policy set. It is immutable once passed to
@@ -187,10 +198,10 @@ type plan struct {
 }
 
 func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
-	pl := plan{req: Request{Consumer: c.ID, Cost: cost}}
+	pl := plan{req: Request{Consumer: c.ID, Cost: cost, QuotaEpoch: c.QuotaEpoch}}
 	if l, ok := c.APILimits[api]; ok {
 		pl.req.Scope = api
-		pl.req.Rate, pl.req.Quota = l.Rate, l.Quota
+		pl.req.Rate, pl.req.Quota, pl.req.QuotaEpoch = l.Rate, l.Quota, l.QuotaEpoch
 		return pl, nil
 	}
 	snap := e.snap.Load()
@@ -314,14 +325,20 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 }
 
 // ResetQuota deletes the quota counter c has for api (its key-wide counter,
-// or its per-API one when c has APILimits for api).
+// or its per-API one when c has APILimits for api) at c's current quota
+// epoch (Consumer.QuotaEpoch or Limits.QuotaEpoch): through
+// QuotaEpochResetter when the store implements it, else Store.ResetQuota.
+// Counters of other epochs are left to expire.
 func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error {
 	if c == nil {
 		return ErrNoConsumer
 	}
-	scope := ""
-	if _, ok := c.APILimits[api]; ok {
-		scope = api
+	scope, epoch := "", c.QuotaEpoch
+	if l, ok := c.APILimits[api]; ok {
+		scope, epoch = api, l.QuotaEpoch
+	}
+	if r, ok := e.store.(QuotaEpochResetter); ok {
+		return r.ResetQuotaEpoch(ctx, c.ID, scope, epoch)
 	}
 	return e.store.ResetQuota(ctx, c.ID, scope)
 }

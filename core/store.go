@@ -103,6 +103,17 @@ type Request struct {
 	// Quota is the quota; the zero Quota (absent) or Unlimited skips it
 	// (see Quota.Enforced).
 	Quota Quota
+	// QuotaEpoch is the epoch of the quota counter this request spends
+	// (Consumer.QuotaEpoch, or Limits.QuotaEpoch for a per-API scope).
+	// Quota counters are named with their epoch: a request with a higher
+	// epoch than the counter a store holds starts a fresh quota period,
+	// and the same epoch again changes nothing, so a reset carried as data
+	// is idempotent. A store never revives a count it has left behind:
+	// how it treats a lower epoch than the one it holds is the store's to
+	// document (core/memory spends the newer period; core/redisstore
+	// spends the lower epoch's own counter). 0 is the epoch of a key
+	// never reset. The rate limit's state does not depend on it.
+	QuotaEpoch uint64
 	// Cost is the number of units, in [0, MaxCost]; 0 peeks without
 	// changing state.
 	Cost int64
@@ -149,8 +160,21 @@ type Store interface {
 	// the Decision is then the zero value.
 	Take(ctx context.Context, req Request) (Decision, error)
 	// ResetQuota deletes the quota counter of (consumer, scope): the next
-	// request starts a new period.
+	// request starts a new period. A store that names quota counters by
+	// epoch deletes epoch 0's here and implements QuotaEpochResetter for
+	// the others.
 	ResetQuota(ctx context.Context, consumer, scope string) error
+}
+
+// QuotaEpochResetter is implemented by stores that keep one quota counter
+// per epoch (Request.QuotaEpoch), such as the Redis store, whose counters'
+// names include it. ResetQuotaEpoch deletes the counter of (consumer,
+// scope) at epoch, so the next request of that epoch starts a new period;
+// the counters of other epochs are untouched. Engine.ResetQuota calls it
+// with the consumer's current epoch; for a store that does not implement
+// it, Store.ResetQuota resets whichever period it holds.
+type QuotaEpochResetter interface {
+	ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error
 }
 
 // Clock is a monotonic clock. Nanotime returns nanoseconds since an

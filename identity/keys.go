@@ -55,6 +55,9 @@ type KeyRecord struct {
 	Expires time.Time
 	// Inactive keys are refused like unknown ones.
 	Inactive bool
+	// QuotaEpoch is the epoch of the key's key-wide quota counter
+	// (core.Consumer.QuotaEpoch); per-API ones are in APILimits.
+	QuotaEpoch uint64
 
 	consumer core.Consumer
 }
@@ -87,7 +90,7 @@ func (k *Keys) Replace(records []KeyRecord) error {
 			return fmt.Errorf("identity: duplicate key %s", r.Hash)
 		}
 		r.Policies = append([]string(nil), r.Policies...)
-		r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits}
+		r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits, QuotaEpoch: r.QuotaEpoch}
 		m[r.Hash] = &r
 	}
 	k.m.Store(&m)

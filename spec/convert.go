@@ -45,9 +45,9 @@ func (q *Quota) Quota() core.Quota {
 	return core.Quota{Max: q.Max, Renewal: time.Duration(q.Renewal)}
 }
 
-// Limits returns l as core.Limits.
+// Limits returns l as core.Limits, with its quota epoch.
 func (l Limits) Limits() core.Limits {
-	return core.Limits{Rate: l.Rate.Limit(), Quota: l.Quota.Quota()}
+	return core.Limits{Rate: l.Rate.Limit(), Quota: l.Quota.Quota(), QuotaEpoch: l.QuotaEpoch}
 }
 
 // Core returns the policy as a core.Policy. Its APIs slice is a copy.
@@ -78,7 +78,7 @@ func (k *Key) Record() (identity.KeyRecord, error) {
 	if err != nil {
 		return identity.KeyRecord{}, fmt.Errorf("spec: key_hash %q: %w", k.KeyHash, err)
 	}
-	rec := identity.KeyRecord{Hash: h, Policies: slices.Clone(k.Policies), Inactive: k.Inactive}
+	rec := identity.KeyRecord{Hash: h, Policies: slices.Clone(k.Policies), Inactive: k.Inactive, QuotaEpoch: k.QuotaEpoch}
 	if k.Expires != nil {
 		rec.Expires = *k.Expires
 	}

@@ -12,10 +12,11 @@
 //
 // What travels: policies (rate, quota, the APIs they cover, shadow),
 // keys by their SHA-256 only (a plaintext key is hashed where it is read
-// and never kept; see identity.HashKey), per-key per-API limits, expiry and
-// the inactive flag, and APIs (id, listen path, target, auth kind, keyless
-// policies, JWT settings, failure limit, strip flags and tags, by which a
-// control plane picks the APIs each data plane serves).
+// and never kept; see identity.HashKey), per-key per-API limits, expiry,
+// the inactive flag and quota epochs (a quota reset travels as a raised
+// epoch; see Key.QuotaEpoch), and APIs (id, listen path, target, auth
+// kind, keyless policies, JWT settings, failure limit, strip flags and
+// tags, by which a control plane picks the APIs each data plane serves).
 //
 // What stays local to each gateway and is never part of a snapshot: its
 // listen address, counter store and Redis settings, failure policy,
@@ -104,16 +105,17 @@ type Quota struct {
 }
 
 // Limits are a key's own limits for one API; they replace the key's
-// policies there (core.Consumer.APILimits). At least one is set.
+// policies there (core.Consumer.APILimits). At least one of Rate and Quota
+// is set.
 type Limits struct {
 	// Rate is the rate limit, or nil for none.
 	Rate *Rate `json:"rate,omitempty"`
 	// Quota is the quota, or nil for none.
 	Quota *Quota `json:"quota,omitempty"`
-	// QuotaEpoch numbers the quota's periods for this key and API: a
-	// quota reset raises it, and quota counters are named with it, so a
-	// reset takes effect wherever the raised epoch is applied. 0 (left
-	// out) for a key no control plane manages.
+	// QuotaEpoch is the epoch of the key's quota counter for this API,
+	// which is apart from the key-wide one (Key.QuotaEpoch): per-API
+	// limits have counters of their own. See Key.QuotaEpoch for what
+	// raising it does. 0 (left out) is the epoch of a counter never reset.
 	QuotaEpoch uint64 `json:"quota_epoch,omitempty"`
 }
 
@@ -131,10 +133,17 @@ type Key struct {
 	Expires *time.Time `json:"expires,omitempty"`
 	// Inactive keys are refused like unknown ones.
 	Inactive bool `json:"inactive,omitempty"`
-	// QuotaEpoch numbers the key's quota periods: a quota reset raises
-	// it, and quota counters are named with it, so a reset takes effect
-	// wherever the raised epoch is applied, once. 0 (left out) for a key
-	// no control plane manages.
+	// QuotaEpoch is the epoch of the key's key-wide quota counter: quota
+	// resets travel as data. Quota counters are named with their epoch,
+	// so a gateway that applies a snapshot with a higher QuotaEpoch
+	// starts the key a fresh quota period on its next request, and
+	// applying the same epoch again (a replayed or repeated snapshot)
+	// changes nothing; the old epoch's counter expires by its TTL. The
+	// rate limit is not affected. A control plane raises it to reset the
+	// key's quota, and on every update of the key unless the update says
+	// suppress_reset; spec only carries the number. 0 (left out) is the
+	// epoch of a key never reset. Per-API limits have their own
+	// (Limits.QuotaEpoch).
 	QuotaEpoch uint64 `json:"quota_epoch,omitempty"`
 }
 

@@ -35,8 +35,8 @@ func full() spec.Snapshot {
 		},
 		Keys: []spec.Key{
 			{KeyHash: identity.HashKey("demo-key-1").String(), Policies: []string{"default"}, Expires: &exp},
-			{KeyHash: identity.HashKey("demo-key-2").String(), Policies: []string{"gold"}, Inactive: true,
-				APILimits: map[string]spec.Limits{"echo": {Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}, Quota: &spec.Quota{Max: -1}}}},
+			{KeyHash: identity.HashKey("demo-key-2").String(), Policies: []string{"gold"}, Inactive: true, QuotaEpoch: 3,
+				APILimits: map[string]spec.Limits{"echo": {Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}, Quota: &spec.Quota{Max: -1}, QuotaEpoch: 5}}},
 		},
 		APIs: []spec.API{
 			{ID: "echo", ListenPath: "/echo/", Target: spec.BuiltinEcho, Auth: spec.AuthAPIKey, StripListenPath: ptr(false), StripAuthData: ptr(true),
@@ -218,11 +218,11 @@ func TestConversionsKeepAbsentAndUnlimitedApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if recs[0].Hash != identity.HashKey("demo-key-1") || !recs[0].Expires.Equal(time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC)) || recs[0].Inactive {
+	if recs[0].Hash != identity.HashKey("demo-key-1") || !recs[0].Expires.Equal(time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC)) || recs[0].Inactive || recs[0].QuotaEpoch != 0 {
 		t.Fatalf("record 0: %+v", recs[0])
 	}
-	wantLimits := map[string]core.Limits{"echo": {Rate: core.Limit{Rate: 1, Period: time.Second}, Quota: core.Quota{Max: core.Unlimited}}}
-	if !recs[1].Inactive || !reflect.DeepEqual(recs[1].APILimits, wantLimits) || !recs[1].Expires.IsZero() {
+	wantLimits := map[string]core.Limits{"echo": {Rate: core.Limit{Rate: 1, Period: time.Second}, Quota: core.Quota{Max: core.Unlimited}, QuotaEpoch: 5}}
+	if !recs[1].Inactive || !reflect.DeepEqual(recs[1].APILimits, wantLimits) || !recs[1].Expires.IsZero() || recs[1].QuotaEpoch != 3 {
 		t.Fatalf("record 1: %+v", recs[1])
 	}
 	bad := spec.Snapshot{Keys: []spec.Key{{KeyHash: "sha256:00"}}}
@@ -371,5 +371,42 @@ func TestImportsNoYAMLGRPCRedisOrAdapters(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Fatalf("spec depends on %v", bad)
+	}
+}
+
+// TestQuotaEpochJSON: quota epochs are written quota_epoch, on a key and on
+// each of its api_limits, left out when 0, and reach the engine's consumer
+// through Record (identity.KeyRecord.Consumer).
+func TestQuotaEpochJSON(t *testing.T) {
+	hash := identity.HashKey("k").String()
+	in := `{"key_hash":"` + hash + `","policies":["p"],"api_limits":{"a":{"quota":{"max":5,"renewal":"1h0m0s"},"quota_epoch":9}},"quota_epoch":18446744073709551615}`
+	var k spec.Key
+	if err := json.Unmarshal([]byte(in), &k); err != nil {
+		t.Fatal(err)
+	}
+	if k.QuotaEpoch != 1<<64-1 || k.APILimits["a"].QuotaEpoch != 9 {
+		t.Fatalf("decoded epochs %d, %d; want 2^64-1, 9", k.QuotaEpoch, k.APILimits["a"].QuotaEpoch)
+	}
+	out, err := json.Marshal(k)
+	if err != nil || string(out) != in {
+		t.Fatalf("Marshal = %s, %v; want %s", out, err, in)
+	}
+	k.QuotaEpoch, k.APILimits["a"] = 0, spec.Limits{Quota: &spec.Quota{Max: 5, Renewal: spec.Duration(time.Hour)}}
+	out, _ = json.Marshal(k)
+	if want := `{"key_hash":"` + hash + `","policies":["p"],"api_limits":{"a":{"quota":{"max":5,"renewal":"1h0m0s"}}}}`; string(out) != want {
+		t.Fatalf("epoch 0: %s, want %s", out, want)
+	}
+	k.QuotaEpoch, k.APILimits["a"] = 4, spec.Limits{Quota: &spec.Quota{Max: 5, Renewal: spec.Duration(time.Hour)}, QuotaEpoch: 2}
+	rec, err := k.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := identity.NewKeys([]identity.KeyRecord{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := keys.Lookup(identity.HashKey("k")).Consumer()
+	if c.QuotaEpoch != 4 || c.APILimits["a"].QuotaEpoch != 2 {
+		t.Fatalf("consumer epochs %d, %d; want 4, 2", c.QuotaEpoch, c.APILimits["a"].QuotaEpoch)
 	}
 }

@@ -37,6 +37,19 @@
 // that are still limited. Sweep and Options.SweepInterval add explicit and
 // periodic sweeps. An exhausted key is never dropped while still limited.
 //
+// # Quota epochs
+//
+// A quota period records the core.Request.QuotaEpoch of the request that
+// started it. A request with a higher epoch finds the period reset and
+// starts a fresh one (a reset carried as data: raising the epoch once
+// resets once, the same epoch again changes nothing); a request with a
+// lower epoch, which can only be one decided with a key's configuration
+// from before the raise, spends the stored, newer period, so it neither
+// revives the old count nor resets the new one. The GCRA state is not
+// touched by an epoch. The epoch is kept with the period (ResetQuota leaves
+// an ended period holding it), not the key: once a key is swept, the store
+// forgets it, as a swept key is the same state as no key.
+//
 // # Bounding the number of keys
 //
 // With Options.MaxKeys set, the store holds at most that many keys: at the
@@ -152,9 +165,20 @@ type entry struct {
 	quota atomic.Pointer[period] // current quota period; nil = none; tombstone once frozen
 }
 
+// period is one quota period. end and epoch never change once the period
+// is published; a new period replaces the pointer.
 type period struct {
-	end  int64 // ns on the store's clock when the period renews
-	used atomic.Int64
+	end   int64  // ns on the store's clock when the period renews
+	epoch uint64 // core.Request.QuotaEpoch of the request that started it
+	used  atomic.Int64
+}
+
+// current reports whether q still counts for a request of quota epoch
+// epoch at now: it has not ended and the request's epoch is not newer
+// (a raised epoch starts a fresh period). A lower epoch than q's spends q:
+// a stale request never revives an older count or resets a newer one.
+func (q *period) current(now int64, epoch uint64) bool {
+	return q.end > now && q.epoch >= epoch
 }
 
 // tombstone is the quota pointer of a frozen entry. It is never written to.
@@ -595,8 +619,8 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				return d, errRetry
 			}
 		}
-		if q != nil && q.end <= now {
-			q = nil // ended: the next spend starts a new period
+		if q != nil && !q.current(now, req.QuotaEpoch) {
+			q = nil // ended or reset: the next spend starts a new period
 		}
 		used := int64(0)
 		if q != nil {
@@ -660,8 +684,14 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				sh.refund(t, e, p, limited && r.Store, n)
 				return core.Decision{}, errRetry
 			}
-			if q == nil || q.end <= now {
-				np := &period{end: now + int64(req.Quota.Renewal)}
+			if q == nil || !q.current(now, req.QuotaEpoch) {
+				np := &period{end: now + int64(req.Quota.Renewal), epoch: req.QuotaEpoch}
+				if q != nil {
+					// A period that ended keeps the newer epoch: a stale
+					// request's period must not be reset again by the next
+					// current one.
+					np.epoch = max(np.epoch, q.epoch)
+				}
 				np.used.Store(n)
 				if e.quota.CompareAndSwap(q, np) {
 					q = np
@@ -757,7 +787,9 @@ func setQuota(d *core.Decision, qt core.Quota, q *period, used, now int64) {
 	d.Quota = core.Status{Limit: qt.Max, Remaining: max(qt.Max-used, 0), ResetAfter: time.Duration(reset), Window: qt.Renewal}
 }
 
-// ResetQuota deletes the quota period of (consumer, scope).
+// ResetQuota deletes the quota period of (consumer, scope), whatever its
+// epoch: the next request starts a new period. The store keeps one period
+// per key, so it needs no core.QuotaEpochResetter.
 func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 	sh, f := s.locate(consumer, scope)
 	e := sh.get(f)
@@ -773,7 +805,10 @@ func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 			sh.mu.Unlock()
 			continue
 		}
-		if q == nil || e.quota.CompareAndSwap(q, nil) {
+		// An ended period in its place keeps the epoch, so a stale
+		// request cannot start a lower-epoch period that the next current
+		// one would reset again.
+		if q == nil || e.quota.CompareAndSwap(q, &period{end: math.MinInt64, epoch: q.epoch}) {
 			return nil
 		}
 	}

@@ -18,13 +18,25 @@
 // As DESIGN.md fixes: <prefix>{<consumer-hash>}:<kind>:<scope>, where
 // consumer-hash is the first 32 hex digits (128 bits) of SHA-256(consumer),
 // so raw API keys never reach Redis and all keys of one consumer share a
-// Cluster slot; kind is "gcra", "sw", "fw", "sl" (the rate algorithm) or
-// "quota"; scope is percent-encoded (every byte outside [A-Za-z0-9._~/-]
+// Cluster slot; kind is "gcra", "sw", "fw", "sl" (the rate algorithm),
+// "quota" (quota epoch 0) or "quota.<epoch>" (see core.Request.QuotaEpoch);
+// scope is percent-encoded (every byte outside [A-Za-z0-9._~/-]
 // becomes %XX), which is injective, so no consumer or scope containing
 // '{', '}', ':' or newlines can collide with another. Every key written has
 // a TTL: GCRA's is ceil(TAT − now); a window's and a quota's is the time
 // until its period ends; a sliding window's covers two periods; a sliding
 // log's is one period after its newest entry (plus Options.TTLMargin).
+//
+// # Quota epochs
+//
+// Each quota epoch has its own key, so a request with a raised epoch finds
+// no counter and starts a fresh period, the same epoch again spends the
+// same counter (a replayed reset changes nothing), and the old epoch's key
+// expires by its TTL when its period would have ended. A request with a
+// lower epoch, from a gateway that has not yet applied the raise, spends
+// the lower epoch's key while it lives, as it would have without the
+// reset; once that key has expired it starts a period of its own there.
+// Rate-limit keys do not depend on the epoch.
 //
 // # Failures
 //
@@ -56,6 +68,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -260,6 +273,16 @@ func (s *Store) call(ctx context.Context, f func(context.Context) ([]int64, erro
 // kinds names the rate key per algorithm.
 var kinds = [...]string{core.GCRA: "gcra", core.SlidingWindow: "sw", core.FixedWindow: "fw", core.SlidingLog: "sl"}
 
+// quotaKind names the quota key of a quota epoch: "quota" for epoch 0 (the
+// name quota counters had before epochs, so they survive an upgrade),
+// "quota.<epoch in decimal>" otherwise.
+func quotaKind(epoch uint64) string {
+	if epoch == 0 {
+		return "quota"
+	}
+	return "quota." + strconv.FormatUint(epoch, 10)
+}
+
 // key returns <prefix>{<consumer-hash>}:<kind>:<escaped scope>.
 func (s *Store) key(consumer, kind, scope string) string {
 	h := sha256.Sum256([]byte(consumer))
@@ -343,7 +366,7 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	}
 
 	args := evalHeader(make([]any, 0, 5+13), scripts[alg], 2)
-	args = append(args, s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, "quota", req.Scope))
+	args = append(args, s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, quotaKind(req.QuotaEpoch), req.Scope))
 	args = s.appendNow(args)
 	args = append(args, n)
 	if quota {
@@ -558,10 +581,19 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 }
 
 // ResetQuota implements core.Store: it deletes the quota key of (consumer,
-// scope), so the next request starts a new period. Deleting a key that does
-// not exist is not an error. Failures are reported as for Take.
+// scope) at quota epoch 0, so the next request starts a new period.
+// Deleting a key that does not exist is not an error. Failures are
+// reported as for Take.
 func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
-	key := s.key(consumer, "quota", scope)
+	return s.ResetQuotaEpoch(ctx, consumer, scope, 0)
+}
+
+// ResetQuotaEpoch implements core.QuotaEpochResetter: it deletes the quota
+// key of (consumer, scope) at epoch, so the next request of that epoch
+// starts a new period; other epochs' keys are untouched. Deleting a key
+// that does not exist is not an error. Failures are reported as for Take.
+func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
+	key := s.key(consumer, quotaKind(epoch), scope)
 	_, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return nil, s.client.Del(ctx, key).Err()
 	})
@@ -571,4 +603,7 @@ func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
 	return nil
 }
 
-var _ core.Store = (*Store)(nil)
+var (
+	_ core.Store              = (*Store)(nil)
+	_ core.QuotaEpochResetter = (*Store)(nil)
+)

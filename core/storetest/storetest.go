@@ -84,6 +84,7 @@ func Run(t *testing.T, s Suite) {
 	}
 	t.Run("GCRA", func(t *testing.T) { runGCRA(t, s) })
 	t.Run("Quota", func(t *testing.T) { runQuota(t, s) })
+	t.Run("QuotaEpoch", func(t *testing.T) { runQuotaEpoch(t, s) })
 	t.Run("Errors", func(t *testing.T) { runErrors(t, s) })
 	t.Run("Counts", func(t *testing.T) { runCounts(t, s) })
 	for _, a := range s.Algorithms {

@@ -56,6 +56,10 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data, tags)`},
 		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
 			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
+		{"negative quota_epoch", "keys:\n  - key: k\n    api_limits: {a: {quota: {max: 1, renewal: 1h}}}\n    quota_epoch: -1\n" + api,
+			`t.yaml:4:18: keys[0].quota_epoch: want an integer ≥ 0, got -1`},
+		{"fractional api_limits quota_epoch", "keys:\n  - key: k\n    api_limits:\n      a: {quota: {max: 1, renewal: 1h}, quota_epoch: 1.5}\n" + api,
+			`t.yaml:4:54: keys[0].api_limits.a.quota_epoch: want an integer, got 1.5`},
 		{"api_limits key given twice", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: 1s}}\n      a: {rate: {requests: 2, per: 1s}}\n" + api,
 			`t.yaml:5:7: keys[0].api_limits.a: given twice (first at line 4)`},
 		{"requests not a number", "policies:\n  - id: p\n    rate: {requests: five, per: 1s}\n" + api,
@@ -447,10 +451,12 @@ keys:
     policies: [p]
     expires: 2027-01-31T12:00:00+01:00
     inactive: true
+    quota_epoch: 2
     api_limits:
       svc:
         rate: {requests: 3, per: 1m}
         quota: {max: 1000, renewal: 720h}
+        quota_epoch: 7
   - key_hash: SHA256:ABC
     policies: [free]
 apis:
@@ -468,7 +474,7 @@ apis:
     policies: [free]
 `
 	// key_hash prefixes are case-sensitive: the one above is refused.
-	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:42:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
+	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:44:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
@@ -499,11 +505,12 @@ apis:
 		},
 		Keys: []identity.KeyRecord{
 			{
-				Hash: identity.HashKey("k1"), Policies: []string{"p"}, Inactive: true,
+				Hash: identity.HashKey("k1"), Policies: []string{"p"}, Inactive: true, QuotaEpoch: 2,
 				Expires: time.Date(2027, 1, 31, 11, 0, 0, 0, time.UTC),
 				APILimits: map[string]core.Limits{"svc": {
-					Rate:  core.Limit{Rate: 3, Period: time.Minute},
-					Quota: core.Quota{Max: 1000, Renewal: 720 * time.Hour},
+					Rate:       core.Limit{Rate: 3, Period: time.Minute},
+					Quota:      core.Quota{Max: 1000, Renewal: 720 * time.Hour},
+					QuotaEpoch: 7,
 				}},
 			},
 			{Hash: h, Policies: []string{"free"}},
@@ -526,7 +533,7 @@ apis:
 	wantSnap := `{"revision":0,"policies":[` +
 		`{"id":"p","rate":{"requests":10,"per":"1s","burst":20,"algorithm":"gcra"},"quota":{"max":-1},"apis":["svc"],"shadow":true},` +
 		`{"id":"free","rate":{"requests":-1}}],"keys":[` +
-		`{"key_hash":"` + identity.HashKey("k1").String() + `","policies":["p"],"api_limits":{"svc":{"rate":{"requests":3,"per":"1m0s"},"quota":{"max":1000,"renewal":"720h0m0s"}}},"expires":"2027-01-31T12:00:00+01:00","inactive":true},` +
+		`{"key_hash":"` + identity.HashKey("k1").String() + `","policies":["p"],"api_limits":{"svc":{"rate":{"requests":3,"per":"1m0s"},"quota":{"max":1000,"renewal":"720h0m0s"},"quota_epoch":7}},"expires":"2027-01-31T12:00:00+01:00","inactive":true,"quota_epoch":2},` +
 		`{"key_hash":"` + h.String() + `","policies":["free"]}],"apis":[` +
 		`{"id":"svc","listen_path":"/svc/","target":"https://api.internal:8443/v1","auth":"api_key","strip_listen_path":false,"strip_auth_data":false,"tags":["eu","edge"]},` +
 		`{"id":"all","listen_path":"/","target":"http://127.0.0.1:9001","auth":"keyless","policies":["free"]}]}`

@@ -29,7 +29,7 @@ func (v *validator) snapshot(raw *rawConfig, cfg *Config) spec.Snapshot {
 		s.Policies = append(s.Policies, spec.Policy{ID: p.ID, Rate: specRate(p.Rate), Quota: specQuota(p.Quota), APIs: slices.Clone(p.APIs), Shadow: p.Shadow})
 	}
 	for i, k := range raw.Keys {
-		sk := spec.Key{KeyHash: cfg.Keys[i].Hash.String(), Policies: slices.Clone(k.Policies), Inactive: k.Inactive}
+		sk := spec.Key{KeyHash: cfg.Keys[i].Hash.String(), Policies: slices.Clone(k.Policies), Inactive: k.Inactive, QuotaEpoch: k.QuotaEpoch}
 		if k.Expires != "" {
 			t := cfg.Keys[i].Expires
 			sk.Expires = &t
@@ -38,7 +38,7 @@ func (v *validator) snapshot(raw *rawConfig, cfg *Config) spec.Snapshot {
 			if sk.APILimits == nil {
 				sk.APILimits = map[string]spec.Limits{}
 			}
-			sk.APILimits[id] = spec.Limits{Rate: specRate(l.Rate), Quota: specQuota(l.Quota)}
+			sk.APILimits[id] = spec.Limits{Rate: specRate(l.Rate), Quota: specQuota(l.Quota), QuotaEpoch: l.QuotaEpoch}
 		}
 		s.Keys = append(s.Keys, sk)
 	}

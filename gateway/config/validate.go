@@ -639,6 +639,7 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			rec.Expires = t
 		}
 		rec.Inactive = k.Inactive
+		rec.QuotaEpoch = k.QuotaEpoch
 		ids := make([]string, 0, len(k.APILimits))
 		for id := range k.APILimits {
 			ids = append(ids, id)
@@ -661,7 +662,7 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			if rec.APILimits == nil {
 				rec.APILimits = map[string]core.Limits{}
 			}
-			rec.APILimits[id] = core.Limits{Rate: v.rate(lat+".rate", l.Rate), Quota: v.quota(lat+".quota", l.Quota)}
+			rec.APILimits[id] = core.Limits{Rate: v.rate(lat+".rate", l.Rate), Quota: v.quota(lat+".quota", l.Quota), QuotaEpoch: l.QuotaEpoch}
 		}
 		out = append(out, rec)
 	}

@@ -100,17 +100,19 @@ type rawQuota struct {
 }
 
 type rawKey struct {
-	Key       string               `yaml:"key"`
-	KeyHash   string               `yaml:"key_hash"`
-	Policies  []string             `yaml:"policies"`
-	Expires   string               `yaml:"expires"`
-	Inactive  bool                 `yaml:"inactive"`
-	APILimits map[string]rawLimits `yaml:"api_limits"`
+	Key        string               `yaml:"key"`
+	KeyHash    string               `yaml:"key_hash"`
+	Policies   []string             `yaml:"policies"`
+	Expires    string               `yaml:"expires"`
+	Inactive   bool                 `yaml:"inactive"`
+	APILimits  map[string]rawLimits `yaml:"api_limits"`
+	QuotaEpoch uint64               `yaml:"quota_epoch"`
 }
 
 type rawLimits struct {
-	Rate  *rawRate  `yaml:"rate"`
-	Quota *rawQuota `yaml:"quota"`
+	Rate       *rawRate  `yaml:"rate"`
+	Quota      *rawQuota `yaml:"quota"`
+	QuotaEpoch uint64    `yaml:"quota_epoch"`
 }
 
 type rawAPI struct {
@@ -540,7 +542,8 @@ func (ix *index) checkIntegers(file string, d *decoding) Errors {
 				continue
 			}
 			switch t.Kind() {
-			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+				reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 				errs = append(errs, &Error{File: file, Line: n.Line, Column: n.Column, Field: q,
 					Problem: "want an integer, got " + describeValue(n.ShortTag(), n.Value)})
 			}
@@ -809,6 +812,8 @@ func describeGoType(t string) string {
 		return "a list"
 	case strings.HasPrefix(t, "map["), strings.Contains(t, "config.raw"):
 		return "a mapping"
+	case strings.Contains(t, "uint"):
+		return "an integer ≥ 0"
 	case strings.Contains(t, "int"):
 		return "an integer"
 	case t == "bool" || t == "*bool":
