@@ -1,12 +1,18 @@
 package identity
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"maps"
 	"net/textproto"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,17 +61,78 @@ type KeyRecord struct {
 	Expires time.Time
 	// Inactive keys are refused like unknown ones.
 	Inactive bool
+	// Data is the caller's own value, kept with the record and never read
+	// by the registry (the gateway keeps the spec.Key the record was made
+	// from, to give its configuration back).
+	Data any
 
 	consumer core.Consumer
+	seq      uint64 // order of first insertion, for Records
 }
 
 // Consumer returns the engine's view of the key.
 func (k *KeyRecord) Consumer() *core.Consumer { return &k.consumer }
 
-// Keys is the key registry: an immutable map from hash to record, swapped
-// atomically on change, so lookups take no lock.
+// ErrUnknownKey is wrapped by Update for the delete of a key the registry
+// does not hold.
+var ErrUnknownKey = errors.New("identity: no such key")
+
+// Keys is the key registry (make one with NewKeys): a table of shards, each an immutable map from
+// hash to record, that shards the keys by the first bits of their hash.
+// A change copies the table's list of shard pointers and only the shards
+// it touches, then swaps the table in with one atomic store; Lookup takes
+// no lock (one atomic load, one index, one map lookup). Every change
+// (Replace, Update) is atomic as a whole: a reader sees all of it or none.
+//
+// Shards hold about shardTarget keys; when Update grows the registry past
+// shardMax keys a shard on average, the table is rebuilt with twice as
+// many shards (an O(n) step after the registry doubles, so amortised O(1)
+// per key added).
 type Keys struct {
-	m atomic.Pointer[map[KeyHash]*KeyRecord]
+	t  atomic.Pointer[keyTable]
+	mu sync.Mutex // serialises Replace and Update
+}
+
+const (
+	// shardTarget is the mean number of keys per shard a rebuilt table
+	// aims at: copying one such map is the cost of Update.
+	shardTarget = 128
+	// shardMax is the mean shard size past which Update doubles the shard
+	// count.
+	shardMax = 4 * shardTarget
+	// maxShardBits bounds the table at 2^maxShardBits shards.
+	maxShardBits = 20
+)
+
+// keyTable is one immutable version of the registry.
+type keyTable struct {
+	bits   uint8 // log2 of len(shards)
+	shards []map[KeyHash]*KeyRecord
+	n      int    // keys held
+	next   uint64 // the seq of the next key added
+}
+
+// shard returns the index of h's shard: the first bits of the hash.
+func (t *keyTable) shard(h KeyHash) int {
+	return int(binary.BigEndian.Uint32(h[:4]) >> (32 - t.bits)) // 0 when bits is 0
+}
+
+// bitsFor returns the shard bits for a registry of n keys.
+func bitsFor(n int) uint8 {
+	var b uint8
+	for b < maxShardBits && n>>b > shardTarget {
+		b++
+	}
+	return b
+}
+
+// newRecord returns the registry's copy of r, with its consumer made and
+// its insertion order set to seq.
+func newRecord(r KeyRecord, seq uint64) *KeyRecord {
+	r.Policies = append([]string(nil), r.Policies...)
+	r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits}
+	r.seq = seq
+	return &r
 }
 
 // NewKeys returns a registry holding records (see Replace).
@@ -77,28 +144,153 @@ func NewKeys(records []KeyRecord) (*Keys, error) {
 	return k, nil
 }
 
-// Replace swaps in a new set of records. Duplicate hashes are an error and
-// leave the registry unchanged.
+// Replace swaps in a new set of records, in O(len(records)). Duplicate
+// hashes are an error and leave the registry unchanged. Records keeps
+// their order.
 func (k *Keys) Replace(records []KeyRecord) error {
-	m := make(map[KeyHash]*KeyRecord, len(records))
+	t := &keyTable{bits: bitsFor(len(records))}
+	t.shards = make([]map[KeyHash]*KeyRecord, 1<<t.bits)
+	per := len(records)>>t.bits + 1
 	for i := range records {
-		r := records[i]
-		if _, dup := m[r.Hash]; dup {
-			return fmt.Errorf("identity: duplicate key %s", r.Hash)
+		h := records[i].Hash
+		s := t.shard(h)
+		m := t.shards[s]
+		if m == nil {
+			m = make(map[KeyHash]*KeyRecord, per+per/4)
+			t.shards[s] = m
 		}
-		r.Policies = append([]string(nil), r.Policies...)
-		r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits}
-		m[r.Hash] = &r
+		if _, dup := m[h]; dup {
+			return fmt.Errorf("identity: duplicate key %s", h)
+		}
+		m[h] = newRecord(records[i], t.next)
+		t.next++
 	}
-	k.m.Store(&m)
+	t.n = len(records)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.t.Store(t)
 	return nil
 }
 
+// Update changes the registry in place of a Replace: it adds or replaces
+// the records of put and removes the keys of del, as one atomic change.
+// It copies only the shards the change touches, so one key changed costs
+// the copy of one shard (about shardTarget entries) and of the table's
+// shard pointers, whatever the registry's size. A replaced key keeps its
+// place in Records' order; an added one goes last, in put's order.
+//
+// Errors, which leave the registry unchanged: a hash twice in put, a hash
+// in both put and del, and the delete of a key not held (wrapping
+// ErrUnknownKey; a hash twice in del is one such delete).
+func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.t.Load()
+	t := &keyTable{bits: old.bits, shards: slices.Clone(old.shards), n: old.n, next: old.next}
+	copied := make(map[int]bool, len(put)+len(del))
+	shardFor := func(h KeyHash) map[KeyHash]*KeyRecord {
+		s := t.shard(h)
+		if !copied[s] {
+			copied[s] = true
+			if t.shards[s] == nil {
+				t.shards[s] = make(map[KeyHash]*KeyRecord)
+			} else {
+				t.shards[s] = maps.Clone(t.shards[s])
+			}
+		}
+		return t.shards[s]
+	}
+	deleted := make(map[KeyHash]bool, len(del))
+	for _, h := range del {
+		deleted[h] = true
+		m := shardFor(h)
+		if _, ok := m[h]; !ok {
+			return fmt.Errorf("%w: delete of %s", ErrUnknownKey, h)
+		}
+		delete(m, h)
+		t.n--
+	}
+	seen := make(map[KeyHash]bool, len(put))
+	for i := range put {
+		h := put[i].Hash
+		if seen[h] {
+			return fmt.Errorf("identity: update: key %s is put twice", h)
+		}
+		seen[h] = true
+		if deleted[h] {
+			return fmt.Errorf("identity: update: key %s is both put and deleted", h)
+		}
+		m := shardFor(h)
+		seq := t.next
+		if prev := m[h]; prev != nil {
+			seq = prev.seq
+		} else {
+			t.next++
+			t.n++
+		}
+		m[h] = newRecord(put[i], seq)
+	}
+	if t.n>>t.bits > shardMax && t.bits < maxShardBits {
+		t = t.reshard(bitsFor(t.n))
+	}
+	k.t.Store(t)
+	return nil
+}
+
+// reshard returns t with its records spread over 2^bits shards.
+func (t *keyTable) reshard(bits uint8) *keyTable {
+	nt := &keyTable{bits: bits, shards: make([]map[KeyHash]*KeyRecord, 1<<bits), n: t.n, next: t.next}
+	per := t.n>>bits + 1
+	for _, m := range t.shards {
+		for h, r := range m {
+			s := nt.shard(h)
+			if nt.shards[s] == nil {
+				nt.shards[s] = make(map[KeyHash]*KeyRecord, per+per/4)
+			}
+			nt.shards[s][h] = r
+		}
+	}
+	return nt
+}
+
 // Lookup returns the record for hash h, or nil.
-func (k *Keys) Lookup(h KeyHash) *KeyRecord { return (*k.m.Load())[h] }
+func (k *Keys) Lookup(h KeyHash) *KeyRecord {
+	t := k.t.Load()
+	return t.shards[t.shard(h)][h]
+}
 
 // Len returns the number of keys.
-func (k *Keys) Len() int { return len(*k.m.Load()) }
+func (k *Keys) Len() int { return k.t.Load().n }
+
+// Records returns every record of one version of the registry, in the
+// order they were first added: Replace's order, then keys added by Update
+// (a replaced key keeps its place, a deleted and added again one goes
+// last). It costs O(n log n) and allocates n pointers. The records are
+// the registry's own: the caller must not change them.
+func (k *Keys) Records() []*KeyRecord {
+	t := k.t.Load()
+	out := make([]*KeyRecord, 0, t.n)
+	for _, m := range t.shards {
+		for _, r := range m {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *KeyRecord) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// Range calls fn with every record of one version of the registry, in no
+// particular order, until fn returns false. The records are the
+// registry's own: fn must not change them.
+func (k *Keys) Range(fn func(*KeyRecord) bool) {
+	for _, m := range k.t.Load().shards {
+		for _, r := range m {
+			if !fn(r) {
+				return
+			}
+		}
+	}
+}
 
 // SourceKind says where a credential is read from.
 type SourceKind uint8
