@@ -77,17 +77,19 @@ func (k *KeyRecord) Consumer() *core.Consumer { return &k.consumer }
 // does not hold.
 var ErrUnknownKey = errors.New("identity: no such key")
 
-// Keys is the key registry (make one with NewKeys): a table of shards, each an immutable map from
-// hash to record, that shards the keys by the first bits of their hash.
-// A change copies the table's list of shard pointers and only the shards
-// it touches, then swaps the table in with one atomic store; Lookup takes
-// no lock (one atomic load, one index, one map lookup). Every change
-// (Replace, Update) is atomic as a whole: a reader sees all of it or none.
+// Keys is the key registry (make one with NewKeys): a table of shards,
+// each an immutable map from hash to record, that spreads the keys by the
+// first bits of their hash. The table is two levels of arrays of pointers
+// (a top array of leaves, each leaf leafSize shard maps), so a change
+// copies only what it touches: the top array, the touched leaves and the
+// touched shards (about shardTarget keys each), then swaps the new table
+// in with one atomic store. Lookup takes no lock: one atomic load, two
+// indexed loads, one map lookup. Every change (Replace, Update) is atomic
+// as a whole: a reader sees all of it or none.
 //
-// Shards hold about shardTarget keys; when Update grows the registry past
-// shardMax keys a shard on average, the table is rebuilt with twice as
-// many shards (an O(n) step after the registry doubles, so amortised O(1)
-// per key added).
+// When Update grows the registry past shardMax keys a shard on average,
+// the table is rebuilt with more shards (an O(n) step after the registry
+// has grown fourfold, so amortised O(1) per key added).
 type Keys struct {
 	t  atomic.Pointer[keyTable]
 	mu sync.Mutex // serialises Replace and Update
@@ -95,27 +97,46 @@ type Keys struct {
 
 const (
 	// shardTarget is the mean number of keys per shard a rebuilt table
-	// aims at: copying one such map is the cost of Update.
-	shardTarget = 128
-	// shardMax is the mean shard size past which Update doubles the shard
-	// count.
+	// aims at: copying one such map is most of the cost of Update.
+	shardTarget = 32
+	// shardMax is the mean shard size past which Update rebuilds the
+	// table with more shards.
 	shardMax = 4 * shardTarget
+	// leafBits are the shard-index bits a leaf resolves; the rest index
+	// the top array.
+	leafBits = 8
+	leafSize = 1 << leafBits
 	// maxShardBits bounds the table at 2^maxShardBits shards.
-	maxShardBits = 20
+	maxShardBits = 24
 )
+
+// leaf is leafSize shards; a nil map is an empty shard.
+type leaf [leafSize]map[KeyHash]*KeyRecord
 
 // keyTable is one immutable version of the registry.
 type keyTable struct {
-	bits   uint8 // log2 of len(shards)
-	shards []map[KeyHash]*KeyRecord
-	n      int    // keys held
-	next   uint64 // the seq of the next key added
+	bits uint8   // log2 of the number of shards
+	top  []*leaf // max(1, 2^bits / leafSize) leaves
+	n    int     // keys held
+	next uint64  // the seq of the next key added
+}
+
+// newTable returns an empty table of 2^bits shards.
+func newTable(bits uint8) *keyTable {
+	t := &keyTable{bits: bits, top: make([]*leaf, max(1, 1<<bits/leafSize))}
+	for i := range t.top {
+		t.top[i] = new(leaf)
+	}
+	return t
 }
 
 // shard returns the index of h's shard: the first bits of the hash.
-func (t *keyTable) shard(h KeyHash) int {
-	return int(binary.BigEndian.Uint32(h[:4]) >> (32 - t.bits)) // 0 when bits is 0
+func (t *keyTable) shard(h KeyHash) uint32 {
+	return binary.BigEndian.Uint32(h[:4]) >> (32 - t.bits) // 0 when bits is 0
 }
+
+// get returns shard s.
+func (t *keyTable) get(s uint32) map[KeyHash]*KeyRecord { return t.top[s>>leafBits][s&(leafSize-1)] }
 
 // bitsFor returns the shard bits for a registry of n keys.
 func bitsFor(n int) uint8 {
@@ -148,16 +169,16 @@ func NewKeys(records []KeyRecord) (*Keys, error) {
 // hashes are an error and leave the registry unchanged. Records keeps
 // their order.
 func (k *Keys) Replace(records []KeyRecord) error {
-	t := &keyTable{bits: bitsFor(len(records))}
-	t.shards = make([]map[KeyHash]*KeyRecord, 1<<t.bits)
+	t := newTable(bitsFor(len(records)))
 	per := len(records)>>t.bits + 1
 	for i := range records {
 		h := records[i].Hash
 		s := t.shard(h)
-		m := t.shards[s]
+		l := t.top[s>>leafBits]
+		m := l[s&(leafSize-1)]
 		if m == nil {
 			m = make(map[KeyHash]*KeyRecord, per+per/4)
-			t.shards[s] = m
+			l[s&(leafSize-1)] = m
 		}
 		if _, dup := m[h]; dup {
 			return fmt.Errorf("identity: duplicate key %s", h)
@@ -174,10 +195,11 @@ func (k *Keys) Replace(records []KeyRecord) error {
 
 // Update changes the registry in place of a Replace: it adds or replaces
 // the records of put and removes the keys of del, as one atomic change.
-// It copies only the shards the change touches, so one key changed costs
-// the copy of one shard (about shardTarget entries) and of the table's
-// shard pointers, whatever the registry's size. A replaced key keeps its
-// place in Records' order; an added one goes last, in put's order.
+// It copies only what the change touches, so one key changed costs the
+// copy of one shard (about shardTarget entries), one leaf and the top
+// array (a few KiB in all for a million keys), whatever the registry's
+// size. A replaced key keeps its place in Records' order; an added one
+// goes last, in put's order.
 //
 // Errors, which leave the registry unchanged: a hash twice in put, a hash
 // in both put and del, and the delete of a key not held (wrapping
@@ -186,19 +208,27 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	old := k.t.Load()
-	t := &keyTable{bits: old.bits, shards: slices.Clone(old.shards), n: old.n, next: old.next}
-	copied := make(map[int]bool, len(put)+len(del))
+	t := &keyTable{bits: old.bits, top: slices.Clone(old.top), n: old.n, next: old.next}
+	copiedLeaf := make(map[uint32]bool, 1)
+	copied := make(map[uint32]bool, len(put)+len(del))
 	shardFor := func(h KeyHash) map[KeyHash]*KeyRecord {
 		s := t.shard(h)
+		li, si := s>>leafBits, s&(leafSize-1)
+		if !copiedLeaf[li] {
+			copiedLeaf[li] = true
+			l := *t.top[li]
+			t.top[li] = &l
+		}
+		l := t.top[li]
 		if !copied[s] {
 			copied[s] = true
-			if t.shards[s] == nil {
-				t.shards[s] = make(map[KeyHash]*KeyRecord)
+			if l[si] == nil {
+				l[si] = make(map[KeyHash]*KeyRecord)
 			} else {
-				t.shards[s] = maps.Clone(t.shards[s])
+				l[si] = maps.Clone(l[si])
 			}
 		}
-		return t.shards[s]
+		return l[si]
 	}
 	deleted := make(map[KeyHash]bool, len(del))
 	for _, h := range del {
@@ -237,26 +267,40 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 	return nil
 }
 
-// reshard returns t with its records spread over 2^bits shards.
-func (t *keyTable) reshard(bits uint8) *keyTable {
-	nt := &keyTable{bits: bits, shards: make([]map[KeyHash]*KeyRecord, 1<<bits), n: t.n, next: t.next}
-	per := t.n>>bits + 1
-	for _, m := range t.shards {
-		for h, r := range m {
-			s := nt.shard(h)
-			if nt.shards[s] == nil {
-				nt.shards[s] = make(map[KeyHash]*KeyRecord, per+per/4)
+// each calls fn with every non-empty shard of t until fn returns false.
+func (t *keyTable) each(fn func(map[KeyHash]*KeyRecord) bool) {
+	for _, l := range t.top {
+		for _, m := range l {
+			if len(m) > 0 && !fn(m) {
+				return
 			}
-			nt.shards[s][h] = r
 		}
 	}
+}
+
+// reshard returns t with its records spread over 2^bits shards.
+func (t *keyTable) reshard(bits uint8) *keyTable {
+	nt := newTable(bits)
+	nt.n, nt.next = t.n, t.next
+	per := t.n>>bits + 1
+	t.each(func(m map[KeyHash]*KeyRecord) bool {
+		for h, r := range m {
+			s := nt.shard(h)
+			l := nt.top[s>>leafBits]
+			if l[s&(leafSize-1)] == nil {
+				l[s&(leafSize-1)] = make(map[KeyHash]*KeyRecord, per+per/4)
+			}
+			l[s&(leafSize-1)][h] = r
+		}
+		return true
+	})
 	return nt
 }
 
 // Lookup returns the record for hash h, or nil.
 func (k *Keys) Lookup(h KeyHash) *KeyRecord {
 	t := k.t.Load()
-	return t.shards[t.shard(h)][h]
+	return t.get(t.shard(h))[h]
 }
 
 // Len returns the number of keys.
@@ -270,11 +314,12 @@ func (k *Keys) Len() int { return k.t.Load().n }
 func (k *Keys) Records() []*KeyRecord {
 	t := k.t.Load()
 	out := make([]*KeyRecord, 0, t.n)
-	for _, m := range t.shards {
+	t.each(func(m map[KeyHash]*KeyRecord) bool {
 		for _, r := range m {
 			out = append(out, r)
 		}
-	}
+		return true
+	})
 	slices.SortFunc(out, func(a, b *KeyRecord) int { return cmp.Compare(a.seq, b.seq) })
 	return out
 }
@@ -283,13 +328,14 @@ func (k *Keys) Records() []*KeyRecord {
 // particular order, until fn returns false. The records are the
 // registry's own: fn must not change them.
 func (k *Keys) Range(fn func(*KeyRecord) bool) {
-	for _, m := range k.t.Load().shards {
+	k.t.Load().each(func(m map[KeyHash]*KeyRecord) bool {
 		for _, r := range m {
 			if !fn(r) {
-				return
+				return false
 			}
 		}
-	}
+		return true
+	})
 }
 
 // SourceKind says where a credential is read from.
