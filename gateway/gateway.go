@@ -7,7 +7,10 @@
 // time: policies, keys and routes are swapped together, atomically, so each
 // request is decided entirely under one snapshot; requests in flight finish
 // under the one they started with, and counters are kept (a changed rate
-// takes effect on the next request without resetting anyone). How it runs
+// takes effect on the next request without resetting anyone). A change
+// of keys only (a control plane's usual change) goes through UpdateKeys
+// instead, which changes the running key registry in place at a cost
+// proportional to the change, not to the keys held. How it runs
 // is local and fixed at New (Options): the counter store, the failure
 // policy, the response format, trusted proxies, secrets.
 //
