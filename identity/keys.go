@@ -105,7 +105,7 @@ const (
 	shardMax = 4 * shardTarget
 	// leafBits are the shard-index bits a leaf resolves; the rest index
 	// the top array.
-	leafBits = 8
+	leafBits = 7
 	leafSize = 1 << leafBits
 	// maxShardBits bounds the table at 2^maxShardBits shards.
 	maxShardBits = 24
