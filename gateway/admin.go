@@ -231,7 +231,7 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, out)
 		return
 	}
-	out.Revision = st.snap.Revision
+	out.Revision = st.revision.Load()
 	p, ok := a.g.opts.Store.(pinger)
 	if !ok {
 		out.Ready, out.Store = true, "in-process"
@@ -267,14 +267,10 @@ func (a *admin) reload(w http.ResponseWriter, r *http.Request) {
 		}{"reload refused; the running configuration stays", strings.Split(err.Error(), "\n")})
 		return
 	}
-	var rev uint64
-	if s := a.g.Snapshot(); s != nil {
-		rev = s.Revision
-	}
 	writeJSON(w, http.StatusOK, struct {
 		Reloaded bool   `json:"reloaded"`
 		Revision uint64 `json:"revision"`
-	}{true, rev})
+	}{true, a.g.Revision()})
 }
 
 // limitState is one limit's state in a consumer answer.
@@ -438,15 +434,17 @@ func (a *admin) resolve(st *state, id, api string) (*core.Consumer, consumerStat
 	return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: want sha256: and a key hash, key: and 32 hex digits, or ip: and an address", id)
 }
 
-// keyByConsumerID returns the key whose consumer ID is id, or nil.
+// keyByConsumerID returns the key whose consumer ID is id, or nil. It
+// scans the registry.
 func keyByConsumerID(st *state, id string) *identity.KeyRecord {
-	for i := range st.snap.Keys {
-		h, err := identity.ParseKeyHash(st.snap.Keys[i].KeyHash)
-		if err == nil && h.ConsumerID() == id {
-			return st.keys.Lookup(h)
+	var found *identity.KeyRecord
+	st.keys.Range(func(r *identity.KeyRecord) bool {
+		if r.Consumer().ID == id {
+			found = r
 		}
-	}
-	return nil
+		return found == nil
+	})
+	return found
 }
 
 // perAPI reports whether rec's limits depend on the API: it has per-API

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,57 @@ func BenchmarkApplyKeys(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkUpdateKeys measures UpdateKeys of one key (made inactive, then
+// active again) on a gateway holding n keys: its cost is one key's
+// validation and the copy of one registry shard, whatever n. It also
+// reports heap-B/key: the heap the gateway holds for its configuration
+// (the applied snapshot, whose Keys the registry's records point into,
+// and the registry), after a garbage collection, divided by n.
+func BenchmarkUpdateKeys(b *testing.B) {
+	for _, n := range []int{1_000, 100_000, 1_000_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			m := memory.New(memory.Options{})
+			defer m.Close()
+			g, err := gateway.New(gateway.Options{Store: m})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer g.Close()
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			s := &spec.Snapshot{
+				Revision: 1,
+				Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 10, Per: spec.Duration(time.Second)}}},
+				APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho}},
+				Keys:     make([]spec.Key, n),
+			}
+			policies := []string{"p"}
+			for i := range s.Keys {
+				s.Keys[i] = spec.Key{KeyHash: identity.HashKey(strconv.Itoa(i)).String(), Policies: policies}
+			}
+			if err := g.Apply(context.Background(), s); err != nil {
+				b.Fatal(err)
+			}
+			s = nil
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			heapPerKey := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
+
+			changed := identity.HashKey(strconv.Itoa(n / 2)).String()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				k := spec.Key{KeyHash: changed, Policies: policies, Inactive: i%2 == 0}
+				if err := g.UpdateKeys(context.Background(), uint64(i+2), []spec.Key{k}, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(heapPerKey, "heap-B/key")
 		})
 	}
 }

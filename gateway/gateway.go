@@ -7,7 +7,10 @@
 // time: policies, keys and routes are swapped together, atomically, so each
 // request is decided entirely under one snapshot; requests in flight finish
 // under the one they started with, and counters are kept (a changed rate
-// takes effect on the next request without resetting anyone). How it runs
+// takes effect on the next request without resetting anyone). A change
+// of keys only (a control plane's usual change) goes through UpdateKeys
+// instead, which changes the running key registry in place at a cost
+// proportional to the change, not to the keys held. How it runs
 // is local and fixed at New (Options): the counter store, the failure
 // policy, the response format, trusted proxies, secrets.
 //
@@ -67,9 +70,9 @@ type Options struct {
 	// outage at once, then one line per 5 s with the number since the
 	// last line (failures) and since start (total).
 	OnStoreError func(error)
-	// OnApply, if set, is told the outcome of every Apply call, after it
-	// has taken effect: the snapshot's revision (0 for a nil snapshot) and
-	// Apply's error, nil when the snapshot now runs
+	// OnApply, if set, is told the outcome of every Apply and UpdateKeys
+	// call, after it has taken effect: the snapshot's revision (0 for a nil
+	// snapshot) or UpdateKeys's, and the error, nil when it now runs
 	// (metrics.Gateway.ObserveApply). It must be safe for concurrent use.
 	OnApply func(revision uint64, err error)
 	// ClientIP says how keyless APIs and failure limits find a client's
@@ -126,13 +129,25 @@ type Gateway struct {
 }
 
 // state is one applied snapshot, ready to serve: every request loads it
-// once and is decided entirely by it.
+// once and is decided entirely by it, except for its keys, which
+// UpdateKeys changes in place (each request looks its key up once, so it
+// is decided under one version of that key).
 type state struct {
-	snap   *spec.Snapshot
-	engine *core.Engine
-	keys   *identity.Keys
-	routes []route // longest listen path first
-	apis   map[string]*spec.API
+	// snap is the snapshot as applied. Once UpdateKeys has changed the
+	// keys its Keys and Revision are out of date: keys holds the keys
+	// (each record's Data is its *spec.Key) and revision the revision.
+	snap     *spec.Snapshot
+	engine   *core.Engine
+	keys     *identity.Keys
+	routes   []route // longest listen path first
+	apis     map[string]*spec.API
+	policies map[string]*spec.Policy
+
+	revision atomic.Uint64 // snap.Revision, raised by UpdateKeys
+	edited   atomic.Bool   // UpdateKeys has changed keys
+	// current is the snapshot Snapshot last materialised for revision,
+	// nil when out of date; guarded by Gateway.mu.
+	current *spec.Snapshot
 }
 
 // New returns a gateway with opts and no snapshot: it answers 503 until
@@ -221,8 +236,8 @@ func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
 	if g.closed {
 		return errors.New("gateway: Apply after Close")
 	}
-	if cur := g.state.Load(); cur != nil && snap.Revision != 0 && snap.Revision < cur.snap.Revision {
-		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.snap.Revision)
+	if cur := g.state.Load(); cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
+		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.revision.Load())
 	}
 	st, jwks, err := g.build(ctx, snap)
 	if err != nil {
@@ -265,11 +280,19 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 	if err != nil {
 		return nil, jwks, fmt.Errorf("gateway: %w", err)
 	}
+	for i := range records {
+		records[i].Data = &snap.Keys[i]
+	}
 	keys, err := identity.NewKeys(records)
 	if err != nil {
 		return nil, jwks, fmt.Errorf("gateway: %w", err)
 	}
-	st := &state{snap: snap, engine: engine, keys: keys, apis: make(map[string]*spec.API, len(snap.APIs))}
+	st := &state{snap: snap, engine: engine, keys: keys,
+		apis: make(map[string]*spec.API, len(snap.APIs)), policies: make(map[string]*spec.Policy, len(snap.Policies))}
+	st.revision.Store(snap.Revision)
+	for i := range snap.Policies {
+		st.policies[snap.Policies[i].ID] = &snap.Policies[i]
+	}
 	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
 	for i := range snap.APIs {
 		a := &snap.APIs[i]
@@ -375,13 +398,138 @@ func newJWKS(ctx, life context.Context, o identity.JWKSOptions) (*identity.JWKS,
 	return set, nil
 }
 
-// Snapshot returns the running snapshot, or nil before the first Apply.
-// The caller must not change it.
-func (g *Gateway) Snapshot() *spec.Snapshot {
+// ErrNotApplied is returned by UpdateKeys before the first Apply.
+var ErrNotApplied = errors.New("gateway: no configuration applied yet")
+
+// UpdateKeys changes keys of the running configuration without rebuilding
+// it, for a data plane applying a control plane's changes: it adds or
+// replaces the keys of put and deletes the keys whose hashes
+// ("sha256:<hex>", any case) are in del, and raises the running revision
+// to revision. Policies, APIs, the engine and the routes stay as they are,
+// and so do counters: a key whose policies change meets its new limits on
+// its next request with what it has spent (as under Apply).
+//
+// Its cost is proportional to the change, not to the keys held: each key
+// is validated against the running policies and APIs, and the key
+// registry copies only the shards the change touches (about 128 keys
+// each; see identity.Keys.Update). One key changed on a gateway holding a
+// million keys takes microseconds (BenchmarkUpdateKeys).
+//
+// Atomicity: each request looks its key up once, so it is decided
+// entirely under the old or entirely under the new version of its key;
+// the registry swaps the whole change at once, so no request sees part of
+// it. (Apply's stronger rule, one snapshot for the whole request, is kept
+// too: policies, APIs and routes do not change here.)
+//
+// The whole call is refused, and nothing changes, when: revision is not
+// above the running one (ErrStaleRevision; 0 is never above); no
+// snapshot was applied yet (ErrNotApplied); a put key is invalid as
+// spec.ValidateKey says against the running policies and APIs (a
+// spec.Errors with paths "put[i]..." and "delete[i]"); a hash is put
+// twice, or both put and deleted; or a deleted key is not held
+// (identity.ErrUnknownKey: drift, which a fresh snapshot repairs). ctx is
+// checked before anything is done. UpdateKeys keeps put's contents
+// (slices, maps, times): the caller must not change them afterwards.
+// Options.OnApply is told the outcome as for Apply, with revision.
+func (g *Gateway) UpdateKeys(ctx context.Context, revision uint64, put []spec.Key, del []string) (err error) {
+	if g.opts.OnApply != nil {
+		defer func() { g.opts.OnApply(revision, err) }()
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("gateway: update keys: %w", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return errors.New("gateway: UpdateKeys after Close")
+	}
+	st := g.state.Load()
+	if st == nil {
+		return ErrNotApplied
+	}
+	if cur := st.revision.Load(); revision <= cur {
+		return fmt.Errorf("%w (%d <= %d)", ErrStaleRevision, revision, cur)
+	}
+	var errs spec.Errors
+	records := make([]identity.KeyRecord, 0, len(put))
+	for i := range put {
+		if err := spec.ValidateKey(fmt.Sprintf("put[%d]", i), &put[i], st.policies, st.apis); err != nil {
+			errs = append(errs, err.(spec.Errors)...)
+			continue
+		}
+		k := put[i]
+		rec, err := k.Record()
+		if err != nil { // ValidateKey checked the hash
+			return fmt.Errorf("gateway: %w", err)
+		}
+		rec.Data = &k
+		records = append(records, rec)
+	}
+	hashes := make([]identity.KeyHash, 0, len(del))
+	for i, s := range del {
+		h, err := identity.ParseKeyHash(s)
+		if err != nil {
+			errs = append(errs, &spec.Error{Path: fmt.Sprintf("delete[%d]", i), Problem: fmt.Sprintf("%q is not sha256:<64 hex digits>", s)})
+			continue
+		}
+		hashes = append(hashes, h)
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	if err := st.keys.Update(records, hashes); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	st.revision.Store(revision)
+	st.edited.Store(true)
+	st.current = nil
+	return nil
+}
+
+// Revision returns the running configuration's revision: the applied
+// snapshot's, or the last UpdateKeys's; 0 before the first Apply.
+func (g *Gateway) Revision() uint64 {
 	if st := g.state.Load(); st != nil {
+		return st.revision.Load()
+	}
+	return 0
+}
+
+// Snapshot returns the running configuration, or nil before the first
+// Apply. The caller must not change it.
+//
+// Until UpdateKeys changes keys it is the snapshot given to Apply, at no
+// cost. After, it is made on demand and kept until the next change: the
+// applied snapshot's policies and APIs (shared), the running revision,
+// and the keys as the changes left them, in the order
+// protocol.ApplyChanges gives (a changed key keeps its place, new keys go
+// last, in the order they were put). Making it costs O(n log n) for n
+// keys held, and about 80 bytes a key (a spec.Key, whose slices and maps
+// are shared); it waits for an UpdateKeys or Apply in progress.
+func (g *Gateway) Snapshot() *spec.Snapshot {
+	st := g.state.Load()
+	if st == nil {
+		return nil
+	}
+	if !st.edited.Load() {
 		return st.snap
 	}
-	return nil
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st = g.state.Load(); !st.edited.Load() {
+		return st.snap
+	}
+	if st.current == nil {
+		s := *st.snap
+		s.Revision = st.revision.Load()
+		recs := st.keys.Records()
+		s.Keys = make([]spec.Key, len(recs))
+		for i, r := range recs {
+			s.Keys[i] = *r.Data.(*spec.Key)
+		}
+		st.current = &s
+	}
+	return st.current
 }
 
 // Engine returns the engine of the running snapshot, or nil before the

@@ -1,12 +1,17 @@
 package identity
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/textproto"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,17 +63,155 @@ type KeyRecord struct {
 	// QuotaEpoch is the epoch of the key's key-wide quota counter
 	// (core.Consumer.QuotaEpoch); per-API ones are in APILimits.
 	QuotaEpoch uint64
+	// Data is the caller's own value, kept with the record and never read
+	// by the registry (the gateway keeps the spec.Key the record was made
+	// from, to give its configuration back).
+	Data any
 
 	consumer core.Consumer
+	seq      uint64 // order of first insertion, for Records
 }
 
 // Consumer returns the engine's view of the key.
 func (k *KeyRecord) Consumer() *core.Consumer { return &k.consumer }
 
-// Keys is the key registry: an immutable map from hash to record, swapped
-// atomically on change, so lookups take no lock.
+// ErrUnknownKey is wrapped by Update for the delete of a key the registry
+// does not hold.
+var ErrUnknownKey = errors.New("identity: no such key")
+
+// Keys is the key registry (make one with NewKeys): a table of shards
+// that spreads the keys by the first bits of their hash. Each shard is an
+// immutable open-addressing array of (tag, record) slots, indexed by
+// further bits of the hash (a SHA-256 needs no hashing again) and probed
+// linearly. The table is two levels of arrays (a top array of leaves, each
+// leafSize shards), so a change copies only what it touches: the top
+// array, the touched leaves and the touched shards (about shardTarget keys
+// each), then swaps the new table in with one atomic store. Lookup takes
+// no lock: one atomic load, two indexed loads, and a probe that usually
+// reads one cache line before the record. Every change (Replace, Update)
+// is atomic as a whole: a reader sees all of it or none.
+//
+// When Update grows the registry past shardMax keys a shard on average,
+// the table is rebuilt with more shards (an O(n) step after the registry
+// has grown fourfold, so amortised O(1) per key added).
 type Keys struct {
-	m atomic.Pointer[map[KeyHash]*KeyRecord]
+	t  atomic.Pointer[keyTable]
+	mu sync.Mutex // serialises Replace and Update
+}
+
+const (
+	// shardTarget is the mean number of keys per shard a rebuilt table
+	// aims at: copying one shard is most of the cost of Update.
+	shardTarget = 32
+	// shardMax is the mean shard size past which Update rebuilds the
+	// table with more shards.
+	shardMax = 4 * shardTarget
+	// leafBits are the shard-index bits a leaf resolves; the rest index
+	// the top array.
+	leafBits = 7
+	leafSize = 1 << leafBits
+	// maxShardBits bounds the table at 2^maxShardBits shards.
+	maxShardBits = 24
+)
+
+// slot is one place in a shard: an empty slot has a nil rec and ends a
+// probe. tag is bits 96..127 of the hash, compared before the record's
+// full hash is.
+type slot struct {
+	tag uint32
+	rec *KeyRecord
+}
+
+// emptyShard is the shard of no keys: one empty slot. It is never
+// written (Update builds new shards).
+var emptyShard = make([]slot, 1)
+
+// leaf is leafSize shards.
+type leaf [leafSize][]slot
+
+// keyTable is one immutable version of the registry.
+type keyTable struct {
+	bits uint8   // log2 of the number of shards
+	top  []*leaf // max(1, 2^bits / leafSize) leaves
+	n    int     // keys held
+	next uint64  // the seq of the next key added
+}
+
+// newTable returns an empty table of 2^bits shards.
+func newTable(bits uint8) *keyTable {
+	t := &keyTable{bits: bits, top: make([]*leaf, max(1, 1<<bits/leafSize))}
+	for i := range t.top {
+		l := new(leaf)
+		for j := range l {
+			l[j] = emptyShard
+		}
+		t.top[i] = l
+	}
+	return t
+}
+
+// shard returns the index of h's shard: the hash's first bits.
+func (t *keyTable) shard(h KeyHash) uint32 {
+	return binary.BigEndian.Uint32(h[:4]) >> (32 - t.bits) // 0 when bits is 0
+}
+
+// home is h's first slot in a shard of mask+1 slots: bits 32..95 of the
+// hash.
+func home(h KeyHash, mask uint64) uint64 { return binary.LittleEndian.Uint64(h[4:12]) & mask }
+
+// tag is bits 96..127 of the hash.
+func tag(h KeyHash) uint32 { return binary.LittleEndian.Uint32(h[12:16]) }
+
+// find returns the record of h in shard slots, or nil.
+func find(slots []slot, h KeyHash) *KeyRecord {
+	mask := uint64(len(slots) - 1)
+	tg := tag(h)
+	for i := home(h, mask); ; i = (i + 1) & mask {
+		e := &slots[i]
+		if e.rec == nil || e.tag == tg && e.rec.Hash == h {
+			return e.rec
+		}
+	}
+}
+
+// newShard returns a shard holding recs (distinct hashes), with at most
+// three slots in four used so that probes stay short.
+func newShard(recs []*KeyRecord) []slot {
+	if len(recs) == 0 {
+		return emptyShard
+	}
+	size := 2
+	for size*3 < len(recs)*4+1 {
+		size *= 2
+	}
+	slots := make([]slot, size)
+	mask := uint64(size - 1)
+	for _, r := range recs {
+		i := home(r.Hash, mask)
+		for slots[i].rec != nil {
+			i = (i + 1) & mask
+		}
+		slots[i] = slot{tag(r.Hash), r}
+	}
+	return slots
+}
+
+// bitsFor returns the shard bits for a registry of n keys.
+func bitsFor(n int) uint8 {
+	var b uint8
+	for b < maxShardBits && n>>b > shardTarget {
+		b++
+	}
+	return b
+}
+
+// newRecord returns the registry's copy of r, with its consumer made and
+// its insertion order set to seq.
+func newRecord(r KeyRecord, seq uint64) *KeyRecord {
+	r.Policies = append([]string(nil), r.Policies...)
+	r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits, QuotaEpoch: r.QuotaEpoch}
+	r.seq = seq
+	return &r
 }
 
 // NewKeys returns a registry holding records (see Replace).
@@ -80,28 +223,170 @@ func NewKeys(records []KeyRecord) (*Keys, error) {
 	return k, nil
 }
 
-// Replace swaps in a new set of records. Duplicate hashes are an error and
-// leave the registry unchanged.
-func (k *Keys) Replace(records []KeyRecord) error {
-	m := make(map[KeyHash]*KeyRecord, len(records))
-	for i := range records {
-		r := records[i]
-		if _, dup := m[r.Hash]; dup {
-			return fmt.Errorf("identity: duplicate key %s", r.Hash)
-		}
-		r.Policies = append([]string(nil), r.Policies...)
-		r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits, QuotaEpoch: r.QuotaEpoch}
-		m[r.Hash] = &r
+// fill returns a table of 2^bits shards holding recs.
+func fill(bits uint8, recs []*KeyRecord) *keyTable {
+	t := newTable(bits)
+	byShard := make([][]*KeyRecord, 1<<bits)
+	for _, r := range recs {
+		s := t.shard(r.Hash)
+		byShard[s] = append(byShard[s], r)
 	}
-	k.m.Store(&m)
+	for s, rs := range byShard {
+		t.top[s>>leafBits][s&(leafSize-1)] = newShard(rs)
+	}
+	t.n = len(recs)
+	return t
+}
+
+// Replace swaps in a new set of records, in O(len(records)). Duplicate
+// hashes are an error and leave the registry unchanged. Records keeps
+// their order.
+func (k *Keys) Replace(records []KeyRecord) error {
+	seen := make(map[KeyHash]struct{}, len(records))
+	recs := make([]*KeyRecord, len(records))
+	for i := range records {
+		h := records[i].Hash
+		if _, dup := seen[h]; dup {
+			return fmt.Errorf("identity: duplicate key %s", h)
+		}
+		seen[h] = struct{}{}
+		recs[i] = newRecord(records[i], uint64(i))
+	}
+	t := fill(bitsFor(len(recs)), recs)
+	t.next = uint64(len(recs))
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.t.Store(t)
 	return nil
 }
 
+// Update changes the registry in place of a Replace: it adds or replaces
+// the records of put and removes the keys of del, as one atomic change.
+// It copies only what the change touches, so one key changed costs the
+// copy of one shard (about shardTarget slots), one leaf and the top array
+// (a few KiB in all for a million keys), whatever the registry's size. A
+// replaced key keeps its place in Records' order; an added one goes last,
+// in put's order.
+//
+// Errors, which leave the registry unchanged: a hash twice in put, a hash
+// in both put and del, and the delete of a key not held (wrapping
+// ErrUnknownKey; a hash twice in del is one such delete).
+func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.t.Load()
+	t := &keyTable{bits: old.bits, top: slices.Clone(old.top), n: old.n, next: old.next}
+	// The new contents of each touched shard, edited below.
+	touched := map[uint32][]*KeyRecord{}
+	contents := func(h KeyHash) (uint32, []*KeyRecord) {
+		s := t.shard(h)
+		rs, ok := touched[s]
+		if !ok {
+			for _, e := range t.top[s>>leafBits][s&(leafSize-1)] {
+				if e.rec != nil {
+					rs = append(rs, e.rec)
+				}
+			}
+		}
+		return s, rs
+	}
+	deleted := make(map[KeyHash]bool, len(del))
+	for _, h := range del {
+		deleted[h] = true
+		s, rs := contents(h)
+		i := slices.IndexFunc(rs, func(r *KeyRecord) bool { return r.Hash == h })
+		if i < 0 {
+			return fmt.Errorf("%w: delete of %s", ErrUnknownKey, h)
+		}
+		touched[s] = slices.Delete(rs, i, i+1)
+		t.n--
+	}
+	seen := make(map[KeyHash]bool, len(put))
+	for i := range put {
+		h := put[i].Hash
+		if seen[h] {
+			return fmt.Errorf("identity: update: key %s is put twice", h)
+		}
+		seen[h] = true
+		if deleted[h] {
+			return fmt.Errorf("identity: update: key %s is both put and deleted", h)
+		}
+		s, rs := contents(h)
+		if j := slices.IndexFunc(rs, func(r *KeyRecord) bool { return r.Hash == h }); j >= 0 {
+			rs[j] = newRecord(put[i], rs[j].seq)
+		} else {
+			rs = append(rs, newRecord(put[i], t.next))
+			t.next++
+			t.n++
+		}
+		touched[s] = rs
+	}
+	copied := map[uint32]bool{}
+	for s, rs := range touched {
+		li := s >> leafBits
+		if !copied[li] {
+			copied[li] = true
+			l := *t.top[li]
+			t.top[li] = &l
+		}
+		t.top[li][s&(leafSize-1)] = newShard(rs)
+	}
+	if t.n>>t.bits > shardMax && t.bits < maxShardBits {
+		t = t.reshard(bitsFor(t.n))
+	}
+	k.t.Store(t)
+	return nil
+}
+
+// each calls fn with every record of t until fn returns false.
+func (t *keyTable) each(fn func(*KeyRecord) bool) {
+	for _, l := range t.top {
+		for _, slots := range l {
+			for i := range slots {
+				if r := slots[i].rec; r != nil && !fn(r) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// reshard returns t with its records spread over 2^bits shards.
+func (t *keyTable) reshard(bits uint8) *keyTable {
+	recs := make([]*KeyRecord, 0, t.n)
+	t.each(func(r *KeyRecord) bool { recs = append(recs, r); return true })
+	nt := fill(bits, recs)
+	nt.next = t.next
+	return nt
+}
+
 // Lookup returns the record for hash h, or nil.
-func (k *Keys) Lookup(h KeyHash) *KeyRecord { return (*k.m.Load())[h] }
+func (k *Keys) Lookup(h KeyHash) *KeyRecord {
+	t := k.t.Load()
+	s := t.shard(h)
+	return find(t.top[s>>leafBits][s&(leafSize-1)], h)
+}
 
 // Len returns the number of keys.
-func (k *Keys) Len() int { return len(*k.m.Load()) }
+func (k *Keys) Len() int { return k.t.Load().n }
+
+// Records returns every record of one version of the registry, in the
+// order they were first added: Replace's order, then keys added by Update
+// (a replaced key keeps its place, a deleted and added again one goes
+// last). It costs O(n log n) and allocates n pointers. The records are
+// the registry's own: the caller must not change them.
+func (k *Keys) Records() []*KeyRecord {
+	t := k.t.Load()
+	out := make([]*KeyRecord, 0, t.n)
+	t.each(func(r *KeyRecord) bool { out = append(out, r); return true })
+	slices.SortFunc(out, func(a, b *KeyRecord) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// Range calls fn with every record of one version of the registry, in no
+// particular order, until fn returns false. The records are the
+// registry's own: fn must not change them.
+func (k *Keys) Range(fn func(*KeyRecord) bool) { k.t.Load().each(fn) }
 
 // SourceKind says where a credential is read from.
 type SourceKind uint8

@@ -410,3 +410,33 @@ func TestQuotaEpochJSON(t *testing.T) {
 		t.Fatalf("consumer epochs %d, %d; want 4, 2", c.QuotaEpoch, c.APILimits["a"].QuotaEpoch)
 	}
 }
+
+// TestValidateKey checks one key against given policies and APIs, with
+// every problem at its path, and agrees with Validate on a snapshot
+// holding the same key.
+func TestValidateKey(t *testing.T) {
+	policies := map[string]*spec.Policy{"p": {ID: "p", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}}}
+	apis := map[string]*spec.API{"a": {ID: "a"}, "open": {ID: "open", Auth: spec.AuthKeyless}}
+	good := &spec.Key{KeyHash: identity.HashKey("k").String(), Policies: []string{"p"},
+		APILimits: map[string]spec.Limits{"a": {Quota: &spec.Quota{Max: 5, Renewal: spec.Duration(time.Hour)}}}}
+	if err := spec.ValidateKey("put[0]", good, policies, apis); err != nil {
+		t.Errorf("ValidateKey(good) = %v", err)
+	}
+	bad := &spec.Key{KeyHash: "sha256:00", Policies: []string{"p", "gold"},
+		APILimits: map[string]spec.Limits{"open": {Rate: &spec.Rate{Requests: 0, Per: spec.Duration(time.Second)}}, "b": {}}}
+	want := "spec: put[1].key_hash: \"sha256:00\" is not sha256:<64 hex digits>\n" +
+		"spec: put[1].policies[1]: unknown policy \"gold\"\n" +
+		"spec: put[1].api_limits.b: unknown API \"b\"\n" +
+		"spec: put[1].api_limits.b: needs rate or quota\n" +
+		"spec: put[1].api_limits.open: API \"open\" is keyless; api_limits only apply to api_key APIs\n" +
+		"spec: put[1].api_limits.open.rate.requests: 0 must be > 0 (or -1 for unlimited)"
+	err := spec.ValidateKey("put[1]", bad, policies, apis)
+	if _, ok := err.(spec.Errors); !ok || err.Error() != want {
+		t.Errorf("ValidateKey(bad) =\n%v\nwant\n%s", err, want)
+	}
+	snap := &spec.Snapshot{Policies: []spec.Policy{*policies["p"]}, APIs: []spec.API{{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho},
+		{ID: "open", ListenPath: "/open/", Target: spec.BuiltinEcho, Auth: spec.AuthKeyless, Policies: []string{"p"}}}, Keys: []spec.Key{*bad}}
+	if got, want := snap.Validate().Error(), strings.ReplaceAll(want, "put[1]", "keys[0]"); got != want {
+		t.Errorf("Validate =\n%s\nwant\n%s", got, want)
+	}
+}

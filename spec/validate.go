@@ -121,46 +121,75 @@ func (v *validator) snapshot(s *Snapshot) {
 	for i := range s.Keys {
 		k := &s.Keys[i]
 		at := fmt.Sprintf("keys[%d]", i)
-		switch h, err := identity.ParseKeyHash(k.KeyHash); {
-		case k.KeyHash == "":
-			v.fail(at+".key_hash", "missing (sha256:<64 hex digits>)")
-		case err != nil:
-			v.fail(at+".key_hash", "%q is not sha256:<64 hex digits>", k.KeyHash)
-		default:
+		if h, ok := v.keyHash(at, k); ok {
 			if f, dup := firstKey[h]; dup {
 				v.fail(at+".key_hash", "same key as %s", f)
 			} else {
 				firstKey[h] = at
 			}
 		}
-		for j, id := range k.Policies {
-			if policies[id] == nil {
-				v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
-			}
+		v.key(at, k, policies, apis)
+	}
+}
+
+// ValidateKey checks one key as Validate checks each of a snapshot's keys,
+// against the policies and APIs it may refer to (by ID): a valid key hash,
+// policies or api_limits, every policy known, every api_limits entry an
+// API that is not keyless, with a valid rate or quota. Uniqueness of the
+// hash, which needs the whole key list, is the caller's to check. at
+// prefixes every path ("keys[3]" gives "keys[3].policies[0]"). It returns
+// nil or an Errors listing every problem.
+func ValidateKey(at string, k *Key, policies map[string]*Policy, apis map[string]*API) error {
+	v := &validator{}
+	v.keyHash(at, k)
+	v.key(at, k, policies, apis)
+	if len(v.errs) == 0 {
+		return nil
+	}
+	return v.errs
+}
+
+// keyHash checks and parses k's hash.
+func (v *validator) keyHash(at string, k *Key) (identity.KeyHash, bool) {
+	h, err := identity.ParseKeyHash(k.KeyHash)
+	switch {
+	case k.KeyHash == "":
+		v.fail(at+".key_hash", "missing (sha256:<64 hex digits>)")
+	case err != nil:
+		v.fail(at+".key_hash", "%q is not sha256:<64 hex digits>", k.KeyHash)
+	}
+	return h, err == nil
+}
+
+// key checks k's references and limits (everything but its hash).
+func (v *validator) key(at string, k *Key, policies map[string]*Policy, apis map[string]*API) {
+	for j, id := range k.Policies {
+		if policies[id] == nil {
+			v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
 		}
-		if len(k.Policies) == 0 && len(k.APILimits) == 0 {
-			v.fail(at+".policies", "a key needs at least one policy (or api_limits)")
+	}
+	if len(k.Policies) == 0 && len(k.APILimits) == 0 {
+		v.fail(at+".policies", "a key needs at least one policy (or api_limits)")
+	}
+	ids := make([]string, 0, len(k.APILimits))
+	for id := range k.APILimits {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		lat := at + ".api_limits." + id
+		l := k.APILimits[id]
+		switch a := apis[id]; {
+		case a == nil:
+			v.fail(lat, "unknown API %q", id)
+		case a.Auth == AuthKeyless:
+			v.fail(lat, "API %q is keyless; api_limits only apply to api_key APIs", id)
 		}
-		ids := make([]string, 0, len(k.APILimits))
-		for id := range k.APILimits {
-			ids = append(ids, id)
+		if l.Rate == nil && l.Quota == nil {
+			v.fail(lat, "needs rate or quota")
 		}
-		sort.Strings(ids)
-		for _, id := range ids {
-			lat := at + ".api_limits." + id
-			l := k.APILimits[id]
-			switch a := apis[id]; {
-			case a == nil:
-				v.fail(lat, "unknown API %q", id)
-			case a.Auth == AuthKeyless:
-				v.fail(lat, "API %q is keyless; api_limits only apply to api_key APIs", id)
-			}
-			if l.Rate == nil && l.Quota == nil {
-				v.fail(lat, "needs rate or quota")
-			}
-			v.rate(lat+".rate", l.Rate)
-			v.quota(lat+".quota", l.Quota)
-		}
+		v.rate(lat+".rate", l.Rate)
+		v.quota(lat+".quota", l.Quota)
 	}
 }
 
