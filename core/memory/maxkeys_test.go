@@ -213,3 +213,36 @@ func TestMaxKeysEngineFailurePolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxKeysSweepReachesOtherShards: with many shards and a small cap,
+// the idle keys are in other shards than the new one's; the sweep at the
+// cap covers the whole store, so once they are idle (and a second after
+// the last sweep at the cap) every new key finds room.
+func TestMaxKeysSweepReachesOtherShards(t *testing.T) {
+	clock := core.NewManualClock(int64(1000 * time.Hour))
+	s := memory.New(memory.Options{Clock: clock, MaxKeys: 5, Shards: 256})
+	defer s.Close()
+	ctx := context.Background()
+	short := core.Limit{Rate: 1000, Period: time.Second} // idle 1ms after one unit
+	try := func(consumer string) error {
+		_, err := s.Take(ctx, core.Request{Consumer: consumer, Rate: short, Cost: 1})
+		return err
+	}
+	for i := range 5 {
+		if err := try(fmt.Sprintf("old%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := try("new0"); !errors.Is(err, memory.ErrTooManyKeys) {
+		t.Fatalf("new0 at the cap: %v", err)
+	}
+	clock.Advance(time.Second + 2*time.Millisecond)
+	for i := range 5 {
+		if err := try(fmt.Sprintf("new%d", i)); err != nil {
+			t.Fatalf("new%d after the old keys went idle: %v", i, err)
+		}
+	}
+	if s.Len() != 5 || s.KeysRefused() != 1 {
+		t.Fatalf("Len %d, refused %d; want 5 and 1", s.Len(), s.KeysRefused())
+	}
+}

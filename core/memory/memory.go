@@ -59,8 +59,8 @@
 // that is still limited would hand its consumer a fresh allowance. Keys
 // leave only when they no longer limit anything (their TAT has passed and
 // their quota period ended), by the sweeps above; at the cap an insert also
-// sweeps its own shard first, at most once a second per shard, so idle keys
-// make room even without Options.SweepInterval. core.Engine treats the
+// sweeps the whole store first, at most once a second, so idle keys make
+// room even without Options.SweepInterval. core.Engine treats the
 // refusal as a store failure, so its FailurePolicy decides the request:
 // FailClosed refuses new consumers during a flood of them (a gateway
 // answers 503), FailOpen lets them through unlimited. KeysRefused counts
@@ -105,9 +105,10 @@ type Options struct {
 var ErrTooManyKeys = errors.New("memory: too many keys")
 
 // capSweepGap is how often, at most, an insert that finds the store at
-// Options.MaxKeys sweeps its shard to make room: once per shard per second
-// of the store's clock, so a flood of new keys at the cap costs one shard
-// sweep a second, not one per request.
+// Options.MaxKeys sweeps the whole store to make room: once per second of
+// the store's clock, so a flood of new keys at the cap costs one sweep a
+// second, not one per request. The whole store, not the insert's shard:
+// with a small cap the idle keys are seldom in that shard.
 const capSweepGap = int64(time.Second)
 
 // keyCount counts the keys of all shards and the inserts refused at the
@@ -117,6 +118,7 @@ type keyCount struct {
 	_       [64]byte
 	keys    atomic.Int64  // entries in all shards
 	refused atomic.Uint64 // inserts refused at max
+	swept   atomic.Int64  // 1 + the clock reading of the last sweep at max; 0: none
 	max     int64         // Options.MaxKeys; 0 = unbounded
 	_       [64]byte
 }
@@ -220,8 +222,6 @@ type shard struct {
 	live      int       // entries in tab
 	used      int       // live plus deleted slots in tab
 	nextSweep int       // live count at which an insert sweeps first
-	capSwept  bool      // an insert at the store's cap swept, at capSweep
-	capSweep  int64     // when an insert at the store's cap last swept
 	count     *keyCount // the store's, shared by all shards
 	_         [64]byte  // keep shards on separate cache lines
 }
@@ -331,7 +331,8 @@ func (t *table) find(f fingerprint) *entry {
 }
 
 // put returns the entry for f and its table, inserting one if needed. At
-// the store's MaxKeys it inserts nothing and returns nil, nil.
+// the store's MaxKeys it inserts nothing and returns nil, nil (see
+// Store.insert).
 func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -343,17 +344,7 @@ func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 		sh.sweepLocked(now)
 	}
 	if !sh.count.reserve() {
-		// At the cap: sweep this shard for room, at most once a capSweepGap.
-		if sh.capSwept && now-sh.capSweep < capSweepGap {
-			sh.count.refused.Add(1)
-			return nil, nil
-		}
-		sh.capSwept, sh.capSweep = true, now
-		sh.sweepLocked(now)
-		if !sh.count.reserve() {
-			sh.count.refused.Add(1)
-			return nil, nil
-		}
+		return nil, nil // at the cap: Store.insert sweeps and tries again
 	}
 	t = sh.tab.Load() // the sweep may have shrunk it
 	if 4*(sh.used+1) > 3*len(t.slots) {
@@ -418,8 +409,10 @@ func (sh *shard) resize(n int) *table {
 
 // Sweep drops every entry that no longer limits anything: TAT passed and
 // quota period ended (or absent).
-func (s *Store) Sweep() {
-	now := s.clock.now()
+func (s *Store) Sweep() { s.sweepAt(s.clock.now()) }
+
+// sweepAt sweeps every shard at now.
+func (s *Store) sweepAt(now int64) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -584,7 +577,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 			// Cannot change state: answer from the empty state, create nothing.
 			return sh.decide(nil, nil, p, limited, req, now)
 		}
-		if t, e = sh.put(f, now); e == nil {
+		if t, e = s.insert(sh, f, now); e == nil {
 			return core.Decision{}, s.tooMany()
 		}
 	}
@@ -593,10 +586,27 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 		if err != errRetry {
 			return d, err
 		}
-		if t, e = sh.put(f, now); e == nil {
+		if t, e = s.insert(sh, f, now); e == nil {
 			return core.Decision{}, s.tooMany()
 		}
 	}
+}
+
+// insert is sh.put that, at Options.MaxKeys, sweeps the whole store for
+// room (at most once a capSweepGap) and tries once more; it counts a
+// refusal when that finds none.
+func (s *Store) insert(sh *shard, f fingerprint, now int64) (*table, *entry) {
+	if t, e := sh.put(f, now); e != nil {
+		return t, e
+	}
+	if last := s.count.swept.Load(); (last == 0 || now-(last-1) >= capSweepGap) && s.count.swept.CompareAndSwap(last, now+1) {
+		s.sweepAt(now)
+		if t, e := sh.put(f, now); e != nil {
+			return t, e
+		}
+	}
+	s.count.refused.Add(1)
+	return nil, nil
 }
 
 // tooMany is the error of a request refused at Options.MaxKeys.

@@ -25,7 +25,7 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 	now := s.clock.now()
 	target := now + int64(d) + p.Tau - p.T
 	for {
-		_, e := sh.put(f, now)
+		_, e := s.insert(sh, f, now)
 		if e == nil {
 			return s.tooMany()
 		}
