@@ -90,8 +90,18 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 	}
 	ro := o.Redis
 	if ro.OnBreakerChange == nil {
+		// One line when the breaker opens and one when it closes: while
+		// Redis stays down the breaker goes open → half-open → open every
+		// cooldown, which would write two lines a second.
 		ro.OnBreakerChange = func(from, to string) {
-			log.Warn("redis circuit breaker", "from", from, "to", to)
+			switch {
+			case from == "closed" && to == "open":
+				log.Warn("redis circuit breaker opened: deciding by failure_policy until Redis answers", "from", from, "to", to)
+			case to == "closed":
+				log.Info("redis circuit breaker closed: Redis answers again", "from", from, "to", to)
+			default:
+				log.Debug("redis circuit breaker", "from", from, "to", to)
+			}
 		}
 	}
 	s, err := redisstore.New(client, ro)

@@ -120,6 +120,11 @@ apis: [{id: echo, listen_path: /echo/, target: "builtin:echo"}]
 	if n, max := strings.Count(stderr.String(), `msg="redis client failed"`), 2+int(outage/gateway.StoreFailureLogInterval); n > max {
 		t.Errorf("%d go-redis lines, want at most %d", n, max)
 	}
+	// The breaker: one line when it opens, one when it closes, however
+	// many trials it made in between.
+	if n := strings.Count(stderr.String(), `msg="redis circuit breaker`); n != 2 {
+		t.Errorf("%d circuit breaker lines, want 2 (opened, closed)", n)
+	}
 	if n := strings.Count(stderr.String(), "\n"); n > 40 {
 		t.Errorf("%d lines on stderr, want a few dozen at most", n)
 	}

@@ -317,7 +317,7 @@ func TestRedisFailurePolicies(t *testing.T) {
 			if pol == "fallback" {
 				exactly3(t, "fallback while down", gw.base, "b")
 			}
-			if out := gw.stderr.String(); !strings.Contains(out, "limit store failed") || !strings.Contains(out, `msg="redis circuit breaker" from=closed to=open`) {
+			if out := gw.stderr.String(); !strings.Contains(out, "limit store failed") || !strings.Contains(out, `msg="redis circuit breaker opened: deciding by failure_policy until Redis answers" from=closed to=open`) {
 				t.Errorf("stderr does not log the failures and the open breaker:\n%s", out)
 			}
 
