@@ -3,7 +3,6 @@ package spec
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"path"
 	"slices"
@@ -486,16 +485,10 @@ func CheckJWKSURL(s string) error {
 		return errors.New("spec: missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
 	case err != nil || u.Host == "" || u.Scheme != "https" && u.Scheme != "http":
 		return fmt.Errorf("spec: %q is not an https:// URL", s)
-	case u.Scheme == "http" && !isLoopback(u.Hostname()):
+	case u.Scheme == "http" && !identity.IsLoopbackHost(u.Hostname()):
 		return fmt.Errorf("spec: %q must be https (plain http only to a loopback address)", s)
 	}
 	return nil
-}
-
-// isLoopback reports whether host is localhost or a loopback address.
-func isLoopback(host string) bool {
-	ip := net.ParseIP(host)
-	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
 
 // Idle reports whether the policy limits nothing: it has no rate and no

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 
@@ -153,14 +152,11 @@ func (v *validator) jwks(at string, r *rawJWKS) *identity.JWKSOptions {
 		URL:             r.URL,
 		RefreshInterval: v.duration(at+".refresh_interval", r.RefreshInterval, identity.DefaultJWKSRefresh),
 	}
-	u, err := url.Parse(r.URL)
-	switch {
+	switch err := spec.CheckJWKSURL(r.URL); {
 	case r.URL == "":
 		v.require(at+".url", "missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)")
-	case err != nil || u.Host == "" || u.Scheme != "https" && u.Scheme != "http":
-		v.fail(at+".url", "%q is not an https:// URL", r.URL)
-	case u.Scheme == "http" && !identity.IsLoopbackHost(u.Hostname()):
-		v.fail(at+".url", "%q must be https (plain http only to a loopback address)", r.URL)
+	case err != nil:
+		v.fail(at+".url", "%s", strings.TrimPrefix(err.Error(), "spec: "))
 	}
 	return o
 }
