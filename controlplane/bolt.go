@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -54,6 +55,9 @@ var (
 type Bolt struct {
 	db      *bolt.DB
 	logRevs uint64
+
+	mu      sync.Mutex
+	changed chan struct{} // closed when the revision next rises
 }
 
 var _ Store = (*Bolt)(nil)
@@ -91,7 +95,25 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 		db.Close()
 		return nil, fmt.Errorf("controlplane: open %s: %w", path, err)
 	}
-	return &Bolt{db: db, logRevs: uint64(o.ChangeLogRevisions)}, nil
+	return &Bolt{db: db, logRevs: uint64(o.ChangeLogRevisions), changed: make(chan struct{})}, nil
+}
+
+// RevisionChanged implements RevisionWatcher: the channel returned is
+// closed once a write after this call has raised the revision (and is
+// durable). Take the channel before reading the state, so no write falls
+// between the read and the wait.
+func (b *Bolt) RevisionChanged() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.changed
+}
+
+// announce wakes every RevisionChanged waiter.
+func (b *Bolt) announce() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.changed)
+	b.changed = make(chan struct{})
 }
 
 // Close closes the file. Writes already acknowledged are on disk.
@@ -103,6 +125,7 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 		return 0, err
 	}
 	var rev uint64
+	var wrote bool
 	err := b.db.Batch(func(btx *bolt.Tx) error {
 		cur := readRevision(btx)
 		tx := &boltTx{boltReader{btx: btx, rev: cur + 1}, nil}
@@ -110,7 +133,7 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 			return err
 		}
 		if len(tx.changes) == 0 {
-			rev = cur
+			rev, wrote = cur, false
 			return nil
 		}
 		if err := validateWrite(tx, tx.changes); err != nil {
@@ -119,11 +142,14 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 		if err := b.appendChanges(btx, tx.rev, tx.changes); err != nil {
 			return err
 		}
-		rev = tx.rev
+		rev, wrote = tx.rev, true
 		return nil
 	})
 	if errors.Is(err, bolterrors.ErrDatabaseNotOpen) {
 		return 0, ErrClosed
+	}
+	if err == nil && wrote {
+		b.announce()
 	}
 	return rev, err
 }
