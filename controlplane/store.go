@@ -1,9 +1,11 @@
 // Package controlplane is limitplane's control plane: it owns the
 // policies, API keys, APIs and quota resets that every data plane
 // enforces, keeps them durable with a monotonic revision and a bounded
-// change log, and serves them through an admin REST API (Admin). A sync
-// server (to come) sends each data plane a Snapshot or the changes since
-// the revision it last applied (Store.ChangesSince).
+// change log, and serves them through an admin REST API (Admin) and the
+// data planes' gRPC sync stream (SyncServer). The sync server sends each
+// data plane a Snapshot of what its tags select, on connect and on every
+// write; sending only the changes since the revision it last applied
+// (Store.ChangesSince) is to come.
 //
 // Counters never reach the control plane: it imports spec and nothing
 // that talks to a counter store.

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -246,7 +247,13 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		case <-changed:
 			stale = true
 		case <-poll:
-			stale = true
+			// Reading the revision is cheap; the snapshot is read only
+			// when it has risen.
+			rev, err := s.revision(ctx)
+			if err != nil {
+				return err
+			}
+			stale = len(deliveries) == 0 || rev != deliveries[len(deliveries)-1].revision
 		case m := <-msgs:
 			resend := s.receive(h, m, deliveries)
 			stale = stale || resend
@@ -262,6 +269,17 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
+}
+
+// revision reads the store's revision.
+func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
+	var rev uint64
+	err := s.o.Store.View(ctx, func(r Reader) error { rev = r.Revision(); return nil })
+	if err != nil {
+		s.o.Log.Error("controlplane: sync: read revision", "err", err)
+		return 0, status.Errorf(codes.Unavailable, "controlplane: read revision: %v", err)
+	}
+	return rev, nil
 }
 
 // send sends the data plane's snapshot unless the latest delivery

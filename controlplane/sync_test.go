@@ -56,7 +56,15 @@ type syncFixture struct {
 	conn  *grpc.ClientConn
 }
 
+// pollingStore hides Bolt's RevisionChanged, so the sync server polls.
+type pollingStore struct{ controlplane.Store }
+
 func newSyncFixture(t *testing.T, chunkBytes int) *syncFixture {
+	t.Helper()
+	return newSyncFixtureWith(t, chunkBytes, false)
+}
+
+func newSyncFixtureWith(t *testing.T, chunkBytes int, poll bool) *syncFixture {
 	t.Helper()
 	s, _ := open(t, controlplane.BoltOptions{})
 	update(t, s, func(tx controlplane.Tx) error {
@@ -75,13 +83,18 @@ func newSyncFixture(t *testing.T, chunkBytes int) *syncFixture {
 		return tx.PutKey(spec.Key{KeyHash: hash("a"), Policies: []string{"global"}})
 	})
 	f := &syncFixture{store: s, dps: &controlplane.DataPlanes{}, log: &lockedBuffer{}}
+	var store controlplane.Store = s
+	if poll {
+		store = pollingStore{s}
+	}
 	srv, err := controlplane.NewSyncServer(controlplane.SyncOptions{
-		Store:      s,
-		DataPlanes: f.dps,
-		Tokens:     []controlplane.DataPlaneToken{{Hash: controlplane.HashToken(syncToken), Group: "eu-1", Tags: []string{"eu"}}},
-		ChunkBytes: chunkBytes,
-		Now:        func() time.Time { return syncNow },
-		Log:        slog.New(slog.NewTextHandler(f.log, nil)),
+		Store:        store,
+		PollInterval: 5 * time.Millisecond,
+		DataPlanes:   f.dps,
+		Tokens:       []controlplane.DataPlaneToken{{Hash: controlplane.HashToken(syncToken), Group: "eu-1", Tags: []string{"eu"}}},
+		ChunkBytes:   chunkBytes,
+		Now:          func() time.Time { return syncNow },
+		Log:          slog.New(slog.NewTextHandler(f.log, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -352,5 +365,54 @@ func TestNewSyncServerRefuses(t *testing.T) {
 		if _, err := controlplane.NewSyncServer(c.o); err == nil || err.Error() != c.want {
 			t.Errorf("NewSyncServer: %v, want %s", err, c.want)
 		}
+	}
+}
+
+// A store that does not announce writes is polled: a write still reaches
+// the stream, once, as a snapshot of the new revision.
+func TestSyncPollsStoreWithoutWatcher(t *testing.T) {
+	f := newSyncFixtureWith(t, 0, true)
+	stream := f.open(t, goodHello())
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != 1 {
+		t.Fatalf("first snapshot at revision %d, want 1", snap.Revision)
+	}
+	update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("silver", 5)) })
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != 2 || len(snap.Policies) != 2 {
+		t.Fatalf("pushed revision %d with %d policies, want 2 and 2", snap.Revision, len(snap.Policies))
+	}
+	// The polls after the push find revision 2 again and send nothing:
+	// the next message is the end of the stream.
+	closeAndWait(t, stream)
+}
+
+// RevisionChanged is closed by a write that raises the revision, and not
+// by a write of nothing or a refused one.
+func TestBoltRevisionChanged(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	ch := s.RevisionChanged()
+	closed := func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	update(t, s, func(controlplane.Tx) error { return nil })
+	if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("a"), Policies: []string{"missing"}})
+	}); err == nil {
+		t.Fatal("a key naming a missing policy was accepted")
+	}
+	if closed() {
+		t.Fatal("closed without a new revision")
+	}
+	update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 1)) })
+	if !closed() {
+		t.Fatal("not closed after revision 1")
+	}
+	if next := s.RevisionChanged(); next == ch {
+		t.Fatal("the channel after a write is the one already closed")
 	}
 }
