@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -93,6 +94,10 @@ type SyncServer struct {
 	syncpb.UnimplementedSyncServiceServer
 	o      SyncOptions
 	tokens []token
+
+	mu      sync.Mutex
+	streams map[string]uint64 // gateway ID → its latest stream's number
+	next    uint64
 }
 
 type token struct {
@@ -122,7 +127,7 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o}
+	s := &SyncServer{o: o, streams: map[string]uint64{}}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -164,6 +169,32 @@ func (s *SyncServer) authenticate(h *syncpb.Hello, peer string) error {
 	return nil
 }
 
+// connect records a new stream of gateway id in DataPlanes and numbers
+// it, so that the end of an earlier stream of the same gateway (a
+// reconnect before the old stream noticed it was dead) does not mark the
+// new one disconnected. It returns the stream's number.
+func (s *SyncServer) connect(id, group string, tags []string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	s.streams[id] = s.next
+	s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+		dp.Group, dp.Tags, dp.Connected, dp.LastSeen = group, tags, true, s.o.Now()
+	})
+	return s.next
+}
+
+// disconnect marks gateway id disconnected when stream n is its latest.
+func (s *SyncServer) disconnect(id string, n uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.streams[id] != n {
+		return
+	}
+	delete(s.streams, id)
+	s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.Connected = false })
+}
+
 // sent is a snapshot delivered on a stream and not yet superseded.
 type sent struct {
 	nonce    string
@@ -192,10 +223,7 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		return status.Error(codes.InvalidArgument, "controlplane: Hello without gateway_id")
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
-	s.o.DataPlanes.Update(id, func(dp *DataPlane) {
-		dp.Group, dp.Tags, dp.Connected, dp.LastSeen = h.GetGroup(), tags, true, s.o.Now()
-	})
-	defer s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.Connected = false })
+	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
 
 	// One goroutine receives; it ends when the stream does, which gRPC
 	// ensures once Sync returns.

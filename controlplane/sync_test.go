@@ -416,3 +416,29 @@ func TestBoltRevisionChanged(t *testing.T) {
 		t.Fatal("the channel after a write is the one already closed")
 	}
 }
+
+// A gateway that reconnects before its old stream ends stays connected
+// when the old stream ends; it is disconnected when the new one ends.
+func TestSyncReconnectKeepsGatewayConnected(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	connected := func() bool {
+		t.Helper()
+		dps := f.dps.List()
+		if len(dps) != 1 || dps[0].GatewayID != "gw-a" {
+			t.Fatalf("DataPlanes %+v, want gw-a only", dps)
+		}
+		return dps[0].Connected
+	}
+	old := f.open(t, goodHello())
+	recvSnapshot(t, old)
+	renewed := f.open(t, goodHello())
+	recvSnapshot(t, renewed)
+	closeAndWait(t, old)
+	if !connected() {
+		t.Fatal("gw-a disconnected by the end of its old stream while the new one is open")
+	}
+	closeAndWait(t, renewed)
+	if connected() {
+		t.Fatal("gw-a connected after its last stream ended")
+	}
+}
