@@ -98,6 +98,21 @@ type SyncServer struct {
 	mu      sync.Mutex
 	streams map[string]uint64 // gateway ID → its latest stream's number
 	next    uint64
+
+	shutdown     chan struct{} // closed by Shutdown
+	shutdownOnce sync.Once
+}
+
+// errShutdown ends streams once Shutdown was called.
+var errShutdown = status.Error(codes.Unavailable, "controlplane: the control plane is shutting down; reconnect with backoff")
+
+// Shutdown ends every open stream, and refuses new ones, with
+// Unavailable, so gateways reconnect (to this control plane's successor)
+// with backoff. Call it before grpc.Server.GracefulStop, which otherwise
+// waits for streams that never end by themselves. It is safe to call more
+// than once.
+func (s *SyncServer) Shutdown() {
+	s.shutdownOnce.Do(func() { close(s.shutdown) })
 }
 
 type token struct {
@@ -127,7 +142,7 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o, streams: map[string]uint64{}}
+	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -208,6 +223,11 @@ const maxSent = 16
 // Sync implements syncpb.SyncServiceServer.
 func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, syncpb.ServerMessage]) error {
 	ctx := stream.Context()
+	select {
+	case <-s.shutdown:
+		return errShutdown
+	default:
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -295,6 +315,8 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			return err
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
+		case <-s.shutdown:
+			return errShutdown
 		}
 	}
 }

@@ -50,6 +50,7 @@ const syncToken = "dp-secret-eu"
 // syncFixture is a Bolt store with APIs tagged eu and us, a sync server
 // over it on a real gRPC listener, and a client connection to it.
 type syncFixture struct {
+	srv   *controlplane.SyncServer
 	store *controlplane.Bolt
 	dps   *controlplane.DataPlanes
 	log   *lockedBuffer
@@ -99,6 +100,7 @@ func newSyncFixtureWith(t *testing.T, chunkBytes int, poll bool) *syncFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.srv = srv
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -440,5 +442,20 @@ func TestSyncReconnectKeepsGatewayConnected(t *testing.T) {
 	closeAndWait(t, renewed)
 	if connected() {
 		t.Fatal("gw-a connected after its last stream ended")
+	}
+}
+
+// Shutdown ends an open stream with Unavailable, refuses a new one with
+// it, and leaves the gateway disconnected; a second call is harmless.
+func TestSyncShutdown(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	stream := f.open(t, goodHello())
+	recvSnapshot(t, stream)
+	f.srv.Shutdown()
+	f.srv.Shutdown()
+	wantCode(t, stream, codes.Unavailable)
+	wantCode(t, f.open(t, goodHello()), codes.Unavailable)
+	if dps := f.dps.List(); len(dps) != 1 || dps[0].Connected {
+		t.Fatalf("DataPlanes %+v, want gw-a disconnected", dps)
 	}
 }
