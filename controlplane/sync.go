@@ -122,7 +122,8 @@ type token struct {
 }
 
 // NewSyncServer returns a SyncServer. It fails when Store is nil, no
-// token is given, or a token's Hash is not "sha256:" and 64 hex digits.
+// token is given, a token's Hash is not "sha256:" and 64 hex digits (in
+// either case), or two tokens have the same hash.
 func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Store == nil {
 		return nil, errors.New("controlplane: sync: no store")
@@ -148,6 +149,9 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 		b, err := hex.DecodeString(h)
 		if !ok || err != nil || len(b) != sha256.Size {
 			return nil, fmt.Errorf("controlplane: sync: token %d (group %q): hash is not \"sha256:\" and 64 hex digits", i, t.Group)
+		}
+		if slices.ContainsFunc(s.tokens, func(o token) bool { return o.hash == [sha256.Size]byte(b) }) {
+			return nil, fmt.Errorf("controlplane: sync: token %d (group %q): the same token is listed twice (its scope would be ambiguous)", i, t.Group)
 		}
 		s.tokens = append(s.tokens, token{hash: [sha256.Size]byte(b), group: t.Group, tags: slices.Clone(t.Tags)})
 	}

@@ -363,6 +363,14 @@ func TestNewSyncServerRefuses(t *testing.T) {
 		{controlplane.SyncOptions{Store: s}, "controlplane: sync: no data-plane tokens"},
 		{controlplane.SyncOptions{Store: s, Tokens: []controlplane.DataPlaneToken{{Hash: "x", Group: "g"}}},
 			`controlplane: sync: token 0 (group "g"): hash is not "sha256:" and 64 hex digits`},
+		{controlplane.SyncOptions{Store: s, Tokens: []controlplane.DataPlaneToken{
+			{Hash: controlplane.HashToken("x"), Group: "g"},
+			{Hash: strings.ToUpper(controlplane.HashToken("x")[7:]), Group: "h"},
+		}}, `controlplane: sync: token 1 (group "h"): hash is not "sha256:" and 64 hex digits`},
+		{controlplane.SyncOptions{Store: s, Tokens: []controlplane.DataPlaneToken{
+			{Hash: controlplane.HashToken("x"), Group: "g"},
+			{Hash: "sha256:" + strings.ToUpper(controlplane.HashToken("x")[7:]), Group: "h"},
+		}}, `controlplane: sync: token 1 (group "h"): the same token is listed twice (its scope would be ambiguous)`},
 	} {
 		if _, err := controlplane.NewSyncServer(c.o); err == nil || err.Error() != c.want {
 			t.Errorf("NewSyncServer: %v, want %s", err, c.want)
