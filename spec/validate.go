@@ -333,16 +333,9 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 	var algs []string
 	for i, alg := range j.Algorithms {
 		f := fmt.Sprintf("%s.algorithms[%d]", at, i)
-		switch {
-		case strings.EqualFold(alg, "none"):
-			v.fail(f, "%q is never accepted: every token must be signed", alg)
-		case !slices.Contains(jwtAlgorithms, alg):
-			v.fail(f, "unknown algorithm %q (want %s)", alg, orList(jwtAlgorithms))
-		case slices.Contains(algs, alg):
-			v.fail(f, "%s is listed twice", alg)
-		case j.JWKS != nil && strings.HasPrefix(alg, "HS"):
-			v.fail(f, "%s needs a shared secret in keys; a JWKS publishes public keys only", alg)
-		default:
+		if p := JWTAlgorithmProblem(alg, algs, j.JWKS != nil); p != "" {
+			v.fail(f, "%s", p)
+		} else {
 			algs = append(algs, alg)
 		}
 	}
@@ -416,6 +409,25 @@ var jwtAlgorithms = []string{
 func JWTAlgorithms() []string { return slices.Clone(jwtAlgorithms) }
 
 // orList writes items as "a, b or c".
+// JWTAlgorithmProblem says what is wrong with alg as an entry of a jwt's
+// algorithms list, or returns "" when it is accepted. valid are the
+// accepted entries before it; jwks says the keys come from a JWK Set,
+// which publishes public keys only. The gateway's file and Validate word
+// their problems with it.
+func JWTAlgorithmProblem(alg string, valid []string, jwks bool) string {
+	switch {
+	case strings.EqualFold(alg, "none"):
+		return fmt.Sprintf("%q is never accepted: every token must be signed", alg)
+	case !slices.Contains(jwtAlgorithms, alg):
+		return fmt.Sprintf("unknown algorithm %q (want %s)", alg, orList(jwtAlgorithms))
+	case slices.Contains(valid, alg):
+		return fmt.Sprintf("%s is listed twice", alg)
+	case jwks && strings.HasPrefix(alg, "HS"):
+		return fmt.Sprintf("%s needs a shared secret in keys; a JWKS publishes public keys only", alg)
+	}
+	return ""
+}
+
 func orList(items []string) string {
 	if len(items) < 2 {
 		return strings.Join(items, "")

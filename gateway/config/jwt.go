@@ -46,16 +46,9 @@ func (v *validator) jwt(at, apiID string, r *rawJWT, policies map[string]*core.P
 	var algs []string // the valid ones
 	for j, alg := range r.Algorithms {
 		f := fmt.Sprintf("%s.algorithms[%d]", at, j)
-		switch {
-		case strings.EqualFold(alg, "none"):
-			v.fail(f, "%q is never accepted: every token must be signed", alg)
-		case !slices.Contains(spec.JWTAlgorithms(), alg):
-			v.fail(f, "unknown algorithm %q (want %s)", alg, orList(spec.JWTAlgorithms()))
-		case slices.Contains(algs, alg):
-			v.fail(f, "%s is listed twice", alg)
-		case r.JWKS != nil && strings.HasPrefix(alg, "HS"):
-			v.fail(f, "%s needs a shared secret in keys; a JWKS publishes public keys only", alg)
-		default:
+		if p := spec.JWTAlgorithmProblem(alg, algs, r.JWKS != nil); p != "" {
+			v.fail(f, "%s", p)
+		} else {
 			algs = append(algs, alg)
 		}
 	}
