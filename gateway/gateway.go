@@ -56,6 +56,10 @@ type Options struct {
 	// algorithms as GCRA with the same requests per period (see
 	// WindowsAsGCRA).
 	Fallback core.Store
+	// FallbackMaxKeys caps the keys of the in-process fallback the
+	// gateway creates (memory.Options.MaxKeys); 0 means unbounded. Unused
+	// when Fallback is set.
+	FallbackMaxKeys int
 	// StoreTimeout bounds each store call; 0 means no bound.
 	StoreTimeout time.Duration
 	// Shadow makes every policy a shadow policy: limits are computed and
@@ -182,7 +186,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.fallback = opts.Fallback
 	if opts.FailurePolicy == core.FailFallback && g.fallback == nil {
-		fb := newFallback(opts.Clock)
+		fb := newFallback(opts.Clock, opts.FallbackMaxKeys)
 		g.closers = append(g.closers, fb.Close)
 		g.fallback = fb
 	}

@@ -240,9 +240,10 @@ type fallbackStore struct {
 func (f fallbackStore) Close() error { return f.close() }
 
 // newFallback returns the fallback store for FailFallback: an in-process
-// store on clock (nil: the system clock), swept every minute.
-func newFallback(clock core.Clock) fallbackStore {
-	m := memory.New(memory.Options{Clock: clock, SweepInterval: time.Minute})
+// store on clock (nil: the system clock) holding at most maxKeys keys (0:
+// unbounded), swept every minute.
+func newFallback(clock core.Clock, maxKeys int) fallbackStore {
+	m := memory.New(memory.Options{Clock: clock, SweepInterval: time.Minute, MaxKeys: maxKeys})
 	return fallbackStore{WindowsAsGCRA: NewWindowsAsGCRA(m), close: m.Close}
 }
 

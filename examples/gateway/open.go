@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
@@ -38,29 +37,22 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 	if err != nil {
 		return nil, nil, err
 	}
-	var fallback core.Store
-	if cfg.FailurePolicy == core.FailFallback {
-		fb := memory.New(memory.Options{Clock: e.clock, SweepInterval: time.Minute, MaxKeys: cfg.Memory.MaxKeys})
-		fallback = gateway.NewWindowsAsGCRA(fb)
-		closeRedis := closeStore
-		closeStore = func() error { return errors.Join(closeRedis(), fb.Close()) }
-	}
 	gw, err := gateway.New(gateway.Options{
-		Store:         store,
-		Fallback:      fallback,
-		FailurePolicy: cfg.FailurePolicy,
-		StoreTimeout:  cfg.StoreTimeout,
-		Shadow:        cfg.Shadow,
-		Observer:      m.decisions,
-		OnStoreError:  m.decisions.ObserveStoreError,
-		OnApply:       m.gateway.ObserveApply,
-		ClientIP:      cfg.ClientIP,
-		Response:      cfg.Response,
-		Resolver:      cfg.Resolver,
-		Logger:        log,
-		Clock:         e.clock,
-		Now:           e.now,
-		AfterFunc:     e.afterFunc,
+		Store:           store,
+		FallbackMaxKeys: cfg.Memory.MaxKeys,
+		FailurePolicy:   cfg.FailurePolicy,
+		StoreTimeout:    cfg.StoreTimeout,
+		Shadow:          cfg.Shadow,
+		Observer:        m.decisions,
+		OnStoreError:    m.decisions.ObserveStoreError,
+		OnApply:         m.gateway.ObserveApply,
+		ClientIP:        cfg.ClientIP,
+		Response:        cfg.Response,
+		Resolver:        cfg.Resolver,
+		Logger:          log,
+		Clock:           e.clock,
+		Now:             e.now,
+		AfterFunc:       e.afterFunc,
 	})
 	if err != nil {
 		closeStore()
