@@ -209,6 +209,11 @@ type Agent struct {
 	applyMu sync.Mutex
 	cur     running // guarded by applyMu; copied into st under mu
 
+	// staleMu serialises changes of stale, which says whether OnStale
+	// was acted on.
+	staleMu sync.Mutex
+	stale   bool
+
 	mu       sync.Mutex
 	st       Status
 	started  time.Time // Run's start, for staleness before any contact
@@ -464,42 +469,35 @@ func (a *Agent) disconnected(err error) {
 // lifts a fail-closed gateway.
 func (a *Agent) contact() {
 	a.mu.Lock()
-	was := a.statusLocked(a.o.Now())
 	a.st.State = "connected"
 	a.st.LastContact = a.o.Now()
 	a.mu.Unlock()
-	if was.Stale {
-		a.staleChanged(false)
-	}
+	a.setStale(false)
 }
 
-// watchStale checks staleness until ctx is done, and acts on OnStale
-// when it changes.
+// watchStale checks staleness until ctx is done.
 func (a *Agent) watchStale(ctx context.Context) {
 	every := min(max(a.o.MaxStale/10, 10*time.Millisecond), time.Second)
 	t := time.NewTicker(every)
 	defer t.Stop()
-	stale := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		now := a.Status().Stale
-		switch {
-		case now && !stale:
-			a.staleChanged(true)
-		case !now && stale && a.g.Unavailable() != "":
-			// contact lifted it already, unless it raced with us.
-			a.staleChanged(false)
-		}
-		stale = now
+		a.setStale(a.Status().Stale)
 	}
 }
 
-// staleChanged acts on a change of staleness.
-func (a *Agent) staleChanged(stale bool) {
+// setStale acts on OnStale when staleness changes to stale.
+func (a *Agent) setStale(stale bool) {
+	a.staleMu.Lock()
+	defer a.staleMu.Unlock()
+	if a.stale == stale {
+		return
+	}
+	a.stale = stale
 	if stale {
 		a.log.Warn("dataplane: no contact with the control plane for max_stale", "max_stale", a.o.MaxStale, "on_stale", string(a.o.OnStale))
 		if a.o.OnStale == StaleFailClosed {
