@@ -51,7 +51,10 @@ func benchAgent(b *testing.B) (*Agent, *gateway.Gateway) {
 // BenchmarkKeyChange is one key changed by a Changes message on a gateway
 // holding 1,000,000 keys, as the agent applies it: decoding, the
 // incremental digest check (the key's old version read from the
-// registry), gateway.UpdateKeys. The Ack's send is not included.
+// registry), gateway.UpdateKeys. The Ack's send is not included. "same"
+// changes one key again and again (as gateway's BenchmarkUpdateKeys
+// does); "spread" a different key each time, in a different shard of
+// the registry (cold caches, as real changes are).
 func BenchmarkKeyChange(b *testing.B) {
 	const n = 1_000_000
 	a, _ := benchAgent(b)
@@ -60,33 +63,43 @@ func BenchmarkKeyChange(b *testing.B) {
 	if err := a.applySnapshot(ctx, snap, ""); err != nil {
 		b.Fatal(err)
 	}
-	// The messages, with the digests they lead to, made beforehand.
 	dg := digesterOf(snap)
-	msgs := make([]*syncpb.Changes, b.N)
 	state := make(map[int]spec.Key)
-	for i := range b.N {
-		idx := (i * 7919) % n
-		old, ok := state[idx]
-		if !ok {
-			old = snap.Keys[idx]
-		}
-		k := old
-		k.Inactive = !old.Inactive
-		state[idx] = k
-		dg.RemoveKey(&old)
-		dg.AddKey(&k)
-		c, err := protocol.PutKey(&k)
-		if err != nil {
-			b.Fatal(err)
-		}
-		msgs[i] = &syncpb.Changes{FromRevision: uint64(i + 1), Revision: uint64(i + 2), Nonce: "n", Changes: []*syncpb.Change{c}, Digest: dg.Digest()}
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		if err := a.applyChanges(ctx, msgs[i]); err != nil {
-			b.Fatal(err)
-		}
+	rev := uint64(1)
+	for _, c := range []struct {
+		name   string
+		stride int
+	}{{"same", 0}, {"spread", 7919}} {
+		b.Run(c.name, func(b *testing.B) {
+			// The messages, with the digests they lead to, made
+			// beforehand.
+			msgs := make([]*syncpb.Changes, b.N)
+			for i := range b.N {
+				idx := (n/2 + i*c.stride) % n
+				old, ok := state[idx]
+				if !ok {
+					old = snap.Keys[idx]
+				}
+				k := old
+				k.Inactive = !old.Inactive
+				state[idx] = k
+				dg.RemoveKey(&old)
+				dg.AddKey(&k)
+				ch, err := protocol.PutKey(&k)
+				if err != nil {
+					b.Fatal(err)
+				}
+				msgs[i] = &syncpb.Changes{FromRevision: rev, Revision: rev + 1, Nonce: "n", Changes: []*syncpb.Change{ch}, Digest: dg.Digest()}
+				rev++
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := a.applyChanges(ctx, msgs[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
