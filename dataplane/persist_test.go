@@ -223,3 +223,33 @@ func TestAgentOnStale(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentSavesWhenStopped: a configuration applied less than SaveDelay
+// before Run stops is persisted as it stops.
+func TestAgentSavesWhenStopped(t *testing.T) {
+	f, addr := newFakeCP(t, 0)
+	g := newGateway(t)
+	o := agentOptions(g.gw, addr, &lockedBuffer{})
+	p := dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}
+	o.Persister, o.SaveDelay = p, time.Hour
+	a, err := dataplane.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAgent(t, a)
+	s := f.next(t)
+	snap := snapshot(4, "k1")
+	s.sendSnapshot(t, snap, "snap-4")
+	s.wantAck(t, 4, "snap-4")
+	if got, err := p.Load(context.Background()); got != nil || err != nil {
+		t.Fatalf("saved before SaveDelay: %v, %v", got, err)
+	}
+	stop()
+	got, err := p.Load(context.Background())
+	if err != nil || jsonOf(t, got) != jsonOf(t, snap) {
+		t.Fatalf("after stop: %s, %v; want %s", jsonOf(t, got), err, jsonOf(t, snap))
+	}
+	if st := a.Status(); st.PersistedRevision != 4 {
+		t.Fatalf("PersistedRevision %d, want 4", st.PersistedRevision)
+	}
+}
