@@ -75,6 +75,10 @@ type Reader interface {
 	Key(hash string) (*spec.Key, error)
 	// API returns the API with this ID, or nil.
 	API(id string) (*spec.API, error)
+	// Policies returns every policy, in ID order (byte-wise).
+	Policies() ([]spec.Policy, error)
+	// APIs returns every API, in ID order (byte-wise).
+	APIs() ([]spec.API, error)
 }
 
 // Tx is a write transaction (see Store.Update). Puts replace the object
@@ -132,8 +136,13 @@ type Change struct {
 	Object Object `json:"object"`
 	// ID is the policy or API ID, or the key hash.
 	ID string `json:"id"`
-	// Value is the object in spec's JSON for OpPut.
+	// Value is the object in spec's JSON for OpPut; empty for OpDelete.
 	Value json.RawMessage `json:"value,omitempty"`
+	// Old is the object in spec's JSON as it was before this change
+	// (the Value of the change before it, when one write puts it twice);
+	// empty when it did not exist. With it a change can be undone, and a
+	// data plane's filtered view of it computed (see SyncServer).
+	Old json.RawMessage `json:"old,omitempty"`
 }
 
 var (
