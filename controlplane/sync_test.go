@@ -663,17 +663,16 @@ func TestSyncReconnectGetsChanges(t *testing.T) {
 func TestSyncPolicyAndAPIChanges(t *testing.T) {
 	f := newSyncFixture(t, 0)
 	eu := f.open(t, goodHello())
-	euRuns, _, _, _ := recvSnapshot(t, eu)
+	recvSnapshot(t, eu)
 	allHello := &syncpb.Hello{Group: "all-1", Tags: []string{"us", "eu"}, Token: syncTokenAll, GatewayId: "gw-all"}
 	all := f.open(t, allHello)
 	allRuns, _, _, _ := recvSnapshot(t, all)
 	allTags := []string{"eu", "us"}
 
 	update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("silver", 5)) })
-	if snap, _, _, _ := recvSnapshot(t, eu); snap.Revision != 2 || protocol.Digest(snap) != protocol.Digest(applyNothing(t, f, []string{"eu"})) {
-		t.Fatalf("eu: snapshot of revision %d, want 2 with the view's digest", snap.Revision)
-	} else {
-		euRuns = snap
+	euRuns, _, _, _ := recvSnapshot(t, eu)
+	if euRuns.Revision != 2 || protocol.Digest(euRuns) != protocol.Digest(applyNothing(t, f, []string{"eu"})) {
+		t.Fatalf("eu: snapshot of revision %d, want 2 with the view's digest", euRuns.Revision)
 	}
 	ch := recvChanges(t, all)
 	if got, want := changeStrings(ch), []string{`put policy silver {"id":"silver","rate":{"requests":5,"per":"1m0s"}}`}; !reflect.DeepEqual(got, want) {
@@ -781,7 +780,7 @@ func TestSyncNacks(t *testing.T) {
 		t.Fatalf("Changes %d→%d then %d→%d, want 1→2 then 2→3", c1.FromRevision, c1.Revision, c2.FromRevision, c2.Revision)
 	}
 	nack(t, stream, 2, c1.Nonce, "dataplane: digest mismatch")
-	snap, snapNonce, _, _ := recvSnapshot(t, stream)
+	snap, _, _, _ := recvSnapshot(t, stream)
 	if snap.Revision != 3 {
 		t.Fatalf("after the Nack: snapshot of revision %d, want 3", snap.Revision)
 	}
@@ -794,7 +793,7 @@ func TestSyncNacks(t *testing.T) {
 
 	// A refused snapshot is not sent again for the same revision.
 	update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("silver", 5)) })
-	snap, snapNonce, _, _ = recvSnapshot(t, stream)
+	snap, snapNonce, _, _ := recvSnapshot(t, stream)
 	nack(t, stream, snap.Revision, snapNonce, "spec: policies[1].rate: bad")
 	putKey("e")
 	if next, _, _, _ := recvSnapshot(t, stream); next.Revision != snap.Revision+1 {
