@@ -260,9 +260,13 @@ func TestSyncServesDataPlanes(t *testing.T) {
 	}
 
 	wantCode(t, openSync(t, conn, "dp1", "not-a-token", "dp1"), codes.Unauthenticated)
-	eventually(t, "the refusal logged", func() bool { return strings.Contains(p.stderr.String(), "sync stream refused: unknown data-plane token") })
+	eventually(t, "the refusal logged", func() bool {
+		return strings.Contains(p.stderr.String(), "sync stream refused: unknown data-plane token")
+	})
 	wantCode(t, openSync(t, conn, "dp1", dp1Token, "dp1", "dp2"), codes.PermissionDenied)
-	eventually(t, "the refusal logged", func() bool { return strings.Contains(p.stderr.String(), "sync stream refused: tag outside the token's scope") })
+	eventually(t, "the refusal logged", func() bool {
+		return strings.Contains(p.stderr.String(), "sync stream refused: tag outside the token's scope")
+	})
 	wantCode(t, openSync(t, conn, "dp2", dp1Token, "dp1"), codes.PermissionDenied)
 }
 
