@@ -26,12 +26,13 @@
 // The -dataplanes file lists the data-plane tokens, each bound to the one
 // group it may open streams for and the tags it may ask for:
 //
-//   - group: dp1
-//     tags: [dp1]
-//     token_hash: "sha256:<64 hex digits>"   # the token's SHA-256: the file holds no secret
-//   - group: dp2
-//     tags: [dp2, shared]
-//     token_env: LP_DP2_TOKEN                # or token_file: dp2.token (relative to the file)
+//	# dataplanes.yaml
+//	- group: dp1
+//	  tags: [dp1]
+//	  token_hash: "sha256:<64 hex digits>"   # the token's SHA-256: the file holds no secret
+//	- group: dp2
+//	  tags: [dp2, shared]
+//	  token_env: LP_DP2_TOKEN                # or token_file: dp2.token (relative to the file)
 //
 // Plaintext tokens are hashed as the file is read and never kept. A wrong
 // token is refused with Unauthenticated, a group or tag outside its scope
