@@ -321,3 +321,36 @@ func TestAgentAnswersDigestRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentReconnectGetsChanges: cut off from a real sync server while a
+// key is written, the agent reconnects with the revision and digest it
+// runs, and the server answers with the Changes since then (not a
+// snapshot), applied in place.
+func TestAgentReconnectGetsChanges(t *testing.T) {
+	cp := newControlPlane(t, snapshot(0, "k1"))
+	g := newGateway(t)
+	a, err := dataplane.New(agentOptions(g.gw, cp.addr, &lockedBuffer{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	waitFor(t, "revision 1 acknowledged", func() bool { return cp.applied("gw-test") == 1 })
+	engine := g.gw.Engine()
+	cp.Stop()
+	waitFor(t, "disconnected", func() bool { return a.Status().State == "disconnected" })
+	rev := cp.write(t, func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}})
+	})
+	cp.Start(t)
+	waitFor(t, "revision 2 acknowledged", func() bool { return cp.applied("gw-test") == rev })
+	if st := a.Status(); st.Deliveries != (dataplane.Deliveries{SnapshotsApplied: 1, ChangesApplied: 1}) || st.Reconnects < 1 ||
+		st.AppliedRevision != 2 || st.Digest != protocol.Digest(snapshot(2, "k1", "k2")) {
+		t.Fatalf("status: %+v", st)
+	}
+	if g.gw.Engine() != engine {
+		t.Fatal("the reconnect rebuilt the gateway")
+	}
+	if got := fmt.Sprint(g.statuses(t, "k2", 1)); got != "[200]" {
+		t.Fatalf("k2: %s", got)
+	}
+}
