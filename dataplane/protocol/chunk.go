@@ -2,9 +2,11 @@ package protocol
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/spec"
@@ -26,15 +28,28 @@ const DefaultMaxSnapshotBytes = 1 << 30
 // chunk is marked last and carries Digest(snap). An empty snapshot is one
 // chunk. The chunks share one buffer: do not modify their data.
 func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.SnapshotChunk, error) {
+	chunks, _, err := ChunksDigester(snap, nonce, maxBytes)
+	return chunks, err
+}
+
+// ChunksDigester returns Chunks(snap, nonce, maxBytes) and a Digester
+// holding every object of snap (its Digest is the last chunk's), from one
+// pass over snap: each object's JSON is written once, into the snapshot's
+// encoding, and hashed from there when it is already canonical (every
+// policy and API; a key with a lower-case hash and no expiry). The
+// encoding is json.Marshal(snap)'s, byte for byte. It fails, with an
+// error starting "protocol: ", when snap is nil or does not encode.
+func ChunksDigester(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.SnapshotChunk, Digester, error) {
+	var d Digester
 	if snap == nil {
-		return nil, errors.New("protocol: chunks: nil snapshot")
+		return nil, d, errors.New("protocol: chunks: nil snapshot")
 	}
 	if maxBytes <= 0 {
 		maxBytes = DefaultChunkBytes
 	}
-	data, err := json.Marshal(snap)
+	data, err := encodeDigest(snap, &d)
 	if err != nil {
-		return nil, fmt.Errorf("protocol: chunks: encode revision %d: %w", snap.Revision, err)
+		return nil, d, fmt.Errorf("protocol: chunks: encode revision %d: %w", snap.Revision, err)
 	}
 	n := (len(data) + maxBytes - 1) / maxBytes
 	chunks := make([]*syncpb.SnapshotChunk, 0, max(n, 1))
@@ -49,8 +64,78 @@ func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.Snapshot
 			Data:     part,
 		})
 	}
-	chunks[len(chunks)-1].Digest = Digest(snap)
-	return chunks, nil
+	chunks[len(chunks)-1].Digest = d.Digest()
+	return chunks, d, nil
+}
+
+// encodeDigest returns json.Marshal(snap), written object by object, and
+// adds every object to d. It mirrors spec.Snapshot's JSON form: revision,
+// then policies, keys and APIs, each left out when empty.
+func encodeDigest(snap *spec.Snapshot, d *Digester) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf) // escapes HTML, as json.Marshal does
+	h := sha256.New()
+	hashJSON := func(tag byte, b []byte) (out [32]byte) { // as hashJSON, reusing h
+		h.Reset()
+		h.Write([]byte{tag})
+		h.Write(b)
+		h.Sum(out[:0])
+		return out
+	}
+	// list writes `,"name":[...]` with each element's JSON, hashing it.
+	list := func(name string, n int, elem func(i int) any, hash func(i int, obj []byte) [32]byte) error {
+		if n == 0 {
+			return nil
+		}
+		buf.WriteString(`,"` + name + `":[`)
+		for i := range n {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			start := buf.Len()
+			if err := enc.Encode(elem(i)); err != nil {
+				return err
+			}
+			buf.Truncate(buf.Len() - 1) // Encode's newline
+			d.add(hash(i, buf.Bytes()[start:]))
+		}
+		buf.WriteByte(']')
+		return nil
+	}
+	buf.WriteString(`{"revision":`)
+	buf.Write(strconv.AppendUint(buf.AvailableBuffer(), snap.Revision, 10))
+	err := list("policies", len(snap.Policies), func(i int) any { return &snap.Policies[i] },
+		func(_ int, obj []byte) [32]byte { return hashJSON(tagPolicy, obj) })
+	if err != nil {
+		return nil, err
+	}
+	err = list("keys", len(snap.Keys), func(i int) any { return &snap.Keys[i] },
+		func(i int, obj []byte) [32]byte {
+			if k := &snap.Keys[i]; k.Expires != nil || hasUpper(k.KeyHash) {
+				return objectHash(tagKey, canonicalKeyOf(k))
+			}
+			return hashJSON(tagKey, obj)
+		})
+	if err != nil {
+		return nil, err
+	}
+	err = list("apis", len(snap.APIs), func(i int) any { return &snap.APIs[i] },
+		func(_ int, obj []byte) [32]byte { return hashJSON(tagAPI, obj) })
+	if err != nil {
+		return nil, err
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+// hasUpper reports whether s has an ASCII upper-case letter.
+func hasUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return true
+		}
+	}
+	return false
 }
 
 // AssemblerOptions configure an Assembler.

@@ -152,6 +152,11 @@ func objectHash(tag byte, v any) [32]byte {
 	if err != nil {
 		panic(fmt.Sprintf("protocol: digest: %v", err))
 	}
+	return hashJSON(tag, b)
+}
+
+// hashJSON is SHA-256 of the kind tag and an object's canonical JSON b.
+func hashJSON(tag byte, b []byte) [32]byte {
 	h := sha256.New()
 	h.Write([]byte{tag})
 	h.Write(b)
