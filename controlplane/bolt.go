@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -355,7 +356,32 @@ func (r *boltReader) Policies() ([]spec.Policy, error) {
 	return all[spec.Policy](r.btx, bucketPolicies)
 }
 func (r *boltReader) APIs() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
-func (r *boltReader) keys() ([]spec.Key, error) { return all[spec.Key](r.btx, bucketKeys) }
+
+// keys returns every key, in hash order. The JSON is decoded on every
+// CPU, into a list sized from the bucket's count.
+func (r *boltReader) keys() ([]spec.Key, error) {
+	b := r.btx.Bucket(bucketKeys)
+	raw := make([]rawKey, 0, b.Stats().KeyN)
+	if err := b.ForEach(func(k, v []byte) error {
+		raw = append(raw, rawKey{v: v}) // v is valid until the transaction ends
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]spec.Key, len(raw))
+	err := parallel(len(raw), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+		for i := lo; i < hi; i++ {
+			if err := json.Unmarshal(raw[i].v, &out[i]); err != nil {
+				return fmt.Errorf("controlplane: decode %s #%d: %w", bucketKeys, i, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func get[T any](btx *bolt.Tx, bucket []byte, id string) (*T, error) {
 	v := btx.Bucket(bucket).Get([]byte(id))

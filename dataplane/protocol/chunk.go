@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"runtime"
 	"strconv"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
@@ -70,62 +72,129 @@ func ChunksDigester(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.
 
 // encodeDigest returns json.Marshal(snap), written object by object, and
 // adds every object to d. It mirrors spec.Snapshot's JSON form: revision,
-// then policies, keys and APIs, each left out when empty.
+// then policies, keys and APIs, each left out when empty. The keys are
+// encoded in parts on every CPU, and the parts joined.
 func encodeDigest(snap *spec.Snapshot, d *Digester) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf) // escapes HTML, as json.Marshal does
-	h := sha256.New()
-	hashJSON := func(tag byte, b []byte) (out [32]byte) { // as hashJSON, reusing h
-		h.Reset()
-		h.Write([]byte{tag})
-		h.Write(b)
-		h.Sum(out[:0])
-		return out
+	main := newObjectEncoder()
+	main.buf.WriteString(`{"revision":`)
+	main.buf.Write(strconv.AppendUint(main.buf.AvailableBuffer(), snap.Revision, 10))
+	if len(snap.Policies) > 0 {
+		main.buf.WriteString(`,"policies":[`)
+		for i := range snap.Policies {
+			if err := main.policy(i > 0, &snap.Policies[i]); err != nil {
+				return nil, err
+			}
+		}
+		main.buf.WriteByte(']')
 	}
-	// list writes `,"name":[...]` with each element's JSON, hashing it.
-	list := func(name string, n int, elem func(i int) any, hash func(i int, obj []byte) [32]byte) error {
-		if n == 0 {
+	if len(snap.Keys) > 0 {
+		main.buf.WriteString(`,"keys":[`)
+		encs := make([]*objectEncoder, len(snap.Keys)/minPart+1)
+		err := parallel(len(snap.Keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+			e := main
+			if lo > 0 {
+				e = newObjectEncoder()
+			}
+			encs[lo/minPart] = e
+			for i := lo; i < hi; i++ {
+				if err := e.key(i > lo, &snap.Keys[i]); err != nil {
+					return err
+				}
+			}
 			return nil
-		}
-		buf.WriteString(`,"` + name + `":[`)
-		for i := range n {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			start := buf.Len()
-			if err := enc.Encode(elem(i)); err != nil {
-				return err
-			}
-			buf.Truncate(buf.Len() - 1) // Encode's newline
-			d.add(hash(i, buf.Bytes()[start:]))
-		}
-		buf.WriteByte(']')
-		return nil
-	}
-	buf.WriteString(`{"revision":`)
-	buf.Write(strconv.AppendUint(buf.AvailableBuffer(), snap.Revision, 10))
-	err := list("policies", len(snap.Policies), func(i int) any { return &snap.Policies[i] },
-		func(_ int, obj []byte) [32]byte { return hashJSON(tagPolicy, obj) })
-	if err != nil {
-		return nil, err
-	}
-	err = list("keys", len(snap.Keys), func(i int) any { return &snap.Keys[i] },
-		func(i int, obj []byte) [32]byte {
-			if k := &snap.Keys[i]; k.Expires != nil || hasUpper(k.KeyHash) {
-				return objectHash(tagKey, canonicalKeyOf(k))
-			}
-			return hashJSON(tagKey, obj)
 		})
-	if err != nil {
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range encs[1:] {
+			if e != nil {
+				main.buf.WriteByte(',')
+				main.buf.Write(e.buf.Bytes())
+				main.d.merge(&e.d)
+			}
+		}
+		main.buf.WriteByte(']')
+	}
+	if len(snap.APIs) > 0 {
+		main.buf.WriteString(`,"apis":[`)
+		for i := range snap.APIs {
+			if err := main.api(i > 0, &snap.APIs[i]); err != nil {
+				return nil, err
+			}
+		}
+		main.buf.WriteByte(']')
+	}
+	main.buf.WriteByte('}')
+	d.merge(&main.d)
+	return main.buf.Bytes(), nil
+}
+
+// objectEncoder writes objects' JSON one after the other into buf, as
+// json.Marshal writes each, and adds each to d.
+type objectEncoder struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+	h   hash.Hash
+	d   Digester
+}
+
+func newObjectEncoder() *objectEncoder {
+	e := &objectEncoder{h: sha256.New()}
+	e.enc = json.NewEncoder(&e.buf) // escapes HTML, as json.Marshal does
+	return e
+}
+
+// write appends v's JSON (after a comma when comma) and returns it.
+func (e *objectEncoder) write(comma bool, v any) ([]byte, error) {
+	if comma {
+		e.buf.WriteByte(',')
+	}
+	start := e.buf.Len()
+	if err := e.enc.Encode(v); err != nil {
 		return nil, err
 	}
-	err = list("apis", len(snap.APIs), func(i int) any { return &snap.APIs[i] },
-		func(_ int, obj []byte) [32]byte { return hashJSON(tagAPI, obj) })
-	if err != nil {
-		return nil, err
+	e.buf.Truncate(e.buf.Len() - 1) // Encode's newline
+	return e.buf.Bytes()[start:], nil
+}
+
+// hash is hashJSON, reusing e.h.
+func (e *objectEncoder) hash(tag byte, b []byte) (out [32]byte) {
+	e.h.Reset()
+	e.h.Write([]byte{tag})
+	e.h.Write(b)
+	e.h.Sum(out[:0])
+	return out
+}
+
+func (e *objectEncoder) policy(comma bool, p *spec.Policy) error {
+	b, err := e.write(comma, p)
+	if err == nil {
+		e.d.add(e.hash(tagPolicy, b))
 	}
-	buf.WriteByte('}')
-	return buf.Bytes(), nil
+	return err
+}
+
+func (e *objectEncoder) api(comma bool, a *spec.API) error {
+	b, err := e.write(comma, a)
+	if err == nil {
+		e.d.add(e.hash(tagAPI, b))
+	}
+	return err
+}
+
+// key adds k's hash from its JSON when that is canonical (a lower-case
+// hash and no expiry), else from its canonical form.
+func (e *objectEncoder) key(comma bool, k *spec.Key) error {
+	b, err := e.write(comma, k)
+	switch {
+	case err != nil:
+		return err
+	case k.Expires != nil || hasUpper(k.KeyHash):
+		e.d.add(objectHash(tagKey, canonicalKeyOf(k)))
+	default:
+		e.d.add(e.hash(tagKey, b))
+	}
+	return nil
 }
 
 // hasUpper reports whether s has an ASCII upper-case letter.

@@ -139,9 +139,13 @@ func TestChunksDigesterMatchesChunksAndDigest(t *testing.T) {
 	odd.Keys[5].APILimits = map[string]spec.Limits{"orders": {Rate: &spec.Rate{Requests: 3, Per: spec.Duration(time.Second)}}}
 	odd.Policies = append(odd.Policies, spec.Policy{ID: "<b>&\"é\u2028", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Hour)}})
 	odd.APIs = append(odd.APIs, spec.API{ID: "a&b", ListenPath: "/a<b>/", Target: spec.BuiltinEcho})
+	many := snapshotWithKeys(8, 3*minPart+5) // encoded in parts
+	many.Keys[2*minPart+1].KeyHash = strings.ToUpper(many.Keys[2*minPart+1].KeyHash)
+	many.Keys[3*minPart].Expires = &exp
 	for name, snap := range map[string]*spec.Snapshot{
 		"empty":    {Revision: 1},
 		"keys":     snapshotWithKeys(7, 1000),
+		"many":     many,
 		"odd":      odd,
 		"policies": {Revision: 2, Policies: odd.Policies},
 		"apis":     {Revision: 3, APIs: odd.APIs},
@@ -167,8 +171,18 @@ func TestChunksDigesterMatchesChunksAndDigest(t *testing.T) {
 		if joined.String() != jsonOf(t, snap) {
 			t.Fatalf("%s: chunks join to\n%s\nwant\n%s", name, joined.String(), jsonOf(t, snap))
 		}
-		if d.Digest() != Digest(snap) || got[len(got)-1].Digest != Digest(snap) {
-			t.Fatalf("%s: digester %s, last chunk %s, want %s", name, d.Digest(), got[len(got)-1].Digest, Digest(snap))
+		var one Digester // one object at a time, in order
+		for i := range snap.Policies {
+			one.AddPolicy(&snap.Policies[i])
+		}
+		for i := range snap.Keys {
+			one.AddKey(&snap.Keys[i])
+		}
+		for i := range snap.APIs {
+			one.AddAPI(&snap.APIs[i])
+		}
+		if want := one.Digest(); d.Digest() != want || got[len(got)-1].Digest != want || Digest(snap) != want {
+			t.Fatalf("%s: digester %s, last chunk %s, Digest %s, want %s", name, d.Digest(), got[len(got)-1].Digest, Digest(snap), want)
 		}
 		// The Digester goes on: removing a key gives the digest without it.
 		if len(snap.Keys) > 4 {
