@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"runtime"
 	"slices"
 	"strconv"
@@ -153,14 +154,14 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 		if err := tx.flush(); err != nil {
 			return err
 		}
-		if len(tx.changes) == 0 {
+		if tx.changes.n == 0 {
 			rev, wrote = cur, false
 			return nil
 		}
-		if err := validateWrite(tx, tx.changes); err != nil {
+		if err := validateWrite(tx, &tx.changes); err != nil {
 			return err
 		}
-		if err := b.appendChanges(btx, tx.rev, tx.changes); err != nil {
+		if err := b.appendChanges(btx, tx.rev, &tx.changes); err != nil {
 			return err
 		}
 		rev, wrote = tx.rev, true
@@ -177,10 +178,10 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 
 // appendChanges logs changes as revision rev, drops the revisions that
 // fall out of the log, and records rev.
-func (b *Bolt) appendChanges(btx *bolt.Tx, rev uint64, changes []Change) error {
+func (b *Bolt) appendChanges(btx *bolt.Tx, rev uint64, changes *changeList) error {
 	log := btx.Bucket(bucketChanges)
 	log.FillPercent = 1 // appended in key order, trimmed from the front
-	for i, c := range changes {
+	for i, c := range changes.all() {
 		c.Revision = rev
 		v, err := encodeChange(c)
 		if err != nil {
@@ -357,13 +358,13 @@ func (r *boltReader) Policies() ([]spec.Policy, error) {
 }
 func (r *boltReader) APIs() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
 
-// keys returns every key, in hash order. The JSON is decoded on every
-// CPU, into a list sized from the bucket's count.
+// keys returns every key, in hash order. The JSON values are listed
+// first (by reference: cheaper than counting them with Bucket.Stats),
+// then decoded on every CPU into a list of the right size.
 func (r *boltReader) keys() ([]spec.Key, error) {
-	b := r.btx.Bucket(bucketKeys)
-	raw := make([]rawKey, 0, b.Stats().KeyN)
-	if err := b.ForEach(func(k, v []byte) error {
-		raw = append(raw, rawKey{v: v}) // v is valid until the transaction ends
+	var raw [][]byte
+	if err := r.btx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+		raw = append(raw, v) // valid until the transaction ends
 		return nil
 	}); err != nil {
 		return nil, err
@@ -371,7 +372,7 @@ func (r *boltReader) keys() ([]spec.Key, error) {
 	out := make([]spec.Key, len(raw))
 	err := parallel(len(raw), runtime.GOMAXPROCS(0), func(lo, hi int) error {
 		for i := lo; i < hi; i++ {
-			if err := json.Unmarshal(raw[i].v, &out[i]); err != nil {
+			if err := json.Unmarshal(raw[i], &out[i]); err != nil {
 				return fmt.Errorf("controlplane: decode %s #%d: %w", bucketKeys, i, err)
 			}
 		}
@@ -418,13 +419,45 @@ func all[T any](btx *bolt.Tx, bucket []byte) ([]T, error) {
 // write of n keys cost O(n²). Sorted, each put appends.
 type boltTx struct {
 	boltReader
-	changes []Change
+	changes changeList
 	// writes holds, per bucket, every ID the transaction wrote and its
 	// value now (JSON; nil when deleted).
 	writes map[string]map[string][]byte
 	// unflushed are, per bucket, the IDs written since the last flush
 	// (repeats included).
 	unflushed map[string][]string
+}
+
+// changeList is a write's changes in order, kept in blocks (of 8, 16, …
+// up to 4096) so that a write of a million objects does not copy its
+// list each time it grows. The zero value is empty.
+type changeList struct {
+	blocks [][]Change
+	n      int
+}
+
+func (l *changeList) add(c Change) {
+	if len(l.blocks) == 0 || len(l.blocks[len(l.blocks)-1]) == cap(l.blocks[len(l.blocks)-1]) {
+		l.blocks = append(l.blocks, make([]Change, 0, 8<<min(len(l.blocks), 9)))
+	}
+	last := &l.blocks[len(l.blocks)-1]
+	*last = append(*last, c)
+	l.n++
+}
+
+// all yields each change with its position, in order.
+func (l *changeList) all() iter.Seq2[int, Change] {
+	return func(yield func(int, Change) bool) {
+		i := 0
+		for _, b := range l.blocks {
+			for _, c := range b {
+				if !yield(i, c) {
+					return
+				}
+				i++
+			}
+		}
+	}
 }
 
 // written returns what the transaction holds for id in bucket: the
@@ -500,7 +533,7 @@ func (t *boltTx) put(bucket []byte, obj Object, id string, v any) error {
 	}
 	old := t.current(bucket, id)
 	t.set(bucket, id, b)
-	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
+	t.changes.add(Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
 	return nil
 }
 
@@ -510,7 +543,7 @@ func (t *boltTx) delete(bucket []byte, obj Object, id string) (bool, error) {
 		return false, nil
 	}
 	t.set(bucket, id, nil)
-	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpDelete, Object: obj, ID: id, Old: old})
+	t.changes.add(Change{Revision: t.rev, Op: OpDelete, Object: obj, ID: id, Old: old})
 	return true, nil
 }
 

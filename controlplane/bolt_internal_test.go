@@ -71,3 +71,31 @@ func TestParallelCoversEachItemOnce(t *testing.T) {
 		t.Fatalf("errors: %v, want the parts' errors joined in order", err)
 	}
 }
+
+// TestChangeListKeepsOrder: a changeList yields every change added, in
+// order, with its position, across blocks; and stops when asked.
+func TestChangeListKeepsOrder(t *testing.T) {
+	var l changeList
+	const n = 20000 // past the largest block
+	for i := range n {
+		l.add(Change{Revision: uint64(i)})
+	}
+	if l.n != n {
+		t.Fatalf("n = %d, want %d", l.n, n)
+	}
+	next := 0
+	for i, c := range l.all() {
+		if i != next || c.Revision != uint64(i) {
+			t.Fatalf("position %d holds revision %d, want %d", i, c.Revision, next)
+		}
+		next++
+	}
+	if next != n {
+		t.Fatalf("yielded %d, want %d", next, n)
+	}
+	for i := range l.all() {
+		if i == 9 {
+			break
+		}
+	}
+}

@@ -39,9 +39,9 @@ type state interface {
 // unique, being the store's keys), so writing one key among a million
 // stays cheap. Keys are decoded and checked on every CPU; the cost is
 // linear in the keys checked.
-func validateWrite(st state, changes []Change) error {
+func validateWrite(st state, changes *changeList) error {
 	allKeys := false
-	for _, c := range changes {
+	for _, c := range changes.all() {
 		if c.Object == ObjectAPI || c.Object == ObjectPolicy && c.Op == OpDelete {
 			allKeys = true
 			break
