@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
+	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -33,7 +36,19 @@ type BoltOptions struct {
 	// LockTimeout is how long OpenBolt waits for another process holding
 	// the file to let go; 0 means 5s.
 	LockTimeout time.Duration
+	// InitialMmapSize is how many bytes of address space the file is
+	// mapped with from the start (bbolt's InitialMmapSize); 0 means
+	// DefaultInitialMmapSize. It reserves address space, not memory. A
+	// file that outgrows the map is mapped again, which waits for every
+	// read transaction (a Snapshot being sent) and copies every node the
+	// write holds: a write of a million keys into a small map remaps a
+	// dozen times.
+	InitialMmapSize int
 }
+
+// DefaultInitialMmapSize is BoltOptions.InitialMmapSize when 0: 1 GiB,
+// room for a few million keys.
+const DefaultInitialMmapSize = 1 << 30
 
 // DefaultChangeLogRevisions is the change log's length when
 // BoltOptions.ChangeLogRevisions is 0.
@@ -79,7 +94,10 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = 5 * time.Second
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.LockTimeout})
+	if o.InitialMmapSize <= 0 {
+		o.InitialMmapSize = DefaultInitialMmapSize
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.LockTimeout, InitialMmapSize: o.InitialMmapSize})
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: open %s: %w", path, err)
 	}
@@ -129,18 +147,21 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 	var wrote bool
 	err := b.db.Batch(func(btx *bolt.Tx) error {
 		cur := readRevision(btx)
-		tx := &boltTx{boltReader{btx: btx, rev: cur + 1}, nil}
+		tx := &boltTx{boltReader: boltReader{btx: btx, rev: cur + 1}}
 		if err := fn(tx); err != nil {
 			return err
 		}
-		if len(tx.changes) == 0 {
+		if err := tx.flush(); err != nil {
+			return err
+		}
+		if tx.changes.n == 0 {
 			rev, wrote = cur, false
 			return nil
 		}
-		if err := validateWrite(tx, tx.changes); err != nil {
+		if err := validateWrite(tx, &tx.changes); err != nil {
 			return err
 		}
-		if err := b.appendChanges(btx, tx.rev, tx.changes); err != nil {
+		if err := b.appendChanges(btx, tx.rev, &tx.changes); err != nil {
 			return err
 		}
 		rev, wrote = tx.rev, true
@@ -157,11 +178,12 @@ func (b *Bolt) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error)
 
 // appendChanges logs changes as revision rev, drops the revisions that
 // fall out of the log, and records rev.
-func (b *Bolt) appendChanges(btx *bolt.Tx, rev uint64, changes []Change) error {
+func (b *Bolt) appendChanges(btx *bolt.Tx, rev uint64, changes *changeList) error {
 	log := btx.Bucket(bucketChanges)
-	for i, c := range changes {
+	log.FillPercent = 1 // appended in key order, trimmed from the front
+	for i, c := range changes.all() {
 		c.Revision = rev
-		v, err := json.Marshal(c)
+		v, err := encodeChange(c)
 		if err != nil {
 			return fmt.Errorf("controlplane: encode change: %w", err)
 		}
@@ -184,6 +206,40 @@ func (b *Bolt) appendChanges(btx *bolt.Tx, rev uint64, changes []Change) error {
 		return fmt.Errorf("controlplane: record revision: %w", err)
 	}
 	return nil
+}
+
+// encodeChange returns json.Marshal(c), faster: c.Value and c.Old, which
+// the store made with json.Marshal, are copied as they are instead of
+// being checked and compacted again.
+func encodeChange(c Change) ([]byte, error) {
+	b := make([]byte, 0, 64+len(c.Op)+len(c.Object)+len(c.ID)+len(c.Value)+len(c.Old))
+	b = append(b, `{"revision":`...)
+	b = strconv.AppendUint(b, c.Revision, 10)
+	var err error
+	for _, f := range []struct{ name, v string }{{`,"op":`, string(c.Op)}, {`,"object":`, string(c.Object)}, {`,"id":`, c.ID}} {
+		b = append(b, f.name...)
+		if b, err = appendJSONString(b, f.v); err != nil {
+			return nil, err
+		}
+	}
+	if len(c.Value) > 0 {
+		b = append(append(b, `,"value":`...), c.Value...)
+	}
+	if len(c.Old) > 0 {
+		b = append(append(b, `,"old":`...), c.Old...)
+	}
+	return append(b, '}'), nil
+}
+
+// appendJSONString appends s as json.Marshal writes it.
+func appendJSONString(b []byte, s string) ([]byte, error) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			v, err := json.Marshal(s)
+			return append(b, v...), err
+		}
+	}
+	return append(append(append(b, '"'), s...), '"'), nil
 }
 
 func changeKey(rev uint64, seq uint32) []byte {
@@ -301,7 +357,32 @@ func (r *boltReader) Policies() ([]spec.Policy, error) {
 	return all[spec.Policy](r.btx, bucketPolicies)
 }
 func (r *boltReader) APIs() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
-func (r *boltReader) keys() ([]spec.Key, error) { return all[spec.Key](r.btx, bucketKeys) }
+
+// keys returns every key, in hash order. The JSON values are listed
+// first (by reference: cheaper than counting them with Bucket.Stats),
+// then decoded on every CPU into a list of the right size.
+func (r *boltReader) keys() ([]spec.Key, error) {
+	var raw [][]byte
+	if err := r.btx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+		raw = append(raw, v) // valid until the transaction ends
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]spec.Key, len(raw))
+	err := parallel(len(raw), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+		for i := lo; i < hi; i++ {
+			if err := json.Unmarshal(raw[i], &out[i]); err != nil {
+				return fmt.Errorf("controlplane: decode %s #%d: %w", bucketKeys, i, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func get[T any](btx *bolt.Tx, bucket []byte, id string) (*T, error) {
 	v := btx.Bucket(bucket).Get([]byte(id))
@@ -330,9 +411,119 @@ func all[T any](btx *bolt.Tx, bucket []byte) ([]T, error) {
 }
 
 // boltTx is a write transaction that records its changes.
+//
+// Its writes are kept in writes and reach bbolt sorted by ID when the
+// transaction lists a bucket or ends (flush). bbolt splits nodes only at
+// commit, so random keys put one by one into a bucket pile into few
+// nodes that grow with each put, and every put moves half a node: a
+// write of n keys cost O(n²). Sorted, each put appends.
 type boltTx struct {
 	boltReader
-	changes []Change
+	changes changeList
+	// writes holds, per bucket, every ID the transaction wrote and its
+	// value now (JSON; nil when deleted).
+	writes map[string]map[string][]byte
+	// unflushed are, per bucket, the IDs written since the last flush
+	// (repeats included).
+	unflushed map[string][]string
+}
+
+// changeList is a write's changes in order, kept in blocks (of 8, 16, …
+// up to 4096) so that a write of a million objects does not copy its
+// list each time it grows. The zero value is empty.
+type changeList struct {
+	blocks [][]Change
+	n      int
+}
+
+func (l *changeList) add(c Change) {
+	if len(l.blocks) == 0 || len(l.blocks[len(l.blocks)-1]) == cap(l.blocks[len(l.blocks)-1]) {
+		l.blocks = append(l.blocks, make([]Change, 0, 8<<min(len(l.blocks), 9)))
+	}
+	last := &l.blocks[len(l.blocks)-1]
+	*last = append(*last, c)
+	l.n++
+}
+
+// all yields each change with its position, in order.
+func (l *changeList) all() iter.Seq2[int, Change] {
+	return func(yield func(int, Change) bool) {
+		i := 0
+		for _, b := range l.blocks {
+			for _, c := range b {
+				if !yield(i, c) {
+					return
+				}
+				i++
+			}
+		}
+	}
+}
+
+// written returns what the transaction holds for id in bucket: the
+// value put, or nil for a delete (ok), or ok false when it has not
+// written id.
+func (t *boltTx) written(bucket []byte, id string) (v []byte, ok bool) {
+	v, ok = t.writes[string(bucket)][id]
+	return v, ok
+}
+
+// current returns the value id has in bucket as the transaction sees
+// it, nil when absent. The bytes are the caller's to keep, not to change.
+func (t *boltTx) current(bucket []byte, id string) []byte {
+	if v, ok := t.written(bucket, id); ok {
+		return v
+	}
+	return bytes.Clone(t.btx.Bucket(bucket).Get([]byte(id)))
+}
+
+// set records id's new value (nil: deleted) for the next flush.
+func (t *boltTx) set(bucket []byte, id string, v []byte) {
+	if t.writes == nil {
+		t.writes, t.unflushed = map[string]map[string][]byte{}, map[string][]string{}
+	}
+	m := t.writes[string(bucket)]
+	if m == nil {
+		m = map[string][]byte{}
+		t.writes[string(bucket)] = m
+	}
+	m[id] = v
+	t.unflushed[string(bucket)] = append(t.unflushed[string(bucket)], id)
+}
+
+// flush writes the values written since the last flush into bbolt, each
+// bucket in ID order.
+func (t *boltTx) flush() error {
+	for name, ids := range t.unflushed {
+		b, m := t.btx.Bucket([]byte(name)), t.writes[name]
+		slices.Sort(ids)
+		for _, id := range slices.Compact(ids) {
+			var err error
+			if v := m[id]; v != nil {
+				err = b.Put([]byte(id), v)
+			} else {
+				err = b.Delete([]byte(id))
+			}
+			if err != nil {
+				return fmt.Errorf("controlplane: write %s %q: %w", name, id, err)
+			}
+		}
+		delete(t.unflushed, name)
+	}
+	return nil
+}
+
+// writtenKeys returns the keys the transaction wrote: hash → JSON, nil
+// when deleted.
+func (t *boltTx) writtenKeys() map[string][]byte { return t.writes[string(bucketKeys)] }
+
+// eachKey calls fn with every key of the state, in hash order, after a
+// flush. The bytes are valid until the transaction ends.
+func (t *boltTx) eachKey(fn func(hash, v []byte) error) error {
+	if err := t.flush(); err != nil {
+		return err
+	}
+	return t.btx.Bucket(bucketKeys).ForEach(fn)
 }
 
 func (t *boltTx) put(bucket []byte, obj Object, id string, v any) error {
@@ -340,26 +531,65 @@ func (t *boltTx) put(bucket []byte, obj Object, id string, v any) error {
 	if err != nil {
 		return fmt.Errorf("controlplane: encode %s %q: %w", obj, id, err)
 	}
-	bk := t.btx.Bucket(bucket)
-	old := bytes.Clone(bk.Get([]byte(id))) // valid only until the Put
-	if err := bk.Put([]byte(id), b); err != nil {
-		return fmt.Errorf("controlplane: put %s %q: %w", obj, id, err)
-	}
-	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
+	old := t.current(bucket, id)
+	t.set(bucket, id, b)
+	t.changes.add(Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
 	return nil
 }
 
 func (t *boltTx) delete(bucket []byte, obj Object, id string) (bool, error) {
-	b := t.btx.Bucket(bucket)
-	old := bytes.Clone(b.Get([]byte(id))) // valid only until the Delete
+	old := t.current(bucket, id)
 	if old == nil {
 		return false, nil
 	}
-	if err := b.Delete([]byte(id)); err != nil {
-		return false, fmt.Errorf("controlplane: delete %s %q: %w", obj, id, err)
-	}
-	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpDelete, Object: obj, ID: id, Old: old})
+	t.set(bucket, id, nil)
+	t.changes.add(Change{Revision: t.rev, Op: OpDelete, Object: obj, ID: id, Old: old})
 	return true, nil
+}
+
+// The reads of a write transaction see its own writes.
+
+func (t *boltTx) Policy(id string) (*spec.Policy, error) {
+	return getTx[spec.Policy](t, bucketPolicies, id)
+}
+
+func (t *boltTx) Key(hash string) (*spec.Key, error) {
+	h, err := identity.ParseKeyHash(hash)
+	if err != nil {
+		return nil, nil // no key has that hash
+	}
+	return getTx[spec.Key](t, bucketKeys, h.String())
+}
+
+func (t *boltTx) API(id string) (*spec.API, error) { return getTx[spec.API](t, bucketAPIs, id) }
+
+func (t *boltTx) Policies() ([]spec.Policy, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.boltReader.Policies()
+}
+
+func (t *boltTx) APIs() ([]spec.API, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.boltReader.APIs()
+}
+
+func getTx[T any](t *boltTx, bucket []byte, id string) (*T, error) {
+	v, ok := t.written(bucket, id)
+	if !ok {
+		return get[T](t.btx, bucket, id)
+	}
+	if v == nil {
+		return nil, nil
+	}
+	var o T
+	if err := json.Unmarshal(v, &o); err != nil {
+		return nil, fmt.Errorf("controlplane: decode %s %q: %w", bucket, id, err)
+	}
+	return &o, nil
 }
 
 func (t *boltTx) PutPolicy(p spec.Policy) error {

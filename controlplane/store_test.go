@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -486,5 +489,195 @@ func TestReaderListsInIDOrder(t *testing.T) {
 	}
 	if want := "[p:Mid p:zeta a:beta a:orders]"; got != want {
 		t.Fatalf("View: %s, want %s", got, want)
+	}
+}
+
+// TestTxReadsItsOwnWrites: inside one Update, reads see the write's own
+// puts and deletes (single objects and lists, also after a list read
+// has flushed the earlier writes), the change log's Old is the value
+// before each change, and the state committed is the last value of
+// each object.
+func TestTxReadsItsOwnWrites(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	k1, k2 := hash("k1"), hash("k2")
+	update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
+	update(t, s, func(tx controlplane.Tx) error {
+		check := func(what string, got, want any) {
+			t.Helper()
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s: %v, want %v", what, got, want)
+			}
+		}
+		key := func(h string) any {
+			t.Helper()
+			k, err := tx.Key(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k == nil {
+				return nil
+			}
+			return k.Policies
+		}
+		if err := tx.PutPolicy(policy("silver", 5)); err != nil {
+			return err
+		}
+		if err := tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"gold"}}); err != nil {
+			return err
+		}
+		check("k1 after put", key(k1), []string{"gold"})
+		if err := tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"silver"}}); err != nil {
+			return err
+		}
+		check("k1 after second put", key(k1), []string{"silver"})
+		p, err := tx.Policy("silver")
+		if err != nil {
+			return err
+		}
+		check("policy silver", p.Rate.Requests, int64(5))
+		ps, err := tx.Policies() // flushes
+		if err != nil {
+			return err
+		}
+		check("policies", len(ps), 2)
+		if ok, err := tx.DeletePolicy("gold"); !ok || err != nil {
+			t.Fatalf("DeletePolicy(gold) = %v, %v", ok, err)
+		}
+		if p, _ := tx.Policy("gold"); p != nil {
+			t.Fatalf("policy gold after delete: %+v", p)
+		}
+		if ok, _ := tx.DeletePolicy("gold"); ok {
+			t.Fatal("deleted gold twice")
+		}
+		ps, err = tx.Policies()
+		if err != nil {
+			return err
+		}
+		check("policies after delete", ps[0].ID+" "+fmt.Sprint(len(ps)), "silver 1")
+		if err := tx.PutKey(spec.Key{KeyHash: k2, Policies: []string{"silver"}}); err != nil {
+			return err
+		}
+		if ok, err := tx.DeleteKey(k2); !ok || err != nil {
+			t.Fatalf("DeleteKey(k2) = %v, %v", ok, err)
+		}
+		check("k2 after delete", key(k2), nil)
+		if ok, _ := tx.DeleteKey(k2); ok {
+			t.Fatal("deleted k2 twice")
+		}
+		return nil
+	})
+	snap, err := s.Snapshot(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &spec.Snapshot{Revision: 2, Policies: []spec.Policy{policy("silver", 5)}, Keys: []spec.Key{{KeyHash: k1, Policies: []string{"silver"}}}}
+	if !reflect.DeepEqual(snap, want) {
+		t.Fatalf("snapshot %+v, want %+v", snap, want)
+	}
+	changes, err := s.ChangesSince(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := map[string]string{k1: "k1", k2: "k2", "gold": "gold", "silver": "silver"}
+	var got []string
+	for _, c := range changes {
+		got = append(got, fmt.Sprintf("%d %s %s %s old=%s", c.Revision, c.Op, c.Object, name[c.ID], c.Old))
+	}
+	wantChanges := []string{
+		`2 put policy silver old=`,
+		`2 put key k1 old=`,
+		`2 put key k1 old={"key_hash":"` + k1 + `","policies":["gold"]}`,
+		`2 delete policy gold old={"id":"gold","rate":{"requests":10,"per":"1m0s"}}`,
+		`2 put key k2 old=`,
+		`2 delete key k2 old={"key_hash":"` + k2 + `","policies":["silver"]}`,
+	}
+	if !reflect.DeepEqual(got, wantChanges) {
+		t.Fatalf("changes:\n%q\nwant\n%q", got, wantChanges)
+	}
+}
+
+// TestBulkWriteValidation: one write of 10,000 keys of which three are
+// invalid is refused with exactly their problems, keys in hash order,
+// each path naming its key; nothing is written. The same keys, fixed,
+// are written (the snapshot, decoded on several goroutines, holds them
+// all in hash order), and an API change that breaks one of them (api_limits of
+// an API turned keyless) is refused naming that key, after the API's own
+// problem.
+func TestBulkWriteValidation(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ctx := context.Background()
+	api := spec.API{ID: "orders", ListenPath: "/orders/", Target: spec.BuiltinEcho}
+	update(t, s, func(tx controlplane.Tx) error {
+		if err := tx.PutAPI(api); err != nil {
+			return err
+		}
+		return tx.PutPolicy(policy("gold", 10))
+	})
+	keys := make([]spec.Key, 10000)
+	for i := range keys {
+		keys[i] = spec.Key{KeyHash: hash(fmt.Sprint("bulk-", i)), Policies: []string{"gold"}}
+	}
+	bad := map[int]spec.Key{
+		17:   {Policies: []string{"nope"}},
+		5000: {},
+		9999: {Policies: []string{"gold"}, APILimits: map[string]spec.Limits{"orders": {}}},
+	}
+	putAll := func(tx controlplane.Tx, ks []spec.Key) error {
+		for _, k := range ks {
+			if err := tx.PutKey(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	broken := slices.Clone(keys)
+	var want []string
+	for i, k := range bad {
+		k.KeyHash = keys[i].KeyHash
+		broken[i] = k
+	}
+	for _, i := range slices.SortedFunc(maps.Keys(bad), func(a, b int) int { return strings.Compare(keys[a].KeyHash, keys[b].KeyHash) }) {
+		at := `spec: keys["` + keys[i].KeyHash + `"]`
+		switch i {
+		case 17:
+			want = append(want, at+`.policies[0]: unknown policy "nope"`)
+		case 5000:
+			want = append(want, at+`.policies: a key needs at least one policy (or api_limits)`)
+		case 9999:
+			want = append(want, at+`.api_limits.orders: needs rate or quota`)
+		}
+	}
+	_, err := s.Update(ctx, func(tx controlplane.Tx) error { return putAll(tx, broken) })
+	var errs spec.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("bulk write: %v, want spec.Errors", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Error())
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("bulk write:\n%q\nwant\n%q", got, want)
+	}
+	if rev := revision(t, s); rev != 1 {
+		t.Fatalf("revision %d after a refused write, want 1", rev)
+	}
+	keys[9999].APILimits = map[string]spec.Limits{"orders": {Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Second)}}}
+	update(t, s, func(tx controlplane.Tx) error { return putAll(tx, keys) })
+	snap, err := s.Snapshot(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sorted := slices.SortedFunc(slices.Values(keys), func(a, b spec.Key) int { return strings.Compare(a.KeyHash, b.KeyHash) })
+	if !reflect.DeepEqual(snap.Keys, sorted) {
+		t.Fatalf("snapshot holds %d keys, not the %d written in hash order", len(snap.Keys), len(keys))
+	}
+	keyless := api
+	keyless.Auth = spec.AuthKeyless
+	_, err = s.Update(ctx, func(tx controlplane.Tx) error { return tx.PutAPI(keyless) })
+	if want := `spec: apis["orders"].policies: a keyless API needs at least one policy (applied per client IP)` + "\n" +
+		`spec: keys["` + keys[9999].KeyHash + `"].api_limits.orders: API "orders" is keyless; api_limits only apply to api_key APIs`; err == nil || err.Error() != want {
+		t.Fatalf("API change: %v, want %s", err, want)
 	}
 }

@@ -532,15 +532,14 @@ func (st *syncStream) deliver(ctx context.Context) error {
 			return nil
 		}
 	}
-	snap, v, err := s.snapshotView(ctx, st.tags)
+	nonce := rand.Text()
+	snap, chunks, v, err := s.snapshotView(ctx, st.tags, nonce)
+	if errors.Is(err, errEncodeSnapshot) {
+		return status.Errorf(codes.Internal, "%v", err)
+	}
 	if err != nil {
 		s.o.Log.Error("controlplane: sync: read snapshot", "err", err)
 		return status.Errorf(codes.Unavailable, "controlplane: read snapshot: %v", err)
-	}
-	nonce := rand.Text()
-	chunks, err := protocol.Chunks(snap, nonce, s.o.ChunkBytes)
-	if err != nil {
-		return status.Errorf(codes.Internal, "controlplane: encode snapshot: %v", err)
 	}
 	for _, c := range chunks {
 		if err := st.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_SnapshotChunk{SnapshotChunk: c}}); err != nil {
@@ -564,22 +563,23 @@ func (st *syncStream) record(d sent) {
 	}
 }
 
-// snapshotView reads the data plane's snapshot and its view.
-func (s *SyncServer) snapshotView(ctx context.Context, tags []string) (*spec.Snapshot, view, error) {
+// errEncodeSnapshot wraps snapshotView's failure to encode a snapshot.
+var errEncodeSnapshot = errors.New("controlplane: encode snapshot")
+
+// snapshotView reads the data plane's snapshot, cuts it into chunks with
+// nonce, and returns it with the chunks and its view. The view's digest
+// state comes from the encoding (protocol.ChunksDigester), so a snapshot
+// is digested once.
+func (s *SyncServer) snapshotView(ctx context.Context, tags []string, nonce string) (*spec.Snapshot, []*syncpb.SnapshotChunk, view, error) {
 	snap, err := s.o.Store.Snapshot(ctx, tags)
 	if err != nil {
-		return nil, view{}, err
+		return nil, nil, view{}, err
 	}
-	v := view{revision: snap.Revision}
-	for i := range snap.Policies {
-		v.digest.AddPolicy(&snap.Policies[i])
+	chunks, digest, err := protocol.ChunksDigester(snap, nonce, s.o.ChunkBytes)
+	if err != nil {
+		return nil, nil, view{}, fmt.Errorf("%w: %w", errEncodeSnapshot, err)
 	}
-	for i := range snap.Keys {
-		v.digest.AddKey(&snap.Keys[i])
-	}
-	for i := range snap.APIs {
-		v.digest.AddAPI(&snap.APIs[i])
-	}
+	v := view{revision: snap.Revision, digest: digest}
 	// Select's rule at the snapshot's revision, when the state has not
 	// moved since (else it is read when the next changes are planned).
 	err = s.o.Store.View(ctx, func(r Reader) error {
@@ -597,7 +597,7 @@ func (s *SyncServer) snapshotView(ctx context.Context, tags []string) (*spec.Sna
 		v.filter = newFilter(pols, apis, tags)
 		return nil
 	})
-	return snap, v, err
+	return snap, chunks, v, err
 }
 
 // planChanges returns the Changes that bring a data plane with tags from

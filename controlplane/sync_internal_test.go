@@ -172,7 +172,7 @@ func step(t *testing.T, ctx context.Context, srv *SyncServer, store Store, f *fo
 	}
 	switch {
 	case why != "":
-		snap, v, err := srv.snapshotView(ctx, f.tags)
+		snap, _, v, err := srv.snapshotView(ctx, f.tags, "n")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +307,7 @@ func planRandomly(t *testing.T, ctx context.Context, seed uint64, total *tally) 
 		w := &randomWriter{rng: rand.New(rand.NewPCG(seed, 1))}
 		var fs []*follower
 		for _, tags := range randomTagSets {
-			snap, v, err := srv.snapshotView(ctx, tags)
+			snap, _, v, err := srv.snapshotView(ctx, tags, "n")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -347,7 +347,7 @@ func TestPlanChangesWhileWriting(t *testing.T) {
 	srv, store := newTestSyncServer(t, SyncOptions{})
 	var fs []*follower
 	for _, tags := range randomTagSets {
-		snap, v, err := srv.snapshotView(ctx, tags)
+		snap, _, v, err := srv.snapshotView(ctx, tags, "n")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,15 @@
 package controlplane
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/limitplane/limitplane/spec"
 )
@@ -13,29 +19,32 @@ import (
 type state interface {
 	Policies() ([]spec.Policy, error)
 	APIs() ([]spec.API, error)
-	keys() ([]spec.Key, error)
-	Key(hash string) (*spec.Key, error)
+	// eachKey calls fn with every key's hash and JSON, in hash order.
+	eachKey(fn func(hash, v []byte) error) error
+	// writtenKeys returns the keys the write put or deleted: hash →
+	// JSON as the write leaves it, nil when deleted.
+	writtenKeys() map[string][]byte
 }
 
 // validateWrite checks that the state st, left by a write that made
 // changes, passes spec's Validate. It returns nil or spec.Errors whose
 // paths name objects by ID instead of position: policies["gold"].rate.per,
-// keys["sha256:…"].policies[0].
+// keys["sha256:…"].policies[0]; the policies' and APIs' problems come
+// first (in Validate's order), then the keys', in hash order.
 //
 // Every policy and API is checked each time. Keys are checked all only
 // when an API changed or a policy was deleted, the changes that can break
 // a key that was valid; otherwise only the keys written are (a key's
-// validity depends only on itself, the policies and the APIs), so writing
-// one key among a million stays cheap.
-func validateWrite(st state, changes []Change) error {
+// validity depends only on itself, the policies and the APIs: hashes are
+// unique, being the store's keys), so writing one key among a million
+// stays cheap. Keys are decoded and checked on every CPU; the cost is
+// linear in the keys checked.
+func validateWrite(st state, changes *changeList) error {
 	allKeys := false
-	var written []string
-	for _, c := range changes {
-		switch {
-		case c.Object == ObjectAPI, c.Object == ObjectPolicy && c.Op == OpDelete:
+	for _, c := range changes.all() {
+		if c.Object == ObjectAPI || c.Object == ObjectPolicy && c.Op == OpDelete {
 			allKeys = true
-		case c.Object == ObjectKey && c.Op == OpPut:
-			written = append(written, c.ID)
+			break
 		}
 	}
 	var s spec.Snapshot
@@ -46,35 +55,115 @@ func validateWrite(st state, changes []Change) error {
 	if s.APIs, err = st.APIs(); err != nil {
 		return err
 	}
+	var out spec.Errors
+	var errs spec.Errors
+	if err := s.Validate(); err != nil && !errors.As(err, &errs) {
+		return err
+	}
+	for _, e := range errs {
+		out = append(out, &spec.Error{Path: pathByID(&s, e.Path), Problem: e.Problem})
+	}
+
+	var keys []rawKey
 	if allKeys {
-		if s.Keys, err = st.keys(); err != nil {
+		err = st.eachKey(func(h, v []byte) error {
+			keys = append(keys, rawKey{string(h), v})
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 	} else {
-		seen := map[string]bool{}
-		for _, h := range written {
-			if seen[h] {
-				continue
-			}
-			seen[h] = true
-			k, err := st.Key(h)
-			if err != nil {
-				return err
-			}
-			if k != nil {
-				s.Keys = append(s.Keys, *k)
+		for h, v := range st.writtenKeys() {
+			if v != nil {
+				keys = append(keys, rawKey{h, v})
 			}
 		}
+		slices.SortFunc(keys, func(a, b rawKey) int { return strings.Compare(a.hash, b.hash) })
 	}
-	var errs spec.Errors
-	if err := s.Validate(); !errors.As(err, &errs) {
+	keyErrs, err := validateKeys(&s, keys)
+	if err != nil {
 		return err
 	}
-	out := make(spec.Errors, len(errs))
-	for i, e := range errs {
-		out[i] = &spec.Error{Path: pathByID(&s, e.Path), Problem: e.Problem}
+	out = append(out, keyErrs...)
+	if len(out) == 0 {
+		return nil
 	}
 	return out
+}
+
+// rawKey is a stored key: its hash and its JSON.
+type rawKey struct {
+	hash string
+	v    []byte
+}
+
+// validateKeys decodes and checks keys, in order, against s's policies
+// and APIs, as Validate checks a snapshot's keys (but for the uniqueness
+// of their hashes). Paths name each key by its hash. It splits the keys
+// among GOMAXPROCS goroutines, all done when it returns.
+func validateKeys(s *spec.Snapshot, keys []rawKey) (spec.Errors, error) {
+	policies := make(map[string]*spec.Policy, len(s.Policies))
+	for i := range s.Policies {
+		policies[s.Policies[i].ID] = &s.Policies[i]
+	}
+	apis := make(map[string]*spec.API, len(s.APIs))
+	for i := range s.APIs {
+		apis[s.APIs[i].ID] = &s.APIs[i]
+	}
+	check := func(keys []rawKey) (spec.Errors, error) {
+		var out spec.Errors
+		for _, rk := range keys {
+			var k spec.Key
+			if err := json.Unmarshal(rk.v, &k); err != nil {
+				return nil, fmt.Errorf("controlplane: decode %s %q: %w", bucketKeys, rk.hash, err)
+			}
+			var errs spec.Errors
+			// Paths are made only for the keys that have problems.
+			if err := spec.ValidateKey("", &k, policies, apis); err != nil && !errors.As(err, &errs) {
+				return nil, err
+			}
+			for _, e := range errs {
+				out = append(out, &spec.Error{Path: "keys[" + strconv.Quote(rk.hash) + "]" + e.Path, Problem: e.Problem})
+			}
+		}
+		return out, nil
+	}
+	errs := make([]spec.Errors, len(keys)/minPart+1)
+	err := parallel(len(keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+		var err error
+		errs[lo/minPart], err = check(keys[lo:hi])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(errs...), nil
+}
+
+// minPart is the fewest items parallel gives a goroutine.
+const minPart = 4096
+
+// parallel calls fn on the ranges [lo, hi) that split [0, n) into at
+// most maxParts (GOMAXPROCS, say) non-empty parts of whole multiples of
+// minPart items (but the last), each in its own goroutine,
+// and returns when all are done, with their errors joined. Each lo is a
+// multiple of minPart; ranges with a higher lo hold later items.
+func parallel(n, maxParts int, fn func(lo, hi int) error) error {
+	blocks := (n + minPart - 1) / minPart
+	if maxParts <= 1 || blocks <= 1 {
+		return fn(0, n)
+	}
+	per := (blocks + maxParts - 1) / maxParts // blocks per part
+	parts, size := (blocks+per-1)/per, per*minPart
+	fails := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := range parts {
+		lo, hi := i*size, min((i+1)*size, n)
+		wg.Go(func() { fails[i] = fn(lo, hi) })
+	}
+	wg.Wait()
+	return errors.Join(fails...)
 }
 
 var positionRE = regexp.MustCompile(`^(policies|apis|keys)\[(\d+)\]`)

@@ -2,9 +2,13 @@ package protocol
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"runtime"
+	"strconv"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/spec"
@@ -26,15 +30,28 @@ const DefaultMaxSnapshotBytes = 1 << 30
 // chunk is marked last and carries Digest(snap). An empty snapshot is one
 // chunk. The chunks share one buffer: do not modify their data.
 func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.SnapshotChunk, error) {
+	chunks, _, err := ChunksDigester(snap, nonce, maxBytes)
+	return chunks, err
+}
+
+// ChunksDigester returns Chunks(snap, nonce, maxBytes) and a Digester
+// holding every object of snap (its Digest is the last chunk's), from one
+// pass over snap: each object's JSON is written once, into the snapshot's
+// encoding, and hashed from there when it is already canonical (every
+// policy and API; a key with a lower-case hash and no expiry). The
+// encoding is json.Marshal(snap)'s, byte for byte. It fails, with an
+// error starting "protocol: ", when snap is nil or does not encode.
+func ChunksDigester(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.SnapshotChunk, Digester, error) {
+	var d Digester
 	if snap == nil {
-		return nil, errors.New("protocol: chunks: nil snapshot")
+		return nil, d, errors.New("protocol: chunks: nil snapshot")
 	}
 	if maxBytes <= 0 {
 		maxBytes = DefaultChunkBytes
 	}
-	data, err := json.Marshal(snap)
+	data, err := encodeDigest(snap, &d)
 	if err != nil {
-		return nil, fmt.Errorf("protocol: chunks: encode revision %d: %w", snap.Revision, err)
+		return nil, d, fmt.Errorf("protocol: chunks: encode revision %d: %w", snap.Revision, err)
 	}
 	n := (len(data) + maxBytes - 1) / maxBytes
 	chunks := make([]*syncpb.SnapshotChunk, 0, max(n, 1))
@@ -49,8 +66,161 @@ func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.Snapshot
 			Data:     part,
 		})
 	}
-	chunks[len(chunks)-1].Digest = Digest(snap)
-	return chunks, nil
+	chunks[len(chunks)-1].Digest = d.Digest()
+	return chunks, d, nil
+}
+
+// encodeDigest returns json.Marshal(snap), written object by object, and
+// adds every object to d. It mirrors spec.Snapshot's JSON form: revision,
+// then policies, keys and APIs, each left out when empty. The keys are
+// encoded in parts on every CPU, and the parts joined.
+func encodeDigest(snap *spec.Snapshot, d *Digester) ([]byte, error) {
+	main := newObjectEncoder()
+	main.buf.WriteString(`{"revision":`)
+	main.buf.Write(strconv.AppendUint(main.buf.AvailableBuffer(), snap.Revision, 10))
+	if len(snap.Policies) > 0 {
+		main.buf.WriteString(`,"policies":[`)
+		for i := range snap.Policies {
+			if err := main.policy(i > 0, &snap.Policies[i]); err != nil {
+				return nil, err
+			}
+		}
+		main.buf.WriteByte(']')
+	}
+	if len(snap.Keys) > 0 {
+		main.buf.WriteString(`,"keys":[`)
+		encs := make([]*objectEncoder, len(snap.Keys)/minPart+1)
+		err := parallel(len(snap.Keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+			e := main
+			if lo > 0 {
+				e = newObjectEncoder()
+			}
+			encs[lo/minPart] = e
+			for i := lo; i < hi; i++ {
+				if err := e.key(i > lo, &snap.Keys[i]); err != nil {
+					return err
+				}
+				if i == lo+sampleKeys-1 {
+					// Size the buffer for the rest at the first keys' mean (+1/8),
+					// instead of growing it by copies.
+					e.buf.Grow(e.buf.Len() / sampleKeys * (hi - i) * 9 / 8)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		rest := 0
+		for _, e := range encs[1:] {
+			if e != nil {
+				rest += 1 + e.buf.Len()
+			}
+		}
+		main.buf.Grow(rest + 2 + len(`,"apis":[]}`))
+		for _, e := range encs[1:] {
+			if e != nil {
+				main.buf.WriteByte(',')
+				main.buf.Write(e.buf.Bytes())
+				main.d.merge(&e.d)
+			}
+		}
+		main.buf.WriteByte(']')
+	}
+	if len(snap.APIs) > 0 {
+		main.buf.WriteString(`,"apis":[`)
+		for i := range snap.APIs {
+			if err := main.api(i > 0, &snap.APIs[i]); err != nil {
+				return nil, err
+			}
+		}
+		main.buf.WriteByte(']')
+	}
+	main.buf.WriteByte('}')
+	d.merge(&main.d)
+	return main.buf.Bytes(), nil
+}
+
+// sampleKeys is how many keys encodeDigest encodes before sizing a
+// part's buffer from them.
+const sampleKeys = 64
+
+// objectEncoder writes objects' JSON one after the other into buf, as
+// json.Marshal writes each, and adds each to d.
+type objectEncoder struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+	h   hash.Hash
+	d   Digester
+}
+
+func newObjectEncoder() *objectEncoder {
+	e := &objectEncoder{h: sha256.New()}
+	e.enc = json.NewEncoder(&e.buf) // escapes HTML, as json.Marshal does
+	return e
+}
+
+// write appends v's JSON (after a comma when comma) and returns it.
+func (e *objectEncoder) write(comma bool, v any) ([]byte, error) {
+	if comma {
+		e.buf.WriteByte(',')
+	}
+	start := e.buf.Len()
+	if err := e.enc.Encode(v); err != nil {
+		return nil, err
+	}
+	e.buf.Truncate(e.buf.Len() - 1) // Encode's newline
+	return e.buf.Bytes()[start:], nil
+}
+
+// hash is hashJSON, reusing e.h.
+func (e *objectEncoder) hash(tag byte, b []byte) (out [32]byte) {
+	e.h.Reset()
+	e.h.Write([]byte{tag})
+	e.h.Write(b)
+	e.h.Sum(out[:0])
+	return out
+}
+
+func (e *objectEncoder) policy(comma bool, p *spec.Policy) error {
+	b, err := e.write(comma, p)
+	if err == nil {
+		e.d.add(e.hash(tagPolicy, b))
+	}
+	return err
+}
+
+func (e *objectEncoder) api(comma bool, a *spec.API) error {
+	b, err := e.write(comma, a)
+	if err == nil {
+		e.d.add(e.hash(tagAPI, b))
+	}
+	return err
+}
+
+// key adds k's hash from its JSON when that is canonical (a lower-case
+// hash and no expiry), else from its canonical form.
+func (e *objectEncoder) key(comma bool, k *spec.Key) error {
+	b, err := e.write(comma, k)
+	switch {
+	case err != nil:
+		return err
+	case k.Expires != nil || hasUpper(k.KeyHash):
+		e.d.add(objectHash(tagKey, canonicalKeyOf(k)))
+	default:
+		e.d.add(e.hash(tagKey, b))
+	}
+	return nil
+}
+
+// hasUpper reports whether s has an ASCII upper-case letter.
+func hasUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			return true
+		}
+	}
+	return false
 }
 
 // AssemblerOptions configure an Assembler.

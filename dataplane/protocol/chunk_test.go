@@ -1,8 +1,10 @@
 package protocol
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/spec"
@@ -121,5 +123,78 @@ func TestAssemblerRefuses(t *testing.T) {
 				t.Fatalf("after the error: %v, %v", got, err)
 			}
 		})
+	}
+}
+
+// TestChunksDigesterMatchesChunksAndDigest: ChunksDigester's chunks are
+// Chunks' (json.Marshal of the snapshot, cut alike, the same last
+// digest) and its Digester's digest is Digest(snap), for snapshots with
+// keys whose hash is in upper case, keys with an expiry in another zone,
+// api_limits, IDs that JSON escapes, and none at all.
+func TestChunksDigesterMatchesChunksAndDigest(t *testing.T) {
+	exp := time.Date(2031, 5, 6, 7, 8, 9, 10, time.FixedZone("X", -5*3600))
+	odd := snapshotWithKeys(9, 50)
+	odd.Keys[3].KeyHash = strings.ToUpper(odd.Keys[3].KeyHash)
+	odd.Keys[4].Expires = &exp
+	odd.Keys[5].APILimits = map[string]spec.Limits{"orders": {Rate: &spec.Rate{Requests: 3, Per: spec.Duration(time.Second)}}}
+	odd.Policies = append(odd.Policies, spec.Policy{ID: "<b>&\"é\u2028", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Hour)}})
+	odd.APIs = append(odd.APIs, spec.API{ID: "a&b", ListenPath: "/a<b>/", Target: spec.BuiltinEcho})
+	many := snapshotWithKeys(8, 3*minPart+5) // encoded in parts
+	many.Keys[2*minPart+1].KeyHash = strings.ToUpper(many.Keys[2*minPart+1].KeyHash)
+	many.Keys[3*minPart].Expires = &exp
+	for name, snap := range map[string]*spec.Snapshot{
+		"empty":    {Revision: 1},
+		"keys":     snapshotWithKeys(7, 1000),
+		"many":     many,
+		"odd":      odd,
+		"policies": {Revision: 2, Policies: odd.Policies},
+		"apis":     {Revision: 3, APIs: odd.APIs},
+	} {
+		want, err := Chunks(snap, "n", 700)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, d, err := ChunksDigester(snap, "n", 700)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d chunks, want %d", name, len(got), len(want))
+		}
+		var joined strings.Builder
+		for i := range got {
+			if jsonOf(t, got[i]) != jsonOf(t, want[i]) {
+				t.Fatalf("%s: chunk %d differs", name, i)
+			}
+			joined.Write(got[i].Data)
+		}
+		if joined.String() != jsonOf(t, snap) {
+			t.Fatalf("%s: chunks join to\n%s\nwant\n%s", name, joined.String(), jsonOf(t, snap))
+		}
+		var one Digester // one object at a time, in order
+		for i := range snap.Policies {
+			one.AddPolicy(&snap.Policies[i])
+		}
+		for i := range snap.Keys {
+			one.AddKey(&snap.Keys[i])
+		}
+		for i := range snap.APIs {
+			one.AddAPI(&snap.APIs[i])
+		}
+		if want := one.Digest(); d.Digest() != want || got[len(got)-1].Digest != want || Digest(snap) != want {
+			t.Fatalf("%s: digester %s, last chunk %s, Digest %s, want %s", name, d.Digest(), got[len(got)-1].Digest, Digest(snap), want)
+		}
+		// The Digester goes on: removing a key gives the digest without it.
+		if len(snap.Keys) > 4 {
+			d.RemoveKey(&snap.Keys[4])
+			less := *snap
+			less.Keys = slices.Delete(slices.Clone(snap.Keys), 4, 5)
+			if d.Digest() != Digest(&less) {
+				t.Fatalf("%s: digest after removing a key %s, want %s", name, d.Digest(), Digest(&less))
+			}
+		}
+	}
+	if _, _, err := ChunksDigester(nil, "n", 0); err == nil || err.Error() != "protocol: chunks: nil snapshot" {
+		t.Fatalf("nil snapshot: %v", err)
 	}
 }

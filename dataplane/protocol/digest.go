@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/bits"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/limitplane/limitplane/spec"
@@ -48,14 +51,23 @@ const digestDomain = "limitplane.sync.v1 digest\x00"
 // the stream's TLS.
 //
 // A nil snapshot has the digest of an empty one.
+//
+// The keys are hashed in parts on every CPU.
 func Digest(snap *spec.Snapshot) string {
 	var d Digester
 	if snap != nil {
 		for i := range snap.Policies {
 			d.AddPolicy(&snap.Policies[i])
 		}
-		for i := range snap.Keys {
-			d.AddKey(&snap.Keys[i])
+		ds := make([]Digester, len(snap.Keys)/minPart+1)
+		_ = parallel(len(snap.Keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+			for i := lo; i < hi; i++ {
+				ds[lo/minPart].AddKey(&snap.Keys[i])
+			}
+			return nil
+		})
+		for i := range ds {
+			d.merge(&ds[i])
 		}
 		for i := range snap.APIs {
 			d.AddAPI(&snap.APIs[i])
@@ -114,6 +126,41 @@ func (d *Digester) add(h [32]byte) {
 	d.n++
 }
 
+// merge adds every object o holds.
+func (d *Digester) merge(o *Digester) {
+	var c uint64
+	for i := range 4 {
+		d.sum[i], c = bits.Add64(d.sum[i], o.sum[i], c)
+	}
+	d.n += o.n
+}
+
+// minPart is the fewest items parallel gives a goroutine.
+const minPart = 4096
+
+// parallel calls fn on the ranges [lo, hi) that split [0, n) into at
+// most maxParts (GOMAXPROCS, say) non-empty parts of whole multiples of
+// minPart items (but the last), each in its own goroutine but the first, which runs in the caller's,
+// and returns when all are done, with their errors joined. Each lo is a
+// multiple of minPart; ranges with a higher lo hold later items.
+func parallel(n, maxParts int, fn func(lo, hi int) error) error {
+	blocks := (n + minPart - 1) / minPart
+	if maxParts <= 1 || blocks <= 1 {
+		return fn(0, n)
+	}
+	per := (blocks + maxParts - 1) / maxParts // blocks per part
+	parts, size := (blocks+per-1)/per, per*minPart
+	fails := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := 1; i < parts; i++ {
+		lo, hi := i*size, min((i+1)*size, n)
+		wg.Go(func() { fails[i] = fn(lo, hi) })
+	}
+	fails[0] = fn(0, min(size, n))
+	wg.Wait()
+	return errors.Join(fails...)
+}
+
 func (d *Digester) sub(h [32]byte) {
 	var b uint64
 	for i := range 4 {
@@ -152,6 +199,11 @@ func objectHash(tag byte, v any) [32]byte {
 	if err != nil {
 		panic(fmt.Sprintf("protocol: digest: %v", err))
 	}
+	return hashJSON(tag, b)
+}
+
+// hashJSON is SHA-256 of the kind tag and an object's canonical JSON b.
+func hashJSON(tag byte, b []byte) [32]byte {
 	h := sha256.New()
 	h.Write([]byte{tag})
 	h.Write(b)
