@@ -681,3 +681,40 @@ func TestBulkWriteValidation(t *testing.T) {
 		t.Fatalf("API change: %v, want %s", err, want)
 	}
 }
+
+// TestOneAPIPerDataPlane: the same listen path may carry one API per data
+// plane (disjoint tags), each data plane's snapshot holding its own copy;
+// a copy whose tags meet another's is refused.
+func TestOneAPIPerDataPlane(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	copyFor := func(id string, tags ...string) spec.API {
+		return spec.API{ID: id, ListenPath: "/orders/", Target: spec.BuiltinEcho, Tags: tags}
+	}
+	update(t, s, func(tx controlplane.Tx) error {
+		for _, a := range []spec.API{copyFor("orders-dp1", "dp1"), copyFor("orders-dp2", "dp2")} {
+			if err := tx.PutAPI(a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, c := range []struct{ tag, want string }{{"dp1", "orders-dp1"}, {"dp2", "orders-dp2"}} {
+		snap, err := s.Snapshot(context.Background(), []string{c.tag})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.APIs) != 1 || snap.APIs[0].ID != c.want {
+			t.Errorf("data plane %s: APIs %+v, want only %s", c.tag, snap.APIs, c.want)
+		}
+		if err := snap.Validate(); err != nil {
+			t.Errorf("data plane %s: its snapshot is invalid: %v", c.tag, err)
+		}
+	}
+	_, err := s.Update(context.Background(), func(tx controlplane.Tx) error {
+		return tx.PutAPI(copyFor("orders-eu", "dp2", "eu"))
+	})
+	want := `spec: apis["orders-eu"].listen_path: "/orders/" is the same path as apis["orders-dp2"].listen_path`
+	if err == nil || err.Error() != want {
+		t.Fatalf("a copy sharing tag dp2: got %v, want %s", err, want)
+	}
+}

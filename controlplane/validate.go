@@ -27,10 +27,12 @@ type state interface {
 }
 
 // validateWrite checks that the state st, left by a write that made
-// changes, passes spec's Validate. It returns nil or spec.Errors whose
-// paths name objects by ID instead of position: policies["gold"].rate.per,
-// keys["sha256:…"].policies[0]; the policies' and APIs' problems come
-// first (in Validate's order), then the keys', in hash order.
+// changes, passes spec's ValidateSharded (Validate, except that APIs whose
+// tags are disjoint may share a listen path). It returns nil or
+// spec.Errors whose paths name objects by ID instead of position:
+// policies["gold"].rate.per, keys["sha256:…"].policies[0]; the policies'
+// and APIs' problems come first (in Validate's order), then the keys', in
+// hash order.
 //
 // Every policy and API is checked each time. Keys are checked all only
 // when an API changed or a policy was deleted, the changes that can break
@@ -57,11 +59,11 @@ func validateWrite(st state, changes *changeList) error {
 	}
 	var out spec.Errors
 	var errs spec.Errors
-	if err := s.Validate(); err != nil && !errors.As(err, &errs) {
+	if err := s.ValidateSharded(); err != nil && !errors.As(err, &errs) {
 		return err
 	}
 	for _, e := range errs {
-		out = append(out, &spec.Error{Path: pathByID(&s, e.Path), Problem: e.Problem})
+		out = append(out, &spec.Error{Path: pathByID(&s, e.Path), Problem: refsByID(&s, e.Problem)})
 	}
 
 	var keys []rawKey
@@ -170,6 +172,16 @@ var positionRE = regexp.MustCompile(`^(policies|apis|keys)\[(\d+)\]`)
 
 // pathByID rewrites the leading position of a Validate path over s into
 // the object's ID: policies[2].rate → policies["gold"].rate.
+// refRE finds a reference to another policy or API by position in a
+// problem ("... the same path as apis[1].listen_path").
+var refRE = regexp.MustCompile(`\b(policies|apis)\[[0-9]+\]`)
+
+// refsByID rewrites the references by position in a problem as pathByID
+// does paths.
+func refsByID(s *spec.Snapshot, problem string) string {
+	return refRE.ReplaceAllStringFunc(problem, func(ref string) string { return pathByID(s, ref) })
+}
+
 func pathByID(s *spec.Snapshot, path string) string {
 	m := positionRE.FindStringSubmatchIndex(path)
 	if m == nil {

@@ -440,3 +440,51 @@ func TestValidateKey(t *testing.T) {
 		t.Errorf("Validate =\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestValidateShardedListenPaths: a control plane's state may define one
+// API per data plane on the same listen path (disjoint tags); a gateway's
+// snapshot may not hold two, and neither may two copies a data plane's
+// tags could both select.
+func TestValidateShardedListenPaths(t *testing.T) {
+	api := func(id string, tags ...string) spec.API {
+		return spec.API{ID: id, ListenPath: "/orders/", Target: spec.BuiltinEcho, Auth: spec.AuthKeyless, Policies: []string{"p"}, Tags: tags}
+	}
+	snap := func(apis ...spec.API) *spec.Snapshot {
+		return &spec.Snapshot{
+			Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}}},
+			APIs:     apis,
+		}
+	}
+	const same = `spec: apis[1].listen_path: "/orders/" is the same path as apis[0].listen_path`
+	for _, c := range []struct {
+		name             string
+		s                *spec.Snapshot
+		validate, shared string // "" means valid
+	}{
+		{"disjoint tags", snap(api("a", "dp1"), api("b", "dp2", "dp3")), same, ""},
+		{"a common tag", snap(api("a", "dp1", "eu"), api("b", "dp2", "eu")), same, same},
+		{"one untagged", snap(api("a"), api("b", "dp2")), same, same},
+		{"both untagged", snap(api("a"), api("b")), same, same},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(what string, err error, want string) {
+				t.Helper()
+				got := ""
+				if err != nil {
+					got = err.Error()
+				}
+				if got != want {
+					t.Errorf("%s: got %q, want %q", what, got, want)
+				}
+			}
+			check("Validate", c.s.Validate(), c.validate)
+			check("ValidateSharded", c.s.ValidateSharded(), c.shared)
+		})
+	}
+	// Three copies: the third clashes with the first it shares a tag with.
+	s := snap(api("a", "dp1"), api("b", "dp2"), api("c", "dp2"))
+	want := `spec: apis[2].listen_path: "/orders/" is the same path as apis[1].listen_path`
+	if err := s.ValidateSharded(); err == nil || err.Error() != want {
+		t.Errorf("ValidateSharded: got %v, want %q", err, want)
+	}
+}

@@ -57,8 +57,28 @@ func (s *Snapshot) Validate() error {
 	return v.errs
 }
 
+// ValidateSharded is Validate for a control plane's whole state, which no
+// gateway runs as a whole: each data plane receives the APIs its tags
+// select (API sharding). It differs in one rule: two APIs may have the
+// same listen path when both have tags and they share none, so that one
+// API can be defined once per data plane, each copy with its own share of
+// a limit (per-data-plane allocation). A data plane whose tags select
+// both copies receives both, and its gateways refuse that snapshot with
+// Validate's "same path" error.
+func (s *Snapshot) ValidateSharded() error {
+	v := &validator{sharded: true}
+	v.snapshot(s)
+	if len(v.errs) == 0 {
+		return nil
+	}
+	return v.errs
+}
+
 type validator struct {
 	errs Errors
+	// sharded: the snapshot is a control plane's whole state
+	// (ValidateSharded).
+	sharded bool
 }
 
 func (v *validator) fail(path, format string, args ...any) {
@@ -86,7 +106,7 @@ func (v *validator) snapshot(s *Snapshot) {
 
 	apis := map[string]*API{}
 	firstAPI := map[string]string{}
-	paths := map[string]string{}
+	paths := map[string][]int{} // clean listen path → indexes of the APIs on it
 	for i := range s.APIs {
 		a := &s.APIs[i]
 		at := fmt.Sprintf("apis[%d]", i)
@@ -101,10 +121,10 @@ func (v *validator) snapshot(s *Snapshot) {
 		}
 		if lp, err := CleanListenPath(a.ListenPath); err != nil {
 			v.fail(at+".listen_path", "%s", problem(err))
-		} else if f, dup := paths[lp]; dup {
-			v.fail(at+".listen_path", "%q is the same path as %s", a.ListenPath, f)
+		} else if j, dup := v.samePath(s.APIs, paths[lp], a); dup {
+			v.fail(at+".listen_path", "%q is the same path as apis[%d].listen_path", a.ListenPath, j)
 		} else {
-			paths[lp] = at + ".listen_path"
+			paths[lp] = append(paths[lp], i)
 		}
 		v.api(at, a, policies)
 	}
@@ -129,6 +149,31 @@ func (v *validator) snapshot(s *Snapshot) {
 		}
 		v.key(at, k, policies, apis)
 	}
+}
+
+// samePath returns the first API among on (indexes into apis) whose
+// listen path a may not share: any of them, or under ValidateSharded only
+// one that has no tags or a tag in common with a.
+func (v *validator) samePath(apis []API, on []int, a *API) (int, bool) {
+	for _, j := range on {
+		if !v.sharded || !disjointTags(apis[j].Tags, a.Tags) {
+			return j, true
+		}
+	}
+	return 0, false
+}
+
+// disjointTags reports whether a and b both have tags and share none.
+func disjointTags(a, b []string) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	for _, t := range a {
+		if slices.Contains(b, t) {
+			return false
+		}
+	}
+	return true
 }
 
 // ValidateKey checks one key as Validate checks each of a snapshot's keys,
