@@ -47,11 +47,16 @@ func (h KeyHash) String() string { return "sha256:" + hex.EncodeToString(h[:]) }
 // hex of the hash's first 16 bytes.
 func (h KeyHash) ConsumerID() string { return "key:" + hex.EncodeToString(h[:16]) }
 
-// KeyRecord is what the registry knows about one API key.
+// KeyRecord is what the registry knows about one API key. A registry
+// keeps its own copy of each record it is given, and hands out pointers to
+// it (Lookup, Records, Range) that stay valid, and unchanged, after later
+// changes of the registry.
 type KeyRecord struct {
 	// Hash is the key's SHA-256.
 	Hash KeyHash
-	// Policies are the IDs of the policies the key has.
+	// Policies are the IDs of the policies the key has. A registry's
+	// records share one slice among the keys with the same list (an
+	// empty list is nil there), so it must never be written through.
 	Policies []string
 	// APILimits are per-API limits that replace the policies for those
 	// APIs (see core.Consumer.APILimits).
@@ -64,16 +69,48 @@ type KeyRecord struct {
 	// (core.Consumer.QuotaEpoch); per-API ones are in APILimits.
 	QuotaEpoch uint64
 	// Data is the caller's own value, kept with the record and never read
-	// by the registry (the gateway keeps the spec.Key the record was made
-	// from, to give its configuration back).
+	// by the registry (the gateway keeps there what it cannot make again
+	// from the other fields, to give its configuration back).
 	Data any
 
-	consumer core.Consumer
+	// consumer is the registry's cell of the record's engine view, made
+	// on first use (a million keys mostly idle need not hold a million
+	// consumers). It lives beside the record (see held), not in it, so
+	// that copying a record never races with its being filled.
+	consumer *atomic.Pointer[core.Consumer]
 	seq      uint64 // order of first insertion, for Records
 }
 
-// Consumer returns the engine's view of the key.
-func (k *KeyRecord) Consumer() *core.Consumer { return &k.consumer }
+// held is a record as a registry holds it: the record and its consumer
+// cell in one allocation.
+type held struct {
+	rec      KeyRecord
+	consumer atomic.Pointer[core.Consumer]
+}
+
+// Consumer returns the engine's view of the key: its consumer ID
+// (KeyHash.ConsumerID), policies, per-API limits and quota epoch. For a
+// record held by a registry it is made on the first call and the same
+// pointer is returned after, so a key's first request pays for one small
+// allocation; the caller must not change it. For any other record it is
+// made anew on every call.
+func (k *KeyRecord) Consumer() *core.Consumer {
+	if k.consumer == nil {
+		return k.newConsumer()
+	}
+	if c := k.consumer.Load(); c != nil {
+		return c
+	}
+	c := k.newConsumer()
+	if k.consumer.CompareAndSwap(nil, c) {
+		return c
+	}
+	return k.consumer.Load()
+}
+
+func (k *KeyRecord) newConsumer() *core.Consumer {
+	return &core.Consumer{ID: k.Hash.ConsumerID(), Policies: k.Policies, APILimits: k.APILimits, QuotaEpoch: k.QuotaEpoch}
+}
 
 // ErrUnknownKey is wrapped by Update for the delete of a key the registry
 // does not hold.
@@ -95,8 +132,9 @@ var ErrUnknownKey = errors.New("identity: no such key")
 // the table is rebuilt with more shards (an O(n) step after the registry
 // has grown fourfold, so amortised O(1) per key added).
 type Keys struct {
-	t  atomic.Pointer[keyTable]
-	mu sync.Mutex // serialises Replace and Update
+	t      atomic.Pointer[keyTable]
+	mu     sync.Mutex // serialises Replace and Update
+	intern *interner  // of the current table's records; guarded by mu
 }
 
 const (
@@ -205,13 +243,56 @@ func bitsFor(n int) uint8 {
 	return b
 }
 
-// newRecord returns the registry's copy of r, with its consumer made and
-// its insertion order set to seq.
-func newRecord(r KeyRecord, seq uint64) *KeyRecord {
-	r.Policies = append([]string(nil), r.Policies...)
-	r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits, QuotaEpoch: r.QuotaEpoch}
-	r.seq = seq
-	return &r
+// newRecord returns the registry's copy of r, with its policies interned
+// by in and its insertion order set to seq.
+func newRecord(r *KeyRecord, seq uint64, in *interner) *KeyRecord {
+	h := &held{rec: *r}
+	h.rec.Policies = in.policies(r.Policies)
+	h.rec.consumer = &h.consumer
+	h.rec.seq = seq
+	return &h.rec
+}
+
+// maxInterned bounds the distinct policy lists an interner keeps; lists
+// past it are copied per key. Keys share a few lists in practice, so the
+// bound only matters for a registry that sees unbounded distinct lists.
+const maxInterned = 1 << 16
+
+// interner shares one copy of each distinct policy list among the records
+// of a registry: a million keys with policies ["gold"] hold one slice. A
+// shared slice is never written (records are immutable), so a change of
+// one key, which makes that key a new record with its own list, cannot
+// change another key's. Replace starts a new interner, so lists no key
+// uses any more are dropped then.
+type interner struct {
+	lists map[string][]string // by encodeList
+	buf   []byte
+}
+
+func newInterner() *interner { return &interner{lists: map[string][]string{}} }
+
+// policies returns the registry's copy of list: nil for an empty list,
+// otherwise an interned copy.
+func (in *interner) policies(list []string) []string {
+	if len(list) == 0 {
+		return nil
+	}
+	// Each ID with its length in front, so that no two lists encode the
+	// same (IDs may hold any byte).
+	b := in.buf[:0]
+	for _, id := range list {
+		b = binary.AppendUvarint(b, uint64(len(id)))
+		b = append(b, id...)
+	}
+	in.buf = b
+	if s, ok := in.lists[string(b)]; ok {
+		return s
+	}
+	s := slices.Clone(list)
+	if len(in.lists) < maxInterned {
+		in.lists[string(b)] = s
+	}
+	return s
 }
 
 // NewKeys returns a registry holding records (see Replace).
@@ -244,19 +325,21 @@ func fill(bits uint8, recs []*KeyRecord) *keyTable {
 func (k *Keys) Replace(records []KeyRecord) error {
 	seen := make(map[KeyHash]struct{}, len(records))
 	recs := make([]*KeyRecord, len(records))
+	in := newInterner()
 	for i := range records {
 		h := records[i].Hash
 		if _, dup := seen[h]; dup {
 			return fmt.Errorf("identity: duplicate key %s", h)
 		}
 		seen[h] = struct{}{}
-		recs[i] = newRecord(records[i], uint64(i))
+		recs[i] = newRecord(&records[i], uint64(i), in)
 	}
 	t := fill(bitsFor(len(recs)), recs)
 	t.next = uint64(len(recs))
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.t.Store(t)
+	k.intern = in
 	return nil
 }
 
@@ -274,6 +357,9 @@ func (k *Keys) Replace(records []KeyRecord) error {
 func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.intern == nil {
+		k.intern = newInterner()
+	}
 	old := k.t.Load()
 	t := &keyTable{bits: old.bits, top: slices.Clone(old.top), n: old.n, next: old.next}
 	// The new contents of each touched shard, edited below.
@@ -313,9 +399,9 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 		}
 		s, rs := contents(h)
 		if j := slices.IndexFunc(rs, func(r *KeyRecord) bool { return r.Hash == h }); j >= 0 {
-			rs[j] = newRecord(put[i], rs[j].seq)
+			rs[j] = newRecord(&put[i], rs[j].seq, k.intern)
 		} else {
-			rs = append(rs, newRecord(put[i], t.next))
+			rs = append(rs, newRecord(&put[i], t.next, k.intern))
 			t.next++
 			t.n++
 		}
@@ -584,5 +670,5 @@ func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, err
 	if !rec.Expires.IsZero() && !a.opts.Now().Before(rec.Expires) {
 		return nil, invalid(403, "API key expired")
 	}
-	return &rec.consumer, nil
+	return rec.Consumer(), nil
 }

@@ -1,12 +1,16 @@
 package identity_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
 
@@ -198,5 +202,132 @@ func TestKeysLookupDuringUpdates(t *testing.T) {
 	}
 	if ks.Len() != 5_000 {
 		t.Errorf("Len %d, want 5000", ks.Len())
+	}
+}
+
+// TestKeysInternPolicies: keys with the same policy list share one slice
+// in the registry, and that sharing never carries a change from one key to
+// another: a key updated with other policies has them alone, the keys that
+// shared its old list keep it, and the caller's slices, changed after
+// Replace or Update, change nothing. Lists whose IDs join to the same text
+// are told apart, and an empty list is nil.
+func TestKeysInternPolicies(t *testing.T) {
+	pq := []string{"p", "q"}
+	ks, err := identity.NewKeys([]identity.KeyRecord{
+		{Hash: identity.HashKey("a"), Policies: pq},
+		{Hash: identity.HashKey("b"), Policies: []string{"p", "q"}},
+		{Hash: identity.HashKey("c"), Policies: []string{"pq"}},
+		{Hash: identity.HashKey("d"), Policies: []string{"p", "q", ""}},
+		{Hash: identity.HashKey("e"), Policies: []string{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq[0] = "x" // the caller's slice: not the registry's
+	policies := func(raw string) string { return fmt.Sprintf("%q", ks.Lookup(identity.HashKey(raw)).Policies) }
+	want := func(what string, wants map[string]string) {
+		t.Helper()
+		for raw, w := range wants {
+			if got := policies(raw); got != w {
+				t.Errorf("%s: %s has %s, want %s", what, raw, got, w)
+			}
+		}
+	}
+	want("after NewKeys", map[string]string{"a": `["p" "q"]`, "b": `["p" "q"]`, "c": `["pq"]`, "d": `["p" "q" ""]`, "e": `[]`})
+	a, b := ks.Lookup(identity.HashKey("a")), ks.Lookup(identity.HashKey("b"))
+	if &a.Policies[0] != &b.Policies[0] {
+		t.Error("a and b, with the same policies, hold two slices")
+	}
+	if ks.Lookup(identity.HashKey("e")).Policies != nil {
+		t.Error("e's empty list is not nil")
+	}
+
+	// a changes: b keeps the list a had; the record of a looked up before
+	// is unchanged too.
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("a"), Policies: []string{"gold"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want("after a's update", map[string]string{"a": `["gold"]`, "b": `["p" "q"]`, "c": `["pq"]`, "d": `["p" "q" ""]`})
+	if got := fmt.Sprintf("%q", a.Policies); got != `["p" "q"]` {
+		t.Errorf("a's old record has %s, want [p q]", got)
+	}
+
+	// f gets the list b has, from a slice the caller then changes; then b
+	// changes: f keeps it.
+	fl := []string{"p", "q"}
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("f"), Policies: fl}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fl[1] = "z"
+	if f := ks.Lookup(identity.HashKey("f")); &f.Policies[0] != &ks.Lookup(identity.HashKey("b")).Policies[0] {
+		t.Error("f, put with b's policies, holds a slice of its own")
+	}
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("b"), Policies: []string{"p"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want("after b's update", map[string]string{"a": `["gold"]`, "b": `["p"]`, "f": `["p" "q"]`, "d": `["p" "q" ""]`})
+	for _, raw := range []string{"a", "b", "f"} {
+		if c := ks.Lookup(identity.HashKey(raw)).Consumer(); fmt.Sprintf("%q", c.Policies) != policies(raw) {
+			t.Errorf("consumer of %s has %q, its record %s", raw, c.Policies, policies(raw))
+		}
+	}
+}
+
+// TestKeyRecordConsumer: a held record's consumer is made once, with the
+// key's consumer ID, policies, per-API limits and quota epoch, and is the
+// same pointer for every caller, even callers racing on its first use
+// while others copy the record (run with -race); Authenticate returns it.
+// A record outside a registry makes a fresh one each call.
+func TestKeyRecordConsumer(t *testing.T) {
+	h := identity.HashKey("k")
+	limits := map[string]core.Limits{"api": {Quota: core.Quota{Max: 5, Renewal: time.Hour}, QuotaEpoch: 2}}
+	in := identity.KeyRecord{Hash: h, Policies: []string{"p"}, APILimits: limits, QuotaEpoch: 7}
+	ks, err := identity.NewKeys([]identity.KeyRecord{in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ks.Lookup(h)
+	const n = 8
+	got := make([]*core.Consumer, n)
+	copies := make([]identity.KeyRecord, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(2)
+		go func() { defer wg.Done(); got[i] = r.Consumer() }()
+		go func() { defer wg.Done(); copies[i] = *r }()
+	}
+	wg.Wait()
+	c := got[0]
+	for i := range n {
+		if got[i] != c {
+			t.Fatalf("Consumer call %d returned another consumer", i)
+		}
+		if copies[i].Hash != h || copies[i].QuotaEpoch != 7 {
+			t.Errorf("copy %d of the record: %+v", i, copies[i])
+		}
+	}
+	want := core.Consumer{ID: h.ConsumerID(), Policies: []string{"p"}, APILimits: limits, QuotaEpoch: 7}
+	if !reflect.DeepEqual(*c, want) {
+		t.Errorf("consumer %+v, want %+v", *c, want)
+	}
+	a := identity.NewAPIKey(ks, identity.APIKeyOptions{})
+	if ac, err := a.Authenticate(context.Background(), &benchReq{key: []string{"k"}}); err != nil || ac != c {
+		t.Errorf("Authenticate = %p, %v; want the record's consumer %p", ac, err, c)
+	}
+	if r.Consumer() != c || ks.Lookup(h).Consumer() != c {
+		t.Error("a later Consumer call returned another consumer")
+	}
+	// Another key's update copies c's shard, not c's record: c stays.
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("other"), Policies: []string{"p"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ks.Lookup(h).Consumer() != c {
+		t.Error("an update of another key made k a new consumer")
+	}
+	// A record of its own: a new consumer, equal, each call.
+	own := in
+	c1, c2 := own.Consumer(), own.Consumer()
+	if c1 == c2 || !reflect.DeepEqual(*c1, want) || !reflect.DeepEqual(*c2, want) {
+		t.Errorf("a record outside a registry: consumers %p %+v and %p %+v", c1, *c1, c2, *c2)
 	}
 }
