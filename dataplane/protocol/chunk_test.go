@@ -123,3 +123,43 @@ func TestAssemblerRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestAssemblerDecodesAcrossChunks: the Assembler decodes the chunks as
+// they came, with no join: a snapshot cut into chunks of one byte, white
+// space after its value in chunks of their own included, decodes to the
+// snapshot; a byte other than white space in a chunk after the value is
+// data after the value, and so is a second value.
+func TestAssemblerDecodesAcrossChunks(t *testing.T) {
+	snap := snapshotWithKeys(5, 3)
+	text := jsonOf(t, snap)
+	split := func(data string) []*syncpb.SnapshotChunk {
+		var cs []*syncpb.SnapshotChunk
+		for i := range len(data) {
+			cs = append(cs, &syncpb.SnapshotChunk{Revision: 5, Nonce: "x", Seq: uint32(i), Last: i == len(data)-1, Data: []byte{data[i]}})
+		}
+		return cs
+	}
+	add := func(cs []*syncpb.SnapshotChunk) (*spec.Snapshot, error) {
+		a := NewAssembler(AssemblerOptions{})
+		for i, c := range cs {
+			got, err := a.Add(c)
+			if err != nil || got != nil {
+				if i != len(cs)-1 && err == nil {
+					t.Fatalf("a snapshot at chunk %d of %d", i, len(cs))
+				}
+				return got, err
+			}
+		}
+		t.Fatal("no snapshot and no error at the last chunk")
+		return nil, nil
+	}
+	got, err := add(split(text + " \n\t "))
+	if err != nil || jsonOf(t, got) != text {
+		t.Fatalf("one-byte chunks: %v\n%s\nwant\n%s", err, jsonOf(t, got), text)
+	}
+	for _, tail := range []string{" x", "\n{}", "  0"} {
+		if _, err := add(split(text + tail)); err == nil || err.Error() != "protocol: snapshot 5: decode JSON: data after the value" {
+			t.Errorf("%q after the value: %v", tail, err)
+		}
+	}
+}

@@ -1,13 +1,17 @@
 package protocol
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash"
 	"math/bits"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/limitplane/limitplane/spec"
@@ -47,16 +51,15 @@ const digestDomain = "limitplane.sync.v1 digest\x00"
 // drift, which is its job; it is not a signature: authenticity comes from
 // the stream's TLS.
 //
-// A nil snapshot has the digest of an empty one.
+// A nil snapshot has the digest of an empty one. The keys of a large
+// snapshot are hashed in parallel (see Digester.AddKeys).
 func Digest(snap *spec.Snapshot) string {
 	var d Digester
 	if snap != nil {
 		for i := range snap.Policies {
 			d.AddPolicy(&snap.Policies[i])
 		}
-		for i := range snap.Keys {
-			d.AddKey(&snap.Keys[i])
-		}
+		d.AddKeys(snap.Keys)
 		for i := range snap.APIs {
 			d.AddAPI(&snap.APIs[i])
 		}
@@ -86,6 +89,50 @@ func (d *Digester) AddKey(k *spec.Key) { d.add(objectHash(tagKey, canonicalKeyOf
 
 // RemoveKey removes a key added before.
 func (d *Digester) RemoveKey(k *spec.Key) { d.sub(objectHash(tagKey, canonicalKeyOf(k))) }
+
+// parallelKeys is the number of keys from which AddKeys spreads the work:
+// below it, starting goroutines costs more than it saves.
+const parallelKeys = 1 << 12
+
+// AddKeys adds every key of keys: the same as AddKey of each, in any
+// order (the digest does not depend on it). With many keys the work is
+// spread over GOMAXPROCS goroutines, each summing a part of keys, and
+// their sums added together, which gives the same digest since the sum
+// is commutative and associative. It returns when every key is added.
+func (d *Digester) AddKeys(keys []spec.Key) {
+	parts := min(runtime.GOMAXPROCS(0), len(keys)/parallelKeys)
+	if parts <= 1 {
+		d.addKeys(keys)
+		return
+	}
+	sums := make([]Digester, parts)
+	var wg sync.WaitGroup
+	for p := range parts {
+		part := keys[p*len(keys)/parts : (p+1)*len(keys)/parts]
+		wg.Go(func() { sums[p].addKeys(part) })
+	}
+	wg.Wait()
+	for i := range sums {
+		d.merge(&sums[i])
+	}
+}
+
+// addKeys adds keys one by one, with one encoder and one hash for all.
+func (d *Digester) addKeys(keys []spec.Key) {
+	var h objectHasher
+	for i := range keys {
+		d.add(h.hash(tagKey, canonicalKeyOf(&keys[i])))
+	}
+}
+
+// merge adds the objects summed by o.
+func (d *Digester) merge(o *Digester) {
+	var c uint64
+	for i := range 4 {
+		d.sum[i], c = bits.Add64(d.sum[i], o.sum[i], c)
+	}
+	d.n += o.n
+}
 
 // AddAPI adds an API.
 func (d *Digester) AddAPI(a *spec.API) { d.add(objectHash(tagAPI, a)) }
@@ -143,19 +190,41 @@ func canonicalKeyOf(k *spec.Key) *canonicalKey {
 	return c
 }
 
-// objectHash is SHA-256 of the kind tag and the object's JSON. The spec
-// types hold only strings, numbers, bools, slices, string-keyed maps and
-// Durations (and a key's expiry, formatted by canonicalKeyOf), none of
-// which fails to marshal; an error is a bug in this package.
+// objectHash is SHA-256 of the kind tag and the object's JSON.
 func objectHash(tag byte, v any) [32]byte {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var h objectHasher
+	return h.hash(tag, v)
+}
+
+// objectHasher computes objectHash again and again with one buffer, JSON
+// encoder and SHA-256 state. The zero value is ready; it is not safe for
+// concurrent use.
+type objectHasher struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+	sha hash.Hash
+}
+
+// hash returns SHA-256 of tag and v's JSON as json.Marshal writes it (an
+// Encoder writes the same bytes, with escapeHTML on as Marshal has it, and
+// a newline after them, which is not hashed). The spec types hold only
+// strings, numbers, bools, slices, string-keyed maps and Durations (and a
+// key's expiry, formatted by canonicalKeyOf), none of which fails to
+// marshal; an error is a bug in this package.
+func (h *objectHasher) hash(tag byte, v any) [32]byte {
+	if h.enc == nil {
+		h.enc = json.NewEncoder(&h.buf)
+		h.sha = sha256.New()
+	}
+	h.buf.Reset()
+	h.buf.WriteByte(tag)
+	if err := h.enc.Encode(v); err != nil {
 		panic(fmt.Sprintf("protocol: digest: %v", err))
 	}
-	h := sha256.New()
-	h.Write([]byte{tag})
-	h.Write(b)
+	b := h.buf.Bytes()
+	h.sha.Reset()
+	h.sha.Write(b[:len(b)-1])
 	var out [32]byte
-	h.Sum(out[:0])
+	h.sha.Sum(out[:0])
 	return out
 }
