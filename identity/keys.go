@@ -95,21 +95,21 @@ type held struct {
 // allocation; the caller must not change it. For any other record it is
 // made anew on every call.
 func (k *KeyRecord) Consumer() *core.Consumer {
-	if k.consumer == nil {
-		return k.newConsumer()
+	if p := k.consumer; p != nil {
+		if c := p.Load(); c != nil {
+			return c
+		}
 	}
-	if c := k.consumer.Load(); c != nil {
-		return c
-	}
-	c := k.newConsumer()
-	if k.consumer.CompareAndSwap(nil, c) {
+	return k.makeConsumer()
+}
+
+// makeConsumer makes the record's consumer, for Consumer's first use.
+func (k *KeyRecord) makeConsumer() *core.Consumer {
+	c := &core.Consumer{ID: k.Hash.ConsumerID(), Policies: k.Policies, APILimits: k.APILimits, QuotaEpoch: k.QuotaEpoch}
+	if k.consumer == nil || k.consumer.CompareAndSwap(nil, c) {
 		return c
 	}
 	return k.consumer.Load()
-}
-
-func (k *KeyRecord) newConsumer() *core.Consumer {
-	return &core.Consumer{ID: k.Hash.ConsumerID(), Policies: k.Policies, APILimits: k.APILimits, QuotaEpoch: k.QuotaEpoch}
 }
 
 // ErrUnknownKey is wrapped by Update for the delete of a key the registry
@@ -670,5 +670,11 @@ func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, err
 	if !rec.Expires.IsZero() && !a.opts.Now().Before(rec.Expires) {
 		return nil, invalid(403, "API key expired")
 	}
-	return rec.Consumer(), nil
+	// Consumer's fast path, written out: Consumer is too big to inline.
+	if p := rec.consumer; p != nil {
+		if c := p.Load(); c != nil {
+			return c, nil
+		}
+	}
+	return rec.makeConsumer(), nil
 }
