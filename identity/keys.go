@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
@@ -103,9 +104,24 @@ func (k *KeyRecord) Consumer() *core.Consumer {
 	return k.makeConsumer()
 }
 
+// consumerBox is a consumer and the bytes of its ID in one allocation, so
+// that a request, which reads both (the engine hashes the ID to name the
+// counters), finds them together, as it found the consumer inside the
+// record and its ID apart when the consumer was made with the record.
+// The ID is a string over id (unsafe.String), which is never written
+// after it is made.
+type consumerBox struct {
+	c  core.Consumer
+	id [len("key:") + 32]byte
+}
+
 // makeConsumer makes the record's consumer, for Consumer's first use.
 func (k *KeyRecord) makeConsumer() *core.Consumer {
-	c := &core.Consumer{ID: k.Hash.ConsumerID(), Policies: k.Policies, APILimits: k.APILimits, QuotaEpoch: k.QuotaEpoch}
+	b := &consumerBox{c: core.Consumer{Policies: k.Policies, APILimits: k.APILimits, QuotaEpoch: k.QuotaEpoch}}
+	copy(b.id[:], "key:")
+	hex.Encode(b.id[4:], k.Hash[:16])
+	b.c.ID = unsafe.String(&b.id[0], len(b.id))
+	c := &b.c
 	if k.consumer == nil || k.consumer.CompareAndSwap(nil, c) {
 		return c
 	}
