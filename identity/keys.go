@@ -475,13 +475,33 @@ func (k *Keys) Len() int { return k.t.Load().n }
 // Records returns every record of one version of the registry, in the
 // order they were first added: Replace's order, then keys added by Update
 // (a replaced key keeps its place, a deleted and added again one goes
-// last). It costs O(n log n) and allocates n pointers. The records are
-// the registry's own: the caller must not change them.
+// last). It costs O(n) while no more keys were ever added than twice
+// those held (each record goes to its place by its insertion number),
+// O(n log n) after more churn, and allocates n pointers (2n at most for
+// the places). The records are the registry's own: the caller must not
+// change them.
 func (k *Keys) Records() []*KeyRecord {
 	t := k.t.Load()
-	out := make([]*KeyRecord, 0, t.n)
-	t.each(func(r *KeyRecord) bool { out = append(out, r); return true })
-	slices.SortFunc(out, func(a, b *KeyRecord) int { return cmp.Compare(a.seq, b.seq) })
+	if t.next <= 2*uint64(t.n)+leafSize {
+		// Insertion numbers are below next: place each record at its
+		// own, then close the gaps the deleted and replaced keys left.
+		out := make([]*KeyRecord, t.next)
+		t.each(func(r *KeyRecord) bool { out[r.seq] = r; return true })
+		return slices.DeleteFunc(out, func(r *KeyRecord) bool { return r == nil })
+	}
+	type entry struct {
+		seq uint64
+		rec *KeyRecord
+	}
+	// Sorted with the numbers beside the pointers: comparing them then
+	// reads no record.
+	es := make([]entry, 0, t.n)
+	t.each(func(r *KeyRecord) bool { es = append(es, entry{r.seq, r}); return true })
+	slices.SortFunc(es, func(a, b entry) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]*KeyRecord, len(es))
+	for i, e := range es {
+		out[i] = e.rec
+	}
 	return out
 }
 

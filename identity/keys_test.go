@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -329,5 +330,46 @@ func TestKeyRecordConsumer(t *testing.T) {
 	c1, c2 := own.Consumer(), own.Consumer()
 	if c1 == c2 || !reflect.DeepEqual(*c1, want) || !reflect.DeepEqual(*c2, want) {
 		t.Errorf("a record outside a registry: consumers %p %+v and %p %+v", c1, *c1, c2, *c2)
+	}
+}
+
+// TestKeysRecordsOrderAfterChurn: Records keeps the order of addition as
+// keys are deleted and added again, and replaced, many times over: first
+// while few more keys were ever added than are held (each record placed by
+// its number), then long after (numbers sorted). A simulation of the
+// order is the reference.
+func TestKeysRecordsOrderAfterChurn(t *testing.T) {
+	var want []string
+	var recs []identity.KeyRecord
+	for i := range 10 {
+		raw := "k" + strconv.Itoa(i)
+		want = append(want, raw)
+		recs = append(recs, rec(raw))
+	}
+	ks, err := identity.NewKeys(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 400 {
+		raw := "k" + strconv.Itoa(i*7%10)
+		if i%3 == 0 { // replaced: keeps its place
+			r := rec(raw)
+			r.Inactive = true
+			if err := ks.Update([]identity.KeyRecord{r}, nil); err != nil {
+				t.Fatal(err)
+			}
+		} else { // deleted, added again: last
+			if err := ks.Update(nil, []identity.KeyHash{identity.HashKey(raw)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ks.Update([]identity.KeyRecord{rec(raw)}, nil); err != nil {
+				t.Fatal(err)
+			}
+			j := slices.Index(want, raw)
+			want = append(slices.Delete(want, j, j+1), raw)
+		}
+		if got := fmt.Sprint(order(ks)); got != fmt.Sprint(want) {
+			t.Fatalf("after change %d: Records order %s, want %v", i, got, want)
+		}
 	}
 }
