@@ -228,11 +228,12 @@ func find(slots []slot, h KeyHash) *KeyRecord {
 	}
 }
 
-// newShard returns a shard holding recs (distinct hashes), with at most
-// three slots in four used so that probes stay short.
-func newShard(recs []*KeyRecord) []slot {
+// newShard returns a shard holding recs, with at most three slots in four
+// used so that probes stay short. When two records have the same hash it
+// returns the second, and the shard is not usable.
+func newShard(recs []*KeyRecord) ([]slot, *KeyRecord) {
 	if len(recs) == 0 {
-		return emptyShard
+		return emptyShard, nil
 	}
 	size := 2
 	for size*3 < len(recs)*4+1 {
@@ -242,12 +243,16 @@ func newShard(recs []*KeyRecord) []slot {
 	mask := uint64(size - 1)
 	for _, r := range recs {
 		i := home(r.Hash, mask)
+		tg := tag(r.Hash)
 		for slots[i].rec != nil {
+			if slots[i].tag == tg && slots[i].rec.Hash == r.Hash {
+				return nil, r
+			}
 			i = (i + 1) & mask
 		}
-		slots[i] = slot{tag(r.Hash), r}
+		slots[i] = slot{tg, r}
 	}
-	return slots
+	return slots, nil
 }
 
 // bitsFor returns the shard bits for a registry of n keys.
@@ -320,8 +325,9 @@ func NewKeys(records []KeyRecord) (*Keys, error) {
 	return k, nil
 }
 
-// fill returns a table of 2^bits shards holding recs.
-func fill(bits uint8, recs []*KeyRecord) *keyTable {
+// fill returns a table of 2^bits shards holding recs, or an error for two
+// records with the same hash.
+func fill(bits uint8, recs []*KeyRecord) (*keyTable, error) {
 	t := newTable(bits)
 	byShard := make([][]*KeyRecord, 1<<bits)
 	for _, r := range recs {
@@ -329,28 +335,29 @@ func fill(bits uint8, recs []*KeyRecord) *keyTable {
 		byShard[s] = append(byShard[s], r)
 	}
 	for s, rs := range byShard {
-		t.top[s>>leafBits][s&(leafSize-1)] = newShard(rs)
+		slots, dup := newShard(rs)
+		if dup != nil {
+			return nil, fmt.Errorf("identity: duplicate key %s", dup.Hash)
+		}
+		t.top[s>>leafBits][s&(leafSize-1)] = slots
 	}
 	t.n = len(recs)
-	return t
+	return t, nil
 }
 
 // Replace swaps in a new set of records, in O(len(records)). Duplicate
 // hashes are an error and leave the registry unchanged. Records keeps
 // their order.
 func (k *Keys) Replace(records []KeyRecord) error {
-	seen := make(map[KeyHash]struct{}, len(records))
 	recs := make([]*KeyRecord, len(records))
 	in := newInterner()
 	for i := range records {
-		h := records[i].Hash
-		if _, dup := seen[h]; dup {
-			return fmt.Errorf("identity: duplicate key %s", h)
-		}
-		seen[h] = struct{}{}
 		recs[i] = newRecord(&records[i], uint64(i), in)
 	}
-	t := fill(bitsFor(len(recs)), recs)
+	t, err := fill(bitsFor(len(recs)), recs) // finds duplicates too
+	if err != nil {
+		return err
+	}
 	t.next = uint64(len(recs))
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -431,7 +438,8 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 			l := *t.top[li]
 			t.top[li] = &l
 		}
-		t.top[li][s&(leafSize-1)] = newShard(rs)
+		slots, _ := newShard(rs) // distinct: checked above
+		t.top[li][s&(leafSize-1)] = slots
 	}
 	if t.n>>t.bits > shardMax && t.bits < maxShardBits {
 		t = t.reshard(bitsFor(t.n))
@@ -457,7 +465,7 @@ func (t *keyTable) each(fn func(*KeyRecord) bool) {
 func (t *keyTable) reshard(bits uint8) *keyTable {
 	recs := make([]*KeyRecord, 0, t.n)
 	t.each(func(r *KeyRecord) bool { recs = append(recs, r); return true })
-	nt := fill(bits, recs)
+	nt, _ := fill(bits, recs) // t's records are distinct
 	nt.next = t.next
 	return nt
 }

@@ -373,3 +373,28 @@ func TestKeysRecordsOrderAfterChurn(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysReplaceRefusesDuplicates: two records with one hash, among many
+// (so in a table of many shards) or among few, are refused naming the
+// hash, and a registry that Replace refuses keeps its keys.
+func TestKeysReplaceRefusesDuplicates(t *testing.T) {
+	for _, n := range []int{3, 5_000} {
+		recs := benchRecords(n)
+		dup := recs[n/2]
+		dup.Inactive = true
+		recs = append(recs, dup)
+		if _, err := identity.NewKeys(recs); err == nil || err.Error() != "identity: duplicate key "+dup.Hash.String() {
+			t.Errorf("%d keys and a duplicate: NewKeys error %v", n, err)
+		}
+	}
+	ks, err := identity.NewKeys([]identity.KeyRecord{rec("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Replace([]identity.KeyRecord{rec("b"), rec("c"), rec("b")}); err == nil {
+		t.Fatal("Replace with a duplicate: no error")
+	}
+	if got := fmt.Sprint(order(ks)); got != "[a]" {
+		t.Errorf("after a refused Replace: %s, want [a]", got)
+	}
+}
