@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/spec"
@@ -25,7 +26,9 @@ const DefaultMaxSnapshotBytes = 1 << 30
 // most maxBytes data bytes each (DefaultChunkBytes when maxBytes <= 0),
 // numbered from 0, with snap's revision and the given nonce. The last
 // chunk is marked last and carries Digest(snap). An empty snapshot is one
-// chunk. The chunks share one buffer: do not modify their data.
+// chunk. The encoding is json.Marshal(snap)'s, byte for byte, written
+// straight into the chunks key by key (a snapshot of a million keys is
+// never held whole in one buffer). Do not modify the chunks' data.
 func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.SnapshotChunk, error) {
 	if snap == nil {
 		return nil, errors.New("protocol: chunks: nil snapshot")
@@ -33,25 +36,95 @@ func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.Snapshot
 	if maxBytes <= 0 {
 		maxBytes = DefaultChunkBytes
 	}
-	data, err := json.Marshal(snap)
+	parts, err := encodeCut(snap, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: chunks: encode revision %d: %w", snap.Revision, err)
 	}
-	n := (len(data) + maxBytes - 1) / maxBytes
-	chunks := make([]*syncpb.SnapshotChunk, 0, max(n, 1))
-	for seq := 0; seq == 0 || len(data) > 0; seq++ {
-		part := data[:min(maxBytes, len(data))]
-		data = data[len(part):]
-		chunks = append(chunks, &syncpb.SnapshotChunk{
+	chunks := make([]*syncpb.SnapshotChunk, len(parts))
+	for seq, part := range parts {
+		chunks[seq] = &syncpb.SnapshotChunk{
 			Revision: snap.Revision,
 			Nonce:    nonce,
 			Seq:      uint32(seq),
-			Last:     len(data) == 0,
+			Last:     seq == len(parts)-1,
 			Data:     part,
-		})
+		}
 	}
 	chunks[len(chunks)-1].Digest = Digest(snap)
 	return chunks, nil
+}
+
+// encodeCut writes json.Marshal(snap) cut into parts of max bytes (the
+// last one shorter), writing the keys one at a time. It writes the fields
+// of spec.Snapshot as encoding/json does, in order and with their
+// omitempty rules; TestEncodeCutIsMarshal holds it to json.Marshal, and to
+// spec.Snapshot's fields.
+func encodeCut(snap *spec.Snapshot, max int) ([][]byte, error) {
+	w := cutter{max: max}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	value := func(v any) error { // v's JSON, without Encode's newline
+		buf.Reset()
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+		w.write(buf.Bytes()[:buf.Len()-1])
+		return nil
+	}
+	w.write([]byte(`{"revision":`))
+	w.write(strconv.AppendUint(nil, snap.Revision, 10))
+	if len(snap.Policies) > 0 {
+		w.write([]byte(`,"policies":`))
+		if err := value(snap.Policies); err != nil {
+			return nil, err
+		}
+	}
+	if len(snap.Keys) > 0 {
+		w.write([]byte(`,"keys":[`))
+		for i := range snap.Keys {
+			if i > 0 {
+				w.write([]byte{','})
+			}
+			if err := value(&snap.Keys[i]); err != nil {
+				return nil, err
+			}
+		}
+		w.write([]byte{']'})
+	}
+	if len(snap.APIs) > 0 {
+		w.write([]byte(`,"apis":`))
+		if err := value(snap.APIs); err != nil {
+			return nil, err
+		}
+	}
+	w.write([]byte{'}'})
+	return w.parts, nil
+}
+
+// cutter collects written bytes in parts of max bytes each. The first
+// part grows as it is written (a small snapshot takes little); the next
+// ones, of a snapshot that proved large, are allocated once at full size.
+type cutter struct {
+	max   int
+	parts [][]byte
+}
+
+func (c *cutter) write(b []byte) {
+	for len(b) > 0 {
+		n := len(c.parts)
+		if n == 0 || len(c.parts[n-1]) == c.max {
+			size := c.max
+			if n == 0 {
+				size = min(c.max, 512)
+			}
+			c.parts = append(c.parts, make([]byte, 0, size))
+			n++
+		}
+		last := c.parts[n-1]
+		k := min(len(b), c.max-len(last))
+		c.parts[n-1] = append(last, b[:k]...)
+		b = b[k:]
+	}
 }
 
 // AssemblerOptions configure an Assembler.

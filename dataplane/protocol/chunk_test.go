@@ -1,6 +1,9 @@
 package protocol
 
 import (
+	"bytes"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -160,6 +163,52 @@ func TestAssemblerDecodesAcrossChunks(t *testing.T) {
 	for _, tail := range []string{" x", "\n{}", "  0"} {
 		if _, err := add(split(text + tail)); err == nil || err.Error() != "protocol: snapshot 5: decode JSON: data after the value" {
 			t.Errorf("%q after the value: %v", tail, err)
+		}
+	}
+}
+
+// TestEncodeCutIsMarshal: the chunks' data, joined, is json.Marshal of the
+// snapshot byte for byte, for snapshots with and without each list and
+// for chunk sizes from one byte up; and spec.Snapshot still has exactly
+// the fields encodeCut writes (a new field must be written there too).
+func TestEncodeCutIsMarshal(t *testing.T) {
+	var fields []string
+	st := reflect.TypeFor[spec.Snapshot]()
+	for i := range st.NumField() {
+		fields = append(fields, st.Field(i).Name+" "+string(st.Field(i).Tag))
+	}
+	if got, want := strings.Join(fields, "; "), `Revision json:"revision"; Policies json:"policies,omitempty"; Keys json:"keys,omitempty"; APIs json:"apis,omitempty"`; got != want {
+		t.Fatalf("spec.Snapshot fields: %s\nencodeCut writes: %s", got, want)
+	}
+	full := variedSnapshot(300)
+	full.APIs[0].JWT = &spec.JWT{Algorithms: []string{"HS256"}, Keys: []spec.JWTKey{{SecretEnv: "S<&>"}}, DefaultPolicies: []string{"free"}}
+	for name, s := range map[string]*spec.Snapshot{
+		"empty":       {},
+		"revision":    {Revision: 1 << 63},
+		"keys only":   {Revision: 3, Keys: variedSnapshot(5).Keys},
+		"no keys":     snapshotWithKeys(4, 0),
+		"full":        full,
+		"empty lists": {Revision: 2, Policies: []spec.Policy{}, Keys: []spec.Key{}, APIs: []spec.API{}},
+	} {
+		want, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, max := range []int{1, 7, 512, 513, 4096, DefaultChunkBytes} {
+			parts, err := encodeCut(s, max)
+			if err != nil {
+				t.Fatalf("%s, %d: %v", name, max, err)
+			}
+			var joined []byte
+			for i, p := range parts {
+				if i < len(parts)-1 && len(p) != max || len(p) == 0 || len(p) > max {
+					t.Fatalf("%s, %d: part %d of %d has %d bytes", name, max, i, len(parts), len(p))
+				}
+				joined = append(joined, p...)
+			}
+			if !bytes.Equal(joined, want) {
+				t.Fatalf("%s, %d:\n%s\nwant\n%s", name, max, joined, want)
+			}
 		}
 	}
 }
