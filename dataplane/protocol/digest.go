@@ -119,9 +119,11 @@ func (d *Digester) AddKeys(keys []spec.Key) {
 
 // addKeys adds keys one by one, with one encoder and one hash for all.
 func (d *Digester) addKeys(keys []spec.Key) {
-	var h objectHasher
+	h := new(objectHasher)
+	c := new(canonicalKey) // one for all: no garbage per key
 	for i := range keys {
-		d.add(h.hash(tagKey, canonicalKeyOf(&keys[i])))
+		canonicalKeyInto(c, &keys[i])
+		d.add(h.hash(tagKey, c))
 	}
 }
 
@@ -179,15 +181,25 @@ func limb(h [32]byte, i int) uint64 { return binary.BigEndian.Uint64(h[24-8*i:])
 type canonicalKey struct {
 	spec.Key
 	Expires string `json:"expires,omitempty"` // shadows Key.Expires
+	buf     []byte // for Expires, reused
 }
 
 func canonicalKeyOf(k *spec.Key) *canonicalKey {
-	c := &canonicalKey{Key: *k}
-	c.KeyHash = strings.ToLower(k.KeyHash)
-	if k.Expires != nil {
-		c.Expires = k.Expires.UTC().Format(time.RFC3339Nano)
-	}
+	c := new(canonicalKey)
+	canonicalKeyInto(c, k)
 	return c
+}
+
+// canonicalKeyInto sets *c to k as the digest sees it, reusing c's
+// buffer for the expiry.
+func canonicalKeyInto(c *canonicalKey, k *spec.Key) {
+	c.Key = *k
+	c.KeyHash = strings.ToLower(k.KeyHash)
+	c.Expires = ""
+	if k.Expires != nil {
+		c.buf = k.Expires.UTC().AppendFormat(c.buf[:0], time.RFC3339Nano)
+		c.Expires = string(c.buf)
+	}
 }
 
 // objectHash is SHA-256 of the kind tag and the object's JSON.
