@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -381,7 +382,7 @@ func (a *admin) engine(st *state) (*core.Engine, error) {
 	if p := a.peek.Load(); p != nil && p.st == st {
 		return p.eng, nil
 	}
-	eng, err := core.NewEngine(a.g.opts.Store, core.Config{Policies: st.snap.CorePolicies()}, core.Options{
+	eng, err := core.NewEngine(a.g.opts.Store, core.Config{Policies: st.base.CorePolicies()}, core.Options{
 		FailurePolicy: core.FailClosed,
 		StoreTimeout:  a.g.opts.StoreTimeout,
 		OnStoreError:  a.g.onStore,
@@ -418,7 +419,7 @@ func (a *admin) resolve(st *state, id, api string) (*core.Consumer, consumerStat
 			if err != nil || len(b) != 16 {
 				return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: want key: and 32 hex digits", id)
 			}
-			rec = keyByConsumerID(st, "key:"+hex.EncodeToString(b))
+			rec = keyByConsumerID(st, b)
 		}
 		if rec == nil {
 			return nil, out, http.StatusNotFound, fmt.Sprintf("unknown consumer %q", id)
@@ -451,12 +452,14 @@ func (a *admin) resolve(st *state, id, api string) (*core.Consumer, consumerStat
 	return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: want sha256: and a key hash, key: and 32 hex digits, or ip: and an address", id)
 }
 
-// keyByConsumerID returns the key whose consumer ID is id, or nil. It
-// scans the registry.
-func keyByConsumerID(st *state, id string) *identity.KeyRecord {
+// keyByConsumerID returns the key whose consumer ID is "key:" and the hex
+// of prefix (the first 16 bytes of its hash: identity.KeyHash.ConsumerID),
+// or nil. It scans the registry, comparing hashes, so that no key's
+// consumer is made for it.
+func keyByConsumerID(st *state, prefix []byte) *identity.KeyRecord {
 	var found *identity.KeyRecord
 	st.keys.Range(func(r *identity.KeyRecord) bool {
-		if r.Consumer().ID == id {
+		if bytes.Equal(r.Hash[:len(prefix)], prefix) {
 			found = r
 		}
 		return found == nil

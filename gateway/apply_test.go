@@ -13,13 +13,17 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -348,5 +352,68 @@ func settledGoroutines(t *testing.T, want int, idle func()) int {
 		// Goroutines that were told to stop need to be scheduled to
 		// return; nothing can be waited on for that.
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestApplyKeepsNoKeyList: the gateway does not hold the applied
+// snapshot's keys: once the caller drops the snapshot it is collected,
+// and Snapshot makes the configuration again from the key registry, equal
+// to what was applied (reflect.DeepEqual, and the same digest), also for
+// keys the registry's records alone cannot give back (an upper-case hash,
+// per-API limits, an empty policy list, a zero expiry). It is made once
+// while a caller holds it, and again, equal, after. An update of one key
+// leaves the others, which shared its policy list, as they were.
+func TestApplyKeepsNoKeyList(t *testing.T) {
+	g := newTestGateway(t)
+	zone := time.FixedZone("UTC+1", 3600)
+	mk := func() *spec.Snapshot {
+		s := basic(3, spec.BuiltinEcho, nil, perHour(2))
+		s.Policies = append(s.Policies, spec.Policy{ID: "gold", Quota: perHour(4)})
+		upper := "sha256:" + strings.ToUpper(strings.TrimPrefix(keyHash("k2"), "sha256:"))
+		expires := time.Date(2030, 1, 2, 3, 4, 5, 6, zone)
+		s.Keys = append(s.Keys,
+			spec.Key{KeyHash: upper, Policies: []string{"p"}, Inactive: true},
+			spec.Key{KeyHash: keyHash("k3"), Policies: []string{"p"}, Expires: &expires, QuotaEpoch: 4},
+			spec.Key{KeyHash: keyHash("k4"), Policies: []string{"p"}, Expires: &time.Time{}},
+			spec.Key{KeyHash: keyHash("k5"), Policies: []string{}, APILimits: map[string]spec.Limits{"api": {Quota: perHour(5), QuotaEpoch: 3}}},
+			spec.Key{KeyHash: keyHash("k6"), APILimits: map[string]spec.Limits{"api": {Rate: perMinute(9)}}},
+			spec.Key{KeyHash: keyHash("k7"), Policies: []string{"p"}},
+		)
+		return s
+	}
+	s := mk()
+	applied, keys := weak.Make(s), weak.Make(&s.Keys[0])
+	g.apply(t, s)
+	s = nil
+	runtime.GC()
+	if applied.Value() != nil || keys.Value() != nil {
+		t.Fatal("the gateway holds the applied snapshot or its keys")
+	}
+	want := mk()
+	got := g.gw.Snapshot()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Snapshot:\n%+v\nwant\n%+v", got, want)
+	}
+	if protocol.Digest(got) != protocol.Digest(want) {
+		t.Error("digests differ")
+	}
+	if g.gw.Snapshot() != got {
+		t.Error("a second Snapshot made the snapshot again")
+	}
+	checkStatuses(t, "k1", keyStatuses(t, g, "k1", 3), []int{200, 200, 429})
+	checkStatuses(t, "k2 (inactive)", keyStatuses(t, g, "k2", 1), []int{403})
+	checkStatuses(t, "k5 (own quota)", keyStatuses(t, g, "k5", 6), []int{200, 200, 200, 200, 200, 429})
+	got = nil
+	runtime.GC()
+	if again := g.gw.Snapshot(); !reflect.DeepEqual(again, want) {
+		t.Errorf("Snapshot made again:\n%+v\nwant\n%+v", again, want)
+	}
+
+	// k3 and k7 had k1's policy list; k1 changes.
+	g.updateKeys(t, 4, []spec.Key{{KeyHash: keyHash("k1"), Policies: []string{"gold"}}}, nil)
+	want.Revision = 4
+	want.Keys[0].Policies = []string{"gold"}
+	if got := g.gw.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Snapshot after UpdateKeys:\n%+v\nwant\n%+v", got, want)
 	}
 }

@@ -168,8 +168,9 @@ func BenchmarkApplyKeys(b *testing.B) {
 // active again) on a gateway holding n keys: its cost is one key's
 // validation and the copy of one registry shard, whatever n. It also
 // reports heap-B/key: the heap the gateway holds for its configuration
-// (the applied snapshot, whose Keys the registry's records point into,
-// and the registry), after a garbage collection, divided by n.
+// once the caller has dropped the applied snapshot (the key registry, and
+// the snapshot's policies and APIs), after a garbage collection, divided
+// by n.
 func BenchmarkUpdateKeys(b *testing.B) {
 	for _, n := range []int{1_000, 100_000, 1_000_000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {

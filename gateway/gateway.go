@@ -30,6 +30,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
@@ -140,21 +141,26 @@ type Gateway struct {
 // UpdateKeys changes in place (each request looks its key up once, so it
 // is decided under one version of that key).
 type state struct {
-	// snap is the snapshot as applied. Once UpdateKeys has changed the
-	// keys its Keys and Revision are out of date: keys holds the keys
-	// (each record's Data is its *spec.Key) and revision the revision.
-	snap     *spec.Snapshot
+	// base is the applied snapshot without its keys: its revision,
+	// policies and APIs (shared with it). The keys are held only by keys,
+	// in records from which keyOf makes each spec.Key again, so a gateway
+	// does not hold a million keys twice (see Snapshot).
+	base *spec.Snapshot
+	// applied is the snapshot given to Apply, for as long as its caller
+	// keeps it.
+	applied  weak.Pointer[spec.Snapshot]
 	engine   *core.Engine
 	keys     *identity.Keys
 	routes   []route // longest listen path first
 	apis     map[string]*spec.API
 	policies map[string]*spec.Policy
 
-	revision atomic.Uint64 // snap.Revision, raised by UpdateKeys
+	revision atomic.Uint64 // base.Revision, raised by UpdateKeys
 	edited   atomic.Bool   // UpdateKeys has changed keys
-	// current is the snapshot Snapshot last materialised for revision,
-	// nil when out of date; guarded by Gateway.mu.
-	current *spec.Snapshot
+	// current is the snapshot Snapshot last made for revision, for as
+	// long as a caller keeps it; zero when out of date. Guarded by
+	// Gateway.mu.
+	current weak.Pointer[spec.Snapshot]
 }
 
 // New returns a gateway with opts and no snapshot: it answers 503 until
@@ -219,8 +225,11 @@ func New(opts Options) (*Gateway, error) {
 // an error and the running configuration stays: a spec.Errors for an
 // invalid snapshot, ErrStaleRevision for one older than the running one, or the
 // problem building an API (an unresolvable secret, a JWKS that cannot be
-// fetched within ctx, an algorithm the store lacks). Apply keeps snap; the
-// caller must not change it afterwards.
+// fetched within ctx, an algorithm the store lacks). Apply keeps snap's
+// policies and APIs, and Snapshot may return snap itself: the caller must
+// not change it afterwards. It does not keep snap's list of keys (the key
+// registry holds them, about 180 bytes a key), so a caller that drops snap
+// after Apply frees that memory.
 func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
 	if g.opts.OnApply != nil {
 		// Deferred first, so it runs after the unlock below.
@@ -288,13 +297,15 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 		return nil, jwks, fmt.Errorf("gateway: %w", err)
 	}
 	for i := range records {
-		records[i].Data = &snap.Keys[i]
+		keepData(&records[i], &snap.Keys[i])
 	}
 	keys, err := identity.NewKeys(records)
 	if err != nil {
 		return nil, jwks, fmt.Errorf("gateway: %w", err)
 	}
-	st := &state{snap: snap, engine: engine, keys: keys,
+	base := *snap
+	base.Keys = nil
+	st := &state{base: &base, applied: weak.Make(snap), engine: engine, keys: keys,
 		apis: make(map[string]*spec.API, len(snap.APIs)), policies: make(map[string]*spec.Policy, len(snap.Policies))}
 	st.revision.Store(snap.Revision)
 	for i := range snap.Policies {
@@ -464,12 +475,11 @@ func (g *Gateway) UpdateKeys(ctx context.Context, revision uint64, put []spec.Ke
 			errs = append(errs, err.(spec.Errors)...)
 			continue
 		}
-		k := put[i]
-		rec, err := k.Record()
+		rec, err := put[i].Record()
 		if err != nil { // ValidateKey checked the hash
 			return fmt.Errorf("gateway: %w", err)
 		}
-		rec.Data = &k
+		keepData(&rec, &put[i])
 		records = append(records, rec)
 	}
 	hashes := make([]identity.KeyHash, 0, len(del))
@@ -489,8 +499,39 @@ func (g *Gateway) UpdateKeys(ctx context.Context, revision uint64, put []spec.Ke
 	}
 	st.revision.Store(revision)
 	st.edited.Store(true)
-	st.current = nil
+	st.current = weak.Pointer[spec.Snapshot]{}
 	return nil
+}
+
+// keepData sets rec.Data to a copy of k, the key rec was made from, when
+// keyOf could not make k again from rec alone: when k has per-API limits
+// (the record holds them converted for the engine), an upper-case hex
+// digit in its hash, an empty but non-nil list of policies, or an expiry
+// that is the zero time. Otherwise Data stays nil and the key costs only
+// its record.
+func keepData(rec *identity.KeyRecord, k *spec.Key) {
+	plain := k.APILimits == nil && (k.Policies == nil || len(k.Policies) > 0) &&
+		(k.Expires == nil || !k.Expires.IsZero()) && !strings.ContainsAny(k.KeyHash, "ABCDEF")
+	if !plain {
+		c := *k
+		rec.Data = &c
+	}
+}
+
+// keyOf returns the spec.Key a record of the running keys was made from
+// (by Apply or UpdateKeys): the copy keepData kept, or the key made again
+// from the record's fields. Its slices and maps are the record's: the
+// caller must not change them.
+func keyOf(rec *identity.KeyRecord) spec.Key {
+	if k, ok := rec.Data.(*spec.Key); ok {
+		return *k
+	}
+	k := spec.Key{KeyHash: rec.Hash.String(), Policies: rec.Policies, Inactive: rec.Inactive, QuotaEpoch: rec.QuotaEpoch}
+	if !rec.Expires.IsZero() {
+		e := rec.Expires
+		k.Expires = &e
+	}
+	return k
 }
 
 // Revision returns the running configuration's revision: the applied
@@ -505,38 +546,52 @@ func (g *Gateway) Revision() uint64 {
 // Snapshot returns the running configuration, or nil before the first
 // Apply. The caller must not change it.
 //
-// Until UpdateKeys changes keys it is the snapshot given to Apply, at no
-// cost. After, it is made on demand and kept until the next change: the
-// applied snapshot's policies and APIs (shared), the running revision,
-// and the keys as the changes left them, in the order
-// protocol.ApplyChanges gives (a changed key keeps its place, new keys go
-// last, in the order they were put). Making it costs O(n log n) for n
-// keys held, and about 80 bytes a key (a spec.Key, whose slices and maps
-// are shared); it waits for an UpdateKeys or Apply in progress.
+// Until UpdateKeys changes keys, it is the snapshot given to Apply, at no
+// cost, as long as Apply's caller (or anyone) still holds that snapshot.
+// Otherwise (the gateway does not keep the applied snapshot's keys: see
+// Apply) it is made on demand: the applied snapshot's policies and APIs
+// (shared), the running revision, and the keys as Apply and the changes
+// since left them, equal to the keys applied (reflect.DeepEqual) and in
+// the order protocol.ApplyChanges gives (a changed key keeps its place,
+// new keys go last, in the order they were put). Made so, it is kept and
+// returned again, until the next change, for as long as a caller holds
+// it. Making it costs O(n) for n keys held (O(n log n) once many more
+// keys were added over time than are held: see identity.Keys.Records),
+// about half a second for a million, and about 150 bytes a key (a
+// spec.Key and its key_hash string; its slices and maps are shared with
+// the registry); it waits for an UpdateKeys or Apply in progress.
 func (g *Gateway) Snapshot() *spec.Snapshot {
 	st := g.state.Load()
 	if st == nil {
 		return nil
 	}
 	if !st.edited.Load() {
-		return st.snap
+		if s := st.applied.Value(); s != nil {
+			return s
+		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if st = g.state.Load(); !st.edited.Load() {
-		return st.snap
+	st = g.state.Load()
+	if !st.edited.Load() {
+		if s := st.applied.Value(); s != nil {
+			return s
+		}
 	}
-	if st.current == nil {
-		s := *st.snap
-		s.Revision = st.revision.Load()
-		recs := st.keys.Records()
+	if s := st.current.Value(); s != nil {
+		return s
+	}
+	s := *st.base
+	s.Revision = st.revision.Load()
+	recs := st.keys.Records()
+	if len(recs) > 0 {
 		s.Keys = make([]spec.Key, len(recs))
 		for i, r := range recs {
-			s.Keys[i] = *r.Data.(*spec.Key)
+			s.Keys[i] = keyOf(r)
 		}
-		st.current = &s
 	}
-	return st.current
+	st.current = weak.Make(&s)
+	return &s
 }
 
 // Key returns the running version of the key whose hash is hash

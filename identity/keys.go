@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
@@ -47,11 +48,16 @@ func (h KeyHash) String() string { return "sha256:" + hex.EncodeToString(h[:]) }
 // hex of the hash's first 16 bytes.
 func (h KeyHash) ConsumerID() string { return "key:" + hex.EncodeToString(h[:16]) }
 
-// KeyRecord is what the registry knows about one API key.
+// KeyRecord is what the registry knows about one API key. A registry
+// keeps its own copy of each record it is given, and hands out pointers to
+// it (Lookup, Records, Range) that stay valid, and unchanged, after later
+// changes of the registry.
 type KeyRecord struct {
 	// Hash is the key's SHA-256.
 	Hash KeyHash
-	// Policies are the IDs of the policies the key has.
+	// Policies are the IDs of the policies the key has. A registry's
+	// records share one slice among the keys with the same list (an
+	// empty list is nil there), so it must never be written through.
 	Policies []string
 	// APILimits are per-API limits that replace the policies for those
 	// APIs (see core.Consumer.APILimits).
@@ -64,16 +70,63 @@ type KeyRecord struct {
 	// (core.Consumer.QuotaEpoch); per-API ones are in APILimits.
 	QuotaEpoch uint64
 	// Data is the caller's own value, kept with the record and never read
-	// by the registry (the gateway keeps the spec.Key the record was made
-	// from, to give its configuration back).
+	// by the registry (the gateway keeps there what it cannot make again
+	// from the other fields, to give its configuration back).
 	Data any
 
-	consumer core.Consumer
+	// consumer is the registry's cell of the record's engine view, made
+	// on first use (a million keys mostly idle need not hold a million
+	// consumers). It lives beside the record (see held), not in it, so
+	// that copying a record never races with its being filled.
+	consumer *atomic.Pointer[core.Consumer]
 	seq      uint64 // order of first insertion, for Records
 }
 
-// Consumer returns the engine's view of the key.
-func (k *KeyRecord) Consumer() *core.Consumer { return &k.consumer }
+// held is a record as a registry holds it: the record and its consumer
+// cell in one allocation.
+type held struct {
+	rec      KeyRecord
+	consumer atomic.Pointer[core.Consumer]
+}
+
+// Consumer returns the engine's view of the key: its consumer ID
+// (KeyHash.ConsumerID), policies, per-API limits and quota epoch. For a
+// record held by a registry it is made on the first call and the same
+// pointer is returned after, so a key's first request pays for one small
+// allocation; the caller must not change it. For any other record it is
+// made anew on every call.
+func (k *KeyRecord) Consumer() *core.Consumer {
+	if p := k.consumer; p != nil {
+		if c := p.Load(); c != nil {
+			return c
+		}
+	}
+	return k.makeConsumer()
+}
+
+// consumerBox is a consumer and the bytes of its ID in one allocation, so
+// that a request, which reads both (the engine hashes the ID to name the
+// counters), finds them together, as it found the consumer inside the
+// record and its ID apart when the consumer was made with the record.
+// The ID is a string over id (unsafe.String), which is never written
+// after it is made.
+type consumerBox struct {
+	c  core.Consumer
+	id [len("key:") + 32]byte
+}
+
+// makeConsumer makes the record's consumer, for Consumer's first use.
+func (k *KeyRecord) makeConsumer() *core.Consumer {
+	b := &consumerBox{c: core.Consumer{Policies: k.Policies, APILimits: k.APILimits, QuotaEpoch: k.QuotaEpoch}}
+	copy(b.id[:], "key:")
+	hex.Encode(b.id[4:], k.Hash[:16])
+	b.c.ID = unsafe.String(&b.id[0], len(b.id))
+	c := &b.c
+	if k.consumer == nil || k.consumer.CompareAndSwap(nil, c) {
+		return c
+	}
+	return k.consumer.Load()
+}
 
 // ErrUnknownKey is wrapped by Update for the delete of a key the registry
 // does not hold.
@@ -95,8 +148,9 @@ var ErrUnknownKey = errors.New("identity: no such key")
 // the table is rebuilt with more shards (an O(n) step after the registry
 // has grown fourfold, so amortised O(1) per key added).
 type Keys struct {
-	t  atomic.Pointer[keyTable]
-	mu sync.Mutex // serialises Replace and Update
+	t      atomic.Pointer[keyTable]
+	mu     sync.Mutex // serialises Replace and Update
+	intern *interner  // of the current table's records; guarded by mu
 }
 
 const (
@@ -174,11 +228,12 @@ func find(slots []slot, h KeyHash) *KeyRecord {
 	}
 }
 
-// newShard returns a shard holding recs (distinct hashes), with at most
-// three slots in four used so that probes stay short.
-func newShard(recs []*KeyRecord) []slot {
+// newShard returns a shard holding recs, with at most three slots in four
+// used so that probes stay short. When two records have the same hash it
+// returns the second, and the shard is not usable.
+func newShard(recs []*KeyRecord) ([]slot, *KeyRecord) {
 	if len(recs) == 0 {
-		return emptyShard
+		return emptyShard, nil
 	}
 	size := 2
 	for size*3 < len(recs)*4+1 {
@@ -188,12 +243,16 @@ func newShard(recs []*KeyRecord) []slot {
 	mask := uint64(size - 1)
 	for _, r := range recs {
 		i := home(r.Hash, mask)
+		tg := tag(r.Hash)
 		for slots[i].rec != nil {
+			if slots[i].tag == tg && slots[i].rec.Hash == r.Hash {
+				return nil, r
+			}
 			i = (i + 1) & mask
 		}
-		slots[i] = slot{tag(r.Hash), r}
+		slots[i] = slot{tg, r}
 	}
-	return slots
+	return slots, nil
 }
 
 // bitsFor returns the shard bits for a registry of n keys.
@@ -205,13 +264,56 @@ func bitsFor(n int) uint8 {
 	return b
 }
 
-// newRecord returns the registry's copy of r, with its consumer made and
-// its insertion order set to seq.
-func newRecord(r KeyRecord, seq uint64) *KeyRecord {
-	r.Policies = append([]string(nil), r.Policies...)
-	r.consumer = core.Consumer{ID: r.Hash.ConsumerID(), Policies: r.Policies, APILimits: r.APILimits, QuotaEpoch: r.QuotaEpoch}
-	r.seq = seq
-	return &r
+// newRecord returns the registry's copy of r, with its policies interned
+// by in and its insertion order set to seq.
+func newRecord(r *KeyRecord, seq uint64, in *interner) *KeyRecord {
+	h := &held{rec: *r}
+	h.rec.Policies = in.policies(r.Policies)
+	h.rec.consumer = &h.consumer
+	h.rec.seq = seq
+	return &h.rec
+}
+
+// maxInterned bounds the distinct policy lists an interner keeps; lists
+// past it are copied per key. Keys share a few lists in practice, so the
+// bound only matters for a registry that sees unbounded distinct lists.
+const maxInterned = 1 << 16
+
+// interner shares one copy of each distinct policy list among the records
+// of a registry: a million keys with policies ["gold"] hold one slice. A
+// shared slice is never written (records are immutable), so a change of
+// one key, which makes that key a new record with its own list, cannot
+// change another key's. Replace starts a new interner, so lists no key
+// uses any more are dropped then.
+type interner struct {
+	lists map[string][]string // by encodeList
+	buf   []byte
+}
+
+func newInterner() *interner { return &interner{lists: map[string][]string{}} }
+
+// policies returns the registry's copy of list: nil for an empty list,
+// otherwise an interned copy.
+func (in *interner) policies(list []string) []string {
+	if len(list) == 0 {
+		return nil
+	}
+	// Each ID with its length in front, so that no two lists encode the
+	// same (IDs may hold any byte).
+	b := in.buf[:0]
+	for _, id := range list {
+		b = binary.AppendUvarint(b, uint64(len(id)))
+		b = append(b, id...)
+	}
+	in.buf = b
+	if s, ok := in.lists[string(b)]; ok {
+		return s
+	}
+	s := slices.Clone(list)
+	if len(in.lists) < maxInterned {
+		in.lists[string(b)] = s
+	}
+	return s
 }
 
 // NewKeys returns a registry holding records (see Replace).
@@ -223,8 +325,9 @@ func NewKeys(records []KeyRecord) (*Keys, error) {
 	return k, nil
 }
 
-// fill returns a table of 2^bits shards holding recs.
-func fill(bits uint8, recs []*KeyRecord) *keyTable {
+// fill returns a table of 2^bits shards holding recs, or an error for two
+// records with the same hash.
+func fill(bits uint8, recs []*KeyRecord) (*keyTable, error) {
 	t := newTable(bits)
 	byShard := make([][]*KeyRecord, 1<<bits)
 	for _, r := range recs {
@@ -232,31 +335,34 @@ func fill(bits uint8, recs []*KeyRecord) *keyTable {
 		byShard[s] = append(byShard[s], r)
 	}
 	for s, rs := range byShard {
-		t.top[s>>leafBits][s&(leafSize-1)] = newShard(rs)
+		slots, dup := newShard(rs)
+		if dup != nil {
+			return nil, fmt.Errorf("identity: duplicate key %s", dup.Hash)
+		}
+		t.top[s>>leafBits][s&(leafSize-1)] = slots
 	}
 	t.n = len(recs)
-	return t
+	return t, nil
 }
 
 // Replace swaps in a new set of records, in O(len(records)). Duplicate
 // hashes are an error and leave the registry unchanged. Records keeps
 // their order.
 func (k *Keys) Replace(records []KeyRecord) error {
-	seen := make(map[KeyHash]struct{}, len(records))
 	recs := make([]*KeyRecord, len(records))
+	in := newInterner()
 	for i := range records {
-		h := records[i].Hash
-		if _, dup := seen[h]; dup {
-			return fmt.Errorf("identity: duplicate key %s", h)
-		}
-		seen[h] = struct{}{}
-		recs[i] = newRecord(records[i], uint64(i))
+		recs[i] = newRecord(&records[i], uint64(i), in)
 	}
-	t := fill(bitsFor(len(recs)), recs)
+	t, err := fill(bitsFor(len(recs)), recs) // finds duplicates too
+	if err != nil {
+		return err
+	}
 	t.next = uint64(len(recs))
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.t.Store(t)
+	k.intern = in
 	return nil
 }
 
@@ -274,6 +380,9 @@ func (k *Keys) Replace(records []KeyRecord) error {
 func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.intern == nil {
+		k.intern = newInterner()
+	}
 	old := k.t.Load()
 	t := &keyTable{bits: old.bits, top: slices.Clone(old.top), n: old.n, next: old.next}
 	// The new contents of each touched shard, edited below.
@@ -313,9 +422,9 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 		}
 		s, rs := contents(h)
 		if j := slices.IndexFunc(rs, func(r *KeyRecord) bool { return r.Hash == h }); j >= 0 {
-			rs[j] = newRecord(put[i], rs[j].seq)
+			rs[j] = newRecord(&put[i], rs[j].seq, k.intern)
 		} else {
-			rs = append(rs, newRecord(put[i], t.next))
+			rs = append(rs, newRecord(&put[i], t.next, k.intern))
 			t.next++
 			t.n++
 		}
@@ -329,7 +438,8 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 			l := *t.top[li]
 			t.top[li] = &l
 		}
-		t.top[li][s&(leafSize-1)] = newShard(rs)
+		slots, _ := newShard(rs) // distinct: checked above
+		t.top[li][s&(leafSize-1)] = slots
 	}
 	if t.n>>t.bits > shardMax && t.bits < maxShardBits {
 		t = t.reshard(bitsFor(t.n))
@@ -355,7 +465,7 @@ func (t *keyTable) each(fn func(*KeyRecord) bool) {
 func (t *keyTable) reshard(bits uint8) *keyTable {
 	recs := make([]*KeyRecord, 0, t.n)
 	t.each(func(r *KeyRecord) bool { recs = append(recs, r); return true })
-	nt := fill(bits, recs)
+	nt, _ := fill(bits, recs) // t's records are distinct
 	nt.next = t.next
 	return nt
 }
@@ -373,13 +483,33 @@ func (k *Keys) Len() int { return k.t.Load().n }
 // Records returns every record of one version of the registry, in the
 // order they were first added: Replace's order, then keys added by Update
 // (a replaced key keeps its place, a deleted and added again one goes
-// last). It costs O(n log n) and allocates n pointers. The records are
-// the registry's own: the caller must not change them.
+// last). It costs O(n) while no more keys were ever added than twice
+// those held (each record goes to its place by its insertion number),
+// O(n log n) after more churn, and allocates n pointers (2n at most for
+// the places). The records are the registry's own: the caller must not
+// change them.
 func (k *Keys) Records() []*KeyRecord {
 	t := k.t.Load()
-	out := make([]*KeyRecord, 0, t.n)
-	t.each(func(r *KeyRecord) bool { out = append(out, r); return true })
-	slices.SortFunc(out, func(a, b *KeyRecord) int { return cmp.Compare(a.seq, b.seq) })
+	if t.next <= 2*uint64(t.n)+leafSize {
+		// Insertion numbers are below next: place each record at its
+		// own, then close the gaps the deleted and replaced keys left.
+		out := make([]*KeyRecord, t.next)
+		t.each(func(r *KeyRecord) bool { out[r.seq] = r; return true })
+		return slices.DeleteFunc(out, func(r *KeyRecord) bool { return r == nil })
+	}
+	type entry struct {
+		seq uint64
+		rec *KeyRecord
+	}
+	// Sorted with the numbers beside the pointers: comparing them then
+	// reads no record.
+	es := make([]entry, 0, t.n)
+	t.each(func(r *KeyRecord) bool { es = append(es, entry{r.seq, r}); return true })
+	slices.SortFunc(es, func(a, b entry) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]*KeyRecord, len(es))
+	for i, e := range es {
+		out[i] = e.rec
+	}
 	return out
 }
 
@@ -584,5 +714,11 @@ func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, err
 	if !rec.Expires.IsZero() && !a.opts.Now().Before(rec.Expires) {
 		return nil, invalid(403, "API key expired")
 	}
-	return &rec.consumer, nil
+	// Consumer's fast path, written out: Consumer is too big to inline.
+	if p := rec.consumer; p != nil {
+		if c := p.Load(); c != nil {
+			return c, nil
+		}
+	}
+	return rec.makeConsumer(), nil
 }

@@ -1,12 +1,17 @@
 package identity_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
 
@@ -198,5 +203,198 @@ func TestKeysLookupDuringUpdates(t *testing.T) {
 	}
 	if ks.Len() != 5_000 {
 		t.Errorf("Len %d, want 5000", ks.Len())
+	}
+}
+
+// TestKeysInternPolicies: keys with the same policy list share one slice
+// in the registry, and that sharing never carries a change from one key to
+// another: a key updated with other policies has them alone, the keys that
+// shared its old list keep it, and the caller's slices, changed after
+// Replace or Update, change nothing. Lists whose IDs join to the same text
+// are told apart, and an empty list is nil.
+func TestKeysInternPolicies(t *testing.T) {
+	pq := []string{"p", "q"}
+	ks, err := identity.NewKeys([]identity.KeyRecord{
+		{Hash: identity.HashKey("a"), Policies: pq},
+		{Hash: identity.HashKey("b"), Policies: []string{"p", "q"}},
+		{Hash: identity.HashKey("c"), Policies: []string{"pq"}},
+		{Hash: identity.HashKey("d"), Policies: []string{"p", "q", ""}},
+		{Hash: identity.HashKey("e"), Policies: []string{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq[0] = "x" // the caller's slice: not the registry's
+	policies := func(raw string) string { return fmt.Sprintf("%q", ks.Lookup(identity.HashKey(raw)).Policies) }
+	want := func(what string, wants map[string]string) {
+		t.Helper()
+		for raw, w := range wants {
+			if got := policies(raw); got != w {
+				t.Errorf("%s: %s has %s, want %s", what, raw, got, w)
+			}
+		}
+	}
+	want("after NewKeys", map[string]string{"a": `["p" "q"]`, "b": `["p" "q"]`, "c": `["pq"]`, "d": `["p" "q" ""]`, "e": `[]`})
+	a, b := ks.Lookup(identity.HashKey("a")), ks.Lookup(identity.HashKey("b"))
+	if &a.Policies[0] != &b.Policies[0] {
+		t.Error("a and b, with the same policies, hold two slices")
+	}
+	if ks.Lookup(identity.HashKey("e")).Policies != nil {
+		t.Error("e's empty list is not nil")
+	}
+
+	// a changes: b keeps the list a had; the record of a looked up before
+	// is unchanged too.
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("a"), Policies: []string{"gold"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want("after a's update", map[string]string{"a": `["gold"]`, "b": `["p" "q"]`, "c": `["pq"]`, "d": `["p" "q" ""]`})
+	if got := fmt.Sprintf("%q", a.Policies); got != `["p" "q"]` {
+		t.Errorf("a's old record has %s, want [p q]", got)
+	}
+
+	// f gets the list b has, from a slice the caller then changes; then b
+	// changes: f keeps it.
+	fl := []string{"p", "q"}
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("f"), Policies: fl}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fl[1] = "z"
+	if f := ks.Lookup(identity.HashKey("f")); &f.Policies[0] != &ks.Lookup(identity.HashKey("b")).Policies[0] {
+		t.Error("f, put with b's policies, holds a slice of its own")
+	}
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("b"), Policies: []string{"p"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want("after b's update", map[string]string{"a": `["gold"]`, "b": `["p"]`, "f": `["p" "q"]`, "d": `["p" "q" ""]`})
+	for _, raw := range []string{"a", "b", "f"} {
+		if c := ks.Lookup(identity.HashKey(raw)).Consumer(); fmt.Sprintf("%q", c.Policies) != policies(raw) {
+			t.Errorf("consumer of %s has %q, its record %s", raw, c.Policies, policies(raw))
+		}
+	}
+}
+
+// TestKeyRecordConsumer: a held record's consumer is made once, with the
+// key's consumer ID, policies, per-API limits and quota epoch, and is the
+// same pointer for every caller, even callers racing on its first use
+// while others copy the record (run with -race); Authenticate returns it.
+// A record outside a registry makes a fresh one each call.
+func TestKeyRecordConsumer(t *testing.T) {
+	h := identity.HashKey("k")
+	limits := map[string]core.Limits{"api": {Quota: core.Quota{Max: 5, Renewal: time.Hour}, QuotaEpoch: 2}}
+	in := identity.KeyRecord{Hash: h, Policies: []string{"p"}, APILimits: limits, QuotaEpoch: 7}
+	ks, err := identity.NewKeys([]identity.KeyRecord{in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ks.Lookup(h)
+	const n = 8
+	got := make([]*core.Consumer, n)
+	copies := make([]identity.KeyRecord, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(2)
+		go func() { defer wg.Done(); got[i] = r.Consumer() }()
+		go func() { defer wg.Done(); copies[i] = *r }()
+	}
+	wg.Wait()
+	c := got[0]
+	for i := range n {
+		if got[i] != c {
+			t.Fatalf("Consumer call %d returned another consumer", i)
+		}
+		if copies[i].Hash != h || copies[i].QuotaEpoch != 7 {
+			t.Errorf("copy %d of the record: %+v", i, copies[i])
+		}
+	}
+	want := core.Consumer{ID: h.ConsumerID(), Policies: []string{"p"}, APILimits: limits, QuotaEpoch: 7}
+	if !reflect.DeepEqual(*c, want) {
+		t.Errorf("consumer %+v, want %+v", *c, want)
+	}
+	a := identity.NewAPIKey(ks, identity.APIKeyOptions{})
+	if ac, err := a.Authenticate(context.Background(), &benchReq{key: []string{"k"}}); err != nil || ac != c {
+		t.Errorf("Authenticate = %p, %v; want the record's consumer %p", ac, err, c)
+	}
+	if r.Consumer() != c || ks.Lookup(h).Consumer() != c {
+		t.Error("a later Consumer call returned another consumer")
+	}
+	// Another key's update copies c's shard, not c's record: c stays.
+	if err := ks.Update([]identity.KeyRecord{{Hash: identity.HashKey("other"), Policies: []string{"p"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ks.Lookup(h).Consumer() != c {
+		t.Error("an update of another key made k a new consumer")
+	}
+	// A record of its own: a new consumer, equal, each call.
+	own := in
+	c1, c2 := own.Consumer(), own.Consumer()
+	if c1 == c2 || !reflect.DeepEqual(*c1, want) || !reflect.DeepEqual(*c2, want) {
+		t.Errorf("a record outside a registry: consumers %p %+v and %p %+v", c1, *c1, c2, *c2)
+	}
+}
+
+// TestKeysRecordsOrderAfterChurn: Records keeps the order of addition as
+// keys are deleted and added again, and replaced, many times over: first
+// while few more keys were ever added than are held (each record placed by
+// its number), then long after (numbers sorted). A simulation of the
+// order is the reference.
+func TestKeysRecordsOrderAfterChurn(t *testing.T) {
+	var want []string
+	var recs []identity.KeyRecord
+	for i := range 10 {
+		raw := "k" + strconv.Itoa(i)
+		want = append(want, raw)
+		recs = append(recs, rec(raw))
+	}
+	ks, err := identity.NewKeys(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 400 {
+		raw := "k" + strconv.Itoa(i*7%10)
+		if i%3 == 0 { // replaced: keeps its place
+			r := rec(raw)
+			r.Inactive = true
+			if err := ks.Update([]identity.KeyRecord{r}, nil); err != nil {
+				t.Fatal(err)
+			}
+		} else { // deleted, added again: last
+			if err := ks.Update(nil, []identity.KeyHash{identity.HashKey(raw)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ks.Update([]identity.KeyRecord{rec(raw)}, nil); err != nil {
+				t.Fatal(err)
+			}
+			j := slices.Index(want, raw)
+			want = append(slices.Delete(want, j, j+1), raw)
+		}
+		if got := fmt.Sprint(order(ks)); got != fmt.Sprint(want) {
+			t.Fatalf("after change %d: Records order %s, want %v", i, got, want)
+		}
+	}
+}
+
+// TestKeysReplaceRefusesDuplicates: two records with one hash, among many
+// (so in a table of many shards) or among few, are refused naming the
+// hash, and a registry that Replace refuses keeps its keys.
+func TestKeysReplaceRefusesDuplicates(t *testing.T) {
+	for _, n := range []int{3, 5_000} {
+		recs := benchRecords(n)
+		dup := recs[n/2]
+		dup.Inactive = true
+		recs = append(recs, dup)
+		if _, err := identity.NewKeys(recs); err == nil || err.Error() != "identity: duplicate key "+dup.Hash.String() {
+			t.Errorf("%d keys and a duplicate: NewKeys error %v", n, err)
+		}
+	}
+	ks, err := identity.NewKeys([]identity.KeyRecord{rec("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Replace([]identity.KeyRecord{rec("b"), rec("c"), rec("b")}); err == nil {
+		t.Fatal("Replace with a duplicate: no error")
+	}
+	if got := fmt.Sprint(order(ks)); got != "[a]" {
+		t.Errorf("after a refused Replace: %s, want [a]", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io"
 	"runtime"
 	"strconv"
 
@@ -28,7 +29,8 @@ const DefaultMaxSnapshotBytes = 1 << 30
 // most maxBytes data bytes each (DefaultChunkBytes when maxBytes <= 0),
 // numbered from 0, with snap's revision and the given nonce. The last
 // chunk is marked last and carries Digest(snap). An empty snapshot is one
-// chunk. The chunks share one buffer: do not modify their data.
+// chunk. The encoding is json.Marshal(snap)'s, byte for byte (see
+// ChunksDigester); the chunks share one buffer: do not modify their data.
 func Chunks(snap *spec.Snapshot, nonce string, maxBytes int) ([]*syncpb.SnapshotChunk, error) {
 	chunks, _, err := ChunksDigester(snap, nonce, maxBytes)
 	return chunks, err
@@ -173,7 +175,8 @@ func (e *objectEncoder) write(comma bool, v any) ([]byte, error) {
 	return e.buf.Bytes()[start:], nil
 }
 
-// hash is hashJSON, reusing e.h.
+// hash is SHA-256 of the kind tag and an object's canonical JSON b,
+// reusing e.h.
 func (e *objectEncoder) hash(tag byte, b []byte) (out [32]byte) {
 	e.h.Reset()
 	e.h.Write([]byte{tag})
@@ -236,10 +239,14 @@ type AssemblerOptions struct {
 // (a seq out of order or missing, another revision or nonce while one is
 // under way, a first chunk whose seq is not 0) and a snapshot past
 // MaxBytes. After an error or a complete snapshot it starts afresh, so
-// the next chunk must be seq 0. Not safe for concurrent use.
+// the next chunk must be seq 0. It keeps each chunk's data, not a copy,
+// until its snapshot is decoded or dropped (the JSON is decoded from the
+// chunks as they are, so a large snapshot is not copied into one buffer
+// first): the caller must not modify it. Not safe for concurrent use.
 type Assembler struct {
 	max      int
-	buf      bytes.Buffer
+	parts    [][]byte // the data of the chunks so far
+	size     int      // their bytes
 	active   bool
 	revision uint64
 	nonce    string
@@ -260,7 +267,8 @@ func (a *Assembler) InProgress() bool { return a.active }
 
 // Reset drops a snapshot under way (when its stream breaks).
 func (a *Assembler) Reset() {
-	a.buf.Reset()
+	clear(a.parts) // drop the chunks' data, keep the slice
+	a.parts, a.size = a.parts[:0], 0
 	a.active, a.revision, a.nonce, a.next = false, 0, "", 0
 }
 
@@ -295,15 +303,21 @@ func (a *Assembler) add(c *syncpb.SnapshotChunk) (*spec.Snapshot, error) {
 		return nil, fmt.Errorf("protocol: snapshot %d chunk %d (nonce %q) came while snapshot %d (nonce %q) was at chunk %d", c.Revision, c.Seq, c.Nonce, a.revision, a.nonce, a.next)
 	case c.Seq != a.next:
 		return nil, fmt.Errorf("protocol: snapshot %d: chunk %d came where chunk %d was due", c.Revision, c.Seq, a.next)
-	case a.buf.Len()+len(c.Data) > a.max:
+	case a.size+len(c.Data) > a.max:
 		return nil, fmt.Errorf("protocol: snapshot %d: over %d bytes at chunk %d", c.Revision, a.max, c.Seq)
 	}
-	a.buf.Write(c.Data)
+	a.parts = append(a.parts, c.Data)
+	a.size += len(c.Data)
 	a.next++
 	if !c.Last {
 		return nil, nil
 	}
-	snap, err := DecodeSnapshot(a.buf.Bytes())
+	readers := make([]io.Reader, len(a.parts))
+	for i, p := range a.parts {
+		readers[i] = bytes.NewReader(p)
+	}
+	var snap spec.Snapshot
+	err := decodeStrictFrom(io.MultiReader(readers...), &snap)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: snapshot %d: %w", c.Revision, err)
 	}
@@ -311,11 +325,11 @@ func (a *Assembler) add(c *syncpb.SnapshotChunk) (*spec.Snapshot, error) {
 		return nil, fmt.Errorf("protocol: snapshot %d: its JSON says revision %d", c.Revision, snap.Revision)
 	}
 	if c.Digest != "" {
-		if got := Digest(snap); got != c.Digest {
+		if got := Digest(&snap); got != c.Digest {
 			return nil, fmt.Errorf("protocol: snapshot %d: digest %s, the control plane sent %s", c.Revision, got, c.Digest)
 		}
 	}
-	return snap, nil
+	return &snap, nil
 }
 
 // DecodeSnapshot decodes a snapshot's spec JSON strictly: unknown fields
@@ -330,12 +344,19 @@ func DecodeSnapshot(data []byte) (*spec.Snapshot, error) {
 }
 
 func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
+	return decodeStrictFrom(bytes.NewReader(data), v)
+}
+
+// decodeStrictFrom decodes the one JSON value r holds into v, strictly:
+// unknown fields, and anything but white space after the value, are
+// errors.
+func decodeStrictFrom(r io.Reader, v any) error {
+	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("decode JSON: %w", err)
 	}
-	if len(bytes.TrimSpace(data[dec.InputOffset():])) != 0 {
+	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("decode JSON: data after the value")
 	}
 	return nil

@@ -1,6 +1,9 @@
 package protocol
 
 import (
+	"bytes"
+	"encoding/json"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -196,5 +199,91 @@ func TestChunksDigesterMatchesChunksAndDigest(t *testing.T) {
 	}
 	if _, _, err := ChunksDigester(nil, "n", 0); err == nil || err.Error() != "protocol: chunks: nil snapshot" {
 		t.Fatalf("nil snapshot: %v", err)
+	}
+}
+
+// TestAssemblerDecodesAcrossChunks: the Assembler decodes the chunks as
+// they came, with no join: a snapshot cut into chunks of one byte, white
+// space after its value in chunks of their own included, decodes to the
+// snapshot; a byte other than white space in a chunk after the value is
+// data after the value, and so is a second value.
+func TestAssemblerDecodesAcrossChunks(t *testing.T) {
+	snap := snapshotWithKeys(5, 3)
+	text := jsonOf(t, snap)
+	split := func(data string) []*syncpb.SnapshotChunk {
+		var cs []*syncpb.SnapshotChunk
+		for i := range len(data) {
+			cs = append(cs, &syncpb.SnapshotChunk{Revision: 5, Nonce: "x", Seq: uint32(i), Last: i == len(data)-1, Data: []byte{data[i]}})
+		}
+		return cs
+	}
+	add := func(cs []*syncpb.SnapshotChunk) (*spec.Snapshot, error) {
+		a := NewAssembler(AssemblerOptions{})
+		for i, c := range cs {
+			got, err := a.Add(c)
+			if err != nil || got != nil {
+				if i != len(cs)-1 && err == nil {
+					t.Fatalf("a snapshot at chunk %d of %d", i, len(cs))
+				}
+				return got, err
+			}
+		}
+		t.Fatal("no snapshot and no error at the last chunk")
+		return nil, nil
+	}
+	got, err := add(split(text + " \n\t "))
+	if err != nil || jsonOf(t, got) != text {
+		t.Fatalf("one-byte chunks: %v\n%s\nwant\n%s", err, jsonOf(t, got), text)
+	}
+	for _, tail := range []string{" x", "\n{}", "  0"} {
+		if _, err := add(split(text + tail)); err == nil || err.Error() != "protocol: snapshot 5: decode JSON: data after the value" {
+			t.Errorf("%q after the value: %v", tail, err)
+		}
+	}
+}
+
+// TestEncodeCutIsMarshal: the chunks' data, joined, is json.Marshal of the
+// snapshot byte for byte, for snapshots with and without each list and
+// for chunk sizes from one byte up; and spec.Snapshot still has exactly
+// the fields encodeDigest writes (a new field must be written there too).
+func TestEncodeCutIsMarshal(t *testing.T) {
+	var fields []string
+	st := reflect.TypeFor[spec.Snapshot]()
+	for i := range st.NumField() {
+		fields = append(fields, st.Field(i).Name+" "+string(st.Field(i).Tag))
+	}
+	if got, want := strings.Join(fields, "; "), `Revision json:"revision"; Policies json:"policies,omitempty"; Keys json:"keys,omitempty"; APIs json:"apis,omitempty"`; got != want {
+		t.Fatalf("spec.Snapshot fields: %s\nencodeDigest writes: %s", got, want)
+	}
+	full := variedSnapshot(300)
+	full.APIs[0].JWT = &spec.JWT{Algorithms: []string{"HS256"}, Keys: []spec.JWTKey{{SecretEnv: "S<&>"}}, DefaultPolicies: []string{"free"}}
+	for name, s := range map[string]*spec.Snapshot{
+		"empty":       {},
+		"revision":    {Revision: 1 << 63},
+		"keys only":   {Revision: 3, Keys: variedSnapshot(5).Keys},
+		"no keys":     snapshotWithKeys(4, 0),
+		"full":        full,
+		"empty lists": {Revision: 2, Policies: []spec.Policy{}, Keys: []spec.Key{}, APIs: []spec.API{}},
+	} {
+		want, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, max := range []int{1, 7, 512, 513, 4096, DefaultChunkBytes} {
+			chunks, err := Chunks(s, "n", max)
+			if err != nil {
+				t.Fatalf("%s, %d: %v", name, max, err)
+			}
+			var joined []byte
+			for i, c := range chunks {
+				if p := c.Data; i < len(chunks)-1 && len(p) != max || len(p) == 0 || len(p) > max {
+					t.Fatalf("%s, %d: chunk %d of %d has %d bytes", name, max, i, len(chunks), len(p))
+				}
+				joined = append(joined, c.Data...)
+			}
+			if !bytes.Equal(joined, want) {
+				t.Fatalf("%s, %d:\n%s\nwant\n%s", name, max, joined, want)
+			}
+		}
 	}
 }

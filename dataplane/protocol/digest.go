@@ -1,12 +1,14 @@
 package protocol
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"math/bits"
 	"runtime"
 	"strings"
@@ -50,25 +52,15 @@ const digestDomain = "limitplane.sync.v1 digest\x00"
 // drift, which is its job; it is not a signature: authenticity comes from
 // the stream's TLS.
 //
-// A nil snapshot has the digest of an empty one.
-//
-// The keys are hashed in parts on every CPU.
+// A nil snapshot has the digest of an empty one. The keys of a large
+// snapshot are hashed in parallel (see Digester.AddKeys).
 func Digest(snap *spec.Snapshot) string {
 	var d Digester
 	if snap != nil {
 		for i := range snap.Policies {
 			d.AddPolicy(&snap.Policies[i])
 		}
-		ds := make([]Digester, len(snap.Keys)/minPart+1)
-		_ = parallel(len(snap.Keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
-			for i := lo; i < hi; i++ {
-				ds[lo/minPart].AddKey(&snap.Keys[i])
-			}
-			return nil
-		})
-		for i := range ds {
-			d.merge(&ds[i])
-		}
+		d.AddKeys(snap.Keys)
 		for i := range snap.APIs {
 			d.AddAPI(&snap.APIs[i])
 		}
@@ -99,6 +91,52 @@ func (d *Digester) AddKey(k *spec.Key) { d.add(objectHash(tagKey, canonicalKeyOf
 // RemoveKey removes a key added before.
 func (d *Digester) RemoveKey(k *spec.Key) { d.sub(objectHash(tagKey, canonicalKeyOf(k))) }
 
+// parallelKeys is the number of keys from which AddKeys spreads the work:
+// below it, starting goroutines costs more than it saves.
+const parallelKeys = 1 << 12
+
+// AddKeys adds every key of keys: the same as AddKey of each, in any
+// order (the digest does not depend on it). With many keys the work is
+// spread over GOMAXPROCS goroutines, each summing a part of keys, and
+// their sums added together, which gives the same digest since the sum
+// is commutative and associative. It returns when every key is added.
+func (d *Digester) AddKeys(keys []spec.Key) {
+	parts := min(runtime.GOMAXPROCS(0), len(keys)/parallelKeys)
+	if parts <= 1 {
+		d.addKeys(keys)
+		return
+	}
+	sums := make([]Digester, parts)
+	var wg sync.WaitGroup
+	for p := range parts {
+		part := keys[p*len(keys)/parts : (p+1)*len(keys)/parts]
+		wg.Go(func() { sums[p].addKeys(part) })
+	}
+	wg.Wait()
+	for i := range sums {
+		d.merge(&sums[i])
+	}
+}
+
+// addKeys adds keys one by one, with one encoder and one hash for all.
+func (d *Digester) addKeys(keys []spec.Key) {
+	h := new(objectHasher)
+	c := new(canonicalKey) // one for all: no garbage per key
+	for i := range keys {
+		canonicalKeyInto(c, &keys[i])
+		d.add(h.hash(tagKey, c))
+	}
+}
+
+// merge adds the objects summed by o.
+func (d *Digester) merge(o *Digester) {
+	var c uint64
+	for i := range 4 {
+		d.sum[i], c = bits.Add64(d.sum[i], o.sum[i], c)
+	}
+	d.n += o.n
+}
+
 // AddAPI adds an API.
 func (d *Digester) AddAPI(a *spec.API) { d.add(objectHash(tagAPI, a)) }
 
@@ -124,15 +162,6 @@ func (d *Digester) add(h [32]byte) {
 		d.sum[i], c = bits.Add64(d.sum[i], limb(h, i), c)
 	}
 	d.n++
-}
-
-// merge adds every object o holds.
-func (d *Digester) merge(o *Digester) {
-	var c uint64
-	for i := range 4 {
-		d.sum[i], c = bits.Add64(d.sum[i], o.sum[i], c)
-	}
-	d.n += o.n
 }
 
 // minPart is the fewest items parallel gives a goroutine.
@@ -179,35 +208,62 @@ func limb(h [32]byte, i int) uint64 { return binary.BigEndian.Uint64(h[24-8*i:])
 type canonicalKey struct {
 	spec.Key
 	Expires string `json:"expires,omitempty"` // shadows Key.Expires
+	buf     []byte // for Expires, reused
 }
 
 func canonicalKeyOf(k *spec.Key) *canonicalKey {
-	c := &canonicalKey{Key: *k}
-	c.KeyHash = strings.ToLower(k.KeyHash)
-	if k.Expires != nil {
-		c.Expires = k.Expires.UTC().Format(time.RFC3339Nano)
-	}
+	c := new(canonicalKey)
+	canonicalKeyInto(c, k)
 	return c
 }
 
-// objectHash is SHA-256 of the kind tag and the object's JSON. The spec
-// types hold only strings, numbers, bools, slices, string-keyed maps and
-// Durations (and a key's expiry, formatted by canonicalKeyOf), none of
-// which fails to marshal; an error is a bug in this package.
-func objectHash(tag byte, v any) [32]byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("protocol: digest: %v", err))
+// canonicalKeyInto sets *c to k as the digest sees it, reusing c's
+// buffer for the expiry.
+func canonicalKeyInto(c *canonicalKey, k *spec.Key) {
+	c.Key = *k
+	c.KeyHash = strings.ToLower(k.KeyHash)
+	c.Expires = ""
+	if k.Expires != nil {
+		c.buf = k.Expires.UTC().AppendFormat(c.buf[:0], time.RFC3339Nano)
+		c.Expires = string(c.buf)
 	}
-	return hashJSON(tag, b)
 }
 
-// hashJSON is SHA-256 of the kind tag and an object's canonical JSON b.
-func hashJSON(tag byte, b []byte) [32]byte {
-	h := sha256.New()
-	h.Write([]byte{tag})
-	h.Write(b)
+// objectHash is SHA-256 of the kind tag and the object's JSON.
+func objectHash(tag byte, v any) [32]byte {
+	var h objectHasher
+	return h.hash(tag, v)
+}
+
+// objectHasher computes objectHash again and again with one buffer, JSON
+// encoder and SHA-256 state. The zero value is ready; it is not safe for
+// concurrent use.
+type objectHasher struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+	sha hash.Hash
+}
+
+// hash returns SHA-256 of tag and v's JSON as json.Marshal writes it (an
+// Encoder writes the same bytes, with escapeHTML on as Marshal has it, and
+// a newline after them, which is not hashed). The spec types hold only
+// strings, numbers, bools, slices, string-keyed maps and Durations (and a
+// key's expiry, formatted by canonicalKeyOf), none of which fails to
+// marshal; an error is a bug in this package.
+func (h *objectHasher) hash(tag byte, v any) [32]byte {
+	if h.enc == nil {
+		h.enc = json.NewEncoder(&h.buf)
+		h.sha = sha256.New()
+	}
+	h.buf.Reset()
+	h.buf.WriteByte(tag)
+	if err := h.enc.Encode(v); err != nil {
+		panic(fmt.Sprintf("protocol: digest: %v", err))
+	}
+	b := h.buf.Bytes()
+	h.sha.Reset()
+	h.sha.Write(b[:len(b)-1])
 	var out [32]byte
-	h.Sum(out[:0])
+	h.sha.Sum(out[:0])
 	return out
 }

@@ -2,11 +2,14 @@ package protocol
 
 import (
 	"fmt"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -132,6 +135,66 @@ func TestParallelSplits(t *testing.T) {
 				if c != 1 {
 					t.Fatalf("n=%d parts=%d: item %d seen %d times", n, parts, i, c)
 				}
+			}
+		}
+	}
+}
+
+// variedSnapshot is snapshotWithKeys with n keys of every shape: one or
+// two policies, an expiry in a zone other than UTC, inactive, per-API
+// limits instead of policies, and quota epochs.
+func variedSnapshot(n int) *spec.Snapshot {
+	s := snapshotWithKeys(9, 0)
+	exp := time.Date(2030, 1, 2, 3, 4, 5, 6, time.FixedZone("x", -7200))
+	s.Keys = make([]spec.Key, n)
+	for i := range n {
+		k := spec.Key{KeyHash: identity.HashKey("golden-" + strconv.Itoa(i)).String(), Policies: []string{"free"}, QuotaEpoch: uint64(i % 13)}
+		switch i % 5 {
+		case 1:
+			k.Policies = []string{"gold", "free"}
+		case 2:
+			k.Expires = &exp
+			k.Inactive = true
+		case 3:
+			k.Policies = nil
+			k.APILimits = map[string]spec.Limits{"orders": {Quota: &spec.Quota{Max: int64(i), Renewal: spec.Duration(time.Hour)}, QuotaEpoch: 2}}
+		}
+		s.Keys[i] = k
+	}
+	return s
+}
+
+// Digest spreads a large snapshot's keys over GOMAXPROCS goroutines: the
+// digest is the same whatever GOMAXPROCS, the same as a Digester given
+// the keys one by one with AddKey, and the same as this package's digest
+// before it hashed in parallel (the values below were computed then).
+func TestDigestParallelIsIdentical(t *testing.T) {
+	golden := map[int]string{
+		0:     "v1:e4f1f833b713b9289c01eb193609f1f48a8a9868ac34a431dbc1eb0c25831200",
+		7:     "v1:6cd7a21c70b034d42d6dcb5a0156bae79f1dd1d32bdfba1437d9c1b2bac6c1e5",
+		10000: "v1:7f58badca6b45e8778f277ed8602a410fb8f9d5ca75bd2403540c7fdf5ec3659",
+		30011: "v1:6d35255ac3fa33d7c810025448bb7a2d2efa7893cbb29566023c98e635b346e1", // 7 parts at GOMAXPROCS 8
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for n, want := range golden {
+		s := variedSnapshot(n)
+		var one Digester
+		for i := range s.Policies {
+			one.AddPolicy(&s.Policies[i])
+		}
+		for i := range s.Keys {
+			one.AddKey(&s.Keys[i])
+		}
+		for i := range s.APIs {
+			one.AddAPI(&s.APIs[i])
+		}
+		if got := one.Digest(); got != want {
+			t.Errorf("%d keys one by one: %s, want %s", n, got, want)
+		}
+		for _, procs := range []int{1, 2, 3, 8} {
+			runtime.GOMAXPROCS(procs)
+			if got := Digest(s); got != want {
+				t.Errorf("%d keys, GOMAXPROCS %d: %s, want %s", n, procs, got, want)
 			}
 		}
 	}
