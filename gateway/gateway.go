@@ -613,7 +613,8 @@ func (g *Gateway) Key(hash string) *spec.Key {
 	if rec == nil {
 		return nil
 	}
-	return rec.Data.(*spec.Key)
+	k := keyOf(rec)
+	return &k
 }
 
 // SetUnavailable makes the gateway answer every API request 503 with
