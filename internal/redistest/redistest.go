@@ -56,9 +56,12 @@ type Server struct {
 
 	t     testing.TB
 	extra []string
-	mu    sync.Mutex
-	cmd   *exec.Cmd
-	done  chan struct{} // closed when cmd has been waited for
+	// conf, when set, is a Sentinel's configuration file: the server runs
+	// in sentinel mode (StartSentinel).
+	conf string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has been waited for
 }
 
 // Start runs a redis-server on a free loopback port with persistence off and
@@ -118,6 +121,10 @@ func (s *Server) launch() error {
 		"--daemonize", "no",
 		"--protected-mode", "no",
 		"--logfile", "redis.log",
+	}
+	if s.conf != "" {
+		args = append([]string{s.conf, "--sentinel"}, args[:6]...)
+		args = append(args, "--daemonize", "no", "--protected-mode", "no", "--logfile", "redis.log")
 	}
 	args = append(args, s.extra...)
 	cmd := exec.Command(binary("REDIS_SERVER", "redis-server"), args...)
@@ -236,6 +243,38 @@ func (s *Server) Client(t testing.TB, opts *redis.Options) *redis.Client {
 	c := redis.NewClient(&o)
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// StartSentinel runs a Redis Sentinel on a free loopback port that
+// monitors primary under the name master with a quorum of 1, declares it
+// down after downAfter without an answer and fails over to one of its
+// replicas, waits until it answers PING, and registers its shutdown with
+// t.Cleanup. Address a store at it with
+// "redis+sentinel://<master>@<sentinel Addr>".
+func StartSentinel(t testing.TB, master string, primary *Server, downAfter time.Duration) *Server {
+	t.Helper()
+	s := &Server{t: t, Dir: t.TempDir()}
+	s.conf = filepath.Join(s.Dir, "sentinel.conf")
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		s.Port = freePort(t, false)
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+		// Sentinel rewrites its file: write it afresh for each attempt.
+		conf := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\n"+
+			"sentinel down-after-milliseconds %s %d\n"+
+			"sentinel failover-timeout %s 5000\n"+
+			"sentinel parallel-syncs %s 1\n",
+			master, primary.Port, master, downAfter.Milliseconds(), master, master)
+		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
+			t.Fatalf("redistest: write sentinel.conf: %v", err)
+		}
+		if lastErr = s.launch(); lastErr == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("redistest: start redis-server --sentinel: %v", lastErr)
+	return nil
 }
 
 // Cluster is a Redis Cluster of master-only nodes started by StartCluster.

@@ -1,0 +1,134 @@
+package gateway_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// TestReplicatedRedisFailover demonstrates the "replicated Redis" pattern
+// for a limit shared by two data planes (README, Many data planes): the
+// gateways of both use one Redis primary through Sentinel, replicated to
+// a replica. While the primary answers, the quota is exact across both;
+// when the primary is lost, Sentinel promotes the replica and the gateways
+// follow it with every count the replica received, so the quota stays
+// exact: of 1,000, 600 spent before the failover leave exactly 400 after.
+// (What the replica had not received when the primary died could be
+// admitted again: the test waits for the replica with WAIT first, so that
+// window is empty here.)
+func TestReplicatedRedisFailover(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	sentinel := redistest.StartSentinel(t, "dp", primary, 500*time.Millisecond)
+	ctx := context.Background()
+	pc := primary.Client(t, nil)
+	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
+		n, err := pc.Do(ctx, "WAIT", 1, 100).Int()
+		return err == nil && n == 1
+	})
+
+	snap := &spec.Snapshot{
+		Revision: 1,
+		Policies: []spec.Policy{{ID: "daily", Quota: &spec.Quota{Max: 1000, Renewal: spec.Duration(24 * time.Hour)}}},
+		Keys:     []spec.Key{{KeyHash: keyHash("k1"), Policies: []string{"daily"}}},
+		APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho}},
+	}
+	url := "redis+sentinel://dp@" + sentinel.Addr
+	var gws []*httptest.Server
+	for range 2 { // one gateway in each of two data planes
+		store, closeStore, err := gateway.OpenStore(ctx, gateway.StoreOptions{URL: url, FailurePolicy: core.FailClosed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { closeStore() })
+		gw, err := gateway.New(gateway.Options{Store: store, FailurePolicy: core.FailClosed, StoreTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { gw.Close() })
+		if err := gw.Apply(ctx, snap); err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(gw)
+		t.Cleanup(srv.Close)
+		gws = append(gws, srv)
+	}
+	// send makes n requests spread over both gateways from 8 goroutines
+	// and counts the answers by status.
+	send := func(n int) map[int]int {
+		var mu sync.Mutex
+		got := map[int]int{}
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for range 8 {
+			wg.Go(func() {
+				for i := range next {
+					req, _ := http.NewRequest(http.MethodGet, gws[i%2].URL+"/a/x", nil)
+					req.Header.Set("X-API-Key", "k1")
+					status := -1
+					if resp, err := http.DefaultClient.Do(req); err == nil {
+						status = resp.StatusCode
+						resp.Body.Close()
+					}
+					mu.Lock()
+					got[status]++
+					mu.Unlock()
+				}
+			})
+		}
+		for i := range n {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		return got
+	}
+
+	if got := send(600); got[200] != 600 || len(got) != 1 {
+		t.Fatalf("before the failover: %v, want 600 × 200", got)
+	}
+	if n, err := pc.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for the replica: %d, %v", n, err)
+	}
+	primary.Kill()
+	sc := sentinel.Client(t, nil)
+	waitFor(t, 30*time.Second, "Sentinel to promote the replica", func() bool {
+		addr, err := sc.Do(ctx, "SENTINEL", "get-master-addr-by-name", "dp").StringSlice()
+		return err == nil && len(addr) == 2 && addr[1] == strconv.Itoa(replica.Port)
+	})
+	// Until the gateways' clients follow the switch, requests fail closed
+	// (503, nothing admitted). Send until 600 requests were answered by
+	// the store (admitted or refused by the quota).
+	admitted, refused := 0, 0
+	deadline := time.Now().Add(30 * time.Second)
+	for admitted+refused < 600 && time.Now().Before(deadline) {
+		got := send(50)
+		admitted += got[200]
+		refused += got[429]
+	}
+	if admitted != 400 || refused < 200 {
+		t.Fatalf("after the failover: %d admitted, %d refused by the quota; want exactly 400 admitted (1,000 − 600 before), the rest refused", admitted, refused)
+	}
+}
+
+// waitFor polls cond every 50 ms until it holds, or fails the test after
+// timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
