@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -259,10 +260,10 @@ func (b *Bolt) Snapshot(ctx context.Context, tags []string) (*spec.Snapshot, err
 		br := r.(*boltReader)
 		var err error
 		s.Revision = br.rev
-		if s.Policies, err = br.policies(); err != nil {
+		if s.Policies, err = br.Policies(); err != nil {
 			return err
 		}
-		if s.APIs, err = br.apis(); err != nil {
+		if s.APIs, err = br.APIs(); err != nil {
 			return err
 		}
 		s.Keys, err = br.keys()
@@ -296,10 +297,10 @@ func (r *boltReader) Key(hash string) (*spec.Key, error) {
 
 func (r *boltReader) API(id string) (*spec.API, error) { return get[spec.API](r.btx, bucketAPIs, id) }
 
-func (r *boltReader) policies() ([]spec.Policy, error) {
+func (r *boltReader) Policies() ([]spec.Policy, error) {
 	return all[spec.Policy](r.btx, bucketPolicies)
 }
-func (r *boltReader) apis() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
+func (r *boltReader) APIs() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
 func (r *boltReader) keys() ([]spec.Key, error) { return all[spec.Key](r.btx, bucketKeys) }
 
 func get[T any](btx *bolt.Tx, bucket []byte, id string) (*T, error) {
@@ -339,22 +340,25 @@ func (t *boltTx) put(bucket []byte, obj Object, id string, v any) error {
 	if err != nil {
 		return fmt.Errorf("controlplane: encode %s %q: %w", obj, id, err)
 	}
-	if err := t.btx.Bucket(bucket).Put([]byte(id), b); err != nil {
+	bk := t.btx.Bucket(bucket)
+	old := bytes.Clone(bk.Get([]byte(id))) // valid only until the Put
+	if err := bk.Put([]byte(id), b); err != nil {
 		return fmt.Errorf("controlplane: put %s %q: %w", obj, id, err)
 	}
-	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b})
+	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
 	return nil
 }
 
 func (t *boltTx) delete(bucket []byte, obj Object, id string) (bool, error) {
 	b := t.btx.Bucket(bucket)
-	if b.Get([]byte(id)) == nil {
+	old := bytes.Clone(b.Get([]byte(id))) // valid only until the Delete
+	if old == nil {
 		return false, nil
 	}
 	if err := b.Delete([]byte(id)); err != nil {
 		return false, fmt.Errorf("controlplane: delete %s %q: %w", obj, id, err)
 	}
-	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpDelete, Object: obj, ID: id})
+	t.changes = append(t.changes, Change{Revision: t.rev, Op: OpDelete, Object: obj, ID: id, Old: old})
 	return true, nil
 }
 

@@ -75,6 +75,10 @@ type Reader interface {
 	Key(hash string) (*spec.Key, error)
 	// API returns the API with this ID, or nil.
 	API(id string) (*spec.API, error)
+	// Policies returns every policy, in ID order (byte-wise).
+	Policies() ([]spec.Policy, error)
+	// APIs returns every API, in ID order (byte-wise).
+	APIs() ([]spec.API, error)
 }
 
 // Tx is a write transaction (see Store.Update). Puts replace the object
@@ -132,8 +136,13 @@ type Change struct {
 	Object Object `json:"object"`
 	// ID is the policy or API ID, or the key hash.
 	ID string `json:"id"`
-	// Value is the object in spec's JSON for OpPut.
+	// Value is the object in spec's JSON for OpPut; empty for OpDelete.
 	Value json.RawMessage `json:"value,omitempty"`
+	// Old is the object in spec's JSON as it was before this change
+	// (the Value of the change before it, when one write puts it twice);
+	// empty when it did not exist. With it a change can be undone, and a
+	// data plane's filtered view of it computed (see SyncServer).
+	Old json.RawMessage `json:"old,omitempty"`
 }
 
 var (
@@ -176,52 +185,95 @@ func Selects(apiTags, dpTags []string) bool {
 //     with no policy and no api_limits could pass no API there (core's
 //     ErrNoPolicy) and is left out.
 //
-// s is not changed; the result shares unchanged objects with it.
+// When the tags select every API (the view is the identity), the result
+// holds s's lists themselves. s is not changed; the result shares
+// unchanged objects with it.
 func Select(s *spec.Snapshot, tags []string) *spec.Snapshot {
+	f := newFilter(s.Policies, s.APIs, tags)
 	out := &spec.Snapshot{Revision: s.Revision}
-	served := map[string]bool{}
+	if f.identity {
+		out.Policies, out.Keys, out.APIs = s.Policies, s.Keys, s.APIs
+		return out
+	}
 	for _, a := range s.APIs {
-		if Selects(a.Tags, tags) {
-			served[a.ID] = true
+		if f.served[a.ID] {
 			out.APIs = append(out.APIs, a)
 		}
 	}
-	if len(served) == len(s.APIs) {
-		out.Policies, out.Keys = s.Policies, s.Keys
-		return out
-	}
-	kept := map[string]bool{}
 	for _, p := range s.Policies {
-		if len(p.APIs) > 0 {
-			apis := keep(p.APIs, served)
-			if len(apis) == 0 {
-				continue
-			}
-			p.APIs = apis
+		if p, ok := f.policy(p); ok {
+			out.Policies = append(out.Policies, p)
 		}
-		kept[p.ID] = true
-		out.Policies = append(out.Policies, p)
 	}
 	for _, k := range s.Keys {
-		k.Policies = keep(k.Policies, kept)
-		if len(k.APILimits) > 0 {
-			limits := make(map[string]spec.Limits, len(k.APILimits))
-			for id, l := range k.APILimits {
-				if served[id] {
-					limits[id] = l
-				}
-			}
-			k.APILimits = limits
-			if len(limits) == 0 {
-				k.APILimits = nil
-			}
+		if k, ok := f.key(k); ok {
+			out.Keys = append(out.Keys, k)
 		}
-		if len(k.Policies) == 0 && len(k.APILimits) == 0 {
-			continue
-		}
-		out.Keys = append(out.Keys, k)
 	}
 	return out
+}
+
+// filter is Select's rule for one set of policies and APIs and one data
+// plane's tags. It is read-only once made, and shared.
+type filter struct {
+	// identity: the tags select every API, so the view is the state.
+	identity bool
+	// served are the IDs of the APIs the tags select; kept the IDs of
+	// the policies the view holds. Both nil for the identity.
+	served, kept map[string]bool
+}
+
+// newFilter returns Select's rule for the state with these policies and
+// APIs, for tags.
+func newFilter(policies []spec.Policy, apis []spec.API, tags []string) *filter {
+	served := map[string]bool{}
+	for _, a := range apis {
+		if Selects(a.Tags, tags) {
+			served[a.ID] = true
+		}
+	}
+	if len(served) == len(apis) {
+		return &filter{identity: true}
+	}
+	f := &filter{served: served, kept: map[string]bool{}}
+	for _, p := range policies {
+		if _, ok := f.policy(p); ok {
+			f.kept[p.ID] = true
+		}
+	}
+	return f
+}
+
+// policy returns p as the view holds it, or false when the view leaves
+// it out (its apis list names only APIs left out).
+func (f *filter) policy(p spec.Policy) (spec.Policy, bool) {
+	if f.identity || len(p.APIs) == 0 {
+		return p, true
+	}
+	p.APIs = keep(p.APIs, f.served)
+	return p, len(p.APIs) > 0
+}
+
+// key returns k as the view holds it, or false when the view leaves it
+// out (no policy and no api_limits entry left).
+func (f *filter) key(k spec.Key) (spec.Key, bool) {
+	if f.identity {
+		return k, true
+	}
+	k.Policies = keep(k.Policies, f.kept)
+	if len(k.APILimits) > 0 {
+		limits := make(map[string]spec.Limits, len(k.APILimits))
+		for id, l := range k.APILimits {
+			if f.served[id] {
+				limits[id] = l
+			}
+		}
+		k.APILimits = limits
+		if len(limits) == 0 {
+			k.APILimits = nil
+		}
+	}
+	return k, len(k.Policies) > 0 || len(k.APILimits) > 0
 }
 
 // keep returns the ids that in maps to true, in order; ids itself when

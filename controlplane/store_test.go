@@ -129,6 +129,13 @@ func TestRevisionsAndChangeLog(t *testing.T) {
 	if cs[5].Value != nil {
 		t.Fatalf("delete carries a value: %s", cs[5].Value)
 	}
+	// Old is the object before each change: none for a creation, the
+	// previous value for a replacement and for a delete.
+	for i, want := range []string{"", "", "", "", `{"key_hash":"` + k1 + `","policies":["gold"]}`, string(cs[4].Value)} {
+		if got := string(cs[i].Old); got != want {
+			t.Fatalf("change %d (%s): old %q, want %q", i, summary(cs[i:i+1])[0], got, want)
+		}
+	}
 	cs, err = s.ChangesSince(ctx, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -427,5 +434,57 @@ func TestSnapshotSelectsByTag(t *testing.T) {
 		if want := `{"eu":{"quota":{"max":600,"renewal":"24h0m0s"}},"us":{"quota":{"max":400,"renewal":"24h0m0s"}}}`; string(b) != want {
 			t.Fatalf("key c's api_limits %s, want %s", b, want)
 		}
+	}
+}
+
+// Reader.Policies and Reader.APIs list every object in ID order, in a
+// View and in a write transaction (where they include its own writes).
+func TestReaderListsInIDOrder(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	ids := func(ps []spec.Policy, as []spec.API) string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, "p:"+p.ID)
+		}
+		for _, a := range as {
+			out = append(out, "a:"+a.ID)
+		}
+		return fmt.Sprint(out)
+	}
+	list := func(r controlplane.Reader) string {
+		t.Helper()
+		ps, err := r.Policies()
+		if err != nil {
+			t.Fatal(err)
+		}
+		as, err := r.APIs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids(ps, as)
+	}
+	update(t, s, func(tx controlplane.Tx) error {
+		for _, id := range []string{"zeta", "alpha", "Mid"} {
+			if err := tx.PutPolicy(policy(id, 1)); err != nil {
+				return err
+			}
+		}
+		for _, id := range []string{"orders", "beta"} {
+			if err := tx.PutAPI(spec.API{ID: id, ListenPath: "/" + id + "/", Target: spec.BuiltinEcho}); err != nil {
+				return err
+			}
+		}
+		if got, want := list(tx), "[p:Mid p:alpha p:zeta a:beta a:orders]"; got != want {
+			t.Errorf("in the write: %s, want %s", got, want)
+		}
+		return nil
+	})
+	update(t, s, func(tx controlplane.Tx) error { _, err := tx.DeletePolicy("alpha"); return err })
+	var got string
+	if err := s.View(context.Background(), func(r controlplane.Reader) error { got = list(r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := "[p:Mid p:zeta a:beta a:orders]"; got != want {
+		t.Fatalf("View: %s, want %s", got, want)
 	}
 }

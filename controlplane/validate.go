@@ -11,8 +11,8 @@ import (
 // state is the state a write leaves, as validateWrite reads it. Lists are
 // in ID (key hash) order.
 type state interface {
-	policies() ([]spec.Policy, error)
-	apis() ([]spec.API, error)
+	Policies() ([]spec.Policy, error)
+	APIs() ([]spec.API, error)
 	keys() ([]spec.Key, error)
 	Key(hash string) (*spec.Key, error)
 }
@@ -40,10 +40,10 @@ func validateWrite(st state, changes []Change) error {
 	}
 	var s spec.Snapshot
 	var err error
-	if s.Policies, err = st.policies(); err != nil {
+	if s.Policies, err = st.Policies(); err != nil {
 		return err
 	}
-	if s.APIs, err = st.apis(); err != nil {
+	if s.APIs, err = st.APIs(); err != nil {
 		return err
 	}
 	if allKeys {

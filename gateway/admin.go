@@ -52,6 +52,12 @@ type AdminOptions struct {
 	// PingTimeout bounds GET /readyz's store PING; 0 means
 	// DefaultAdminPingTimeout.
 	PingTimeout time.Duration
+	// ControlPlane, if set, is called by every GET /readyz and its result
+	// is the answer's "control_plane" member, encoded with encoding/json
+	// (a data plane passes its agent's status: dataplane.Agent.Status).
+	// It must be safe for concurrent use and quick. nil leaves the member
+	// out.
+	ControlPlane func() any
 }
 
 // AdminHandler returns the gateway's operations endpoint, to be served on
@@ -65,7 +71,9 @@ type AdminOptions struct {
 //     always does), or does not but the failure policy is open or
 //     fallback, so the gateway serves anyway; otherwise 503. The body
 //     says which: {"ready":…,"revision":…,"store":"ok"|"unreachable"|
-//     "in-process","failure_policy":…,"error":…}.
+//     "in-process","failure_policy":…,"error":…}, plus
+//     "control_plane":… when o.ControlPlane is set. While SetUnavailable
+//     holds, 503 with its reason as "error".
 //   - GET /consumers/{id}?api=ID: the consumer's rate limit and quota
 //     state for an API, read with a cost-0 decision that spends nothing
 //     and is not reported to Options.Observer. {id} is an API key's hash
@@ -215,6 +223,7 @@ type readiness struct {
 	Store         string `json:"store,omitempty"`
 	FailurePolicy string `json:"failure_policy"`
 	Error         string `json:"error,omitempty"`
+	ControlPlane  any    `json:"control_plane,omitempty"`
 }
 
 // pinger is a store that can say whether it is reachable
@@ -225,6 +234,9 @@ type pinger interface {
 
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	out := readiness{FailurePolicy: policyName(a.g.opts.FailurePolicy)}
+	if a.o.ControlPlane != nil {
+		out.ControlPlane = a.o.ControlPlane()
+	}
 	st := a.g.state.Load()
 	if st == nil {
 		out.Error = "no configuration applied yet"
@@ -232,6 +244,11 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out.Revision = st.revision.Load()
+	if reason := a.g.Unavailable(); reason != "" {
+		out.Error = reason
+		writeJSON(w, http.StatusServiceUnavailable, out)
+		return
+	}
 	p, ok := a.g.opts.Store.(pinger)
 	if !ok {
 		out.Ready, out.Store = true, "in-process"

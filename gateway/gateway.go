@@ -123,6 +123,9 @@ type Gateway struct {
 	buffers   bufferPool // the proxies' copy buffers, shared by every state
 
 	state atomic.Pointer[state]
+	// unavailable, when set, is the reason every API request is answered
+	// 503 (SetUnavailable).
+	unavailable atomic.Pointer[string]
 
 	mu     sync.Mutex // serialises Apply and Close
 	jwks   map[spec.JWKS]*identity.JWKS
@@ -534,6 +537,53 @@ func (g *Gateway) Snapshot() *spec.Snapshot {
 		st.current = &s
 	}
 	return st.current
+}
+
+// Key returns the running version of the key whose hash is hash
+// ("sha256:<64 hex>", any case), or nil when it is not held, the hash does
+// not parse, or nothing is applied yet. It is one registry lookup, as a
+// request's: a data plane reads the old version of each key a change
+// touches (to keep its configuration's digest up to date) without
+// materialising a snapshot. The caller must not change the key.
+func (g *Gateway) Key(hash string) *spec.Key {
+	st := g.state.Load()
+	if st == nil {
+		return nil
+	}
+	h, err := identity.ParseKeyHash(hash)
+	if err != nil {
+		return nil
+	}
+	rec := st.keys.Lookup(h)
+	if rec == nil {
+		return nil
+	}
+	return rec.Data.(*spec.Key)
+}
+
+// SetUnavailable makes the gateway answer every API request 503 with
+// {"error": reason} (and GET /readyz of its AdminHandler 503 with the
+// same error) while reason is not "", whatever configuration it runs; ""
+// lifts it. A data plane configured to fail closed sets it when it has
+// been without its control plane for too long (dataplane's on_stale:
+// fail_closed). The running configuration and counters are kept, so
+// lifting it serves exactly as before. Safe for concurrent use; requests
+// in flight are not affected.
+func (g *Gateway) SetUnavailable(reason string) {
+	if reason == "" {
+		g.unavailable.Store(nil)
+		return
+	}
+	g.unavailable.Store(&reason)
+}
+
+// Unavailable returns the reason given to SetUnavailable, "" when the
+// gateway serves.
+func (g *Gateway) Unavailable() string {
+	if r := g.unavailable.Load(); r != nil {
+		return *r
+	}
+	return ""
 }
 
 // Engine returns the engine of the running snapshot, or nil before the

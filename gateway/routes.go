@@ -32,13 +32,17 @@ const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 // ServeHTTP routes r by the longest listen path that matches its path,
 // under the snapshot running when r arrives. Requests no route can take
 // are answered here, in JSON like every other answer of the gateway's own:
-// 503 before the first Apply, 405 for CONNECT, 400 for a target that is
+// 503 before the first Apply and while SetUnavailable holds, 405 for CONNECT, 400 for a target that is
 // not a path, 308 to the clean path for one with "." or ".." segments,
 // 404 when no listen path matches.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st := g.state.Load()
 	if st == nil {
 		writeError(w, http.StatusServiceUnavailable, "no configuration applied yet")
+		return
+	}
+	if reason := g.unavailable.Load(); reason != nil {
+		writeError(w, http.StatusServiceUnavailable, *reason)
 		return
 	}
 	if r.Method == http.MethodConnect {

@@ -213,6 +213,11 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Client returns the client the store was made with, for callers that
+// keep other data in the same Redis (a data plane's persisted
+// configuration). The store does not own it: closing it is the caller's.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
 // Ping reports whether Redis answers a PING within ctx and
 // Options.Timeout, for readiness checks. It goes around the circuit
 // breaker (an open breaker would only repeat the last failure) and does not
