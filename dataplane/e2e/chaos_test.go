@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -460,8 +459,8 @@ func TestGatewayRestartWithoutControlPlane(t *testing.T) {
 	rdb := dp.redis.Client(t, nil)
 	persisted := "limitplane:dataplane:{dp1}:config"
 	waitFor(t, "revision "+strconv.FormatUint(rev, 10)+" persisted in "+persisted, syncTimeout, func() (bool, string) {
-		v, err := rdb.Get(context.Background(), persisted).Result()
-		return err == nil && strings.Contains(v, fmt.Sprintf(`"revision":%d`, rev)), fmt.Sprintf("%.200q %v", v, err)
+		v, err := rdb.HGet(context.Background(), persisted, "revision").Result()
+		return err == nil && v == strconv.FormatUint(rev, 10), fmt.Sprintf("%q %v", v, err)
 	})
 
 	cp.kill()
