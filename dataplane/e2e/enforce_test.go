@@ -13,7 +13,10 @@ import (
 // cross data planes, so a key with a quota of 1,000 a day whose traffic is
 // split over two data planes (each its own redis-server and two gateways)
 // gets exactly 1,000 on each, 2,000 in all; and a rate limit of 50 an hour
-// holds in full on each data plane (exactly 50 of 80 on each).
+// holds in full on each data plane (exactly 50 of 80 on each). Consumer
+// affinity: a key whose traffic all goes to dp1 gets exactly 1,000 of
+// 1,100 there; moved to dp2 it gets exactly 1,000 more (the bound is the
+// quota times the data planes a consumer visits).
 func TestQuotaPerDataPlane(t *testing.T) {
 	t.Parallel()
 	cp, dp1, dp2 := twoDataPlanes(t, cpOptions{})
@@ -22,6 +25,7 @@ func TestQuotaPerDataPlane(t *testing.T) {
 	cp.putAPI(t, echoAPI("echo", "/echo/"))
 	cp.postKey(t, "quota-key", spec.Key{Policies: []string{"day1000"}})
 	cp.postKey(t, "rate-key", spec.Key{Policies: []string{"hour50"}})
+	cp.postKey(t, "affinity-key", spec.Key{Policies: []string{"day1000"}})
 	waitSynced(t, cp, all(dp1, dp2)...)
 
 	c1, c2 := sendBoth(t, dp1.gws, "/echo/q", dp2.gws, "/echo/q", "quota-key", 1300, 8)
@@ -38,6 +42,16 @@ func TestQuotaPerDataPlane(t *testing.T) {
 	r1, r2 := sendBoth(t, dp1.gws, "/echo/r", dp2.gws, "/echo/r", "rate-key", 80, 8)
 	if r1.admitted != 50 || r2.admitted != 50 {
 		t.Errorf("rate 50/h: dp1 admitted %d, dp2 %d; want exactly 50 on each", r1.admitted, r2.admitted)
+	}
+
+	// Consumer affinity: a consumer whose traffic all goes to one data
+	// plane gets exactly its quota there; moved to the other data plane
+	// (a failover), it gets that data plane's count afresh, so the bound
+	// is the quota times the data planes it visits.
+	a1 := send(t, dp1.gws, "/echo/a", "affinity-key", 1100, 8)
+	a2 := send(t, dp2.gws, "/echo/a", "affinity-key", 1100, 8)
+	if a1.admitted != 1000 || a2.admitted != 1000 {
+		t.Errorf("affinity: dp1 admitted %d of 1100, then dp2 %d of 1100; want exactly 1000 and 1000", a1.admitted, a2.admitted)
 	}
 }
 

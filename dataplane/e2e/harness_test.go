@@ -580,10 +580,13 @@ type readiness struct {
 	ControlPlane *cpStatus `json:"control_plane"`
 }
 
+// quick is the client of the tests' single calls to gateways.
+var quick = &http.Client{Timeout: 10 * time.Second}
+
 // readyz reads the gateway's /readyz (any status).
 func (g *gateway) readyz() (readiness, error) {
 	var r readiness
-	resp, err := http.Get(g.admin + "/readyz")
+	resp, err := quick.Get(g.admin + "/readyz")
 	if err != nil {
 		return r, err
 	}
@@ -757,7 +760,7 @@ func get(c *http.Client, url, key string) (int, string, error) {
 // a transport error.
 func sendOne(t *testing.T, g *gateway, path, key string) (int, string) {
 	t.Helper()
-	status, body, err := get(http.DefaultClient, g.base+path, key)
+	status, body, err := get(quick, g.base+path, key)
 	if err != nil {
 		t.Fatalf("gateway %s: GET %s: %v", g.id, path, err)
 	}
@@ -774,7 +777,7 @@ type quotaState struct {
 // operations endpoint (a cost-0 decision: it spends nothing).
 func quotaRemaining(t *testing.T, g *gateway, hash, api string) quotaState {
 	t.Helper()
-	resp, err := http.Get(g.admin + "/consumers/" + hash + "?api=" + api)
+	resp, err := quick.Get(g.admin + "/consumers/" + hash + "?api=" + api)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -822,8 +825,6 @@ func waitConnected(t *testing.T, cp *controlPlane, rev uint64, gws ...*gateway) 
 }
 
 // Common objects.
-
-func ptr[T any](v T) *T { return &v }
 
 // quotaPolicy is a policy of max requests a day and no rate limit.
 func quotaPolicy(id string, max int64) spec.Policy {
