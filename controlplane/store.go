@@ -2,10 +2,11 @@
 // policies, API keys, APIs and quota resets that every data plane
 // enforces, keeps them durable with a monotonic revision and a bounded
 // change log, and serves them through an admin REST API (Admin) and the
-// data planes' gRPC sync stream (SyncServer). The sync server sends each
-// data plane a Snapshot of what its tags select, on connect and on every
-// write; sending only the changes since the revision it last applied
-// (Store.ChangesSince) is to come.
+// data planes' gRPC sync stream (SyncServer). The sync server keeps each
+// data plane at the store's revision with the changes since the revision
+// it runs (Store.ChangesSince, filtered to what its tags select), and
+// with a Snapshot of what its tags select when changes will not do (see
+// SyncServer).
 //
 // Counters never reach the control plane: it imports spec and nothing
 // that talks to a counter store.

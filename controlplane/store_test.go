@@ -133,7 +133,7 @@ func TestRevisionsAndChangeLog(t *testing.T) {
 	// previous value for a replacement and for a delete.
 	for i, want := range []string{"", "", "", "", `{"key_hash":"` + k1 + `","policies":["gold"]}`, string(cs[4].Value)} {
 		if got := string(cs[i].Old); got != want {
-			t.Fatalf("change %d (%s): old %q, want %q", i, summary(cs[i:i+1])[0], got, want)
+			t.Fatalf("change %d (%s): old %q, want %q", i, summary(cs[i : i+1])[0], got, want)
 		}
 	}
 	cs, err = s.ChangesSince(ctx, 3)

@@ -6,11 +6,13 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // DataPlaneToken is one data-plane token the sync server accepts, stored
@@ -51,6 +54,19 @@ type RevisionWatcher interface {
 	RevisionChanged() <-chan struct{}
 }
 
+// Defaults of SyncOptions.
+const (
+	// DefaultMaxChanges is the most changes one Changes message carries
+	// when SyncOptions.MaxChanges is 0.
+	DefaultMaxChanges = 10000
+	// DefaultMaxChangesBytes bounds the JSON of one Changes message when
+	// SyncOptions.MaxChangesBytes is 0: 1 MiB.
+	DefaultMaxChangesBytes = 1 << 20
+	// DefaultDigestCacheEntries bounds the digest cache when
+	// SyncOptions.DigestCacheEntries is 0.
+	DefaultDigestCacheEntries = 4096
+)
+
 // SyncOptions configure NewSyncServer.
 type SyncOptions struct {
 	// Store holds the state sent to data planes. Required.
@@ -64,6 +80,19 @@ type SyncOptions struct {
 	// ChunkBytes is the data size of one SnapshotChunk; 0 means
 	// protocol.DefaultChunkBytes.
 	ChunkBytes int
+	// MaxChanges is the most changes one Changes message carries; a data
+	// plane that needs more gets a snapshot. 0 means DefaultMaxChanges.
+	MaxChanges int
+	// MaxChangesBytes bounds the size of one Changes message, counted as
+	// the bytes of its changes' ids and JSON; a larger one is replaced by
+	// a snapshot. 0 means DefaultMaxChangesBytes.
+	MaxChangesBytes int
+	// DigestCacheEntries bounds the server-wide cache of the digests of
+	// the deliveries made, by (tags, revision), which lets a gateway that
+	// reconnects get the changes since the revision it runs instead of a
+	// snapshot. The oldest entries go first. 0 means
+	// DefaultDigestCacheEntries.
+	DigestCacheEntries int
 	// PollInterval is how often the revision is read to find writes when
 	// Store is not a RevisionWatcher; 0 means one second.
 	PollInterval time.Duration
@@ -76,24 +105,45 @@ type SyncOptions struct {
 }
 
 // SyncServer serves syncpb.SyncService: each gateway's configuration
-// stream.
+// stream. A data plane's view of the state is Select of it for the tags
+// of its Hello.
 //
-// After an accepted Hello it sends the data plane's snapshot (Select of
-// the state for the Hello's tags) in chunks with a fresh nonce, and again
-// whenever the store's revision rises. It always sends a whole snapshot,
-// on connect as on each write, and never Changes: the change log is not
-// yet filtered by tags, and a snapshot is right whatever the gateway
-// runs. The cost is a snapshot's encoding per connected gateway per
-// write (writes that come while one is sent are folded into the next).
+// After an accepted Hello it brings the gateway to the store's revision,
+// and again whenever the revision rises, with one delivery of a fresh
+// nonce: Changes from the revision the gateway runs when that is known
+// and the changes can be sent, a snapshot (in chunks) otherwise. Writes
+// that come while a delivery is sent are folded into the next. Every
+// Changes carries the digest of the view after it.
+//
+// Changes are sent when all of these hold, and a snapshot otherwise:
+//
+//   - the server knows what the gateway runs: the revision of its last
+//     delivery on this stream, or, on connect, the Hello's
+//     last_applied_revision when the server has the digest of that
+//     revision for these tags in its cache (filled by every delivery it
+//     made, on any stream; bounded by DigestCacheEntries; empty after a
+//     restart) and it equals the Hello's digest;
+//   - Store.ChangesSince still has the changes after that revision;
+//   - they can be filtered exactly: changes of policies and APIs only
+//     when the tags select every API before, after and in between (the
+//     view is the identity: they are sent as they are); key changes in a
+//     view that leaves APIs out are mapped by Select's rule for keys (a
+//     PUT of the key as the view holds it, a DELETE when the view held it
+//     and no longer does, nothing when it holds it neither before nor
+//     after);
+//   - they are within MaxChanges and MaxChangesBytes.
 //
 // Ack records the acknowledged revision in DataPlanes, Nack the
-// rejection; DigestReport refreshes LastSeen, and a digest that differs
-// from the one sent for that revision makes the server send a fresh
-// snapshot.
+// rejection. A Nack of Changes brings a snapshot at once (once: Nacks of
+// the Changes that were already on their way do not bring more); a Nack
+// of a snapshot is not answered, and the next revision comes as a
+// snapshot. DigestReport refreshes LastSeen, and a digest that differs
+// from the one sent for that revision brings a fresh snapshot.
 type SyncServer struct {
 	syncpb.UnimplementedSyncServiceServer
 	o      SyncOptions
 	tokens []token
+	cache  *digestCache
 
 	mu      sync.Mutex
 	streams map[string]uint64 // gateway ID → its latest stream's number
@@ -134,6 +184,15 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.DataPlanes == nil {
 		o.DataPlanes = &DataPlanes{}
 	}
+	if o.MaxChanges <= 0 {
+		o.MaxChanges = DefaultMaxChanges
+	}
+	if o.MaxChangesBytes <= 0 {
+		o.MaxChangesBytes = DefaultMaxChangesBytes
+	}
+	if o.DigestCacheEntries <= 0 {
+		o.DigestCacheEntries = DefaultDigestCacheEntries
+	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = time.Second
 	}
@@ -143,7 +202,7 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{})}
+	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries)}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -214,15 +273,95 @@ func (s *SyncServer) disconnect(id string, n uint64) {
 	s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.Connected = false })
 }
 
-// sent is a snapshot delivered on a stream and not yet superseded.
+// view is a data plane's configuration as the control plane knows it:
+// the revision, the digest state of Select of the state at that revision
+// for its tags, and that Select's rule (nil when not known).
+type view struct {
+	revision uint64
+	digest   protocol.Digester
+	filter   *filter
+}
+
+// digestCache is the server-wide bounded cache of the views delivered,
+// by tags and revision. Safe for concurrent use.
+type digestCache struct {
+	mu    sync.Mutex
+	max   int
+	m     map[cacheKey]view
+	order []cacheKey // oldest first
+}
+
+type cacheKey struct {
+	tags     string // tagsKey
+	revision uint64
+}
+
+func newDigestCache(max int) *digestCache {
+	return &digestCache{max: max, m: map[cacheKey]view{}}
+}
+
+// tagsKey names a set of tags: Select depends only on the set.
+func tagsKey(tags []string) string {
+	t := slices.Clone(tags)
+	slices.Sort(t)
+	t = slices.Compact(t)
+	var b strings.Builder
+	for _, s := range t {
+		b.WriteString(strconv.Quote(s))
+	}
+	return b.String()
+}
+
+func (c *digestCache) get(tags string, rev uint64) (view, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.m[cacheKey{tags, rev}]
+	return v, ok
+}
+
+func (c *digestCache) put(tags string, v view) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := cacheKey{tags, v.revision}
+	if _, ok := c.m[k]; !ok {
+		c.order = append(c.order, k)
+	}
+	c.m[k] = v
+	for len(c.m) > c.max {
+		delete(c.m, c.order[0])
+		c.order = c.order[1:]
+	}
+}
+
+// sent is a delivery made on a stream.
 type sent struct {
+	seq      uint64 // numbers the stream's deliveries from 1
+	snapshot bool   // a snapshot, else Changes
 	nonce    string
 	revision uint64
 	digest   string
 }
 
-// maxSent bounds the deliveries a stream remembers for late Acks.
-const maxSent = 16
+// maxSent bounds the deliveries a stream remembers for late Acks and
+// Nacks.
+const maxSent = 256
+
+// syncStream is one gateway's stream as Sync serves it.
+type syncStream struct {
+	s      *SyncServer
+	stream grpc.BidiStreamingServer[syncpb.ClientMessage, syncpb.ServerMessage]
+	hello  *syncpb.Hello
+	tags   []string
+	tkey   string
+
+	base       *view  // what the gateway runs once it applies what was sent; nil: unknown
+	deliveries []sent // latest last
+	seq        uint64
+	lastSnap   uint64 // seq of the latest snapshot sent
+	force      bool   // send a snapshot now, even of the same revision
+	nacked     bool   // the latest snapshot was Nacked ...
+	nackedRev  uint64 // ... at this revision: no snapshot until the revision rises
+}
 
 // Sync implements syncpb.SyncServiceServer.
 func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, syncpb.ServerMessage]) error {
@@ -248,6 +387,13 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
 	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
+	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags)}
+	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" {
+		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
+			st.base = &v
+			s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.AppliedRevision = r })
+		}
+	}
 
 	// One goroutine receives; it ends when the stream does, which gRPC
 	// ensures once Sync returns.
@@ -275,7 +421,6 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		defer t.Stop()
 		poll = t.C
 	}
-	var deliveries []sent
 	var changed <-chan struct{}
 	stale := true // the data plane may lack the current revision
 	for {
@@ -283,15 +428,8 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			if watcher != nil {
 				changed = watcher.RevisionChanged()
 			}
-			d, err := s.send(stream, tags, deliveries)
-			if err != nil {
+			if err := st.deliver(ctx); err != nil {
 				return err
-			}
-			if d != nil {
-				deliveries = append(deliveries, *d)
-				if len(deliveries) > maxSent {
-					deliveries = deliveries[len(deliveries)-maxSent:]
-				}
 			}
 			stale = false
 		}
@@ -299,19 +437,15 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		case <-changed:
 			stale = true
 		case <-poll:
-			// Reading the revision is cheap; the snapshot is read only
+			// Reading the revision is cheap; the state is read only
 			// when it has risen.
 			rev, err := s.revision(ctx)
 			if err != nil {
 				return err
 			}
-			stale = len(deliveries) == 0 || rev != deliveries[len(deliveries)-1].revision
+			stale = rev != st.latest()
 		case m := <-msgs:
-			resend := s.receive(h, m, deliveries)
-			stale = stale || resend
-			if resend && len(deliveries) > 0 {
-				deliveries = deliveries[:0] // force a fresh delivery
-			}
+			stale = st.receive(m)
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -325,6 +459,18 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	}
 }
 
+// latest is the revision of the latest delivery, or of the view the
+// Hello named; 0 for none.
+func (st *syncStream) latest() uint64 {
+	if n := len(st.deliveries); n > 0 {
+		return st.deliveries[n-1].revision
+	}
+	if st.base != nil {
+		return st.base.revision
+	}
+	return 0
+}
+
 // revision reads the store's revision.
 func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
 	var rev uint64
@@ -336,41 +482,328 @@ func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
 	return rev, nil
 }
 
-// send sends the data plane's snapshot unless the latest delivery
-// already carried its revision; it returns the new delivery or nil.
-func (s *SyncServer) send(stream grpc.BidiStreamingServer[syncpb.ClientMessage, syncpb.ServerMessage], tags []string, deliveries []sent) (*sent, error) {
-	snap, err := s.o.Store.Snapshot(stream.Context(), tags)
+// deliver brings the gateway to the store's revision: Changes when it
+// can, a snapshot otherwise, nothing when it is there already or only a
+// Nacked snapshot of this revision could be sent.
+func (st *syncStream) deliver(ctx context.Context) error {
+	s := st.s
+	force := st.force
+	st.force = false
+	if st.base != nil && !force {
+		ch, next, why, err := s.planChanges(ctx, st.tags, *st.base)
+		if err != nil {
+			s.o.Log.Error("controlplane: sync: read changes", "err", err)
+			return status.Errorf(codes.Unavailable, "controlplane: read changes: %v", err)
+		}
+		if why == "" {
+			if ch != nil {
+				ch.Nonce = rand.Text()
+				if err := st.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_Changes{Changes: ch}}); err != nil {
+					return err
+				}
+				st.record(sent{nonce: ch.Nonce, revision: ch.Revision, digest: ch.Digest})
+			}
+			st.base = &next
+			s.cache.put(st.tkey, next)
+			return nil
+		}
+		s.o.Log.Debug("controlplane: sync: sending a snapshot instead of changes",
+			"gateway", st.hello.GetGatewayId(), "from_revision", st.base.revision, "reason", why)
+	}
+	if !force {
+		rev, err := s.revision(ctx)
+		if err != nil {
+			return err
+		}
+		if st.nacked && rev <= st.nackedRev {
+			return nil // the gateway refused this revision; wait for the next
+		}
+		if st.base == nil && len(st.deliveries) > 0 && st.latest() == rev && !st.nacked {
+			return nil
+		}
+	}
+	snap, v, err := s.snapshotView(ctx, st.tags)
 	if err != nil {
 		s.o.Log.Error("controlplane: sync: read snapshot", "err", err)
-		return nil, status.Errorf(codes.Unavailable, "controlplane: read snapshot: %v", err)
-	}
-	if n := len(deliveries); n > 0 && deliveries[n-1].revision == snap.Revision {
-		return nil, nil
+		return status.Errorf(codes.Unavailable, "controlplane: read snapshot: %v", err)
 	}
 	nonce := rand.Text()
 	chunks, err := protocol.Chunks(snap, nonce, s.o.ChunkBytes)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "controlplane: encode snapshot: %v", err)
+		return status.Errorf(codes.Internal, "controlplane: encode snapshot: %v", err)
 	}
 	for _, c := range chunks {
-		if err := stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_SnapshotChunk{SnapshotChunk: c}}); err != nil {
-			return nil, err
+		if err := st.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_SnapshotChunk{SnapshotChunk: c}}); err != nil {
+			return err
 		}
 	}
-	return &sent{nonce: nonce, revision: snap.Revision, digest: chunks[len(chunks)-1].Digest}, nil
+	st.record(sent{snapshot: true, nonce: nonce, revision: snap.Revision, digest: chunks[len(chunks)-1].Digest})
+	st.lastSnap, st.nacked = st.seq, false
+	st.base = &v
+	s.cache.put(st.tkey, v)
+	return nil
 }
 
-// receive handles a message after Hello; it reports whether the data
-// plane needs a fresh snapshot (its digest differs from the one sent).
-func (s *SyncServer) receive(h *syncpb.Hello, m *syncpb.ClientMessage, deliveries []sent) bool {
+// record numbers and remembers a delivery.
+func (st *syncStream) record(d sent) {
+	st.seq++
+	d.seq = st.seq
+	st.deliveries = append(st.deliveries, d)
+	if len(st.deliveries) > maxSent {
+		st.deliveries = slices.Delete(st.deliveries, 0, len(st.deliveries)-maxSent)
+	}
+}
+
+// snapshotView reads the data plane's snapshot and its view.
+func (s *SyncServer) snapshotView(ctx context.Context, tags []string) (*spec.Snapshot, view, error) {
+	snap, err := s.o.Store.Snapshot(ctx, tags)
+	if err != nil {
+		return nil, view{}, err
+	}
+	v := view{revision: snap.Revision}
+	for i := range snap.Policies {
+		v.digest.AddPolicy(&snap.Policies[i])
+	}
+	for i := range snap.Keys {
+		v.digest.AddKey(&snap.Keys[i])
+	}
+	for i := range snap.APIs {
+		v.digest.AddAPI(&snap.APIs[i])
+	}
+	// Select's rule at the snapshot's revision, when the state has not
+	// moved since (else it is read when the next changes are planned).
+	err = s.o.Store.View(ctx, func(r Reader) error {
+		if r.Revision() != snap.Revision {
+			return nil
+		}
+		pols, err := r.Policies()
+		if err != nil {
+			return err
+		}
+		apis, err := r.APIs()
+		if err != nil {
+			return err
+		}
+		v.filter = newFilter(pols, apis, tags)
+		return nil
+	})
+	return snap, v, err
+}
+
+// planChanges returns the Changes that bring a data plane with tags from
+// base to the store's revision and the view they make; nil Changes when
+// base is at that revision. When Changes cannot be sent (see SyncServer),
+// it returns why instead. Errors are the store's.
+//
+// The changes and the state they are filtered with are read in two
+// transactions: the state's revision is read first and the changes past
+// it are dropped, so both describe the same revision.
+func (s *SyncServer) planChanges(ctx context.Context, tags []string, base view) (*syncpb.Changes, view, string, error) {
+	readRule := base.filter == nil
+	for range 3 {
+		var cur uint64
+		var pols []spec.Policy
+		var apis []spec.API
+		err := s.o.Store.View(ctx, func(r Reader) error {
+			cur = r.Revision()
+			if !readRule {
+				return nil
+			}
+			var err error
+			if pols, err = r.Policies(); err != nil {
+				return err
+			}
+			apis, err = r.APIs()
+			return err
+		})
+		if err != nil {
+			return nil, view{}, "", err
+		}
+		switch {
+		case cur == base.revision:
+			if base.filter == nil {
+				base.filter = newFilter(pols, apis, tags)
+			}
+			return nil, base, "", nil
+		case cur < base.revision:
+			return nil, view{}, fmt.Sprintf("the data plane's revision %d is above the store's %d", base.revision, cur), nil
+		case cur-base.revision > uint64(s.o.MaxChanges):
+			return nil, view{}, fmt.Sprintf("%d revisions behind, more than %d changes", cur-base.revision, s.o.MaxChanges), nil
+		}
+		changes, err := s.o.Store.ChangesSince(ctx, base.revision)
+		if errors.Is(err, ErrTooFarBehind) || errors.Is(err, ErrRevisionAhead) {
+			return nil, view{}, err.Error(), nil
+		}
+		if err != nil {
+			return nil, view{}, "", err
+		}
+		// Writes after the View are for the next delivery.
+		n := len(changes)
+		for n > 0 && changes[n-1].Revision > cur {
+			n--
+		}
+		changes = changes[:n]
+		if n == 0 || changes[0].Revision != base.revision+1 || changes[n-1].Revision != cur {
+			return nil, view{}, fmt.Sprintf("the change log after %d does not end at the state's revision %d", base.revision, cur), nil
+		}
+		structural := slices.ContainsFunc(changes, func(c Change) bool { return c.Object != ObjectKey })
+		if structural && !readRule {
+			readRule = true // the rule may change: read it at cur
+			continue
+		}
+		rule := base.filter
+		if readRule {
+			// With key changes only, the policies and APIs at cur are
+			// those at base.revision: the rule holds all along.
+			rule = newFilter(pols, apis, tags)
+		}
+		ch, d, why, err := s.filterChanges(changes, tags, rule, structural, base.digest)
+		if err != nil || why != "" {
+			return nil, view{}, why, err
+		}
+		ch.FromRevision, ch.Revision, ch.Digest = base.revision, cur, d.Digest()
+		return ch, view{revision: cur, digest: d, filter: rule}, "", nil
+	}
+	return nil, view{}, "the state kept changing while it was read", nil
+}
+
+// filterChanges maps the store's changes onto the view of tags (see
+// SyncServer) and updates the digest state d with them. rule is Select's
+// rule at the end of the changes; structural says some change a policy
+// or an API.
+func (s *SyncServer) filterChanges(changes []Change, tags []string, rule *filter, structural bool, d protocol.Digester) (*syncpb.Changes, protocol.Digester, string, error) {
+	if structural && !rule.identity {
+		return nil, d, "a policy or an API changed and the tags do not select every API", nil
+	}
+	out := &syncpb.Changes{}
+	size := 0
+	for _, c := range changes {
+		var pc *syncpb.Change
+		var err error
+		switch c.Object {
+		case ObjectPolicy:
+			pc, err = asIs(c, syncpb.Change_OBJECT_POLICY, d.RemovePolicy, d.AddPolicy)
+		case ObjectAPI:
+			var o, n *spec.API
+			if o, err = decodeOpt[spec.API](c.Old); err == nil {
+				n, err = decodeOpt[spec.API](c.Value)
+			}
+			if err == nil && (o != nil && !Selects(o.Tags, tags) || n != nil && !Selects(n.Tags, tags)) {
+				// The view was not the identity in between.
+				return nil, d, fmt.Sprintf("API %q changed at revision %d is not selected by the tags", c.ID, c.Revision), nil
+			}
+			if err == nil {
+				pc, err = asIs(c, syncpb.Change_OBJECT_API, d.RemoveAPI, d.AddAPI)
+			}
+		case ObjectKey:
+			pc, err = filterKey(c, rule, &d)
+		default:
+			err = fmt.Errorf("unknown object %q", c.Object)
+		}
+		if err != nil {
+			return nil, d, "", fmt.Errorf("controlplane: sync: change of %s %q at revision %d: %w", c.Object, c.ID, c.Revision, err)
+		}
+		if pc == nil {
+			continue
+		}
+		size += len(pc.Id) + len(pc.Json)
+		if len(out.Changes) == s.o.MaxChanges || size > s.o.MaxChangesBytes {
+			return nil, d, fmt.Sprintf("the changes exceed %d changes or %d bytes", s.o.MaxChanges, s.o.MaxChangesBytes), nil
+		}
+		out.Changes = append(out.Changes, pc)
+	}
+	return out, d, "", nil
+}
+
+// asIs returns change c as it is, removing its old object from the
+// digest and adding its new one.
+func asIs[T any](c Change, object syncpb.Change_Object, remove, add func(*T)) (*syncpb.Change, error) {
+	o, err := decodeOpt[T](c.Old)
+	if err != nil {
+		return nil, err
+	}
+	n, err := decodeOpt[T](c.Value)
+	if err != nil {
+		return nil, err
+	}
+	if o != nil {
+		remove(o)
+	}
+	if c.Op == OpDelete {
+		return protocol.Delete(object, c.ID), nil
+	}
+	if n == nil {
+		return nil, errors.New("a put without a value")
+	}
+	add(n)
+	return &syncpb.Change{Kind: syncpb.Change_KIND_PUT, Object: object, Id: c.ID, Json: c.Value}, nil
+}
+
+// filterKey maps a key change by rule: a PUT of the key as the view holds
+// it, a DELETE when the view held it and no longer does, nil when the
+// view holds it neither before nor after.
+func filterKey(c Change, rule *filter, d *protocol.Digester) (*syncpb.Change, error) {
+	if rule.identity {
+		return asIs(c, syncpb.Change_OBJECT_KEY, d.RemoveKey, d.AddKey)
+	}
+	o, err := decodeOpt[spec.Key](c.Old)
+	if err != nil {
+		return nil, err
+	}
+	n, err := decodeOpt[spec.Key](c.Value)
+	if err != nil {
+		return nil, err
+	}
+	var had, has bool
+	var fo, fn spec.Key
+	if o != nil {
+		fo, had = rule.key(*o)
+	}
+	if n != nil {
+		fn, has = rule.key(*n)
+	}
+	if had {
+		d.RemoveKey(&fo)
+	}
+	switch {
+	case has:
+		d.AddKey(&fn)
+		return protocol.PutKey(&fn)
+	case had:
+		return protocol.Delete(syncpb.Change_OBJECT_KEY, c.ID), nil
+	}
+	return nil, nil
+}
+
+// decodeOpt decodes an object's JSON; nil for none.
+func decodeOpt[T any](b []byte) (*T, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	v := new(T)
+	if err := json.Unmarshal(b, v); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	return v, nil
+}
+
+// receive handles a message after Hello; it reports whether a delivery
+// is due now (a snapshot: the data plane's digest differs from the one
+// sent, or it refused Changes).
+func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
+	s := st.s
 	now := s.o.Now()
-	id := h.GetGatewayId()
-	find := func(nonce string, rev uint64) bool {
-		return slices.ContainsFunc(deliveries, func(d sent) bool { return d.nonce == nonce && d.revision == rev })
+	id := st.hello.GetGatewayId()
+	find := func(nonce string, rev uint64) *sent {
+		i := slices.IndexFunc(st.deliveries, func(d sent) bool { return d.nonce == nonce && d.revision == rev })
+		if i < 0 {
+			return nil
+		}
+		return &st.deliveries[i]
 	}
 	switch k := m.GetKind().(type) {
 	case *syncpb.ClientMessage_Ack:
-		ok := find(k.Ack.GetNonce(), k.Ack.GetRevision())
+		ok := find(k.Ack.GetNonce(), k.Ack.GetRevision()) != nil
 		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
 			dp.LastSeen = now
 			if ok {
@@ -383,18 +816,38 @@ func (s *SyncServer) receive(h *syncpb.Hello, m *syncpb.ClientMessage, deliverie
 		}
 	case *syncpb.ClientMessage_Nack:
 		s.o.Log.Warn("controlplane: sync: data plane rejected a revision",
-			"group", h.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", k.Nack.GetError())
+			"group", st.hello.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", k.Nack.GetError())
 		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
 			dp.LastSeen = now
 			dp.LastRejection = &Rejection{Revision: k.Nack.GetRevision(), Problem: k.Nack.GetError(), At: now}
 		})
+		d := find(k.Nack.GetNonce(), k.Nack.GetRevision())
+		switch {
+		case d == nil, d.seq < st.lastSnap:
+			// Unknown, or a snapshot sent since replaces it.
+		case d.snapshot:
+			// The gateway runs what it ran before; the next revision
+			// comes as a snapshot.
+			st.base, st.nacked, st.nackedRev = nil, true, d.revision
+		default:
+			// Changes refused (later ones on their way will be too):
+			// one snapshot now.
+			st.base, st.force = nil, true
+			return true
+		}
 	case *syncpb.ClientMessage_DigestReport:
 		s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.LastSeen = now })
 		r := k.DigestReport
-		i := slices.IndexFunc(deliveries, func(d sent) bool { return d.revision == r.GetRevision() })
-		if i >= 0 && deliveries[i].digest != r.GetDigest() {
+		var want string
+		if i := slices.IndexFunc(st.deliveries, func(d sent) bool { return d.revision == r.GetRevision() }); i >= 0 {
+			want = st.deliveries[i].digest
+		} else if v, ok := s.cache.get(st.tkey, r.GetRevision()); ok {
+			want = v.digest.Digest()
+		}
+		if want != "" && want != r.GetDigest() {
 			s.o.Log.Warn("controlplane: sync: data plane's digest differs; sending a fresh snapshot",
 				"gateway", id, "revision", r.GetRevision())
+			st.base, st.force = nil, true
 			return true
 		}
 	default:

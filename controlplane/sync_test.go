@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -55,19 +56,38 @@ type syncFixture struct {
 	dps   *controlplane.DataPlanes
 	log   *lockedBuffer
 	conn  *grpc.ClientConn
+	opts  fixtureOptions
+	stop  func() // stops the gRPC server and closes conn
 }
 
 // pollingStore hides Bolt's RevisionChanged, so the sync server polls.
 type pollingStore struct{ controlplane.Store }
 
+// fixtureOptions vary the fixture.
+type fixtureOptions struct {
+	chunkBytes int
+	poll       bool
+	bolt       controlplane.BoltOptions
+	sync       func(o *controlplane.SyncOptions) // edits the options; may be nil
+}
+
+// The second token's scope: every tag of the fixture's APIs, so its view
+// is the identity.
+const syncTokenAll = "dp-secret-all"
+
 func newSyncFixture(t *testing.T, chunkBytes int) *syncFixture {
 	t.Helper()
-	return newSyncFixtureWith(t, chunkBytes, false)
+	return newSyncFixtureOpts(t, fixtureOptions{chunkBytes: chunkBytes})
 }
 
 func newSyncFixtureWith(t *testing.T, chunkBytes int, poll bool) *syncFixture {
 	t.Helper()
-	s, _ := open(t, controlplane.BoltOptions{})
+	return newSyncFixtureOpts(t, fixtureOptions{chunkBytes: chunkBytes, poll: poll})
+}
+
+func newSyncFixtureOpts(t *testing.T, o fixtureOptions) *syncFixture {
+	t.Helper()
+	s, _ := open(t, o.bolt)
 	update(t, s, func(tx controlplane.Tx) error {
 		for _, a := range []spec.API{
 			{ID: "all", ListenPath: "/all/", Target: spec.BuiltinEcho},
@@ -83,20 +103,39 @@ func newSyncFixtureWith(t *testing.T, chunkBytes int, poll bool) *syncFixture {
 		}
 		return tx.PutKey(spec.Key{KeyHash: hash("a"), Policies: []string{"global"}})
 	})
-	f := &syncFixture{store: s, dps: &controlplane.DataPlanes{}, log: &lockedBuffer{}}
-	var store controlplane.Store = s
-	if poll {
-		store = pollingStore{s}
+	f := &syncFixture{store: s, dps: &controlplane.DataPlanes{}, log: &lockedBuffer{}, opts: o}
+	f.serve(t)
+	return f
+}
+
+// serve starts a sync server over the fixture's store on a new gRPC
+// server and connects to it; a second call is a control-plane restart
+// with the same store (the first server is stopped).
+func (f *syncFixture) serve(t *testing.T) {
+	t.Helper()
+	if f.stop != nil {
+		f.stop()
 	}
-	srv, err := controlplane.NewSyncServer(controlplane.SyncOptions{
+	var store controlplane.Store = f.store
+	if f.opts.poll {
+		store = pollingStore{f.store}
+	}
+	so := controlplane.SyncOptions{
 		Store:        store,
 		PollInterval: 5 * time.Millisecond,
 		DataPlanes:   f.dps,
-		Tokens:       []controlplane.DataPlaneToken{{Hash: controlplane.HashToken(syncToken), Group: "eu-1", Tags: []string{"eu"}}},
-		ChunkBytes:   chunkBytes,
-		Now:          func() time.Time { return syncNow },
-		Log:          slog.New(slog.NewTextHandler(f.log, nil)),
-	})
+		Tokens: []controlplane.DataPlaneToken{
+			{Hash: controlplane.HashToken(syncToken), Group: "eu-1", Tags: []string{"eu"}},
+			{Hash: controlplane.HashToken(syncTokenAll), Group: "all-1", Tags: []string{"eu", "us"}},
+		},
+		ChunkBytes: f.opts.chunkBytes,
+		Now:        func() time.Time { return syncNow },
+		Log:        slog.New(slog.NewTextHandler(f.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if f.opts.sync != nil {
+		f.opts.sync(&so)
+	}
+	srv, err := controlplane.NewSyncServer(so)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,18 +148,22 @@ func newSyncFixtureWith(t *testing.T, chunkBytes int, poll bool) *syncFixture {
 	syncpb.RegisterSyncServiceServer(gs, srv)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	t.Cleanup(func() {
-		gs.Stop()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	f.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.conn.Close() })
-	return f
+	f.conn = conn
+	var once sync.Once
+	f.stop = func() {
+		once.Do(func() {
+			conn.Close()
+			gs.Stop()
+			if err := <-served; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(f.stop)
 }
 
 type syncStream = grpc.BidiStreamingClient[syncpb.ClientMessage, syncpb.ServerMessage]
@@ -466,4 +509,365 @@ func TestSyncShutdown(t *testing.T) {
 	if dps := f.dps.List(); len(dps) != 1 || dps[0].Connected {
 		t.Fatalf("DataPlanes %+v, want gw-a disconnected", dps)
 	}
+}
+
+// recvChanges receives one message, which must be Changes.
+func recvChanges(t *testing.T, stream syncStream) *syncpb.Changes {
+	t.Helper()
+	m, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.GetChanges()
+	if c == nil {
+		t.Fatalf("got %v, want Changes", m)
+	}
+	return c
+}
+
+func sendMsg(t *testing.T, stream syncStream, m *syncpb.ClientMessage) {
+	t.Helper()
+	if err := stream.Send(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ack(t *testing.T, stream syncStream, rev uint64, nonce string) {
+	t.Helper()
+	sendMsg(t, stream, &syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Ack{Ack: &syncpb.Ack{Revision: rev, Nonce: nonce}}})
+}
+
+func nack(t *testing.T, stream syncStream, rev uint64, nonce, problem string) {
+	t.Helper()
+	sendMsg(t, stream, &syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Nack{Nack: &syncpb.Nack{Revision: rev, Nonce: nonce, Error: problem}}})
+}
+
+// applyChecked applies ch to runs as a gateway would and checks the
+// result against Select of the store's state for tags: same revision,
+// same objects, and the digest Changes carries.
+func applyChecked(t *testing.T, f *syncFixture, runs *spec.Snapshot, ch *syncpb.Changes, tags []string) *spec.Snapshot {
+	t.Helper()
+	next, err := protocol.ApplyChanges(runs, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := f.store.Snapshot(context.Background(), tags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Revision != want.Revision || protocol.Digest(next) != protocol.Digest(want) || ch.Digest != protocol.Digest(want) {
+		t.Fatalf("after changes %d→%d: revision %d digest %s (sent %s); want %d and %s",
+			ch.FromRevision, ch.Revision, next.Revision, protocol.Digest(next), ch.Digest, want.Revision, protocol.Digest(want))
+	}
+	return next
+}
+
+// change is a Changes entry in short: "put key sha256:… {json}".
+func changeString(c *syncpb.Change) string {
+	s := strings.ToLower(strings.TrimPrefix(c.Kind.String(), "KIND_")) + " " +
+		strings.ToLower(strings.TrimPrefix(c.Object.String(), "OBJECT_")) + " " + c.Id
+	if len(c.Json) > 0 {
+		s += " " + string(c.Json)
+	}
+	return s
+}
+
+func changeStrings(ch *syncpb.Changes) []string {
+	out := []string{}
+	for _, c := range ch.Changes {
+		out = append(out, changeString(c))
+	}
+	return out
+}
+
+// A key written while a gateway is connected reaches it as exactly one
+// Changes: from the revision it runs to the new one, with the one change
+// and the digest of its view after it; its Ack is recorded.
+func TestSyncKeyWriteSendsChanges(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	stream := f.open(t, goodHello())
+	runs, nonce, _, _ := recvSnapshot(t, stream)
+	ack(t, stream, 1, nonce)
+	if rev := update(t, f.store, func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("b"), Policies: []string{"global"}})
+	}); rev != 2 {
+		t.Fatalf("write made revision %d, want 2", rev)
+	}
+	ch := recvChanges(t, stream)
+	if ch.FromRevision != 1 || ch.Revision != 2 || len(ch.Nonce) < 16 || ch.Nonce == nonce {
+		t.Fatalf("Changes %d→%d nonce %q; want 1→2 and a new nonce", ch.FromRevision, ch.Revision, ch.Nonce)
+	}
+	want := []string{`put key ` + hash("b") + ` {"key_hash":"` + hash("b") + `","policies":["global"]}`}
+	if got := changeStrings(ch); !reflect.DeepEqual(got, want) {
+		t.Fatalf("changes %q, want %q", got, want)
+	}
+	applyChecked(t, f, runs, ch, []string{"eu"})
+	ack(t, stream, 2, ch.Nonce)
+	closeAndWait(t, stream) // nothing else was sent
+	if dps := f.dps.List(); len(dps) != 1 || dps[0].AppliedRevision != 2 {
+		t.Fatalf("DataPlanes %+v, want gw-a at revision 2", dps)
+	}
+}
+
+// A gateway that reconnects with the revision and digest it was sent
+// gets the changes since; with a wrong digest, a snapshot; already at the
+// store's revision, nothing (and its applied revision is recorded); after
+// a control-plane restart (an empty digest cache), a snapshot.
+func TestSyncReconnectGetsChanges(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	stream := f.open(t, goodHello())
+	runs, nonce, digest, _ := recvSnapshot(t, stream)
+	ack(t, stream, 1, nonce)
+	closeAndWait(t, stream)
+	update(t, f.store, func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("b"), Policies: []string{"global"}})
+	})
+
+	h := goodHello()
+	h.LastAppliedRevision, h.Digest = 1, digest
+	stream = f.open(t, h)
+	ch := recvChanges(t, stream)
+	if ch.FromRevision != 1 || ch.Revision != 2 || len(ch.Changes) != 1 {
+		t.Fatalf("on reconnect: Changes %d→%d with %d changes, want 1→2 with 1", ch.FromRevision, ch.Revision, len(ch.Changes))
+	}
+	runs = applyChecked(t, f, runs, ch, []string{"eu"})
+	closeAndWait(t, stream)
+
+	h.Digest = protocol.Digest(&spec.Snapshot{}) // not what revision 1 was
+	stream = f.open(t, h)
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != 2 {
+		t.Fatalf("wrong digest: snapshot of revision %d, want 2", snap.Revision)
+	}
+	closeAndWait(t, stream)
+
+	f.dps.Remove("gw-a")
+	h.LastAppliedRevision, h.Digest = 2, protocol.Digest(runs)
+	stream = f.open(t, h)
+	closeAndWait(t, stream) // in step: nothing to send
+	if dps := f.dps.List(); len(dps) != 1 || dps[0].AppliedRevision != 2 {
+		t.Fatalf("DataPlanes %+v, want gw-a at revision 2 from its Hello", dps)
+	}
+
+	f.serve(t) // a restart: the same store, a new sync server
+	stream = f.open(t, h)
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != 2 || protocol.Digest(snap) != protocol.Digest(runs) {
+		t.Fatalf("after a restart: snapshot of revision %d, want 2 with the same digest", snap.Revision)
+	}
+	closeAndWait(t, stream)
+}
+
+// A policy change reaches a data plane whose tags leave APIs out as a
+// snapshot, and one whose tags select every API as Changes; an API with a
+// tag it does not select makes its view filtered, so that comes as a
+// snapshot too.
+func TestSyncPolicyAndAPIChanges(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	eu := f.open(t, goodHello())
+	recvSnapshot(t, eu)
+	allHello := &syncpb.Hello{Group: "all-1", Tags: []string{"us", "eu"}, Token: syncTokenAll, GatewayId: "gw-all"}
+	all := f.open(t, allHello)
+	allRuns, _, _, _ := recvSnapshot(t, all)
+	allTags := []string{"eu", "us"}
+
+	update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("silver", 5)) })
+	euRuns, _, _, _ := recvSnapshot(t, eu)
+	if euRuns.Revision != 2 || protocol.Digest(euRuns) != protocol.Digest(applyNothing(t, f, []string{"eu"})) {
+		t.Fatalf("eu: snapshot of revision %d, want 2 with the view's digest", euRuns.Revision)
+	}
+	ch := recvChanges(t, all)
+	if got, want := changeStrings(ch), []string{`put policy silver {"id":"silver","rate":{"requests":5,"per":"1m0s"}}`}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("identity view: changes %q, want %q", got, want)
+	}
+	allRuns = applyChecked(t, f, allRuns, ch, allTags)
+
+	// An API the identity view selects: Changes; one it does not select
+	// (tag asia): a snapshot without it.
+	update(t, f.store, func(tx controlplane.Tx) error {
+		return tx.PutAPI(spec.API{ID: "us2", ListenPath: "/us2/", Target: spec.BuiltinEcho, Tags: []string{"us"}})
+	})
+	ch = recvChanges(t, all)
+	if got := changeStrings(ch); len(got) != 1 || !strings.HasPrefix(got[0], `put api us2 {"id":"us2"`) {
+		t.Fatalf("identity view: changes %q, want the put of API us2", got)
+	}
+	applyChecked(t, f, allRuns, ch, allTags)
+	if snap, _, _, _ := recvSnapshot(t, eu); snap.Revision != 3 || len(snap.APIs) != len(euRuns.APIs) {
+		t.Fatalf("eu: snapshot of revision %d with %d APIs, want 3 and %d", snap.Revision, len(snap.APIs), len(euRuns.APIs))
+	}
+	update(t, f.store, func(tx controlplane.Tx) error {
+		return tx.PutAPI(spec.API{ID: "asia", ListenPath: "/asia/", Target: spec.BuiltinEcho, Tags: []string{"asia"}})
+	})
+	if snap, _, _, _ := recvSnapshot(t, all); snap.Revision != 4 || slices.ContainsFunc(snap.APIs, func(a spec.API) bool { return a.ID == "asia" }) {
+		t.Fatalf("identity view gaining a foreign API: snapshot of revision %d with APIs %v, want 4 without asia", snap.Revision, snap.APIs)
+	}
+	recvSnapshot(t, eu)
+	closeAndWait(t, eu)
+	closeAndWait(t, all)
+}
+
+// applyNothing is the store's view for tags now.
+func applyNothing(t *testing.T, f *syncFixture, tags []string) *spec.Snapshot {
+	t.Helper()
+	s, err := f.store.Snapshot(context.Background(), tags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// In a view that leaves APIs out, each key change is mapped by Select's
+// rule: nothing while the view holds the key neither before nor after, a
+// PUT of the key as the view holds it (its policies and api_limits for
+// APIs left out removed), a DELETE when the view held it and no longer
+// does.
+func TestSyncFilteredKeyChanges(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	update(t, f.store, func(tx controlplane.Tx) error {
+		return tx.PutPolicy(spec.Policy{ID: "us-only", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}, APIs: []string{"us"}})
+	})
+	stream := f.open(t, goodHello())
+	runs, _, _, _ := recvSnapshot(t, stream)
+	b := hash("b")
+	limit := spec.Limits{Rate: &spec.Rate{Requests: 2, Per: spec.Duration(time.Second)}}
+	for i, c := range []struct {
+		write func(tx controlplane.Tx) error
+		want  []string
+	}{
+		{func(tx controlplane.Tx) error { return tx.PutKey(spec.Key{KeyHash: b, Policies: []string{"us-only"}}) },
+			[]string{}},
+		{func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: b, Policies: []string{"global", "us-only"}})
+		}, []string{`put key ` + b + ` {"key_hash":"` + b + `","policies":["global"]}`}},
+		{func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: b, Policies: []string{"us-only"}, APILimits: map[string]spec.Limits{"us": limit, "eu": limit}})
+		}, []string{`put key ` + b + ` {"key_hash":"` + b + `","api_limits":{"eu":{"rate":{"requests":2,"per":"1s"}}}}`}},
+		{func(tx controlplane.Tx) error { return tx.PutKey(spec.Key{KeyHash: b, Policies: []string{"us-only"}}) },
+			[]string{`delete key ` + b}},
+		{func(tx controlplane.Tx) error { _, err := tx.DeleteKey(b); return err },
+			[]string{}},
+	} {
+		rev := update(t, f.store, c.write)
+		ch := recvChanges(t, stream)
+		if ch.FromRevision != rev-1 || ch.Revision != rev {
+			t.Fatalf("write %d: Changes %d→%d, want %d→%d", i, ch.FromRevision, ch.Revision, rev-1, rev)
+		}
+		if got := changeStrings(ch); !reflect.DeepEqual(got, c.want) {
+			t.Fatalf("write %d: changes %q, want %q", i, got, c.want)
+		}
+		runs = applyChecked(t, f, runs, ch, []string{"eu"})
+		ack(t, stream, rev, ch.Nonce)
+	}
+	closeAndWait(t, stream)
+}
+
+// A Nack of Changes brings one snapshot at once (a Nack of Changes sent
+// before it brings no other); a Nack of that snapshot is recorded and
+// brings nothing, and the next write comes as a snapshot.
+func TestSyncNacks(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	stream := f.open(t, goodHello())
+	_, nonce, _, _ := recvSnapshot(t, stream)
+	ack(t, stream, 1, nonce)
+	putKey := func(name string) uint64 {
+		return update(t, f.store, func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: hash(name), Policies: []string{"global"}})
+		})
+	}
+	putKey("b")
+	c1 := recvChanges(t, stream)
+	putKey("c")
+	c2 := recvChanges(t, stream)
+	if c1.Revision != 2 || c2.FromRevision != 2 || c2.Revision != 3 {
+		t.Fatalf("Changes %d→%d then %d→%d, want 1→2 then 2→3", c1.FromRevision, c1.Revision, c2.FromRevision, c2.Revision)
+	}
+	nack(t, stream, 2, c1.Nonce, "dataplane: digest mismatch")
+	snap, _, _, _ := recvSnapshot(t, stream)
+	if snap.Revision != 3 {
+		t.Fatalf("after the Nack: snapshot of revision %d, want 3", snap.Revision)
+	}
+	nack(t, stream, 3, c2.Nonce, "protocol: changes do not start at the running revision")
+	// The snapshot replaced c2: the next write comes as Changes from it.
+	putKey("d")
+	if ch := recvChanges(t, stream); ch.FromRevision != 3 || ch.Revision != 4 {
+		t.Fatalf("Changes %d→%d, want 3→4", ch.FromRevision, ch.Revision)
+	}
+
+	// A refused snapshot is not sent again for the same revision.
+	update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("silver", 5)) })
+	snap, snapNonce, _, _ := recvSnapshot(t, stream)
+	nack(t, stream, snap.Revision, snapNonce, "spec: policies[1].rate: bad")
+	putKey("e")
+	if next, _, _, _ := recvSnapshot(t, stream); next.Revision != snap.Revision+1 {
+		t.Fatalf("after a refused snapshot of %d: snapshot of %d, want %d", snap.Revision, next.Revision, snap.Revision+1)
+	}
+	closeAndWait(t, stream)
+	if dps := f.dps.List(); len(dps) != 1 || dps[0].LastRejection == nil || dps[0].LastRejection.Problem != "spec: policies[1].rate: bad" {
+		t.Fatalf("DataPlanes %+v, want the last rejection", dps)
+	}
+	if got := strings.Count(f.log.String(), "data plane rejected a revision"); got != 3 {
+		t.Fatalf("log has %d rejections, want 3:\n%s", got, f.log.String())
+	}
+}
+
+// A gateway further behind than the change log reaches gets a snapshot.
+func TestSyncTooFarBehindSendsSnapshot(t *testing.T) {
+	f := newSyncFixtureOpts(t, fixtureOptions{bolt: controlplane.BoltOptions{ChangeLogRevisions: 2}})
+	stream := f.open(t, goodHello())
+	_, nonce, digest, _ := recvSnapshot(t, stream)
+	ack(t, stream, 1, nonce)
+	closeAndWait(t, stream)
+	for _, k := range []string{"b", "c", "d"} {
+		update(t, f.store, func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: hash(k), Policies: []string{"global"}})
+		})
+	}
+	if _, err := f.store.ChangesSince(context.Background(), 1); !errors.Is(err, controlplane.ErrTooFarBehind) {
+		t.Fatalf("ChangesSince(1): %v, want ErrTooFarBehind", err)
+	}
+	h := goodHello()
+	h.LastAppliedRevision, h.Digest = 1, digest
+	stream = f.open(t, h)
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != 4 || len(snap.Keys) != 4 {
+		t.Fatalf("snapshot of revision %d with %d keys, want 4 and 4", snap.Revision, len(snap.Keys))
+	}
+	closeAndWait(t, stream)
+	if !strings.Contains(f.log.String(), "sending a snapshot instead of changes") || !strings.Contains(f.log.String(), "the change log starts after 2") {
+		t.Fatalf("log does not say why:\n%s", f.log.String())
+	}
+}
+
+// Changes over MaxChanges or MaxChangesBytes are sent as a snapshot.
+func TestSyncOversizeChangesSendSnapshot(t *testing.T) {
+	f := newSyncFixtureOpts(t, fixtureOptions{sync: func(o *controlplane.SyncOptions) {
+		o.MaxChanges, o.MaxChangesBytes = 2, 400
+	}})
+	stream := f.open(t, goodHello())
+	recvSnapshot(t, stream)
+	limit := spec.Limits{Rate: &spec.Rate{Requests: 2, Per: spec.Duration(time.Second)}}
+	putKeys := func(names ...string) uint64 {
+		return update(t, f.store, func(tx controlplane.Tx) error {
+			for _, n := range names {
+				k := spec.Key{KeyHash: hash(n), Policies: []string{"global"}}
+				if strings.HasPrefix(n, "big") {
+					k.APILimits = map[string]spec.Limits{"all": limit, "eu": limit}
+				}
+				if err := tx.PutKey(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	putKeys("b", "c") // two changes of about 170 bytes each
+	if ch := recvChanges(t, stream); len(ch.Changes) != 2 {
+		t.Fatalf("%d changes, want 2", len(ch.Changes))
+	}
+	rev := putKeys("d", "e", "f") // three changes
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != rev {
+		t.Fatalf("snapshot of %d, want %d", snap.Revision, rev)
+	}
+	rev = putKeys("big1", "big2") // two changes, over 400 bytes
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != rev {
+		t.Fatalf("snapshot of %d, want %d", snap.Revision, rev)
+	}
+	closeAndWait(t, stream)
 }

@@ -1,11 +1,13 @@
 // Command controlplane is limitplane's control plane: it keeps the
-// policies, API keys and APIs of every data plane in a bbolt file and
-// serves the admin REST API (see controlplane.Admin) to change them.
+// policies, API keys and APIs of every data plane in a bbolt file, serves
+// the admin REST API (see controlplane.Admin) to change them, and serves
+// the data planes' gRPC sync stream (see controlplane.SyncServer).
 //
 // Usage:
 //
-//	LP_CP_ADMIN_TOKEN=secret go run ./examples/controlplane
-//	go run ./examples/controlplane -admin-token-file token.txt -data /var/lib/limitplane/cp.db
+//	LP_CP_ADMIN_TOKEN=secret go run ./examples/controlplane -dataplanes dataplanes.yaml
+//	go run ./examples/controlplane -admin-token-file token.txt -data /var/lib/limitplane/cp.db \
+//		-dataplanes dataplanes.yaml -sync-listen 10.0.0.5:7071 -tls-cert cp.pem -tls-key cp-key.pem
 //
 // Flags, each with an environment variable for its default:
 //
@@ -13,14 +15,46 @@
 //	-data FILE             LP_CP_DATA          (controlplane.db)
 //	-admin-token-file FILE LP_CP_ADMIN_TOKEN_FILE; or the token itself in LP_CP_ADMIN_TOKEN
 //	-change-log N          revisions kept in the change log (10000)
+//	-sync-listen ADDR      LP_CP_SYNC_LISTEN   (127.0.0.1:7071)
+//	-dataplanes FILE       LP_CP_DATAPLANES    data-plane tokens; without it the sync port is not served
+//	-tls-cert FILE         LP_CP_TLS_CERT      TLS on the sync port (with -tls-key)
+//	-tls-key FILE          LP_CP_TLS_KEY
+//	-tls-client-ca FILE    LP_CP_TLS_CLIENT_CA mutual TLS: client certificates must chain to it
+//	-sync-insecure         LP_CP_SYNC_INSECURE plaintext sync on an address other than loopback
+//	-keepalive D           LP_CP_KEEPALIVE     (10s) see below
+//
+// The -dataplanes file lists the data-plane tokens, each bound to the one
+// group it may open streams for and the tags it may ask for:
+//
+//	- group: dp1
+//	  tags: [dp1]
+//	  token_hash: "sha256:<64 hex digits>"   # the token's SHA-256: the file holds no secret
+//	- group: dp2
+//	  tags: [dp2, shared]
+//	  token_env: LP_DP2_TOKEN                # or token_file: dp2.token (relative to the file)
+//
+// Plaintext tokens are hashed as the file is read and never kept. A wrong
+// token is refused with Unauthenticated, a group or tag outside its scope
+// with PermissionDenied, and both are logged.
+//
+// Without TLS the sync port must listen on a loopback address (the tokens
+// would cross the network in plaintext) unless -sync-insecure is given;
+// the program refuses to start otherwise (exit status 2). Keepalive: the
+// server pings each connection every -keepalive and closes one that does
+// not answer within half of it, and accepts client pings every half of it
+// or more, with or without a stream.
 //
 // A write is answered only once it is on disk, so every acknowledged
-// write survives kill -9. SIGINT or SIGTERM stops the server (calls in
-// flight finish, for up to 10s), closes the file and exits 0.
+// write survives kill -9. SIGINT or SIGTERM stops the program and exits 0:
+// sync streams are ended with Unavailable (gateways reconnect with
+// backoff), the gRPC server stops (at most 5s), admin calls in flight
+// finish (at most 10s), and the file is closed.
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,11 +64,18 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
 	"github.com/limitplane/limitplane/controlplane"
+	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/identity"
 )
 
 func main() {
@@ -65,8 +106,86 @@ func exitCode(w io.Writer, err error) int {
 	return 1
 }
 
+// syncConfig is the sync port's part of the command line.
+type syncConfig struct {
+	listen, dataplanes, cert, key, clientCA string
+	insecure                                bool
+	keepalive                               time.Duration
+}
+
+// tlsMode is the banner's word for the sync port's TLS.
+func (c *syncConfig) tlsMode() string {
+	switch {
+	case c.clientCA != "":
+		return "mutual"
+	case c.cert != "":
+		return "on"
+	}
+	return "off"
+}
+
+// check refuses a sync configuration that cannot be served safely: a
+// certificate without its key (or the reverse), a client CA without a
+// certificate, a keepalive under a second, and plaintext on an address
+// other than loopback without -sync-insecure.
+func (c *syncConfig) check() error {
+	switch {
+	case (c.cert == "") != (c.key == ""):
+		return errors.New("-tls-cert and -tls-key go together")
+	case c.clientCA != "" && c.cert == "":
+		return errors.New("-tls-client-ca needs -tls-cert and -tls-key (mutual TLS is TLS first)")
+	case c.keepalive < time.Second:
+		return fmt.Errorf("-keepalive %s: want at least 1s", c.keepalive)
+	}
+	if c.cert != "" || c.insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(c.listen)
+	if err != nil {
+		return fmt.Errorf("-sync-listen %q: %v", c.listen, err)
+	}
+	if !identity.IsLoopbackHost(host) {
+		return fmt.Errorf("-sync-listen %s is not a loopback address and the sync port has no TLS: data-plane tokens would cross the network in plaintext; give -tls-cert and -tls-key (and -tls-client-ca for mutual TLS), or -sync-insecure to accept that", c.listen)
+	}
+	return nil
+}
+
+// serverOptions are the gRPC server's options: TLS as configured, and
+// keepalive: a ping every keepalive (10s by default), a peer that does not
+// answer within half of it is closed; clients may ping every half of it or
+// more, also without a stream.
+func (c *syncConfig) serverOptions() ([]grpc.ServerOption, error) {
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: c.keepalive, Timeout: c.keepalive / 2}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepalive / 2, PermitWithoutStream: true}),
+	}
+	if c.cert == "" {
+		return opts, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.cert, c.key)
+	if err != nil {
+		return nil, fmt.Errorf("sync TLS: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.clientCA != "" {
+		pem, err := os.ReadFile(c.clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("sync TLS: client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("sync TLS: client CA %s: no PEM certificate in it", c.clientCA)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return append(opts, grpc.Creds(credentials.NewTLS(tc))), nil
+}
+
 // run parses args (defaults from getenv), opens the store and serves the
-// admin API until ctx is done.
+// admin API, and the sync port when a -dataplanes file is given, until
+// ctx is done; then it shuts down in order: the sync streams (ended with
+// Unavailable), the gRPC server (GracefulStop, at most 5s), the admin API
+// (at most 10s), the store.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	or := func(env, def string) string {
 		if v := getenv(env); v != "" {
@@ -80,6 +199,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	data := fs.String("data", or("LP_CP_DATA", "controlplane.db"), "bbolt data `file` (env LP_CP_DATA)")
 	tokenFile := fs.String("admin-token-file", getenv("LP_CP_ADMIN_TOKEN_FILE"), "`file` holding the admin bearer token (env LP_CP_ADMIN_TOKEN_FILE; or the token in LP_CP_ADMIN_TOKEN)")
 	changeLog := fs.Int("change-log", controlplane.DefaultChangeLogRevisions, "revisions kept in the change log")
+	var sc syncConfig
+	fs.StringVar(&sc.listen, "sync-listen", or("LP_CP_SYNC_LISTEN", "127.0.0.1:7071"), "sync gRPC `address` (env LP_CP_SYNC_LISTEN)")
+	fs.StringVar(&sc.dataplanes, "dataplanes", getenv("LP_CP_DATAPLANES"), "YAML `file` of data-plane tokens; without it the sync port is not served (env LP_CP_DATAPLANES)")
+	fs.StringVar(&sc.cert, "tls-cert", getenv("LP_CP_TLS_CERT"), "sync port TLS certificate `file`, PEM (env LP_CP_TLS_CERT)")
+	fs.StringVar(&sc.key, "tls-key", getenv("LP_CP_TLS_KEY"), "sync port TLS key `file`, PEM (env LP_CP_TLS_KEY)")
+	fs.StringVar(&sc.clientCA, "tls-client-ca", getenv("LP_CP_TLS_CLIENT_CA"), "CA `file` (PEM) that data planes' client certificates must chain to: mutual TLS (env LP_CP_TLS_CLIENT_CA)")
+	insecureDefault, _ := strconv.ParseBool(getenv("LP_CP_SYNC_INSECURE"))
+	fs.BoolVar(&sc.insecure, "sync-insecure", insecureDefault, "serve the sync port in plaintext on an address other than loopback (env LP_CP_SYNC_INSECURE)")
+	keepaliveDefault := 10 * time.Second
+	if v := getenv("LP_CP_KEEPALIVE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return &usageError{fmt.Errorf("LP_CP_KEEPALIVE=%q: %v", v, err)}
+		}
+		keepaliveDefault = d
+	}
+	fs.DurationVar(&sc.keepalive, "keepalive", keepaliveDefault, "sync keepalive: a ping every `interval`, answered within half of it; clients may ping every half of it (env LP_CP_KEEPALIVE)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -100,6 +236,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if token == "" {
 		return &usageError{errors.New("no admin token: set LP_CP_ADMIN_TOKEN or -admin-token-file")}
 	}
+	var tokens []controlplane.DataPlaneToken
+	var grpcOpts []grpc.ServerOption
+	if sc.dataplanes != "" {
+		if err := sc.check(); err != nil {
+			return &usageError{err}
+		}
+		var err error
+		if tokens, err = loadDataPlanes(sc.dataplanes, getenv); err != nil {
+			return err
+		}
+		if grpcOpts, err = sc.serverOptions(); err != nil {
+			return err
+		}
+	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	store, err := controlplane.OpenBolt(*data, controlplane.BoltOptions{ChangeLogRevisions: *changeLog})
@@ -107,7 +257,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	defer store.Close()
-	h, err := controlplane.Admin(controlplane.AdminOptions{Store: store, Token: token, DataPlanes: &controlplane.DataPlanes{}, Log: log})
+	dps := &controlplane.DataPlanes{}
+	h, err := controlplane.Admin(controlplane.AdminOptions{Store: store, Token: token, DataPlanes: dps, Log: log})
 	if err != nil {
 		return err
 	}
@@ -127,25 +278,69 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+
+	var syncSrv *controlplane.SyncServer
+	var gs *grpc.Server
+	syncLine := "  sync: not served (no -dataplanes file)\n"
+	grpcServed := make(chan error, 1)
+	if tokens != nil {
+		syncSrv, err = controlplane.NewSyncServer(controlplane.SyncOptions{Store: store, DataPlanes: dps, Tokens: tokens, Log: log})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		sln, err := net.Listen("tcp", sc.listen)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		gs = grpc.NewServer(grpcOpts...)
+		syncpb.RegisterSyncServiceServer(gs, syncSrv)
+		go func() { grpcServed <- gs.Serve(sln) }()
+		syncLine = fmt.Sprintf("  sync listening on %s (tls: %s; data-plane tokens: %d)\n", sln.Addr(), sc.tlsMode(), len(tokens))
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	fmt.Fprintf(stdout, "limitplane control plane: admin API listening on http://%s (data: %s, revision %d; bearer token required)\n"+
+		syncLine+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys/{hash}/reset-quota;\n"+
 		"  GET /api/revision, /api/dataplanes\n", ln.Addr(), *data, rev)
 
+	var failed error
+	httpDone := false
 	select {
-	case err := <-served:
-		return err
+	case failed = <-served:
+		httpDone = true
+	case err := <-grpcServed:
+		failed = fmt.Errorf("sync server: %w", err)
 	case <-ctx.Done():
 	}
 	fmt.Fprintln(stdout, "shutting down")
+	if gs != nil {
+		// Streams never end by themselves: end them first, so
+		// GracefulStop has only calls in flight to wait for.
+		syncSrv.Shutdown()
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			gs.Stop()
+			<-stopped
+		}
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		srv.Close()
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return err
+	if !httpDone {
+		if err := <-served; failed == nil && !errors.Is(err, http.ErrServerClosed) {
+			failed = err
+		}
 	}
-	return store.Close()
+	if err := store.Close(); failed == nil {
+		failed = err
+	}
+	return failed
 }

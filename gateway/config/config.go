@@ -92,6 +92,10 @@ type Config struct {
 	// Admin configures the operations endpoint (gateway.AdminHandler);
 	// nil when the file has no admin section, and then there is none.
 	Admin *Admin
+	// ControlPlane, when the file has a control_plane section, says where
+	// the policies, keys and APIs come from; Policies, Keys, APIs and
+	// Snapshot are then empty (the file may not set them).
+	ControlPlane *ControlPlane
 	// Policies are the rate limits and quotas keys and keyless APIs use.
 	Policies []core.Policy
 	// Keys are the API keys, hashed.

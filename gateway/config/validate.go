@@ -112,6 +112,11 @@ func (v *validator) config(raw *rawConfig) *Config {
 	if raw.Admin != nil {
 		cfg.Admin = v.admin(raw.Admin)
 	}
+	if raw.ControlPlane != nil {
+		cfg.ControlPlane = v.controlPlane(raw.ControlPlane, raw)
+		// The rest is the control plane's.
+		return cfg
+	}
 
 	policies := v.policies(raw.Policies)
 	apis := v.apis(raw.APIs, policies)

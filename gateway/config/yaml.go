@@ -19,20 +19,21 @@ import (
 // tell "left out" from zero.
 
 type rawConfig struct {
-	Listen        string      `yaml:"listen"`
-	Store         string      `yaml:"store"`
-	FailurePolicy string      `yaml:"failure_policy"`
-	StoreTimeout  string      `yaml:"store_timeout"`
-	Redis         *rawRedis   `yaml:"redis"`
-	Memory        *rawMemory  `yaml:"memory"`
-	Shadow        bool        `yaml:"shadow"`
-	ClientIP      rawClientIP `yaml:"client_ip"`
-	Server        rawServer   `yaml:"server"`
-	Response      rawResponse `yaml:"response"`
-	Admin         *rawAdmin   `yaml:"admin"`
-	Policies      []rawPolicy `yaml:"policies"`
-	Keys          []rawKey    `yaml:"keys"`
-	APIs          []rawAPI    `yaml:"apis"`
+	Listen        string           `yaml:"listen"`
+	Store         string           `yaml:"store"`
+	FailurePolicy string           `yaml:"failure_policy"`
+	StoreTimeout  string           `yaml:"store_timeout"`
+	Redis         *rawRedis        `yaml:"redis"`
+	Memory        *rawMemory       `yaml:"memory"`
+	Shadow        bool             `yaml:"shadow"`
+	ClientIP      rawClientIP      `yaml:"client_ip"`
+	Server        rawServer        `yaml:"server"`
+	Response      rawResponse      `yaml:"response"`
+	Admin         *rawAdmin        `yaml:"admin"`
+	ControlPlane  *rawControlPlane `yaml:"control_plane"`
+	Policies      []rawPolicy      `yaml:"policies"`
+	Keys          []rawKey         `yaml:"keys"`
+	APIs          []rawAPI         `yaml:"apis"`
 }
 
 type rawRedis struct {
@@ -53,6 +54,26 @@ type rawAdmin struct {
 	Listen    string `yaml:"listen"`
 	TokenEnv  string `yaml:"token_env"`
 	TokenFile string `yaml:"token_file"`
+}
+
+type rawControlPlane struct {
+	Address   string              `yaml:"address"`
+	TokenEnv  string              `yaml:"token_env"`
+	TokenFile string              `yaml:"token_file"`
+	Group     string              `yaml:"group"`
+	Tags      []string            `yaml:"tags"`
+	GatewayID string              `yaml:"gateway_id"`
+	TLS       *rawControlPlaneTLS `yaml:"tls"`
+	MaxStale  string              `yaml:"max_stale"`
+	OnStale   string              `yaml:"on_stale"`
+	StateFile string              `yaml:"state_file"`
+}
+
+type rawControlPlaneTLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
 }
 
 type rawClientIP struct {
@@ -160,7 +181,7 @@ type rawFailureLimit struct {
 // ("config.rawRate") to its field names, for "unknown field" messages.
 var knownFields = func() map[string][]string {
 	m := map[string][]string{}
-	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawAdmin{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
+	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawAdmin{}, rawControlPlane{}, rawControlPlaneTLS{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
 		rawJWT{}, rawJWTKey{}, rawJWKS{}, rawFailureLimit{}} {
 		t := reflect.TypeOf(v)
 		var names []string

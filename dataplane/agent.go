@@ -1,0 +1,591 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/limitplane/limitplane/dataplane/protocol"
+	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// Defaults of AgentOptions.
+const (
+	// DefaultDigestInterval is how often the agent reports its digest.
+	DefaultDigestInterval = 30 * time.Second
+	// DefaultStartTimeout is how long the agent waits for the control
+	// plane's first configuration before it applies the persisted one.
+	DefaultStartTimeout = 5 * time.Second
+	// DefaultBackoffInitial is the first reconnect delay (before jitter).
+	DefaultBackoffInitial = 100 * time.Millisecond
+	// DefaultBackoffMax caps the reconnect delay (before jitter).
+	DefaultBackoffMax = 10 * time.Second
+	// DefaultBackoffMultiplier is the factor the delay grows by after each
+	// failed attempt.
+	DefaultBackoffMultiplier = 2.0
+	// DefaultBackoffJitter is the randomization factor: each delay is
+	// drawn from [d×(1−j), d×(1+j)].
+	DefaultBackoffJitter = 0.2
+	// DefaultKeepaliveTime is how long a quiet connection waits before it
+	// pings the control plane.
+	DefaultKeepaliveTime = 10 * time.Second
+	// DefaultKeepaliveTimeout is how long a ping may go unanswered before
+	// the connection is taken for dead.
+	DefaultKeepaliveTimeout = 5 * time.Second
+	// DefaultSaveDelay is how long the agent lets changes gather before
+	// it persists the configuration they made.
+	DefaultSaveDelay = time.Second
+)
+
+// OnStale says what a data plane does once it has been without its
+// control plane for AgentOptions.MaxStale.
+type OnStale string
+
+// OnStale values.
+const (
+	// StaleKeep serves on with the last configuration (Tyk's emergency
+	// mode). The default.
+	StaleKeep OnStale = "keep"
+	// StaleFailClosed makes the gateway answer 503 to every API request
+	// (gateway.SetUnavailable) until the control plane answers again.
+	StaleFailClosed OnStale = "fail_closed"
+)
+
+// Backoff configures the reconnect delays: exponential with jitter
+// (github.com/cenkalti/backoff/v5's ExponentialBackOff), reset after a
+// stream on which the control plane answered.
+type Backoff struct {
+	// Initial is the first delay; 0 means DefaultBackoffInitial.
+	Initial time.Duration
+	// Max caps the delay before jitter; 0 means DefaultBackoffMax.
+	Max time.Duration
+	// Multiplier is the growth factor; 0 means DefaultBackoffMultiplier.
+	Multiplier float64
+	// Jitter is the randomization factor in [0, 1); 0 means
+	// DefaultBackoffJitter, a negative value none (exact delays, for
+	// tests).
+	Jitter float64
+}
+
+// AgentOptions configure an Agent.
+type AgentOptions struct {
+	// Gateway is the gateway the agent configures; required. The agent
+	// is its only writer: do not Apply to it meanwhile.
+	Gateway *gateway.Gateway
+	// Address is the control plane's sync address, "host:port" (a gRPC
+	// target); required unless Conn is set.
+	Address string
+	// TLS, when set, secures the connection (a client certificate in it
+	// makes it mutual TLS); nil means plaintext, which the gateway's
+	// configuration allows only to a loopback address.
+	TLS *tls.Config
+	// DialOptions are added to the agent's own (credentials, keepalive,
+	// connect backoff) when it dials Address.
+	DialOptions []grpc.DialOption
+	// Conn, when set, is used instead of dialling Address (and not
+	// closed by the agent); TLS, DialOptions and Keepalive are then the
+	// connection's business.
+	Conn grpc.ClientConnInterface
+	// Group is the data-plane group (the gateways sharing one Redis);
+	// required.
+	Group string
+	// Tags select the APIs this data plane serves.
+	Tags []string
+	// Token is the data plane's secret; required.
+	Token string
+	// GatewayID names this gateway in its group; "" means
+	// "<hostname>-<pid>".
+	GatewayID string
+	// Version is sent in Hello, for operators; "" means "dev".
+	Version string
+	// Persister keeps the last applied configuration, to start from it
+	// when the control plane cannot be reached; nil means none.
+	Persister Persister
+	// SaveDelay is how long changes gather before one save persists
+	// them all (the latest configuration wins); 0 means
+	// DefaultSaveDelay.
+	SaveDelay time.Duration
+	// MaxStale is how long the data plane may be without its control
+	// plane before OnStale applies; 0 means never.
+	MaxStale time.Duration
+	// OnStale is what happens then; "" means StaleKeep.
+	OnStale OnStale
+	// StaleChanged, if set, is called with true when the data plane
+	// becomes stale and false when the control plane answers again (for
+	// logs and alerts). It is called from the agent's goroutines and
+	// must not block.
+	StaleChanged func(stale bool)
+	// Backoff configures the reconnect delays.
+	Backoff Backoff
+	// Keepalive are the connection's keepalive pings; zero fields mean
+	// DefaultKeepaliveTime and DefaultKeepaliveTimeout, and pings are
+	// sent also without an open stream.
+	Keepalive keepalive.ClientParameters
+	// DigestInterval is how often the agent sends a DigestReport; 0
+	// means DefaultDigestInterval.
+	DigestInterval time.Duration
+	// StartTimeout is how long Run waits for the control plane's first
+	// configuration before it applies the persisted one; 0 means
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
+	// Now is the wall clock of Status's times and of staleness; nil means
+	// time.Now. Timers run on real time.
+	Now func() time.Time
+	// Logger receives the agent's log lines; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Status is what the agent reports about its link to the control plane
+// (GET /readyz's "control_plane", the sync metrics).
+type Status struct {
+	// State is "connecting" (a stream is being opened or waits for the
+	// control plane's first message), "connected" (the control plane
+	// answered on the open stream) or "disconnected" (waiting to
+	// reconnect).
+	State string `json:"state"`
+	// AppliedRevision is the revision the gateway runs (0: none).
+	AppliedRevision uint64 `json:"applied_revision"`
+	// Digest is protocol.Digest of the running configuration.
+	Digest string `json:"digest"`
+	// Source is where the running configuration came from:
+	// "control_plane", "persisted" or "none".
+	Source string `json:"source"`
+	// LastContact is when the control plane was last heard from (zero:
+	// never). While connected it is now.
+	LastContact time.Time `json:"last_contact"`
+	// Staleness is how long the data plane has been without its control
+	// plane: 0 while connected, else the time since LastContact (since
+	// Run started when never connected). StalenessSeconds is the same in
+	// seconds.
+	Staleness        time.Duration `json:"-"`
+	StalenessSeconds float64       `json:"staleness_seconds"`
+	// Stale reports whether Staleness has passed MaxStale (never when
+	// MaxStale is 0).
+	Stale bool `json:"stale"`
+	// LastError is the last stream failure or rejected delivery; ""
+	// when none since the last applied delivery.
+	LastError string `json:"last_error"`
+	// PersistedRevision is the revision last saved by the Persister (or
+	// loaded from it); 0 when none.
+	PersistedRevision uint64 `json:"persisted_revision"`
+	// Reconnects counts streams opened after the first.
+	Reconnects uint64 `json:"reconnects"`
+	// Deliveries counts deliveries by kind and outcome.
+	Deliveries Deliveries `json:"deliveries"`
+}
+
+// Deliveries counts the deliveries an agent applied or rejected.
+type Deliveries struct {
+	SnapshotsApplied  uint64 `json:"snapshots_applied"`
+	SnapshotsRejected uint64 `json:"snapshots_rejected"`
+	ChangesApplied    uint64 `json:"changes_applied"`
+	ChangesRejected   uint64 `json:"changes_rejected"`
+}
+
+// Agent keeps a gateway in step with a control plane: it holds the sync
+// stream (see the package documentation), applies what arrives, persists
+// it, and starts from the persisted configuration when the control plane
+// is away. Create it with New and run it with Run.
+type Agent struct {
+	o   AgentOptions
+	g   *gateway.Gateway
+	log *slog.Logger
+
+	// applyMu serialises every change the agent makes to the gateway
+	// and to cur.
+	applyMu sync.Mutex
+	cur     running // guarded by applyMu; copied into st under mu
+
+	// staleMu serialises changes of stale, which says whether OnStale
+	// was acted on.
+	staleMu sync.Mutex
+	stale   bool
+
+	mu       sync.Mutex
+	st       Status
+	started  time.Time // Run's start, for staleness before any contact
+	running  bool
+	applied  chan struct{} // closed at the first applied configuration
+	saveNext chan struct{} // a save is wanted (capacity 1)
+}
+
+// running is the configuration the gateway runs, as the agent knows it.
+type running struct {
+	revision uint64
+	digester protocol.Digester
+	source   string
+}
+
+// New checks opts and returns an Agent. It fails when Gateway is nil,
+// neither Address nor Conn is set, or Group or Token is empty, or
+// OnStale is unknown.
+func New(opts AgentOptions) (*Agent, error) {
+	switch {
+	case opts.Gateway == nil:
+		return nil, errors.New("dataplane: AgentOptions.Gateway is nil")
+	case opts.Address == "" && opts.Conn == nil:
+		return nil, errors.New("dataplane: AgentOptions.Address is empty")
+	case opts.Group == "":
+		return nil, errors.New("dataplane: AgentOptions.Group is empty")
+	case opts.Token == "":
+		return nil, errors.New("dataplane: AgentOptions.Token is empty")
+	}
+	switch opts.OnStale {
+	case "":
+		opts.OnStale = StaleKeep
+	case StaleKeep, StaleFailClosed:
+	default:
+		return nil, fmt.Errorf("dataplane: unknown OnStale %q (want keep or fail_closed)", opts.OnStale)
+	}
+	if opts.MaxStale < 0 {
+		return nil, fmt.Errorf("dataplane: MaxStale %v is negative", opts.MaxStale)
+	}
+	if opts.GatewayID == "" {
+		host, _ := os.Hostname()
+		opts.GatewayID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	if opts.SaveDelay <= 0 {
+		opts.SaveDelay = DefaultSaveDelay
+	}
+	if opts.DigestInterval <= 0 {
+		opts.DigestInterval = DefaultDigestInterval
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
+	if opts.Keepalive.Time <= 0 {
+		opts.Keepalive.Time = DefaultKeepaliveTime
+	}
+	if opts.Keepalive.Timeout <= 0 {
+		opts.Keepalive.Timeout = DefaultKeepaliveTimeout
+	}
+	b := &opts.Backoff
+	if b.Initial <= 0 {
+		b.Initial = DefaultBackoffInitial
+	}
+	if b.Max <= 0 {
+		b.Max = DefaultBackoffMax
+	}
+	if b.Multiplier <= 0 {
+		b.Multiplier = DefaultBackoffMultiplier
+	}
+	switch {
+	case b.Jitter == 0:
+		b.Jitter = DefaultBackoffJitter
+	case b.Jitter < 0:
+		b.Jitter = 0
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	a := &Agent{o: opts, g: opts.Gateway, log: opts.Logger.With("component", "dataplane", "group", opts.Group),
+		applied: make(chan struct{}), saveNext: make(chan struct{}, 1)}
+	a.cur.source = "none"
+	a.st = Status{State: "connecting", Source: "none", Digest: protocol.Digest(nil)}
+	return a, nil
+}
+
+// GatewayID returns the gateway's id as sent in Hello.
+func (a *Agent) GatewayID() string { return a.o.GatewayID }
+
+// Status returns the agent's state now. Safe for concurrent use.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.statusLocked(a.o.Now())
+}
+
+func (a *Agent) statusLocked(now time.Time) Status {
+	s := a.st
+	if s.State == "connected" {
+		s.LastContact, s.Staleness = now, 0
+	} else {
+		since := s.LastContact
+		if since.IsZero() {
+			since = a.started
+		}
+		if !since.IsZero() && now.After(since) {
+			s.Staleness = now.Sub(since)
+		}
+	}
+	s.StalenessSeconds = s.Staleness.Seconds()
+	s.Stale = a.o.MaxStale > 0 && s.Staleness >= a.o.MaxStale && s.State != "connected"
+	return s
+}
+
+// Run runs the agent until ctx is done: it connects, applies what the
+// control plane sends, reconnects with backoff when the stream ends,
+// persists each applied configuration in the background, applies the
+// persisted one when nothing came within StartTimeout, and enforces
+// OnStale. It returns nil once ctx is done and every goroutine it started
+// has ended; it fails at once if the agent already runs or cannot dial.
+func (a *Agent) Run(ctx context.Context) error {
+	a.mu.Lock()
+	if a.running {
+		a.mu.Unlock()
+		return errors.New("dataplane: Run called twice")
+	}
+	a.running = true
+	a.started = a.o.Now()
+	a.mu.Unlock()
+
+	conn := a.o.Conn
+	if conn == nil {
+		cc, err := a.dial()
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		conn = cc
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if a.o.Persister != nil {
+		wg.Go(func() { a.saver(ctx) })
+	}
+	wg.Go(func() { a.startFallback(ctx) })
+	if a.o.MaxStale > 0 {
+		wg.Go(func() { a.watchStale(ctx) })
+	}
+	a.connectLoop(ctx, conn)
+	return nil
+}
+
+// dial makes the client connection to Address.
+func (a *Agent) dial() (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if a.o.TLS != nil {
+		creds = credentials.NewTLS(a.o.TLS)
+	}
+	ka := a.o.Keepalive
+	ka.PermitWithoutStream = true
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(ka),
+		// gRPC's own redial backoff (1 s growing to 120 s by default)
+		// would hold a reconnect back long after the agent's delay has
+		// passed: bound it by the agent's.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoffConfig(a.o.Backoff),
+			// A dial to a dead address fails at its own pace; this
+			// bounds a hanging one.
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	opts = append(opts, a.o.DialOptions...)
+	cc, err := grpc.NewClient(a.o.Address, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("dataplane: dial %s: %w", a.o.Address, err)
+	}
+	return cc, nil
+}
+
+// newBackOff returns the reconnect backoff.
+func (a *Agent) newBackOff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = a.o.Backoff.Initial
+	b.MaxInterval = a.o.Backoff.Max
+	b.Multiplier = a.o.Backoff.Multiplier
+	b.RandomizationFactor = a.o.Backoff.Jitter
+	b.Reset()
+	return b
+}
+
+// connectLoop opens streams one after another until ctx is done, waiting
+// a backoff delay after each stream that ends without the control plane
+// having answered (and a reset delay after one where it had).
+func (a *Agent) connectLoop(ctx context.Context, conn grpc.ClientConnInterface) {
+	bo := a.newBackOff()
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			a.mu.Lock()
+			a.st.Reconnects++
+			a.mu.Unlock()
+		}
+		a.setState("connecting")
+		answered, err := a.session(ctx, conn)
+		if ctx.Err() != nil {
+			a.setState("disconnected")
+			return
+		}
+		if answered {
+			bo.Reset()
+		}
+		delay := bo.NextBackOff()
+		a.disconnected(err)
+		a.log.Warn("dataplane: sync stream ended; reconnecting", "err", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// setState sets Status.State.
+func (a *Agent) setState(s string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.st.State = s
+}
+
+// disconnected records the end of a stream.
+func (a *Agent) disconnected(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.st.State == "connected" {
+		a.st.LastContact = a.o.Now()
+	}
+	a.st.State = "disconnected"
+	if err != nil {
+		a.st.LastError = err.Error()
+	}
+}
+
+// contact records that the control plane answered on the open stream; it
+// lifts a fail-closed gateway.
+func (a *Agent) contact() {
+	a.mu.Lock()
+	a.st.State = "connected"
+	a.st.LastContact = a.o.Now()
+	a.mu.Unlock()
+	a.setStale(false)
+}
+
+// watchStale checks staleness until ctx is done.
+func (a *Agent) watchStale(ctx context.Context) {
+	every := min(max(a.o.MaxStale/10, 10*time.Millisecond), time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.setStale(a.Status().Stale)
+	}
+}
+
+// setStale acts on OnStale when staleness changes to stale.
+func (a *Agent) setStale(stale bool) {
+	a.staleMu.Lock()
+	defer a.staleMu.Unlock()
+	if a.stale == stale {
+		return
+	}
+	a.stale = stale
+	if stale {
+		a.log.Warn("dataplane: no contact with the control plane for max_stale", "max_stale", a.o.MaxStale, "on_stale", string(a.o.OnStale))
+		if a.o.OnStale == StaleFailClosed {
+			a.g.SetUnavailable(fmt.Sprintf("dataplane: no contact with the control plane for over %v; failing closed (on_stale: fail_closed)", a.o.MaxStale))
+		}
+	} else {
+		a.log.Info("dataplane: the control plane answers again")
+		if a.o.OnStale == StaleFailClosed {
+			a.g.SetUnavailable("")
+		}
+	}
+	if a.o.StaleChanged != nil {
+		a.o.StaleChanged(stale)
+	}
+}
+
+// startFallback applies the persisted configuration when nothing was
+// applied within StartTimeout.
+func (a *Agent) startFallback(ctx context.Context) {
+	if a.o.Persister == nil {
+		return
+	}
+	t := time.NewTimer(a.o.StartTimeout)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.applied:
+		return
+	case <-t.C:
+	}
+	snap, err := a.o.Persister.Load(ctx)
+	if err != nil {
+		a.log.Error("dataplane: load the persisted configuration", "err", err)
+		return
+	}
+	if snap == nil {
+		a.log.Warn("dataplane: the control plane did not answer in time and no configuration is persisted; the gateway answers 503 until it does", "start_timeout", a.o.StartTimeout)
+		return
+	}
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	if a.cur.source != "none" {
+		return // the control plane answered meanwhile
+	}
+	dg := digesterOf(snap)
+	if err := a.g.Apply(ctx, snap); err != nil {
+		a.log.Error("dataplane: the persisted configuration is refused", "revision", snap.Revision, "err", err)
+		return
+	}
+	a.setRunning(running{revision: snap.Revision, digester: dg, source: "persisted"})
+	a.mu.Lock()
+	a.st.PersistedRevision = snap.Revision
+	a.mu.Unlock()
+	a.log.Warn("dataplane: the control plane did not answer in time; enforcing the persisted configuration",
+		"revision", snap.Revision, "start_timeout", a.o.StartTimeout)
+}
+
+// setRunning records what the gateway runs now; applyMu is held.
+func (a *Agent) setRunning(r running) {
+	first := a.cur.source == "none"
+	a.cur = r
+	a.mu.Lock()
+	a.st.AppliedRevision, a.st.Digest, a.st.Source = r.revision, r.digester.Digest(), r.source
+	a.mu.Unlock()
+	if first {
+		close(a.applied)
+	}
+}
+
+// current returns the revision and digest the gateway runs.
+func (a *Agent) current() (uint64, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.st.AppliedRevision, a.st.Digest
+}
+
+// digesterOf returns a Digester holding every object of snap.
+func digesterOf(snap *spec.Snapshot) protocol.Digester {
+	var d protocol.Digester
+	for i := range snap.Policies {
+		d.AddPolicy(&snap.Policies[i])
+	}
+	for i := range snap.Keys {
+		d.AddKey(&snap.Keys[i])
+	}
+	for i := range snap.APIs {
+		d.AddAPI(&snap.APIs[i])
+	}
+	return d
+}

@@ -1,0 +1,423 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+
+	"github.com/limitplane/limitplane/dataplane/protocol"
+	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// backoffConfig is gRPC's redial backoff bounded like the agent's.
+func backoffConfig(b Backoff) grpcbackoff.Config {
+	return grpcbackoff.Config{BaseDelay: b.Initial, Multiplier: b.Multiplier, Jitter: b.Jitter, MaxDelay: b.Max}
+}
+
+// session is one sync stream.
+type session struct {
+	a      *Agent
+	stream grpc.BidiStreamingClient[syncpb.ClientMessage, syncpb.ServerMessage]
+	asm    *protocol.Assembler
+	sendMu sync.Mutex // the reporter and the receiver both send
+}
+
+// session runs one stream until it ends or ctx is done. It reports
+// whether the control plane answered on it (sent any message), and the
+// error that ended it.
+func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (answered bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	stream, err := syncpb.NewSyncServiceClient(conn).Sync(sctx)
+	if err != nil {
+		return false, fmt.Errorf("dataplane: open the sync stream: %w", err)
+	}
+	s := &session{a: a, stream: stream, asm: protocol.NewAssembler(protocol.AssemblerOptions{})}
+	rev, digest := a.current()
+	hello := &syncpb.Hello{Group: a.o.Group, Tags: a.o.Tags, Token: a.o.Token, LastAppliedRevision: rev,
+		Digest: digest, GatewayId: a.o.GatewayID, Version: a.o.Version}
+	if err := s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: hello}}); err != nil {
+		return false, err
+	}
+	wg.Go(func() { s.reportEvery(sctx, a.o.DigestInterval) })
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return answered, errors.New("dataplane: the control plane ended the sync stream")
+		}
+		if err != nil {
+			return answered, fmt.Errorf("dataplane: sync stream: %w", err)
+		}
+		if !answered {
+			answered = true
+			a.contact()
+			a.log.Info("dataplane: connected to the control plane", "gateway", a.o.GatewayID, "revision", rev)
+		}
+		switch k := m.GetKind().(type) {
+		case *syncpb.ServerMessage_SnapshotChunk:
+			err = s.chunk(sctx, k.SnapshotChunk)
+		case *syncpb.ServerMessage_Changes:
+			err = s.changes(sctx, k.Changes)
+		case *syncpb.ServerMessage_DigestRequest:
+			err = s.report()
+		default:
+			a.log.Warn("dataplane: unknown message from the control plane ignored")
+		}
+		if err != nil {
+			return answered, err
+		}
+	}
+}
+
+// send sends m; it is safe for concurrent use.
+func (s *session) send(m *syncpb.ClientMessage) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if err := s.stream.Send(m); err != nil {
+		return fmt.Errorf("dataplane: send: %w", err)
+	}
+	return nil
+}
+
+// report sends a DigestReport of what the gateway runs.
+func (s *session) report() error {
+	rev, digest := s.a.current()
+	return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_DigestReport{DigestReport: &syncpb.DigestReport{Revision: rev, Digest: digest}}})
+}
+
+// reportEvery sends a DigestReport every interval until ctx is done. A
+// failed send ends the stream by itself (its Recv fails too).
+func (s *session) reportEvery(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.report(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// Delivery kinds, for counters and logs.
+const (
+	kindSnapshot = "snapshot"
+	kindChanges  = "changes"
+)
+
+// answer Acks a delivery that applied (err nil) or Nacks it with err.
+func (s *session) answer(kind string, revision uint64, nonce string, err error) error {
+	a := s.a
+	a.mu.Lock()
+	d := &a.st.Deliveries
+	switch {
+	case kind == kindSnapshot && err == nil:
+		d.SnapshotsApplied++
+	case kind == kindSnapshot:
+		d.SnapshotsRejected++
+	case err == nil:
+		d.ChangesApplied++
+	default:
+		d.ChangesRejected++
+	}
+	if err == nil {
+		a.st.LastError = ""
+	} else {
+		a.st.LastError = err.Error()
+	}
+	a.mu.Unlock()
+	if err != nil {
+		a.log.Warn("dataplane: rejected a delivery; the running configuration stays", "kind", kind, "revision", revision, "err", err)
+		return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Nack{Nack: &syncpb.Nack{Revision: revision, Nonce: nonce, Error: err.Error()}}})
+	}
+	a.log.Info("dataplane: applied", "kind", kind, "revision", revision)
+	return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Ack{Ack: &syncpb.Ack{Revision: revision, Nonce: nonce}}})
+}
+
+// chunk adds a snapshot chunk, and applies the snapshot at its last one.
+func (s *session) chunk(ctx context.Context, c *syncpb.SnapshotChunk) error {
+	in := c
+	if c.GetLast() && c.GetDigest() != "" {
+		// The agent checks the digest itself: it needs the Digester's
+		// state anyway, and the Assembler would hash every object again.
+		in = &syncpb.SnapshotChunk{Revision: c.GetRevision(), Nonce: c.GetNonce(), Seq: c.GetSeq(), Last: true, Data: c.GetData()}
+	}
+	snap, err := s.asm.Add(in)
+	if err != nil {
+		return s.answer(kindSnapshot, c.GetRevision(), c.GetNonce(), fmt.Errorf("dataplane: %w", err))
+	}
+	if snap == nil {
+		return nil
+	}
+	return s.answer(kindSnapshot, c.GetRevision(), c.GetNonce(), s.a.applySnapshot(ctx, snap, c.GetDigest()))
+}
+
+// changes applies a Changes message.
+func (s *session) changes(ctx context.Context, ch *syncpb.Changes) error {
+	if s.asm.InProgress() {
+		s.asm.Reset()
+		err := fmt.Errorf("dataplane: changes %d→%d came in the middle of a snapshot", ch.GetFromRevision(), ch.GetRevision())
+		return s.answer(kindChanges, ch.GetRevision(), ch.GetNonce(), err)
+	}
+	return s.answer(kindChanges, ch.GetRevision(), ch.GetNonce(), s.a.applyChanges(ctx, ch))
+}
+
+// applySnapshot checks snap against the digest the control plane sent
+// ("" for none) and applies it.
+func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want string) error {
+	dg := digesterOf(snap)
+	got := dg.Digest()
+	if want != "" && got != want {
+		return fmt.Errorf("dataplane: digest mismatch: snapshot %d has digest %s, the control plane sent %s", snap.Revision, got, want)
+	}
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	if a.cur.source != "none" && snap.Revision == a.cur.revision && got == a.cur.digester.Digest() {
+		// What runs already (a reconnect, or the persisted configuration
+		// the control plane confirms): no rebuild.
+		a.setRunning(running{revision: snap.Revision, digester: dg, source: "control_plane"})
+		return nil
+	}
+	if err := a.g.Apply(ctx, snap); err != nil {
+		return err
+	}
+	a.setRunning(running{revision: snap.Revision, digester: dg, source: "control_plane"})
+	a.requestSave()
+	return nil
+}
+
+// applyChanges checks ch against the running revision and the digest it
+// says the configuration will have, and applies it: key-only changes
+// with gateway.UpdateKeys, others with protocol.ApplyChanges and
+// gateway.Apply.
+func (a *Agent) applyChanges(ctx context.Context, ch *syncpb.Changes) error {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	from, to := ch.GetFromRevision(), ch.GetRevision()
+	if a.cur.source == "none" {
+		return fmt.Errorf("dataplane: changes %d→%d: nothing is applied yet: %w", from, to, protocol.ErrRevisionMismatch)
+	}
+	if from != a.cur.revision {
+		return fmt.Errorf("dataplane: changes %d→%d: the gateway runs %d: %w", from, to, a.cur.revision, protocol.ErrRevisionMismatch)
+	}
+	if to <= from {
+		return fmt.Errorf("dataplane: changes %d→%d: the revision must rise", from, to)
+	}
+	changes, err := protocol.DecodeChanges(ch)
+	if err != nil {
+		return fmt.Errorf("dataplane: %w", err)
+	}
+	keysOnly := true
+	for _, c := range changes {
+		if c.Object != syncpb.Change_OBJECT_KEY {
+			keysOnly = false
+			break
+		}
+	}
+	var base *spec.Snapshot
+	if !keysOnly {
+		base = a.g.Snapshot()
+	}
+	dg := a.cur.digester
+	final, order, err := a.digestChanges(&dg, changes, base)
+	if err != nil {
+		return fmt.Errorf("dataplane: changes %d→%d: %w", from, to, err)
+	}
+	if want := ch.GetDigest(); want != "" && dg.Digest() != want {
+		return fmt.Errorf("dataplane: digest mismatch: changes %d→%d give digest %s, the control plane sent %s", from, to, dg.Digest(), want)
+	}
+	if keysOnly {
+		var put []spec.Key
+		var del []string
+		for _, id := range order {
+			t := final[target{syncpb.Change_OBJECT_KEY, id}]
+			switch {
+			case t.now != nil:
+				put = append(put, *t.now.(*spec.Key))
+			case t.existed:
+				del = append(del, id)
+			}
+		}
+		if err := a.g.UpdateKeys(ctx, to, put, del); err != nil {
+			return err
+		}
+	} else {
+		next, err := protocol.ApplyChanges(base, ch)
+		if err != nil {
+			return fmt.Errorf("dataplane: %w", err)
+		}
+		if err := a.g.Apply(ctx, next); err != nil {
+			return err
+		}
+	}
+	a.setRunning(running{revision: to, digester: dg, source: "control_plane"})
+	a.requestSave()
+	return nil
+}
+
+// target names one object a change touches.
+type target struct {
+	object syncpb.Change_Object
+	id     string
+}
+
+// version is what a message's changes leave of one object: now is its
+// latest version (*spec.Key, *spec.Policy or *spec.API; nil when
+// deleted), existed whether it was in the running configuration.
+type version struct {
+	now     any
+	existed bool
+}
+
+// digestChanges plays changes on dg: for each, it removes the object's
+// version before it (from the changes before it, or the running
+// configuration: keys from the gateway's registry, policies and APIs from
+// base) and adds the new one. It returns each touched object's final
+// version and the keys' ids in order of first appearance. A delete of an
+// object that is not there is an error (drift).
+func (a *Agent) digestChanges(dg *protocol.Digester, changes []protocol.Change, base *spec.Snapshot) (map[target]version, []string, error) {
+	final := make(map[target]version, len(changes))
+	var order []string
+	for i, c := range changes {
+		t := target{c.Object, c.ID}
+		v, seen := final[t]
+		if !seen {
+			v.now = a.runningObject(c.Object, c.ID, base)
+			v.existed = v.now != nil
+			if c.Object == syncpb.Change_OBJECT_KEY {
+				order = append(order, c.ID)
+			}
+		}
+		if v.now != nil {
+			switch o := v.now.(type) {
+			case *spec.Key:
+				dg.RemoveKey(o)
+			case *spec.Policy:
+				dg.RemovePolicy(o)
+			case *spec.API:
+				dg.RemoveAPI(o)
+			}
+		} else if c.Kind == syncpb.Change_KIND_DELETE {
+			return nil, nil, fmt.Errorf("change %d: delete of %s %q, which is not there", i, objectName(c.Object), c.ID)
+		}
+		v.now = nil
+		if c.Kind == syncpb.Change_KIND_PUT {
+			switch c.Object {
+			case syncpb.Change_OBJECT_KEY:
+				dg.AddKey(c.Key)
+				v.now = c.Key
+			case syncpb.Change_OBJECT_POLICY:
+				dg.AddPolicy(c.Policy)
+				v.now = c.Policy
+			case syncpb.Change_OBJECT_API:
+				dg.AddAPI(c.API)
+				v.now = c.API
+			}
+		}
+		final[t] = v
+	}
+	return final, order, nil
+}
+
+// runningObject returns the running version of an object, or nil.
+func (a *Agent) runningObject(object syncpb.Change_Object, id string, base *spec.Snapshot) any {
+	switch object {
+	case syncpb.Change_OBJECT_KEY:
+		if k := a.g.Key(id); k != nil {
+			return k
+		}
+	case syncpb.Change_OBJECT_POLICY:
+		for i := range base.Policies {
+			if base.Policies[i].ID == id {
+				return &base.Policies[i]
+			}
+		}
+	case syncpb.Change_OBJECT_API:
+		for i := range base.APIs {
+			if base.APIs[i].ID == id {
+				return &base.APIs[i]
+			}
+		}
+	}
+	return nil
+}
+
+func objectName(o syncpb.Change_Object) string {
+	switch o {
+	case syncpb.Change_OBJECT_POLICY:
+		return "policy"
+	case syncpb.Change_OBJECT_KEY:
+		return "key"
+	case syncpb.Change_OBJECT_API:
+		return "API"
+	}
+	return "object"
+}
+
+// requestSave asks the saver to persist the running configuration.
+func (a *Agent) requestSave() {
+	select {
+	case a.saveNext <- struct{}{}:
+	default: // one is pending: it takes the latest
+	}
+}
+
+// saver persists the running configuration after each request, letting
+// requests gather for SaveDelay (the latest configuration wins), until
+// ctx is done. A failed save is tried again after SaveDelay.
+func (a *Agent) saver(ctx context.Context) {
+	failing := false // logged once per streak of failures
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.saveNext:
+		}
+		t := time.NewTimer(a.o.SaveDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		snap := a.g.Snapshot()
+		a.mu.Lock()
+		saved := a.st.PersistedRevision
+		a.mu.Unlock()
+		if snap == nil || snap.Revision <= saved {
+			continue
+		}
+		if err := a.o.Persister.Save(ctx, snap); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !failing {
+				a.log.Error("dataplane: persist the configuration; retrying every save_delay", "revision", snap.Revision, "err", err)
+			}
+			failing = true
+			a.requestSave()
+			continue
+		}
+		if failing {
+			a.log.Info("dataplane: persisted the configuration again", "revision", snap.Revision)
+		}
+		failing = false
+		a.mu.Lock()
+		a.st.PersistedRevision = snap.Revision
+		a.mu.Unlock()
+	}
+}

@@ -1,0 +1,178 @@
+package config
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// On-stale policies of ControlPlane.OnStale.
+const (
+	// OnStaleKeep serves on with the last configuration.
+	OnStaleKeep = "keep"
+	// OnStaleFailClosed answers 503 to every API request until the
+	// control plane is back.
+	OnStaleFailClosed = "fail_closed"
+)
+
+// ControlPlane is the control_plane section: the gateway takes its
+// policies, keys and APIs from a control plane (package dataplane's
+// Agent) instead of the file, which then holds only local settings.
+type ControlPlane struct {
+	// Address is the control plane's sync address, "host:port".
+	Address string
+	// Token is the data-plane token read from token_env or token_file. It
+	// is a secret: never print it.
+	Token string
+	// Group is the data-plane group (the gateways that share one Redis).
+	Group string
+	// Tags select the APIs this data plane serves.
+	Tags []string
+	// GatewayID names the gateway in its group; "" means the agent's
+	// default (hostname-pid).
+	GatewayID string
+	// TLS is the client's TLS configuration (a CA pool from ca_file, a
+	// client certificate from cert_file and key_file, server_name); nil
+	// means plaintext, allowed only to a loopback Address.
+	TLS *tls.Config
+	// MaxStale is how long the gateway may go without its control plane
+	// before OnStale applies; 0 means never.
+	MaxStale time.Duration
+	// OnStale is OnStaleKeep or OnStaleFailClosed.
+	OnStale string
+	// StateFile is where the last applied configuration is persisted
+	// when the store is in-process (with a Redis store it is kept in
+	// Redis): state_file taken from the configuration file's directory,
+	// or by default the configuration file's name with its extension
+	// replaced by ".state.json" (gateway.yaml → gateway.state.json).
+	StateFile string
+}
+
+// DefaultStateFile returns the state file of a configuration file that
+// names none: beside it, its extension replaced by ".state.json".
+func DefaultStateFile(configFile string) string {
+	return strings.TrimSuffix(configFile, filepath.Ext(configFile)) + ".state.json"
+}
+
+// controlPlane validates the control_plane section. The file must then
+// leave policies, keys and apis out.
+func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
+	cp := &ControlPlane{Group: r.Group, GatewayID: r.GatewayID, OnStale: OnStaleKeep}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"policies", raw.Policies != nil}, {"keys", raw.Keys != nil}, {"apis", raw.APIs != nil}} {
+		if f.set {
+			v.fail(f.name, "not allowed with control_plane: the control plane sends the policies, keys and APIs, and the file keeps only local settings")
+		}
+	}
+	loopback := false
+	if r.Address == "" {
+		v.require("control_plane.address", "the control plane's sync address is required (host:port, like cp.example:7071)")
+	} else if host, port, err := net.SplitHostPort(r.Address); err != nil || host == "" || port == "" {
+		v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
+	} else {
+		cp.Address = r.Address
+		a, err := netip.ParseAddr(host)
+		loopback = strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback()
+	}
+	switch {
+	case r.TokenEnv != "" && r.TokenFile != "":
+		v.fail("control_plane", "set token_env or token_file, not both")
+	case r.TokenEnv != "":
+		cp.Token = v.env("control_plane.token_env", r.TokenEnv)
+	case r.TokenFile != "":
+		cp.Token = v.secretFile("control_plane.token_file", r.TokenFile)
+	default:
+		v.require("control_plane.token_env", "the data-plane token is required: set token_env or token_file")
+	}
+	if r.Group == "" {
+		v.require("control_plane.group", "the data-plane group is required")
+	}
+	for i, tag := range r.Tags {
+		if tag == "" {
+			v.fail(fmt.Sprintf("control_plane.tags[%d]", i), "a tag must not be empty")
+			continue
+		}
+		cp.Tags = append(cp.Tags, tag)
+	}
+	if r.TLS != nil {
+		cp.TLS = v.controlPlaneTLS(r.TLS)
+	} else if cp.Address != "" && !loopback {
+		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
+	}
+	if r.MaxStale != "" {
+		d, problem := parseDuration(r.MaxStale, "30m, 1h or 24h")
+		switch {
+		case problem != "":
+			v.fail("control_plane.max_stale", "%s", problem)
+		case d < 0:
+			v.fail("control_plane.max_stale", "%s must be >= 0 (0: never stale)", r.MaxStale)
+		default:
+			cp.MaxStale = d
+		}
+	}
+	switch r.OnStale {
+	case "", OnStaleKeep:
+	case OnStaleFailClosed:
+		cp.OnStale = OnStaleFailClosed
+	default:
+		v.fail("control_plane.on_stale", "unknown policy %q (want keep or fail_closed)", r.OnStale)
+	}
+	if r.StateFile != "" {
+		cp.StateFile = r.StateFile
+		if !filepath.IsAbs(cp.StateFile) {
+			cp.StateFile = filepath.Join(filepath.Dir(v.file), cp.StateFile)
+		}
+	} else {
+		cp.StateFile = DefaultStateFile(v.file)
+	}
+	return cp
+}
+
+// controlPlaneTLS loads the tls section's files into a client TLS
+// configuration.
+func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.ServerName}
+	if r.CAFile != "" {
+		pem, err := v.readFile(r.CAFile)
+		if err != nil {
+			v.fail("control_plane.tls.ca_file", "%v", err)
+		} else {
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				v.fail("control_plane.tls.ca_file", "%s holds no PEM certificate", r.CAFile)
+			}
+			c.RootCAs = pool
+		}
+	}
+	switch {
+	case r.CertFile != "" && r.KeyFile != "":
+		cert, cerr := v.readFile(r.CertFile)
+		if cerr != nil {
+			v.fail("control_plane.tls.cert_file", "%v", cerr)
+		}
+		key, kerr := v.readFile(r.KeyFile)
+		if kerr != nil {
+			v.fail("control_plane.tls.key_file", "%v", kerr)
+		}
+		if cerr == nil && kerr == nil {
+			pair, err := tls.X509KeyPair(cert, key)
+			if err != nil {
+				v.fail("control_plane.tls.cert_file", "%s and %s: %v", r.CertFile, r.KeyFile, err)
+			} else {
+				c.Certificates = []tls.Certificate{pair}
+			}
+		}
+	case r.CertFile != "":
+		v.fail("control_plane.tls.cert_file", "a client certificate needs key_file too")
+	case r.KeyFile != "":
+		v.fail("control_plane.tls.key_file", "a client key needs cert_file too")
+	}
+	return c
+}
