@@ -50,6 +50,10 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&entries); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return nil, fail("%s", strings.Join(te.Errors, "; "))
+		}
 		return nil, fail("%v", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
 	// The entries' lines, for errors.

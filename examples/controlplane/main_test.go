@@ -33,27 +33,57 @@ const runMainEnv = "LP_CONTROLPLANE_TEST_RUN_MAIN"
 
 const token = "admin-token-for-tests"
 
-var listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
+var (
+	listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
+	syncLineRE  = regexp.MustCompile(`(?m)^  sync listening on (\S+) \(tls: (off|on|mutual); data-plane tokens: (\d+)\)$`)
+)
+
+// lockedBuilder collects a process's stderr; safe to read while the
+// process writes.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 // process is the control plane running as a process.
 type process struct {
 	cmd    *exec.Cmd
 	base   string
-	banner string
-	stderr *strings.Builder
+	banner string // the first line
+	whole  string // the whole banner
+	sync   string // the sync address, when served
+	stderr *lockedBuilder
 }
 
 // start runs the command with args and the admin token in its
 // environment, on a free loopback port, and waits for its banner.
 func start(t *testing.T, args ...string) *process {
 	t.Helper()
+	return startEnv(t, nil, args...)
+}
+
+// startEnv is start with more environment variables.
+func startEnv(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append(args, "-admin-listen", "127.0.0.1:0")...)
-	cmd.Env = append(os.Environ(), runMainEnv+"=1", "LP_CP_ADMIN_TOKEN="+token)
+	cmd.Env = append(append(os.Environ(), runMainEnv+"=1", "LP_CP_ADMIN_TOKEN="+token), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, stderr: &strings.Builder{}}
+	p := &process{cmd: cmd, stderr: &lockedBuilder{}}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -65,15 +95,27 @@ func start(t *testing.T, args ...string) *process {
 		}
 	})
 	r := bufio.NewReader(out)
-	line, err := r.ReadString('\n')
-	if err != nil {
-		t.Fatalf("no banner: %v; stderr: %s", err, p.stderr)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("no banner (so far %q): %v; stderr: %s", p.whole, err, p.stderr)
+		}
+		if p.whole == "" {
+			p.banner = line
+		}
+		p.whole += line
+		if strings.HasPrefix(line, "  GET /api/revision") {
+			break
+		}
 	}
-	m := listeningRE.FindStringSubmatch(line)
+	m := listeningRE.FindStringSubmatch(p.banner)
 	if m == nil {
-		t.Fatalf("banner %q", line)
+		t.Fatalf("banner %q", p.banner)
 	}
-	p.base, p.banner = m[1], line
+	p.base = m[1]
+	if m := syncLineRE.FindStringSubmatch(p.whole); m != nil {
+		p.sync = m[1]
+	}
 	go io.Copy(io.Discard, r)
 	return p
 }
@@ -183,6 +225,9 @@ func TestSIGTERMExitsZero(t *testing.T) {
 	p = start(t, "-data", data)
 	if !strings.Contains(p.banner, "revision 1;") {
 		t.Fatalf("banner %q", p.banner)
+	}
+	if !strings.Contains(p.whole, "\n  sync: not served (no -dataplanes file)\n") {
+		t.Fatalf("banner without -dataplanes:\n%s", p.whole)
 	}
 }
 

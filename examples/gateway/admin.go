@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
@@ -42,9 +43,10 @@ type adminServer struct {
 }
 
 // startAdmin listens on cfg.Admin's address and serves gw's operations
-// endpoint there, with m's metrics and reload for POST /reload. It returns
-// nil when the file has no admin section.
-func startAdmin(cfg *config.Config, gw *gateway.Gateway, m *opsMetrics, reload func(context.Context) error, log *slog.Logger) (*adminServer, error) {
+// endpoint there, with m's metrics, reload for POST /reload and, for a
+// data-plane gateway, its agent's status in /readyz (agent nil: none). It
+// returns nil when the file has no admin section.
+func startAdmin(cfg *config.Config, gw *gateway.Gateway, m *opsMetrics, reload func(context.Context) error, agent *dataplane.Agent, log *slog.Logger) (*adminServer, error) {
 	a := cfg.Admin
 	if a == nil {
 		return nil, nil
@@ -54,12 +56,17 @@ func startAdmin(cfg *config.Config, gw *gateway.Gateway, m *opsMetrics, reload f
 		return nil, err
 	}
 	s := &adminServer{base: baseURL(ln.Addr()), served: make(chan error, 1)}
+	var cp func() any
+	if agent != nil {
+		cp = func() any { return agent.Status() }
+	}
 	s.srv = &http.Server{
 		Handler: gw.AdminHandler(gateway.AdminOptions{
 			Token:             a.Token,
 			ReadsWithoutToken: a.Loopback,
 			Reload:            reload,
 			Gatherer:          m.registry,
+			ControlPlane:      cp,
 		}),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
 		ReadTimeout:       cfg.Server.ReadTimeout,
@@ -70,4 +77,17 @@ func startAdmin(cfg *config.Config, gw *gateway.Gateway, m *opsMetrics, reload f
 	}
 	go func() { s.served <- s.srv.Serve(ln) }()
 	return s, nil
+}
+
+// registerSync adds the agent's sync metrics to m.
+func (m *opsMetrics) registerSync(agent *dataplane.Agent) {
+	m.registry.MustRegister(metrics.NewSync(metrics.Options{}, func() metrics.SyncState {
+		s := agent.Status()
+		d := s.Deliveries
+		return metrics.SyncState{
+			Connected: s.State == "connected", AppliedRevision: s.AppliedRevision, Staleness: s.Staleness,
+			SnapshotsApplied: d.SnapshotsApplied, SnapshotsRejected: d.SnapshotsRejected,
+			ChangesApplied: d.ChangesApplied, ChangesRejected: d.ChangesRejected, Reconnects: s.Reconnects,
+		}
+	}))
 }

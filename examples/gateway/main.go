@@ -21,8 +21,13 @@
 // SIGTERM shuts the gateway down cleanly, letting requests in flight
 // finish (for up to server.shutdown_timeout; connections still busy then
 // are closed), then closes the Redis client and stops JWKS refreshes.
-// SIGHUP does not stop the gateway: it logs that reloading the
-// configuration is not supported yet and keeps serving.
+// SIGHUP reads the file again and applies it (see the README).
+//
+// With a control_plane section the gateway is a data-plane gateway: it
+// takes policies, keys and APIs from the control plane through a
+// dataplane.Agent, answers 503 until the first configuration is applied,
+// persists what it applies (in the store's Redis, or in the state file)
+// and starts from it when the control plane does not answer within 5 s.
 //
 // With LP_GATEWAY_CPUPROFILE=file in its environment the gateway writes a
 // CPU profile of its whole run to file, for benchmarks.
@@ -48,6 +53,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 )
@@ -200,18 +206,37 @@ func run(ctx context.Context, args []string, e env) error {
 
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	m := newOpsMetrics()
-	gw, closeGW, err := open(ctx, cfg, e, log, m)
+	gw, store, closeGW, err := open(ctx, cfg, e, log, m)
 	if err != nil {
 		return err
 	}
 	defer closeGW()
+	var agent *dataplane.Agent
+	var persisted string
+	if cfg.ControlPlane != nil {
+		if agent, persisted, err = newAgent(cfg, gw, store, e, log); err != nil {
+			return err
+		}
+		m.registerSync(agent)
+		actx, stopAgent := context.WithCancel(context.Background())
+		agentDone := make(chan error, 1)
+		go func() { agentDone <- agent.Run(actx) }()
+		// Deferred after closeGW, so it runs before: the agent stops
+		// before the gateway and store it writes to close.
+		defer func() {
+			stopAgent()
+			if err := <-agentDone; err != nil {
+				log.Error("dataplane agent", "err", err)
+			}
+		}()
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
 	}
 	active := &inFlight{h: gw}
 	rl := &reloader{gw: gw, running: cfg, fileListen: fileListen, file: *configFile, log: log, stats: m.gateway}
-	adm, err := startAdmin(cfg, gw, m, rl.reload, log)
+	adm, err := startAdmin(cfg, gw, m, rl.reload, agent, log)
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("admin: %w", err)
@@ -233,7 +258,7 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	printBanner(e.stdout, baseURL(ln.Addr()), adminBase, cfg, *configFile)
+	printBanner(e.stdout, baseURL(ln.Addr()), adminBase, cfg, *configFile, persisted)
 
 	for done := false; !done; {
 		select {
@@ -306,23 +331,39 @@ func baseURL(addr net.Addr) string {
 }
 
 // printBanner says where the gateway listens, where its admin endpoint
-// listens (admin, "" when off), what it routes, and, for the demo config,
-// three requests to try. It writes once, so a reader that sees the first
-// line has the whole banner.
-func printBanner(out io.Writer, base, admin string, cfg *config.Config, file string) {
+// listens (admin, "" when off), what it routes (or, for a data-plane
+// gateway, its control plane and where it persists: persisted), and, for
+// the demo config, three requests to try. It writes once, so a reader
+// that sees the first line has the whole banner.
+func printBanner(out io.Writer, base, admin string, cfg *config.Config, file, persisted string) {
 	w := new(strings.Builder)
 	defer func() { io.WriteString(out, w.String()) }()
 	name := file
 	if name == "" {
 		name = "built-in demo"
 	}
-	fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, cfg.RedactedStore())
+	if cp := cfg.ControlPlane; cp != nil {
+		fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s, control plane: %s group %s)\n", base, name, cfg.RedactedStore(), cp.Address, cp.Group)
+	} else {
+		fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, cfg.RedactedStore())
+	}
 	if admin != "" {
 		token := "token required for changes"
 		if !cfg.Admin.Loopback {
 			token = "token required"
 		}
 		fmt.Fprintf(w, "  admin endpoint at %s (/metrics, /healthz, /readyz, /consumers/{id}, /reload; %s)\n", admin, token)
+	}
+	if cp := cfg.ControlPlane; cp != nil {
+		tlsMode := "off"
+		if cp.TLS != nil {
+			tlsMode = "on"
+			if len(cp.TLS.Certificates) > 0 {
+				tlsMode = "mutual"
+			}
+		}
+		fmt.Fprintf(w, "  policies, keys and APIs from the control plane (tags %v, tls: %s, on_stale: %s); last applied configuration persisted in %s\n",
+			cp.Tags, tlsMode, cp.OnStale, persisted)
 	}
 	for _, a := range cfg.APIs {
 		auth := a.Auth.String()

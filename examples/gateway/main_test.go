@@ -258,7 +258,7 @@ func TestREADMEShowsBanner(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	printBanner(&b, baseURL(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}), "", cfg, "")
+	printBanner(&b, baseURL(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}), "", cfg, "", "")
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

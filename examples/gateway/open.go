@@ -7,16 +7,21 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
 )
 
 // open opens the store cfg names, makes the gateway over it, reporting
-// to m, and applies cfg's snapshot. The returned function closes the
+// to m, and applies cfg's snapshot, unless the configuration comes from a
+// control plane (the gateway then answers 503 until the agent applies
+// one). It returns the store too. The returned function closes the
 // gateway, then the store.
-func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *opsMetrics) (*gateway.Gateway, func() error, error) {
+func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
 	so := gateway.StoreOptions{
 		URL:           "memory",
 		Memory:        memory.Options{Clock: e.clock, MaxKeys: cfg.Memory.MaxKeys},
@@ -35,7 +40,7 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 	}
 	store, closeStore, err := gateway.OpenStore(ctx, so)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	gw, err := gateway.New(gateway.Options{
 		Store:           store,
@@ -56,14 +61,53 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 	})
 	if err != nil {
 		closeStore()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	closeAll := func() error { return errors.Join(gw.Close(), closeStore()) }
+	if cfg.ControlPlane != nil {
+		return gw, store, closeAll, nil
+	}
 	if err := gw.Apply(ctx, &cfg.Snapshot); err != nil {
 		closeAll()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return gw, closeAll, nil
+	return gw, store, closeAll, nil
+}
+
+// newAgent makes the data-plane agent of cfg's control_plane section for
+// gw: it persists in the store's Redis when the store is Redis, else in
+// the state file.
+func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, e env, log *slog.Logger) (*dataplane.Agent, string, error) {
+	cp := cfg.ControlPlane
+	var persister dataplane.Persister = dataplane.FilePersister{Path: cp.StateFile}
+	where := "state file " + cp.StateFile
+	if rs, ok := store.(*redisstore.Store); ok {
+		persister = dataplane.NewRedisPersister(rs.Client(), cp.Group)
+		where = "redis key " + dataplane.RedisConfigKey(cp.Group)
+	}
+	onStale := dataplane.StaleKeep
+	if cp.OnStale == config.OnStaleFailClosed {
+		onStale = dataplane.StaleFailClosed
+	}
+	a, err := dataplane.New(dataplane.AgentOptions{
+		Gateway:   gw,
+		Address:   cp.Address,
+		TLS:       cp.TLS,
+		Group:     cp.Group,
+		Tags:      cp.Tags,
+		Token:     cp.Token,
+		GatewayID: cp.GatewayID,
+		Version:   "examples/gateway",
+		Persister: persister,
+		MaxStale:  cp.MaxStale,
+		OnStale:   onStale,
+		Now:       e.now,
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return a, where, nil
 }
 
 // reloader reads the configuration file again and applies it, on SIGHUP
@@ -86,8 +130,12 @@ type reloader struct {
 // its line and column, and the running configuration stays; the error
 // returned says why (a config.Errors lists one problem per line). Local
 // settings (listen address, store, failure policy, timeouts, response
-// format, client IP, admin) take effect only at a restart: each one the
-// file changed is logged as such and the running value is kept.
+// format, client IP, admin, control_plane) take effect only at a restart:
+// each one the file changed is logged as such and the running value is
+// kept. A gateway whose configuration comes from a control plane applies
+// nothing: it checks the file and logs the local settings it changed (a
+// file that drops or adds the control_plane section is refused: that
+// takes a restart).
 func (r *reloader) reload(ctx context.Context) error {
 	log, file := r.log, r.file
 	if file == "" {
@@ -111,6 +159,24 @@ func (r *reloader) reload(ctx context.Context) error {
 	}
 	for _, name := range restartOnly(r.running, r.fileListen, cfg) {
 		log.Warn("reload: "+name+" changed in the file; it takes effect only when the gateway restarts", "file", file)
+	}
+	if r.running.ControlPlane != nil {
+		if cfg.ControlPlane == nil {
+			err := errors.New("the file no longer has a control_plane section; restart the gateway to take its configuration from the file")
+			log.Error("reload refused; the running configuration stays", "file", file, "err", err)
+			r.stats.ObserveApply(0, err)
+			return err
+		}
+		// Policies, keys and APIs are the control plane's: nothing to
+		// apply.
+		log.Info("reloaded: the configuration comes from the control plane; local settings take effect at a restart", "file", file)
+		return nil
+	}
+	if cfg.ControlPlane != nil {
+		err := errors.New("the file now has a control_plane section; restart the gateway to take its configuration from the control plane")
+		log.Error("reload refused; the running configuration stays", "file", file, "err", err)
+		r.stats.ObserveApply(0, err)
+		return err
 	}
 	if err := r.gw.Apply(ctx, &cfg.Snapshot); err != nil {
 		log.Error("reload refused; the running configuration stays", "file", file, "err", err)
@@ -140,5 +206,28 @@ func restartOnly(running *config.Config, fileListen string, next *config.Config)
 	check("server", running.Server, next.Server)
 	check("response", running.Response, next.Response)
 	check("admin", running.Admin, next.Admin)
+	check("control_plane", controlPlaneSettings(running.ControlPlane), controlPlaneSettings(next.ControlPlane))
 	return changed
+}
+
+// controlPlaneSettings is a control_plane section in a comparable form
+// (its TLS configuration holds parsed certificates and pools).
+func controlPlaneSettings(cp *config.ControlPlane) any {
+	if cp == nil {
+		return nil
+	}
+	c := *cp
+	tlsOn := c.TLS != nil
+	var serverName string
+	var certs int
+	if tlsOn {
+		serverName, certs = c.TLS.ServerName, len(c.TLS.Certificates)
+	}
+	c.TLS = nil
+	return struct {
+		config.ControlPlane
+		TLS        bool
+		ServerName string
+		Certs      int
+	}{c, tlsOn, serverName, certs}
 }
