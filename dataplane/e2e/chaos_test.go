@@ -386,8 +386,9 @@ func mustDecode(t *testing.T, b []byte, v any) {
 // (its keepalive at 1 s): the gateways notice (their /readyz leaves
 // "connected") and keep enforcing their configuration (exactly 20 of 25
 // for a key with a quota of 20, early and late in the freeze); after
-// SIGCONT every gateway is connected again in /api/dataplanes and a reset
-// made then reaches them (exactly 20 again).
+// SIGCONT every gateway is connected again on a new stream (its /readyz,
+// and /api/dataplanes, which has heard from it since) and a reset made
+// then reaches them (exactly 20 again).
 func TestFreezeControlPlane(t *testing.T) {
 	t.Parallel()
 	tk := dpToken{group: "dp1", tags: []string{"dp1"}, token: "freeze-token"}
@@ -428,7 +429,12 @@ func TestFreezeControlPlane(t *testing.T) {
 	if len(noticed) != len(dp.gws) {
 		t.Errorf("after %v of freeze only %v noticed (their /readyz left \"connected\")", freeze, noticed)
 	}
-	waitConnected(t, cp, rev, dp.gws...)
+	for _, g := range dp.gws {
+		waitReadyz(t, g, "connected again on a new stream", syncTimeout, func(r readiness) bool {
+			return r.ControlPlane.State == "connected" && r.ControlPlane.Reconnects >= 1
+		})
+	}
+	waitConnectedSince(t, cp, rev, thawed, dp.gws...)
 	t.Logf("all gateways connected again %v after SIGCONT", time.Since(thawed))
 	waitApplied(t, cp.resetQuota(t, hashB, ""), dp.gws...)
 	if c := send(t, dp.gws, "/echo/f", "freeze-b", 25, 4); c.admitted != 20 {

@@ -570,6 +570,7 @@ type cpStatus struct {
 	StalenessSeconds float64 `json:"staleness_seconds"`
 	Source           string  `json:"source"`
 	LastError        string  `json:"last_error"`
+	Reconnects       uint64  `json:"reconnects"`
 }
 
 // readiness is a gateway's GET /readyz answer.
@@ -808,15 +809,22 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 	}
 }
 
-// connected waits until GET /api/dataplanes lists exactly the gateways
-// ids as connected with applied revision ≥ rev and no rejection.
+// waitConnected waits until GET /api/dataplanes lists the gateways as
+// connected, in their groups, with applied revision ≥ rev.
 func waitConnected(t *testing.T, cp *controlPlane, rev uint64, gws ...*gateway) {
+	t.Helper()
+	waitConnectedSince(t, cp, rev, time.Time{}, gws...)
+}
+
+// waitConnectedSince is waitConnected that also wants each gateway last
+// seen after since: it has sent something on a stream since then.
+func waitConnectedSince(t *testing.T, cp *controlPlane, rev uint64, since time.Time, gws ...*gateway) {
 	t.Helper()
 	waitFor(t, "every gateway connected in /api/dataplanes", syncTimeout, func() (bool, string) {
 		list := cp.dataPlanes(t)
 		for _, g := range gws {
 			i := slices.IndexFunc(list, func(d controlplane.DataPlane) bool { return d.GatewayID == g.id })
-			if i < 0 || !list[i].Connected || list[i].AppliedRevision < rev || list[i].Group != g.dp.group {
+			if i < 0 || !list[i].Connected || list[i].AppliedRevision < rev || list[i].Group != g.dp.group || !list[i].LastSeen.After(since) {
 				return false, fmt.Sprintf("%+v", list)
 			}
 		}
