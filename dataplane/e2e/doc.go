@@ -28,5 +28,7 @@
 //	go test -race -count=1 ./dataplane/e2e/
 //
 // redis-server must be on PATH (or named by REDIS_SERVER). With
-// LP_E2E_RACE=1 the two programs are built with -race too.
+// LP_E2E_RACE=1 the two programs are built with -race too; with
+// LP_E2E_DUMP=1 a failed test sends SIGQUIT to the processes it still
+// runs, so their logs end with every goroutine's stack.
 package e2e

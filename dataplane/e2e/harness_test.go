@@ -126,10 +126,30 @@ func startProc(t *testing.T, name, path string, args, env []string) *proc {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	dump := os.Getenv("LP_E2E_DUMP") == "1"
+	if dump {
+		// Go programs write every goroutine's stack on SIGQUIT. t.Context
+		// ends before any cleanup runs, so every process of a failed test
+		// dumps at the same moment, each while the others still run.
+		context.AfterFunc(t.Context(), func() {
+			if t.Failed() {
+				p.signal(syscall.SIGCONT)
+				p.signal(syscall.SIGQUIT)
+			}
+		})
+	}
 	t.Cleanup(func() {
+		logTail := 8 << 10
+		if dump && t.Failed() {
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+			}
+			logTail = 256 << 10
+		}
 		p.stop()
 		if t.Failed() {
-			t.Logf("%s (pid %d) stdout:\n%s\n%s stderr (last 8 KiB):\n%s", name, p.cmd.Process.Pid, tail(p.stdout.String(), 4<<10), name, tail(p.stderr.String(), 8<<10))
+			t.Logf("%s (pid %d) stdout:\n%s\n%s stderr (last %d KiB):\n%s", name, p.cmd.Process.Pid, tail(p.stdout.String(), 4<<10), name, logTail>>10, tail(p.stderr.String(), logTail))
 		}
 	})
 	return p
