@@ -491,3 +491,37 @@ func TestGatewayRestartWithoutControlPlane(t *testing.T) {
 	})
 	waitConnected(t, cp, rev, dp.gws...)
 }
+
+// TestReconnectWithNothingNew cuts a gateway off while nothing changes:
+// SIGSTOP until the control plane's keepalive (1 s) drops its stream,
+// then SIGCONT. The gateway reconnects naming the revision and digest it
+// runs, which are the control plane's latest, so there is nothing to
+// send; it must still count as connected again (its /readyz state, and
+// /api/dataplanes having heard from it since), and a change made then
+// reaches it.
+func TestReconnectWithNothingNew(t *testing.T) {
+	t.Parallel()
+	tk := dpToken{group: "dp1", tags: []string{"dp1"}, token: "nothing-new-token"}
+	cp := startControlPlane(t, []dpToken{tk}, cpOptions{keepalive: "1s"})
+	dp := startDataPlane(t, cp, tk, 1, nil)
+	g := dp.gws[0]
+	cp.putPolicy(t, quotaPolicy("q5", 5))
+	cp.putAPI(t, echoAPI("echo", "/echo/"))
+	hash, _ := cp.postKey(t, "nothing-new-key", spec.Key{Policies: []string{"q5"}})
+	rev := waitSynced(t, cp, g)
+	waitConnected(t, cp, rev, g)
+
+	g.proc.signal(syscall.SIGSTOP)
+	waitFor(t, "the gateway dropped by the control plane's keepalive", syncTimeout, func() (bool, string) {
+		list := cp.dataPlanes(t)
+		return len(list) == 1 && !list[0].Connected, fmt.Sprintf("%+v", list)
+	})
+	g.proc.signal(syscall.SIGCONT)
+	thawed := time.Now()
+	waitReadyz(t, g, "connected again", syncTimeout, func(r readiness) bool {
+		return r.ControlPlane.State == "connected" && r.ControlPlane.Reconnects >= 1 && r.ControlPlane.AppliedRevision == rev
+	})
+	waitConnectedSince(t, cp, rev, thawed, g)
+	t.Logf("connected again %v after SIGCONT", time.Since(thawed))
+	waitApplied(t, cp.resetQuota(t, hash, ""), g)
+}
