@@ -113,7 +113,9 @@ type SyncOptions struct {
 // nonce: Changes from the revision the gateway runs when that is known
 // and the changes can be sent, a snapshot (in chunks) otherwise. Writes
 // that come while a delivery is sent are folded into the next. Every
-// Changes carries the digest of the view after it.
+// Changes carries the digest of the view after it. A gateway whose Hello
+// shows it at the store's revision already (see below) is sent a
+// DigestRequest instead of a delivery.
 //
 // Changes are sent when all of these hold, and a snapshot otherwise:
 //
@@ -423,7 +425,7 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	}
 	var changed <-chan struct{}
 	stale := true // the data plane may lack the current revision
-	for {
+	for first := true; ; first = false {
 		if stale {
 			if watcher != nil {
 				changed = watcher.RevisionChanged()
@@ -432,6 +434,14 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 				return err
 			}
 			stale = false
+		}
+		if first && len(st.deliveries) == 0 {
+			// The gateway runs the current revision: nothing to send. A
+			// DigestRequest tells it the control plane answered, and its
+			// report confirms the digest.
+			if err := stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_DigestRequest{DigestRequest: &syncpb.DigestRequest{}}}); err != nil {
+				return err
+			}
 		}
 		select {
 		case <-changed:

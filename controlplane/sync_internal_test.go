@@ -279,7 +279,7 @@ func TestPlanChangesMatchesSelect(t *testing.T) {
 			}
 		}
 	})
-	for seed := range uint64(32) {
+	for seed := range uint64(20) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
 			var tl tally

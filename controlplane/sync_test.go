@@ -611,7 +611,8 @@ func TestSyncKeyWriteSendsChanges(t *testing.T) {
 
 // A gateway that reconnects with the revision and digest it was sent
 // gets the changes since; with a wrong digest, a snapshot; already at the
-// store's revision, nothing (and its applied revision is recorded); after
+// store's revision, only a DigestRequest (and its applied revision is
+// recorded); after
 // a control-plane restart (an empty digest cache), a snapshot.
 func TestSyncReconnectGetsChanges(t *testing.T) {
 	f := newSyncFixture(t, 0)
@@ -643,7 +644,10 @@ func TestSyncReconnectGetsChanges(t *testing.T) {
 	f.dps.Remove("gw-a")
 	h.LastAppliedRevision, h.Digest = 2, protocol.Digest(runs)
 	stream = f.open(t, h)
-	closeAndWait(t, stream) // in step: nothing to send
+	if m, err := stream.Recv(); err != nil || m.GetDigestRequest() == nil {
+		t.Fatalf("in step: got %v, %v; want a DigestRequest (and nothing else)", m, err)
+	}
+	closeAndWait(t, stream)
 	if dps := f.dps.List(); len(dps) != 1 || dps[0].AppliedRevision != 2 {
 		t.Fatalf("DataPlanes %+v, want gw-a at revision 2 from its Hello", dps)
 	}

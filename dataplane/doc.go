@@ -25,11 +25,15 @@
 //     (protocol.Assembler or protocol.ApplyChanges, then gateway.Apply),
 //     and answers Ack{revision, nonce}, or Nack{revision, nonce, error}
 //     keeping its running configuration. A Nack is shown to operators; the
-//     control plane does not resend the same delivery in a loop, and a
-//     later revision or a digest mismatch brings a snapshot.
+//     control plane does not resend the same delivery in a loop: a Nack of
+//     Changes brings one snapshot, a Nack of a snapshot waits for a later
+//     revision, and a digest mismatch brings a snapshot.
 //  4. Later changes arrive as Changes whose from_revision is the revision
-//     the gateway acknowledged; one that does not match is Nacked
-//     (protocol.ErrRevisionMismatch) and answered with a snapshot.
+//     of the delivery before (sent without waiting for its Ack), each
+//     with the digest of the configuration after it; one that does not
+//     match is Nacked (protocol.ErrRevisionMismatch) and answered with a
+//     snapshot. A gateway whose Hello shows it at the current revision
+//     already gets a DigestRequest instead.
 //  5. Periodically, and when asked by DigestRequest, the gateway sends
 //     DigestReport{revision, digest}. A digest that differs from the
 //     control plane's for that revision is drift: the control plane sends

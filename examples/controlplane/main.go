@@ -26,6 +26,7 @@
 // The -dataplanes file lists the data-plane tokens, each bound to the one
 // group it may open streams for and the tags it may ask for:
 //
+//	# dataplanes.yaml
 //	- group: dp1
 //	  tags: [dp1]
 //	  token_hash: "sha256:<64 hex digits>"   # the token's SHA-256: the file holds no secret
@@ -205,7 +206,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&sc.cert, "tls-cert", getenv("LP_CP_TLS_CERT"), "sync port TLS certificate `file`, PEM (env LP_CP_TLS_CERT)")
 	fs.StringVar(&sc.key, "tls-key", getenv("LP_CP_TLS_KEY"), "sync port TLS key `file`, PEM (env LP_CP_TLS_KEY)")
 	fs.StringVar(&sc.clientCA, "tls-client-ca", getenv("LP_CP_TLS_CLIENT_CA"), "CA `file` (PEM) that data planes' client certificates must chain to: mutual TLS (env LP_CP_TLS_CLIENT_CA)")
-	insecureDefault, _ := strconv.ParseBool(getenv("LP_CP_SYNC_INSECURE"))
+	insecureDefault := false
+	if v := getenv("LP_CP_SYNC_INSECURE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return &usageError{fmt.Errorf("LP_CP_SYNC_INSECURE=%q: want true or false", v)}
+		}
+		insecureDefault = b
+	}
 	fs.BoolVar(&sc.insecure, "sync-insecure", insecureDefault, "serve the sync port in plaintext on an address other than loopback (env LP_CP_SYNC_INSECURE)")
 	keepaliveDefault := 10 * time.Second
 	if v := getenv("LP_CP_KEEPALIVE"); v != "" {

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -260,9 +261,13 @@ func TestSyncServesDataPlanes(t *testing.T) {
 	}
 
 	wantCode(t, openSync(t, conn, "dp1", "not-a-token", "dp1"), codes.Unauthenticated)
-	eventually(t, "the refusal logged", func() bool { return strings.Contains(p.stderr.String(), "sync stream refused: unknown data-plane token") })
+	eventually(t, "the refusal logged", func() bool {
+		return strings.Contains(p.stderr.String(), "sync stream refused: unknown data-plane token")
+	})
 	wantCode(t, openSync(t, conn, "dp1", dp1Token, "dp1", "dp2"), codes.PermissionDenied)
-	eventually(t, "the refusal logged", func() bool { return strings.Contains(p.stderr.String(), "sync stream refused: tag outside the token's scope") })
+	eventually(t, "the refusal logged", func() bool {
+		return strings.Contains(p.stderr.String(), "sync stream refused: tag outside the token's scope")
+	})
 	wantCode(t, openSync(t, conn, "dp2", dp1Token, "dp1"), codes.PermissionDenied)
 }
 
@@ -498,5 +503,87 @@ func TestLoadDataPlanes(t *testing.T) {
 	}
 	if _, err := loadDataPlanes(filepath.Join(dir, "none.yaml"), getenv); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("dataplanes file: open %s", filepath.Join(dir, "none.yaml"))) {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// http2Conn opens a raw HTTP/2 connection to addr (the client preface
+// and an empty SETTINGS sent) and returns its framer.
+func http2Conn(t *testing.T, addr string) (*http2.Framer, net.Conn) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second)) // bounds a broken server only
+	return fr, c
+}
+
+// Keepalive with -keepalive 1s: the server pings an idle connection and
+// closes it when the ping is not answered within half a second (a dead
+// peer); a client that pings faster than every half second is told
+// ENHANCE_YOUR_CALM ("too_many_pings") and cut off.
+func TestSyncKeepalive(t *testing.T) {
+	p := startSync(t, "-keepalive", "1s")
+
+	fr, _ := http2Conn(t, p.sync)
+	start := time.Now()
+	var pinged time.Duration
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			if pinged == 0 {
+				t.Fatalf("connection ended without a ping: %v", err)
+			}
+			break // closed after the unanswered ping
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() && pinged == 0 {
+				pinged = time.Since(start)
+			}
+		case *http2.GoAwayFrame:
+			if pinged == 0 {
+				t.Fatalf("GOAWAY %v before any ping", f.ErrCode)
+			}
+		}
+	}
+	closed := time.Since(start)
+	t.Logf("pinged after %s, closed %s after the ping", pinged, closed-pinged)
+	if pinged < 900*time.Millisecond || pinged > 5*time.Second || closed-pinged > 5*time.Second {
+		t.Fatalf("pinged after %s, closed %s later; want a ping after about 1s and the close about 0.5s later", pinged, closed-pinged)
+	}
+
+	fr, _ = http2Conn(t, p.sync)
+	for i := range 5 {
+		if err := fr.WritePing(false, [8]byte{byte(i)}); err != nil {
+			break // already cut off
+		}
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY for too many pings: %v", err)
+		}
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			if g.ErrCode != http2.ErrCodeEnhanceYourCalm || string(g.DebugData()) != "too_many_pings" {
+				t.Fatalf("GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", g.ErrCode, g.DebugData())
+			}
+			break
+		}
+		if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+			fr.WriteSettingsAck()
+		}
 	}
 }
