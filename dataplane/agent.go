@@ -337,7 +337,9 @@ func (a *Agent) statusLocked(now time.Time) Status {
 // persists each applied configuration in the background, applies the
 // persisted one when nothing came within StartTimeout, and enforces
 // OnStale. It returns nil once ctx is done and every goroutine it started
-// has ended; it fails at once if the agent already runs or cannot dial.
+// has ended. It fails at once when called a second time or when Address
+// cannot be dialled (a malformed target; an unreachable control plane is
+// retried, never an error).
 func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	if a.running {
@@ -358,9 +360,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		conn = cc
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	if a.o.Persister != nil {
 		wg.Go(func() { a.saver(ctx) })
 	}

@@ -125,6 +125,16 @@ func TestAgentKeyChangesUpdateKeysInPlace(t *testing.T) {
 	if st := a.Status(); st.AppliedRevision != 3 || st.Digest != ch3.Digest {
 		t.Fatalf("status after the policy change: %+v", st)
 	}
+
+	// Changes with nothing in them (a write this data plane does not
+	// see) only raise the revision.
+	engine = g.gw.Engine()
+	empty := changes(t, g.gw.Snapshot(), 3, 4)
+	s.sendChanges(t, empty)
+	s.wantAck(t, 4, empty.Nonce)
+	if st := a.Status(); st.AppliedRevision != 4 || st.Digest != ch3.Digest || g.gw.Revision() != 4 || g.gw.Engine() != engine {
+		t.Fatalf("status after empty changes: %+v (gateway revision %d)", st, g.gw.Revision())
+	}
 }
 
 // TestAgentRejectsBadDeliveries: an invalid snapshot, Changes from

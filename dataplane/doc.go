@@ -1,9 +1,13 @@
 // Package dataplane keeps a data plane's gateways in step with a control
-// plane. This package holds the protocol's documentation; the generated
-// gRPC code is in dataplane/syncpb (service limitplane.sync.v1.SyncService,
-// from sync.proto) and the hand-written helpers (digest, chunking,
-// applying changes) in dataplane/protocol. Neither imports a counter
-// store, Redis or the gateway, so a control plane may import them.
+// plane. Agent is the gateway's side of the sync stream: it applies what
+// the control plane sends to a *gateway.Gateway, persists it (Persister:
+// RedisPersister, FilePersister) and starts from it when the control
+// plane is away. This package also holds the protocol's documentation;
+// the generated gRPC code is in dataplane/syncpb (service
+// limitplane.sync.v1.SyncService, from sync.proto) and the hand-written
+// helpers (digest, chunking, applying changes) in dataplane/protocol.
+// Neither imports a counter store, Redis or the gateway, so a control
+// plane may import them.
 //
 // # The stream
 //
@@ -38,6 +42,41 @@
 //     DigestReport{revision, digest}. A digest that differs from the
 //     control plane's for that revision is drift: the control plane sends
 //     a fresh snapshot.
+//
+// # The agent
+//
+// Agent.Run holds the stream and reconnects when it ends, after an
+// exponential backoff with jitter (github.com/cenkalti/backoff/v5; 100 ms
+// growing to 10 s by default, reset after a stream on which the control
+// plane answered); gRPC keepalive pings (every 10 s, 5 s to answer) find
+// a dead peer. It applies
+//
+//   - a snapshot with gateway.Apply, after checking the digest the last
+//     chunk carries (a snapshot of what already runs, same revision and
+//     digest, is acknowledged without a rebuild);
+//   - Changes of keys only with gateway.UpdateKeys, which changes the
+//     running key registry in place (several changes of one key in a
+//     message collapse into its final version). The digest the
+//     configuration will have is computed first, incrementally (the old
+//     version of each key read with gateway.Key), and a mismatch is a
+//     Nack: one key changed among a million costs microseconds
+//     (BenchmarkKeyChange);
+//   - other Changes with protocol.ApplyChanges on gateway.Snapshot, the
+//     same incremental digest check, and gateway.Apply.
+//
+// Changes whose from_revision is not the running revision are Nacked
+// (wrapping protocol.ErrRevisionMismatch), as is a delete of an object
+// that is not there. Every delivery is answered with Ack{revision,
+// nonce} or Nack{revision, nonce, error}; a Nack leaves the running
+// configuration untouched.
+//
+// Each applied configuration is persisted in the background (saves
+// gather for SaveDelay and the latest wins). When no configuration was
+// applied within StartTimeout of Run's start, the persisted one is
+// applied (Status.Source "persisted") until the control plane answers.
+// MaxStale and OnStale say what happens when the control plane is away
+// too long: keep serving, or fail closed (gateway.SetUnavailable: every
+// API request answered 503) until it answers again.
 //
 // # Compared with Envoy xDS and Tyk MDCB
 //

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,11 +142,16 @@ func (g *testGateway) statuses(t *testing.T, key string, n int) []int {
 	return out
 }
 
+// liveAgents counts the agents runAgent started and has not stopped.
+var liveAgents atomic.Int32
+
 // runAgent starts a.Run and stops it at the end of the test; the test
-// fails if Run does not return nil or leaves an agent goroutine behind.
-// The returned function stops it earlier.
+// fails if Run does not return nil or, once no agent runs any more,
+// leaves an agent goroutine behind. The returned function stops it
+// earlier.
 func runAgent(t *testing.T, a *dataplane.Agent) (stop func()) {
 	t.Helper()
+	liveAgents.Add(1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -160,6 +166,9 @@ func runAgent(t *testing.T, a *dataplane.Agent) (stop func()) {
 				}
 			case <-time.After(20 * time.Second):
 				t.Fatal("Run did not return within 20 s of its context's end")
+			}
+			if liveAgents.Add(-1) > 0 {
+				return
 			}
 			if n := agentGoroutines(); n != 0 {
 				t.Errorf("%d agent goroutines left after Run returned:\n%s", n, stacks())
@@ -384,14 +393,14 @@ func (f *fakeCP) times() []time.Time {
 }
 
 // newFakeCP serves a fakeCP on a loopback address.
-func newFakeCP(t *testing.T, refuse int) (*fakeCP, string) {
+func newFakeCP(t *testing.T, refuse int, opts ...grpc.ServerOption) (*fakeCP, string) {
 	t.Helper()
 	f := &fakeCP{streams: make(chan *fakeStream, 4), refuse: refuse}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(opts...)
 	syncpb.RegisterSyncServiceServer(gs, f)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()

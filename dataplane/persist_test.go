@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/limitplane/limitplane/dataplane"
+	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -221,5 +223,88 @@ func TestAgentOnStale(t *testing.T) {
 				t.Fatalf("status after the control plane came back: %+v", s)
 			}
 		})
+	}
+}
+
+// TestAgentSavesWhenStopped: a configuration applied less than SaveDelay
+// before Run stops is persisted as it stops.
+func TestAgentSavesWhenStopped(t *testing.T) {
+	f, addr := newFakeCP(t, 0)
+	g := newGateway(t)
+	o := agentOptions(g.gw, addr, &lockedBuffer{})
+	p := dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}
+	o.Persister, o.SaveDelay = p, time.Hour
+	a, err := dataplane.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAgent(t, a)
+	s := f.next(t)
+	snap := snapshot(4, "k1")
+	s.sendSnapshot(t, snap, "snap-4")
+	s.wantAck(t, 4, "snap-4")
+	if got, err := p.Load(context.Background()); got != nil || err != nil {
+		t.Fatalf("saved before SaveDelay: %v, %v", got, err)
+	}
+	stop()
+	got, err := p.Load(context.Background())
+	if err != nil || jsonOf(t, got) != jsonOf(t, snap) {
+		t.Fatalf("after stop: %s, %v; want %s", jsonOf(t, got), err, jsonOf(t, snap))
+	}
+	if st := a.Status(); st.PersistedRevision != 4 {
+		t.Fatalf("PersistedRevision %d, want 4", st.PersistedRevision)
+	}
+}
+
+// countingPersister counts saves and keeps the revisions saved.
+type countingPersister struct {
+	dataplane.FilePersister
+	mu    sync.Mutex
+	saved []uint64
+}
+
+func (c *countingPersister) Save(ctx context.Context, snap *spec.Snapshot) error {
+	c.mu.Lock()
+	c.saved = append(c.saved, snap.Revision)
+	c.mu.Unlock()
+	return c.FilePersister.Save(ctx, snap)
+}
+
+func (c *countingPersister) revisions() []uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]uint64(nil), c.saved...)
+}
+
+// TestAgentCoalescesSaves: a snapshot and two Changes applied within
+// SaveDelay are persisted by one save, of the latest revision.
+func TestAgentCoalescesSaves(t *testing.T) {
+	f, addr := newFakeCP(t, 0)
+	g := newGateway(t)
+	o := agentOptions(g.gw, addr, &lockedBuffer{})
+	p := &countingPersister{FilePersister: dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}}
+	o.Persister, o.SaveDelay = p, 2*time.Second
+	a, err := dataplane.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	s := f.next(t)
+	base := snapshot(1, "k1")
+	s.sendSnapshot(t, base, "snap-1")
+	s.wantAck(t, 1, "snap-1")
+	ch2 := changes(t, base, 1, 2, putKey(t, spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}}))
+	s.sendChanges(t, ch2)
+	s.wantAck(t, 2, ch2.Nonce)
+	ch3 := changes(t, g.gw.Snapshot(), 2, 3, putKey(t, spec.Key{KeyHash: hash("k3"), Policies: []string{"p"}}))
+	s.sendChanges(t, ch3)
+	s.wantAck(t, 3, ch3.Nonce)
+	waitFor(t, "revision 3 persisted", func() bool { return a.Status().PersistedRevision == 3 })
+	if got := fmt.Sprint(p.revisions()); got != "[3]" {
+		t.Fatalf("saves %s, want one of revision 3", got)
+	}
+	got, err := p.Load(context.Background())
+	if err != nil || got.Revision != 3 || protocol.Digest(got) != ch3.Digest {
+		t.Fatalf("persisted %+v, %v", got, err)
 	}
 }

@@ -48,6 +48,13 @@ func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (ans
 	hello := &syncpb.Hello{Group: a.o.Group, Tags: a.o.Tags, Token: a.o.Token, LastAppliedRevision: rev,
 		Digest: digest, GatewayId: a.o.GatewayID, Version: a.o.Version}
 	if err := s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: hello}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The stream ended (the control plane refused it): its
+			// status comes from Recv.
+			if _, rerr := stream.Recv(); rerr != nil && !errors.Is(rerr, io.EOF) {
+				return false, fmt.Errorf("dataplane: sync stream: %w", rerr)
+			}
+		}
 		return false, err
 	}
 	wg.Go(func() { s.reportEvery(sctx, a.o.DigestInterval) })
@@ -378,12 +385,19 @@ func (a *Agent) requestSave() {
 
 // saver persists the running configuration after each request, letting
 // requests gather for SaveDelay (the latest configuration wins), until
-// ctx is done. A failed save is tried again after SaveDelay.
+// ctx is done; a request still waiting then is saved at once (within
+// finalSaveTimeout), so a gateway stopped right after a change restarts
+// from it. A failed save is tried again after SaveDelay.
 func (a *Agent) saver(ctx context.Context) {
 	failing := false // logged once per streak of failures
 	for {
 		select {
 		case <-ctx.Done():
+			select {
+			case <-a.saveNext:
+				a.finalSave()
+			default:
+			}
 			return
 		case <-a.saveNext:
 		}
@@ -391,33 +405,55 @@ func (a *Agent) saver(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			a.finalSave()
 			return
 		case <-t.C:
 		}
-		snap := a.g.Snapshot()
-		a.mu.Lock()
-		saved := a.st.PersistedRevision
-		a.mu.Unlock()
-		if snap == nil || snap.Revision <= saved {
-			continue
-		}
-		if err := a.o.Persister.Save(ctx, snap); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+		rev, err := a.save(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			a.finalSave()
+			return
+		case err != nil:
 			if !failing {
-				a.log.Error("dataplane: persist the configuration; retrying every save_delay", "revision", snap.Revision, "err", err)
+				a.log.Error("dataplane: persist the configuration; retrying every save_delay", "revision", rev, "err", err)
 			}
 			failing = true
 			a.requestSave()
-			continue
+		case failing:
+			a.log.Info("dataplane: persisted the configuration again", "revision", rev)
+			failing = false
 		}
-		if failing {
-			a.log.Info("dataplane: persisted the configuration again", "revision", snap.Revision)
-		}
-		failing = false
-		a.mu.Lock()
-		a.st.PersistedRevision = snap.Revision
-		a.mu.Unlock()
 	}
+}
+
+// finalSaveTimeout bounds the save made when Run stops.
+const finalSaveTimeout = 5 * time.Second
+
+// finalSave saves the running configuration as Run stops.
+func (a *Agent) finalSave() {
+	ctx, cancel := context.WithTimeout(context.Background(), finalSaveTimeout)
+	defer cancel()
+	if rev, err := a.save(ctx); err != nil {
+		a.log.Error("dataplane: persist the configuration at stop", "revision", rev, "err", err)
+	}
+}
+
+// save persists the running configuration unless its revision is
+// persisted already; it returns the revision.
+func (a *Agent) save(ctx context.Context) (uint64, error) {
+	snap := a.g.Snapshot()
+	a.mu.Lock()
+	saved := a.st.PersistedRevision
+	a.mu.Unlock()
+	if snap == nil || snap.Revision <= saved {
+		return saved, nil
+	}
+	if err := a.o.Persister.Save(ctx, snap); err != nil {
+		return snap.Revision, err
+	}
+	a.mu.Lock()
+	a.st.PersistedRevision = snap.Revision
+	a.mu.Unlock()
+	return snap.Revision, nil
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -27,7 +29,7 @@ import (
 // store holding policy p (a quota of 3 an hour), API echo at /echo/ and
 // key k on p, on a loopback address, for the token "dp-token" of group
 // dp1 with tag dp1. Everything stops at the end of the test.
-func startControlPlane(t *testing.T) (*controlplane.Bolt, string) {
+func startControlPlane(t *testing.T) (*controlplane.Bolt, string, func()) {
 	t.Helper()
 	store, err := controlplane.OpenBolt(filepath.Join(t.TempDir(), "cp.db"), controlplane.BoltOptions{})
 	if err != nil {
@@ -62,12 +64,16 @@ func startControlPlane(t *testing.T) (*controlplane.Bolt, string) {
 	syncpb.RegisterSyncServiceServer(gs, srv)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		gs.Stop()
-		<-served
-	})
-	return store, lis.Addr().String()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			srv.Shutdown()
+			gs.Stop()
+			<-served
+		})
+	}
+	t.Cleanup(stop)
+	return store, lis.Addr().String(), stop
 }
 
 // TestControlPlaneSection runs the gateway as a process with a
@@ -77,7 +83,7 @@ func startControlPlane(t *testing.T) (*controlplane.Bolt, string) {
 // the sync series; a write on the control plane reaches the gateway and
 // its state file; SIGHUP applies nothing; SIGTERM ends it with status 0.
 func TestControlPlaneSection(t *testing.T) {
-	store, cpAddr := startControlPlane(t)
+	store, cpAddr, _ := startControlPlane(t)
 	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
 	file := writeConfig(t, fmt.Sprintf(`
 admin: {listen: "127.0.0.1:0"}
@@ -201,4 +207,61 @@ control_plane:
 	if code := exitStatus(t, cmd); code != 0 {
 		t.Fatalf("exit status %d; stderr: %s", code, stderr)
 	}
+}
+
+// TestControlPlaneRedisPersistence: a data-plane gateway on a Redis store
+// persists the control plane's configuration in that Redis; a second
+// gateway started while the control plane is down enforces it after the
+// start timeout (503 before): 3 of 5 requests pass a quota of 3.
+func TestControlPlaneRedisPersistence(t *testing.T) {
+	rs := redistest.Start(t)
+	client := rs.Client(t, nil)
+	_, cpAddr, stopCP := startControlPlane(t)
+	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
+	file := writeConfig(t, fmt.Sprintf(`
+store: redis://%s/0
+control_plane:
+  address: %q
+  token_env: LP_TEST_DP_TOKEN
+  group: dp1
+  tags: [dp1]
+`, rs.Addr, cpAddr))
+	r1 := start(t, env{}, "-config", file)
+	if !strings.Contains(r1.stdout.String(), "persisted in redis key limitplane:dataplane:{dp1}:config\n") {
+		t.Fatalf("banner: %s", r1.stdout)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if rev, _ := client.HGet(context.Background(), "limitplane:dataplane:{dp1}:config", "revision").Result(); rev == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revision 1 not persisted in Redis; stderr: %s", r1.stderr)
+		}
+	}
+	if err := r1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopCP()
+
+	r2 := start(t, env{startTimeout: 300 * time.Millisecond}, "-config", file)
+	if r := get(t, nil, r2.base+"/echo/x", "X-API-Key", "unknown"); r.status != 503 {
+		t.Fatalf("before the start timeout: %d %s", r.status, r.body)
+	}
+	// An unknown key spends nothing: 403 once the configuration runs.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if r := get(t, nil, r2.base+"/echo/x", "X-API-Key", "unknown"); r.status == 403 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the persisted configuration was not applied; stderr: %s", r2.stderr)
+		}
+	}
+	var got []int
+	for range 5 {
+		got = append(got, get(t, nil, r2.base+"/echo/x", "X-API-Key", "k").status)
+	}
+	if fmt.Sprint(got) != "[200 200 200 429 429]" {
+		t.Fatalf("key k under the persisted configuration: %v, want 3 of 5", got)
+	}
+	r2.stderr.waitFor(t, "enforcing the persisted configuration")
 }

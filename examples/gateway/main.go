@@ -144,6 +144,9 @@ type env struct {
 	// afterFunc times the intervals of the store-failure log; nil means
 	// time.AfterFunc.
 	afterFunc gateway.AfterFunc
+	// startTimeout is the data-plane agent's StartTimeout; 0 means its
+	// default (5 s).
+	startTimeout time.Duration
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then

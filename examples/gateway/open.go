@@ -90,19 +90,20 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, e env, 
 		onStale = dataplane.StaleFailClosed
 	}
 	a, err := dataplane.New(dataplane.AgentOptions{
-		Gateway:   gw,
-		Address:   cp.Address,
-		TLS:       cp.TLS,
-		Group:     cp.Group,
-		Tags:      cp.Tags,
-		Token:     cp.Token,
-		GatewayID: cp.GatewayID,
-		Version:   "examples/gateway",
-		Persister: persister,
-		MaxStale:  cp.MaxStale,
-		OnStale:   onStale,
-		Now:       e.now,
-		Logger:    log,
+		Gateway:      gw,
+		Address:      cp.Address,
+		TLS:          cp.TLS,
+		Group:        cp.Group,
+		Tags:         cp.Tags,
+		Token:        cp.Token,
+		GatewayID:    cp.GatewayID,
+		Version:      "examples/gateway",
+		Persister:    persister,
+		MaxStale:     cp.MaxStale,
+		OnStale:      onStale,
+		StartTimeout: e.startTimeout,
+		Now:          e.now,
+		Logger:       log,
 	})
 	if err != nil {
 		return nil, "", err
