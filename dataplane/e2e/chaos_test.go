@@ -448,7 +448,9 @@ func TestFreezeControlPlane(t *testing.T) {
 // "persisted", the last revision, not zero APIs), and enforces it with
 // the counters it shares there: a key with a quota of 10 that spent 4
 // before admits exactly 6 more. When the control plane is back, the
-// gateway takes its configuration from it again.
+// gateway's configuration is the control plane's again (source
+// control_plane), also when the control plane confirms the revision it
+// runs rather than sending it again.
 func TestGatewayRestartWithoutControlPlane(t *testing.T) {
 	t.Parallel()
 	tk := dpToken{group: "dp1", tags: []string{"dp1"}, token: "restart-token"}
@@ -485,7 +487,15 @@ func TestGatewayRestartWithoutControlPlane(t *testing.T) {
 		t.Fatalf("the restarted gateway admitted %d of 10, want exactly 6 (4 of 10 spent before)", c.admitted)
 	}
 
+	// The control plane comes back. The other gateway reconnects first
+	// (the restarted one is held with SIGSTOP meanwhile), so the control
+	// plane knows the digest of revision rev when the restarted gateway
+	// names it: it confirms what the gateway runs instead of sending a
+	// snapshot, and that must make the gateway's source control_plane.
+	g.proc.signal(syscall.SIGSTOP)
 	cp.start(t)
+	waitConnected(t, cp, rev, dp.gws[1])
+	g.proc.signal(syscall.SIGCONT)
 	waitReadyz(t, g, "source control_plane again", syncTimeout, func(r readiness) bool {
 		return r.ControlPlane.Source == "control_plane" && r.ControlPlane.State == "connected"
 	})
