@@ -114,7 +114,7 @@ type proc struct {
 // startProc starts bin with args and env added to the test's environment,
 // and registers its stop (SIGTERM, then SIGKILL after stopTimeout) and, if
 // the test failed, a dump of its output, with t.Cleanup.
-func startProc(t *testing.T, name, path string, args, env []string) *proc {
+func startProc(t testing.TB, name, path string, args, env []string) *proc {
 	t.Helper()
 	p := &proc{name: name, stdout: &output{}, stderr: &output{}, done: make(chan struct{})}
 	p.cmd = exec.Command(path, args...)
@@ -202,7 +202,7 @@ func (p *proc) kill() {
 // waitOutput waits until the process's stdout (or stderr, with fromStderr)
 // matches re and returns the submatches, failing the test after timeout
 // or if the process exits first.
-func (p *proc) waitOutput(t *testing.T, re *regexp.Regexp, fromStderr bool, timeout time.Duration) []string {
+func (p *proc) waitOutput(t testing.TB, re *regexp.Regexp, fromStderr bool, timeout time.Duration) []string {
 	t.Helper()
 	o := p.stdout
 	if fromStderr {
@@ -224,7 +224,7 @@ func (p *proc) waitOutput(t *testing.T, re *regexp.Regexp, fromStderr bool, time
 }
 
 // freePort returns a loopback address that was free a moment ago.
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -255,7 +255,6 @@ type cpOptions struct {
 // controlPlane is the control plane program run by a test. Restarts keep
 // its admin and sync addresses and its data file.
 type controlPlane struct {
-	t         *testing.T
 	data      string // bbolt file
 	dpFile    string
 	adminAddr string // 127.0.0.1:port
@@ -267,7 +266,7 @@ type controlPlane struct {
 
 // startControlPlane writes the -dataplanes file of tokens and starts the
 // control plane on free loopback ports with its data in t.TempDir().
-func startControlPlane(t *testing.T, tokens []dpToken, o cpOptions) *controlPlane {
+func startControlPlane(t testing.TB, tokens []dpToken, o cpOptions) *controlPlane {
 	t.Helper()
 	dir := t.TempDir()
 	var b strings.Builder
@@ -275,7 +274,6 @@ func startControlPlane(t *testing.T, tokens []dpToken, o cpOptions) *controlPlan
 		fmt.Fprintf(&b, "- group: %s\n  tags: [%s]\n  token_hash: %q\n", tk.group, strings.Join(tk.tags, ", "), controlplane.HashToken(tk.token))
 	}
 	c := &controlPlane{
-		t:         t,
 		data:      filepath.Join(dir, "cp.db"),
 		dpFile:    filepath.Join(dir, "dataplanes.yaml"),
 		adminAddr: freePort(t),
@@ -295,7 +293,7 @@ var cpSyncRE = regexp.MustCompile(`sync listening on (\S+) `)
 
 // start (re)starts the control plane process and waits for its banner.
 // A port that lingers after a kill is retried for a few seconds.
-func (c *controlPlane) start(t *testing.T) {
+func (c *controlPlane) start(t testing.TB) {
 	t.Helper()
 	args := []string{"-admin-listen", c.adminAddr, "-sync-listen", c.syncAddr, "-data", c.data, "-dataplanes", c.dpFile}
 	if c.opts.keepalive != "" {
@@ -357,7 +355,7 @@ func (c *controlPlane) admin(ctx context.Context, method, path string, body any)
 
 // mustAdmin is admin that fails the test unless the answer has status
 // want; it returns the body.
-func (c *controlPlane) mustAdmin(t *testing.T, method, path string, body any, want int) []byte {
+func (c *controlPlane) mustAdmin(t testing.TB, method, path string, body any, want int) []byte {
 	t.Helper()
 	status, b, err := c.admin(context.Background(), method, path, body)
 	if err != nil {
@@ -375,7 +373,7 @@ type written struct {
 	Revision uint64 `json:"revision"`
 }
 
-func decodeWritten(t *testing.T, b []byte) written {
+func decodeWritten(t testing.TB, b []byte) written {
 	t.Helper()
 	var w written
 	if err := json.Unmarshal(b, &w); err != nil || w.Revision == 0 {
@@ -385,20 +383,20 @@ func decodeWritten(t *testing.T, b []byte) written {
 }
 
 // putPolicy stores p and returns the revision of the write.
-func (c *controlPlane) putPolicy(t *testing.T, p spec.Policy) uint64 {
+func (c *controlPlane) putPolicy(t testing.TB, p spec.Policy) uint64 {
 	t.Helper()
 	return decodeWritten(t, c.mustAdmin(t, "PUT", "/api/policies/"+p.ID, p, 200)).Revision
 }
 
 // putAPI stores a and returns the revision of the write.
-func (c *controlPlane) putAPI(t *testing.T, a spec.API) uint64 {
+func (c *controlPlane) putAPI(t testing.TB, a spec.API) uint64 {
 	t.Helper()
 	return decodeWritten(t, c.mustAdmin(t, "PUT", "/api/apis/"+a.ID, a, 200)).Revision
 }
 
 // postKey creates the key plain with k's policies and limits (POST
 // /api/keys) and returns its hash and the revision.
-func (c *controlPlane) postKey(t *testing.T, plain string, k spec.Key) (string, uint64) {
+func (c *controlPlane) postKey(t testing.TB, plain string, k spec.Key) (string, uint64) {
 	t.Helper()
 	b, err := json.Marshal(k)
 	if err != nil {
@@ -419,7 +417,7 @@ func (c *controlPlane) postKey(t *testing.T, plain string, k spec.Key) (string, 
 
 // putKey replaces key hash with k (PUT /api/keys/{hash}, with
 // ?suppress_reset=1 when suppress) and returns the revision.
-func (c *controlPlane) putKey(t *testing.T, hash string, k spec.Key, suppress bool) uint64 {
+func (c *controlPlane) putKey(t testing.TB, hash string, k spec.Key, suppress bool) uint64 {
 	t.Helper()
 	path := "/api/keys/" + hash
 	if suppress {
@@ -430,7 +428,7 @@ func (c *controlPlane) putKey(t *testing.T, hash string, k spec.Key, suppress bo
 }
 
 // getKey returns key hash as the control plane holds it.
-func (c *controlPlane) getKey(t *testing.T, hash string) spec.Key {
+func (c *controlPlane) getKey(t testing.TB, hash string) spec.Key {
 	t.Helper()
 	var k spec.Key
 	if err := json.Unmarshal(c.mustAdmin(t, "GET", "/api/keys/"+hash, nil, 200), &k); err != nil {
@@ -441,7 +439,7 @@ func (c *controlPlane) getKey(t *testing.T, hash string) spec.Key {
 
 // resetQuota resets key hash's quotas (POST .../reset-quota, ?api= when
 // api is not "") and returns the revision.
-func (c *controlPlane) resetQuota(t *testing.T, hash, api string) uint64 {
+func (c *controlPlane) resetQuota(t testing.TB, hash, api string) uint64 {
 	t.Helper()
 	path := "/api/keys/" + hash + "/reset-quota"
 	if api != "" {
@@ -451,7 +449,7 @@ func (c *controlPlane) resetQuota(t *testing.T, hash, api string) uint64 {
 }
 
 // revision returns GET /api/revision.
-func (c *controlPlane) revision(t *testing.T) uint64 {
+func (c *controlPlane) revision(t testing.TB) uint64 {
 	t.Helper()
 	var w written
 	if err := json.Unmarshal(c.mustAdmin(t, "GET", "/api/revision", nil, 200), &w); err != nil {
@@ -461,7 +459,7 @@ func (c *controlPlane) revision(t *testing.T) uint64 {
 }
 
 // dataPlanes returns GET /api/dataplanes.
-func (c *controlPlane) dataPlanes(t *testing.T) []controlplane.DataPlane {
+func (c *controlPlane) dataPlanes(t testing.TB) []controlplane.DataPlane {
 	t.Helper()
 	var out struct {
 		DataPlanes []controlplane.DataPlane `json:"dataplanes"`
@@ -525,7 +523,7 @@ control_plane:
 
 // startGateway writes gateway id's file for data plane dp against the
 // control plane at cpAddr and starts it (see gateway.start).
-func startGateway(t *testing.T, dp *dataPlane, cpAddr, id string, o gwOptions) *gateway {
+func startGateway(t testing.TB, dp *dataPlane, cpAddr, id string, o gwOptions) *gateway {
 	t.Helper()
 	token, tags, addr := dp.token, dp.tags, cpAddr
 	if o.token != "" {
@@ -559,7 +557,7 @@ var (
 
 // start (re)starts the gateway process and waits for its banner (its
 // listen and admin addresses). It does not wait for a configuration.
-func (g *gateway) start(t *testing.T) {
+func (g *gateway) start(t testing.TB) {
 	t.Helper()
 	g.proc = startProc(t, "gateway "+g.id, bin.gateway, []string{"-config", g.file}, g.env)
 	g.proc.waitOutput(t, gwAdminRE, false, syncTimeout)
@@ -570,7 +568,7 @@ func (g *gateway) start(t *testing.T) {
 
 // startDataPlane starts a redis-server (unless shared is given) and n
 // gateways named group-gw1... against the control plane.
-func startDataPlane(t *testing.T, cp *controlPlane, tk dpToken, n int, shared *redistest.Server) *dataPlane {
+func startDataPlane(t testing.TB, cp *controlPlane, tk dpToken, n int, shared *redistest.Server) *dataPlane {
 	t.Helper()
 	dp := &dataPlane{group: tk.group, tags: tk.tags, token: tk.token, redis: shared}
 	if dp.redis == nil {
@@ -627,7 +625,7 @@ func (g *gateway) readyz() (readiness, error) {
 
 // waitReadyz polls gateway g's /readyz until ok accepts it, failing the
 // test after timeout with the last answer.
-func waitReadyz(t *testing.T, g *gateway, what string, timeout time.Duration, ok func(readiness) bool) readiness {
+func waitReadyz(t testing.TB, g *gateway, what string, timeout time.Duration, ok func(readiness) bool) readiness {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -644,7 +642,7 @@ func waitReadyz(t *testing.T, g *gateway, what string, timeout time.Duration, ok
 
 // waitApplied waits until every gateway's /readyz reports an applied
 // revision of at least rev.
-func waitApplied(t *testing.T, rev uint64, gws ...*gateway) {
+func waitApplied(t testing.TB, rev uint64, gws ...*gateway) {
 	t.Helper()
 	for _, g := range gws {
 		waitReadyz(t, g, fmt.Sprintf("applied revision ≥ %d", rev), syncTimeout, func(r readiness) bool {
@@ -655,7 +653,7 @@ func waitApplied(t *testing.T, rev uint64, gws ...*gateway) {
 
 // waitSynced waits until every gateway has applied the control plane's
 // current revision.
-func waitSynced(t *testing.T, cp *controlPlane, gws ...*gateway) uint64 {
+func waitSynced(t testing.TB, cp *controlPlane, gws ...*gateway) uint64 {
 	t.Helper()
 	rev := cp.revision(t)
 	waitApplied(t, rev, gws...)
@@ -681,7 +679,7 @@ type counts struct {
 // send sends n GETs of path with API key key, spread round-robin over the
 // gateways by workers goroutines per gateway, and counts 200 (admitted)
 // and 429 (denied); any other answer fails the test.
-func send(t *testing.T, gws []*gateway, path, key string, n, workers int) counts {
+func send(t testing.TB, gws []*gateway, path, key string, n, workers int) counts {
 	t.Helper()
 	c, err := trySend(gws, path, key, n, workers)
 	if err != nil {
@@ -692,7 +690,7 @@ func send(t *testing.T, gws []*gateway, path, key string, n, workers int) counts
 
 // sendBoth runs send on two sets of gateways at the same time, with path
 // pathA on a and pathB on b.
-func sendBoth(t *testing.T, a []*gateway, pathA string, b []*gateway, pathB, key string, n, workers int) (counts, counts) {
+func sendBoth(t testing.TB, a []*gateway, pathA string, b []*gateway, pathB, key string, n, workers int) (counts, counts) {
 	t.Helper()
 	var ca, cb counts
 	var ea, eb error
@@ -779,7 +777,7 @@ func get(c *http.Client, url, key string) (int, string, error) {
 
 // sendOne sends one request and returns its status, failing the test on
 // a transport error.
-func sendOne(t *testing.T, g *gateway, path, key string) (int, string) {
+func sendOne(t testing.TB, g *gateway, path, key string) (int, string) {
 	t.Helper()
 	status, body, err := get(quick, g.base+path, key)
 	if err != nil {
@@ -796,7 +794,7 @@ type quotaState struct {
 
 // quotaRemaining reads key hash's quota state for api from the gateway's
 // operations endpoint (a cost-0 decision: it spends nothing).
-func quotaRemaining(t *testing.T, g *gateway, hash, api string) quotaState {
+func quotaRemaining(t testing.TB, g *gateway, hash, api string) quotaState {
 	t.Helper()
 	resp, err := quick.Get(g.admin + "/consumers/" + hash + "?api=" + api)
 	if err != nil {
@@ -814,7 +812,7 @@ func quotaRemaining(t *testing.T, g *gateway, hash, api string) quotaState {
 }
 
 // waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -831,14 +829,14 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 
 // waitConnected waits until GET /api/dataplanes lists the gateways as
 // connected, in their groups, with applied revision ≥ rev.
-func waitConnected(t *testing.T, cp *controlPlane, rev uint64, gws ...*gateway) {
+func waitConnected(t testing.TB, cp *controlPlane, rev uint64, gws ...*gateway) {
 	t.Helper()
 	waitConnectedSince(t, cp, rev, time.Time{}, gws...)
 }
 
 // waitConnectedSince is waitConnected that also wants each gateway last
 // seen after since: it has sent something on a stream since then.
-func waitConnectedSince(t *testing.T, cp *controlPlane, rev uint64, since time.Time, gws ...*gateway) {
+func waitConnectedSince(t testing.TB, cp *controlPlane, rev uint64, since time.Time, gws ...*gateway) {
 	t.Helper()
 	waitFor(t, "every gateway connected in /api/dataplanes", syncTimeout, func() (bool, string) {
 		list := cp.dataPlanes(t)
@@ -867,7 +865,7 @@ func echoAPI(id, listenPath string, tags ...string) spec.API {
 // twoDataPlanes starts a control plane with tokens for dp1 (tags [dp1])
 // and dp2 (tags [dp2]) and the two data planes, each with its own
 // redis-server and two gateways.
-func twoDataPlanes(t *testing.T, o cpOptions) (*controlPlane, *dataPlane, *dataPlane) {
+func twoDataPlanes(t testing.TB, o cpOptions) (*controlPlane, *dataPlane, *dataPlane) {
 	t.Helper()
 	tk1 := dpToken{group: "dp1", tags: []string{"dp1"}, token: "token-of-dp1-" + t.Name()}
 	tk2 := dpToken{group: "dp2", tags: []string{"dp2"}, token: "token-of-dp2-" + t.Name()}
