@@ -17,8 +17,9 @@ import (
 // TestAgentAppliesSnapshotsFromControlPlane runs an agent against a real
 // controlplane.SyncServer over loopback gRPC: the first snapshot is
 // applied and acknowledged (the control plane records the revision), a
-// write on the control plane reaches the gateway, and a request with the
-// new key passes through the gateway.
+// key written on the control plane reaches the gateway as Changes applied
+// in place (same engine), and a request with the new key passes through
+// the gateway.
 func TestAgentAppliesSnapshotsFromControlPlane(t *testing.T) {
 	cp := newControlPlane(t, snapshot(0, "k1"))
 	g := newGateway(t)
@@ -43,6 +44,7 @@ func TestAgentAppliesSnapshotsFromControlPlane(t *testing.T) {
 		t.Fatalf("k2 before the write: %d", st)
 	}
 
+	engine := g.gw.Engine()
 	rev := cp.write(t, func(tx controlplane.Tx) error {
 		return tx.PutKey(spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}})
 	})
@@ -50,8 +52,13 @@ func TestAgentAppliesSnapshotsFromControlPlane(t *testing.T) {
 	if got := fmt.Sprint(g.statuses(t, "k2", 4)); got != "[200 200 200 429]" {
 		t.Fatalf("k2 after the write: %s, want 3 of a quota of 3", got)
 	}
-	if s := a.Status(); s.AppliedRevision != 2 || s.Digest != protocol.Digest(snapshot(2, "k1", "k2")) || s.Deliveries.SnapshotsApplied != 2 {
+	// The control plane sent the key as Changes, applied in place.
+	if s := a.Status(); s.AppliedRevision != 2 || s.Digest != protocol.Digest(snapshot(2, "k1", "k2")) ||
+		s.Deliveries != (dataplane.Deliveries{SnapshotsApplied: 1, ChangesApplied: 1}) {
 		t.Fatalf("status after the write: %+v", s)
+	}
+	if g.gw.Engine() != engine {
+		t.Fatal("the key write rebuilt the gateway")
 	}
 }
 
@@ -312,5 +319,38 @@ func TestAgentAnswersDigestRequests(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("no digest report")
 		}
+	}
+}
+
+// TestAgentReconnectGetsChanges: cut off from a real sync server while a
+// key is written, the agent reconnects with the revision and digest it
+// runs, and the server answers with the Changes since then (not a
+// snapshot), applied in place.
+func TestAgentReconnectGetsChanges(t *testing.T) {
+	cp := newControlPlane(t, snapshot(0, "k1"))
+	g := newGateway(t)
+	a, err := dataplane.New(agentOptions(g.gw, cp.addr, &lockedBuffer{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	waitFor(t, "revision 1 acknowledged", func() bool { return cp.applied("gw-test") == 1 })
+	engine := g.gw.Engine()
+	cp.Stop()
+	waitFor(t, "disconnected", func() bool { return a.Status().State == "disconnected" })
+	rev := cp.write(t, func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}})
+	})
+	cp.Start(t)
+	waitFor(t, "revision 2 acknowledged", func() bool { return cp.applied("gw-test") == rev })
+	if st := a.Status(); st.Deliveries != (dataplane.Deliveries{SnapshotsApplied: 1, ChangesApplied: 1}) || st.Reconnects < 1 ||
+		st.AppliedRevision != 2 || st.Digest != protocol.Digest(snapshot(2, "k1", "k2")) {
+		t.Fatalf("status: %+v", st)
+	}
+	if g.gw.Engine() != engine {
+		t.Fatal("the reconnect rebuilt the gateway")
+	}
+	if got := fmt.Sprint(g.statuses(t, "k2", 1)); got != "[200]" {
+		t.Fatalf("k2: %s", got)
 	}
 }

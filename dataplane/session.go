@@ -77,6 +77,11 @@ func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (ans
 		case *syncpb.ServerMessage_Changes:
 			err = s.changes(sctx, k.Changes)
 		case *syncpb.ServerMessage_DigestRequest:
+			// The control plane asks instead of sending when the Hello
+			// showed its current revision: a persisted configuration
+			// is then the control plane's (a digest that differs brings
+			// a snapshot).
+			a.confirmPersisted()
 			err = s.report()
 		default:
 			a.log.Warn("dataplane: unknown message from the control plane ignored")
@@ -181,6 +186,18 @@ func (s *session) changes(ctx context.Context, ch *syncpb.Changes) error {
 		return s.answer(kindChanges, ch.GetRevision(), ch.GetNonce(), err)
 	}
 	return s.answer(kindChanges, ch.GetRevision(), ch.GetNonce(), s.a.applyChanges(ctx, ch))
+}
+
+// confirmPersisted makes a running persisted configuration the control
+// plane's.
+func (a *Agent) confirmPersisted() {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+	if a.cur.source == "persisted" {
+		r := a.cur
+		r.source = "control_plane"
+		a.setRunning(r)
+	}
 }
 
 // applySnapshot checks snap against the digest the control plane sent
