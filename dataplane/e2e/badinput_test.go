@@ -41,7 +41,8 @@ func TestBadTokens(t *testing.T) {
 	cp := startControlPlane(t, []dpToken{tk, {group: "dp2", tags: []string{"dp2"}, token: "dp2-token"}}, cpOptions{})
 	cp.putPolicy(t, quotaPolicy("q", 10))
 	cp.putAPI(t, echoAPI("echo", "/echo/"))
-	dp := &dataPlane{group: tk.group, tags: tk.tags, token: tk.token, redis: redistest.Start(t)}
+	redis := redistest.Start(t)
+	dp := &dataPlane{group: tk.group, tags: tk.tags, token: tk.token, redis: redis, redisAddr: redis.Addr}
 	good := startGateway(t, dp, cp.syncAddr, "good", gwOptions{})
 	wrong := startGateway(t, dp, cp.syncAddr, "wrong-token", gwOptions{token: "not-a-token"})
 	foreign := startGateway(t, dp, cp.syncAddr, "foreign-tags", gwOptions{tags: []string{"dp1", "dp2"}})
@@ -262,7 +263,8 @@ func changesMessage(ch *syncpb.Changes) *syncpb.ServerMessage {
 func TestFakeControlPlaneBadDeliveries(t *testing.T) {
 	t.Parallel()
 	fake := startFakeControlPlane(t)
-	dp := &dataPlane{group: "fake", tags: []string{"fake"}, token: "fake-token", redis: redistest.Start(t)}
+	redis := redistest.Start(t)
+	dp := &dataPlane{group: "fake", tags: []string{"fake"}, token: "fake-token", redis: redis, redisAddr: redis.Addr}
 	g := startGateway(t, dp, fake.addr, "fake-gw", gwOptions{})
 	var hello *syncpb.Hello
 	select {

@@ -19,9 +19,13 @@
 // Tyk's behaviour of a quota per data plane; per-data-plane allocation of
 // one global limit and a data plane sharing one Redis; quota resets
 // reaching every gateway once, also after a cut; the control plane
-// killed, frozen and absent; bad tokens and bad changes refused with the
+// killed, frozen and absent; a data plane's link to it cut (TestLinkCut
+// puts a data plane in a network namespace joined by veth links, so it
+// needs root and ip); bad tokens and bad changes refused with the
 // running configuration untouched. The "fake control plane" of the bad
 // input tests is a gRPC server built on dataplane/syncpb in the test.
+// BenchmarkPropagation times one key change from the admin API to four
+// gateways.
 //
 // Run them with
 //

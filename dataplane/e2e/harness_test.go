@@ -226,7 +226,17 @@ func (p *proc) waitOutput(t testing.TB, re *regexp.Regexp, fromStderr bool, time
 // freePort returns a loopback address that was free a moment ago.
 func freePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return freePortOn(t, "")
+}
+
+// freePortOn returns an address of host ("" is 127.0.0.1) that was free
+// a moment ago.
+func freePortOn(t testing.TB, host string) string {
+	t.Helper()
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +258,9 @@ type dpToken struct {
 type cpOptions struct {
 	// keepalive is the -keepalive flag ("" leaves it out).
 	keepalive string
+	// syncHost is the address the sync port listens on; "" is
+	// 127.0.0.1.
+	syncHost string
 	// args are more flags.
 	args []string
 }
@@ -277,7 +290,7 @@ func startControlPlane(t testing.TB, tokens []dpToken, o cpOptions) *controlPlan
 		data:      filepath.Join(dir, "cp.db"),
 		dpFile:    filepath.Join(dir, "dataplanes.yaml"),
 		adminAddr: freePort(t),
-		syncAddr:  freePort(t),
+		syncAddr:  freePortOn(t, o.syncHost),
 		opts:      o,
 		client:    &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}},
 	}
@@ -475,8 +488,11 @@ type dataPlane struct {
 	group string
 	tags  []string
 	token string
-	redis *redistest.Server
-	gws   []*gateway
+	redis *redistest.Server // nil when redisAddr is a server of the test's own
+	// redisAddr is the address of the data plane's redis-server as its
+	// gateways reach it.
+	redisAddr string
+	gws       []*gateway
 }
 
 // gwOptions override what a gateway's file says.
@@ -489,15 +505,22 @@ type gwOptions struct {
 	address string
 	// controlPlaneYAML is added to the control_plane section, indented.
 	controlPlaneYAML string
+	// listenHost is the host the gateway and its operations endpoint
+	// listen on; "" is 127.0.0.1.
+	listenHost string
+	// command runs the gateway under another program (ip netns exec ...):
+	// its path and arguments before the gateway's own.
+	command []string
 }
 
 // gateway is one gateway process of a data plane.
 type gateway struct {
-	id    string
-	dp    *dataPlane
-	file  string
-	env   []string
-	proc  *proc
+	id      string
+	dp      *dataPlane
+	file    string
+	env     []string
+	command []string
+	proc    *proc
 	base  string // http://127.0.0.1:port
 	admin string // http://127.0.0.1:port of the operations endpoint
 }
@@ -506,20 +529,24 @@ type gateway struct {
 // plane's Redis, closed when Redis fails (every count in these tests is
 // Redis's), X-RateLimit fields, the operations endpoint on a free port,
 // and the control_plane section.
-const gatewayYAML = `listen: 127.0.0.1:0
-store: redis://%s/0
+const gatewayYAML = `listen: %[1]s:0
+store: redis://%[2]s/0
 failure_policy: closed
 response:
   x_ratelimit: true
 admin:
-  listen: 127.0.0.1:0
+  listen: %[1]s:0
+  token_env: LP_GW_ADMIN_TOKEN
 control_plane:
-  address: %s
+  address: %[3]s
   token_env: LP_DP_TOKEN
-  group: %s
-  tags: [%s]
-  gateway_id: %s
-%s`
+  group: %[4]s
+  tags: [%[5]s]
+  gateway_id: %[6]s
+%[7]s`
+
+// gwAdminToken is every test gateway's operations endpoint token.
+const gwAdminToken = "e2e-gateway-admin-token"
 
 // startGateway writes gateway id's file for data plane dp against the
 // control plane at cpAddr and starts it (see gateway.start).
@@ -541,8 +568,13 @@ func startGateway(t testing.TB, dp *dataPlane, cpAddr, id string, o gwOptions) *
 			extra += "  " + l + "\n"
 		}
 	}
-	g := &gateway{id: id, dp: dp, file: filepath.Join(t.TempDir(), id+".yaml"), env: []string{"LP_DP_TOKEN=" + token}}
-	yaml := fmt.Sprintf(gatewayYAML, dp.redis.Addr, addr, dp.group, strings.Join(tags, ", "), id, extra)
+	host := o.listenHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	g := &gateway{id: id, dp: dp, file: filepath.Join(t.TempDir(), id+".yaml"), command: o.command,
+		env: []string{"LP_DP_TOKEN=" + token, "LP_GW_ADMIN_TOKEN=" + gwAdminToken}}
+	yaml := fmt.Sprintf(gatewayYAML, host, dp.redisAddr, addr, dp.group, strings.Join(tags, ", "), id, extra)
 	if err := os.WriteFile(g.file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -559,7 +591,11 @@ var (
 // listen and admin addresses). It does not wait for a configuration.
 func (g *gateway) start(t testing.TB) {
 	t.Helper()
-	g.proc = startProc(t, "gateway "+g.id, bin.gateway, []string{"-config", g.file}, g.env)
+	path, args := bin.gateway, []string{"-config", g.file}
+	if len(g.command) > 0 {
+		path, args = g.command[0], append(append(g.command[1:len(g.command):len(g.command)], path), args...)
+	}
+	g.proc = startProc(t, "gateway "+g.id, path, args, g.env)
 	g.proc.waitOutput(t, gwAdminRE, false, syncTimeout)
 	out := g.proc.stdout.String()
 	g.base = gwListenRE.FindStringSubmatch(out)[1]
@@ -574,6 +610,7 @@ func startDataPlane(t testing.TB, cp *controlPlane, tk dpToken, n int, shared *r
 	if dp.redis == nil {
 		dp.redis = redistest.Start(t)
 	}
+	dp.redisAddr = dp.redis.Addr
 	for i := range n {
 		dp.gws = append(dp.gws, startGateway(t, dp, cp.syncAddr, fmt.Sprintf("%s-gw%d", tk.group, i+1), gwOptions{}))
 	}
@@ -602,10 +639,21 @@ type readiness struct {
 // quick is the client of the tests' single calls to gateways.
 var quick = &http.Client{Timeout: 10 * time.Second}
 
+// adminGet sends GET path to the gateway's operations endpoint with its
+// token.
+func (g *gateway) adminGet(path string) (*http.Response, error) {
+	req, err := http.NewRequest("GET", g.admin+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+gwAdminToken)
+	return quick.Do(req)
+}
+
 // readyz reads the gateway's /readyz (any status).
 func (g *gateway) readyz() (readiness, error) {
 	var r readiness
-	resp, err := quick.Get(g.admin + "/readyz")
+	resp, err := g.adminGet("/readyz")
 	if err != nil {
 		return r, err
 	}
@@ -796,7 +844,7 @@ type quotaState struct {
 // operations endpoint (a cost-0 decision: it spends nothing).
 func quotaRemaining(t testing.TB, g *gateway, hash, api string) quotaState {
 	t.Helper()
-	resp, err := quick.Get(g.admin + "/consumers/" + hash + "?api=" + api)
+	resp, err := g.adminGet("/consumers/" + hash + "?api=" + api)
 	if err != nil {
 		t.Fatal(err)
 	}
