@@ -334,6 +334,7 @@ func TestChaosKill(t *testing.T) {
 			if r.ControlPlane.AppliedRevision != rev || r.ControlPlane.Digest != want {
 				t.Errorf("gateway %s runs revision %d digest %q; the control plane's view for %v is revision %d digest %s", g.id, r.ControlPlane.AppliedRevision, r.ControlPlane.Digest, dp.tags, rev, want)
 			}
+			t.Logf("gateway %s: %d reconnects, deliveries %+v", g.id, r.ControlPlane.Reconnects, r.ControlPlane.Deliveries)
 		}
 	}
 

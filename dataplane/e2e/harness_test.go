@@ -521,8 +521,8 @@ type gateway struct {
 	env     []string
 	command []string
 	proc    *proc
-	base  string // http://127.0.0.1:port
-	admin string // http://127.0.0.1:port of the operations endpoint
+	base    string // http://127.0.0.1:port
+	admin   string // http://127.0.0.1:port of the operations endpoint
 }
 
 // gatewayYAML is a data-plane gateway's file: counters in its data
@@ -626,6 +626,12 @@ type cpStatus struct {
 	Source           string  `json:"source"`
 	LastError        string  `json:"last_error"`
 	Reconnects       uint64  `json:"reconnects"`
+	Deliveries       struct {
+		SnapshotsApplied  uint64 `json:"snapshots_applied"`
+		SnapshotsRejected uint64 `json:"snapshots_rejected"`
+		ChangesApplied    uint64 `json:"changes_applied"`
+		ChangesRejected   uint64 `json:"changes_rejected"`
+	} `json:"deliveries"`
 }
 
 // readiness is a gateway's GET /readyz answer.
