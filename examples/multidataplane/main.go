@@ -1,0 +1,557 @@
+// Command multidataplane starts a whole limitplane deployment on the
+// loopback with one command: a control plane and two data planes, each
+// with its own redis-server and two gateways, all as child processes. It
+// loads a demo policy, key and API through the control plane's admin API,
+// waits until the four gateways run them, and prints what to try: a
+// request through each gateway, the quota that each data plane counts on
+// its own, a quota reset that reaches all four gateways, and the list of
+// connected data planes.
+//
+//	go run ./examples/multidataplane
+//
+// It builds ./examples/controlplane and ./examples/gateway with the go
+// command into a temporary directory (so run it from inside the
+// repository), and needs redis-server on PATH (or named by REDIS_SERVER).
+// Every port is a free loopback port. The children's logs go to stderr,
+// each line prefixed with the child's name.
+//
+// Ctrl-C (SIGINT) or SIGTERM stops everything: the gateways first, then
+// the control plane, then the redis-servers (each with SIGTERM, killed if
+// it has not exited within 10 s), removes the temporary directory and
+// exits 0. The children run in their own process group, so a terminal's
+// Ctrl-C reaches only this program, which stops them in that order; and
+// each child is killed by the kernel if this program dies without
+// stopping it.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/limitplane/limitplane/controlplane"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// stopTimeout bounds how long a child may take to exit after SIGTERM.
+const stopTimeout = 10 * time.Second
+
+// startTimeout bounds how long a child may take to start (print its
+// banner, answer PING) and the gateways to apply the demo.
+const startTimeout = 30 * time.Second
+
+// The demo configuration.
+const (
+	demoKey    = "demo-key"
+	demoPolicy = "demo"
+	demoQuota  = 20
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Stdout, os.Stderr)
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = nil // Ctrl-C during start-up: everything started is stopped
+	}
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "multidataplane:", err)
+		os.Exit(1)
+	}
+}
+
+// child is one process started by run.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	out  *banner
+	done chan struct{}
+	err  error
+}
+
+// banner collects a child's stdout, to find the lines it announces.
+type banner struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *banner) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *banner) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// prefixWriter writes each line to w with a prefix.
+type prefixWriter struct {
+	mu     *sync.Mutex
+	w      io.Writer
+	prefix string
+	rest   []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rest = append(p.rest, b...)
+	for {
+		i := bytes.IndexByte(p.rest, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.rest[:i])
+		p.rest = p.rest[i+1:]
+	}
+}
+
+// deployment is everything run started, in start order.
+type deployment struct {
+	children []*child
+	logMu    sync.Mutex
+	stderr   io.Writer
+}
+
+// start runs path with args and env, its stdout collected and its stderr
+// copied to d.stderr with the name as prefix.
+func (d *deployment) start(name, path string, args, env []string) (*child, error) {
+	c := &child{name: name, out: &banner{}, done: make(chan struct{})}
+	c.cmd = exec.Command(path, args...)
+	c.cmd.Env = append(os.Environ(), env...)
+	c.cmd.Stdout = c.out
+	c.cmd.Stderr = &prefixWriter{mu: &d.logMu, w: d.stderr, prefix: fmt.Sprintf("[%s] ", name)}
+	// Its own process group: a terminal's Ctrl-C reaches this program
+	// only, which stops the children in order. Pdeathsig: the kernel
+	// kills the child if this program dies first.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { c.err = c.cmd.Wait(); close(c.done) }()
+	d.children = append(d.children, c)
+	return c, nil
+}
+
+// wait waits until the child's stdout matches re and returns the
+// submatches, or until ctx is done.
+func (c *child) wait(ctx context.Context, re *regexp.Regexp) ([]string, error) {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		if m := re.FindStringSubmatch(c.out.String()); m != nil {
+			return m, nil
+		}
+		select {
+		case <-c.done:
+			return nil, fmt.Errorf("%s exited (%v) during start-up", c.name, c.err)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s did not start within %v", c.name, startTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop stops the children in reverse start order (gateways, control
+// plane, redis-servers): SIGTERM, then SIGKILL after stopTimeout.
+func (d *deployment) stop() {
+	for i := len(d.children) - 1; i >= 0; i-- {
+		c := d.children[i]
+		select {
+		case <-c.done:
+			continue
+		default:
+		}
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(stopTimeout):
+			c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+}
+
+// exited returns the first child that has exited, or nil.
+func (d *deployment) exited() <-chan *child {
+	ch := make(chan *child, len(d.children))
+	for _, c := range d.children {
+		go func() { <-c.done; ch <- c }()
+	}
+	return ch
+}
+
+// gatewayInfo is one running gateway.
+type gatewayInfo struct {
+	id, group   string
+	base, admin string
+}
+
+// dataPlaneInfo is one data plane.
+type dataPlaneInfo struct {
+	group, redis string
+	gateways     []*gatewayInfo
+}
+
+var (
+	cpListenRE = regexp.MustCompile(`admin API listening on (http://\S+)`)
+	cpSyncRE   = regexp.MustCompile(`sync listening on (\S+) `)
+	gwListenRE = regexp.MustCompile(`limitplane gateway listening on (http://\S+) `)
+	gwAdminRE  = regexp.MustCompile(`admin endpoint at (http://\S+) `)
+)
+
+// gatewayYAML is a data-plane gateway's file: its counters in its data
+// plane's Redis, the operations endpoint on a free port, and its
+// policies, keys and APIs from the control plane.
+const gatewayYAML = `# written by examples/multidataplane
+listen: 127.0.0.1:0
+store: redis://%s/0
+response:
+  x_ratelimit: true
+admin:
+  listen: 127.0.0.1:0
+control_plane:
+  address: %s
+  token_env: LP_DP_TOKEN
+  group: %s
+  tags: [%s]
+  gateway_id: %s
+`
+
+// run starts the deployment, prints what to try and waits for ctx.
+func run(ctx context.Context, stdout, stderr io.Writer) error {
+	redisServer := os.Getenv("REDIS_SERVER")
+	if redisServer == "" {
+		p, err := exec.LookPath("redis-server")
+		if err != nil {
+			return errors.New("redis-server not found on PATH: install Redis (apt install redis-server, brew install redis) or set REDIS_SERVER to its path")
+		}
+		redisServer = p
+	}
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		return errors.New("the go command is not on PATH: it builds the control plane and the gateway")
+	}
+	dir, err := os.MkdirTemp("", "limitplane-multidataplane-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	d := &deployment{stderr: stderr}
+	defer d.stop()
+
+	fmt.Fprintln(stdout, "building the control plane and the gateway ...")
+	bins := map[string]string{}
+	for _, prog := range []string{"controlplane", "gateway"} {
+		bins[prog] = filepath.Join(dir, prog)
+		cmd := exec.CommandContext(ctx, goCmd, "build", "-o", bins[prog], "github.com/limitplane/limitplane/examples/"+prog)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("go build ./examples/%s (run this from inside the limitplane repository): %v\n%s", prog, err, out)
+		}
+	}
+
+	adminToken, err := secret()
+	if err != nil {
+		return err
+	}
+	planes := []*dataPlaneInfo{{group: "dp1"}, {group: "dp2"}}
+	tokens := map[string]string{}
+	var dpFile strings.Builder
+	for _, dp := range planes {
+		if tokens[dp.group], err = secret(); err != nil {
+			return err
+		}
+		fmt.Fprintf(&dpFile, "- group: %s\n  tags: [%s]\n  token_hash: %q\n", dp.group, dp.group, controlplane.HashToken(tokens[dp.group]))
+	}
+	dpPath := filepath.Join(dir, "dataplanes.yaml")
+	if err := os.WriteFile(dpPath, []byte(dpFile.String()), 0o600); err != nil {
+		return err
+	}
+
+	// One redis-server per data plane.
+	for _, dp := range planes {
+		addr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		rdir := filepath.Join(dir, "redis-"+dp.group)
+		if err := os.Mkdir(rdir, 0o700); err != nil {
+			return err
+		}
+		c, err := d.start("redis-"+dp.group, redisServer, []string{"--port", port, "--bind", "127.0.0.1", "--dir", rdir,
+			"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"}, nil)
+		if err != nil {
+			return err
+		}
+		if err := waitRedis(ctx, addr, c); err != nil {
+			return err
+		}
+		dp.redis = addr
+	}
+
+	// The control plane.
+	adminAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	syncAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	cp, err := d.start("controlplane", bins["controlplane"], []string{"-admin-listen", adminAddr, "-sync-listen", syncAddr,
+		"-data", filepath.Join(dir, "controlplane.db"), "-dataplanes", dpPath}, []string{"LP_CP_ADMIN_TOKEN=" + adminToken})
+	if err != nil {
+		return err
+	}
+	m, err := cp.wait(ctx, cpListenRE)
+	if err != nil {
+		return err
+	}
+	cpBase := m[1]
+	if _, err := cp.wait(ctx, cpSyncRE); err != nil {
+		return err
+	}
+
+	// Two gateways per data plane.
+	for _, dp := range planes {
+		for i := 1; i <= 2; i++ {
+			gw := &gatewayInfo{id: fmt.Sprintf("%s-gw%d", dp.group, i), group: dp.group}
+			file := filepath.Join(dir, gw.id+".yaml")
+			yaml := fmt.Sprintf(gatewayYAML, dp.redis, syncAddr, dp.group, dp.group, gw.id)
+			if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+				return err
+			}
+			c, err := d.start(gw.id, bins["gateway"], []string{"-config", file}, []string{"LP_DP_TOKEN=" + tokens[dp.group]})
+			if err != nil {
+				return err
+			}
+			if _, err := c.wait(ctx, gwAdminRE); err != nil {
+				return err
+			}
+			gw.base = gwListenRE.FindStringSubmatch(c.out.String())[1]
+			gw.admin = gwAdminRE.FindStringSubmatch(c.out.String())[1]
+			dp.gateways = append(dp.gateways, gw)
+		}
+	}
+
+	// The demo configuration, through the admin API.
+	admin := &adminClient{base: cpBase, token: adminToken}
+	hash := identity.HashKey(demoKey).String()
+	rev, err := loadDemo(ctx, admin)
+	if err != nil {
+		return err
+	}
+	for _, dp := range planes {
+		for _, gw := range dp.gateways {
+			if err := waitApplied(ctx, gw, rev); err != nil {
+				return err
+			}
+		}
+	}
+	printTry(stdout, cpBase, adminToken, hash, planes)
+
+	select {
+	case <-ctx.Done():
+	case c := <-d.exited():
+		return fmt.Errorf("%s exited (%v); stopping the others", c.name, c.err)
+	}
+	fmt.Fprintln(stdout, "stopping the gateways, the control plane and the redis-servers ...")
+	d.stop()
+	fmt.Fprintln(stdout, "stopped")
+	return nil
+}
+
+// secret returns 16 random bytes in hex.
+func secret() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// waitRedis waits until the redis-server at addr answers PING.
+func waitRedis(ctx context.Context, addr string, c *child) error {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		if conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			conn.SetDeadline(time.Now().Add(time.Second))
+			_, werr := conn.Write([]byte("PING\r\n"))
+			line, rerr := bufio.NewReader(conn).ReadString('\n')
+			conn.Close()
+			if werr == nil && rerr == nil && strings.TrimSpace(line) == "+PONG" {
+				return nil
+			}
+		}
+		select {
+		case <-c.done:
+			return fmt.Errorf("%s exited (%v) during start-up", c.name, c.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s does not answer PING at %s", c.name, addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// adminClient calls the control plane's admin API.
+type adminClient struct {
+	base, token string
+}
+
+// call sends method path with body as JSON and returns the answer's
+// revision; a status other than 200 or 201 is an error.
+func (a *adminClient) call(ctx context.Context, method, path string, body any) (uint64, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("admin API %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
+		return 0, fmt.Errorf("admin API %s %s: %s: %s", method, path, resp.Status, out)
+	}
+	var w struct {
+		Revision uint64 `json:"revision"`
+	}
+	if err := json.Unmarshal(out, &w); err != nil {
+		return 0, fmt.Errorf("admin API %s %s: %w", method, path, err)
+	}
+	return w.Revision, nil
+}
+
+// loadDemo writes the demo policy, API and key and returns the revision.
+func loadDemo(ctx context.Context, a *adminClient) (uint64, error) {
+	if _, err := a.call(ctx, "PUT", "/api/policies/"+demoPolicy, map[string]any{
+		"rate":  map[string]any{"requests": 10, "per": "1s"},
+		"quota": map[string]any{"max": demoQuota, "renewal": "24h"},
+	}); err != nil {
+		return 0, err
+	}
+	if _, err := a.call(ctx, "PUT", "/api/apis/echo", map[string]any{"listen_path": "/echo/", "target": "builtin:echo"}); err != nil {
+		return 0, err
+	}
+	return a.call(ctx, "POST", "/api/keys", map[string]any{"key": demoKey, "policies": []string{demoPolicy}})
+}
+
+// waitApplied waits until the gateway's /readyz reports revision rev
+// applied.
+func waitApplied(ctx context.Context, gw *gatewayInfo, rev uint64) error {
+	deadline := time.Now().Add(startTimeout)
+	var last string
+	for {
+		req, err := http.NewRequestWithContext(ctx, "GET", gw.admin+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			var r struct {
+				ControlPlane struct {
+					AppliedRevision uint64 `json:"applied_revision"`
+				} `json:"control_plane"`
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last = string(b)
+			if json.Unmarshal(b, &r) == nil && r.ControlPlane.AppliedRevision >= rev {
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gateway %s did not apply revision %d within %v; /readyz: %s", gw.id, rev, startTimeout, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// printTry prints the deployment and what to try, in one write.
+func printTry(out io.Writer, cpBase, token, hash string, planes []*dataPlaneInfo) {
+	w := new(strings.Builder)
+	defer func() { io.WriteString(out, w.String()) }()
+	fmt.Fprintf(w, "limitplane multi-data-plane demo running\n")
+	fmt.Fprintf(w, "  control plane: admin API %s (token %s)\n", cpBase, token)
+	for _, dp := range planes {
+		fmt.Fprintf(w, "  data plane %s: redis-server %s\n", dp.group, dp.redis)
+		for _, gw := range dp.gateways {
+			fmt.Fprintf(w, "    gateway %s: %s (operations endpoint %s)\n", gw.id, gw.base, gw.admin)
+		}
+	}
+	auth := "-H 'Authorization: Bearer " + token + "'"
+	fmt.Fprintf(w, "\nDemo: key %q with policy %q (10 requests a second, a quota of %d a day) on API echo (/echo/).\n", demoKey, demoPolicy, demoQuota)
+	fmt.Fprintf(w, "\nTry it:\n")
+	fmt.Fprintf(w, "  # one request through each gateway:\n")
+	for _, dp := range planes {
+		for _, gw := range dp.gateways {
+			fmt.Fprintf(w, "  curl -i -H 'X-API-Key: %s' %s/echo/hello\n", demoKey, gw.base)
+		}
+	}
+	g1, g2 := planes[0].gateways, planes[1].gateways
+	fmt.Fprintf(w, "\n  # each data plane counts the quota in its own Redis: spend it on %s (its two gateways share it) ...\n", planes[0].group)
+	fmt.Fprintf(w, "  for i in $(seq %d); do curl -s -o /dev/null -w '%%{http_code} ' -H 'X-API-Key: %s' %s/echo/; sleep 0.1; done; echo\n", demoQuota+2, demoKey, g1[0].base)
+	fmt.Fprintf(w, "  curl -s -o /dev/null -w '%%{http_code}\\n' -H 'X-API-Key: %s' %s/echo/   # 429: %s's quota is spent\n", demoKey, g1[1].base, planes[0].group)
+	fmt.Fprintf(w, "  curl -s -o /dev/null -w '%%{http_code}\\n' -H 'X-API-Key: %s' %s/echo/   # 200: %s counts on its own\n", demoKey, g2[0].base, planes[1].group)
+	fmt.Fprintf(w, "\n  # reset the key's quota on the control plane, and watch it reach all four gateways:\n")
+	fmt.Fprintf(w, "  curl -s -X POST %s %s/api/keys/%s/reset-quota\n", auth, cpBase, hash)
+	for _, dp := range planes {
+		for _, gw := range dp.gateways {
+			fmt.Fprintf(w, "  curl -s %s/readyz          # control_plane.applied_revision\n", gw.admin)
+		}
+	}
+	fmt.Fprintf(w, "  curl -s %s/consumers/%s?api=echo   # quota.remaining is %d again\n", g1[1].admin, hash, demoQuota)
+	fmt.Fprintf(w, "\n  # the connected gateways, their applied revisions and any rejection:\n")
+	fmt.Fprintf(w, "  curl -s %s %s/api/dataplanes\n", auth, cpBase)
+	fmt.Fprintf(w, "\nCtrl-C stops everything.\n")
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain runs main instead of the tests when runMainEnv is set, so the
+// test can run the command as a real process.
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+const runMainEnv = "LP_MULTIDATAPLANE_TEST_RUN_MAIN"
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// children returns the PIDs of pid's child processes (from /proc).
+func children(t *testing.T, pid int) []int {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces; split after ')'.
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			c, _ := strconv.Atoi(strings.Fields(s)[0])
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+var gatewayLineRE = regexp.MustCompile(`gateway (dp\d-gw\d): (http://\S+) `)
+
+// TestRunAndInterrupt runs the command as a process: it prints its
+// banner with four gateways, a request with the demo key passes through
+// each, its children are the two redis-servers, the control plane and
+// the four gateways (7 processes), and SIGINT makes it exit 0 within
+// 30 s with every child gone.
+func TestRunAndInterrupt(t *testing.T) {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var kids []int
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			cmd.Process.Kill()
+			<-done
+		}
+		for _, pid := range kids { // never leave a child behind, even when failing
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if t.Failed() {
+			t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		}
+	})
+
+	deadline := time.Now().Add(3 * time.Minute) // includes go build
+	for !strings.Contains(stdout.String(), "Ctrl-C stops everything.") {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("exited before its banner: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no banner within 3 minutes")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	gws := gatewayLineRE.FindAllStringSubmatch(stdout.String(), -1)
+	if len(gws) != 4 {
+		t.Fatalf("the banner lists %d gateways, want 4", len(gws))
+	}
+	for _, g := range gws {
+		req, _ := http.NewRequest("GET", g[2]+"/echo/hello", nil)
+		req.Header.Set("X-API-Key", demoKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("gateway %s: %v", g[1], err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("gateway %s: %d %s", g[1], resp.StatusCode, body)
+		}
+	}
+	kids = children(t, cmd.Process.Pid)
+	if len(kids) != 7 {
+		t.Fatalf("%d child processes %v, want 7 (2 redis-servers, the control plane, 4 gateways)", len(kids), kids)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		done <- err
+		var ee *exec.ExitError
+		if errors.As(err, &ee) || err != nil {
+			t.Fatalf("exit after SIGINT: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("still running 30s after SIGINT")
+	}
+	for _, pid := range kids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("child %d still exists after the command exited (kill 0: %v)", pid, err)
+		}
+	}
+	if !strings.Contains(stdout.String(), "stopped\n") {
+		t.Errorf("no \"stopped\" line:\n%s", stdout)
+	}
+}
