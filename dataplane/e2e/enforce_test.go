@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,16 +61,14 @@ func TestQuotaPerDataPlane(t *testing.T) {
 // plane loads only its own copy), and the key's api_limits give dp1's copy
 // a quota of 600 and dp2's 400. Under concurrent load (16 goroutines per
 // gateway, 800 requests per gateway) exactly 600 pass on dp1 and 400 on
-// dp2: 1,000 in all. A data plane does not serve the other's copy (404).
-//
-// The two copies have different listen paths: the control plane validates
-// its whole state with spec.Validate, which refuses two APIs with one
-// listen path even when their tags never put them on the same gateway.
+// dp2: 1,000 in all. Both copies have the same listen path (the control
+// plane allows it for APIs with disjoint tags, spec.ValidateSharded), and
+// each data plane serves its own copy there.
 func TestAllocationPerDataPlane(t *testing.T) {
 	t.Parallel()
 	cp, dp1, dp2 := twoDataPlanes(t, cpOptions{})
-	cp.putAPI(t, echoAPI("orders-dp1", "/dp1/orders/", "dp1"))
-	cp.putAPI(t, echoAPI("orders-dp2", "/dp2/orders/", "dp2"))
+	cp.putAPI(t, echoAPI("orders-dp1", "/orders/", "dp1"))
+	cp.putAPI(t, echoAPI("orders-dp2", "/orders/", "dp2"))
 	day := spec.Duration(24 * time.Hour)
 	cp.postKey(t, "global-key", spec.Key{APILimits: map[string]spec.Limits{
 		"orders-dp1": {Quota: &spec.Quota{Max: 600, Renewal: day}},
@@ -77,15 +76,19 @@ func TestAllocationPerDataPlane(t *testing.T) {
 	}})
 	waitSynced(t, cp, all(dp1, dp2)...)
 
-	for _, g := range dp1.gws {
-		if status, body := sendOne(t, g, "/dp2/orders/x", "global-key"); status != http.StatusNotFound {
-			t.Fatalf("dp1 gateway %s serves dp2's copy: %d %s", g.id, status, body)
+	for _, dp := range []*dataPlane{dp1, dp2} {
+		for _, g := range dp.gws {
+			want := `"api": "orders-` + dp.group + `"`
+			if status, body := sendOne(t, g, "/orders/x", "global-key"); status != http.StatusOK || !strings.Contains(body, want) {
+				t.Fatalf("gateway %s of %s: %d %s, want 200 from its own copy (%s)", g.id, dp.group, status, body, want)
+			}
 		}
 	}
-	c1, c2 := sendBoth(t, dp1.gws, "/dp1/orders/x", dp2.gws, "/dp2/orders/x", "global-key", 1600, 16)
+	c1, c2 := sendBoth(t, dp1.gws, "/orders/x", dp2.gws, "/orders/x", "global-key", 1600, 16)
 	t.Logf("allocation 600+400: dp1 admitted %d %v, dp2 admitted %d %v", c1.admitted, c1.byGateway, c2.admitted, c2.byGateway)
-	if c1.admitted != 600 || c2.admitted != 400 || c1.admitted+c2.admitted != 1000 {
-		t.Errorf("dp1 admitted %d, dp2 %d (total %d); want exactly 600, 400 and 1000", c1.admitted, c2.admitted, c1.admitted+c2.admitted)
+	// Each data plane's two probes above spent 2 of its share.
+	if c1.admitted != 598 || c2.admitted != 398 || c1.admitted+c2.admitted+4 != 1000 {
+		t.Errorf("dp1 admitted %d, dp2 %d after 2 probes each (total %d); want exactly 598, 398 and 1000 with the probes", c1.admitted, c2.admitted, c1.admitted+c2.admitted+4)
 	}
 }
 
