@@ -18,6 +18,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/parallel"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -370,7 +371,7 @@ func (r *boltReader) keys() ([]spec.Key, error) {
 		return nil, err
 	}
 	out := make([]spec.Key, len(raw))
-	err := parallel(len(raw), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+	err := parallel.Ranges(len(raw), runtime.GOMAXPROCS(0), func(lo, hi int) error {
 		for i := lo; i < hi; i++ {
 			if err := json.Unmarshal(raw[i], &out[i]); err != nil {
 				return fmt.Errorf("controlplane: decode %s #%d: %w", bucketKeys, i, err)

@@ -2,8 +2,6 @@ package controlplane
 
 import (
 	"encoding/json"
-	"fmt"
-	"sync"
 	"testing"
 )
 
@@ -28,47 +26,6 @@ func TestEncodeChangeIsJSONMarshal(t *testing.T) {
 		if string(got) != string(want) {
 			t.Errorf("encodeChange:\n%s\nwant\n%s", got, want)
 		}
-	}
-}
-
-// TestParallelCoversEachItemOnce: for any count and number of parts,
-// parallel's ranges are non-empty, start at multiples of minPart, number
-// at most the parts asked for, and cover [0, n) once; its errors are
-// joined.
-func TestParallelCoversEachItemOnce(t *testing.T) {
-	for _, parts := range []int{0, 1, 2, 3, 4, 7} {
-		for _, n := range []int{0, 1, minPart - 1, minPart, minPart + 1, 2*minPart + 1, 3*minPart + 5, 10000, 100003} {
-			seen := make([]int32, n)
-			var mu sync.Mutex
-			calls := 0
-			err := parallel(n, parts, func(lo, hi int) error {
-				mu.Lock()
-				defer mu.Unlock()
-				calls++
-				if lo%minPart != 0 || lo > hi || lo == hi && n > 0 {
-					return fmt.Errorf("range [%d, %d)", lo, hi)
-				}
-				for i := lo; i < hi; i++ {
-					seen[i]++
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatalf("n=%d parts=%d: %v", n, parts, err)
-			}
-			if calls > max(parts, 1) {
-				t.Fatalf("n=%d parts=%d: %d calls", n, parts, calls)
-			}
-			for i, c := range seen {
-				if c != 1 {
-					t.Fatalf("n=%d parts=%d: item %d seen %d times", n, parts, i, c)
-				}
-			}
-		}
-	}
-	err := parallel(3*minPart, 3, func(lo, hi int) error { return fmt.Errorf("part %d", lo/minPart) })
-	if err == nil || err.Error() != "part 0\npart 1\npart 2" {
-		t.Fatalf("errors: %v, want the parts' errors joined in order", err)
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
+	"github.com/limitplane/limitplane/internal/parallel"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -131,41 +131,16 @@ func validateKeys(s *spec.Snapshot, keys []rawKey) (spec.Errors, error) {
 		}
 		return out, nil
 	}
-	errs := make([]spec.Errors, len(keys)/minPart+1)
-	err := parallel(len(keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+	errs := make([]spec.Errors, len(keys)/parallel.MinPart+1)
+	err := parallel.Ranges(len(keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
 		var err error
-		errs[lo/minPart], err = check(keys[lo:hi])
+		errs[lo/parallel.MinPart], err = check(keys[lo:hi])
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return slices.Concat(errs...), nil
-}
-
-// minPart is the fewest items parallel gives a goroutine.
-const minPart = 4096
-
-// parallel calls fn on the ranges [lo, hi) that split [0, n) into at
-// most maxParts (GOMAXPROCS, say) non-empty parts of whole multiples of
-// minPart items (but the last), each in its own goroutine,
-// and returns when all are done, with their errors joined. Each lo is a
-// multiple of minPart; ranges with a higher lo hold later items.
-func parallel(n, maxParts int, fn func(lo, hi int) error) error {
-	blocks := (n + minPart - 1) / minPart
-	if maxParts <= 1 || blocks <= 1 {
-		return fn(0, n)
-	}
-	per := (blocks + maxParts - 1) / maxParts // blocks per part
-	parts, size := (blocks+per-1)/per, per*minPart
-	fails := make([]error, parts)
-	var wg sync.WaitGroup
-	for i := range parts {
-		lo, hi := i*size, min((i+1)*size, n)
-		wg.Go(func() { fails[i] = fn(lo, hi) })
-	}
-	wg.Wait()
-	return errors.Join(fails...)
 }
 
 var positionRE = regexp.MustCompile(`^(policies|apis|keys)\[(\d+)\]`)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/internal/parallel"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -91,13 +92,13 @@ func encodeDigest(snap *spec.Snapshot, d *Digester) ([]byte, error) {
 	}
 	if len(snap.Keys) > 0 {
 		main.buf.WriteString(`,"keys":[`)
-		encs := make([]*objectEncoder, len(snap.Keys)/minPart+1)
-		err := parallel(len(snap.Keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
+		encs := make([]*objectEncoder, len(snap.Keys)/parallel.MinPart+1)
+		err := parallel.Ranges(len(snap.Keys), runtime.GOMAXPROCS(0), func(lo, hi int) error {
 			e := main
 			if lo > 0 {
 				e = newObjectEncoder()
 			}
-			encs[lo/minPart] = e
+			encs[lo/parallel.MinPart] = e
 			for i := lo; i < hi; i++ {
 				if err := e.key(i > lo, &snap.Keys[i]); err != nil {
 					return err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/internal/parallel"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -142,9 +143,9 @@ func TestChunksDigesterMatchesChunksAndDigest(t *testing.T) {
 	odd.Keys[5].APILimits = map[string]spec.Limits{"orders": {Rate: &spec.Rate{Requests: 3, Per: spec.Duration(time.Second)}}}
 	odd.Policies = append(odd.Policies, spec.Policy{ID: "<b>&\"é\u2028", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Hour)}})
 	odd.APIs = append(odd.APIs, spec.API{ID: "a&b", ListenPath: "/a<b>/", Target: spec.BuiltinEcho})
-	many := snapshotWithKeys(8, 3*minPart+5) // encoded in parts
-	many.Keys[2*minPart+1].KeyHash = strings.ToUpper(many.Keys[2*minPart+1].KeyHash)
-	many.Keys[3*minPart].Expires = &exp
+	many := snapshotWithKeys(8, 3*parallel.MinPart+5) // encoded in parts
+	many.Keys[2*parallel.MinPart+1].KeyHash = strings.ToUpper(many.Keys[2*parallel.MinPart+1].KeyHash)
+	many.Keys[3*parallel.MinPart].Expires = &exp
 	for name, snap := range map[string]*spec.Snapshot{
 		"empty":    {Revision: 1},
 		"keys":     snapshotWithKeys(7, 1000),

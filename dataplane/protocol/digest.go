@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash"
 	"math/bits"
@@ -162,32 +161,6 @@ func (d *Digester) add(h [32]byte) {
 		d.sum[i], c = bits.Add64(d.sum[i], limb(h, i), c)
 	}
 	d.n++
-}
-
-// minPart is the fewest items parallel gives a goroutine.
-const minPart = 4096
-
-// parallel calls fn on the ranges [lo, hi) that split [0, n) into at
-// most maxParts (GOMAXPROCS, say) non-empty parts of whole multiples of
-// minPart items (but the last), each in its own goroutine but the first, which runs in the caller's,
-// and returns when all are done, with their errors joined. Each lo is a
-// multiple of minPart; ranges with a higher lo hold later items.
-func parallel(n, maxParts int, fn func(lo, hi int) error) error {
-	blocks := (n + minPart - 1) / minPart
-	if maxParts <= 1 || blocks <= 1 {
-		return fn(0, n)
-	}
-	per := (blocks + maxParts - 1) / maxParts // blocks per part
-	parts, size := (blocks+per-1)/per, per*minPart
-	fails := make([]error, parts)
-	var wg sync.WaitGroup
-	for i := 1; i < parts; i++ {
-		lo, hi := i*size, min((i+1)*size, n)
-		wg.Go(func() { fails[i] = fn(lo, hi) })
-	}
-	fails[0] = fn(0, min(size, n))
-	wg.Wait()
-	return errors.Join(fails...)
 }
 
 func (d *Digester) sub(h [32]byte) {

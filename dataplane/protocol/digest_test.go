@@ -1,11 +1,9 @@
 package protocol
 
 import (
-	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -104,39 +102,6 @@ func TestDigesterFollowsChanges(t *testing.T) {
 	next.APIs = []spec.API{api}
 	if got, want := d.Digest(), Digest(next); got != want {
 		t.Fatalf("Digester after changes = %s, Digest = %s", got, want)
-	}
-}
-
-// TestParallelSplits: for any count and number of parts, parallel's
-// ranges are non-empty, start at multiples of minPart, number at most
-// the parts asked for, and cover [0, n) once.
-func TestParallelSplits(t *testing.T) {
-	for _, parts := range []int{0, 1, 2, 3, 4, 7} {
-		for _, n := range []int{0, 1, minPart - 1, minPart, minPart + 1, 2*minPart + 1, 3*minPart + 5, 100003} {
-			seen := make([]int32, n)
-			var mu sync.Mutex
-			calls := 0
-			err := parallel(n, parts, func(lo, hi int) error {
-				mu.Lock()
-				defer mu.Unlock()
-				calls++
-				if lo%minPart != 0 || lo > hi || lo == hi && n > 0 {
-					return fmt.Errorf("range [%d, %d)", lo, hi)
-				}
-				for i := lo; i < hi; i++ {
-					seen[i]++
-				}
-				return nil
-			})
-			if err != nil || calls > max(parts, 1) {
-				t.Fatalf("n=%d parts=%d: %v, %d calls", n, parts, err, calls)
-			}
-			for i, c := range seen {
-				if c != 1 {
-					t.Fatalf("n=%d parts=%d: item %d seen %d times", n, parts, i, c)
-				}
-			}
-		}
 	}
 }
 
