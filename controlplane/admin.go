@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -47,10 +48,19 @@ const MaxProblems = 100
 // name objects by ID: keys["sha256:…"].policies[0]). A call without the
 // token gets 401.
 //
+//	GET    /api/policies        every policy, in ID order
+//	                            → {"revision", "policies": [Policy...]}
 //	PUT    /api/policies/{id}   store a policy             → {"revision"}
 //	GET    /api/policies/{id}   the policy (404 if none)
 //	DELETE /api/policies/{id}   delete it (404 if none)    → {"revision"}
+//	GET    /api/apis            → {"revision", "apis": [API...]}
 //	PUT/GET/DELETE /api/apis/{id}      the same for APIs
+//	GET    /api/keys[?after=HASH][&limit=N]
+//	                            one page of keys in hash order: at most N
+//	                            (DefaultKeysLimit, at most MaxKeysLimit)
+//	                            after HASH → {"revision", "keys": [Key...],
+//	                            "next"}; next is the hash to ask after for
+//	                            the next page, "" on the last
 //	POST   /api/keys            create a key from {"key": plaintext, ...}
 //	                            (hashed at once, never stored) or
 //	                            {"key_hash": ...}; 409 if it exists
@@ -70,6 +80,10 @@ const MaxProblems = 100
 // with it in lower case. Quota epochs (quota_epoch) are the control
 // plane's: values in bodies are ignored (see withEpochs for the rule).
 // GET answers carry the revision read in the Limitplane-Revision header.
+// A body of JSON null is refused (400) like an empty one; a policy with
+// neither rate nor quota is valid (spec.Policy: it limits nothing, and
+// may still restrict a key to its apis). A method an existing path does
+// not serve answers 405 with an Allow header; an unknown path, 404.
 func Admin(o AdminOptions) (http.Handler, error) {
 	if o.Store == nil {
 		return nil, errors.New("controlplane: admin: no store")
@@ -88,19 +102,43 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	}
 	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token))}
 	mux := http.NewServeMux()
-	mux.HandleFunc("PUT /api/policies/{id}", a.putPolicy)
-	mux.HandleFunc("GET /api/policies/{id}", a.getPolicy)
-	mux.HandleFunc("DELETE /api/policies/{id}", a.deletePolicy)
-	mux.HandleFunc("PUT /api/apis/{id}", a.putAPI)
-	mux.HandleFunc("GET /api/apis/{id}", a.getAPI)
-	mux.HandleFunc("DELETE /api/apis/{id}", a.deleteAPI)
-	mux.HandleFunc("POST /api/keys", a.postKey)
-	mux.HandleFunc("PUT /api/keys/{hash}", a.putKey)
-	mux.HandleFunc("GET /api/keys/{hash}", a.getKey)
-	mux.HandleFunc("DELETE /api/keys/{hash}", a.deleteKey)
-	mux.HandleFunc("POST /api/keys/{hash}/reset-quota", a.resetQuota)
-	mux.HandleFunc("GET /api/revision", a.revision)
-	mux.HandleFunc("GET /api/dataplanes", a.dataPlanes)
+	routes := []struct {
+		method, pattern string
+		h               http.HandlerFunc
+	}{
+		{"GET", "/api/policies", a.listPolicies},
+		{"PUT", "/api/policies/{id}", a.putPolicy},
+		{"GET", "/api/policies/{id}", a.getPolicy},
+		{"DELETE", "/api/policies/{id}", a.deletePolicy},
+		{"GET", "/api/apis", a.listAPIs},
+		{"PUT", "/api/apis/{id}", a.putAPI},
+		{"GET", "/api/apis/{id}", a.getAPI},
+		{"DELETE", "/api/apis/{id}", a.deleteAPI},
+		{"GET", "/api/keys", a.listKeys},
+		{"POST", "/api/keys", a.postKey},
+		{"PUT", "/api/keys/{hash}", a.putKey},
+		{"GET", "/api/keys/{hash}", a.getKey},
+		{"DELETE", "/api/keys/{hash}", a.deleteKey},
+		{"POST", "/api/keys/{hash}/reset-quota", a.resetQuota},
+		{"GET", "/api/revision", a.revision},
+		{"GET", "/api/dataplanes", a.dataPlanes},
+	}
+	allow := map[string][]string{} // pattern → its methods
+	for _, rt := range routes {
+		mux.HandleFunc(rt.method+" "+rt.pattern, rt.h)
+		if rt.method == "GET" {
+			allow[rt.pattern] = append(allow[rt.pattern], "HEAD")
+		}
+		allow[rt.pattern] = append(allow[rt.pattern], rt.method)
+	}
+	for pattern, methods := range allow {
+		slices.Sort(methods)
+		allowed := strings.Join(methods, ", ")
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allowed)
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allowed), nil)
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint", nil)
 	})
@@ -177,12 +215,16 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// decode reads the body as JSON into v, refusing unknown fields and
-// trailing data.
+// decode reads the body as JSON into v, refusing (400) an empty body, a
+// JSON null, unknown fields and trailing data.
 func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: %v", err), nil)
+		return false
+	}
+	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
+		writeError(w, http.StatusBadRequest, "body is JSON null; want a JSON object", nil)
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -416,6 +458,76 @@ func (a *admin) resetQuota(w http.ResponseWriter, r *http.Request) {
 			return &httpError{http.StatusConflict, fmt.Sprintf("key %s has no api_limits entry for API %q; reset its quotas without ?api=", h, api)}
 		}
 		return tx.PutKey(reset)
+	})
+}
+
+// DefaultKeysLimit and MaxKeysLimit are GET /api/keys's default and
+// largest page sizes (?limit=), in keys.
+const (
+	DefaultKeysLimit = 100
+	MaxKeysLimit     = 1000
+)
+
+func (a *admin) listPolicies(w http.ResponseWriter, r *http.Request) {
+	a.get(w, r, func(rd Reader) (any, error) {
+		ps, err := rd.Policies()
+		if ps == nil {
+			ps = []spec.Policy{}
+		}
+		return struct {
+			Revision uint64        `json:"revision"`
+			Policies []spec.Policy `json:"policies"`
+		}{rd.Revision(), ps}, err
+	})
+}
+
+func (a *admin) listAPIs(w http.ResponseWriter, r *http.Request) {
+	a.get(w, r, func(rd Reader) (any, error) {
+		as, err := rd.APIs()
+		if as == nil {
+			as = []spec.API{}
+		}
+		return struct {
+			Revision uint64     `json:"revision"`
+			APIs     []spec.API `json:"apis"`
+		}{rd.Revision(), as}, err
+	})
+}
+
+func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	after := q.Get("after")
+	if after != "" {
+		h, ok := parseHash(w, after)
+		if !ok {
+			return
+		}
+		after = h
+	}
+	limit := DefaultKeysLimit
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxKeysLimit {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("?limit=%q: want 1 to %d", s, MaxKeysLimit), nil)
+			return
+		}
+		limit = n
+	}
+	a.get(w, r, func(rd Reader) (any, error) {
+		ks, err := rd.Keys(after, limit+1)
+		if err != nil {
+			return nil, err
+		}
+		next := ""
+		if len(ks) > limit {
+			ks = ks[:limit]
+			next = ks[limit-1].KeyHash
+		}
+		return struct {
+			Revision uint64     `json:"revision"`
+			Keys     []spec.Key `json:"keys"`
+			Next     string     `json:"next"`
+		}{rd.Revision(), ks, next}, nil
 	})
 }
 

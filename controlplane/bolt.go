@@ -359,6 +359,26 @@ func (r *boltReader) Policies() ([]spec.Policy, error) {
 }
 func (r *boltReader) APIs() ([]spec.API, error) { return all[spec.API](r.btx, bucketAPIs) }
 
+func (r *boltReader) Keys(after string, limit int) ([]spec.Key, error) {
+	out := []spec.Key{}
+	c := r.btx.Bucket(bucketKeys).Cursor()
+	k, v := c.First()
+	if after != "" {
+		k, v = c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+	}
+	for ; k != nil && len(out) < limit; k, v = c.Next() {
+		var o spec.Key
+		if err := json.Unmarshal(v, &o); err != nil {
+			return nil, fmt.Errorf("controlplane: decode %s %q: %w", bucketKeys, k, err)
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
 // keys returns every key, in hash order. The JSON values are listed
 // first (by reference: cheaper than counting them with Bucket.Stats),
 // then decoded on every CPU into a list of the right size.
@@ -576,6 +596,13 @@ func (t *boltTx) APIs() ([]spec.API, error) {
 		return nil, err
 	}
 	return t.boltReader.APIs()
+}
+
+func (t *boltTx) Keys(after string, limit int) ([]spec.Key, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.boltReader.Keys(after, limit)
 }
 
 func getTx[T any](t *boltTx, bucket []byte, id string) (*T, error) {

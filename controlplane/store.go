@@ -80,6 +80,10 @@ type Reader interface {
 	Policies() ([]spec.Policy, error)
 	// APIs returns every API, in ID order (byte-wise).
 	APIs() ([]spec.API, error)
+	// Keys returns at most limit keys whose hashes (lower case) come
+	// after after ("" for the first), in hash order: one page of a
+	// listing too long for one answer.
+	Keys(after string, limit int) ([]spec.Key, error)
 }
 
 // Tx is a write transaction (see Store.Update). Puts replace the object
