@@ -35,7 +35,7 @@ type BoltOptions struct {
 	// BatchSize is the most writes in one transaction; 0 means 64.
 	BatchSize int
 	// LockTimeout is how long OpenBolt waits for another process holding
-	// the file to let go; 0 means 5s.
+	// the file to let go; 0 means 1s.
 	LockTimeout time.Duration
 	// InitialMmapSize is how many bytes of address space the file is
 	// mapped with from the start (bbolt's InitialMmapSize); 0 means
@@ -79,9 +79,15 @@ type Bolt struct {
 
 var _ Store = (*Bolt)(nil)
 
+// ErrFileInUse is OpenBolt's error (wrapped) when another process (or
+// another OpenBolt in this one) holds the file's lock for longer than
+// LockTimeout.
+var ErrFileInUse = errors.New("the file is in use by another process (another control plane?)")
+
 // OpenBolt opens or creates the store in the bbolt file path (mode 0600).
-// It fails, wrapping bbolt's error, when the file cannot be opened or is
-// held by another process for longer than LockTimeout.
+// It fails, wrapping ErrFileInUse, when the file is held by another
+// process for longer than LockTimeout, or wrapping bbolt's error when it
+// cannot be opened.
 func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 	if o.ChangeLogRevisions <= 0 {
 		o.ChangeLogRevisions = DefaultChangeLogRevisions
@@ -93,12 +99,15 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 		o.BatchSize = 64
 	}
 	if o.LockTimeout <= 0 {
-		o.LockTimeout = 5 * time.Second
+		o.LockTimeout = time.Second
 	}
 	if o.InitialMmapSize <= 0 {
 		o.InitialMmapSize = DefaultInitialMmapSize
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.LockTimeout, InitialMmapSize: o.InitialMmapSize})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("controlplane: open %s: %w", path, ErrFileInUse)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: open %s: %w", path, err)
 	}

@@ -244,3 +244,24 @@ func TestNoTokenRefusesToStart(t *testing.T) {
 		t.Fatalf("output %q, want %q", out, want)
 	}
 }
+
+// TestSecondOnSameFileRefused: a second control plane on a -data file
+// another one holds exits 1 within the short lock wait (1s, not 5s), saying
+// the file is in use.
+func TestSecondOnSameFileRefused(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "cp.db")
+	p := start(t, "-data", data)
+	began := time.Now()
+	code, out := runExit(t, nil, "-data", data, "-admin-listen", "127.0.0.1:0")
+	took := time.Since(began)
+	if want := "controlplane: open " + data + ": the file is in use by another process (another control plane?)\n"; code != 1 || out != want {
+		t.Fatalf("exit %d, output %q; want 1, %q", code, out, want)
+	}
+	if took < time.Second || took >= 5*time.Second {
+		t.Fatalf("refused after %v; want the 1s lock wait (at least 1s, under 5s)", took)
+	}
+	// The first is unharmed.
+	if st, b := do(t, "GET", p.base+"/api/revision", ""); st != 200 || b != `{"revision":0}` {
+		t.Fatal(st, b)
+	}
+}
