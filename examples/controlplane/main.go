@@ -312,7 +312,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fmt.Fprintf(stdout, "limitplane control plane: admin API listening on http://%s (data: %s, revision %d; bearer token required)\n"+
 		syncLine+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys/{hash}/reset-quota;\n"+
-		"  GET /api/revision, /api/dataplanes\n", ln.Addr(), *data, rev)
+		"  GET /api/revision, /api/dataplanes, /api/policies, /api/apis, /api/keys?after=&limit=\n", ln.Addr(), *data, rev)
 
 	var failed error
 	httpDone := false
