@@ -718,3 +718,71 @@ func TestOneAPIPerDataPlane(t *testing.T) {
 		t.Fatalf("a copy sharing tag dp2: got %v, want %s", err, want)
 	}
 }
+
+// TestKeysPages: Reader.Keys returns at most limit keys after a hash, in
+// hash order, in a View and in a Tx, which sees its own unwritten puts and
+// deletes.
+func TestKeysPages(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	hs := []string{hash("a"), hash("b"), hash("c"), hash("d")}
+	slices.Sort(hs)
+	hashes := func(ks []spec.Key) []string {
+		out := []string{}
+		for _, k := range ks {
+			out = append(out, k.KeyHash)
+		}
+		return out
+	}
+	update(t, s, func(tx controlplane.Tx) error {
+		if err := tx.PutPolicy(policy("gold", 10)); err != nil {
+			return err
+		}
+		for _, h := range hs[:3] {
+			if err := tx.PutKey(spec.Key{KeyHash: h, Policies: []string{"gold"}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	err := s.View(context.Background(), func(r controlplane.Reader) error {
+		for _, c := range []struct {
+			after string
+			limit int
+			want  []string
+		}{
+			{"", 10, hs[:3]},
+			{"", 2, hs[:2]},
+			{hs[0], 1, hs[1:2]},
+			{hs[2], 5, []string{}},
+			{"sha256:" + strings.Repeat("0", 64), 1, hs[:1]},
+		} {
+			ks, err := r.Keys(c.after, c.limit)
+			if err != nil {
+				return err
+			}
+			if got := hashes(ks); !reflect.DeepEqual(got, c.want) {
+				t.Fatalf("Keys(%q, %d) = %q, want %q", c.after, c.limit, got, c.want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	update(t, s, func(tx controlplane.Tx) error {
+		if err := tx.PutKey(spec.Key{KeyHash: hs[3], Policies: []string{"gold"}}); err != nil {
+			return err
+		}
+		if ok, err := tx.DeleteKey(hs[1]); !ok || err != nil {
+			t.Fatalf("DeleteKey = %v, %v", ok, err)
+		}
+		ks, err := tx.Keys("", 10)
+		if err != nil {
+			return err
+		}
+		if got, want := hashes(ks), []string{hs[0], hs[2], hs[3]}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("in the Tx: Keys = %q, want %q", got, want)
+		}
+		return nil
+	})
+}
