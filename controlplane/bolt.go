@@ -105,7 +105,7 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 		o.InitialMmapSize = DefaultInitialMmapSize
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.LockTimeout, InitialMmapSize: o.InitialMmapSize})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("controlplane: open %s: %w", path, ErrFileInUse)
 	}
 	if err != nil {
