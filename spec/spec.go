@@ -66,7 +66,9 @@ type Snapshot struct {
 // "unlimited", which does take part (and wins).
 type Policy struct {
 	// ID names the policy; keys, keyless APIs, JWT default policies and
-	// failure limits refer to it. Required and unique.
+	// failure limits refer to it, and it names its limits in the
+	// RateLimit header fields (its quota as ID + "/quota"). Required and
+	// unique: 1 to 128 ASCII letters, digits, '.', '_', ':' or '-'.
 	ID string `json:"id"`
 	// Rate is the rate limit, or nil for none.
 	Rate *Rate `json:"rate,omitempty"`
@@ -166,7 +168,8 @@ const BuiltinEcho = "builtin:echo"
 // API is one protected upstream and the path prefix it is served under.
 type API struct {
 	// ID names the API; policies' apis lists and keys' api_limits refer
-	// to it. Required and unique.
+	// to it. Required and unique: 1 to 128 ASCII letters, digits, '.',
+	// '_', ':' or '-'.
 	ID string `json:"id"`
 	// ListenPath is the path prefix, a clean absolute path such as
 	// "/orders/" (see CleanListenPath); unique across APIs.

@@ -488,3 +488,36 @@ func TestValidateShardedListenPaths(t *testing.T) {
 		t.Errorf("ValidateSharded: got %v, want %q", err, want)
 	}
 }
+
+// TestIDs: policy and API IDs are 1 to 128 letters, digits, '.', '_',
+// ':' or '-'; a "/" could make a policy's rate name its neighbour's quota
+// ("x/quota") in the RateLimit header fields.
+func TestIDs(t *testing.T) {
+	rate := &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}
+	for _, c := range []struct {
+		id   string
+		want string // "" means valid
+	}{
+		{"gold", ""},
+		{"Team_A-1.v2:eu", ""},
+		{strings.Repeat("p", 128), ""},
+		{strings.Repeat("p", 129), `spec: policies[0].id: "` + strings.Repeat("p", 129) + `": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
+		{"x/quota", `spec: policies[0].id: "x/quota": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
+		{" ", `spec: policies[0].id: " ": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
+		{"é", `spec: policies[0].id: "é": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
+	} {
+		s := &spec.Snapshot{Policies: []spec.Policy{{ID: c.id, Rate: rate}}}
+		got := ""
+		if err := s.Validate(); err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("policy %q: got %q, want %q", c.id, got, c.want)
+		}
+	}
+	s := &spec.Snapshot{APIs: []spec.API{{ID: "a b", ListenPath: "/a/", Target: spec.BuiltinEcho}}}
+	want := `spec: apis[0].id: "a b": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`
+	if err := s.Validate(); err == nil || err.Error() != want {
+		t.Errorf("API \"a b\": got %v, want %q", err, want)
+	}
+}

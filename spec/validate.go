@@ -94,6 +94,8 @@ func (v *validator) snapshot(s *Snapshot) {
 		switch f, dup := first[p.ID]; {
 		case p.ID == "":
 			v.fail(at+".id", "missing")
+		case !validID(p.ID):
+			v.fail(at+".id", "%q: %s", p.ID, idRule)
 		case dup:
 			v.fail(at+".id", "duplicate policy id %q (first at %s)", p.ID, f)
 		default:
@@ -113,6 +115,8 @@ func (v *validator) snapshot(s *Snapshot) {
 		switch f, dup := firstAPI[a.ID]; {
 		case a.ID == "":
 			v.fail(at+".id", "missing")
+		case !validID(a.ID):
+			v.fail(at+".id", "%q: %s", a.ID, idRule)
 		case dup:
 			v.fail(at+".id", "duplicate API id %q (first at %s)", a.ID, f)
 		default:
@@ -149,6 +153,27 @@ func (v *validator) snapshot(s *Snapshot) {
 		}
 		v.key(at, k, policies, apis)
 	}
+}
+
+// idRule says what validID accepts.
+const idRule = "an id is 1 to 128 letters, digits, '.', '_', ':' or '-'"
+
+// validID reports whether id may name a policy or an API: 1 to 128 ASCII
+// letters, digits, '.', '_', ':' and '-'. Policy IDs become names in the
+// RateLimit header fields (a quota's is the ID and "/quota", so a "/" in an
+// ID could name two limits alike) and both appear in URLs of the admin
+// APIs and in metric labels.
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // samePath returns the first API among on (indexes into apis) whose
