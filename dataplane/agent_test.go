@@ -290,6 +290,37 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 	}
 }
 
+// TestAgentBackoffCapIncludesJitter: with a jitter of 0.5 and Max 40 ms,
+// none of ten logged reconnect delays exceeds Max (the library caps the
+// delay before jitter, which let waits reach Max×1.5), and the attempts
+// are spaced by at least 20 ms × 0.5.
+func TestAgentBackoffCapIncludesJitter(t *testing.T) {
+	f, addr := newFakeCP(t, 10)
+	g := newGateway(t)
+	log := &lockedBuffer{}
+	o := agentOptions(g.gw, addr, log)
+	o.Backoff = dataplane.Backoff{Initial: 20 * time.Millisecond, Max: 40 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
+	a, err := dataplane.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	f.next(t)
+	delays := regexp.MustCompile(`reconnecting".*? in=(\S+)`).FindAllStringSubmatch(log.String(), -1)
+	if len(delays) != 10 {
+		t.Fatalf("%d delays logged, want 10\n%s", len(delays), log)
+	}
+	for i, d := range delays {
+		got, err := time.ParseDuration(d[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got > o.Backoff.Max || got < 10*time.Millisecond {
+			t.Errorf("delay %d: %v, want within [10ms, %v]", i+1, got, o.Backoff.Max)
+		}
+	}
+}
+
 // TestAgentAnswersDigestRequests: a DigestRequest is answered with a
 // DigestReport of the running revision and digest, and reports come by
 // themselves every DigestInterval.
