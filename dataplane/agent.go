@@ -51,6 +51,9 @@ const (
 	// DefaultSaveDelay is how long the agent lets changes gather before
 	// it persists the configuration they made.
 	DefaultSaveDelay = time.Second
+	// DefaultContactSaveInterval is how often, at most, the agent
+	// persists the time of its last contact while connected.
+	DefaultContactSaveInterval = 5 * time.Second
 )
 
 // OnStale says what a data plane does once it has been without its
@@ -122,8 +125,17 @@ type AgentOptions struct {
 	// them all (the latest configuration wins); 0 means
 	// DefaultSaveDelay.
 	SaveDelay time.Duration
+	// ContactSaveInterval is how often, at most, the time of the last
+	// contact with the control plane is persisted while connected (when
+	// Persister is a ContactPersister; it is also saved when a stream
+	// gains or loses the control plane, and when Run stops); 0 means
+	// DefaultContactSaveInterval.
+	ContactSaveInterval time.Duration
 	// MaxStale is how long the data plane may be without its control
-	// plane before OnStale applies; 0 means never.
+	// plane before OnStale applies; 0 means never. Staleness counts from
+	// the last contact, which a ContactPersister carries over restarts:
+	// a gateway started from the persisted configuration counts from the
+	// persisted contact, not from its own start.
 	MaxStale time.Duration
 	// OnStale is what happens then; "" means StaleKeep.
 	OnStale OnStale
@@ -174,9 +186,12 @@ type Status struct {
 	// never; the JSON member is then left out). While connected it is
 	// now.
 	LastContact *time.Time `json:"last_contact,omitempty"`
+	// LastContact may come from the Persister (ContactPersister) when the
+	// running configuration is the persisted one.
+	//
 	// Staleness is how long the data plane has been without its control
 	// plane: 0 while connected, else the time since LastContact (since
-	// Run started when never connected). StalenessSeconds is the same in
+	// Run started when there is none). StalenessSeconds is the same in
 	// seconds.
 	Staleness        time.Duration `json:"-"`
 	StalenessSeconds float64       `json:"staleness_seconds"`
@@ -246,6 +261,9 @@ type Agent struct {
 	refused string
 	// accepted is signalled (capacity 1) when a refusal ends.
 	accepted chan struct{}
+	// contactKick asks the contact saver to persist the last contact now
+	// (capacity 1).
+	contactKick chan struct{}
 }
 
 // running is the configuration the gateway runs, as the agent knows it.
@@ -289,6 +307,9 @@ func New(opts AgentOptions) (*Agent, error) {
 	if opts.SaveDelay <= 0 {
 		opts.SaveDelay = DefaultSaveDelay
 	}
+	if opts.ContactSaveInterval <= 0 {
+		opts.ContactSaveInterval = DefaultContactSaveInterval
+	}
 	if opts.DigestInterval <= 0 {
 		opts.DigestInterval = DefaultDigestInterval
 	}
@@ -324,7 +345,7 @@ func New(opts AgentOptions) (*Agent, error) {
 		opts.Logger = slog.Default()
 	}
 	a := &Agent{o: opts, g: opts.Gateway, log: opts.Logger.With("component", "dataplane", "group", opts.Group),
-		applied: make(chan struct{}), saveNext: make(chan struct{}, 1), accepted: make(chan struct{}, 1)}
+		applied: make(chan struct{}), saveNext: make(chan struct{}, 1), accepted: make(chan struct{}, 1), contactKick: make(chan struct{}, 1)}
 	a.cur.source = "none"
 	a.st = Status{State: "connecting", Source: "none", Digest: protocol.Digest(nil)}
 	return a, nil
@@ -398,6 +419,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.o.Persister != nil {
 		wg.Go(func() { a.saver(ctx) })
 	}
+	if cp, ok := a.o.Persister.(ContactPersister); ok {
+		wg.Go(func() { a.contactSaver(ctx, cp) })
+	}
 	wg.Go(func() { a.startFallback(ctx) })
 	if a.o.MaxStale > 0 {
 		wg.Go(func() { a.watchStale(ctx) })
@@ -453,7 +477,9 @@ type cappedBackOff struct {
 	max time.Duration
 }
 
-func (c cappedBackOff) NextBackOff() time.Duration { return min(c.ExponentialBackOff.NextBackOff(), c.max) }
+func (c cappedBackOff) NextBackOff() time.Duration {
+	return min(c.ExponentialBackOff.NextBackOff(), c.max)
+}
 
 // refusal returns the control plane's message when err says it refused
 // the data plane's credentials (codes.Unauthenticated or
@@ -529,6 +555,51 @@ func (a *Agent) disconnected(err error) {
 	if err != nil {
 		a.st.LastError = err.Error()
 	}
+	a.kickContact()
+}
+
+// kickContact asks the contact saver to persist the last contact now.
+func (a *Agent) kickContact() {
+	select {
+	case a.contactKick <- struct{}{}:
+	default:
+	}
+}
+
+// contactSaver persists the last contact (Status.LastContact) when kicked
+// and every ContactSaveInterval while it changes, and once more when ctx
+// is done. Failures are logged once per streak.
+func (a *Agent) contactSaver(ctx context.Context, cp ContactPersister) {
+	var saved time.Time
+	failing := false
+	save := func(ctx context.Context) {
+		lc := a.Status().LastContact
+		if lc == nil || !lc.After(saved) {
+			return
+		}
+		if err := cp.SaveContact(ctx, *lc); err != nil {
+			if !failing && ctx.Err() == nil {
+				a.log.Error("dataplane: persist the last contact with the control plane", "err", err)
+			}
+			failing = true
+			return
+		}
+		failing, saved = false, *lc
+	}
+	t := time.NewTicker(a.o.ContactSaveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), finalSaveTimeout)
+			save(fctx)
+			cancel()
+			return
+		case <-a.contactKick:
+		case <-t.C:
+		}
+		save(ctx)
+	}
 }
 
 // refuse records that the control plane refused the credentials with
@@ -543,6 +614,7 @@ func (a *Agent) refuse(msg string) bool {
 	}
 	a.st.State = "disconnected"
 	a.st.LastError = "dataplane: the control plane refused this data plane's credentials: " + msg
+	a.kickContact()
 	news := a.refused != msg
 	a.refused = msg
 	return news
@@ -559,6 +631,7 @@ func (a *Agent) contact() {
 	wasRefused := a.refused != ""
 	a.refused = ""
 	a.mu.Unlock()
+	a.kickContact()
 	if wasRefused {
 		a.log.Info("dataplane: the control plane accepts this data plane's credentials again")
 		select {
@@ -653,10 +726,28 @@ func (a *Agent) startFallback(ctx context.Context) {
 		a.log.Warn("dataplane: the control plane did not answer in time and no configuration is persisted; the gateway answers 503 until it does", "start_timeout", a.o.StartTimeout)
 		return
 	}
+	var contact time.Time
+	if cp, ok := a.o.Persister.(ContactPersister); ok {
+		if contact, err = cp.LoadContact(ctx); err != nil {
+			a.log.Error("dataplane: load the persisted last contact; staleness counts from the start", "err", err)
+		}
+	}
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
 	if a.cur.source != "none" {
 		return // the control plane answered meanwhile
+	}
+	if !contact.IsZero() {
+		// Staleness counts from the persisted contact: a gateway
+		// restarted during a long outage gets no fresh max_stale.
+		a.mu.Lock()
+		if a.st.LastContact == nil {
+			a.st.LastContact = &contact
+		}
+		a.mu.Unlock()
+		if a.o.MaxStale > 0 {
+			a.setStale(a.Status().Stale) // fail closed before serving
+		}
 	}
 	dg := digesterOf(snap)
 	if err := a.g.Apply(ctx, snap); err != nil {
