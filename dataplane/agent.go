@@ -510,7 +510,7 @@ func (a *Agent) connectLoop(ctx context.Context, conn grpc.ClientConnInterface) 
 		a.setState("connecting")
 		answered, err := a.session(ctx, conn)
 		if ctx.Err() != nil {
-			a.setState("disconnected")
+			a.disconnected(nil) // records the last contact when connected
 			return
 		}
 		if answered {
