@@ -257,6 +257,11 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 	if fmt.Sprint(got) != "[20ms 40ms 80ms 80ms]" {
 		t.Errorf("logged delays %v, want [20ms 40ms 80ms 80ms]\n%s", got, log)
 	}
+	for _, d := range got {
+		if w, err := time.ParseDuration(d); err != nil || w > o.Backoff.Max {
+			t.Errorf("logged delay %s (%v): more than Max %v", d, err, o.Backoff.Max)
+		}
+	}
 	if st := a.Status(); st.Reconnects != 4 || !strings.Contains(st.LastError, "fake: not yet") {
 		t.Errorf("status: %+v", st)
 	}
