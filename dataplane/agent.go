@@ -8,14 +8,17 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
@@ -31,7 +34,7 @@ const (
 	DefaultStartTimeout = 5 * time.Second
 	// DefaultBackoffInitial is the first reconnect delay (before jitter).
 	DefaultBackoffInitial = 100 * time.Millisecond
-	// DefaultBackoffMax caps the reconnect delay (before jitter).
+	// DefaultBackoffMax caps the reconnect delay, jitter included.
 	DefaultBackoffMax = 10 * time.Second
 	// DefaultBackoffMultiplier is the factor the delay grows by after each
 	// failed attempt.
@@ -48,6 +51,9 @@ const (
 	// DefaultSaveDelay is how long the agent lets changes gather before
 	// it persists the configuration they made.
 	DefaultSaveDelay = time.Second
+	// DefaultContactSaveInterval is how often, at most, the agent
+	// persists the time of its last contact while connected.
+	DefaultContactSaveInterval = 5 * time.Second
 )
 
 // OnStale says what a data plane does once it has been without its
@@ -70,7 +76,8 @@ const (
 type Backoff struct {
 	// Initial is the first delay; 0 means DefaultBackoffInitial.
 	Initial time.Duration
-	// Max caps the delay before jitter; 0 means DefaultBackoffMax.
+	// Max caps the delay, jitter included (no wait is longer); 0 means
+	// DefaultBackoffMax.
 	Max time.Duration
 	// Multiplier is the growth factor; 0 means DefaultBackoffMultiplier.
 	Multiplier float64
@@ -118,8 +125,17 @@ type AgentOptions struct {
 	// them all (the latest configuration wins); 0 means
 	// DefaultSaveDelay.
 	SaveDelay time.Duration
+	// ContactSaveInterval is how often, at most, the time of the last
+	// contact with the control plane is persisted while connected (when
+	// Persister is a ContactPersister; it is also saved when a stream
+	// gains or loses the control plane, and when Run stops); 0 means
+	// DefaultContactSaveInterval.
+	ContactSaveInterval time.Duration
 	// MaxStale is how long the data plane may be without its control
-	// plane before OnStale applies; 0 means never.
+	// plane before OnStale applies; 0 means never. Staleness counts from
+	// the last contact, which a ContactPersister carries over restarts:
+	// a gateway started from the persisted configuration counts from the
+	// persisted contact, not from its own start.
 	MaxStale time.Duration
 	// OnStale is what happens then; "" means StaleKeep.
 	OnStale OnStale
@@ -153,8 +169,11 @@ type AgentOptions struct {
 type Status struct {
 	// State is "connecting" (a stream is being opened or waits for the
 	// control plane's first message), "connected" (the control plane
-	// answered on the open stream) or "disconnected" (waiting to
-	// reconnect).
+	// answered on the open stream), "disconnected" (waiting to
+	// reconnect) or "refused" (the control plane refused this data
+	// plane's credentials, codes.Unauthenticated or
+	// codes.PermissionDenied, and has not accepted them since; the agent
+	// keeps retrying, and the gateway is not ready: see NotReady).
 	State string `json:"state"`
 	// AppliedRevision is the revision the gateway runs (0: none).
 	AppliedRevision uint64 `json:"applied_revision"`
@@ -163,20 +182,25 @@ type Status struct {
 	// Source is where the running configuration came from:
 	// "control_plane", "persisted" or "none".
 	Source string `json:"source"`
-	// LastContact is when the control plane was last heard from (zero:
-	// never). While connected it is now.
-	LastContact time.Time `json:"last_contact"`
+	// LastContact is when the control plane was last heard from (nil:
+	// never; the JSON member is then left out). While connected it is
+	// now.
+	LastContact *time.Time `json:"last_contact,omitempty"`
+	// LastContact may come from the Persister (ContactPersister) when the
+	// running configuration is the persisted one.
+	//
 	// Staleness is how long the data plane has been without its control
 	// plane: 0 while connected, else the time since LastContact (since
-	// Run started when never connected). StalenessSeconds is the same in
+	// Run started when there is none). StalenessSeconds is the same in
 	// seconds.
 	Staleness        time.Duration `json:"-"`
 	StalenessSeconds float64       `json:"staleness_seconds"`
 	// Stale reports whether Staleness has passed MaxStale (never when
 	// MaxStale is 0).
 	Stale bool `json:"stale"`
-	// LastError is the last stream failure or rejected delivery; ""
-	// when none since the last applied delivery.
+	// LastError is the last stream failure (kept while not connected:
+	// the control plane's answer clears it) or the last rejected delivery
+	// (cleared by the next applied one); "" when none.
 	LastError string `json:"last_error"`
 	// PersistedRevision is the revision last saved by the Persister (or
 	// loaded from it); 0 when none.
@@ -185,6 +209,18 @@ type Status struct {
 	Reconnects uint64 `json:"reconnects"`
 	// Deliveries counts deliveries by kind and outcome.
 	Deliveries Deliveries `json:"deliveries"`
+}
+
+// NotReady returns why the gateway must not be taken as ready because of
+// its control plane, or "" when nothing about the control plane stops
+// it: while State is "refused", "not ready: the control plane refused
+// this data plane's credentials: <the control plane's message>". The
+// gateway's GET /readyz answers 503 with it (gateway.ControlPlaneStatus).
+func (s Status) NotReady() string {
+	if s.State != "refused" {
+		return ""
+	}
+	return "not ready: " + strings.TrimPrefix(s.LastError, "dataplane: ")
 }
 
 // Deliveries counts the deliveries an agent applied or rejected.
@@ -220,6 +256,14 @@ type Agent struct {
 	running  bool
 	applied  chan struct{} // closed at the first applied configuration
 	saveNext chan struct{} // a save is wanted (capacity 1)
+	// refused is the control plane's message when it refused the
+	// credentials and has not answered since; "" otherwise.
+	refused string
+	// accepted is signalled (capacity 1) when a refusal ends.
+	accepted chan struct{}
+	// contactKick asks the contact saver to persist the last contact now
+	// (capacity 1).
+	contactKick chan struct{}
 }
 
 // running is the configuration the gateway runs, as the agent knows it.
@@ -263,6 +307,9 @@ func New(opts AgentOptions) (*Agent, error) {
 	if opts.SaveDelay <= 0 {
 		opts.SaveDelay = DefaultSaveDelay
 	}
+	if opts.ContactSaveInterval <= 0 {
+		opts.ContactSaveInterval = DefaultContactSaveInterval
+	}
 	if opts.DigestInterval <= 0 {
 		opts.DigestInterval = DefaultDigestInterval
 	}
@@ -298,7 +345,7 @@ func New(opts AgentOptions) (*Agent, error) {
 		opts.Logger = slog.Default()
 	}
 	a := &Agent{o: opts, g: opts.Gateway, log: opts.Logger.With("component", "dataplane", "group", opts.Group),
-		applied: make(chan struct{}), saveNext: make(chan struct{}, 1)}
+		applied: make(chan struct{}), saveNext: make(chan struct{}, 1), accepted: make(chan struct{}, 1), contactKick: make(chan struct{}, 1)}
 	a.cur.source = "none"
 	a.st = Status{State: "connecting", Source: "none", Digest: protocol.Digest(nil)}
 	return a, nil
@@ -317,11 +364,12 @@ func (a *Agent) Status() Status {
 func (a *Agent) statusLocked(now time.Time) Status {
 	s := a.st
 	if s.State == "connected" {
-		s.LastContact, s.Staleness = now, 0
+		s.LastContact, s.Staleness = &now, 0
 	} else {
-		since := s.LastContact
-		if since.IsZero() {
-			since = a.started
+		since := a.started
+		if s.LastContact != nil {
+			lc := *s.LastContact
+			s.LastContact, since = &lc, lc
 		}
 		if !since.IsZero() && now.After(since) {
 			s.Staleness = now.Sub(since)
@@ -329,6 +377,9 @@ func (a *Agent) statusLocked(now time.Time) Status {
 	}
 	s.StalenessSeconds = s.Staleness.Seconds()
 	s.Stale = a.o.MaxStale > 0 && s.Staleness >= a.o.MaxStale && s.State != "connected"
+	if a.refused != "" && s.State != "connected" {
+		s.State = "refused"
+	}
 	return s
 }
 
@@ -367,6 +418,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	if a.o.Persister != nil {
 		wg.Go(func() { a.saver(ctx) })
+	}
+	if cp, ok := a.o.Persister.(ContactPersister); ok {
+		wg.Go(func() { a.contactSaver(ctx, cp) })
 	}
 	wg.Go(func() { a.startFallback(ctx) })
 	if a.o.MaxStale > 0 {
@@ -416,11 +470,37 @@ func (a *Agent) newBackOff() *backoff.ExponentialBackOff {
 	return b
 }
 
+// cappedBackOff caps an ExponentialBackOff's delays after jitter, so that
+// Backoff.Max is the longest wait (the library caps before jitter).
+type cappedBackOff struct {
+	*backoff.ExponentialBackOff
+	max time.Duration
+}
+
+func (c cappedBackOff) NextBackOff() time.Duration {
+	return min(c.ExponentialBackOff.NextBackOff(), c.max)
+}
+
+// refusal returns the control plane's message when err says it refused
+// the data plane's credentials (codes.Unauthenticated or
+// codes.PermissionDenied).
+func refusal(err error) (string, bool) {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return "", false
+	}
+	st := se.GRPCStatus()
+	if c := st.Code(); c != codes.Unauthenticated && c != codes.PermissionDenied {
+		return "", false
+	}
+	return st.Message(), true
+}
+
 // connectLoop opens streams one after another until ctx is done, waiting
 // a backoff delay after each stream that ends without the control plane
 // having answered (and a reset delay after one where it had).
 func (a *Agent) connectLoop(ctx context.Context, conn grpc.ClientConnInterface) {
-	bo := a.newBackOff()
+	bo := cappedBackOff{a.newBackOff(), a.o.Backoff.Max}
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			a.mu.Lock()
@@ -430,15 +510,22 @@ func (a *Agent) connectLoop(ctx context.Context, conn grpc.ClientConnInterface) 
 		a.setState("connecting")
 		answered, err := a.session(ctx, conn)
 		if ctx.Err() != nil {
-			a.setState("disconnected")
+			a.disconnected(nil) // records the last contact when connected
 			return
 		}
 		if answered {
 			bo.Reset()
 		}
 		delay := bo.NextBackOff()
-		a.disconnected(err)
-		a.log.Warn("dataplane: sync stream ended; reconnecting", "err", err, "in", delay)
+		if msg, ok := refusal(err); ok {
+			if a.refuse(msg) {
+				a.log.Error("dataplane: the control plane refused this data plane's credentials; the gateway is not ready (a running configuration keeps serving); retrying with backoff",
+					"err", err, "in", delay)
+			}
+		} else {
+			a.disconnected(err)
+			a.log.Warn("dataplane: sync stream ended; reconnecting", "err", err, "in", delay)
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -461,22 +548,106 @@ func (a *Agent) disconnected(err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.st.State == "connected" {
-		a.st.LastContact = a.o.Now()
+		now := a.o.Now()
+		a.st.LastContact = &now
 	}
 	a.st.State = "disconnected"
 	if err != nil {
 		a.st.LastError = err.Error()
 	}
+	a.kickContact()
+}
+
+// kickContact asks the contact saver to persist the last contact now.
+func (a *Agent) kickContact() {
+	select {
+	case a.contactKick <- struct{}{}:
+	default:
+	}
+}
+
+// contactSaver persists the last contact (Status.LastContact) when kicked
+// and every ContactSaveInterval while it changes, and once more when ctx
+// is done. Failures are logged once per streak.
+func (a *Agent) contactSaver(ctx context.Context, cp ContactPersister) {
+	var saved time.Time
+	failing := false
+	save := func(ctx context.Context) {
+		lc := a.Status().LastContact
+		if lc == nil || !lc.After(saved) {
+			return
+		}
+		if err := cp.SaveContact(ctx, *lc); err != nil {
+			if !failing && ctx.Err() == nil {
+				a.log.Error("dataplane: persist the last contact with the control plane", "err", err)
+			}
+			failing = true
+			return
+		}
+		failing, saved = false, *lc
+	}
+	t := time.NewTicker(a.o.ContactSaveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), finalSaveTimeout)
+			save(fctx)
+			cancel()
+			return
+		case <-a.contactKick:
+		case <-t.C:
+		}
+		save(ctx)
+	}
+}
+
+// refuse records that the control plane refused the credentials with
+// msg; it reports whether that is news (not refused before, or refused
+// with another message), to log it once per change.
+func (a *Agent) refuse(msg string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.st.State == "connected" {
+		now := a.o.Now()
+		a.st.LastContact = &now
+	}
+	a.st.State = "disconnected"
+	a.st.LastError = "dataplane: the control plane refused this data plane's credentials: " + msg
+	a.kickContact()
+	news := a.refused != msg
+	a.refused = msg
+	return news
 }
 
 // contact records that the control plane answered on the open stream; it
 // lifts a fail-closed gateway.
 func (a *Agent) contact() {
 	a.mu.Lock()
+	now := a.o.Now()
 	a.st.State = "connected"
-	a.st.LastContact = a.o.Now()
+	a.st.LastContact = &now
+	a.st.LastError = ""
+	wasRefused := a.refused != ""
+	a.refused = ""
 	a.mu.Unlock()
+	a.kickContact()
+	if wasRefused {
+		a.log.Info("dataplane: the control plane accepts this data plane's credentials again")
+		select {
+		case a.accepted <- struct{}{}:
+		default:
+		}
+	}
 	a.setStale(false)
+}
+
+// isRefused reports whether the control plane refused the credentials
+// and has not answered since.
+func (a *Agent) isRefused() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.refused != ""
 }
 
 // watchStale checks staleness until ctx is done.
@@ -533,6 +704,19 @@ func (a *Agent) startFallback(ctx context.Context) {
 		return
 	case <-t.C:
 	}
+	// A refusal is an answer: the control plane is there and does not
+	// want this data plane, so its persisted configuration is not
+	// enforced until the control plane accepts the credentials.
+	for a.isRefused() {
+		a.log.Warn("dataplane: the control plane refused this data plane's credentials; not enforcing the persisted configuration")
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.applied:
+			return
+		case <-a.accepted:
+		}
+	}
 	snap, err := a.o.Persister.Load(ctx)
 	if err != nil {
 		a.log.Error("dataplane: load the persisted configuration", "err", err)
@@ -542,10 +726,28 @@ func (a *Agent) startFallback(ctx context.Context) {
 		a.log.Warn("dataplane: the control plane did not answer in time and no configuration is persisted; the gateway answers 503 until it does", "start_timeout", a.o.StartTimeout)
 		return
 	}
+	var contact time.Time
+	if cp, ok := a.o.Persister.(ContactPersister); ok {
+		if contact, err = cp.LoadContact(ctx); err != nil {
+			a.log.Error("dataplane: load the persisted last contact; staleness counts from the start", "err", err)
+		}
+	}
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
 	if a.cur.source != "none" {
 		return // the control plane answered meanwhile
+	}
+	if !contact.IsZero() {
+		// Staleness counts from the persisted contact: a gateway
+		// restarted during a long outage gets no fresh max_stale.
+		a.mu.Lock()
+		if a.st.LastContact == nil {
+			a.st.LastContact = &contact
+		}
+		a.mu.Unlock()
+		if a.o.MaxStale > 0 {
+			a.setStale(a.Status().Stale) // fail closed before serving
+		}
 	}
 	dg := digesterOf(snap)
 	if err := a.g.Apply(ctx, snap); err != nil {

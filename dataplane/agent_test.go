@@ -257,6 +257,11 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 	if fmt.Sprint(got) != "[20ms 40ms 80ms 80ms]" {
 		t.Errorf("logged delays %v, want [20ms 40ms 80ms 80ms]\n%s", got, log)
 	}
+	for _, d := range got {
+		if w, err := time.ParseDuration(d); err != nil || w > o.Backoff.Max {
+			t.Errorf("logged delay %s (%v): more than Max %v", d, err, o.Backoff.Max)
+		}
+	}
 	if st := a.Status(); st.Reconnects != 4 || !strings.Contains(st.LastError, "fake: not yet") {
 		t.Errorf("status: %+v", st)
 	}
@@ -287,6 +292,37 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 	s2.wantAck(t, 7, "snap-7b")
 	if g.gw.Engine() != engine {
 		t.Error("the running snapshot again rebuilt the gateway")
+	}
+}
+
+// TestAgentBackoffCapIncludesJitter: with a jitter of 0.5 and Max 40 ms,
+// none of ten logged reconnect delays exceeds Max (the library caps the
+// delay before jitter, which let waits reach Max×1.5), and the attempts
+// are spaced by at least 20 ms × 0.5.
+func TestAgentBackoffCapIncludesJitter(t *testing.T) {
+	f, addr := newFakeCP(t, 10)
+	g := newGateway(t)
+	log := &lockedBuffer{}
+	o := agentOptions(g.gw, addr, log)
+	o.Backoff = dataplane.Backoff{Initial: 20 * time.Millisecond, Max: 40 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
+	a, err := dataplane.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	f.next(t)
+	delays := regexp.MustCompile(`reconnecting".*? in=(\S+)`).FindAllStringSubmatch(log.String(), -1)
+	if len(delays) != 10 {
+		t.Fatalf("%d delays logged, want 10\n%s", len(delays), log)
+	}
+	for i, d := range delays {
+		got, err := time.ParseDuration(d[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got > o.Backoff.Max || got < 10*time.Millisecond {
+			t.Errorf("delay %d: %v, want within [10ms, %v]", i+1, got, o.Backoff.Max)
+		}
 	}
 }
 

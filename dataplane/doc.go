@@ -47,8 +47,12 @@
 //
 // Agent.Run holds the stream and reconnects when it ends, after an
 // exponential backoff with jitter (github.com/cenkalti/backoff/v5; 100 ms
-// growing to 10 s by default, reset after a stream on which the control
-// plane answered); gRPC keepalive pings (every 10 s, 5 s to answer) find
+// growing to 10 s by default, no wait longer than the maximum with jitter
+// included, reset after a stream on which the control plane answered); a
+// stream the control plane refuses with Unauthenticated or
+// PermissionDenied makes Status.State "refused" (Status.NotReady, which
+// the gateway's GET /readyz answers 503 with) until the control plane
+// answers, and is logged once per change; gRPC keepalive pings (every 10 s, 5 s to answer) find
 // a dead peer. It applies
 //
 //   - a snapshot with gateway.Apply, after checking the digest the last
@@ -73,10 +77,15 @@
 // Each applied configuration is persisted in the background (saves
 // gather for SaveDelay and the latest wins). When no configuration was
 // applied within StartTimeout of Run's start, the persisted one is
-// applied (Status.Source "persisted") until the control plane answers.
-// MaxStale and OnStale say what happens when the control plane is away
-// too long: keep serving, or fail closed (gateway.SetUnavailable: every
-// API request answered 503) until it answers again.
+// applied (Status.Source "persisted") until the control plane answers,
+// unless the control plane refused the credentials (a refusal is an
+// answer: nothing is applied until it accepts them). MaxStale and OnStale
+// say what happens when the control plane is away too long: keep serving,
+// or fail closed (gateway.SetUnavailable: every API request answered
+// 503) until it answers again. Staleness counts from the last contact,
+// which a ContactPersister keeps beside the configuration, so a gateway
+// started from the persisted configuration counts from the persisted
+// contact, not from its start.
 //
 // # Compared with Envoy xDS and Tyk MDCB
 //

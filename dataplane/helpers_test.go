@@ -333,9 +333,25 @@ type fakeCP struct {
 	syncpb.UnimplementedSyncServiceServer
 	streams chan *fakeStream
 
-	mu       sync.Mutex
-	refuse   int
-	attempts []time.Time
+	mu        sync.Mutex
+	refuse    int
+	refuseErr error // when set, every call is refused with it
+	attempts  []time.Time
+}
+
+// refuseWith makes every Sync call end at once with err (nil: serve
+// again).
+func (f *fakeCP) refuseWith(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refuseErr = err
+}
+
+// attemptCount returns how many Sync calls came.
+func (f *fakeCP) attemptCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.attempts)
 }
 
 // fakeStream is one Sync call of a fakeCP.
@@ -350,7 +366,11 @@ func (f *fakeCP) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, sync
 	f.mu.Lock()
 	f.attempts = append(f.attempts, time.Now())
 	refused := len(f.attempts) <= f.refuse
+	refuseErr := f.refuseErr
 	f.mu.Unlock()
+	if refuseErr != nil {
+		return refuseErr
+	}
 	if refused {
 		return status.Error(codes.Unavailable, "fake: not yet")
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -33,6 +34,23 @@ type Persister interface {
 	Save(ctx context.Context, snap *spec.Snapshot) error
 }
 
+// ContactPersister is a Persister that also keeps when the data plane
+// last had contact with its control plane, so that a gateway started from
+// the persisted configuration counts its staleness (AgentOptions.MaxStale)
+// from that contact, not from its own start. RedisPersister and
+// FilePersister implement it. Implementations must be safe for
+// concurrent use.
+type ContactPersister interface {
+	Persister
+	// SaveContact records t as the last contact. It must not rewrite
+	// the configuration (the agent calls it every few seconds while
+	// connected).
+	SaveContact(ctx context.Context, t time.Time) error
+	// LoadContact returns the recorded last contact, or the zero time
+	// and no error when none is.
+	LoadContact(ctx context.Context) (time.Time, error)
+}
+
 // RedisConfigKey returns the Redis key a data-plane group's configuration
 // is persisted under: "limitplane:dataplane:{<group>}:config" (the group
 // is a Cluster hash tag).
@@ -48,6 +66,11 @@ func RedisConfigKey(group string) string { return "limitplane:dataplane:{" + gro
 // stored one (a Lua script compares and writes in one step), so gateways
 // of one group saving concurrently, or one that lags, never bring back an
 // older configuration. The key has no TTL: it must outlive any outage.
+//
+// The hash's third field, "contact", is the last contact with the control
+// plane of any gateway of the group, in Unix milliseconds (decimal): it
+// is written alone (SaveContact), so the snapshot is not rewritten, and
+// only ever rises.
 type RedisPersister struct {
 	client redis.UniversalClient
 	key    string
@@ -71,6 +94,42 @@ end
 redis.call('HSET', KEYS[1], 'revision', new, 'snapshot', ARGV[2])
 return 1
 `)
+
+// contactScript sets the hash's contact field to ARGV[1] (Unix ms) when
+// that is later than the stored one.
+var contactScript = redis.NewScript(`
+local cur = tonumber(redis.call('HGET', KEYS[1], 'contact') or '0')
+if cur >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'contact', ARGV[1])
+return 1
+`)
+
+// SaveContact implements ContactPersister: the "contact" field, in Unix
+// milliseconds, kept when it is later already.
+func (p *RedisPersister) SaveContact(ctx context.Context, t time.Time) error {
+	if err := contactScript.Run(ctx, p.client, []string{p.key}, strconv.FormatInt(t.UnixMilli(), 10)).Err(); err != nil {
+		return fmt.Errorf("dataplane: persist the last contact in Redis: %w", err)
+	}
+	return nil
+}
+
+// LoadContact implements ContactPersister.
+func (p *RedisPersister) LoadContact(ctx context.Context) (time.Time, error) {
+	v, err := p.client.HGet(ctx, p.key, "contact").Result()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("dataplane: load the last contact from Redis: %w", err)
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("dataplane: load the last contact from Redis: key %s: contact %q: %w", p.key, v, err)
+	}
+	return time.UnixMilli(ms), nil
+}
 
 // Save implements Persister. A snapshot whose revision is not higher than
 // the stored one is not written, and that is not an error.
@@ -127,6 +186,10 @@ func (p *RedisPersister) Load(ctx context.Context) (*spec.Snapshot, error) {
 // syncs it and renames it over the old one (then syncs the directory), so
 // the file always holds one whole configuration, the old or the new, even
 // after a crash.
+//
+// The last contact with the control plane (SaveContact) is kept in a
+// sidecar file, Path + ".contact": one RFC 3339 time with nanoseconds,
+// replaced the same way, so the configuration file is not rewritten.
 type FilePersister struct {
 	// Path is the file's path.
 	Path string
@@ -187,7 +250,50 @@ func (p FilePersister) Load(context.Context) (*spec.Snapshot, error) {
 	return snap, nil
 }
 
+// contactPath is the sidecar file of the last contact.
+func (p FilePersister) contactPath() string { return p.Path + ".contact" }
+
+// SaveContact implements ContactPersister: Path + ".contact".
+func (p FilePersister) SaveContact(_ context.Context, t time.Time) error {
+	path := p.contactPath()
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("dataplane: persist the last contact: %w", err)
+	}
+	_, err = f.WriteString(t.UTC().Format(time.RFC3339Nano) + "\n")
+	if err == nil {
+		err = f.Close()
+	} else {
+		f.Close()
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("dataplane: persist the last contact: %w", err)
+	}
+	return nil
+}
+
+// LoadContact implements ContactPersister: the zero time when the
+// sidecar file does not exist.
+func (p FilePersister) LoadContact(context.Context) (time.Time, error) {
+	data, err := os.ReadFile(p.contactPath())
+	if errors.Is(err, fs.ErrNotExist) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("dataplane: load the last contact: %w", err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(bytes.TrimSpace(data)))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("dataplane: load the last contact from %s: %w", p.contactPath(), err)
+	}
+	return t, nil
+}
+
 var (
-	_ Persister = (*RedisPersister)(nil)
-	_ Persister = FilePersister{}
+	_ ContactPersister = (*RedisPersister)(nil)
+	_ ContactPersister = FilePersister{}
 )

@@ -57,8 +57,19 @@ type AdminOptions struct {
 	// is the answer's "control_plane" member, encoded with encoding/json
 	// (a data plane passes its agent's status: dataplane.Agent.Status).
 	// It must be safe for concurrent use and quick. nil leaves the member
-	// out.
+	// out. When the result is a ControlPlaneStatus whose NotReady is not
+	// "", GET /readyz answers 503 with that as "error".
 	ControlPlane func() any
+}
+
+// ControlPlaneStatus is a control-plane status (AdminOptions.ControlPlane's
+// result) that can hold the gateway's readiness back:
+// dataplane.Status, which does while the control plane refuses the data
+// plane's credentials.
+type ControlPlaneStatus interface {
+	// NotReady returns why the gateway is not ready, or "" when the
+	// control plane does not stop it.
+	NotReady() string
 }
 
 // AdminHandler returns the gateway's operations endpoint, to be served on
@@ -237,6 +248,16 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	out := readiness{FailurePolicy: policyName(a.g.opts.FailurePolicy)}
 	if a.o.ControlPlane != nil {
 		out.ControlPlane = a.o.ControlPlane()
+		if cs, ok := out.ControlPlane.(ControlPlaneStatus); ok {
+			if reason := cs.NotReady(); reason != "" {
+				if st := a.g.state.Load(); st != nil {
+					out.Revision = st.revision.Load()
+				}
+				out.Error = reason
+				writeJSON(w, http.StatusServiceUnavailable, out)
+				return
+			}
+		}
 	}
 	st := a.g.state.Load()
 	if st == nil {
