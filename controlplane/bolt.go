@@ -415,7 +415,12 @@ func (r *boltReader) keys() ([]spec.Key, error) {
 }
 
 func get[T any](btx *bolt.Tx, bucket []byte, id string) (*T, error) {
-	v := btx.Bucket(bucket).Get([]byte(id))
+	return decodeStored[T](btx.Bucket(bucket).Get([]byte(id)), bucket, id)
+}
+
+// decodeStored decodes an object's stored JSON v (nil: none, and nil is
+// returned).
+func decodeStored[T any](v, bucket []byte, id string) (*T, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -619,14 +624,7 @@ func getTx[T any](t *boltTx, bucket []byte, id string) (*T, error) {
 	if !ok {
 		return get[T](t.btx, bucket, id)
 	}
-	if v == nil {
-		return nil, nil
-	}
-	var o T
-	if err := json.Unmarshal(v, &o); err != nil {
-		return nil, fmt.Errorf("controlplane: decode %s %q: %w", bucket, id, err)
-	}
-	return &o, nil
+	return decodeStored[T](v, bucket, id)
 }
 
 func (t *boltTx) PutPolicy(p spec.Policy) error {
