@@ -22,7 +22,6 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
-	"github.com/limitplane/limitplane/spec"
 )
 
 // Defaults of AgentOptions.
@@ -749,7 +748,7 @@ func (a *Agent) startFallback(ctx context.Context) {
 			a.setStale(a.Status().Stale) // fail closed before serving
 		}
 	}
-	dg := digesterOf(snap)
+	dg := protocol.DigesterOf(snap)
 	if err := a.g.Apply(ctx, snap); err != nil {
 		a.log.Error("dataplane: the persisted configuration is refused", "revision", snap.Revision, "err", err)
 		return
@@ -779,19 +778,4 @@ func (a *Agent) current() (uint64, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.st.AppliedRevision, a.st.Digest
-}
-
-// digesterOf returns a Digester holding every object of snap.
-func digesterOf(snap *spec.Snapshot) protocol.Digester {
-	var d protocol.Digester
-	for i := range snap.Policies {
-		d.AddPolicy(&snap.Policies[i])
-	}
-	for i := range snap.Keys {
-		d.AddKey(&snap.Keys[i])
-	}
-	for i := range snap.APIs {
-		d.AddAPI(&snap.APIs[i])
-	}
-	return d
 }

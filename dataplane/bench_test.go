@@ -63,7 +63,7 @@ func BenchmarkKeyChange(b *testing.B) {
 	if err := a.applySnapshot(ctx, snap, ""); err != nil {
 		b.Fatal(err)
 	}
-	dg := digesterOf(snap)
+	dg := protocol.DigesterOf(snap)
 	state := make(map[int]spec.Key)
 	rev := uint64(1)
 	for _, c := range []struct {

@@ -203,7 +203,7 @@ func (a *Agent) confirmPersisted() {
 // applySnapshot checks snap against the digest the control plane sent
 // ("" for none) and applies it.
 func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want string) error {
-	dg := digesterOf(snap)
+	dg := protocol.DigesterOf(snap)
 	got := dg.Digest()
 	if want != "" && got != want {
 		return fmt.Errorf("dataplane: digest mismatch: snapshot %d has digest %s, the control plane sent %s", snap.Revision, got, want)
@@ -336,7 +336,7 @@ func (a *Agent) digestChanges(dg *protocol.Digester, changes []protocol.Change, 
 				dg.RemoveAPI(o)
 			}
 		} else if c.Kind == syncpb.Change_KIND_DELETE {
-			return nil, nil, fmt.Errorf("change %d: delete of %s %q, which is not there", i, objectName(c.Object), c.ID)
+			return nil, nil, fmt.Errorf("change %d: delete of %s %q, which is not there", i, protocol.ObjectName(c.Object), c.ID)
 		}
 		v.now = nil
 		if c.Kind == syncpb.Change_KIND_PUT {
@@ -378,18 +378,6 @@ func (a *Agent) runningObject(object syncpb.Change_Object, id string, base *spec
 		}
 	}
 	return nil
-}
-
-func objectName(o syncpb.Change_Object) string {
-	switch o {
-	case syncpb.Change_OBJECT_POLICY:
-		return "policy"
-	case syncpb.Change_OBJECT_KEY:
-		return "key"
-	case syncpb.Change_OBJECT_API:
-		return "API"
-	}
-	return "object"
 }
 
 // requestSave asks the saver to persist the running configuration.

@@ -55,19 +55,21 @@ func Delete(object syncpb.Change_Object, id string) *syncpb.Change {
 func put(object syncpb.Change_Object, id string, v any) (*syncpb.Change, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("protocol: encode %s %q: %w", objectName(object), id, err)
+		return nil, fmt.Errorf("protocol: encode %s %q: %w", ObjectName(object), id, err)
 	}
 	return &syncpb.Change{Kind: syncpb.Change_KIND_PUT, Object: object, Id: id, Json: b}, nil
 }
 
-func objectName(o syncpb.Change_Object) string {
+// ObjectName names an object kind in messages: "policy", "key", "API",
+// or "object N" for a number syncpb does not define.
+func ObjectName(o syncpb.Change_Object) string {
 	switch o {
 	case syncpb.Change_OBJECT_POLICY:
 		return "policy"
 	case syncpb.Change_OBJECT_KEY:
 		return "key"
 	case syncpb.Change_OBJECT_API:
-		return "api"
+		return "API"
 	}
 	return fmt.Sprintf("object %d", int32(o))
 }
@@ -109,7 +111,7 @@ func decodeChange(c *syncpb.Change) (Change, error) {
 	switch d.Kind {
 	case syncpb.Change_KIND_DELETE:
 		if len(c.GetJson()) != 0 {
-			return d, fmt.Errorf("delete of %s %q carries JSON", objectName(d.Object), d.ID)
+			return d, fmt.Errorf("delete of %s %q carries JSON", ObjectName(d.Object), d.ID)
 		}
 		return d, nil
 	case syncpb.Change_KIND_PUT:
@@ -137,10 +139,10 @@ func decodeChange(c *syncpb.Change) (Change, error) {
 		gotID = d.API.ID
 	}
 	if err != nil {
-		return d, fmt.Errorf("put %s %q: %w", objectName(d.Object), d.ID, err)
+		return d, fmt.Errorf("put %s %q: %w", ObjectName(d.Object), d.ID, err)
 	}
 	if gotID != d.ID {
-		return d, fmt.Errorf("put %s %q: its JSON has id %q", objectName(d.Object), d.ID, gotID)
+		return d, fmt.Errorf("put %s %q: its JSON has id %q", ObjectName(d.Object), d.ID, gotID)
 	}
 	return d, nil
 }

@@ -54,6 +54,14 @@ const digestDomain = "limitplane.sync.v1 digest\x00"
 // A nil snapshot has the digest of an empty one. The keys of a large
 // snapshot are hashed in parallel (see Digester.AddKeys).
 func Digest(snap *spec.Snapshot) string {
+	d := DigesterOf(snap)
+	return d.Digest()
+}
+
+// DigesterOf returns a Digester holding every object of snap (none for a
+// nil snap), to be kept up to date one change at a time; its Digest is
+// Digest(snap). The keys are hashed as AddKeys does, in parallel.
+func DigesterOf(snap *spec.Snapshot) Digester {
 	var d Digester
 	if snap != nil {
 		for i := range snap.Policies {
@@ -64,7 +72,7 @@ func Digest(snap *spec.Snapshot) string {
 			d.AddAPI(&snap.APIs[i])
 		}
 	}
-	return d.Digest()
+	return d
 }
 
 // Digester computes Digest one object at a time: add every object of a
