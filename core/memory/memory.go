@@ -5,10 +5,18 @@
 // with a compare-and-swap loop, and, when a quota applies, a pointer to its
 // current quota period whose used count is likewise a CAS-updated atomic.
 // A key's state lives in its slot of an open-addressing table (32 bytes:
-// fingerprint, TAT, quota pointer), so deciding for a key that is not in
+// fingerprint, TAT, quota pointer; two to a cache line, and a key's probe
+// starts at its line's first slot), so deciding for a key that is not in
 // the CPU's caches costs one cache miss, not one for the table and another
 // for a separately allocated entry. That is what keeps a store of millions
 // of keys fast, since each such miss costs 100–170 ns.
+//
+// Large tables are mapped outside the Go heap (on Unix) until a key of
+// their shard gets a quota period, the one Go pointer a slot can hold: the
+// garbage collector then neither scans them nor counts them in the heap
+// whose size its pacing doubles (GOGC), so a process holding a million
+// rate-limited keys is about 64 MB larger, not 130. A replaced table is
+// unmapped once no goroutine holds it (runtime.AddCleanup).
 //
 // A key is identified by a 128-bit fingerprint of (consumer, scope): two
 // 64-bit hash/maphash values under independent seeds, random per process.
@@ -73,6 +81,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,35 +211,72 @@ type slot struct {
 }
 
 // table is an open-addressing hash table with linear probing. Its size is a
-// power of two and at least a quarter of it stays empty, so probes end.
+// power of two and at least a quarter of it stays empty, so probes end. A
+// key's probe starts at the first slot of its cache line, so the key is
+// found in that one line unless both of the line's slots were taken when
+// it was inserted (about one key in nine at half full, against one in six
+// when probes start at any slot).
+//
+// A large table's slots live outside the Go heap (see newSlots) unless the
+// table may hold quota periods (periods): the GC then neither scans them
+// nor counts them in the heap its pacing doubles, so a store of a million
+// rate-limited keys costs their slots in RSS, not twice that. Such slots
+// hold no Go pointer but the tombstone (a global, never freed). They are
+// unmapped by a cleanup once no goroutine holds the table, so code that
+// uses an entry must keep the entry's table reachable
+// (runtime.KeepAlive) until it is done.
 type table struct {
 	slots []slot
 	mask  uint64
 	// next is the table that replaced this one (set before any entry is
 	// moved), for following a movedTo mark.
 	next atomic.Pointer[table]
+	// periods reports whether entries may hold quota periods: the slots
+	// are on the Go heap. Set for every table of a shard once one of its
+	// keys had a quota (shard.periods).
+	periods bool
+	// mapped reports whether the slots are mapped outside the Go heap.
+	mapped bool
 }
 
-func newTable(size int) *table {
-	return &table{slots: make([]slot, size), mask: uint64(size - 1)}
+func newTable(size int, periods bool) *table {
+	t := &table{mask: uint64(size - 1), periods: periods}
+	if periods {
+		t.slots = make([]slot, size)
+		return t
+	}
+	var free func()
+	t.slots, free = newSlots(size)
+	if free != nil {
+		t.mapped = true
+		runtime.AddCleanup(t, func(free func()) { free() }, free)
+	}
+	return t
 }
 
 type shard struct {
-	tab atomic.Pointer[table]
-	mu  sync.Mutex // serialises writers: inserts, sweeps, resizes
+	tab *atomic.Pointer[table] // the shard's entry of Store.tabs
+	mu  sync.Mutex             // serialises writers: inserts, sweeps, resizes
 	// Guarded by mu:
 	live      int       // entries in tab
 	used      int       // live plus deleted slots in tab
 	nextSweep int       // live count at which an insert sweeps first
 	count     *keyCount // the store's, shared by all shards
-	_         [64]byte  // keep shards on separate cache lines
+	// periods is set, for good, when one of the shard's keys first gets a
+	// quota period: its tables are from then on on the Go heap.
+	periods bool
+	_       [64]byte // keep shards on separate cache lines
 }
 
 // Store is the in-process Store. Create it with New; it is safe for
 // concurrent use.
 type Store struct {
-	clock  clock
-	shift  uint // a consumer hash's top bits pick its shard: h >> shift
+	clock clock
+	shift uint // a consumer hash's top bits pick its shard: h >> shift
+	// tabs holds each shard's table, apart from the shards: a lookup
+	// reads only this, and 8 shards' tables share a cache line, so with
+	// 256 shards the lines it needs stay in the CPU's nearest cache.
+	tabs   []atomic.Pointer[table]
 	shards []shard
 	count  keyCount
 	stop   chan struct{}
@@ -247,11 +293,12 @@ func New(opts Options) *Store {
 			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: newClock(opts.Clock), shift: shift, shards: make([]shard, n)}
+	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n)}
 	s.count.max = int64(max(opts.MaxKeys, 0))
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.tab.Store(newTable(minSlots))
+		sh.tab = &s.tabs[i]
+		sh.tab.Store(newTable(minSlots, false))
 		sh.nextSweep = minSweepAt
 		sh.count = &s.count
 	}
@@ -310,7 +357,8 @@ func (s *Store) locate(consumer, scope string) (*shard, fingerprint) {
 	return &s.shards[hc>>s.shift], f
 }
 
-// get returns the entry for f, or nil. It takes no lock; nil may mean the
+// get returns the entry for f, or nil, for tests: a caller must keep the
+// table reachable while it uses the entry (see table). It takes no lock; nil may mean the
 // key was inserted while get looked (see the package comment), so a caller
 // that must be sure asks put.
 func (sh *shard) get(f fingerprint) *entry {
@@ -319,7 +367,7 @@ func (sh *shard) get(f fingerprint) *entry {
 
 // find returns the entry for f in t, or nil.
 func (t *table) find(f fingerprint) *entry {
-	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
+	for i := f.h & t.mask &^ 1; ; i = (i + 1) & t.mask {
 		sl := &t.slots[i]
 		switch h := sl.hash.Load(); {
 		case h == emptyHash:
@@ -361,7 +409,7 @@ func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 // Only the shard's lock holder may claim, and it must publish the slot
 // before releasing the lock.
 func (t *table) claim(f fingerprint) (uint64, *slot) {
-	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
+	for i := f.h & t.mask &^ 1; ; i = (i + 1) & t.mask {
 		if sl := &t.slots[i]; sl.hash.Load() == emptyHash {
 			return i, sl
 		}
@@ -388,7 +436,7 @@ func (sh *shard) resize(n int) *table {
 		size <<= 1
 	}
 	old := sh.tab.Load()
-	t := newTable(size)
+	t := newTable(size, sh.periods)
 	old.next.Store(t)
 	for i := range old.slots {
 		sl := &old.slots[i]
@@ -405,6 +453,18 @@ func (sh *shard) resize(n int) *table {
 	sh.tab.Store(t)
 	sh.used = sh.live
 	return t
+}
+
+// holdPeriods makes the shard's tables, for good, ones that may hold quota
+// periods (on the Go heap), moving its keys to such a table unless the
+// current one is already.
+func (sh *shard) holdPeriods() {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.periods = true
+	if !sh.tab.Load().periods {
+		sh.resize(sh.live)
+	}
 }
 
 // Sweep drops every entry that no longer limits anything: TAT passed and
@@ -478,71 +538,111 @@ func (s *Store) Len() int {
 // errRetry tells take that an entry was swept or moved under it.
 var errRetry = errors.New("entry removed; retry")
 
-// Take implements core.Store (through TakeInto). Only GCRA is supported;
-// other algorithms return core.ErrUnsupportedAlgorithm. A request that
-// would add a key to a store at Options.MaxKeys returns an error wrapping
-// ErrTooManyKeys and changes nothing.
-func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
-	err = s.TakeInto(ctx, &req, &d)
-	return d, err
+// Take implements core.Store. Only GCRA is supported; other algorithms
+// return core.ErrUnsupportedAlgorithm. A request that would add a key to a
+// store at Options.MaxKeys returns an error wrapping ErrTooManyKeys and
+// changes nothing.
+func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err error) {
+	if !s.held(&req, &d) {
+		return s.take(req)
+	}
+	return
 }
 
 // TakeInto is Take writing the decision into *d (overwriting all of it)
-// instead of returning it (core.DecisionWriter): called on a *Store, it
-// saves copying the Decision on every call.
+// instead of returning it (core.DecisionWriter).
 func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
-	// The common case, a valid GCRA rate limit alone on a key already held,
-	// decided in registers with a small frame; everything else, errors
-	// included, in take. The general path copies result structs and costs
-	// about twice as much.
-	if req.Cost >= 0 && req.Cost <= core.MaxCost && req.Rate.Algorithm == core.GCRA && req.Rate.Enforced() && !req.Quota.Enforced() {
-		p, perr := req.Rate.CheckedGCRA()
-		sh, f := s.locate(req.Consumer, req.Scope)
-		var now int64 // s.clock.now(), inlined by hand
-		switch c := &s.clock; {
-		case c.coarse != nil:
-			now = c.coarse.Nanotime()
-		case c.isSystem:
-			now = c.system.Nanotime()
-		default:
-			now = c.any.Nanotime()
-		}
-		if e := sh.get(f); e != nil && perr == nil {
-			n, md := req.Cost, req.Reservation()
-			for {
-				tat := e.tat.Load()
-				if tat < frozen {
-					break // swept or moved: take looks up again
-				}
-				next, ok := p.ConformWithin(tat, now, n, md)
-				after := next // the TAT after the call
-				if !ok {
-					after = max(tat, now)
-				}
-				// Divide before the CAS, so the division's latency overlaps
-				// the CAS's instead of following it.
-				rem := p.Remaining(after, now)
-				if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
-					continue
-				}
-				*d = core.Decision{}
-				d.Allowed, d.DecidedBy = ok, core.KindRate
-				retry := int64(0)
-				if !ok {
-					retry = p.RetryAfter(tat, now, n)
-				} else if wait := next - p.Tau - now; wait > 0 {
-					d.Delay = time.Duration(wait) // admitted by reservation
-				}
-				reset := time.Duration(after - now)
-				d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
-				d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
-				return nil
-			}
-		}
+	*d = core.Decision{}
+	if s.held(req, d) {
+		return nil
 	}
 	var err error
 	*d, err = s.take(*req)
 	return err
+}
+
+// held decides the common case, a valid GCRA rate limit alone on a key
+// already held whose state is not being moved, and reports false for
+// everything else (errors included), which take decides.
+//
+// A key not in the CPU's caches costs a cache miss of 100–170 ns, the
+// bulk of a request on a large store, so held starts that miss as soon as
+// the first hash gives the key's table line, and computes the second hash
+// and the limit's constants while it is outstanding. It is written to
+// execute few instructions: with the coarse clock, a core overlaps one
+// request's miss with the next requests' work only as far as its
+// reorder window reaches, so every instruction of the path costs time.
+//
+// held fills in the non-zero fields of *d, which must be zero.
+func (s *Store) held(req *core.Request, d *core.Decision) bool {
+	if req.Cost < 0 || req.Cost > core.MaxCost || req.Rate.Algorithm != core.GCRA || !req.Rate.Enforced() || req.Quota.Enforced() {
+		return false
+	}
+	hc := maphash.String(consumerSeed, req.Consumer)
+	h := hc
+	if req.Scope != "" {
+		h ^= maphash.String(scopeSeed, req.Scope)
+	}
+	if h < firstHash {
+		h += firstHash
+	}
+	t := s.tabs[hc>>s.shift].Load()
+	home := &t.slots[h&t.mask&^1]
+	atHome := home.hash.Load() // the miss starts here
+	check := maphash.String(consumerCheckSeed, req.Consumer)
+	if req.Scope != "" {
+		check ^= maphash.String(scopeCheckSeed, req.Scope)
+	}
+	p, err := req.Rate.CheckedGCRA()
+	if err != nil {
+		return false
+	}
+	var e *entry
+	if atHome == h && home.check.Load() == check {
+		e = &home.entry
+	} else if e = t.find(fingerprint{h, check}); e == nil {
+		return false
+	}
+	var now int64 // s.clock.now(), inlined by hand
+	switch c := &s.clock; {
+	case c.coarse != nil:
+		now = c.coarse.Nanotime()
+	case c.isSystem:
+		now = c.system.Nanotime()
+	default:
+		now = c.any.Nanotime()
+	}
+	n, md := req.Cost, req.Reservation()
+	for {
+		tat := e.tat.Load()
+		if tat < frozen {
+			runtime.KeepAlive(t) // e is in t
+			return false         // swept or moved: take looks up again
+		}
+		next, ok := p.ConformWithin(tat, now, n, md)
+		after := next // the TAT after the call
+		if !ok {
+			after = max(tat, now)
+		}
+		// Divide before the CAS, so the division's latency overlaps
+		// the CAS's instead of following it.
+		rem := p.Remaining(after, now)
+		if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
+			continue
+		}
+		d.Allowed, d.DecidedBy = ok, core.KindRate
+		retry := int64(0)
+		if !ok {
+			retry = p.RetryAfter(tat, now, n)
+		} else if wait := next - p.Tau - now; wait > 0 {
+			d.Delay = time.Duration(wait) // admitted by reservation
+		}
+		reset := time.Duration(after - now)
+		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
+		d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
+		runtime.KeepAlive(t) // e is in t
+		return true
+	}
 }
 
 // take is Take's general path: validation, new keys, quotas, and entries
@@ -583,6 +683,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 	}
 	for {
 		d, err := sh.decide(t, e, p, limited, req, now)
+		runtime.KeepAlive(t) // e is in t
 		if err != errRetry {
 			return d, err
 		}
@@ -695,6 +796,13 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				return core.Decision{}, errRetry
 			}
 			if q == nil || !q.current(now, req.QuotaEpoch) {
+				if !t.periods {
+					// Periods go only into Go heap tables: move the
+					// shard's keys to one. That freezes e, so the next
+					// round refunds the rate step and retries.
+					sh.holdPeriods()
+					continue
+				}
 				np := &period{end: now + int64(req.Quota.Renewal), epoch: req.QuotaEpoch}
 				if q != nil {
 					// A period that ended keeps the newer epoch: a stale
@@ -768,9 +876,11 @@ func (sh *shard) refund(t *table, e *entry, p core.GCRAParams, stored bool, n in
 		switch tat := e.tat.Load(); {
 		case tat >= frozen:
 			if e.tat.CompareAndSwap(tat, tat-n*p.T) {
+				runtime.KeepAlive(t) // e is in t
 				return
 			}
 		case tat == dead:
+			runtime.KeepAlive(t)
 			return
 		default:
 			sh.mu.Lock()
@@ -802,7 +912,9 @@ func setQuota(d *core.Decision, qt core.Quota, q *period, used, now int64) {
 // per key, so it needs no core.QuotaEpochResetter.
 func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 	sh, f := s.locate(consumer, scope)
-	e := sh.get(f)
+	t := sh.tab.Load()
+	e := t.find(f)
+	defer func() { runtime.KeepAlive(t) }() // e is in t
 	for {
 		if e == nil {
 			return nil
@@ -811,7 +923,8 @@ func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 		if q == tombstone {
 			// Swept or moved: look again once the sweep or resize is done.
 			sh.mu.Lock()
-			e = sh.get(f)
+			t = sh.tab.Load()
+			e = t.find(f)
 			sh.mu.Unlock()
 			continue
 		}

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"runtime"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
@@ -25,7 +26,7 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 	now := s.clock.now()
 	target := now + int64(d) + p.Tau - p.T
 	for {
-		_, e := s.insert(sh, f, now)
+		tab, e := s.insert(sh, f, now)
 		if e == nil {
 			return s.tooMany()
 		}
@@ -35,9 +36,11 @@ func (s *Store) Penalize(_ context.Context, consumer, scope string, l core.Limit
 				break // swept or moved; look up again
 			}
 			if t >= target || e.tat.CompareAndSwap(t, target) {
+				runtime.KeepAlive(tab) // e is in tab
 				return nil
 			}
 		}
+		runtime.KeepAlive(tab)
 	}
 }
 
