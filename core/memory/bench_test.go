@@ -15,7 +15,11 @@ import (
 	"encoding/hex"
 	"hash/maphash"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -206,7 +210,8 @@ type keyFixture struct {
 	// is a different random order from the one they were inserted in: the
 	// table slots are visited in no particular order.
 	keys        []string
-	bytesPerKey float64 // heap growth of the precise store per key
+	bytesPerKey float64 // Go heap growth of the precise store per key
+	rssPerKey   float64 // RSS growth of the precise store per key; 0 if unknown
 }
 
 var (
@@ -230,7 +235,8 @@ func randomKeys(b *testing.B) *keyFixture {
 		}
 
 		var before, after runtime.MemStats
-		runtime.GC()
+		settle()
+		rss0 := rssBytes()
 		runtime.ReadMemStats(&before)
 		fill := func(s *memory.Store) {
 			ctx := context.Background()
@@ -246,7 +252,8 @@ func randomKeys(b *testing.B) *keyFixture {
 		}
 		s := memory.New(memory.Options{})
 		fill(s)
-		runtime.GC()
+		settle()
+		rss1 := rssBytes()
 		runtime.ReadMemStats(&after)
 		cs := memory.New(memory.Options{Clock: core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)})
 		fill(cs)
@@ -260,17 +267,51 @@ func randomKeys(b *testing.B) *keyFixture {
 			keys:        keys,
 			bytesPerKey: float64(after.HeapAlloc-before.HeapAlloc) / manyKeys,
 		}
+		if rss0 > 0 && rss1 > 0 {
+			fixture.rssPerKey = float64(rss1-rss0) / manyKeys
+		}
 	})
 	return &fixture
 }
 
+// settle collects garbage, lets the cleanups that unmap replaced tables
+// run, and returns freed memory to the OS, so RSS readings count what is
+// held.
+func settle() {
+	runtime.GC()
+	time.Sleep(20 * time.Millisecond) // cleanups run on their own goroutine
+	debug.FreeOSMemory()
+}
+
+// rssBytes returns the process's resident set (VmRSS of
+// /proc/self/status) in bytes, or 0 where there is no such file.
+func rssBytes() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
+			kib, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kib << 10
+		}
+	}
+	return 0
+}
+
 // BenchmarkStoreRandomKeys sends requests for 1,000,000 distinct keys, already
 // present, in random order, with the precise and the coarse clock.
-// "bytes/key" is the heap the filled store holds per key: the heap growth
-// from inserting the keys (runtime.ReadMemStats after a GC, before and
-// after), divided by the number of keys. The store keeps no copy of a key
-// (it holds a fingerprint), so nothing is subtracted; the benchmark's
-// strings are allocated before the first reading.
+// What the filled store holds per key is reported twice: "heap-B/key", the
+// Go heap growth from inserting the keys (runtime.ReadMemStats after a GC,
+// before and after), and "rss-B/key", the growth of the process's resident
+// set (VmRSS, after a GC and debug.FreeOSMemory), which also counts the
+// tables the store maps outside the Go heap. Both are divided by the
+// number of keys. The store keeps no copy of a key (it holds a
+// fingerprint), so nothing is subtracted; the benchmark's strings are
+// allocated before the first reading.
 func BenchmarkStoreRandomKeys(b *testing.B) {
 	f := randomKeys(b)
 	for _, c := range []struct {
@@ -288,7 +329,7 @@ func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 	b.Run("serial-into", func(b *testing.B) { serialRandomKeys(b, f, store, true) })
 	b.Run("serial", func(b *testing.B) {
 		serialRandomKeys(b, f, store, false)
-		b.ReportMetric(f.bytesPerKey, "bytes/key")
+		reportBytes(b, f)
 	})
 	b.Run("parallel", func(b *testing.B) {
 		var next sync.Mutex
@@ -315,8 +356,15 @@ func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 			sink += n
 			sinkMu.Unlock()
 		})
-		b.ReportMetric(f.bytesPerKey, "bytes/key")
+		reportBytes(b, f)
 	})
+}
+
+func reportBytes(b *testing.B, f *keyFixture) {
+	b.ReportMetric(f.bytesPerKey, "heap-B/key")
+	if f.rssPerKey > 0 {
+		b.ReportMetric(f.rssPerKey, "rss-B/key")
+	}
 }
 
 // serialRandomKeys sends the keys in order from one goroutine, through
@@ -364,6 +412,64 @@ func BenchmarkBareMapRandomKeys(b *testing.B) {
 			i = 0
 		}
 	}
+}
+
+// BenchmarkShardedMapRandomKeys is the naive keyed store, a peer measured
+// over the same 1,000,000 keys in the same order: 256 shards, each a
+// sync.RWMutex over a map[string]*atomic.Int64 holding each key's TAT;
+// per request, hash the key (hash/maphash) to pick the shard, look the key
+// up under the read lock, read the clock and apply GCRA with one CAS
+// (core.GCRAParams.Conform, no Remaining or Decision). Its keys and TATs
+// were allocated in an order unrelated to the one they are sent in, as
+// the store's slots are.
+func BenchmarkShardedMapRandomKeys(b *testing.B) {
+	f := randomKeys(b)
+	type shard struct {
+		mu sync.RWMutex
+		m  map[string]*atomic.Int64
+		_  [64]byte
+	}
+	shards := make([]shard, 256)
+	for i := range shards {
+		shards[i].m = make(map[string]*atomic.Int64)
+	}
+	seed := maphash.MakeSeed()
+	order := rand.New(rand.NewPCG(3, 4)).Perm(len(f.keys))
+	for _, i := range order {
+		k := string([]byte(f.keys[i]))
+		sh := &shards[maphash.String(seed, k)>>56]
+		sh.m[k] = new(atomic.Int64)
+	}
+	p := manyLimit.GCRA()
+	run := func(b *testing.B, now func() int64) {
+		i, n := 0, int64(0)
+		for range b.N {
+			k := f.keys[i]
+			sh := &shards[maphash.String(seed, k)>>56]
+			sh.mu.RLock()
+			tat := sh.m[k]
+			sh.mu.RUnlock()
+			for {
+				t := tat.Load()
+				next, ok := p.Conform(t, now(), 1)
+				if !ok || tat.CompareAndSwap(t, next) {
+					if ok {
+						n++
+					}
+					break
+				}
+			}
+			if i++; i == manyKeys {
+				i = 0
+			}
+		}
+		sink = n
+	}
+	precise := core.NewSystemClock()
+	coarse := core.NewCoarseClock(precise, time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	b.Run("precise/serial", func(b *testing.B) { run(b, precise.Nanotime) })
+	b.Run("coarse/serial", func(b *testing.B) { run(b, coarse.Nanotime) })
 }
 
 // BenchmarkRandomAccessFloor is the machine's floor for
