@@ -40,7 +40,9 @@ func (l KeyLimit) burstFor(r float64, floor Share) int64 {
 	if l.Rate <= 0 {
 		return floor.Burst
 	}
-	b := math.Floor(float64(l.Burst) * r / l.Rate)
+	// The 1e-6 absorbs the rate's rounding (shares sum to a hair below R);
+	// n shares' bursts still sum to at most B for n < 10^6.
+	b := math.Floor(float64(l.Burst)*r/l.Rate + 1e-6)
 	if !(b >= float64(floor.Burst)) { // NaN too
 		return floor.Burst
 	}
