@@ -152,7 +152,7 @@ type Limiter struct {
 // is applied.
 func NewLimiter(o LimiterOptions) *Limiter {
 	o = o.withDefaults()
-	l := &Limiter{o: o, gateway: o.Gateway, shift: 64 - 6, shards: make([]lshard, 64)}
+	l := &Limiter{o: o, gateway: o.Gateway, shift: 64 - 4, shards: make([]lshard, 16)}
 	l.minPerNs = o.MinFloorRate * float64(o.MaxGateways) / float64(time.Second)
 	for i := range l.seeds {
 		l.seeds[i] = maphash.MakeSeed()
@@ -478,6 +478,9 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 	rep := Report{Gateway: gateway, Applied: l.view.Load().epoch, Keys: map[KeyID]KeyDemand{}}
 	for i := range l.shards {
 		sh := &l.shards[i]
+		if sh.tab.Load().empty() {
+			continue // a key added meanwhile is reported next time
+		}
 		sh.mu.Lock()
 		t := sh.tab.Load()
 		for j := range t.slots {
@@ -620,6 +623,16 @@ type ltable struct {
 }
 
 func newLTable(size int) *ltable { return &ltable{slots: make([]lslot, size), mask: uint64(size - 1)} }
+
+// empty reports whether t holds no key (read without the lock).
+func (t *ltable) empty() bool {
+	for i := range t.slots {
+		if t.slots[i].hash.Load() >= firstHash {
+			return false
+		}
+	}
+	return true
+}
 
 func (t *ltable) find(f fingerprint) *key {
 	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
