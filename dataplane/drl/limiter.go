@@ -461,7 +461,13 @@ func clampShare(s Share, lim KeyLimit, floor Share) Share {
 // per second, smoothed (a rise is taken at once, a fall halves the
 // distance to the new rate per report), and the epoch applied. It also
 // drops keys idle for 3 reports whose bucket is full (the same state as
-// no key). Call it every H.
+// no key). The first call has no interval to measure: it divides by H.
+//
+// Call it every H and send the report with the call that returns the
+// table (see Apply). Retry a call that fails well before the next one is
+// due (the simulator retries once after H/4): a table stays fresh for 2H
+// from the send time of the call that returned it, so two calls lost in a
+// row put the gateway at its floors.
 func (l *Limiter) Report(now int64, gateway string) Report {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -539,7 +539,7 @@ func TestSimStep(t *testing.T) {
 
 // churn runs 3 minutes of R = 1000/s, B = 100 with 1500/s offered: every
 // 20–30 s a gateway joins or leaves; leaving is a crash, and half the
-// crashes come after 5–20 s of partition from Redis while still serving
+// crashes come after 3–10 s of partition from Redis while still serving
 // (at their floor once their table is 2H old). The load balancer's weights
 // (0.3–1.7) are drawn again at every event, and one gateway's every 3–8 s,
 // so shares keep shifting. It returns the most admitted in a 1 s window,
@@ -597,7 +597,7 @@ func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, sh
 				g.alive = false
 			} else {
 				g.partitioned = true
-				crashAt[g] = int64(tick) + int64(5+s.rng.IntN(16))*simWindow
+				crashAt[g] = int64(tick) + int64(3+s.rng.IntN(8))*simWindow
 			}
 		} else {
 			s.join(weight())
