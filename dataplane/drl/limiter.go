@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,12 +83,46 @@ const staleTag = 1
 // bucket is a key's local GCRA state at one share. Its share never
 // changes: a switch freezes it (TAT movedTAT) and publishes a new one.
 type bucket struct {
-	tat     atomic.Int64  // GCRA TAT on the caller's clock; deadTAT/movedTAT once frozen
-	offered atomic.Int64  // units offered (admitted + refused) since the last Report
-	tag     atomic.Uint64 // view generation<<1 the share was checked against, or staleTag
-	p       core.GCRAParams
-	share   Share
-	since   int64 // when the share took effect
+	tat      atomic.Int64  // GCRA TAT on the caller's clock; deadTAT/movedTAT once frozen
+	admitted atomic.Int64  // units admitted since the last Report (and carried counts)
+	tag      atomic.Uint64 // view generation<<1 the share was checked against, or staleTag
+	p        core.GCRAParams
+	share    Share
+	since    int64 // when the share took effect
+	_        [64]byte
+	// refused counts the units refused since the last Report, striped
+	// over cache lines of their own: a refusal then writes nothing the
+	// other cores read on every request (the TAT's line), and refusals on
+	// several cores seldom write the same line.
+	refused [refusedStripes]stripe
+}
+
+// refusedStripes is the number of refusal counters per bucket.
+const refusedStripes = 4
+
+// stripe is one counter on a cache line of its own.
+type stripe struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// count records n units offered: admitted or refused.
+func (b *bucket) count(n int64, ok bool) {
+	if ok {
+		b.admitted.Add(n)
+		return
+	}
+	b.refused[rand.Uint32()%refusedStripes].n.Add(n)
+}
+
+// takeOffered returns the units offered since the last call and resets
+// the counts. Caller holds the key's mu (no switch in between).
+func (b *bucket) takeOffered() int64 {
+	n := b.admitted.Swap(0)
+	for i := range b.refused {
+		n += b.refused[i].n.Swap(0)
+	}
+	return n
 }
 
 // key is one hot key.
@@ -238,7 +273,7 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 		if ok && n > 0 && !b.tat.CompareAndSwap(tat, next) {
 			continue
 		}
-		b.offered.Add(n)
+		b.count(n, ok)
 		*d = core.Decision{}
 		d.Allowed, d.DecidedBy = ok, core.KindRate
 		retry := int64(0)
@@ -303,7 +338,8 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 		if a > 0 && !b.tat.CompareAndSwap(tat, max(tat, now)+a*b.p.T) {
 			continue
 		}
-		b.offered.Add(n)
+		b.count(a, true)
+		b.count(n-a, false)
 		return a
 	}
 }
@@ -368,7 +404,7 @@ func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
 	old := b.tat.Swap(movedTAT)
 	nb := &bucket{p: shareParams(s), share: s, since: at}
 	nb.tat.Store(at + carry(b.p, nb.p, max(old, at)-at))
-	nb.offered.Store(b.offered.Load())
+	nb.admitted.Store(b.takeOffered())
 	nb.tag.Store(tag)
 	k.b.Store(nb)
 	return nb
@@ -497,7 +533,7 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 			k := sl.k.Load()
 			k.mu.Lock()
 			b := k.b.Load()
-			off := b.offered.Swap(0)
+			off := b.takeOffered()
 			rate := float64(off) / elapsed
 			if rate >= k.demand {
 				k.demand = rate
