@@ -186,27 +186,36 @@ func (s *sim) report(g *simGW) {
 func (s *sim) reportCall(g *simGW, retry bool) {
 	rep := g.lim.Report(s.now, g.id)
 	sent := s.now
-	if retry {
-		s.at(s.now+s.h/4, func() {
-			if g.alive && g.lastSent < sent {
-				s.reportCall(g, false)
-			}
-		})
+	// failed schedules the retry H/4 after the send, when the call gets no
+	// answer (an answer comes within 20 ms: the gateway's timeout fires
+	// only for a failed call, so only those schedule it).
+	failed := func() {
+		if retry {
+			s.at(sent+s.h/4, func() {
+				if g.alive {
+					s.reportCall(g, false)
+				}
+			})
+		}
 	}
 	if !s.reach(g) || s.lost() {
+		failed()
 		return
 	}
 	s.at(s.now+s.leg(), func() {
 		if !s.redisUp || g.partitioned {
+			failed()
 			return
 		}
 		s.reports[g.id] = simReport{rep: rep, expiry: s.now + 2*s.h + s.h/2}
 		tb := s.table
 		if s.lost() {
+			failed()
 			return
 		}
 		s.at(s.now+s.leg(), func() {
 			if !g.alive || g.partitioned {
+				failed()
 				return
 			}
 			g.lastSent = max(g.lastSent, sent)
