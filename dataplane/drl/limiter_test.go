@@ -432,7 +432,7 @@ func TestLimiterOlderTableRefreshes(t *testing.T) {
 	req := hot("c")
 	t0 := 10 * sec
 	l.Apply(t0, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
-	l.Apply(t0, tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60}))   // by pub/sub
+	l.Apply(t0, tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60}))     // by pub/sub
 	l.Apply(t0+sec, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50})) // the next report call
 	if n := drain(t, l, t0+2*sec+sec/2, &req); n != 60 {
 		t.Fatalf("at t0+2.5s: %d admitted, want 60 (epoch 2's burst, still fresh)", n)
