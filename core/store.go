@@ -125,6 +125,11 @@ type Request struct {
 	// no reservation; values above 2^61 ns are treated as 2^61 ns. Window
 	// algorithms ignore it. A quota is spent at reservation time.
 	MaxDelay time.Duration
+	// Distributed is set by the Engine from Policy.Distributed of the
+	// policy whose rate limit the request carries: a store that splits
+	// limits across processes (dataplane/drl) may decide the rate limit
+	// against this process's share. Other stores ignore it.
+	Distributed bool
 }
 
 // MaxReservation is the largest MaxDelay a store honours, 2^61 ns (about
