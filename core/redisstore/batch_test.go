@@ -2,7 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -180,4 +183,51 @@ func take(t *testing.T, s *Store, r core.Request) core.Decision {
 		t.Fatalf("Take(%+v): %v", r, err)
 	}
 	return d
+}
+
+// printHook records how go-redis prints every EVALSHA it processes.
+type printHook struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (h *printHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *printHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "evalsha" {
+			h.mu.Lock()
+			h.seen = append(h.seen, cmd.String())
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+func (h *printHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCommandPrintsArguments: the pooled arguments print as the values
+// sent (a hook that logs or traces commands shows them), not as pointers.
+func TestCommandPrintsArguments(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	h := &printHook{}
+	c.AddHook(h)
+	s, err := New(c, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// 1 per hour, burst 11: n×T = 3,600 s and the bound τ = 39,600 s, as
+	// (µs, ns) pairs. (The first EVALSHA meets NOSCRIPT, so its reply is
+	// not compared.)
+	take(t, s, core.Request{Consumer: "printed", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: 11}, Cost: 1})
+	sum := sha256.Sum256([]byte("printed"))
+	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0", gcraOnlyScript.sha, sum[:16])
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.seen) != 1 || h.seen[0][:max(strings.LastIndex(h.seen[0], ": "), 0)] != want {
+		t.Errorf("go-redis printed %q, want one EVALSHA printed as %q", h.seen, want)
+	}
 }

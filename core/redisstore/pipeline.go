@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -190,7 +191,7 @@ func (s *Store) direct(ctx context.Context, c *call) ([]int64, error) {
 }
 
 // call is one Take's EVALSHA: its arguments, encoded without allocating
-// (numbers as pointers to int64s, keys as byte slices behind a pointer),
+// (numbers and keys as pointers to reused buffers),
 // and, when batched, its place in the queue and its reply. Calls are
 // pooled (Store.calls) and reused once their Take has returned.
 type call struct {
@@ -198,7 +199,7 @@ type call struct {
 	script script
 	args   []any // "evalsha", SHA-1, nkeys, keys, ARGV
 	argBuf [5 + 13]any
-	nums   [13]int64
+	nums   [13]intArg
 	nnums  int
 	keys   [2]keyArg
 	kind   [32]byte // room for the quota key's kind
@@ -240,8 +241,9 @@ func (c *call) reset(sc script, nkeys int) {
 
 // int appends x as an argument.
 func (c *call) int(x int64) {
-	c.nums[c.nnums] = x
-	c.args = append(c.args, &c.nums[c.nnums])
+	a := &c.nums[c.nnums]
+	a.b = strconv.AppendInt(a.buf[:0], x, 10)
+	c.args = append(c.args, a)
 	c.nnums++
 }
 
@@ -285,7 +287,8 @@ func isNoScript(err error) bool {
 
 // keyArg is a Redis key written into a reused buffer. go-redis writes it
 // through MarshalBinary (a pointer in an interface needs no allocation);
-// String is for a Cluster client, which reads the key to find its slot.
+// String is for a Cluster client, which reads the key to find its slot,
+// and for hooks that print commands.
 type keyArg struct{ b []byte }
 
 // MarshalBinary implements encoding.BinaryMarshaler for go-redis.
@@ -293,3 +296,17 @@ func (k *keyArg) MarshalBinary() ([]byte, error) { return k.b, nil }
 
 // String returns the key.
 func (k *keyArg) String() string { return string(k.b) }
+
+// intArg is an integer argument in decimal, in a reused buffer, passed as
+// keyArg is (an int64 of 256 or more would be boxed on the heap; a
+// pointer to one would print as an address in a hook's log).
+type intArg struct {
+	b   []byte
+	buf [20]byte
+}
+
+// MarshalBinary implements encoding.BinaryMarshaler for go-redis.
+func (a *intArg) MarshalBinary() ([]byte, error) { return a.b, nil }
+
+// String returns the number in decimal.
+func (a *intArg) String() string { return string(a.b) }
