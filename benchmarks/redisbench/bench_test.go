@@ -2,17 +2,24 @@ package redisbench
 
 import (
 	"context"
-	"runtime"
+	"math/bits"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
 )
 
-// concurrency is the number of goroutines calling at once.
+// concurrency is the number of goroutines calling at once in the
+// overshoot test and the Keys10k workload.
 const concurrency = 64
+
+// concurrencies are the HotKey workload's numbers of goroutines calling at
+// once.
+var concurrencies = []int{1, 8, 64, 256}
 
 // benchLimit admits everything these benchmarks can send (a few hundred
 // thousand decisions a second at most), so every call of every limiter
@@ -20,22 +27,30 @@ const concurrency = 64
 // redis_rate's float seconds still resolve).
 var benchLimit = limit{perSec: 1_000_000, burst: 1_000_000}
 
-// BenchmarkRedis is the side-by-side run: every limiter, then a plain PING
-// as the one-round-trip ceiling, on the same redis-server, each with its
-// own client of poolSize connections, 64 goroutines calling at once.
+// BenchmarkRedis is the side-by-side run: a plain PING as the
+// one-round-trip ceiling, then every limiter, on the same redis-server,
+// each with its own client of poolSize connections.
 //
-//	HotKey:    all calls on one key.
-//	Keys10k:   10,000 keys, each goroutine walking them from its own
-//	           offset.
+//	HotKey/c=N:  all calls on one key, N goroutines calling at once.
+//	Keys10k/c=64: 10,000 keys, each goroutine walking them from its own
+//	             offset.
 //
-// decisions/s is b.N over the timed wall-clock time; B/op and allocs/op are
-// the whole process's (the pipeline's goroutines included), divided by b.N.
+// decisions/s is b.N over the timed wall-clock time; p50-µs and p99-µs are
+// the median and 99th percentile of one call's latency (from a histogram
+// with 1/32-octave buckets, so within 3 %); B/op and allocs/op are the
+// whole process's (the batching included), divided by b.N.
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b) // one server for every limiter in this run
-	for _, w := range []struct {
-		name string
-		keys int
-	}{{"HotKey", 1}, {"Keys10k", 10_000}} {
+	type workload struct {
+		name        string
+		keys, procs int
+	}
+	var ws []workload
+	for _, c := range concurrencies {
+		ws = append(ws, workload{"HotKey/c=" + strconv.Itoa(c), 1, c})
+	}
+	ws = append(ws, workload{"Keys10k/c=64", 10_000, concurrency})
+	for _, w := range ws {
 		keys := make([]string, w.keys)
 		for i := range keys {
 			keys[i] = "bench-" + strconv.Itoa(w.keys) + "-" + strconv.Itoa(i)
@@ -43,47 +58,118 @@ func BenchmarkRedis(b *testing.B) {
 		b.Run(w.name, func(b *testing.B) {
 			b.Run("PING", func(b *testing.B) {
 				c := client(b, srv)
-				runParallel(b, keys, func(ctx context.Context, _ string) (bool, error) {
+				runConcurrent(b, w.procs, keys, func(ctx context.Context, _ string) (bool, error) {
 					return true, c.Ping(ctx).Err()
 				})
 			})
 			for _, ct := range contenders {
 				b.Run(ct.name, func(b *testing.B) {
-					runParallel(b, keys, ct.build(b, srv, benchLimit, redisstore.Options{}))
+					runConcurrent(b, w.procs, keys, ct.build(b, srv, benchLimit, redisstore.Options{}))
 				})
 			}
 		})
 	}
 }
 
-// runParallel calls allow from concurrency goroutines until b.N calls
-// are done, and reports decisions/s. Any error or denial fails the
-// benchmark: every limiter must do the same (admitting) work.
-func runParallel(b *testing.B, keys []string, allow allowFunc) {
-	procs := runtime.GOMAXPROCS(0)
-	b.SetParallelism((concurrency + procs - 1) / procs)
-	var offset, denied, failed atomic.Int64
+// histogram counts latencies in buckets of 1/32 octave: value v ≥ 32 ns
+// lands in bucket 32×(bits.Len(v)−5) + the 5 bits after v's leading one.
+type histogram [64 * 32]uint64
+
+func (h *histogram) add(d time.Duration) {
+	v := uint64(max(d, 0))
+	if v < 32 {
+		h[v]++
+		return
+	}
+	e := bits.Len64(v) - 6 // shift that leaves 6 bits: the leading one and 5 more
+	h[32*(e+1)+int(v>>e&31)]++
+}
+
+// lower returns the smallest value of bucket i.
+func lower(i int) time.Duration {
+	if i < 32 {
+		return time.Duration(i)
+	}
+	e := i/32 - 1
+	return time.Duration((32 + uint64(i%32)) << e)
+}
+
+// quantile returns the lower bound of the bucket holding the q-quantile.
+func (h *histogram) quantile(q float64) time.Duration {
+	var n uint64
+	for _, c := range h {
+		n += c
+	}
+	want := uint64(q*float64(n)) + 1
+	var seen uint64
+	for i, c := range h {
+		seen += c
+		if seen >= want {
+			return lower(i)
+		}
+	}
+	return 0
+}
+
+// runConcurrent calls allow from procs goroutines until b.N calls are
+// done, and reports decisions/s and the latency percentiles. Any error or
+// denial fails the benchmark: every limiter must do the same (admitting)
+// work. The goroutines, their histograms and the client's connections
+// exist before the timer starts, so they count in neither the time nor the
+// allocations.
+func runConcurrent(b *testing.B, procs int, keys []string, allow allowFunc) {
+	var next, denied, failed, warmFailed atomic.Int64
 	var firstErr atomic.Value
+	hists := make([]histogram, procs)
+	start := make(chan struct{})
+	var wg, ready sync.WaitGroup
+	ready.Add(procs)
+	for g := range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			h := &hists[g]
+			i := g * 7919
+			// One untimed call each first: every connection is dialled
+			// and every script loaded before the clock starts.
+			if _, err := allow(ctx, keys[i%len(keys)]); err != nil {
+				warmFailed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			}
+			ready.Done()
+			<-start
+			for next.Add(1) <= int64(b.N) {
+				t0 := time.Now()
+				ok, err := allow(ctx, keys[i%len(keys)])
+				h.add(time.Since(t0))
+				i++
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				} else if !ok {
+					denied.Add(1)
+				}
+			}
+		}()
+	}
+	ready.Wait()
 	b.ReportAllocs()
 	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		ctx := context.Background()
-		i := int(offset.Add(1)) * 7919
-		for pb.Next() {
-			ok, err := allow(ctx, keys[i%len(keys)])
-			i++
-			if err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-			} else if !ok {
-				denied.Add(1)
-			}
-		}
-	})
+	close(start)
+	wg.Wait()
 	b.StopTimer()
+	var all histogram
+	for i := range hists {
+		for j, c := range hists[i] {
+			all[j] += c
+		}
+	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d of %d calls failed, first: %v", n, b.N, firstErr.Load())
+	b.ReportMetric(float64(all.quantile(0.50))/1e3, "p50-µs")
+	b.ReportMetric(float64(all.quantile(0.99))/1e3, "p99-µs")
+	if n, w := failed.Load(), warmFailed.Load(); n+w > 0 {
+		b.Fatalf("%d of %d calls and %d of %d untimed first calls failed, first: %v", n, b.N, w, procs, firstErr.Load())
 	}
 	if n := denied.Load(); n > 0 {
 		b.Fatalf("%d of %d calls denied; the benchmark limit must admit all", n, b.N)

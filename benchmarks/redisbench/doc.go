@@ -1,5 +1,5 @@
-// Package redisbench compares limitplane's Redis store (core/redisstore,
-// each Take its own EVALSHA and with Options.Pipeline) with
+// Package redisbench compares limitplane's Redis store (core/redisstore as
+// Options{} makes it, with batching off and with Options.Pipeline 64) with
 // github.com/go-redis/redis_rate/v10 and github.com/ulule/limiter/v3's Redis
 // store, against one throwaway redis-server started by the tests, next to a
 // plain PING loop: the one-round-trip ceiling. Everything is in the _test.go

@@ -33,8 +33,8 @@ type contender struct {
 	build func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc
 }
 
-// pipelineDepth is Options.Pipeline for the pipelined limitplane store: up
-// to 64 Takes per pipeline, the benchmark's concurrency.
+// pipelineDepth is Options.Pipeline for the explicitly pipelined
+// limitplane store: up to 64 Takes per pipeline.
 const pipelineDepth = 64
 
 var contenders = []contender{
@@ -63,7 +63,15 @@ var contenders = []contender{
 			return !c.Reached, nil
 		}
 	}},
+	// limitplane is the store as Options{} makes it: each Take its own
+	// EVALSHA before issue 13, batched since.
 	{"limitplane", func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc {
+		return limitplane(tb, srv, l, opts)
+	}},
+	// limitplane-direct has batching off: each Take its own EVALSHA (a
+	// negative Pipeline is "off" before and after issue 13).
+	{"limitplane-direct", func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc {
+		opts.Pipeline = -1
 		return limitplane(tb, srv, l, opts)
 	}},
 	{"limitplane-pipeline", func(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.Options) allowFunc {

@@ -13,6 +13,17 @@
 // core.GCRAParams.Step for any clock reading in whole microseconds, Redis
 // TIME's resolution.
 //
+// # Batching
+//
+// By default (Options.Pipeline) Takes that come while another is on its
+// way to Redis wait for its reply and then go together in one pipeline of
+// EVALSHAs, sent by the first of them: one round trip and one read and
+// one write system call for the lot. A Take that finds nothing in flight
+// is sent at once; nothing waits on a timer. A negative Options.Pipeline
+// turns batching off. Each call's arguments are written into a pooled
+// buffer and its reply, an array of integers, read straight into an
+// []int64, so a batched Take allocates about twice.
+//
 // # Keys
 //
 // As DESIGN.md fixes: <prefix>{<consumer-hash>}:<kind>:<scope>, where
@@ -90,6 +101,9 @@ const (
 	// DefaultBreakerCooldown is how long the breaker stays open before it
 	// lets a probe through.
 	DefaultBreakerCooldown = time.Second
+	// DefaultPipeline is the most Takes in one pipeline unless
+	// Options.Pipeline is set.
+	DefaultPipeline = 64
 )
 
 // ErrCircuitOpen is returned (wrapped) while the circuit breaker is open or
@@ -116,17 +130,19 @@ type Options struct {
 	// TTLMargin is added to every key's TTL; default 0. Tests that drive
 	// a manual Clock set it, since Redis expires keys in real time.
 	TTLMargin time.Duration
-	// Pipeline, when > 0, turns on pipelining: concurrent Takes are
-	// gathered, up to Pipeline at a time, and sent as one pipeline of
+	// Pipeline is the most Takes sent to Redis in one pipeline of
 	// EVALSHAs (one round trip for all; each script still runs atomically
-	// on its own, so decisions are unchanged). A Take that finds no
-	// pipeline in flight is sent at once; the ones that come while one is
-	// in flight wait for it to return and go together in the next. Default
-	// 0: each Take is its own EVALSHA. With pipelining on, call Close when
-	// done.
+	// on its own, so decisions are unchanged); default DefaultPipeline.
+	// Batching never waits for a timer or for more Takes: a Take that
+	// finds no pipeline in flight is sent at once, on its own, from its
+	// own goroutine, as with batching off; the ones that come while one is
+	// in flight wait for its reply and go together in the next, sent by
+	// the first of them. A negative Pipeline turns batching off: each Take
+	// is its own EVALSHA on a connection of its own, as many in flight as
+	// the client's pool allows.
 	Pipeline int
-	// PipelineWorkers is the most pipelines in flight at once when
-	// Pipeline > 0; a second one starts only while Pipeline Takes are
+	// PipelineWorkers is the most pipelines in flight at once with
+	// batching on; a second one starts only while Pipeline Takes are
 	// already waiting. Default 4 × GOMAXPROCS.
 	PipelineWorkers int
 	// OnBreakerChange, if set, is called when the breaker changes state
@@ -145,14 +161,15 @@ type Options struct {
 // Store is the Redis Store. It is safe for concurrent use; create it with
 // New.
 type Store struct {
-	client    redis.UniversalClient
-	prefix    string
-	timeout   time.Duration
-	margin    any // Options.TTLMargin in whole ms, an int64
-	clock     core.Clock
-	breaker   *gobreaker.CircuitBreaker[[]int64]
-	pipe      *pipeliner
-	closeOnce sync.Once
+	client  redis.UniversalClient
+	prefix  string
+	head    string // prefix + "{": every key starts with it
+	timeout time.Duration
+	margin  int64 // Options.TTLMargin in whole ms
+	clock   core.Clock
+	breaker *gobreaker.CircuitBreaker[[]int64]
+	pipe    *batcher  // nil with batching off
+	calls   sync.Pool // of *call
 }
 
 // New returns a Store over client (a *redis.Client, *redis.ClusterClient or
@@ -169,6 +186,8 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
 	}
+	s.head = s.prefix + "{"
+	s.calls.New = func() any { return newCall(s) }
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -186,29 +205,33 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 			Name:        "redisstore",
 			Timeout:     cool,
 			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= fails },
-			IsExcluded:  func(err error) bool { var c callerDone; return errors.As(err, &c) },
+			IsExcluded:  func(err error) bool { _, ok := err.(callerDone); return ok }, // as attempt returns it
 		}
 		if f := opts.OnBreakerChange; f != nil {
 			st.OnStateChange = func(_ string, from, to gobreaker.State) { f(from.String(), to.String()) }
 		}
 		s.breaker = gobreaker.NewCircuitBreaker[[]int64](st)
 	}
-	if opts.Pipeline > 0 {
-		w := opts.PipelineWorkers
-		if w <= 0 {
-			w = 4 * runtime.GOMAXPROCS(0)
+	if opts.Pipeline >= 0 {
+		b := &batcher{s: s, max: opts.Pipeline, workers: opts.PipelineWorkers}
+		if b.max == 0 {
+			b.max = DefaultPipeline
 		}
-		s.pipe = newPipeliner(s, opts.Pipeline, w)
+		if b.workers <= 0 {
+			b.workers = 4 * runtime.GOMAXPROCS(0)
+		}
+		s.pipe = b
 	}
 	return s, nil
 }
 
-// Close stops the pipelining goroutines (Options.Pipeline); Takes after
-// Close fail with ErrClosed. Without pipelining it does nothing. It does
-// not close the client, which belongs to the caller.
+// Close makes later Takes fail with ErrClosed when batching is on (Takes
+// already waiting still get their replies); without batching it does
+// nothing. The store has no goroutines of its own to stop. It does not
+// close the client, which belongs to the caller.
 func (s *Store) Close() error {
 	if s.pipe != nil {
-		s.closeOnce.Do(s.pipe.close)
+		s.pipe.close()
 	}
 	return nil
 }
@@ -252,19 +275,29 @@ func (c callerDone) Unwrap() error { return c.err }
 
 // call runs f under the timeout and the breaker.
 func (s *Store) call(ctx context.Context, f func(context.Context) ([]int64, error)) ([]int64, error) {
-	run := func() ([]int64, error) {
-		cctx := ctx
-		if s.timeout > 0 {
-			var cancel context.CancelFunc
-			cctx, cancel = context.WithTimeout(ctx, s.timeout)
-			defer cancel()
-		}
-		v, err := f(cctx)
-		if err != nil && ctx.Err() != nil {
-			return nil, callerDone{err}
-		}
-		return v, err
+	return s.guard(func() ([]int64, error) { return s.attempt(ctx, f) })
+}
+
+// attempt runs f under the timeout; an error while ctx has ended is the
+// caller's (callerDone).
+func (s *Store) attempt(ctx context.Context, f func(context.Context) ([]int64, error)) ([]int64, error) {
+	cctx := ctx
+	if d, ok := ctx.Deadline(); s.timeout > 0 && (!ok || time.Until(d) > s.timeout) {
+		// (A caller's sooner deadline is bound enough; this saves the
+		// timer's allocations on the engine's store_timeout path.)
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
 	}
+	v, err := f(cctx)
+	if err != nil && ctx.Err() != nil {
+		return nil, callerDone{err}
+	}
+	return v, err
+}
+
+// guard runs run under the breaker.
+func (s *Store) guard(run func() ([]int64, error)) ([]int64, error) {
 	if s.breaker == nil {
 		return run()
 	}
@@ -275,49 +308,60 @@ func (s *Store) call(ctx context.Context, f func(context.Context) ([]int64, erro
 	return v, err
 }
 
-// kinds names the rate key per algorithm.
-var kinds = [...]string{core.GCRA: "gcra", core.SlidingWindow: "sw", core.FixedWindow: "fw", core.SlidingLog: "sl"}
+// kindNames names the rate key per algorithm.
+var kindNames = [...][]byte{core.GCRA: []byte("gcra"), core.SlidingWindow: []byte("sw"), core.FixedWindow: []byte("fw"), core.SlidingLog: []byte("sl")}
 
-// quotaKind names the quota key of a quota epoch: "quota" for epoch 0 (the
-// name quota counters had before epochs, so they survive an upgrade),
-// "quota.<epoch in decimal>" otherwise.
-func quotaKind(epoch uint64) string {
+// appendQuotaKind appends the quota key's kind for a quota epoch:
+// "quota" for epoch 0 (the name quota counters had before epochs, so they
+// survive an upgrade), "quota.<epoch in decimal>" otherwise.
+func appendQuotaKind(b []byte, epoch uint64) []byte {
+	b = append(b, "quota"...)
 	if epoch == 0 {
-		return "quota"
+		return b
 	}
-	return "quota." + strconv.FormatUint(epoch, 10)
+	return strconv.AppendUint(append(b, '.'), epoch, 10)
+}
+
+// consumerHash is the first 128 bits of SHA-256(consumer) in hex. scratch
+// is a buffer to hash the consumer from (it is overwritten).
+func consumerHash(scratch []byte, consumer string) ([32]byte, []byte) {
+	scratch = append(scratch[:0], consumer...)
+	h := sha256.Sum256(scratch)
+	var hx [32]byte
+	hex.Encode(hx[:], h[:16])
+	return hx, scratch
+}
+
+// appendKey appends <prefix>{<consumer hash>}:<kind>:<escaped scope> to b
+// (b[:0] is reused).
+func (s *Store) appendKey(b []byte, hx *[32]byte, kind []byte, scope string) []byte {
+	b = append(b[:0], s.head...)
+	b = append(b, hx[:]...)
+	b = append(b, "}:"...)
+	b = append(b, kind...)
+	b = append(b, ':')
+	return appendScope(b, scope)
 }
 
 // key returns <prefix>{<consumer-hash>}:<kind>:<escaped scope>.
-func (s *Store) key(consumer, kind, scope string) string {
-	h := sha256.Sum256([]byte(consumer))
-	var b strings.Builder
-	b.Grow(len(s.prefix) + 32 + 4 + len(kind) + 3*len(scope))
-	b.WriteString(s.prefix)
-	b.WriteByte('{')
-	var hx [32]byte
-	hex.Encode(hx[:], h[:16])
-	b.Write(hx[:])
-	b.WriteString("}:")
-	b.WriteString(kind)
-	b.WriteByte(':')
-	escapeScope(&b, scope)
-	return b.String()
+func (s *Store) key(consumer string, kind []byte, scope string) string {
+	hx, _ := consumerHash(nil, consumer)
+	return string(s.appendKey(nil, &hx, kind, scope))
 }
 
-// escapeScope writes scope with every byte outside [A-Za-z0-9._~/-] as %XX.
-func escapeScope(b *strings.Builder, scope string) {
+// appendScope appends scope with every byte outside [A-Za-z0-9._~/-] as
+// %XX.
+func appendScope(b []byte, scope string) []byte {
 	const hexd = "0123456789ABCDEF"
 	for i := 0; i < len(scope); i++ {
 		c := scope[i]
 		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._~/-", c) >= 0 {
-			b.WriteByte(c)
+			b = append(b, c)
 			continue
 		}
-		b.WriteByte('%')
-		b.WriteByte(hexd[c>>4])
-		b.WriteByte(hexd[c&15])
+		b = append(b, '%', hexd[c>>4], hexd[c&15])
 	}
+	return b
 }
 
 // maxExact is 2^53: Lua numbers are exact integers below it.
@@ -370,19 +414,23 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 		return s.takeGCRA(ctx, req, p)
 	}
 
-	args := evalHeader(make([]any, 0, 5+13), scripts[alg], 2)
-	args = append(args, s.key(req.Consumer, kinds[alg], req.Scope), s.key(req.Consumer, quotaKind(req.QuotaEpoch), req.Scope))
-	args = s.appendNow(args)
-	args = append(args, n)
+	c := s.calls.Get().(*call)
+	c.reset(scripts[alg], 2)
+	var hx [32]byte
+	hx, c.keys[1].b = consumerHash(c.keys[1].b, req.Consumer)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[alg], req.Scope)
+	c.keys[1].b = s.appendKey(c.keys[1].b, &hx, appendQuotaKind(c.kind[:0], req.QuotaEpoch), req.Scope)
+	s.appendNow(c)
+	c.int(n)
 	if quota {
-		args = append(args, req.Quota.Max)
+		c.int(req.Quota.Max)
 	} else {
-		args = append(args, "-1")
+		c.args = append(c.args, "-1")
 	}
-	args = appendPair(args, int64(req.Quota.Renewal))
-	args = append(args, s.margin)
+	c.pair(int64(req.Quota.Renewal))
+	c.int(s.margin)
 	if limited {
-		args = append(args, "1")
+		c.args = append(c.args, "1")
 		switch alg {
 		case core.GCRA:
 			over, nt := "0", int64(0)
@@ -391,22 +439,23 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 			} else {
 				nt = n * p.T
 			}
-			args = append(args, over)
-			args = appendPair(args, nt)
+			c.args = append(c.args, over)
+			c.pair(nt)
 			// The script admits iff next − now ≤ its bound: τ, or τ plus the
 			// reservation window (Request.MaxDelay).
-			args = appendPair(args, p.Tau+req.Reservation())
+			c.pair(p.Tau + req.Reservation())
 		case core.FixedWindow:
-			args = append(args, req.Rate.Rate)
-			args = appendPair(args, int64(req.Rate.Period))
+			c.int(req.Rate.Rate)
+			c.pair(int64(req.Rate.Period))
 		default:
-			args = append(args, req.Rate.Rate, req.Rate.Period.Microseconds())
+			c.int(req.Rate.Rate)
+			c.int(req.Rate.Period.Microseconds())
 		}
 	} else {
-		args = append(args, "0")
+		c.args = append(c.args, "0")
 	}
 
-	v, err := s.run(ctx, scripts[alg], args, 9)
+	v, err := s.run(ctx, c, 9)
 	if err != nil {
 		return core.Decision{}, err
 	}
@@ -424,13 +473,16 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 	if req.Cost <= p.Burst {
 		nt = req.Cost * p.T
 	}
-	args := evalHeader(make([]any, 0, 4+7), gcraOnlyScript, 1)
-	args = append(args, s.key(req.Consumer, kinds[core.GCRA], req.Scope))
-	args = s.appendNow(args)
-	args = appendPair(args, nt)
-	args = appendPair(args, bound)
-	args = append(args, s.margin)
-	v, err := s.run(ctx, gcraOnlyScript, args, 3)
+	c := s.calls.Get().(*call)
+	c.reset(gcraOnlyScript, 1)
+	var hx [32]byte
+	hx, c.keys[0].b = consumerHash(c.keys[0].b, req.Consumer)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[core.GCRA], req.Scope)
+	s.appendNow(c)
+	c.pair(nt)
+	c.pair(bound)
+	c.int(s.margin)
+	v, err := s.run(ctx, c, 3)
 	if err != nil {
 		return core.Decision{}, err
 	}
@@ -439,61 +491,31 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 
 // Calls are built as EVALSHA's whole argument list, which go-redis sends
 // as it is: "evalsha", the SHA-1, the number of keys, the keys, then the
-// script's ARGV. Numbers are int64s, which go-redis writes in decimal
-// without a string of their own (and boxing one below 256 is free).
-
-// evalHeader appends "evalsha", sc's SHA-1 and nkeys to args.
-func evalHeader(args []any, sc script, nkeys int) []any {
-	return append(args, "evalsha", sc.sha, nkeys)
-}
-
-// evalCmd returns the command for args, routed (on a Cluster) by its first
-// key.
-func evalCmd(ctx context.Context, args []any) *redis.Cmd {
-	c := redis.NewCmd(ctx, args...)
-	c.SetFirstKeyPos(3)
-	return c
-}
-
-// evalFallback runs args with Script.Run (EVAL, which loads the script)
-// after Redis answered NOSCRIPT to the EVALSHA.
-func evalFallback(ctx context.Context, c redis.Scripter, sc script, args []any) *redis.Cmd {
-	nkeys := args[2].(int)
-	keys := make([]string, nkeys)
-	for i := range keys {
-		keys[i] = args[3+i].(string)
-	}
-	return sc.Run(ctx, c, keys, args[3+nkeys:]...)
-}
-
-func isNoScript(err error) bool {
-	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
-}
+// script's ARGV (see call).
 
 // appendNow appends the scripts' ARGV[1], ARGV[2]: Options.Clock's
 // reading as a pair, or "" (read Redis TIME) and "0".
-func (s *Store) appendNow(args []any) []any {
+func (s *Store) appendNow(c *call) {
 	if s.clock != nil {
-		return appendPair(args, s.clock.Nanotime())
+		c.pair(s.clock.Nanotime())
+		return
 	}
-	return append(args, "", "0")
+	c.args = append(c.args, "", "0")
 }
 
-// run runs the call args of sc once, pipelined when Options.Pipeline is
-// on, and checks that it replied want integers.
-func (s *Store) run(ctx context.Context, sc script, args []any, want int) ([]int64, error) {
+// run runs c once, batched unless Options.Pipeline is negative, checks
+// that it replied want integers, and gives c back to the pool.
+func (s *Store) run(ctx context.Context, c *call, want int) ([]int64, error) {
 	var v []int64
 	var err error
 	if s.pipe != nil {
-		v, err = s.pipe.do(ctx, &job{script: sc, args: args, res: make(chan jobResult, 1)})
+		v, err = s.pipe.do(ctx, c)
 	} else {
-		v, err = s.call(ctx, func(ctx context.Context) ([]int64, error) {
-			c := evalCmd(ctx, args)
-			if err := s.client.Process(ctx, c); isNoScript(err) {
-				c = evalFallback(ctx, s.client, sc, args)
-			}
-			return c.Int64Slice()
-		})
+		v, err = s.direct(ctx, c)
+	}
+	if !c.abandoned {
+		c.cmd, c.ctx, c.v, c.batch = nil, nil, nil, nil
+		s.calls.Put(c)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: take: %w", err)
@@ -521,11 +543,6 @@ func checkWindow(l core.Limit) error {
 		return fmt.Errorf("%w: redisstore: sliding window rate %d × period %v reaches 2^53 µs", core.ErrInvalidLimit, l.Rate, l.Period)
 	}
 	return nil
-}
-
-// appendPair appends x ≥ 0 (ns) as the script's (µs, ns remainder) pair.
-func appendPair(args []any, x int64) []any {
-	return append(args, x/1000, x%1000)
 }
 
 func pair(u, r int64) time.Duration { return time.Duration(u*1000 + r) }
@@ -598,7 +615,7 @@ func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
 // starts a new period; other epochs' keys are untouched. Deleting a key
 // that does not exist is not an error. Failures are reported as for Take.
 func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
-	key := s.key(consumer, quotaKind(epoch), scope)
+	key := s.key(consumer, appendQuotaKind(nil, epoch), scope)
 	_, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return nil, s.client.Del(ctx, key).Err()
 	})

@@ -207,7 +207,7 @@ func TestScriptReload(t *testing.T) {
 	c := srv.Client(t, nil)
 	l := core.PerMinute(3)
 	q := core.Quota{Max: 10, Renewal: time.Hour}
-	for _, pipeline := range []int{0, 64} {
+	for _, pipeline := range []int{-1, 0} { // batching off, the default (on)
 		s := newStore(t, c, redisstore.Options{Pipeline: pipeline})
 		t.Cleanup(func() { s.Close() })
 		for _, tc := range []struct {

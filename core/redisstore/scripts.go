@@ -388,13 +388,12 @@ return {0, du, dr}
 // script is a Lua script with its SHA-1 already boxed as an EVALSHA
 // argument, so building a call does not allocate for it.
 type script struct {
-	*redis.Script
+	src string
 	sha any
 }
 
 func newScript(src string) script {
-	s := redis.NewScript(src)
-	return script{s, s.Hash()}
+	return script{src, redis.NewScript(src).Hash()}
 }
 
 // gcraOnlyScript runs gcraOnly.

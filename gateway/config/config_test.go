@@ -103,7 +103,7 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:2:27: redis.breaker_cooldown: "1" is not a duration (like 500ms, 10s, 1m or 24h)`},
 		{"key prefix with a hash tag", "store: redis://r\nredis: {key_prefix: \"lp{x}:\"}\n" + api,
 			`t.yaml:2:21: redis.key_prefix: "lp{x}:" must not contain "{" or "}" (they would move the Cluster hash tag)`},
-		{"negative pipeline", "store: redis://r\nredis: {pipeline: -1}\n" + api, `t.yaml:2:19: redis.pipeline: -1 must be >= 0 (0 turns pipelining off)`},
+		{"negative pipeline", "store: redis://r\nredis: {pipeline: -1}\n" + api, `t.yaml:2:19: redis.pipeline: -1 must be >= 0 (0 turns batching off)`},
 		{"negative breaker failures", "store: redis://r\nredis: {breaker_failures: -2}\n" + api,
 			`t.yaml:2:27: redis.breaker_failures: -2 must be >= 0 (0 turns the breaker off)`},
 		{"redis password from an unset variable", "store: redis://r\nredis: {password_env: LIMITPLANE_TEST_UNSET}\n" + api,

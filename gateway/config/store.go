@@ -47,6 +47,7 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	out := &Redis{URL: client, Options: redisstore.Options{
 		KeyPrefix:       redisstore.DefaultKeyPrefix,
 		Timeout:         v.duration("redis.timeout", r.Timeout, redisstore.DefaultTimeout),
+		Pipeline:        redisstore.DefaultPipeline,
 		BreakerFailures: redisstore.DefaultBreakerFailures,
 		BreakerCooldown: v.duration("redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown),
 	}}
@@ -57,9 +58,12 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		out.Options.KeyPrefix = r.KeyPrefix
 	}
 	if n := r.Pipeline; n != nil {
-		if *n < 0 {
-			v.fail("redis.pipeline", "%d must be >= 0 (0 turns pipelining off)", *n)
-		} else {
+		switch {
+		case *n < 0:
+			v.fail("redis.pipeline", "%d must be >= 0 (0 turns batching off)", *n)
+		case *n == 0:
+			out.Options.Pipeline = -1 // the store's "off"
+		default:
 			out.Options.Pipeline = *n
 		}
 	}
