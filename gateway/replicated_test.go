@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/limitplane/limitplane/spec"
@@ -45,7 +46,12 @@ func TestReplicatedRedisFailover(t *testing.T) {
 	url := "redis+sentinel://dp@" + sentinel.Addr
 	var gws []*httptest.Server
 	for range 2 { // one gateway in each of two data planes
-		store, closeStore, err := gateway.OpenStore(ctx, gateway.StoreOptions{URL: url, FailurePolicy: core.FailClosed})
+		store, closeStore, err := gateway.OpenStore(ctx, gateway.StoreOptions{URL: url, FailurePolicy: core.FailClosed,
+			// The test is about exactness across a failover, not latency: a
+			// loaded machine can take longer than the default 250 ms to look
+			// the master up through Sentinel, and one batch that times out
+			// answers all its requests 503.
+			Redis: redisstore.Options{Timeout: 2 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}
