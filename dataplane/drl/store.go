@@ -97,10 +97,12 @@ type Store struct {
 	allocator atomic.Bool
 	ackCh     chan struct{} // acknowledgements arrived (for the allocator)
 
-	// Owned by the loop goroutine (tick):
-	ticks   uint64
-	lead    *leader
+	failMu  sync.Mutex
 	failing map[string]bool // call kinds now failing, for one log line each way
+
+	// Owned by the loop goroutine (tick):
+	ticks uint64
+	lead  *leader
 
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when the loop has returned
@@ -314,6 +316,7 @@ func (s *Store) halt() {
 	<-s.done
 	s.pubsub.Close()
 	<-s.subDone
+	s.allocator.Store(false)
 }
 
 // run is the loop: a tick every H/4.
@@ -369,7 +372,10 @@ func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFun
 }
 
 // failed logs the first failure of a kind of call; ok logs its recovery.
+// The loop and the subscriber call them.
 func (s *Store) failed(kind string, err error) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
 	if !s.failing[kind] {
 		s.failing[kind] = true
 		s.log.Warn("drl: redis call failed; keys fall back to their floor if this lasts 2 intervals", "call", kind, "err", err)
@@ -377,6 +383,8 @@ func (s *Store) failed(kind string, err error) {
 }
 
 func (s *Store) ok(kind string) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
 	if s.failing[kind] {
 		delete(s.failing, kind)
 		s.log.Info("drl: redis answers again", "call", kind)
