@@ -599,3 +599,39 @@ func TestBoundHoldsWhenDemandShifts(t *testing.T) {
 		t.Errorf("UnsafeGrowsBeforeShrinks: worst window %d, want it above R + B = 1100 (caught)", worst)
 	}
 }
+
+// TestStoresOnCluster: on a 3-master Redis Cluster, with a Cluster client
+// each, two gateways elect one allocator and run its tables (the DRL's
+// keys share one hash tag, so every script and MGET is on one slot; the
+// tables reach both over pub/sub), and a hot key's share grows above its
+// floor on the loaded gateway.
+func TestStoresOnCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	const h = 100 * time.Millisecond
+	var stores []*Store
+	for range 2 {
+		c := cl.Client(t, nil)
+		exact, err := redisstore.New(c, redisstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(c, exact, Options{Group: "cl", Interval: h, MaxGateways: 4, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+	waitFor(t, 5*time.Second, "the loaded gateway's share above its floor (100/s)", func() bool {
+		for range 5 {
+			if _, err := stores[0].Take(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return stores[0].Stats().ShareRate > 100 && stores[1].Stats().Epoch == stores[0].Stats().Epoch
+	})
+	if a, b := stores[0].Stats().Allocator, stores[1].Stats().Allocator; a == b {
+		t.Fatalf("allocator flags %v and %v, want exactly one", a, b)
+	}
+}
