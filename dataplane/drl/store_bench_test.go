@@ -45,6 +45,11 @@ func BenchmarkStoreHotKey(b *testing.B) {
 			benchSinkMu.Unlock()
 		})
 	}
+	b.Run("memory-take", func(b *testing.B) {
+		var s core.Store = memory.New(memory.Options{Clock: clock})
+		b.Cleanup(func() { s.(*memory.Store).Close() })
+		run(b, func(r *core.Request, d *core.Decision) { *d, _ = s.Take(ctx, *r) })
+	})
 	b.Run("drl-store-take", func(b *testing.B) {
 		var s core.Store = benchStore(b, srv, clock, req)
 		run(b, func(r *core.Request, d *core.Decision) { *d, _ = s.Take(ctx, *r) })
@@ -52,11 +57,6 @@ func BenchmarkStoreHotKey(b *testing.B) {
 	b.Run("drl-store-into", func(b *testing.B) {
 		s := benchStore(b, srv, clock, req)
 		run(b, func(r *core.Request, d *core.Decision) { s.TakeInto(ctx, r, d) })
-	})
-	b.Run("memory-take", func(b *testing.B) {
-		var s core.Store = memory.New(memory.Options{Clock: clock})
-		b.Cleanup(func() { s.(*memory.Store).Close() })
-		run(b, func(r *core.Request, d *core.Decision) { *d, _ = s.Take(ctx, *r) })
 	})
 }
 
