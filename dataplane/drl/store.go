@@ -366,9 +366,12 @@ func (s *Store) tick(ctx context.Context) {
 	}
 }
 
-// callCtx bounds one Redis call to H/2.
+// callTimeout bounds one Redis call: H/2, at least 50 ms.
+func (s *Store) callTimeout() time.Duration { return max(s.o.Interval/2, 50*time.Millisecond) }
+
+// callCtx bounds one Redis call to callTimeout.
 func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, max(s.o.Interval/2, 50*time.Millisecond))
+	return context.WithTimeout(ctx, s.callTimeout())
 }
 
 // failed logs the first failure of a kind of call; ok logs its recovery.
@@ -445,6 +448,16 @@ func (s *Store) acknowledge(ctx context.Context, t *Table) {
 
 // subscribe applies the tables announced on the tables channel at once,
 // acknowledging each, and wakes the allocator on acknowledgements.
+//
+// A table is applied here only when its epoch is above the one in force:
+// it is then a successor from the same allocators' line, fresh until 2H
+// after the latest report call. A lower epoch comes from a new line (a
+// Redis that lost its data numbers from 1 again) and is left to the next
+// report call, whose send time is after the table's publication: the
+// latest report call may be older than the new allocator's hold, and
+// applying with its time would let the older line's table count as fresh
+// (the Limiter keeps the fresher of an older table and the one in
+// force).
 func (s *Store) subscribe(ctx context.Context) {
 	defer close(s.subDone)
 	for m := range s.pubsub.Channel() {
@@ -463,7 +476,7 @@ func (s *Store) subscribe(ctx context.Context) {
 				continue // the next report brings it
 			}
 			s.mu.Lock()
-			if ver == s.ver {
+			if ver == s.ver || t.Epoch <= s.lim.view.Load().epoch {
 				s.mu.Unlock()
 				continue
 			}
@@ -484,8 +497,9 @@ func (s *Store) subscribe(ctx context.Context) {
 
 // elect runs for the lease. The winner takes over from the table in
 // force; when there is none (a new group, or a Redis that lost its data)
-// it publishes nothing for 2H, so that every gateway's table from before
-// has gone stale and runs at its floor: those tables' epochs are unknown
+// it publishes nothing for 2H plus a call's timeout, so that every
+// gateway's table from before has gone stale and runs at its floor by the
+// time a report call brings the new one: those tables' epochs are unknown
 // to it, and a gateway keeps a fresh table over one with a lower epoch.
 func (s *Store) elect(ctx context.Context) {
 	sentAt := s.clock.Nanotime()
@@ -519,7 +533,7 @@ func (s *Store) load(ctx context.Context) bool {
 		return false
 	}
 	if last == nil {
-		s.lead.holdUntil = s.clock.Nanotime() + 2*int64(s.o.Interval)
+		s.lead.holdUntil = s.clock.Nanotime() + 2*int64(s.o.Interval) + int64(s.callTimeout())
 	}
 	s.lead.alloc = NewAllocator(s.aopts, s.lead.token, last)
 	return true

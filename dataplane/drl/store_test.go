@@ -635,3 +635,78 @@ func TestStoresOnCluster(t *testing.T) {
 		t.Fatalf("allocator flags %v and %v, want exactly one", a, b)
 	}
 }
+
+// TestBoundAcrossRedisDataLoss: on a manual clock, R = 1,000/s, B = 100:
+// gateways 0 and 1 run (gateway 0's load changing every second, so the
+// tables' epochs rise; gateway 1 offers 100/s), and gateway 0 holds a
+// large share when Redis loses its data (FLUSHALL: tokens and epochs
+// start again from 1); gateway 2 joins then, and it and gateway 0 offer
+// 900/s. The new allocator holds its first table back until
+// every older one has gone stale, and a gateway takes a table of a lower
+// epoch only from a report call, so gateway 0's old share never counts as
+// fresh beside the new line's shares: every 1 s window admits at most
+// R + B, and the new line's shares take over.
+func TestBoundAcrossRedisDataLoss(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := core.NewManualClock(int64(time.Hour))
+	o := Options{Group: "loss", Interval: time.Second, Clock: clock}
+	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "loss"}
+	m.gws = append(m.gws, startGateway(t, srv, o, true), startGateway(t, srv, o, true))
+	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+	const seconds = 24
+	admitted := make([]int, seconds*1000)
+	var credit [3]float64
+	ctx := context.Background()
+	for ms := 0; ms < seconds*1000; ms++ {
+		if ms == 8000 {
+			if s := m.gws[0].Stats(); s.ShareRate < 600 || s.Epoch < 4 {
+				t.Fatalf("gateway 0 before the loss: share %.1f/s at epoch %d, want 600/s or more at epoch 4 or more", s.ShareRate, s.Epoch)
+			}
+			if err := m.admin.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			m.gws = append(m.gws, startGateway(t, srv, o, true))
+		}
+		if ms%250 == 0 {
+			m.tick()
+		}
+		offered := []float64{900, 100, 900}
+		if ms < 8000 && ms/1000%2 == 0 {
+			// Gateway 0's load changes every second, so the first line
+			// publishes many epochs.
+			offered[0] = 300
+		}
+		for g, s := range m.gws {
+			credit[g] += offered[g] / 1000
+			for credit[g] >= 1 {
+				credit[g]--
+				d, err := s.Take(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					admitted[ms]++
+				}
+			}
+		}
+		clock.Advance(time.Millisecond)
+	}
+	worst, window, after := 0, 0, 0
+	for ms := range admitted {
+		window += admitted[ms]
+		if ms >= 1000 {
+			window -= admitted[ms-1000]
+		}
+		worst = max(worst, window)
+		if ms >= 16000 {
+			after += admitted[ms]
+		}
+	}
+	t.Logf("worst 1 s window %d (bound 1100); %.1f/s in the last 8 s", worst, float64(after)/8)
+	if worst > 1100 {
+		t.Errorf("a 1 s window admitted %d, above R + B = 1100", worst)
+	}
+	if after < 8*900 {
+		t.Errorf("admitted %.1f/s in the last 8 s, want at least 900 (the floors alone give 62.5): the new line's shares did not take over", float64(after)/8)
+	}
+}
