@@ -409,8 +409,9 @@ func TestHotKeyMakesNoRedisCalls(t *testing.T) {
 	ctx := context.Background()
 	hot := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1_000_000, Period: time.Second}, Cost: 1, Distributed: true}
 	coarse := core.Request{Consumer: "coarse", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1, Distributed: true}
-	// Report, win the lease, publish after 2H: the table is in force.
-	for range 12 {
+	// Report, win the lease, publish after its hold (2H plus a call's
+	// timeout, as there is no table yet): the table is in force.
+	for range 16 {
 		g.tick(ctx)
 		clock.Advance(250 * time.Millisecond)
 		if _, err := g.Take(ctx, hot); err != nil {
