@@ -106,7 +106,7 @@ func TestTakeover(t *testing.T) {
 		gws = append(gws, startGateway(t, srv, o, false))
 	}
 	admin := srv.Client(t, nil)
-	// The first allocator publishes nothing for 2H (no table yet).
+	// The first allocator publishes nothing for 2H + H/2 (no table yet).
 	waitFor(t, 4*h, "a first table", func() bool { tok, _ := tableToken(t, admin, "take"); return tok != 0 })
 	first := leaderOf(gws)
 	tok1, _ := tableToken(t, admin, "take")
