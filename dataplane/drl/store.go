@@ -117,7 +117,8 @@ type leader struct {
 	token      uint64
 	value      string // the lease's value
 	leaseUntil int64  // ns: the lease surely lapsed by then unless renewed
-	holdUntil  int64  // ns: publish nothing before (see tick)
+	holdUntil  int64  // ns: publish nothing before (see elect)
+	published  bool   // this allocator has published (or found nothing to change)
 	alloc      *Allocator
 }
 
@@ -341,7 +342,8 @@ func (s *Store) run(ctx context.Context) {
 
 // tick does what is due at this quarter of H: the report every H, the
 // election while not the allocator, and as the allocator the renewal
-// every H/2 and the step every H.
+// every H/2 and the step every H (every H/4 until its first table, so a
+// hold ends within H/4).
 func (s *Store) tick(ctx context.Context) {
 	n := s.ticks
 	s.ticks++
@@ -353,7 +355,9 @@ func (s *Store) tick(ctx context.Context) {
 		return
 	}
 	if n%2 == 1 {
-		s.renew(ctx)
+		if s.renew(ctx); s.lead == nil {
+			return // resigned
+		}
 	}
 	select {
 	case <-s.ackCh:
@@ -361,7 +365,7 @@ func (s *Store) tick(ctx context.Context) {
 		return
 	default:
 	}
-	if n%4 == 0 {
+	if n%4 == 0 || !s.lead.published {
 		s.step(ctx)
 	}
 }
@@ -601,6 +605,7 @@ func (s *Store) step(ctx context.Context) {
 			return
 		}
 	}
+	s.lead.published = true
 	s.ok("allocate")
 	if err := s.w.forget(cctx, st.gone); err != nil {
 		s.failed("allocate", err)
