@@ -410,7 +410,7 @@ func TestEngineDistributedFollowsTheRatePolicy(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, c := range []*core.Consumer{
-		{ID: "a", Policies: []string{"shared"}},          // rate from a distributed policy
+		{ID: "a", Policies: []string{"shared"}},           // rate from a distributed policy
 		{ID: "b", Policies: []string{"shared", "bigger"}}, // rate from "bigger", not distributed
 		{ID: "c", Policies: []string{"quota", "bigger"}},  // only the quota's policy is distributed
 		{ID: "d", Policies: []string{"shared"}, APILimits: map[string]core.Limits{"x": {Rate: core.PerSecond(5)}}},

@@ -225,9 +225,16 @@ func (a *Allocator) Epoch() uint64 { return a.epoch }
 // epoch of the table it applied; a Report's Applied counts too). It
 // returns the table and whether it must be published: true when the
 // shares changed or this allocator has not published yet; otherwise it
-// returns the last table. Step may be called more often than every H: it
-// publishes only changes, and calling it soon after acknowledgements
-// arrive lets grows follow their shrinks sooner.
+// returns the last table. Step may be called more often than every H (the
+// simulator calls it every H/4): it publishes only changes, and calling it
+// soon after acknowledgements arrive lets grows follow their shrinks
+// sooner.
+//
+// A table Step returns for publication counts as published from then on
+// (its shares enter the bounds): a caller that cannot publish it (its
+// lease lapsed, the fenced write failed) must stop using this Allocator
+// and, once it holds the lease again, start a new one from the stored
+// table.
 func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Table, bool) {
 	o := a.o
 	reports := make(map[string]*Report, len(live))
@@ -346,10 +353,10 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 		}
 	}
 
-	// Publish a change beyond the tolerance, or any change while some share
-	// is still off its target by more than the tolerance (shrinks that
-	// are small one by one may be what a grow waits for).
-	if a.published && a.last != nil && sameShares(a.last, t, publishTolerance) && (!unsettled || sameShares(a.last, t, 0)) {
+	// Publish a change beyond the tolerance, or a fifth of it while some
+	// share is still off its target by more than the tolerance (shrinks
+	// that are small one by one may be what a grow waits for).
+	if a.published && a.last != nil && sameShares(a.last, t, publishTolerance) && (!unsettled || sameShares(a.last, t, publishTolerance/5)) {
 		return a.last, false
 	}
 	a.epoch++

@@ -33,15 +33,28 @@
 //     floor(B/MaxGateways) below 1: #1287's 10/s over 4 gateways) and
 //     requests that also spend a quota are left to the exact (Redis) store.
 //
-// Guarantee: for up to MaxGateways gateways, with at most JoinReserve of
-// them joining between two tables, the requests a key admits over all
-// gateways in any interval of length t are at most B + R×t. Beyond
-// MaxGateways every gateway still runs at least its floor and the bound is
-// not promised. A gateway whose key table is full (LimiterOptions.MaxKeys)
-// leaves new keys to the exact store, which counts them apart from the
-// shares.
+// Guarantee: the rate shares the gateways run never sum above R and their
+// bursts never above B, so the requests a key admits over all gateways in
+// any interval of length t are at most B + R×t. It holds for up to
+// MaxGateways gateways, with at most JoinReserve of them joining before
+// the shrinks that make room for the previous joiners are acknowledged,
+// and with gateways cut off from Redis crashing (or reconnecting) within
+// AllocatorOptions.Forget. Beyond MaxGateways every gateway still runs at
+// least its floor and the bound is not promised. A gateway whose key table
+// is full (LimiterOptions.MaxKeys) leaves new keys to the exact store,
+// which counts them apart from the shares.
 //
-// This file's package holds the pure parts, with time as an argument:
-// KeyID, the Allocator and the Limiter. The Redis glue (reports, lease,
-// table publication, acknowledgements) builds on them.
+// The simulator in sim_test.go checks this over 100 seeds per scenario
+// (skew, Tyk #1244, a load step, churn with partitions, allocator
+// failover, a Redis outage): every 1 s window and the sum of the shares
+// the gateways run, at every event. With
+// AllocatorOptions.UnsafeGrowsBeforeShrinks the shares run sum above R in
+// nearly every churn run; the admitted windows exceed R + B only where a
+// shrink reaches its gateway late (a lost or slow delivery), since a
+// gateway cut off from Redis is at its floor (2H) before its report
+// expires (2H + H/2) and its share is handed out.
+//
+// This package holds the pure parts, with time as an argument: KeyID, the
+// Allocator and the Limiter. The Redis glue (reports, lease, table
+// publication, acknowledgements) builds on them.
 package drl

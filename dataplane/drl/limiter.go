@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,12 +83,46 @@ const staleTag = 1
 // bucket is a key's local GCRA state at one share. Its share never
 // changes: a switch freezes it (TAT movedTAT) and publishes a new one.
 type bucket struct {
-	tat     atomic.Int64  // GCRA TAT on the caller's clock; deadTAT/movedTAT once frozen
-	offered atomic.Int64  // units offered (admitted + refused) since the last Report
-	tag     atomic.Uint64 // view generation<<1 the share was checked against, or staleTag
-	p       core.GCRAParams
-	share   Share
-	since   int64 // when the share took effect
+	tat      atomic.Int64  // GCRA TAT on the caller's clock; deadTAT/movedTAT once frozen
+	admitted atomic.Int64  // units admitted since the last Report (and carried counts)
+	tag      atomic.Uint64 // view generation<<1 the share was checked against, or staleTag
+	p        core.GCRAParams
+	share    Share
+	since    int64 // when the share took effect
+	_        [64]byte
+	// refused counts the units refused since the last Report, striped
+	// over cache lines of their own: a refusal then writes nothing the
+	// other cores read on every request (the TAT's line), and refusals on
+	// several cores seldom write the same line.
+	refused [refusedStripes]stripe
+}
+
+// refusedStripes is the number of refusal counters per bucket.
+const refusedStripes = 4
+
+// stripe is one counter on a cache line of its own.
+type stripe struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// count records n units offered: admitted or refused.
+func (b *bucket) count(n int64, ok bool) {
+	if ok {
+		b.admitted.Add(n)
+		return
+	}
+	b.refused[rand.Uint32()%refusedStripes].n.Add(n)
+}
+
+// takeOffered returns the units offered since the last call and resets
+// the counts. Caller holds the key's mu (no switch in between).
+func (b *bucket) takeOffered() int64 {
+	n := b.admitted.Swap(0)
+	for i := range b.refused {
+		n += b.refused[i].n.Swap(0)
+	}
+	return n
 }
 
 // key is one hot key.
@@ -152,7 +187,7 @@ type Limiter struct {
 // is applied.
 func NewLimiter(o LimiterOptions) *Limiter {
 	o = o.withDefaults()
-	l := &Limiter{o: o, gateway: o.Gateway, shift: 64 - 6, shards: make([]lshard, 64)}
+	l := &Limiter{o: o, gateway: o.Gateway, shift: 64 - 4, shards: make([]lshard, 16)}
 	l.minPerNs = o.MinFloorRate * float64(o.MaxGateways) / float64(time.Second)
 	for i := range l.seeds {
 		l.seeds[i] = maphash.MakeSeed()
@@ -238,7 +273,7 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 		if ok && n > 0 && !b.tat.CompareAndSwap(tat, next) {
 			continue
 		}
-		b.offered.Add(n)
+		b.count(n, ok)
 		*d = core.Decision{}
 		d.Allowed, d.DecidedBy = ok, core.KindRate
 		retry := int64(0)
@@ -303,7 +338,8 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 		if a > 0 && !b.tat.CompareAndSwap(tat, max(tat, now)+a*b.p.T) {
 			continue
 		}
-		b.offered.Add(n)
+		b.count(a, true)
+		b.count(n-a, false)
 		return a
 	}
 }
@@ -368,7 +404,7 @@ func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
 	old := b.tat.Swap(movedTAT)
 	nb := &bucket{p: shareParams(s), share: s, since: at}
 	nb.tat.Store(at + carry(b.p, nb.p, max(old, at)-at))
-	nb.offered.Store(b.offered.Load())
+	nb.admitted.Store(b.takeOffered())
 	nb.tag.Store(tag)
 	k.b.Store(nb)
 	return nb
@@ -461,7 +497,13 @@ func clampShare(s Share, lim KeyLimit, floor Share) Share {
 // per second, smoothed (a rise is taken at once, a fall halves the
 // distance to the new rate per report), and the epoch applied. It also
 // drops keys idle for 3 reports whose bucket is full (the same state as
-// no key). Call it every H.
+// no key). The first call has no interval to measure: it divides by H.
+//
+// Call it every H and send the report with the call that returns the
+// table (see Apply). Retry a call that fails well before the next one is
+// due (the simulator retries once after H/4): a table stays fresh for 2H
+// from the send time of the call that returned it, so two calls lost in a
+// row put the gateway at its floors.
 func (l *Limiter) Report(now int64, gateway string) Report {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -478,6 +520,9 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 	rep := Report{Gateway: gateway, Applied: l.view.Load().epoch, Keys: map[KeyID]KeyDemand{}}
 	for i := range l.shards {
 		sh := &l.shards[i]
+		if sh.tab.Load().empty() {
+			continue // a key added meanwhile is reported next time
+		}
 		sh.mu.Lock()
 		t := sh.tab.Load()
 		for j := range t.slots {
@@ -488,7 +533,7 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 			k := sl.k.Load()
 			k.mu.Lock()
 			b := k.b.Load()
-			off := b.offered.Swap(0)
+			off := b.takeOffered()
 			rate := float64(off) / elapsed
 			if rate >= k.demand {
 				k.demand = rate
@@ -620,6 +665,16 @@ type ltable struct {
 }
 
 func newLTable(size int) *ltable { return &ltable{slots: make([]lslot, size), mask: uint64(size - 1)} }
+
+// empty reports whether t holds no key (read without the lock).
+func (t *ltable) empty() bool {
+	for i := range t.slots {
+		if t.slots[i].hash.Load() >= firstHash {
+			return false
+		}
+	}
+	return true
+}
 
 func (t *ltable) find(f fingerprint) *key {
 	for i := f.h & t.mask; ; i = (i + 1) & t.mask {

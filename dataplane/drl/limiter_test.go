@@ -406,3 +406,38 @@ func TestTakeUpToIsTakes(t *testing.T) {
 		t.Fatalf("demand %v vs %v", ra, rb)
 	}
 }
+
+// TestLimiterStaleShrinkCountsFromFreshUntil: a key whose table went stale
+// runs its floor from the moment it went stale, not from its next request.
+func TestLimiterStaleShrinkCountsFromFreshUntil(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	ms := int64(time.Millisecond)
+	sent := 10 * sec
+	l.Apply(sent, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50})) // fresh until sent+2s
+	stale := sent + 2*sec
+	drain(t, l, stale-10*ms, &req)
+	// Until stale: 10 ms at 500/s = 5 tokens; then 20 ms at the floor's
+	// 250/s = 5 more. (From the request on, it would be 15.)
+	if n := drain(t, l, stale+20*ms, &req); n != 10 {
+		t.Fatalf("admitted %d, want 10", n)
+	}
+}
+
+// TestLimiterOlderTableRefreshes: a report call that returns an older
+// table than the one pub/sub brought still proves contact: the table in
+// force stays fresh 2H from that call.
+func TestLimiterOlderTableRefreshes(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	t0 := 10 * sec
+	l.Apply(t0, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	l.Apply(t0, tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60}))     // by pub/sub
+	l.Apply(t0+sec, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50})) // the next report call
+	if n := drain(t, l, t0+2*sec+sec/2, &req); n != 60 {
+		t.Fatalf("at t0+2.5s: %d admitted, want 60 (epoch 2's burst, still fresh)", n)
+	}
+	if st := l.Stats(); st.Epoch != 2 || st.Fallbacks != 0 {
+		t.Fatalf("stats %+v, want epoch 2 and no fallback", st)
+	}
+}

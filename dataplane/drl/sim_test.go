@@ -21,6 +21,11 @@ import (
 const (
 	simTick   = int64(10 * time.Millisecond)
 	simWindow = int64(time.Second) / simTick // ticks per 1 s window
+	// simLoadTicks is the load generators' step: each gateway's arrivals
+	// of 50 ms come together (bursts are the harder case for the bound).
+	// A step must stay below B/R (100 ms here): a bucket holds at most
+	// its burst, so a gateway could not use its share with longer steps.
+	simLoadTicks = 5
 )
 
 // simEvent is one scheduled action.
@@ -66,7 +71,6 @@ type simGW struct {
 	lastSent    int64   // send time of the latest report call that returned
 	alloc       *Allocator
 	token       uint64
-	admitted    []int64 // per tick
 }
 
 // sim is one simulated data plane.
@@ -76,6 +80,8 @@ type sim struct {
 	seq     uint64
 	q       simQueue
 	req     core.Request
+	kid     KeyID // req's
+	floor   Share // req's floor over the default 32 gateways
 	h       int64
 	loss    float64 // each message is lost with this probability
 	pubLoss float64 // each pub/sub delivery is lost with this probability (at least loss)
@@ -123,6 +129,8 @@ func newSim(seed uint64, rate, burst int64, unsafe bool, duration time.Duration)
 		admitted: make([]int64, int64(duration)/simTick),
 	}
 	s.lopts = LimiterOptions{Interval: time.Duration(s.h)}
+	s.kid = MakeKeyID(s.req.Consumer, s.req.Scope, s.req.Rate)
+	s.floor = LimitOf(s.req.Rate).Floor(32)
 	return s
 }
 
@@ -153,7 +161,7 @@ func (s *sim) reach(g *simGW) bool { return s.redisUp && g.alive && !g.partition
 // join starts a gateway now with the given load-balancer weight.
 func (s *sim) join(weight float64) *simGW {
 	o := s.lopts
-	g := &simGW{id: fmt.Sprintf("gw%02d", s.nextID), alive: true, weight: weight, admitted: make([]int64, len(s.admitted))}
+	g := &simGW{id: fmt.Sprintf("gw%02d", s.nextID), alive: true, weight: weight}
 	s.nextID++
 	o.Gateway = g.id
 	g.lim = NewLimiter(o)
@@ -178,27 +186,36 @@ func (s *sim) report(g *simGW) {
 func (s *sim) reportCall(g *simGW, retry bool) {
 	rep := g.lim.Report(s.now, g.id)
 	sent := s.now
-	if retry {
-		s.at(s.now+s.h/4, func() {
-			if g.alive && g.lastSent < sent {
-				s.reportCall(g, false)
-			}
-		})
+	// failed schedules the retry H/4 after the send, when the call gets no
+	// answer (an answer comes within 20 ms: the gateway's timeout fires
+	// only for a failed call, so only those schedule it).
+	failed := func() {
+		if retry {
+			s.at(sent+s.h/4, func() {
+				if g.alive {
+					s.reportCall(g, false)
+				}
+			})
+		}
 	}
 	if !s.reach(g) || s.lost() {
+		failed()
 		return
 	}
 	s.at(s.now+s.leg(), func() {
 		if !s.redisUp || g.partitioned {
+			failed()
 			return
 		}
 		s.reports[g.id] = simReport{rep: rep, expiry: s.now + 2*s.h + s.h/2}
 		tb := s.table
 		if s.lost() {
+			failed()
 			return
 		}
 		s.at(s.now+s.leg(), func() {
 			if !g.alive || g.partitioned {
+				failed()
 				return
 			}
 			g.lastSent = max(g.lastSent, sent)
@@ -296,15 +313,17 @@ func (s *sim) spread(total float64) {
 	}
 }
 
-// run advances the clock over the whole duration; hook runs every tick
-// before the load (scenario events), check after it.
+// run advances the clock over the whole duration in load steps (every
+// simLoadTicks ticks); hook runs every step before the load (scenario
+// events), check after it.
 func (s *sim) run(hook func(tick int), check func(tick int)) {
-	for tick := range s.admitted {
+	for tick := 0; tick < len(s.admitted); tick += simLoadTicks {
 		t := int64(tick) * simTick
 		for len(s.q) > 0 && s.q[0].at <= t {
 			e := heap.Pop(&s.q).(simEvent)
 			s.now = e.at
 			e.fn()
+			s.sumShares() // events are where shares grow
 		}
 		s.now = t
 		if hook != nil {
@@ -313,35 +332,42 @@ func (s *sim) run(hook func(tick int), check func(tick int)) {
 		if simHook != nil {
 			simHook(s, tick)
 		}
-		for _, g := range s.gws {
-			if !g.alive {
-				continue
+		{
+			for _, g := range s.gws {
+				if !g.alive {
+					continue
+				}
+				g.acc += g.rate * float64(simLoadTicks*simTick) / float64(time.Second)
+				n := int64(g.acc)
+				g.acc -= float64(n)
+				if n == 0 {
+					continue
+				}
+				a := g.lim.takeUpTo(t, &s.req, n)
+				if a < 0 {
+					panic("sim: the key is not handled by DRL")
+				}
+				s.admitted[tick] += a
 			}
-			g.acc += g.rate * float64(simTick) / float64(time.Second)
-			n := int64(g.acc)
-			g.acc -= float64(n)
-			if n == 0 {
-				continue
-			}
-			a := g.lim.takeUpTo(t, &s.req, n)
-			if a < 0 {
-				panic("sim: the key is not handled by DRL")
-			}
-			g.admitted[tick] += a
-			s.admitted[tick] += a
+			s.sumShares()
 		}
-		// The shares the gateways run now (a stale table: the floor).
-		sum := 0.0
-		for _, g := range s.gws {
-			if g.alive {
-				sum += s.runningShare(g).Rate
-			}
-		}
-		s.maxShareSum = max(s.maxShareSum, sum)
 		if check != nil {
 			check(tick)
 		}
 	}
+}
+
+// sumShares records the sum of the shares the live gateways run now (a
+// stale table: the floor). Between events it can only fall (a table going
+// stale), so checking after every event and load step finds its maximum.
+func (s *sim) sumShares() {
+	sum := 0.0
+	for _, g := range s.gws {
+		if g.alive {
+			sum += s.runningShare(g).Rate
+		}
+	}
+	s.maxShareSum = max(s.maxShareSum, sum)
 }
 
 // worstWindow returns the most admitted in any 1 s window.
@@ -379,14 +405,13 @@ func (s *sim) shareOfKey(g *simGW) Share {
 // runningShare returns the share g runs the key at now: its table's share
 // while the table is fresh, else the floor.
 func (s *sim) runningShare(g *simGW) Share {
-	kl := LimitOf(s.req.Rate)
 	v := g.lim.view.Load()
 	if s.now >= v.freshUntil {
-		return kl.Floor(g.lim.o.MaxGateways)
+		return s.floor
 	}
-	sh, ok := v.shares[MakeKeyID(s.req.Consumer, s.req.Scope, s.req.Rate)]
+	sh, ok := v.shares[s.kid]
 	if !ok {
-		return kl.Floor(g.lim.o.MaxGateways)
+		return s.floor
 	}
 	return sh
 }
@@ -523,7 +548,7 @@ func TestSimStep(t *testing.T) {
 
 // churn runs 3 minutes of R = 1000/s, B = 100 with 1500/s offered: every
 // 20–30 s a gateway joins or leaves; leaving is a crash, and half the
-// crashes come after 5–20 s of partition from Redis while still serving
+// crashes come after 3–10 s of partition from Redis while still serving
 // (at their floor once their table is 2H old). The load balancer's weights
 // (0.3–1.7) are drawn again at every event, and one gateway's every 3–8 s,
 // so shares keep shifting. It returns the most admitted in a 1 s window,
@@ -581,7 +606,7 @@ func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, sh
 				g.alive = false
 			} else {
 				g.partitioned = true
-				crashAt[g] = int64(tick) + int64(5+s.rng.IntN(16))*simWindow
+				crashAt[g] = int64(tick) + int64(3+s.rng.IntN(8))*simWindow
 			}
 		} else {
 			s.join(weight())
