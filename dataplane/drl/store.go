@@ -101,8 +101,9 @@ type Store struct {
 	failing map[string]bool // call kinds now failing, for one log line each way
 
 	// Owned by the loop goroutine (tick):
-	ticks uint64
-	lead  *leader
+	ticks        uint64
+	lead         *leader
+	reportFailed bool // the last report call failed: try again next tick
 
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when the loop has returned
@@ -340,14 +341,15 @@ func (s *Store) run(ctx context.Context) {
 	}
 }
 
-// tick does what is due at this quarter of H: the report every H, the
-// election while not the allocator, and as the allocator the renewal
+// tick does what is due at this quarter of H: the report every H (and
+// at the next tick after one failed, well before the table's 2H run out),
+// the election while not the allocator, and as the allocator the renewal
 // every H/2 and the step every H (every H/4 until its first table, so a
 // hold ends within H/4).
 func (s *Store) tick(ctx context.Context) {
 	n := s.ticks
 	s.ticks++
-	if n%4 == 0 {
+	if n%4 == 0 || s.reportFailed {
 		s.report(ctx)
 	}
 	if s.lead == nil {
@@ -411,9 +413,11 @@ func (s *Store) report(ctx context.Context) {
 	t, ver, err := s.w.report(cctx, &rep, known)
 	cancel()
 	if err != nil {
+		s.reportFailed = true
 		s.failed("report", err)
 		return
 	}
+	s.reportFailed = false
 	s.ok("report")
 	s.mu.Lock()
 	s.lastSent = now

@@ -711,3 +711,49 @@ func TestBoundAcrossRedisDataLoss(t *testing.T) {
 		t.Errorf("admitted %.1f/s in the last 8 s, want at least 900 (the floors alone give 62.5): the new line's shares did not take over", float64(after)/8)
 	}
 }
+
+// failOnce is a go-redis hook that fails the first script call whose
+// arguments mention match.
+type failOnce struct {
+	match  string
+	failed atomic.Bool
+}
+
+func (f *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && strings.Contains(fmt.Sprint(cmd.Args()...), f.match) && f.failed.CompareAndSwap(false, true) {
+			err := fmt.Errorf("injected failure")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (f *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestFailedReportRetriedNextTick: a report call that fails is tried
+// again at the next tick (H/4), not a whole H later, so one lost call
+// does not bring the table close to its 2H.
+func TestFailedReportRetriedNextTick(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := core.NewManualClock(int64(time.Hour))
+	g := startGateway(t, srv, Options{Group: "retry", Interval: time.Second, Clock: clock}, true)
+	report := keysFor("retry").report + g.GatewayID()
+	g.client.AddHook(&failOnce{match: report})
+	admin := srv.Client(t, nil)
+	ctx := context.Background()
+	g.tick(ctx)
+	if n, _ := admin.Exists(ctx, report).Result(); n != 0 {
+		t.Fatal("the first report call was not failed")
+	}
+	clock.Advance(250 * time.Millisecond)
+	g.tick(ctx)
+	if n, _ := admin.Exists(ctx, report).Result(); n != 1 {
+		t.Fatal("no report one tick after a failed one")
+	}
+}
