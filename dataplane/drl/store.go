@@ -208,8 +208,7 @@ func (s *Store) Exact() core.Store { return s.exact }
 
 // Take implements core.Store: a request the Limiter takes is decided in
 // memory (no Redis call); any other goes to the exact store.
-func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, error) {
-	var d core.Decision
+func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
 	if s.lim.Take(s.clock.Nanotime(), &req, &d) {
 		return d, nil
 	}
