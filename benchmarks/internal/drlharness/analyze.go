@@ -1,6 +1,7 @@
 package drlharness
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -76,7 +77,7 @@ func (a *admissions) worstWindow(w, end time.Duration) (int, time.Duration) {
 // starting within the next hold (in windowStep steps) admit at least
 // frac × limit × w. It returns −1 if that never happens before end.
 func (a *admissions) sustainedFrom(from, end, w, hold time.Duration, limit, frac float64) time.Duration {
-	need := int(frac*limit*w.Seconds() + 0.999999)
+	need := int(math.Ceil(frac*limit*w.Seconds() - 1e-9))
 	ok := func(s time.Duration) bool { return a.within(int64(s), int64(s+w)) >= need }
 	for s := from; s+w+hold <= end; s += windowStep {
 		good := true

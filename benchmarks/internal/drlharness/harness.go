@@ -234,8 +234,21 @@ type Result struct {
 	// min(R, offered) and held; −1: never.
 	PausedPerS     float64
 	RecoveredAfter time.Duration
+	// PausedLatePerS (RedisPause): the admitted rate from 2H + 500 ms
+	// after SIGSTOP until SIGCONT, when every gateway's table is stale and
+	// it runs the key at its floor.
+	PausedLatePerS float64
+	// Slots has the counts of each gateway position (a slot's gateway
+	// may have been replaced by churn).
+	Slots []SlotCounts
 
 	opts Options
+}
+
+// SlotCounts are one gateway position's answers over the run, and its
+// admissions answered after the warmup.
+type SlotCounts struct {
+	Sent, Admitted, Refused, Errors, AdmittedAfterWarmup int64
 }
 
 // Exceeded reports whether some window admitted more than the bound.
@@ -266,7 +279,7 @@ func (r Result) Line() string {
 		fmt.Fprintf(b, " new_allocator_after=%s new_epoch_after=%s", dur(r.NewAllocatorAfter), dur(r.NewEpochAfter))
 	}
 	if o.RedisPause > 0 {
-		fmt.Fprintf(b, " paused_per_s=%.1f recovered_after=%s", r.PausedPerS, dur(r.RecoveredAfter))
+		fmt.Fprintf(b, " paused_per_s=%.1f paused_after_2h_per_s=%.1f recovered_after=%s", r.PausedPerS, r.PausedLatePerS, dur(r.RecoveredAfter))
 	}
 	return b.String()
 }
@@ -533,19 +546,28 @@ func (r *run) analyze(res *Result, ev *events) {
 	}
 	var admittedAfter int64
 	end := int64(o.Duration)
+	res.Slots = make([]SlotCounts, len(r.slots))
 	for _, rec := range recs {
-		res.Sent++
+		c := &res.Slots[rec.slot]
+		c.Sent++
 		switch rec.status {
 		case 200:
-			res.Admitted++
+			c.Admitted++
 			if rec.recv >= int64(o.Warmup) && rec.recv < end {
+				c.AdmittedAfterWarmup++
 				admittedAfter++
 			}
 		case 429:
-			res.Refused++
+			c.Refused++
 		default:
-			res.Errors++
+			c.Errors++
 		}
+	}
+	for _, c := range res.Slots {
+		res.Sent += c.Sent
+		res.Admitted += c.Admitted
+		res.Refused += c.Refused
+		res.Errors += c.Errors
 	}
 	span := o.Duration - o.Warmup
 	res.AdmittedPerS = float64(admittedAfter) / span.Seconds()
@@ -562,6 +584,13 @@ func (r *run) analyze(res *Result, ev *events) {
 	if o.RedisPause > 0 && ev.resumed > 0 {
 		paused := adm.within(int64(o.PauseAt), int64(ev.resumed))
 		res.PausedPerS = float64(paused) / (ev.resumed - o.PauseAt).Seconds()
+		h := o.Interval
+		if h == 0 {
+			h = time.Second
+		}
+		if late := o.PauseAt + 2*h + 500*time.Millisecond; late < ev.resumed {
+			res.PausedLatePerS = float64(adm.within(int64(late), int64(ev.resumed))) / (ev.resumed - late).Seconds()
+		}
 		limit := min(float64(o.Rate), r.plan.offeredAt(ev.resumed))
 		res.RecoveredAfter = adm.sustainedFrom(ev.resumed, o.Duration, w, hold, limit, 0.95)
 	}
