@@ -220,6 +220,7 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 		// tie the first policy keeps it.
 		if !p.Rate.IsZero() && (pl.ratePolicy == "" || ratePerNs(p.Rate) > ratePerNs(pl.req.Rate)) {
 			pl.req.Rate, pl.ratePolicy, pl.rateShadow = p.Rate, p.ID, p.Shadow
+			pl.req.Distributed = p.Distributed
 		}
 		if !p.Quota.IsZero() && (pl.quotaPolicy == "" || quotaPerNs(p.Quota) > quotaPerNs(pl.req.Quota)) {
 			pl.req.Quota, pl.quotaPolicy, pl.quotaShadow = p.Quota, p.ID, p.Shadow

@@ -267,6 +267,12 @@ type Policy struct {
 	// Shadow computes and reports decisions but never denies a request,
 	// so a new limit can be tried on live traffic.
 	Shadow bool
+	// Distributed enforces this policy's rate limit, when the store splits
+	// limits across processes (dataplane/drl, the Distributed Rate
+	// Limiter), against this process's share; other stores ignore it. It
+	// travels in Request.Distributed when this policy's rate limit is the
+	// one a request carries. Quotas are never split.
+	Distributed bool
 }
 
 // Validate checks the policy's ID, Rate and Quota.

@@ -125,6 +125,14 @@ type Request struct {
 	// no reservation; values above 2^61 ns are treated as 2^61 ns. Window
 	// algorithms ignore it. A quota is spent at reservation time.
 	MaxDelay time.Duration
+	// Distributed asks a store that splits rate limits across processes
+	// (dataplane/drl, limitplane's Distributed Rate Limiter, after Tyk's
+	// DRL) to enforce Rate against this process's share of it. The Engine
+	// sets it from Policy.Distributed of the policy whose rate limit the
+	// request carries (false for a consumer's own APILimits). Every other
+	// store ignores it, and a distributed store decides the request exactly
+	// (as if false) when it cannot split the limit safely.
+	Distributed bool
 }
 
 // MaxReservation is the largest MaxDelay a store honours, 2^61 ns (about

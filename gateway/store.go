@@ -46,6 +46,16 @@ type StoreOptions struct {
 	// AfterFunc times the go-redis log's intervals; nil means
 	// time.AfterFunc. A test seam.
 	AfterFunc AfterFunc
+	// Wrap, when set, is called by OpenStore for a Redis store with its
+	// client and the Redis store, once the store is open (after the
+	// startup PING, whatever it answered); OpenStore returns the store
+	// Wrap returns in its place, and the close function it returns runs
+	// first when the store is closed, while the client still works. The
+	// program uses it to put the Distributed Rate Limiter
+	// (dataplane/drl) in front of the Redis store without this package
+	// importing it. An error from Wrap closes the store and fails
+	// OpenStore. It is not called for the in-process store.
+	Wrap func(client redis.UniversalClient, s core.Store) (core.Store, func() error, error)
 }
 
 // OpenStore opens the store o names and returns it with the function that
@@ -128,7 +138,18 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 		log.Warn("redis is unreachable; starting degraded until it answers",
 			"store", name, "failure_policy", policyName(o.FailurePolicy), "err", msg)
 	}
-	return s, closeAll, nil
+	if o.Wrap == nil {
+		return s, closeAll, nil
+	}
+	w, closeW, err := o.Wrap(client, s)
+	if err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("gateway: store %s: %w", name, err)
+	}
+	if closeW == nil {
+		closeW = func() error { return nil }
+	}
+	return w, func() error { return errors.Join(closeW(), closeAll()) }, nil
 }
 
 // pingFailure words what a failed startup PING means, and reports whether

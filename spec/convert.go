@@ -53,11 +53,12 @@ func (l Limits) Limits() core.Limits {
 // Core returns the policy as a core.Policy. Its APIs slice is a copy.
 func (p *Policy) Core() core.Policy {
 	return core.Policy{
-		ID:     p.ID,
-		Rate:   p.Rate.Limit(),
-		Quota:  p.Quota.Quota(),
-		APIs:   slices.Clone(p.APIs),
-		Shadow: p.Shadow,
+		ID:          p.ID,
+		Rate:        p.Rate.Limit(),
+		Quota:       p.Quota.Quota(),
+		APIs:        slices.Clone(p.APIs),
+		Shadow:      p.Shadow,
+		Distributed: p.Distributed,
 	}
 }
 

@@ -79,6 +79,13 @@ type Policy struct {
 	// Shadow computes and reports the policy's decisions but never
 	// denies.
 	Shadow bool `json:"shadow,omitempty"`
+	// Distributed splits the policy's rate limit among the gateways of a
+	// data plane that run the Distributed Rate Limiter (dataplane/drl):
+	// each enforces its demand-weighted share in memory, with no Redis
+	// call per request (core.Policy.Distributed). A gateway without DRL
+	// enforces the limit exactly, as if it were false. Quotas are never
+	// split.
+	Distributed bool `json:"distributed,omitempty"`
 }
 
 // Rate is a rate limit: Requests per Per, in bursts of up to Burst.

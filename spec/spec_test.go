@@ -28,7 +28,7 @@ func full() spec.Snapshot {
 	return spec.Snapshot{
 		Revision: 42,
 		Policies: []spec.Policy{
-			{ID: "default", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute), Burst: 5}, Quota: &spec.Quota{Max: 100, Renewal: spec.Duration(24 * time.Hour)}},
+			{ID: "default", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute), Burst: 5}, Quota: &spec.Quota{Max: 100, Renewal: spec.Duration(24 * time.Hour)}, Distributed: true},
 			{ID: "gold", Rate: &spec.Rate{Requests: -1}, Quota: &spec.Quota{Max: 10000, Renewal: spec.Duration(24 * time.Hour)}, APIs: []string{"echo", "tokens"}, Shadow: true},
 			{ID: "anon", Rate: &spec.Rate{Requests: 10, Per: spec.Duration(time.Minute), Algorithm: "sliding_window"}},
 			{ID: "logins", Rate: &spec.Rate{Requests: 3, Per: spec.Duration(time.Minute)}},
@@ -79,7 +79,7 @@ func TestJSONForm(t *testing.T) {
 	s := spec.Snapshot{
 		Revision: 7,
 		Policies: []spec.Policy{
-			{ID: "p", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute)}, Quota: &spec.Quota{Max: -1}},
+			{ID: "p", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute)}, Quota: &spec.Quota{Max: -1}, Distributed: true},
 		},
 		Keys: []spec.Key{{KeyHash: "sha256:" + strings.Repeat("ab", 32), Policies: []string{"p"},
 			Expires: ptr(time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC))}},
@@ -90,7 +90,7 @@ func TestJSONForm(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"revision":7,` +
-		`"policies":[{"id":"p","rate":{"requests":5,"per":"1m0s"},"quota":{"max":-1}}],` +
+		`"policies":[{"id":"p","rate":{"requests":5,"per":"1m0s"},"quota":{"max":-1},"distributed":true}],` +
 		`"keys":[{"key_hash":"sha256:` + strings.Repeat("ab", 32) + `","policies":["p"],"expires":"2027-01-31T00:00:00Z"}],` +
 		`"apis":[{"id":"a","listen_path":"/a/","target":"builtin:echo","tags":["eu"]}]}`
 	if string(b) != want {
@@ -206,7 +206,7 @@ func TestConversionsKeepAbsentAndUnlimitedApart(t *testing.T) {
 	s := full()
 	got := s.CorePolicies()
 	want := []core.Policy{
-		{ID: "default", Rate: core.Limit{Rate: 5, Period: time.Minute, Burst: 5}, Quota: core.Quota{Max: 100, Renewal: 24 * time.Hour}},
+		{ID: "default", Rate: core.Limit{Rate: 5, Period: time.Minute, Burst: 5}, Quota: core.Quota{Max: 100, Renewal: 24 * time.Hour}, Distributed: true},
 		{ID: "gold", Rate: core.Limit{Rate: core.Unlimited}, Quota: core.Quota{Max: 10000, Renewal: 24 * time.Hour}, APIs: []string{"echo", "tokens"}, Shadow: true},
 		{ID: "anon", Rate: core.Limit{Rate: 10, Period: time.Minute, Algorithm: core.SlidingWindow}},
 		{ID: "logins", Rate: core.Limit{Rate: 3, Period: time.Minute}},

@@ -96,6 +96,11 @@ type Config struct {
 	// the policies, keys and APIs come from; Policies, Keys, APIs and
 	// Snapshot are then empty (the file may not set them).
 	ControlPlane *ControlPlane
+	// DRL, when the file has a drl section, turns the Distributed Rate
+	// Limiter on (dataplane/drl): the policies marked distributed are
+	// enforced in memory against this gateway's share. nil when the file
+	// has none: such policies are then enforced exactly by the store.
+	DRL *DRL
 	// Policies are the rate limits and quotas keys and keyless APIs use.
 	Policies []core.Policy
 	// Keys are the API keys, hashed.

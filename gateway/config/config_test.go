@@ -49,7 +49,7 @@ func TestRefusals(t *testing.T) {
 		{"unclosed quote on the first line", "listen: \"abc\n", `t.yaml:2: YAML syntax: found unexpected end of stream`},
 		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
 		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
-			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, policies, keys, apis)`},
+			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, policies, keys, apis)`},
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
@@ -324,7 +324,7 @@ func TestRefusals(t *testing.T) {
 			"t.yaml:2:9: policies[1].quota.id: unknown field (known here: max, renewal)\n" +
 				"t.yaml:2:16: policies[1].quota.quota: unknown field (known here: max, renewal)"},
 		{"an anchor outside the schema is named by where it is used", "x-rate: &d {requests: five, per: 1s, burst: 2.5, bust: 1}\npolicies:\n  - {id: p, rate: *d}\n  - {id: q, rate: *d}\n" + api,
-			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, policies, keys, apis)\n" +
+			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, policies, keys, apis)\n" +
 				"t.yaml:1:23: policies[0].rate.requests: want an integer, got \"five\"\n" +
 				"t.yaml:1:45: policies[0].rate.burst: want an integer, got 2.5\n" +
 				"t.yaml:1:50: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)"},
@@ -444,6 +444,7 @@ policies:
     quota: {max: -1}
     apis: [svc]
     shadow: true
+    distributed: true
   - id: free
     rate: {requests: -1}
 keys:
@@ -474,7 +475,7 @@ apis:
     policies: [free]
 `
 	// key_hash prefixes are case-sensitive: the one above is refused.
-	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:44:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
+	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:45:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
@@ -500,7 +501,7 @@ apis:
 		Server:   config.Server{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
 		Response: response.Options{NoRateLimitFields: true, XRateLimit: true, XRateLimitReset: response.ResetSeconds, QuotaExceededStatus: 403, StoreFailureStatus: 500},
 		Policies: []core.Policy{
-			{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 20}, Quota: core.Quota{Max: core.Unlimited}, APIs: []string{"svc"}, Shadow: true},
+			{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 20}, Quota: core.Quota{Max: core.Unlimited}, APIs: []string{"svc"}, Shadow: true, Distributed: true},
 			{ID: "free", Rate: core.Limit{Rate: core.Unlimited}},
 		},
 		Keys: []identity.KeyRecord{
@@ -531,7 +532,7 @@ apis:
 		t.Fatal(err)
 	}
 	wantSnap := `{"revision":0,"policies":[` +
-		`{"id":"p","rate":{"requests":10,"per":"1s","burst":20,"algorithm":"gcra"},"quota":{"max":-1},"apis":["svc"],"shadow":true},` +
+		`{"id":"p","rate":{"requests":10,"per":"1s","burst":20,"algorithm":"gcra"},"quota":{"max":-1},"apis":["svc"],"shadow":true,"distributed":true},` +
 		`{"id":"free","rate":{"requests":-1}}],"keys":[` +
 		`{"key_hash":"` + identity.HashKey("k1").String() + `","policies":["p"],"api_limits":{"svc":{"rate":{"requests":3,"per":"1m0s"},"quota":{"max":1000,"renewal":"720h0m0s"},"quota_epoch":7}},"expires":"2027-01-31T12:00:00+01:00","inactive":true,"quota_epoch":2},` +
 		`{"key_hash":"` + h.String() + `","policies":["free"]}],"apis":[` +

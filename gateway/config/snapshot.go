@@ -26,7 +26,7 @@ func (r resolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(na
 func (v *validator) snapshot(raw *rawConfig, cfg *Config) spec.Snapshot {
 	var s spec.Snapshot
 	for _, p := range raw.Policies {
-		s.Policies = append(s.Policies, spec.Policy{ID: p.ID, Rate: specRate(p.Rate), Quota: specQuota(p.Quota), APIs: slices.Clone(p.APIs), Shadow: p.Shadow})
+		s.Policies = append(s.Policies, spec.Policy{ID: p.ID, Rate: specRate(p.Rate), Quota: specQuota(p.Quota), APIs: slices.Clone(p.APIs), Shadow: p.Shadow, Distributed: p.Distributed})
 	}
 	for i, k := range raw.Keys {
 		sk := spec.Key{KeyHash: cfg.Keys[i].Hash.String(), Policies: slices.Clone(k.Policies), Inactive: k.Inactive, QuotaEpoch: k.QuotaEpoch}

@@ -23,7 +23,7 @@ func TestSpecNamesAreTheFileNames(t *testing.T) {
 		onlySpec   []string
 	}{
 		{file: rawConfig{}, spec: spec.Snapshot{}, onlySpec: []string{"revision"},
-			onlyFile: []string{"listen", "store", "failure_policy", "store_timeout", "redis", "memory", "shadow", "client_ip", "server", "response", "admin", "control_plane"}},
+			onlyFile: []string{"listen", "store", "failure_policy", "store_timeout", "redis", "memory", "shadow", "client_ip", "server", "response", "admin", "control_plane", "drl"}},
 		{file: rawPolicy{}, spec: spec.Policy{}},
 		{file: rawRate{}, spec: spec.Rate{}},
 		{file: rawQuota{}, spec: spec.Quota{}},

@@ -112,6 +112,9 @@ func (v *validator) config(raw *rawConfig) *Config {
 	if raw.Admin != nil {
 		cfg.Admin = v.admin(raw.Admin)
 	}
+	if raw.DRL != nil {
+		cfg.DRL = v.drl(raw, cfg)
+	}
 	if raw.ControlPlane != nil {
 		cfg.ControlPlane = v.controlPlane(raw.ControlPlane, raw)
 		// The rest is the control plane's.
@@ -339,11 +342,12 @@ func (v *validator) policies(raw []rawPolicy) map[string]*core.Policy {
 			v.idle[p.ID] = true
 		}
 		pol := &core.Policy{
-			ID:     p.ID,
-			Rate:   v.rate(at+".rate", p.Rate),
-			Quota:  v.quota(at+".quota", p.Quota),
-			APIs:   p.APIs,
-			Shadow: p.Shadow,
+			ID:          p.ID,
+			Rate:        v.rate(at+".rate", p.Rate),
+			Quota:       v.quota(at+".quota", p.Quota),
+			APIs:        p.APIs,
+			Shadow:      p.Shadow,
+			Distributed: p.Distributed,
 		}
 		if _, dup := m[p.ID]; !dup && p.ID != "" {
 			m[p.ID] = pol

@@ -31,6 +31,7 @@ type rawConfig struct {
 	Response      rawResponse      `yaml:"response"`
 	Admin         *rawAdmin        `yaml:"admin"`
 	ControlPlane  *rawControlPlane `yaml:"control_plane"`
+	DRL           *rawDRL          `yaml:"drl"`
 	Policies      []rawPolicy      `yaml:"policies"`
 	Keys          []rawKey         `yaml:"keys"`
 	APIs          []rawAPI         `yaml:"apis"`
@@ -76,6 +77,15 @@ type rawControlPlaneTLS struct {
 	ServerName string `yaml:"server_name"`
 }
 
+type rawDRL struct {
+	Group                    string   `yaml:"group"`
+	Interval                 string   `yaml:"interval"`
+	MaxGateways              *int     `yaml:"max_gateways"`
+	JoinReserve              *int     `yaml:"join_reserve"`
+	Headroom                 *float64 `yaml:"headroom"`
+	UnsafeGrowsBeforeShrinks bool     `yaml:"unsafe_grows_before_shrinks"`
+}
+
 type rawClientIP struct {
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	Header         string   `yaml:"header"`
@@ -101,11 +111,12 @@ type rawResponse struct {
 }
 
 type rawPolicy struct {
-	ID     string    `yaml:"id"`
-	Rate   *rawRate  `yaml:"rate"`
-	Quota  *rawQuota `yaml:"quota"`
-	APIs   []string  `yaml:"apis"`
-	Shadow bool      `yaml:"shadow"`
+	ID          string    `yaml:"id"`
+	Rate        *rawRate  `yaml:"rate"`
+	Quota       *rawQuota `yaml:"quota"`
+	APIs        []string  `yaml:"apis"`
+	Shadow      bool      `yaml:"shadow"`
+	Distributed bool      `yaml:"distributed"`
 }
 
 type rawRate struct {
@@ -181,7 +192,7 @@ type rawFailureLimit struct {
 // ("config.rawRate") to its field names, for "unknown field" messages.
 var knownFields = func() map[string][]string {
 	m := map[string][]string{}
-	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawAdmin{}, rawControlPlane{}, rawControlPlaneTLS{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
+	for _, v := range []any{rawConfig{}, rawRedis{}, rawMemory{}, rawClientIP{}, rawServer{}, rawResponse{}, rawAdmin{}, rawControlPlane{}, rawControlPlaneTLS{}, rawDRL{}, rawPolicy{}, rawRate{}, rawQuota{}, rawKey{}, rawLimits{}, rawAPI{},
 		rawJWT{}, rawJWTKey{}, rawJWKS{}, rawFailureLimit{}} {
 		t := reflect.TypeOf(v)
 		var names []string
@@ -833,6 +844,8 @@ func describeGoType(t string) string {
 		return "a list"
 	case strings.HasPrefix(t, "map["), strings.Contains(t, "config.raw"):
 		return "a mapping"
+	case strings.Contains(t, "float"):
+		return "a number"
 	case strings.Contains(t, "uint"):
 		return "an integer ≥ 0"
 	case strings.Contains(t, "int"):

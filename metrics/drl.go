@@ -1,0 +1,89 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DRLState is a gateway's Distributed Rate Limiter (dataplane/drl) as DRL
+// exports it (drl.Store.Stats has it all).
+type DRLState struct {
+	// Epoch is the epoch of the allocation table in force (0: none yet).
+	Epoch uint64
+	// HotKeys is the number of keys this gateway decides in memory.
+	HotKeys int
+	// ShareRate is the sum over the hot keys of this gateway's rate share,
+	// in requests per second.
+	ShareRate float64
+	// Allocator: this gateway holds the allocator's lease.
+	Allocator bool
+	// Fallbacks counts, since start, the times a key fell back to its
+	// floor (its table went stale: Redis or the allocator silent for 2H).
+	Fallbacks uint64
+	// Tables counts the allocation tables this gateway applied since
+	// start.
+	Tables uint64
+}
+
+// DRL exports a gateway's Distributed Rate Limiter state, read from a
+// function at every scrape (the pattern of Sync). It is a
+// prometheus.Collector exporting, under Options.Namespace (default
+// "limitplane"):
+//
+//   - <namespace>_drl_epoch: the epoch of the table in force.
+//   - <namespace>_drl_hot_keys: keys decided in memory.
+//   - <namespace>_drl_share_rate: the sum of this gateway's rate shares
+//     over its hot keys, requests/s.
+//   - <namespace>_drl_allocator: 1 while this gateway holds the
+//     allocator's lease, else 0.
+//   - <namespace>_drl_fallbacks_total: keys that fell back to their floor
+//     (a stale table: Redis down, the allocator gone).
+//   - <namespace>_drl_tables_total: tables applied.
+//
+// Options.Keys, KeyCap and Buckets are not used.
+type DRL struct {
+	read                                 func() DRLState
+	epoch, hotKeys, shareRate, allocator *prometheus.Desc
+	fallbacks, tables                    *prometheus.Desc
+}
+
+// NewDRL returns a DRL collector that calls read at every scrape; read
+// must be safe for concurrent use.
+func NewDRL(o Options, read func() DRLState) *DRL {
+	if o.Namespace == "" {
+		o.Namespace = "limitplane"
+	}
+	name := func(n string) string { return prometheus.BuildFQName(o.Namespace, "drl", n) }
+	return &DRL{
+		read:      read,
+		epoch:     prometheus.NewDesc(name("epoch"), "Epoch of the Distributed Rate Limiter's allocation table in force (0: none yet).", nil, nil),
+		hotKeys:   prometheus.NewDesc(name("hot_keys"), "Keys this gateway decides in memory against its share.", nil, nil),
+		shareRate: prometheus.NewDesc(name("share_rate"), "Sum over the hot keys of this gateway's rate share, requests per second.", nil, nil),
+		allocator: prometheus.NewDesc(name("allocator"), "1 while this gateway holds the allocator's lease, else 0.", nil, nil),
+		fallbacks: prometheus.NewDesc(name("fallbacks_total"), "Times a key fell back to its floor (stale table: Redis down or the allocator gone).", nil, nil),
+		tables:    prometheus.NewDesc(name("tables_total"), "Allocation tables this gateway applied.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (d *DRL) Describe(ch chan<- *prometheus.Desc) {
+	for _, x := range []*prometheus.Desc{d.epoch, d.hotKeys, d.shareRate, d.allocator, d.fallbacks, d.tables} {
+		ch <- x
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (d *DRL) Collect(ch chan<- prometheus.Metric) {
+	st := d.read()
+	alloc := 0.0
+	if st.Allocator {
+		alloc = 1
+	}
+	ch <- prometheus.MustNewConstMetric(d.epoch, prometheus.GaugeValue, float64(st.Epoch))
+	ch <- prometheus.MustNewConstMetric(d.hotKeys, prometheus.GaugeValue, float64(st.HotKeys))
+	ch <- prometheus.MustNewConstMetric(d.shareRate, prometheus.GaugeValue, st.ShareRate)
+	ch <- prometheus.MustNewConstMetric(d.allocator, prometheus.GaugeValue, alloc)
+	ch <- prometheus.MustNewConstMetric(d.fallbacks, prometheus.CounterValue, float64(st.Fallbacks))
+	ch <- prometheus.MustNewConstMetric(d.tables, prometheus.CounterValue, float64(st.Tables))
+}
+
+var _ prometheus.Collector = (*DRL)(nil)

@@ -1,0 +1,52 @@
+package metrics_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limitplane/limitplane/metrics"
+)
+
+// TestDRLExportsTheState: every scrape reads the DRL state afresh, under
+// the names the README documents.
+func TestDRLExportsTheState(t *testing.T) {
+	st := metrics.DRLState{Epoch: 17, HotKeys: 3, ShareRate: 612.5, Allocator: true, Fallbacks: 2, Tables: 16}
+	d := metrics.NewDRL(metrics.Options{}, func() metrics.DRLState { return st })
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(d)
+	want := `# HELP limitplane_drl_allocator 1 while this gateway holds the allocator's lease, else 0.
+# TYPE limitplane_drl_allocator gauge
+limitplane_drl_allocator 1
+# HELP limitplane_drl_epoch Epoch of the Distributed Rate Limiter's allocation table in force (0: none yet).
+# TYPE limitplane_drl_epoch gauge
+limitplane_drl_epoch 17
+# HELP limitplane_drl_fallbacks_total Times a key fell back to its floor (stale table: Redis down or the allocator gone).
+# TYPE limitplane_drl_fallbacks_total counter
+limitplane_drl_fallbacks_total 2
+# HELP limitplane_drl_hot_keys Keys this gateway decides in memory against its share.
+# TYPE limitplane_drl_hot_keys gauge
+limitplane_drl_hot_keys 3
+# HELP limitplane_drl_share_rate Sum over the hot keys of this gateway's rate share, requests per second.
+# TYPE limitplane_drl_share_rate gauge
+limitplane_drl_share_rate 612.5
+# HELP limitplane_drl_tables_total Allocation tables this gateway applied.
+# TYPE limitplane_drl_tables_total counter
+limitplane_drl_tables_total 16
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+	st = metrics.DRLState{Epoch: 18}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`# HELP limitplane_drl_allocator 1 while this gateway holds the allocator's lease, else 0.
+# TYPE limitplane_drl_allocator gauge
+limitplane_drl_allocator 0
+# HELP limitplane_drl_epoch Epoch of the Distributed Rate Limiter's allocation table in force (0: none yet).
+# TYPE limitplane_drl_epoch gauge
+limitplane_drl_epoch 18
+`), "limitplane_drl_allocator", "limitplane_drl_epoch"); err != nil {
+		t.Fatal(err)
+	}
+}
