@@ -501,8 +501,12 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 			return res, err
 		}
 	}
+	// Requests are not cut when the load ends (their answers count), only
+	// when the run is cancelled.
 	reqCtx, cancelReqs := context.WithCancel(context.Background())
 	defer cancelReqs()
+	stopCut := context.AfterFunc(ctx, cancelReqs)
+	defer stopCut()
 	r.start = time.Now()
 	r.plan.start = r.start
 	r.load = &load{start: r.start, end: o.Duration, slots: r.slots, poisson: o.Poisson, seed: o.Seed, reqCtx: reqCtx}
