@@ -387,3 +387,39 @@ func TestEngineNoPolicySetsALimit(t *testing.T) {
 		t.Fatalf("store holds %d entries, want 1 (consumer c's rate)", n)
 	}
 }
+
+// distributedStore records the Distributed flag of every request.
+type distributedStore struct{ got []bool }
+
+func (s *distributedStore) Take(_ context.Context, r core.Request) (core.Decision, error) {
+	s.got = append(s.got, r.Distributed)
+	return core.Decision{Allowed: true, DecidedBy: core.KindRate}, nil
+}
+
+func (s *distributedStore) ResetQuota(context.Context, string, string) error { return nil }
+
+func TestEngineDistributedFollowsTheRatePolicy(t *testing.T) {
+	s := &distributedStore{}
+	e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{
+		{ID: "shared", Rate: core.PerSecond(100), Distributed: true},
+		{ID: "bigger", Rate: core.PerSecond(200)},
+		{ID: "quota", Quota: core.Quota{Max: 10, Renewal: time.Hour}, Distributed: true},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []*core.Consumer{
+		{ID: "a", Policies: []string{"shared"}},          // rate from a distributed policy
+		{ID: "b", Policies: []string{"shared", "bigger"}}, // rate from "bigger", not distributed
+		{ID: "c", Policies: []string{"quota", "bigger"}},  // only the quota's policy is distributed
+		{ID: "d", Policies: []string{"shared"}, APILimits: map[string]core.Limits{"x": {Rate: core.PerSecond(5)}}},
+	} {
+		if _, err := e.Decide(ctx, c, "x", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []bool{true, false, false, false}; fmt.Sprint(s.got) != fmt.Sprint(want) {
+		t.Fatalf("Request.Distributed = %v, want %v", s.got, want)
+	}
+}

@@ -267,11 +267,10 @@ type Policy struct {
 	// Shadow computes and reports decisions but never denies a request,
 	// so a new limit can be tried on live traffic.
 	Shadow bool
-	// Distributed enforces this policy's rate limit, when the store splits
-	// limits across processes (dataplane/drl, the Distributed Rate
-	// Limiter), against this process's share; other stores ignore it. It
-	// travels in Request.Distributed when this policy's rate limit is the
-	// one a request carries. Quotas are never split.
+	// Distributed asks a store that splits limits across processes
+	// (dataplane/drl, limitplane's Distributed Rate Limiter after Tyk's DRL)
+	// to enforce this policy's rate limit against this process's share of
+	// it, in memory; other stores ignore it. Quotas are never split.
 	Distributed bool
 }
 

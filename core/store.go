@@ -125,13 +125,10 @@ type Request struct {
 	// no reservation; values above 2^61 ns are treated as 2^61 ns. Window
 	// algorithms ignore it. A quota is spent at reservation time.
 	MaxDelay time.Duration
-	// Distributed asks a store that splits rate limits across processes
-	// (dataplane/drl, limitplane's Distributed Rate Limiter, after Tyk's
-	// DRL) to enforce Rate against this process's share of it. The Engine
-	// sets it from Policy.Distributed of the policy whose rate limit the
-	// request carries (false for a consumer's own APILimits). Every other
-	// store ignores it, and a distributed store decides the request exactly
-	// (as if false) when it cannot split the limit safely.
+	// Distributed is set by the Engine from Policy.Distributed of the
+	// policy whose rate limit the request carries: a store that splits
+	// limits across processes (dataplane/drl) may decide the rate limit
+	// against this process's share. Other stores ignore it.
 	Distributed bool
 }
 

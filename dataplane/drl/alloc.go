@@ -1,0 +1,531 @@
+package drl
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Share is one gateway's part of a key's rate limit: Rate requests per
+// second with bursts of up to Burst requests, enforced in memory by that
+// gateway's Limiter as a local GCRA.
+type Share struct {
+	// Rate is the sustained rate, in requests per second.
+	Rate float64 `json:"rate"`
+	// Burst is the local bucket's size, in requests.
+	Burst int64 `json:"burst"`
+}
+
+// KeyLimit is a key's global rate limit, the one all gateways share.
+type KeyLimit struct {
+	// Rate is the limit's sustained rate R, in requests per second.
+	Rate float64 `json:"rate"`
+	// Burst is the limit's burst B, in requests.
+	Burst int64 `json:"burst"`
+}
+
+// Floor returns the key's floor for maxGateways gateways:
+// Share{Rate: R/maxGateways, Burst: floor(B/maxGateways)}. A gateway runs
+// a key at its floor whenever it has no fresh table share for it, so that
+// up to maxGateways gateways at their floors never exceed the limit.
+func (l KeyLimit) Floor(maxGateways int) Share {
+	m := max(maxGateways, 1)
+	return Share{Rate: l.Rate / float64(m), Burst: l.Burst / int64(m)}
+}
+
+// burstFor returns the burst that goes with rate share r: B×r/R rounded
+// down, at least the floor's burst, so the bursts of shares whose rates sum
+// to at most R sum to at most B.
+func (l KeyLimit) burstFor(r float64, floor Share) int64 {
+	if l.Rate <= 0 {
+		return floor.Burst
+	}
+	// The 1e-6 absorbs the rate's rounding (shares sum to a hair below R);
+	// n shares' bursts still sum to at most B for n < 10^6.
+	b := math.Floor(float64(l.Burst)*r/l.Rate + 1e-6)
+	if !(b >= float64(floor.Burst)) { // NaN too
+		return floor.Burst
+	}
+	return min(int64(b), l.Burst)
+}
+
+// KeyDemand is one gateway's report on one key.
+type KeyDemand struct {
+	// Limit is the key's global limit.
+	Limit KeyLimit `json:"limit"`
+	// Demand is the gateway's smoothed offered load on the key (admitted
+	// plus refused), in requests per second.
+	Demand float64 `json:"demand"`
+}
+
+// Report is what a gateway writes every interval H: its demand on each of
+// its hot keys and the epoch of the table it has applied.
+type Report struct {
+	// Gateway is the reporting gateway's ID.
+	Gateway string `json:"gateway"`
+	// Applied is the epoch of the table the gateway runs (0: none).
+	Applied uint64 `json:"applied"`
+	// Keys holds the demand per key.
+	Keys map[KeyID]KeyDemand `json:"keys"`
+}
+
+// KeyShares is one key's entry in a Table.
+type KeyShares struct {
+	// Limit is the key's global limit.
+	Limit KeyLimit `json:"limit"`
+	// Shares maps a gateway ID to its share. A gateway not listed runs
+	// the key at its floor.
+	Shares map[string]Share `json:"shares"`
+	// Bounds maps a gateway ID to the largest share it may still be
+	// running when the table is published (its share in this table or in
+	// any earlier one it has not acknowledged). An allocator that takes
+	// over from this table starts from these bounds.
+	Bounds map[string]Share `json:"bounds"`
+}
+
+// Table is one allocation: every gateway's share of every hot key. Tables
+// are published with rising epochs; JSON-encodable.
+type Table struct {
+	// Epoch numbers the publication; +1 per table, continuing across
+	// allocators (an allocator taking over starts at the last table's
+	// epoch + 1).
+	Epoch uint64 `json:"epoch"`
+	// Token is the fencing token of the allocator that published it.
+	Token uint64 `json:"token"`
+	// Keys holds the shares per key.
+	Keys map[KeyID]KeyShares `json:"keys"`
+}
+
+// AllocatorOptions configure an Allocator. The zero value is usable.
+type AllocatorOptions struct {
+	// MaxGateways is the most gateways the guarantee covers; a key's floor
+	// is its limit / MaxGateways. Default 32.
+	MaxGateways int
+	// JoinReserve is how many floors each key keeps free for gateways that
+	// join between two tables (they run at their floor until listed).
+	// Default 1; negative means none.
+	JoinReserve int
+	// Headroom is the share given above the smoothed demand of a gateway
+	// that is not saturated, as a fraction (0.02 = 2 %). Default 0.02;
+	// negative means none.
+	Headroom float64
+	// Interval is H, the reporting and allocation period. Default 1 s.
+	Interval time.Duration
+	// Forget is how long a gateway whose report expired still counts as
+	// possibly running at its floor (a gateway partitioned from Redis keeps
+	// serving at its floor), and how long a key nobody reports is kept.
+	// Default 30×Interval.
+	Forget time.Duration
+	// UnsafeGrowsBeforeShrinks, for tests only, grants grows from the
+	// capacity the new table leaves, ignoring shares gateways may still be
+	// running until they acknowledge their shrinks. It breaks the bound; it
+	// exists to show that the bound's check catches it.
+	UnsafeGrowsBeforeShrinks bool
+}
+
+func (o AllocatorOptions) withDefaults() AllocatorOptions {
+	if o.MaxGateways <= 0 {
+		o.MaxGateways = 32
+	}
+	switch {
+	case o.JoinReserve == 0:
+		o.JoinReserve = 1
+	case o.JoinReserve < 0:
+		o.JoinReserve = 0
+	}
+	switch {
+	case o.Headroom == 0:
+		o.Headroom = 0.02
+	case o.Headroom < 0 || math.IsNaN(o.Headroom):
+		o.Headroom = 0
+	}
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.Forget <= 0 {
+		o.Forget = 30 * o.Interval
+	}
+	return o
+}
+
+// histEntry is a share published for one gateway from epoch on.
+type histEntry struct {
+	epoch uint64
+	share Share
+}
+
+// maxHist bounds a gateway's history per key; beyond it the oldest two
+// entries merge (keeping the larger share: a bound never shrinks by it).
+const maxHist = 16
+
+// allocKey is the allocator's state of one key.
+type allocKey struct {
+	limit        KeyLimit
+	lastReported int64
+	// hist holds, per gateway, the shares published since the one in
+	// force at its acknowledged epoch (that one included), oldest first.
+	hist map[string][]histEntry
+}
+
+// Allocator computes the tables of one data plane (the control loop of
+// limitplane's DRL). It is pure: time is an argument, and Redis (the
+// lease, the reports, the acknowledgements, publishing) is the caller's.
+// Not safe for concurrent use: one goroutine of the lease holder calls Step.
+//
+// For each key, every live gateway gets a share: max-min fair
+// (water-filling) on want = max(floor, demand×(1+Headroom)), the capacity
+// left over split equally, never below the floor. Shares never sum above
+// the limit less the reserved floors (JoinReserve plus the gateways that
+// departed less than Forget ago), counting for each gateway the largest
+// share it may still be running (its bound): a table lowers shares at once
+// but grants a grow only from the capacity the bounds leave, so grows wait
+// for the shrinks they need to be acknowledged (shrink before grow).
+type Allocator struct {
+	o         AllocatorOptions
+	token     uint64
+	epoch     uint64 // of the last table published (or taken over)
+	published bool   // this allocator published a table
+	last      *Table // last table published or taken over; nil: none
+	seen      map[string]int64
+	keys      map[KeyID]*allocKey
+}
+
+// NewAllocator returns an Allocator publishing with fencing token token.
+// last is the table in force (read from Redis) or nil: an allocator taking
+// over continues its epochs and starts from its shares and bounds, counting
+// its gateways that no longer report as departed.
+func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
+	a := &Allocator{o: o.withDefaults(), token: token, seen: map[string]int64{}, keys: map[KeyID]*allocKey{}}
+	if last == nil {
+		return a
+	}
+	a.epoch, a.last = last.Epoch, last
+	a.seen = nil // filled by the first Step, which knows the time
+	for id, ks := range last.Keys {
+		k := &allocKey{limit: ks.Limit, lastReported: math.MinInt64, hist: map[string][]histEntry{}}
+		for g, b := range ks.Bounds {
+			k.hist[g] = append(k.hist[g], histEntry{0, b})
+		}
+		for g, s := range ks.Shares {
+			k.hist[g] = append(k.hist[g], histEntry{last.Epoch, s})
+		}
+		a.keys[id] = k
+	}
+	return a
+}
+
+// Epoch returns the epoch of the last table published or taken over.
+func (a *Allocator) Epoch() uint64 { return a.epoch }
+
+// Step computes the next table at time now (ns, on the caller's
+// monotonic clock) from the reports of the live gateways (those whose
+// report has not expired in Redis) and the acknowledged epochs (gateway →
+// epoch of the table it applied; a Report's Applied counts too). It
+// returns the table and whether it must be published: true when the
+// shares changed or this allocator has not published yet; otherwise it
+// returns the last table. Step may be called more often than every H: it
+// publishes only changes, and calling it soon after acknowledgements
+// arrive lets grows follow their shrinks sooner.
+func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Table, bool) {
+	o := a.o
+	reports := make(map[string]*Report, len(live))
+	for i := range live {
+		if live[i].Gateway != "" {
+			reports[live[i].Gateway] = &live[i]
+		}
+	}
+	names := make([]string, 0, len(reports))
+	for g := range reports {
+		names = append(names, g)
+	}
+	slices.Sort(names)
+
+	// Gateways: live ones are seen now; the others count as departed
+	// (possibly partitioned, at their floor) until Forget.
+	if a.seen == nil {
+		a.seen = map[string]int64{}
+		if a.last != nil {
+			for _, ks := range a.last.Keys {
+				for g := range ks.Bounds {
+					a.seen[g] = now
+				}
+			}
+		}
+	}
+	for _, g := range names {
+		a.seen[g] = now
+	}
+	departed := 0
+	for g, t := range a.seen {
+		if _, ok := reports[g]; ok {
+			continue
+		}
+		if now-t >= int64(o.Forget) {
+			delete(a.seen, g)
+		} else {
+			departed++
+		}
+	}
+	acked := make(map[string]uint64, len(names))
+	for _, g := range names {
+		e := max(validEpoch(acks[g], a.epoch), validEpoch(reports[g].Applied, a.epoch))
+		acked[g] = e
+	}
+
+	// Keys: every key some live gateway reports; forgotten after Forget.
+	demand := map[KeyID]map[string]float64{}
+	for _, g := range names {
+		for id, kd := range reports[g].Keys {
+			if !validLimit(kd.Limit) {
+				continue
+			}
+			k := a.keys[id]
+			if k == nil {
+				k = &allocKey{limit: kd.Limit, hist: map[string][]histEntry{}}
+				a.keys[id] = k
+			}
+			if kd.Limit != k.limit {
+				continue // a KeyID names one limit; ignore a report that disagrees
+			}
+			k.lastReported = now
+			if demand[id] == nil {
+				demand[id] = map[string]float64{}
+			}
+			d := kd.Demand
+			if !(d >= 0) || math.IsInf(d, 1) {
+				d = math.MaxFloat64
+			}
+			demand[id][g] = d
+		}
+	}
+	ids := make([]KeyID, 0, len(a.keys))
+	for id, k := range a.keys {
+		if k.lastReported == math.MinInt64 {
+			k.lastReported = now // taken over: kept Forget from now
+		}
+		if now-k.lastReported >= int64(o.Forget) {
+			delete(a.keys, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+
+	t := &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids))}
+	for _, id := range ids {
+		k := a.keys[id]
+		for g := range k.hist { // forget the history of forgotten gateways
+			if _, ok := a.seen[g]; !ok {
+				delete(k.hist, g)
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		if ks, ok := a.allocate(k, id, names, demand[id], acked, departed); ok {
+			t.Keys[id] = ks
+		}
+	}
+
+	if a.published && a.last != nil && sameShares(a.last, t) {
+		return a.last, false
+	}
+	a.epoch++
+	a.published = true
+	a.last = t
+	for id, ks := range t.Keys {
+		k := a.keys[id]
+		for g, s := range ks.Shares {
+			h := k.hist[g]
+			if n := len(h); n > 0 && h[n-1].share == s {
+				continue
+			}
+			h = append(h, histEntry{t.Epoch, s})
+			if len(h) > maxHist {
+				h[1] = histEntry{h[0].epoch, maxShare(h[0].share, h[1].share)}
+				h = h[1:]
+			}
+			k.hist[g] = h
+		}
+	}
+	return t, true
+}
+
+// validEpoch returns e, or 0 when e is above the newest epoch (an
+// acknowledgement from another allocator's numbering: unknown).
+func validEpoch(e, newest uint64) uint64 {
+	if e > newest {
+		return 0
+	}
+	return e
+}
+
+// validLimit reports whether a reported limit can be split.
+func validLimit(l KeyLimit) bool {
+	return l.Rate > 0 && !math.IsInf(l.Rate, 1) && l.Burst > 0
+}
+
+// allocate computes one key's shares for the live gateways names (sorted).
+// It returns false when the key cannot be split (floor burst below 1).
+func (a *Allocator) allocate(k *allocKey, id KeyID, names []string, demand map[string]float64, acked map[string]uint64, departed int) (KeyShares, bool) {
+	o := a.o
+	floor := k.limit.Floor(o.MaxGateways)
+	if floor.Burst < 1 || !(floor.Rate > 0) {
+		return KeyShares{}, false
+	}
+	n := len(names)
+	// A hair below R, so rounding never lets the shares sum above it.
+	avail := k.limit.Rate*(1-1e-9) - float64(o.JoinReserve+departed)*floor.Rate
+
+	// The shares in force now (the last table's; a gateway not listed
+	// runs at its floor) and the bounds from the history.
+	var lastKey KeyShares
+	if a.last != nil {
+		lastKey = a.last.Keys[id]
+	}
+	cur := make([]float64, n)
+	hb := make([]Share, n)
+	for i, g := range names {
+		cur[i] = floor.Rate
+		if s, ok := lastKey.Shares[g]; ok {
+			cur[i] = max(s.Rate, floor.Rate)
+		}
+		h := k.hist[g]
+		// Drop entries superseded before the acknowledged epoch.
+		j := 0
+		for j+1 < len(h) && h[j+1].epoch <= acked[g] {
+			j++
+		}
+		h = h[j:]
+		k.hist[g] = h
+		b := floor
+		for _, e := range h {
+			b = maxShare(b, e.share)
+		}
+		hb[i] = b
+	}
+
+	// Target: water-filling on want, the rest split equally.
+	target := make([]float64, n)
+	if avail < float64(n)*floor.Rate {
+		// More gateways than the limit has floors for: everyone at the
+		// floor (the bound is only promised up to MaxGateways).
+		for i := range target {
+			target[i] = floor.Rate
+		}
+	} else {
+		want := make([]float64, n)
+		for i, g := range names {
+			d := demand[g]
+			want[i] = max(floor.Rate, min(d*(1+o.Headroom), k.limit.Rate))
+		}
+		waterfill(target, want, avail)
+	}
+
+	// Shrinks at once; grows from the slack the bounds leave.
+	next := make([]float64, n)
+	if o.UnsafeGrowsBeforeShrinks {
+		copy(next, target)
+	} else {
+		slack := avail
+		for i := range next {
+			next[i] = min(cur[i], target[i])
+			// A grow up to the bound costs nothing: the gateway may be
+			// running that much already.
+			if target[i] > next[i] {
+				next[i] = max(next[i], min(target[i], hb[i].Rate))
+			}
+			slack -= max(hb[i].Rate, next[i])
+		}
+		need := 0.0
+		for i := range next {
+			need += target[i] - next[i]
+		}
+		if slack > 0 && need > 0 {
+			f := min(slack/need, 1)
+			for i := range next {
+				if d := target[i] - next[i]; d > 0 {
+					next[i] += d * f
+				}
+			}
+		}
+	}
+
+	ks := KeyShares{Limit: k.limit, Shares: make(map[string]Share, n), Bounds: make(map[string]Share, n)}
+	for i, g := range names {
+		r := max(next[i], floor.Rate)
+		s := Share{Rate: r, Burst: k.limit.burstFor(r, floor)}
+		ks.Shares[g] = s
+		ks.Bounds[g] = maxShare(hb[i], s)
+	}
+	return ks, true
+}
+
+// waterfill sets out to the max-min fair split of avail among wants: each
+// gets min(want, level) for the level that uses avail; when the wants sum
+// to less than avail, each gets its want plus an equal part of the rest.
+func waterfill(out, want []float64, avail float64) {
+	n := len(want)
+	sum := 0.0
+	for _, w := range want {
+		sum += w
+	}
+	if sum <= avail {
+		extra := (avail - sum) / float64(n)
+		for i, w := range want {
+			out[i] = w + extra
+		}
+		return
+	}
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(x, y int) int {
+		switch {
+		case want[x] < want[y]:
+			return -1
+		case want[x] > want[y]:
+			return 1
+		}
+		return 0
+	})
+	left := avail
+	for j, i := range order {
+		level := left / float64(n-j)
+		if want[i] <= level {
+			out[i] = want[i]
+			left -= want[i]
+			continue
+		}
+		for _, i := range order[j:] {
+			out[i] = level
+		}
+		return
+	}
+}
+
+func maxShare(a, b Share) Share {
+	return Share{Rate: max(a.Rate, b.Rate), Burst: max(a.Burst, b.Burst)}
+}
+
+// sameShares reports whether a and b give every gateway the same shares of
+// the same keys (bounds aside: a table's bounds only need to be at least
+// the true ones).
+func sameShares(a, b *Table) bool {
+	if len(a.Keys) != len(b.Keys) {
+		return false
+	}
+	for id, x := range a.Keys {
+		y, ok := b.Keys[id]
+		if !ok || x.Limit != y.Limit || len(x.Shares) != len(y.Shares) {
+			return false
+		}
+		for g, s := range x.Shares {
+			if t, ok := y.Shares[g]; !ok || s != t {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,215 @@
+package drl
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+var lim1000 = KeyLimit{Rate: 1000, Burst: 100}
+
+const kid = KeyID("k")
+
+func reports(applied uint64, d map[string]float64) []Report {
+	var out []Report
+	for g, v := range d {
+		out = append(out, Report{Gateway: g, Applied: applied, Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: v}}})
+	}
+	return out
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-4 }
+
+func wantShares(t *testing.T, tb *Table, want map[string]Share) {
+	t.Helper()
+	got := tb.Keys[kid].Shares
+	if len(got) != len(want) {
+		t.Fatalf("epoch %d shares %v, want %v", tb.Epoch, got, want)
+	}
+	for g, w := range want {
+		if s := got[g]; !near(s.Rate, w.Rate) || s.Burst != w.Burst {
+			t.Fatalf("epoch %d: %s's share %+v, want %+v (all: %v)", tb.Epoch, g, s, w, got)
+		}
+	}
+}
+
+// TestAllocatorSkewAndShrinkBeforeGrow: R = 1000/s, B = 100 over up to 32
+// gateways (floor 31.25/s, burst 3), one floor reserved for joiners.
+func TestAllocatorSkewAndShrinkBeforeGrow(t *testing.T) {
+	for _, unsafe := range []bool{false, true} {
+		a := NewAllocator(AllocatorOptions{UnsafeGrowsBeforeShrinks: unsafe}, 7, nil)
+		// Offered 1500/s split 70/10/10/10: wants 1071, 153, 153, 153;
+		// water-filling gives "a" 968.75 − 3×153.
+		tb, pub := a.Step(0, reports(0, map[string]float64{"a": 1050, "b": 150, "c": 150, "d": 150}), nil)
+		if !pub || tb.Epoch != 1 || tb.Token != 7 {
+			t.Fatalf("first step: published %v, epoch %d token %d", pub, tb.Epoch, tb.Token)
+		}
+		wantShares(t, tb, map[string]Share{"a": {509.75, 50}, "b": {153, 15}, "c": {153, 15}, "d": {153, 15}})
+		if _, pub := a.Step(1, reports(1, map[string]float64{"a": 1050, "b": 150, "c": 150, "d": 150}), nil); pub {
+			t.Fatal("same demand: published again")
+		}
+		// The load moves from a to b: a shrinks at once; b's grow needs
+		// a's shrink acknowledged (all have applied epoch 1 so far).
+		shift := map[string]float64{"a": 100, "b": 1050, "c": 150, "d": 150}
+		tb, pub = a.Step(2, reports(1, shift), nil)
+		if unsafe {
+			wantShares(t, tb, map[string]Share{"a": {102, 10}, "b": {560.75, 56}, "c": {153, 15}, "d": {153, 15}})
+			continue
+		}
+		wantShares(t, tb, map[string]Share{"a": {102, 10}, "b": {153, 15}, "c": {153, 15}, "d": {153, 15}})
+		if !pub || tb.Epoch != 2 || !near(tb.Keys[kid].Bounds["a"].Rate, 509.75) || tb.Keys[kid].Bounds["a"].Burst != 50 {
+			t.Fatalf("epoch %d bounds %v", tb.Epoch, tb.Keys[kid].Bounds)
+		}
+		// b, c, d acknowledge epoch 2; a not yet: no grow.
+		if tb, pub = a.Step(3, reports(1, shift), map[string]uint64{"b": 2, "c": 2, "d": 2}); pub || tb.Epoch != 2 {
+			t.Fatalf("grow before a's shrink is acknowledged: epoch %d", tb.Epoch)
+		}
+		tb, pub = a.Step(4, reports(1, shift), map[string]uint64{"a": 2, "b": 2, "c": 2, "d": 2})
+		if !pub || tb.Epoch != 3 {
+			t.Fatalf("after the ack: published %v epoch %d", pub, tb.Epoch)
+		}
+		wantShares(t, tb, map[string]Share{"a": {102, 10}, "b": {560.75, 56}, "c": {153, 15}, "d": {153, 15}})
+
+		// Takeover from epoch 2's table (as stored before epoch 3), with
+		// a's acknowledgement lost: the new allocator keeps a's bound.
+		b := NewAllocator(AllocatorOptions{}, 8, a2(t))
+		tb, pub = b.Step(10, reports(1, shift), map[string]uint64{"b": 2, "c": 2, "d": 2})
+		if !pub || tb.Epoch != 3 || tb.Token != 8 {
+			t.Fatalf("takeover: published %v epoch %d token %d", pub, tb.Epoch, tb.Token)
+		}
+		wantShares(t, tb, map[string]Share{"a": {102, 10}, "b": {153, 15}, "c": {153, 15}, "d": {153, 15}})
+		tb, _ = b.Step(11, reports(3, shift), nil) // a reports it applied 3
+		wantShares(t, tb, map[string]Share{"a": {102, 10}, "b": {560.75, 56}, "c": {153, 15}, "d": {153, 15}})
+	}
+}
+
+// a2 is the table of epoch 2 of TestAllocatorSkewAndShrinkBeforeGrow.
+func a2(t *testing.T) *Table {
+	a := NewAllocator(AllocatorOptions{}, 7, nil)
+	a.Step(0, reports(0, map[string]float64{"a": 1050, "b": 150, "c": 150, "d": 150}), nil)
+	tb, _ := a.Step(2, reports(1, map[string]float64{"a": 100, "b": 1050, "c": 150, "d": 150}), nil)
+	return tb
+}
+
+// TestAllocatorDepartedAndForget: a gateway whose report expired keeps its
+// floor reserved for Forget (it may be partitioned, still serving).
+func TestAllocatorDepartedAndForget(t *testing.T) {
+	a := NewAllocator(AllocatorOptions{MaxGateways: 10, Forget: 30}, 1, nil) // floor 100/s, burst 10
+	a.Step(0, reports(0, map[string]float64{"a": 1000, "b": 1000, "c": 1000}), nil)
+	tb, _ := a.Step(1, reports(1, map[string]float64{"a": 1000, "b": 1000}), map[string]uint64{"a": 1, "b": 1})
+	// c's report expired: it is at its floor by its own 2H rule, and its
+	// floor stays reserved: 1000 − (1 join + 1 departed)×100 = 800.
+	wantShares(t, tb, map[string]Share{"a": {400, 40}, "b": {400, 40}})
+	tb, _ = a.Step(31, reports(1, map[string]float64{"a": 1000, "b": 1000}), map[string]uint64{"a": 2, "b": 2})
+	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+	// Under-used capacity is split equally; a gateway with no demand still
+	// gets its floor at least.
+	tb, _ = a.Step(32, reports(1, map[string]float64{"a": 50, "b": 0}), map[string]uint64{"a": 3, "b": 3})
+	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+}
+
+// TestAllocatorBoundProperty: over random demands, gateways joining and
+// leaving, and acknowledgements arriving late, the shares each gateway may
+// be running (any table from the one it acknowledged to the newest) plus
+// the reserved floors never exceed the limit, rate or burst.
+func TestAllocatorBoundProperty(t *testing.T) {
+	for seed := range uint64(200) {
+		if msg := boundProperty(seed, false); msg != "" {
+			t.Fatal(msg)
+		}
+	}
+	// The check has teeth: grows before shrinks break it.
+	broken := 0
+	for seed := range uint64(200) {
+		if boundProperty(seed, true) != "" {
+			broken++
+		}
+	}
+	if broken < 150 {
+		t.Fatalf("UnsafeGrowsBeforeShrinks broke the bound for %d of 200 seeds, want most", broken)
+	}
+	t.Logf("UnsafeGrowsBeforeShrinks broke the bound for %d of 200 seeds", broken)
+}
+
+// boundProperty runs one seed and returns the first violation, or "".
+func boundProperty(seed uint64, unsafe bool) string {
+	{
+		rng := rand.New(rand.NewPCG(seed, 1))
+		o := AllocatorOptions{MaxGateways: 8, Forget: 1 << 62, UnsafeGrowsBeforeShrinks: unsafe}
+		a := NewAllocator(o, 1, nil)
+		floor := lim1000.Floor(8)
+		var tables []*Table
+		running := map[string]uint64{} // the epoch each gateway runs (≤ newest)
+		live := map[string]bool{"g0": true, "g1": true}
+		next := 2
+		everLive := map[string]bool{}
+		// A joiner runs its floor out of the join reserve until the shrinks
+		// that make room for it are acknowledged: one join at a time
+		// (JoinReserve 1) until every live gateway has applied the newest
+		// table.
+		pendingJoin := false
+		for step := range 300 {
+			if !pendingJoin && rng.IntN(10) == 0 && len(everLive) < 7 {
+				live["g"+string(rune('0'+next))] = true
+				next++
+				pendingJoin = true
+			}
+			if rng.IntN(15) == 0 && len(live) > 1 {
+				for g := range live {
+					delete(live, g)
+					break
+				}
+			}
+			var reps []Report
+			acks := map[string]uint64{}
+			for g := range live {
+				everLive[g] = true
+				if len(tables) > 0 && rng.IntN(2) == 0 {
+					// apply some table at or after the one it runs
+					lo := running[g]
+					newest := tables[len(tables)-1].Epoch
+					running[g] = lo + uint64(rng.IntN(int(newest-lo)+1))
+				}
+				acks[g] = running[g]
+				reps = append(reps, Report{Gateway: g, Applied: running[g], Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: rng.Float64() * 1500}}})
+			}
+			tb, pub := a.Step(int64(step), reps, acks)
+			if pub {
+				tables = append(tables, tb)
+			}
+			// Check: every gateway ever seen may run at most the max of its
+			// shares from its acknowledged epoch on (floor if unlisted);
+			// gateways no longer live run their floor; one joiner's floor.
+			if pendingJoin && len(tables) > 0 {
+				settled := true
+				for g := range live {
+					settled = settled && running[g] == tables[len(tables)-1].Epoch
+				}
+				pendingJoin = !settled
+			}
+			sumR, sumB := 0.0, int64(0)
+			if !pendingJoin {
+				sumR, sumB = floor.Rate, floor.Burst // room for one joiner
+			}
+			for g := range everLive {
+				m := floor
+				if live[g] {
+					for _, tbl := range tables {
+						if tbl.Epoch >= running[g] {
+							if s, ok := tbl.Keys[kid].Shares[g]; ok {
+								m = maxShare(m, s)
+							}
+						}
+					}
+				}
+				sumR += m.Rate
+				sumB += m.Burst
+			}
+			if sumR > 1000+1e-6 || sumB > 100 {
+				return fmt.Sprintf("seed %d step %d: gateways may run %.3f/s, burst %d: above 1000/s, 100", seed, step, sumR, sumB)
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,47 @@
+// Package drl is limitplane's Distributed Rate Limiter (DRL): the gateways
+// of one data plane share a hot key's rate limit in memory, each deciding
+// against its own share, with no Redis call on the request path.
+//
+// The idea comes from Tyk's DRL, where every gateway announces itself over
+// Redis pub/sub and takes an equal share R/N. Its users report what that
+// costs: with uneven load balancing, 3 gateways with a 50/s limit throttle
+// at 40–45/s (Tyk #1244); low rates over many gateways round every share
+// to nothing and refuse everything (#1287); and a new gateway admits the
+// full limit until it has heard of the others. limitplane's DRL keeps the
+// speed and drops the inaccuracy:
+//
+//   - Shares follow demand. Every interval H each gateway reports its
+//     smoothed offered load per hot key (Limiter.Report); one allocator,
+//     elected through Redis with a lease and a fencing token, computes
+//     max-min fair shares with headroom (Allocator.Step) and publishes them
+//     in an epoch-stamped Table.
+//   - The sum of the shares never exceeds the limit, rate and burst. Each
+//     key keeps floors free for gateways that join (which start at their
+//     floor, R/MaxGateways, never at the full limit) and for gateways that
+//     departed recently (they may be partitioned from Redis and still
+//     serving at their floor). A table lowers shares at once but grants a
+//     grow only from capacity that no gateway may still be using: grows
+//     wait until the shrinks they need are acknowledged (or the gateways
+//     that owe them have gone stale). Switching a key's share inside a
+//     gateway carries its tokens exactly.
+//   - A gateway whose table is older than 2H (measured from when it sent the
+//     call that returned it) runs every key at its floor, so a Redis outage
+//     or a partition keeps the total within the limit; a report lives 2H +
+//     H/2 in Redis, so the allocator forgets a gateway's share only after
+//     the gateway itself has dropped it.
+//   - Keys too slow to split (R/MaxGateways below MinFloorRate, or
+//     floor(B/MaxGateways) below 1: #1287's 10/s over 4 gateways) and
+//     requests that also spend a quota are left to the exact (Redis) store.
+//
+// Guarantee: for up to MaxGateways gateways, with at most JoinReserve of
+// them joining between two tables, the requests a key admits over all
+// gateways in any interval of length t are at most B + R×t. Beyond
+// MaxGateways every gateway still runs at least its floor and the bound is
+// not promised. A gateway whose key table is full (LimiterOptions.MaxKeys)
+// leaves new keys to the exact store, which counts them apart from the
+// shares.
+//
+// This file's package holds the pure parts, with time as an argument:
+// KeyID, the Allocator and the Limiter. The Redis glue (reports, lease,
+// table publication, acknowledgements) builds on them.
+package drl

@@ -1,0 +1,633 @@
+package drl
+
+import (
+	"hash/maphash"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// LimiterOptions configure a Limiter. The zero value is usable.
+type LimiterOptions struct {
+	// Gateway is this gateway's ID, under which tables list its shares.
+	// Default: the gateway named in the latest Report call (a gateway is
+	// listed only once it has reported, so nothing is missed).
+	Gateway string
+	// MaxGateways is the most gateways the limit is split over; a key's
+	// floor is its limit / MaxGateways. It must be the allocator's.
+	// Default 32.
+	MaxGateways int
+	// MinFloorRate is the smallest floor rate, in requests per second, a
+	// key may have to be decided here: a key whose R/MaxGateways is below
+	// it (or whose floor(B/MaxGateways) is below 1) is left to the exact
+	// store (Tyk DRL #1287: low rates over many gateways). Default 1.
+	MinFloorRate float64
+	// Interval is H, the reporting period; a table is fresh until the
+	// send time of the call that returned it + 2H. Default 1 s.
+	Interval time.Duration
+	// MaxKeys bounds the keys held; a request that would add a key beyond
+	// it is left to the exact store (Take returns false). Default 10000.
+	MaxKeys int
+}
+
+func (o LimiterOptions) withDefaults() LimiterOptions {
+	if o.MaxGateways <= 0 {
+		o.MaxGateways = 32
+	}
+	if !(o.MinFloorRate > 0) {
+		o.MinFloorRate = 1
+	}
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.MaxKeys <= 0 {
+		o.MaxKeys = 10000
+	}
+	return o
+}
+
+// LimiterStats are a Limiter's counters, for metrics.
+type LimiterStats struct {
+	// Epoch is the epoch of the table in force (0: none yet).
+	Epoch uint64
+	// HotKeys is the number of keys held.
+	HotKeys int
+	// ShareRate is the sum over the keys held of this gateway's rate share
+	// as of each key's latest decision, in requests per second.
+	ShareRate float64
+	// Fallbacks counts keys falling back to their floor because the table
+	// went stale (2H without a fresh one: Redis down or unreachable).
+	Fallbacks uint64
+	// Tables counts tables applied (new epochs).
+	Tables uint64
+	// KeysRefused counts requests left to the exact store at MaxKeys.
+	KeysRefused uint64
+}
+
+// Marks in a bucket's TAT; a live TAT is a time on the caller's clock,
+// never below frozen.
+const (
+	deadTAT  = math.MinInt64     // the key was swept: look it up again
+	movedTAT = math.MinInt64 + 1 // the key switched to a new bucket
+	frozen   = -1 << 62
+)
+
+// staleTag is a bucket's tag while the table is stale (floor share).
+const staleTag = 1
+
+// bucket is a key's local GCRA state at one share. Its share never
+// changes: a switch freezes it (TAT movedTAT) and publishes a new one.
+type bucket struct {
+	tat     atomic.Int64  // GCRA TAT on the caller's clock; deadTAT/movedTAT once frozen
+	offered atomic.Int64  // units offered (admitted + refused) since the last Report
+	tag     atomic.Uint64 // view generation<<1 the share was checked against, or staleTag
+	p       core.GCRAParams
+	share   Share
+	since   int64 // when the share took effect
+}
+
+// key is one hot key.
+type key struct {
+	b      atomic.Pointer[bucket]
+	limit  core.Limit // the request's rate limit (part of the key's identity)
+	id     KeyID
+	kl     KeyLimit
+	floor  Share
+	window time.Duration // the global τ = B×T
+	mu     sync.Mutex    // serialises switches and sweeps
+	// Guarded by Limiter.mu (Report):
+	demand float64
+	idle   int
+}
+
+// view is the table in force, as this gateway reads it.
+type view struct {
+	gen        uint64 // +1 per change of shares
+	epoch      uint64
+	token      uint64
+	freshUntil int64 // ns; at and after it the table is stale
+	since      int64 // the send time of the call that brought these shares
+	shares     map[KeyID]Share
+}
+
+// Limiter is one gateway's DRL hot path: it decides distributed keys in
+// memory against this gateway's share, a local GCRA per key, and measures
+// the demand that the allocator splits the limits by. Time is an argument
+// (ns on a monotonic clock). Safe for concurrent use.
+//
+// A key is found without locks (a sharded open-addressing table of keys
+// indexed by maphash fingerprints of consumer, scope and limit, as in
+// core/memory); its state is an atomic TAT updated by a CAS. When the share
+// a key must run changes (a new table, the table going stale), the next
+// request on it switches the key exactly: it freezes the old state,
+// carries the tokens (clamped to the new burst) into a new state and
+// publishes it; a request that meets frozen state retries on the new one.
+// A shrink takes effect from the moment the table was sent (or went
+// stale), a grow from the switch, so no admission is ever counted against
+// a larger share than the allocator accounts for.
+type Limiter struct {
+	o         LimiterOptions
+	minPerNs  float64 // MinFloorRate×MaxGateways per ns: Rate ≥ minPerNs×Period
+	seeds     [4]maphash.Seed
+	shift     uint
+	shards    []lshard
+	view      atomic.Pointer[view]
+	keys      atomic.Int64
+	refused   atomic.Uint64
+	fallbacks atomic.Uint64
+	tables    atomic.Uint64
+
+	mu      sync.Mutex // serialises Apply and Report
+	gateway string     // the ID in force (Options.Gateway or the latest Report's)
+	table   *Table     // the table in force
+	gen     uint64
+	last    int64 // time of the previous Report; 0: none
+}
+
+// NewLimiter returns a Limiter; every key starts at its floor until a table
+// is applied.
+func NewLimiter(o LimiterOptions) *Limiter {
+	o = o.withDefaults()
+	l := &Limiter{o: o, gateway: o.Gateway, shift: 64 - 6, shards: make([]lshard, 64)}
+	l.minPerNs = o.MinFloorRate * float64(o.MaxGateways) / float64(time.Second)
+	for i := range l.seeds {
+		l.seeds[i] = maphash.MakeSeed()
+	}
+	for i := range l.shards {
+		l.shards[i].tab.Store(newLTable(8))
+	}
+	l.view.Store(&view{freshUntil: math.MinInt64, shares: map[KeyID]Share{}})
+	return l
+}
+
+// Eligible reports whether req is decided by DRL: Request.Distributed, a
+// GCRA rate limit, no quota enforced (rate and quota go to the exact store
+// together, atomically), a valid cost, and a floor that is not too coarse
+// (R/MaxGateways ≥ MinFloorRate per second, floor(B/MaxGateways) ≥ 1).
+// It depends on the request and the options only, so every gateway routes
+// a key the same way.
+func (l *Limiter) Eligible(req *core.Request) bool {
+	r := &req.Rate
+	return req.Distributed && r.Algorithm == core.GCRA && r.Enforced() && !req.Quota.Enforced() &&
+		req.Cost >= 0 && req.Cost <= core.MaxCost &&
+		r.EffectiveBurst() >= int64(l.o.MaxGateways) && float64(r.Rate) >= l.minPerNs*float64(r.Period)
+}
+
+// Take decides req at now (ns) against this gateway's share, writing the
+// decision into *d, and returns true; it returns false, touching nothing,
+// when req is not eligible (see Eligible), its limit is invalid, or the
+// key would be one more than MaxKeys: the caller then asks the exact store.
+//
+// The decision: Allowed, RetryAfter, Remaining and ResetAfter come from
+// the local share (Remaining is this gateway's, at most the global one);
+// Limit and Rate.Limit are the key's global burst B and Rate.Window its
+// global B×T, what the consumer's headers advertise. A cost above the
+// local burst but within B is refused with RetryAfter H (a later table may
+// grant more); above B, with RetryAfter -1. MaxDelay reservations are
+// honoured against the local share.
+func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled bool) {
+	r := &req.Rate
+	if !req.Distributed || r.Algorithm != core.GCRA || !r.Enforced() || req.Quota.Enforced() ||
+		req.Cost < 0 || req.Cost > core.MaxCost ||
+		r.EffectiveBurst() < int64(l.o.MaxGateways) || float64(r.Rate) < l.minPerNs*float64(r.Period) {
+		return false
+	}
+	sh, f := l.locate(req)
+	k := sh.tab.Load().find(f)
+	if k == nil || k.limit != *r {
+		if k = l.insert(sh, f, req, now); k == nil {
+			return false
+		}
+	}
+	n, md := req.Cost, req.Reservation()
+	for {
+		v := l.view.Load()
+		want := v.gen << 1
+		if now >= v.freshUntil {
+			want = staleTag
+		}
+		b := k.b.Load()
+		if b.tag.Load() != want {
+			if b = l.switchKey(k, v, now); b == nil {
+				if k = l.insert(sh, f, req, now); k == nil {
+					return false
+				}
+				continue
+			}
+		}
+		tat := b.tat.Load()
+		if tat < frozen {
+			if tat == deadTAT {
+				if k = l.insert(sh, f, req, now); k == nil {
+					return false
+				}
+			}
+			continue
+		}
+		p := &b.p
+		next, ok := p.ConformWithin(tat, now, n, md)
+		after := next
+		if !ok {
+			after = max(tat, now)
+		}
+		rem := p.Remaining(after, now)
+		if ok && n > 0 && !b.tat.CompareAndSwap(tat, next) {
+			continue
+		}
+		b.offered.Add(n)
+		*d = core.Decision{}
+		d.Allowed, d.DecidedBy = ok, core.KindRate
+		retry := int64(0)
+		if !ok {
+			retry = p.RetryAfter(tat, now, n)
+			if retry < 0 && n <= k.kl.Burst {
+				retry = int64(l.o.Interval)
+			}
+		} else if wait := next - p.Tau - now; wait > 0 {
+			d.Delay = time.Duration(wait)
+		}
+		reset := time.Duration(after - now)
+		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = k.kl.Burst, rem, reset, time.Duration(retry)
+		d.Rate = core.Status{Limit: k.kl.Burst, Remaining: rem, ResetAfter: reset, Window: k.window}
+		return true
+	}
+}
+
+// shareParams returns the local GCRA constants of share s of a key: T =
+// 1 s / Rate rounded up (never faster than the share), τ = Burst×T.
+func shareParams(s Share) core.GCRAParams {
+	t := int64(math.Ceil(float64(time.Second) / s.Rate))
+	if t < 1 {
+		t = 1
+	}
+	b := max(s.Burst, 1)
+	const maxTau = int64(1) << 61
+	if t > maxTau/b {
+		t = maxTau / b
+	}
+	return core.GCRAParams{T: t, Tau: b * t, Burst: b}
+}
+
+// shareOf returns the share key k must run under view v at now.
+func shareOf(k *key, v *view, now int64) (Share, uint64) {
+	if now >= v.freshUntil {
+		return k.floor, staleTag
+	}
+	s, ok := v.shares[k.id]
+	if !ok {
+		s = k.floor
+	}
+	return s, v.gen << 1
+}
+
+// switchKey makes k's bucket run the share the latest view gives it at
+// now and returns the bucket, or nil when k was swept.
+func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if nv := l.view.Load(); nv.gen >= v.gen {
+		v = nv
+	}
+	b := k.b.Load()
+	if b.tat.Load() == deadTAT {
+		return nil
+	}
+	s, tag := shareOf(k, v, now)
+	if tag == staleTag && b.tag.Load() != staleTag && b.tag.Load() != 0 {
+		l.fallbacks.Add(1)
+	}
+	if s == b.share {
+		b.tag.Store(tag)
+		return b
+	}
+	// A shrink counts from when it was due: the table's send time, or the
+	// moment the table went stale; a grow from now.
+	at := now
+	if s.Rate < b.share.Rate || s.Burst < b.share.Burst {
+		due := v.since
+		if tag == staleTag {
+			due = v.freshUntil
+		}
+		at = min(now, max(due, b.since))
+	}
+	old := b.tat.Swap(movedTAT)
+	nb := &bucket{p: shareParams(s), share: s, since: at}
+	nb.tat.Store(at + carry(b.p, nb.p, max(old, at)-at))
+	nb.offered.Store(b.offered.Load())
+	nb.tag.Store(tag)
+	k.b.Store(nb)
+	return nb
+}
+
+// carry converts a deficit of d ns under params from (the time until that
+// bucket is full again) into the deficit under to: the tokens held,
+// Burst − d/T, carried over and clamped to the new burst, rounded so the
+// new state never holds more than the old.
+func carry(from, to core.GCRAParams, d int64) int64 {
+	// d×to.T/from.T, rounded up, in 128 bits.
+	hi, lo := bits.Mul64(uint64(d), uint64(to.T))
+	var conv int64
+	if hi >= uint64(from.T) {
+		conv = 1 << 61
+	} else {
+		q, r := bits.Div64(hi, lo, uint64(from.T))
+		if r > 0 {
+			q++
+		}
+		conv = int64(min(q, 1<<61))
+	}
+	nd := conv + (to.Burst-from.Burst)*to.T
+	return min(max(nd, 0), 1<<61)
+}
+
+// Apply makes t the table in force if it is newer than the current one
+// (a higher epoch, or any table once the current one is stale), or
+// refreshes the current one if it is the same. sentAt is the time (ns)
+// the Redis call that returned t was sent; the table is fresh until
+// sentAt + 2H (only ever extended). That call must be one that also wrote
+// this gateway's report (whose TTL, 2H + H/2, then outlives the table's
+// freshness): for a table delivered by pub/sub, pass the send time of the
+// latest report call, not of the read. Shrinks take effect from sentAt,
+// on each key's next request. A nil t does nothing.
+func (l *Limiter) Apply(sentAt int64, t *Table) {
+	if t == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cur := l.view.Load()
+	fresh := sentAt + 2*int64(l.o.Interval)
+	if l.table != nil && t.Epoch == cur.epoch && t.Token == cur.token {
+		if fresh > cur.freshUntil {
+			nv := *cur
+			nv.freshUntil = fresh
+			l.view.Store(&nv)
+		}
+		return
+	}
+	if l.table != nil && t.Epoch < cur.epoch && sentAt < cur.freshUntil {
+		return // older, and the current table is still fresh
+	}
+	l.table = t
+	l.tables.Add(1)
+	l.publish(sentAt, max(fresh, cur.freshUntil))
+}
+
+// publish stores a new view of l.table for l.gateway. Caller holds l.mu.
+func (l *Limiter) publish(since, freshUntil int64) {
+	l.gen++
+	nv := &view{gen: l.gen, freshUntil: freshUntil, since: since, shares: map[KeyID]Share{}}
+	if t := l.table; t != nil {
+		nv.epoch, nv.token = t.Epoch, t.Token
+		if l.gateway != "" {
+			for id, ks := range t.Keys {
+				if s, ok := ks.Shares[l.gateway]; ok && validLimit(ks.Limit) {
+					nv.shares[id] = clampShare(s, ks.Limit, ks.Limit.Floor(l.o.MaxGateways))
+				}
+			}
+		}
+	}
+	l.view.Store(nv)
+}
+
+// clampShare keeps a table's share within [floor, limit] (a table is data
+// from Redis: nothing in it may break the hot path).
+func clampShare(s Share, lim KeyLimit, floor Share) Share {
+	if !(s.Rate >= floor.Rate) {
+		s.Rate = floor.Rate
+	}
+	s.Rate = min(s.Rate, lim.Rate)
+	s.Burst = min(max(s.Burst, floor.Burst, 1), lim.Burst)
+	return s
+}
+
+// Report returns this gateway's demand report at now (ns): for each key
+// held, its limit and its offered load (admitted plus refused) in requests
+// per second, smoothed (a rise is taken at once, a fall halves the
+// distance to the new rate per report), and the epoch applied. It also
+// drops keys idle for 3 reports whose bucket is full (the same state as
+// no key). Call it every H.
+func (l *Limiter) Report(now int64, gateway string) Report {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if gateway != "" && l.o.Gateway == "" && gateway != l.gateway {
+		l.gateway = gateway
+		cur := l.view.Load()
+		l.publish(cur.since, cur.freshUntil)
+	}
+	elapsed := float64(l.o.Interval) / float64(time.Second)
+	if l.last != 0 && now > l.last {
+		elapsed = float64(now-l.last) / float64(time.Second)
+	}
+	l.last = now
+	rep := Report{Gateway: gateway, Applied: l.view.Load().epoch, Keys: map[KeyID]KeyDemand{}}
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		t := sh.tab.Load()
+		for j := range t.slots {
+			sl := &t.slots[j]
+			if sl.hash.Load() < firstHash {
+				continue
+			}
+			k := sl.k.Load()
+			k.mu.Lock()
+			b := k.b.Load()
+			off := b.offered.Swap(0)
+			rate := float64(off) / elapsed
+			if rate >= k.demand {
+				k.demand = rate
+			} else {
+				k.demand = (k.demand + rate) / 2
+			}
+			if off == 0 {
+				k.idle++
+			} else {
+				k.idle = 0
+			}
+			if tat := b.tat.Load(); k.idle >= idleReports && tat >= frozen && tat <= now && b.tat.CompareAndSwap(tat, deadTAT) {
+				k.mu.Unlock()
+				sl.hash.Store(deletedHash)
+				sh.live--
+				l.keys.Add(-1)
+				continue
+			}
+			k.mu.Unlock()
+			rep.Keys[k.id] = KeyDemand{Limit: k.kl, Demand: k.demand}
+		}
+		if len(t.slots) > 8 && 8*sh.live < len(t.slots) {
+			sh.resize(sh.live)
+		}
+		sh.mu.Unlock()
+	}
+	return rep
+}
+
+// idleReports is how many reports without requests make a key idle.
+const idleReports = 3
+
+// Stats returns the limiter's counters.
+func (l *Limiter) Stats() LimiterStats {
+	st := LimiterStats{Epoch: l.view.Load().epoch, Fallbacks: l.fallbacks.Load(), Tables: l.tables.Load(), KeysRefused: l.refused.Load()}
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		t := sh.tab.Load()
+		for j := range t.slots {
+			sl := &t.slots[j]
+			if sl.hash.Load() >= firstHash {
+				st.HotKeys++
+				st.ShareRate += sl.k.Load().b.Load().share.Rate
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// locate returns the shard and fingerprint of req's key: consumer, scope
+// and rate limit (a limit change makes a new key, as KeyID does).
+func (l *Limiter) locate(req *core.Request) (*lshard, fingerprint) {
+	hc := maphash.String(l.seeds[0], req.Consumer)
+	f := fingerprint{h: hc, check: maphash.String(l.seeds[1], req.Consumer)}
+	if req.Scope != "" {
+		f.h ^= maphash.String(l.seeds[2], req.Scope)
+		f.check ^= maphash.String(l.seeds[3], req.Scope)
+	}
+	r := &req.Rate
+	lh := uint64(r.Rate)*0x9e3779b97f4a7c15 ^ uint64(r.Period)*0xc2b2ae3d27d4eb4f ^ uint64(r.Burst)*0x165667b19e3779f9
+	f.h ^= lh
+	f.check ^= bits.RotateLeft64(lh, 29)
+	if f.h < firstHash {
+		f.h += firstHash
+	}
+	return &l.shards[hc>>l.shift], f
+}
+
+// insert returns the live key for f under req's limit, adding it (at its
+// share in the current view, with a full bucket) if needed; nil when the
+// limit is invalid, another limit holds the fingerprint, or at MaxKeys.
+func (l *Limiter) insert(sh *lshard, f fingerprint, req *core.Request, now int64) *key {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.tab.Load().find(f); k != nil && k.b.Load().tat.Load() != deadTAT {
+		if k.limit != req.Rate {
+			return nil
+		}
+		return k
+	}
+	g, err := req.Rate.CheckedGCRA()
+	if err != nil {
+		return nil
+	}
+	if l.keys.Add(1) > int64(l.o.MaxKeys) {
+		l.keys.Add(-1)
+		l.refused.Add(1)
+		return nil
+	}
+	kl := LimitOf(req.Rate)
+	k := &key{limit: req.Rate, id: MakeKeyID(req.Consumer, req.Scope, req.Rate), kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(g.Tau)}
+	v := l.view.Load()
+	s, tag := shareOf(k, v, now)
+	b := &bucket{p: shareParams(s), share: s, since: now}
+	b.tat.Store(now)
+	b.tag.Store(tag)
+	k.b.Store(b)
+	sh.add(f, k)
+	return k
+}
+
+// Marks in a slot's hash; a key's first hash is never one of them.
+const (
+	emptyHash   = 0
+	deletedHash = 1
+	firstHash   = 2
+)
+
+// fingerprint identifies a key: two hashes under independent seeds.
+type fingerprint struct{ h, check uint64 }
+
+// lslot is one cell of a shard's table: a fingerprint and its key. An
+// empty slot is filled once (check and key first, then hash, which
+// publishes it) and can then only become deleted.
+type lslot struct {
+	hash  atomic.Uint64
+	check atomic.Uint64
+	k     atomic.Pointer[key]
+}
+
+// ltable is an open-addressing table with linear probing, at most 3/4
+// used. It holds pointers, so a resize copies them and a reader still on
+// the old table finds the same keys.
+type ltable struct {
+	slots []lslot
+	mask  uint64
+}
+
+func newLTable(size int) *ltable { return &ltable{slots: make([]lslot, size), mask: uint64(size - 1)} }
+
+func (t *ltable) find(f fingerprint) *key {
+	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
+		sl := &t.slots[i]
+		switch h := sl.hash.Load(); {
+		case h == emptyHash:
+			return nil
+		case h == f.h && sl.check.Load() == f.check:
+			return sl.k.Load()
+		}
+	}
+}
+
+type lshard struct {
+	tab  atomic.Pointer[ltable]
+	mu   sync.Mutex // serialises inserts, sweeps, resizes
+	live int        // guarded by mu
+	used int        // live plus deleted slots; guarded by mu
+	_    [64]byte
+}
+
+// add inserts k under f. Caller holds sh.mu; f is not live in the table.
+func (sh *lshard) add(f fingerprint, k *key) {
+	t := sh.tab.Load()
+	if 4*(sh.used+1) > 3*len(t.slots) {
+		t = sh.resize(sh.live + 1)
+	}
+	t.put(f, k)
+	sh.live++
+	sh.used++
+}
+
+func (t *ltable) put(f fingerprint, k *key) {
+	for i := f.h & t.mask; ; i = (i + 1) & t.mask {
+		if sl := &t.slots[i]; sl.hash.Load() == emptyHash {
+			sl.check.Store(f.check)
+			sl.k.Store(k)
+			sl.hash.Store(f.h)
+			return
+		}
+	}
+}
+
+// resize publishes a table that n keys fill at most half of, holding the
+// live keys. Caller holds sh.mu.
+func (sh *lshard) resize(n int) *ltable {
+	size := 8
+	for 2*n > size {
+		size <<= 1
+	}
+	old := sh.tab.Load()
+	t := newLTable(size)
+	for i := range old.slots {
+		sl := &old.slots[i]
+		if h := sl.hash.Load(); h >= firstHash {
+			t.put(fingerprint{h: h, check: sl.check.Load()}, sl.k.Load())
+		}
+	}
+	sh.tab.Store(t)
+	sh.used = sh.live
+	return t
+}

@@ -1,0 +1,375 @@
+package drl
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+const sec = int64(time.Second)
+
+// hot is a distributed request: 1000/s with burst 100.
+func hot(consumer string) core.Request {
+	return core.Request{Consumer: consumer, Scope: "api", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+}
+
+// tableFor gives gateway g share s of req's key at epoch e.
+func tableFor(req core.Request, e uint64, g string, s Share) *Table {
+	id := MakeKeyID(req.Consumer, req.Scope, req.Rate)
+	return &Table{Epoch: e, Token: 1, Keys: map[KeyID]KeyShares{id: {Limit: LimitOf(req.Rate), Shares: map[string]Share{g: s}}}}
+}
+
+// drain takes until refused at now and returns how many were admitted.
+func drain(t *testing.T, l *Limiter, now int64, req *core.Request) int {
+	t.Helper()
+	n := 0
+	var d core.Decision
+	for {
+		if !l.Take(now, req, &d) {
+			t.Fatal("Take: not handled")
+		}
+		if !d.Allowed {
+			return n
+		}
+		n++
+	}
+}
+
+func TestKeyID(t *testing.T) {
+	a := MakeKeyID("c", "s", core.Limit{Rate: 10, Period: time.Second})
+	if len(a) != 32 || a != MakeKeyID("c", "s", core.Limit{Rate: 10, Period: time.Second, Burst: 10}) {
+		t.Fatalf("KeyID %q: want 32 hex digits, Burst 0 the same as Burst = Rate", a)
+	}
+	// printf 'c\0s\00010\0001000000000\00010' | sha256sum | cut -c1-32
+	if want := KeyID("f5f57bb98b783fecc68be280ed28f343"); a != want {
+		t.Fatalf("KeyID = %s, want %s", a, want)
+	}
+	for _, b := range []KeyID{
+		MakeKeyID("cs", "", core.Limit{Rate: 10, Period: time.Second}),
+		MakeKeyID("c", "s", core.Limit{Rate: 10, Period: time.Minute}),
+		MakeKeyID("c", "s", core.Limit{Rate: 10, Period: time.Second, Burst: 5}),
+	} {
+		if b == a {
+			t.Fatalf("distinct keys share KeyID %s", a)
+		}
+	}
+}
+
+func TestLimiterFloorAtStart(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1"})
+	req := hot("c")
+	now := 10 * sec
+	// Floor: 250/s, burst 25.
+	if n := drain(t, l, now, &req); n != 25 {
+		t.Fatalf("admitted %d at once, want the floor burst 25", n)
+	}
+	total := 25
+	for i := 1; i <= 1000; i++ {
+		total += drain(t, l, now+int64(i)*int64(time.Millisecond), &req)
+	}
+	if total != 25+250 {
+		t.Fatalf("admitted %d over 1 s, want 25 + 250", total)
+	}
+}
+
+func TestLimiterEligibility(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4})
+	var d core.Decision
+	base := hot("c")
+	cases := map[string]func(r *core.Request){
+		"not distributed":  func(r *core.Request) { r.Distributed = false },
+		"quota":            func(r *core.Request) { r.Quota = core.Quota{Max: 10, Renewal: time.Hour} },
+		"sliding window":   func(r *core.Request) { r.Rate.Algorithm = core.SlidingWindow },
+		"unlimited":        func(r *core.Request) { r.Rate = core.Limit{Rate: core.Unlimited} },
+		"burst below 4":    func(r *core.Request) { r.Rate.Burst = 3 },
+		"rate floor < 1/s": func(r *core.Request) { r.Rate = core.Limit{Rate: 3, Period: time.Second, Burst: 100} },
+		"negative cost":    func(r *core.Request) { r.Cost = -1 },
+		"invalid period":   func(r *core.Request) { r.Rate = core.Limit{Rate: 1 << 40, Period: time.Nanosecond, Burst: 100} },
+	}
+	for name, f := range cases {
+		r := base
+		f(&r)
+		if l.Take(sec, &r, &d) {
+			t.Errorf("%s: handled by DRL, want the exact store", name)
+		}
+	}
+	if st := l.Stats(); st.HotKeys != 0 {
+		t.Fatalf("%d keys held after ineligible requests, want 0", st.HotKeys)
+	}
+	// Tyk #1287: 10/s over the default 32 gateways: floor 0.3125/s.
+	r := base
+	r.Rate = core.PerSecond(10)
+	if NewLimiter(LimiterOptions{}).Take(sec, &r, &d) {
+		t.Error("10/s over 32 gateways: handled by DRL, want the exact store")
+	}
+	r.Rate = core.Limit{Rate: 4, Period: time.Second, Burst: 4} // floor exactly 1/s, burst 1
+	if !l.Take(sec, &r, &d) || !l.Eligible(&r) {
+		t.Fatal("4/s burst 4 over 4 gateways: want DRL")
+	}
+}
+
+func TestLimiterDecisionFields(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4})
+	req := hot("c")
+	var d core.Decision
+	now := 5 * sec
+	l.Take(now, &req, &d)
+	// Local floor 250/s burst 25: T = 4 ms. Global B = 100, T = 1 ms.
+	want := core.Decision{Allowed: true, DecidedBy: core.KindRate, Limit: 100, Remaining: 24, ResetAfter: 4 * time.Millisecond,
+		Rate: core.Status{Limit: 100, Remaining: 24, ResetAfter: 4 * time.Millisecond, Window: 100 * time.Millisecond}}
+	if d != want {
+		t.Fatalf("decision %+v\nwant %+v", d, want)
+	}
+	for range 24 {
+		l.Take(now, &req, &d)
+	}
+	l.Take(now, &req, &d)
+	want = core.Decision{DecidedBy: core.KindRate, Limit: 100, Remaining: 0, ResetAfter: 100 * time.Millisecond, RetryAfter: 4 * time.Millisecond,
+		Rate: core.Status{Limit: 100, Remaining: 0, ResetAfter: 100 * time.Millisecond, Window: 100 * time.Millisecond}}
+	if d != want {
+		t.Fatalf("refusal %+v\nwant %+v", d, want)
+	}
+	big := req
+	big.Cost = 50 // above the local burst 25, within B
+	l.Take(now+sec, &big, &d)
+	if d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("cost 50 > local burst: %+v, want refused with RetryAfter H", d)
+	}
+	big.Cost = 101
+	l.Take(now+sec, &big, &d)
+	if d.Allowed || d.RetryAfter != -1 {
+		t.Fatalf("cost 101 > B: %+v, want RetryAfter -1", d)
+	}
+}
+
+func TestLimiterAppliesShareAndFallsBack(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	now := 10 * sec
+	if n := drain(t, l, now, &req); n != 25 {
+		t.Fatalf("floor burst: %d, want 25", n)
+	}
+	l.Apply(now, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	// A grow carries the tokens: the drained bucket stays drained.
+	if n := drain(t, l, now, &req); n != 0 {
+		t.Fatalf("right after a grow: %d admitted, want 0 (tokens carried)", n)
+	}
+	total := 0
+	for i := 1; i <= 1000; i++ {
+		total += drain(t, l, now+int64(i)*int64(time.Millisecond), &req)
+	}
+	if total != 500 {
+		t.Fatalf("1 s at share 500/s: %d, want 500", total)
+	}
+	// Idle 1 s fills the share's burst.
+	if n := drain(t, l, now+sec+sec-1, &req); n != 50 {
+		t.Fatalf("after idling: %d, want burst 50", n)
+	}
+	if st := l.Stats(); st.Epoch != 1 || st.ShareRate != 500 || st.HotKeys != 1 || st.Tables != 1 || st.Fallbacks != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// The table is fresh until now + 2 s; the first request after that
+	// runs at the floor, counted from the moment the table went stale.
+	later := now + 5*sec
+	if n := drain(t, l, later, &req); n != 25 {
+		t.Fatalf("stale: %d admitted at once, want the floor burst 25", n)
+	}
+	if st := l.Stats(); st.Fallbacks != 1 || st.ShareRate != 250 {
+		t.Fatalf("after staleness: %+v, want 1 fallback, share 250", st)
+	}
+	// The same table again, from a later call: fresh again, at its share.
+	l.Apply(later, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	if n := drain(t, l, later+sec, &req); n != 25 {
+		t.Fatalf("refreshed: %d, want 25 (a grow counts from the switch: 1 s at the floor, capped at its burst)", n)
+	}
+	if n := drain(t, l, later+sec+100*int64(time.Millisecond), &req); n != 50 {
+		t.Fatalf("100 ms at the share: %d, want 50", n)
+	}
+	// An older table is ignored while the current one is fresh.
+	l.Apply(later, tableFor(req, 0, "g1", Share{Rate: 1000, Burst: 100}))
+	if st := l.Stats(); st.Epoch != 1 {
+		t.Fatalf("older table applied: epoch %d", st.Epoch)
+	}
+}
+
+// TestLimiterShrinkCountsFromSentAt: a shrink applies from the send time
+// of the call that returned it, even when the key's next request comes
+// later: the old share's refill after sentAt is not kept.
+func TestLimiterShrinkCountsFromSentAt(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1"})
+	req := hot("c")
+	now := 10 * sec
+	l.Apply(now, tableFor(req, 1, "g1", Share{Rate: 800, Burst: 80}))
+	drain(t, l, now, &req) // 25 carried from the floor
+	// Shrink to 400/s burst 40, sent at now+10ms, first request at now+50ms.
+	l.Apply(now+10*int64(time.Millisecond), tableFor(req, 2, "g1", Share{Rate: 400, Burst: 40}))
+	// At now+10ms: 8 tokens (800/s × 10 ms) under the old share; from there
+	// 400/s for 40 ms: 16 more.
+	if n := drain(t, l, now+50*int64(time.Millisecond), &req); n != 8+16 {
+		t.Fatalf("admitted %d, want 24", n)
+	}
+}
+
+// TestLimiterExactUnderConcurrency: many goroutines on one key with a
+// stepped clock admit exactly b + r·t per share, across share changes.
+func TestLimiterExactUnderConcurrency(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 10, Gateway: "g1"}) // floor 100/s, burst 10
+	req := hot("c")
+	ms := int64(time.Millisecond)
+	type seg struct {
+		share Share
+		steps int // of 1 ms
+	}
+	// Each segment's r·t is whole, so every switch meets a drained bucket
+	// holding no fraction of a token.
+	segs := []seg{{Share{100, 10}, 200}, {Share{500, 50}, 300}, {Share{200, 20}, 250}, {Share{1000, 100}, 200}, {Share{100, 10}, 400}, {Share{333, 33}, 300}}
+	var admitted atomic.Int64
+	take := func(now int64) {
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var d core.Decision
+				r := req
+				for {
+					if !l.Take(now, &r, &d) {
+						panic("not handled")
+					}
+					if !d.Allowed {
+						return
+					}
+					admitted.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	now := 100 * sec
+	take(now) // the floor's burst: 10
+	want := int64(10)
+	for si, s := range segs {
+		if si > 0 {
+			l.Apply(now, tableFor(req, uint64(si), "g1", s.share))
+			take(now) // switch now: a drained bucket carries 0 tokens
+		}
+		// T = ceil(1 s / r): 333/s runs at T = 3.003004 ms.
+		want += int64(s.steps) * ms / shareParams(s.share).T
+		for range s.steps {
+			now += ms
+			take(now)
+		}
+	}
+	if got := admitted.Load(); got != want || want != 10+20+150+50+200+40+99 {
+		t.Fatalf("admitted %d, want %d", got, want)
+	}
+}
+
+// TestLimiterSwitchesWhileTaking: share changes published while 8
+// goroutines take on a frozen clock lose or double-count nothing: at one
+// instant the key admits exactly the tokens it held, whatever the shares
+// switched meanwhile (each switch carries them, clamped to the new
+// burst, and every burst here is at least the tokens held).
+func TestLimiterSwitchesWhileTaking(t *testing.T) {
+	for round := range 20 {
+		l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1"})
+		req := hot("c")
+		now := 10 * sec
+		l.Apply(now-sec, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+		var d core.Decision
+		l.Take(now, &req, &d) // 49 left
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var d core.Decision
+				r := req
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if l.Take(now, &r, &d) && d.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		for e := uint64(2); e < 40; e++ {
+			l.Apply(now-sec, tableFor(req, e, "g1", Share{Rate: float64(500 + 10*e), Burst: int64(50 + e)}))
+		}
+		close(stop)
+		wg.Wait()
+		admitted.Add(int64(drain(t, l, now, &req)))
+		if got := admitted.Load(); got != 49 {
+			t.Fatalf("round %d: admitted %d at one instant, want the 49 tokens held", round, got)
+		}
+	}
+}
+
+func TestLimiterMaxKeysAndSweep(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, MaxKeys: 3})
+	var d core.Decision
+	now := 10 * sec
+	for _, c := range []string{"a", "b", "c"} {
+		r := hot(c)
+		if !l.Take(now, &r, &d) || !d.Allowed {
+			t.Fatalf("%s: not admitted", c)
+		}
+	}
+	r := hot("d")
+	if l.Take(now, &r, &d) {
+		t.Fatal("a fourth key at MaxKeys 3: handled, want the exact store")
+	}
+	if st := l.Stats(); st.HotKeys != 3 || st.KeysRefused != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Keys stay while used; idle for 3 reports with full buckets, they go.
+	rep := l.Report(now+sec, "g1")
+	if len(rep.Keys) != 3 || rep.Keys[MakeKeyID("a", "api", hot("a").Rate)].Demand != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	a := hot("a")
+	for i := int64(2); i <= 4; i++ {
+		l.Take(now+i*sec, &a, &d)
+		l.Report(now+i*sec, "g1")
+	}
+	if st := l.Stats(); st.HotKeys != 1 {
+		t.Fatalf("%d keys after b and c idled 3 reports, want 1", st.HotKeys)
+	}
+	if !l.Take(now+5*sec, &r, &d) || !d.Allowed {
+		t.Fatal("d after the sweep: want admitted by DRL")
+	}
+}
+
+func TestLimiterDemandSmoothing(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4})
+	req := hot("c")
+	req.Rate.Burst = 1000
+	var d core.Decision
+	now := 10 * sec
+	l.Take(now, &req, &d)
+	l.Report(now, "g")
+	id := MakeKeyID("c", "api", req.Rate)
+	step := func(n int, want float64) {
+		t.Helper()
+		now += sec
+		for range n {
+			l.Take(now, &req, &d)
+		}
+		if got := l.Report(now, "g").Keys[id].Demand; got != want {
+			t.Fatalf("demand %v, want %v", got, want)
+		}
+	}
+	step(400, 400) // a rise is taken at once, refused requests included
+	step(100, 250) // a fall halves the distance
+	step(100, 175)
+	step(1000, 1000)
+}

@@ -1,0 +1,595 @@
+package drl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// Options configure a Store. The zero value is usable (with New's
+// required arguments); every gateway of a group must use the same
+// Interval, MaxGateways and MinFloorRate.
+type Options struct {
+	// Group names the data plane's DRL in Redis (keys
+	// limitplane:drl:{Group}:…): the gateways that share limits use the
+	// same one. Default "default". It may not contain '{' or '}'.
+	Group string
+	// GatewayID names this gateway in the group; it must be unique among
+	// the gateways running. Default: 16 random hex digits per Store, so a
+	// restarted gateway is a new one (its old report expires on its own).
+	GatewayID string
+	// Interval is H: the gateway reports its demand every H; the
+	// allocator steps every H (and when acknowledgements arrive), renews
+	// its lease every H/2 (the lease lives 1.5H), and a gateway without
+	// an allocator runs for the lease every H/4. A table is fresh for 2H
+	// after the report call that returned it. Default 1 s.
+	Interval time.Duration
+	// MaxGateways is the most gateways a limit is split between; a key's
+	// floor is its limit / MaxGateways. Default 32.
+	MaxGateways int
+	// JoinReserve is the number of floors each key keeps free for
+	// gateways that join between tables. 0 means the default, 1;
+	// negative means none.
+	JoinReserve int
+	// Headroom is the share above its smoothed demand that a gateway that
+	// is not saturated gets, as a fraction (0.02 = 2 %). 0 means the
+	// default, 0.02; negative means none.
+	Headroom float64
+	// MinFloorRate is the smallest floor, in requests per second, a key
+	// may have to be split: below it (or with floor(Burst/MaxGateways)
+	// below 1) the exact store decides it. Default 1.
+	MinFloorRate float64
+	// MaxKeys bounds the hot keys held in memory; beyond it new keys go to
+	// the exact store. Default 10000.
+	MaxKeys int
+	// Logger receives Redis failures (one line when a kind of call starts
+	// failing, one when it succeeds again) and lease changes; nil means
+	// slog.Default().
+	Logger *slog.Logger
+	// UnsafeGrowsBeforeShrinks is for tests only: the allocator grants
+	// grows before the shrinks they need are in force, which breaks the
+	// bound (see AllocatorOptions).
+	UnsafeGrowsBeforeShrinks bool
+	// Clock is the monotonic clock of the hot path and the loop; nil
+	// means the system clock. A test seam.
+	Clock core.Clock
+}
+
+// Store is limitplane's Distributed Rate Limiter as a core.Store, one per
+// gateway: it decides the requests the Limiter takes (distributed, GCRA,
+// no quota, not too coarse: see Limiter.Eligible) in memory against this
+// gateway's share, with no Redis call, and passes every other request to
+// the exact store (normally the Redis store) unchanged. In the background
+// it reports this gateway's demand, takes part in the allocator's
+// election, runs the allocator while it holds the lease, and applies the
+// tables the allocator publishes (see the package documentation and
+// redis.go for the protocol).
+//
+// Quota resets, penalties, algorithm and limit checks go to the exact
+// store. A penalty (Penalize) therefore holds back only the requests the
+// exact store decides, not a hot key's in-memory share.
+type Store struct {
+	exact core.Store
+	lim   *Limiter
+	w     wire
+	o     Options
+	clock core.Clock
+	log   *slog.Logger
+	nonce string
+	aopts AllocatorOptions
+
+	mu       sync.Mutex // guards cur, ver, lastSent
+	cur      *Table     // the table last read from Redis
+	ver      string     // its version; "" none
+	lastSent int64      // send time of the latest successful report call; 0 none
+
+	allocator atomic.Bool
+	ackCh     chan struct{} // acknowledgements arrived (for the allocator)
+
+	// Owned by the loop goroutine (tick):
+	ticks   uint64
+	lead    *leader
+	failing map[string]bool // call kinds now failing, for one log line each way
+
+	cancel    context.CancelFunc
+	done      chan struct{} // closed when the loop has returned
+	pubsub    *redis.PubSub
+	subDone   chan struct{} // closed when the subscriber has returned
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// leader is this gateway's allocator while it holds the lease.
+type leader struct {
+	token      uint64
+	value      string // the lease's value
+	leaseUntil int64  // ns: the lease surely lapsed by then unless renewed
+	holdUntil  int64  // ns: publish nothing before (see tick)
+	alloc      *Allocator
+}
+
+// New returns a Store over exact, using client (the data plane's Redis)
+// for the DRL's own keys and channels, and starts its loop; Close stops
+// it. client stays the caller's to close, after Close.
+func New(client redis.UniversalClient, exact core.Store, o Options) (*Store, error) {
+	return newStore(client, exact, o, false)
+}
+
+// newStore is New; with manual set no loop is started (the subscriber
+// is) and the caller drives it with tick: tests on a manual clock.
+func newStore(client redis.UniversalClient, exact core.Store, o Options, manual bool) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("drl: New: nil Redis client")
+	}
+	if exact == nil {
+		return nil, errors.New("drl: New: nil exact store")
+	}
+	if o.Group == "" {
+		o.Group = "default"
+	}
+	if strings.ContainsAny(o.Group, "{}") {
+		return nil, fmt.Errorf("drl: New: group %q contains '{' or '}'", o.Group)
+	}
+	if o.Interval < 0 {
+		return nil, fmt.Errorf("drl: New: interval %v is negative", o.Interval)
+	}
+	if o.Interval == 0 {
+		o.Interval = time.Second
+	}
+	if o.Interval < time.Millisecond {
+		return nil, fmt.Errorf("drl: New: interval %v is below 1ms", o.Interval)
+	}
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, fmt.Errorf("drl: New: %w", err)
+	}
+	if o.GatewayID == "" {
+		var id [8]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			return nil, fmt.Errorf("drl: New: %w", err)
+		}
+		o.GatewayID = hex.EncodeToString(id[:])
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = core.NewSystemClock()
+	}
+	forget := 30 * o.Interval
+	s := &Store{
+		exact: exact,
+		lim: NewLimiter(LimiterOptions{Gateway: o.GatewayID, MaxGateways: o.MaxGateways, MinFloorRate: o.MinFloorRate,
+			Interval: o.Interval, MaxKeys: o.MaxKeys}),
+		w:     wire{c: client, k: keysFor(o.Group), gateway: o.GatewayID, h: o.Interval, keep: forget},
+		o:     o,
+		clock: o.Clock,
+		log:   o.Logger.With("component", "drl", "group", o.Group, "gateway", o.GatewayID),
+		nonce: hex.EncodeToString(nonce[:]),
+		aopts: AllocatorOptions{MaxGateways: o.MaxGateways, JoinReserve: o.JoinReserve, Headroom: o.Headroom,
+			Interval: o.Interval, Forget: forget, UnsafeGrowsBeforeShrinks: o.UnsafeGrowsBeforeShrinks},
+		ackCh:   make(chan struct{}, 1),
+		failing: map[string]bool{},
+		done:    make(chan struct{}),
+		subDone: make(chan struct{}),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.pubsub = client.Subscribe(ctx, s.w.k.tables, s.w.k.acks)
+	go s.subscribe(ctx)
+	if manual {
+		close(s.done)
+		return s, nil
+	}
+	go s.run(ctx)
+	return s, nil
+}
+
+// GatewayID returns this gateway's ID in the group.
+func (s *Store) GatewayID() string { return s.o.GatewayID }
+
+// Exact returns the store that decides what DRL does not.
+func (s *Store) Exact() core.Store { return s.exact }
+
+// Take implements core.Store: a request the Limiter takes is decided in
+// memory (no Redis call); any other goes to the exact store.
+func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, error) {
+	var d core.Decision
+	if s.lim.Take(s.clock.Nanotime(), &req, &d) {
+		return d, nil
+	}
+	return s.exact.Take(ctx, req)
+}
+
+// TakeInto implements core.DecisionWriter: Take writing into *d.
+func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error {
+	if s.lim.Take(s.clock.Nanotime(), req, d) {
+		return nil
+	}
+	if w, ok := s.exact.(core.DecisionWriter); ok {
+		return w.TakeInto(ctx, req, d)
+	}
+	var err error
+	*d, err = s.exact.Take(ctx, *req)
+	return err
+}
+
+// ResetQuota implements core.Store: quotas are the exact store's.
+func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
+	return s.exact.ResetQuota(ctx, consumer, scope)
+}
+
+// ResetQuotaEpoch implements core.QuotaEpochResetter through the exact
+// store, or its ResetQuota when it keeps no epochs.
+func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
+	if r, ok := s.exact.(core.QuotaEpochResetter); ok {
+		return r.ResetQuotaEpoch(ctx, consumer, scope, epoch)
+	}
+	return s.exact.ResetQuota(ctx, consumer, scope)
+}
+
+// SupportsAlgorithm implements core.AlgorithmSupporter: what the exact
+// store supports (a request DRL does not take goes there).
+func (s *Store) SupportsAlgorithm(a core.Algorithm) bool {
+	if as, ok := s.exact.(core.AlgorithmSupporter); ok {
+		return as.SupportsAlgorithm(a)
+	}
+	return true
+}
+
+// CheckLimit implements core.LimitChecker through the exact store.
+func (s *Store) CheckLimit(l core.Limit) error {
+	if lc, ok := s.exact.(core.LimitChecker); ok {
+		return lc.CheckLimit(l)
+	}
+	return nil
+}
+
+// Penalize implements core.Penalizer through the exact store: the penalty
+// holds back what the exact store decides, not a hot key's in-memory
+// share.
+func (s *Store) Penalize(ctx context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
+	if p, ok := s.exact.(core.Penalizer); ok {
+		return p.Penalize(ctx, consumer, scope, l, d)
+	}
+	return errors.New("drl: the exact store cannot penalize")
+}
+
+// Ping checks the exact store, when it can be pinged (the Redis store).
+func (s *Store) Ping(ctx context.Context) error {
+	if p, ok := s.exact.(interface{ Ping(context.Context) error }); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// Stats are a Store's counters, for metrics.
+type Stats struct {
+	LimiterStats
+	// Allocator: this gateway holds the allocator's lease.
+	Allocator bool
+}
+
+// Stats returns the Store's counters. It walks the hot keys: call it at
+// scrape rate, not per request.
+func (s *Store) Stats() Stats {
+	return Stats{LimiterStats: s.lim.Stats(), Allocator: s.allocator.Load()}
+}
+
+// Close stops the loop and the subscriber, then leaves the group at once:
+// it deletes this gateway's report and acknowledgement and gives up the
+// lease if it holds it, so the others see the leave without waiting for
+// TTLs. It does not close the exact store or the client. Idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.halt()
+		value := ""
+		if s.lead != nil {
+			value = s.lead.value
+		}
+		s.lead = nil
+		s.allocator.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), max(s.o.Interval, time.Second))
+		defer cancel()
+		s.closeErr = s.w.leave(ctx, value)
+	})
+	return s.closeErr
+}
+
+// halt stops the loop and the subscriber without leaving: what a killed
+// gateway leaves behind.
+func (s *Store) halt() {
+	s.cancel()
+	<-s.done
+	s.pubsub.Close()
+	<-s.subDone
+}
+
+// run is the loop: a tick every H/4.
+func (s *Store) run(ctx context.Context) {
+	defer close(s.done)
+	t := time.NewTicker(s.o.Interval / 4)
+	defer t.Stop()
+	s.tick(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.tick(ctx)
+		case <-s.ackCh:
+			if s.lead != nil {
+				s.step(ctx)
+			}
+		}
+	}
+}
+
+// tick does what is due at this quarter of H: the report every H, the
+// election while not the allocator, and as the allocator the renewal
+// every H/2 and the step every H.
+func (s *Store) tick(ctx context.Context) {
+	n := s.ticks
+	s.ticks++
+	if n%4 == 0 {
+		s.report(ctx)
+	}
+	if s.lead == nil {
+		s.elect(ctx)
+		return
+	}
+	if n%2 == 1 {
+		s.renew(ctx)
+	}
+	select {
+	case <-s.ackCh:
+		s.step(ctx)
+		return
+	default:
+	}
+	if n%4 == 0 {
+		s.step(ctx)
+	}
+}
+
+// callCtx bounds one Redis call to H/2.
+func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(s.o.Interval/2, 50*time.Millisecond))
+}
+
+// failed logs the first failure of a kind of call; ok logs its recovery.
+func (s *Store) failed(kind string, err error) {
+	if !s.failing[kind] {
+		s.failing[kind] = true
+		s.log.Warn("drl: redis call failed; keys fall back to their floor if this lasts 2 intervals", "call", kind, "err", err)
+	}
+}
+
+func (s *Store) ok(kind string) {
+	if s.failing[kind] {
+		delete(s.failing, kind)
+		s.log.Info("drl: redis answers again", "call", kind)
+	}
+}
+
+// report writes this gateway's demand and applies the table the same
+// call returns: a table is fresh for 2H from the send time of the report
+// call that returned it (or, by pub/sub, of the latest report call).
+func (s *Store) report(ctx context.Context) {
+	now := s.clock.Nanotime()
+	rep := s.lim.Report(now, s.o.GatewayID)
+	s.mu.Lock()
+	known := s.ver
+	s.mu.Unlock()
+	cctx, cancel := s.callCtx(ctx)
+	t, ver, err := s.w.report(cctx, &rep, known)
+	cancel()
+	if err != nil {
+		s.failed("report", err)
+		return
+	}
+	s.ok("report")
+	s.mu.Lock()
+	s.lastSent = now
+	var applied *Table
+	switch {
+	case ver == "":
+	case t == nil:
+		if s.cur != nil {
+			s.lim.Apply(now, s.cur) // the same table, fresh again
+		}
+	default:
+		s.cur, s.ver = t, ver
+		s.lim.Apply(now, t)
+		applied = t
+	}
+	s.mu.Unlock()
+	if applied != nil {
+		s.acknowledge(ctx, applied)
+	}
+}
+
+// acknowledge tells the allocator that t is in force here (when it is:
+// an older table than the one in force is not).
+func (s *Store) acknowledge(ctx context.Context, t *Table) {
+	if s.lim.Stats().Epoch != t.Epoch {
+		return
+	}
+	cctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	if err := s.w.ack(cctx, t.Epoch); err != nil {
+		s.failed("ack", err)
+		return
+	}
+	s.ok("ack")
+}
+
+// subscribe applies the tables announced on the tables channel at once,
+// acknowledging each, and wakes the allocator on acknowledgements.
+func (s *Store) subscribe(ctx context.Context) {
+	defer close(s.subDone)
+	for m := range s.pubsub.Channel() {
+		switch m.Channel {
+		case s.w.k.tables:
+			s.mu.Lock()
+			known := s.ver
+			s.mu.Unlock()
+			if m.Payload == known {
+				continue
+			}
+			cctx, cancel := s.callCtx(ctx)
+			t, ver, err := s.w.readTable(cctx)
+			cancel()
+			if err != nil || t == nil {
+				continue // the next report brings it
+			}
+			s.mu.Lock()
+			if ver == s.ver {
+				s.mu.Unlock()
+				continue
+			}
+			s.cur, s.ver = t, ver
+			s.lim.Apply(s.lastSent, t)
+			s.mu.Unlock()
+			s.acknowledge(ctx, t)
+		case s.w.k.acks:
+			if s.allocator.Load() {
+				select {
+				case s.ackCh <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// elect runs for the lease. The winner takes over from the table in
+// force; when there is none (a new group, or a Redis that lost its data)
+// it publishes nothing for 2H, so that every gateway's table from before
+// has gone stale and runs at its floor: those tables' epochs are unknown
+// to it, and a gateway keeps a fresh table over one with a lower epoch.
+func (s *Store) elect(ctx context.Context) {
+	sentAt := s.clock.Nanotime()
+	cctx, cancel := s.callCtx(ctx)
+	token, value, err := s.w.elect(cctx, s.nonce)
+	cancel()
+	if err != nil {
+		s.failed("elect", err)
+		return
+	}
+	s.ok("elect")
+	if token == 0 {
+		return
+	}
+	s.lead = &leader{token: token, value: value, leaseUntil: sentAt + int64(s.o.Interval+s.o.Interval/2)}
+	s.allocator.Store(true)
+	s.log.Info("drl: this gateway is the allocator", "token", token)
+	if s.load(ctx) {
+		s.step(ctx)
+	}
+}
+
+// load makes the allocator from the table in force; false when Redis did
+// not answer (the next step tries again).
+func (s *Store) load(ctx context.Context) bool {
+	cctx, cancel := s.callCtx(ctx)
+	last, _, err := s.w.readTable(cctx)
+	cancel()
+	if err != nil {
+		s.failed("allocate", err)
+		return false
+	}
+	if last == nil {
+		s.lead.holdUntil = s.clock.Nanotime() + 2*int64(s.o.Interval)
+	}
+	s.lead.alloc = NewAllocator(s.aopts, s.lead.token, last)
+	return true
+}
+
+// resign drops the allocator's role.
+func (s *Store) resign(why string) {
+	s.log.Info("drl: this gateway is no longer the allocator", "token", s.lead.token, "why", why)
+	s.lead = nil
+	s.allocator.Store(false)
+}
+
+// renew extends the lease.
+func (s *Store) renew(ctx context.Context) {
+	sentAt := s.clock.Nanotime()
+	cctx, cancel := s.callCtx(ctx)
+	ok, err := s.w.renew(cctx, s.lead.value)
+	cancel()
+	switch {
+	case err != nil:
+		s.failed("renew", err)
+		if sentAt >= s.lead.leaseUntil {
+			s.resign("the lease lapsed while Redis did not answer")
+		}
+	case !ok:
+		s.ok("renew")
+		s.resign("the lease is held by another gateway")
+	default:
+		s.ok("renew")
+		s.lead.leaseUntil = sentAt + int64(s.o.Interval+s.o.Interval/2)
+	}
+}
+
+// step runs the allocator once and publishes its table when it changed.
+func (s *Store) step(ctx context.Context) {
+	now := s.clock.Nanotime()
+	if now >= s.lead.leaseUntil {
+		s.resign("the lease lapsed")
+		return
+	}
+	if now < s.lead.holdUntil {
+		return
+	}
+	if s.lead.alloc == nil && !s.load(ctx) {
+		return
+	}
+	cctx, cancel := s.callCtx(ctx)
+	defer cancel()
+	st, err := s.w.readState(cctx)
+	if err != nil {
+		s.failed("allocate", err)
+		return
+	}
+	t, changed := s.lead.alloc.Step(now, st.reports, st.acks)
+	if changed {
+		ok, err := s.w.publish(cctx, s.lead.value, t)
+		switch {
+		case err != nil:
+			// It may or may not be in Redis: start again from what is.
+			s.failed("allocate", err)
+			s.lead.alloc = nil
+			return
+		case !ok:
+			s.resign("the lease is held by another gateway")
+			return
+		}
+	}
+	s.ok("allocate")
+	if err := s.w.forget(cctx, st.gone); err != nil {
+		s.failed("allocate", err)
+	}
+}
+
+var (
+	_ core.Store              = (*Store)(nil)
+	_ core.DecisionWriter     = (*Store)(nil)
+	_ core.QuotaEpochResetter = (*Store)(nil)
+	_ core.AlgorithmSupporter = (*Store)(nil)
+	_ core.LimitChecker       = (*Store)(nil)
+	_ core.Penalizer          = (*Store)(nil)
+)
