@@ -32,11 +32,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -238,6 +240,11 @@ type Result struct {
 	// after SIGSTOP until SIGCONT, when every gateway's table is stale and
 	// it runs the key at its floor.
 	PausedLatePerS float64
+	// ErrorKinds counts the errors by kind: "transport" (no answer: the
+	// connection failed or timed out after 5 s), "dropped" (not sent: no
+	// gateway in the slot, or too many requests in flight), or the HTTP
+	// status.
+	ErrorKinds map[string]int64
 	// Slots has the counts of each gateway position (a slot's gateway
 	// may have been replaced by churn).
 	Slots []SlotCounts
@@ -266,6 +273,9 @@ func (r Result) Line() string {
 	fmt.Fprintf(b, "mode=%s admitted_per_s=%.1f pct_of_possible=%.1f worst_window=%d bound=%d exceeded=%s redis_calls_on_path=%d",
 		r.Mode, r.AdmittedPerS, r.PctOfPossible, r.WorstWindow, r.Bound, exceeded, r.RedisCallsOnPath)
 	fmt.Fprintf(b, " worst_window_at=%.2fs sent=%d admitted=%d refused=%d errors=%d", r.WorstWindowAt.Seconds(), r.Sent, r.Admitted, r.Refused, r.Errors)
+	for _, k := range slices.Sorted(maps.Keys(r.ErrorKinds)) {
+		fmt.Fprintf(b, " errors_%s=%d", k, r.ErrorKinds[k])
+	}
 	if r.Mode == ModeDRL {
 		fmt.Fprintf(b, " noscript=%d drl_script_calls=%d commandstats_script_calls=%d", r.Scripts.NoScript, r.Scripts.Other, r.Scripts.CommandStats)
 		if r.Scripts.Lost > 0 {
@@ -387,6 +397,12 @@ func (r *run) config(slot int) func(admin string) string {
 			}
 			if o.Unsafe {
 				fmt.Fprintf(b, "  unsafe_grows_before_shrinks: true\n")
+			}
+			if strings.HasSuffix(b.String(), "drl:\n") {
+				// No setting: the section must still be there (drl: {}).
+				s := strings.TrimSuffix(b.String(), "\n")
+				b.Reset()
+				b.WriteString(s + " {}\n")
 			}
 			fmt.Fprintf(b, "policies:\n  - id: harness\n    rate: {requests: %d, per: 1s, burst: %d}\n    distributed: true\n", o.Rate, o.Burst)
 		}
@@ -574,6 +590,17 @@ func (r *run) analyze(res *Result, ev *events) {
 			c.Refused++
 		default:
 			c.Errors++
+			kind := strconv.Itoa(int(rec.status))
+			switch rec.status {
+			case statusTransport:
+				kind = "transport"
+			case statusDropped:
+				kind = "dropped"
+			}
+			if res.ErrorKinds == nil {
+				res.ErrorKinds = map[string]int64{}
+			}
+			res.ErrorKinds[kind]++
 		}
 	}
 	for _, c := range res.Slots {
