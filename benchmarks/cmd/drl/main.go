@@ -20,7 +20,7 @@
 // (distributed: true, a drl: section, the Redis store). Package
 // benchmarks/internal/drlharness documents every measure; the scenario
 // flags add events (-churn, -step, -kill-allocator, -redis-pause,
-// -slow-link, -stall-at/-stall-for, -move-at) and -unsafe runs the DRL
+// -slow-link, -slow-tables, -stall-at/-stall-for, -move-at) and -unsafe runs the DRL
 // with grows published before shrinks are in force (test only).
 package main
 
@@ -62,11 +62,14 @@ func main() {
 	flag.DurationVar(&o.RedisPause, "redis-pause", 0, "SIGSTOP redis-server for this long at -pause-at, then SIGCONT")
 	flag.DurationVar(&o.PauseAt, "pause-at", 0, "when -redis-pause stops Redis (default a third into the run)")
 	flag.DurationVar(&o.SlowLink, "slow-link", 0, "hold what Redis sends gateway 0 this long (through a proxy)")
+	flag.DurationVar(&o.SlowTables, "slow-tables", 0, "hold what carries a table to gateway 0 this long (through a proxy)")
+	flag.DurationVar(&o.SlowAt, "slow-at", 0, "when -slow-link or -slow-tables starts (default: with the load)")
 	flag.DurationVar(&o.StallAt, "stall-at", 0, "when -stall-for stalls gateway 0's link to Redis (default half-way)")
 	flag.DurationVar(&o.StallFor, "stall-for", 0, "stall gateway 0's link to Redis both ways this long")
 	flag.DurationVar(&o.MoveAt, "move-at", 0, "move the load to -move-split (and -move-offered) at this time")
 	moveSplit := flag.String("move-split", "", "weights after -move-at")
 	flag.Float64Var(&o.MoveOffered, "move-offered", 0, "total offered load after -move-at (default unchanged)")
+	flag.BoolVar(&o.Timeline, "timeline", false, "log each gateway's admissions per second")
 	flag.StringVar(&o.GatewayBin, "gateway", "", "a built examples/gateway (default: build it)")
 	flag.StringVar(&o.Dir, "dir", "", "keep the run's configurations and logs here (default: a temporary directory, removed)")
 	flag.Parse()

@@ -114,14 +114,22 @@ type Options struct {
 	// SlowLink > 0 puts every gateway's Redis connection through a proxy
 	// of the harness and holds every byte Redis sends gateway 0 for
 	// SlowLink (its calls land at once, their answers and pub/sub messages
-	// arrive late): a gateway that applies tables late. StallFor > 0
+	// arrive late). SlowTables > 0 holds only what carries a table to
+	// gateway 0 (an answer holding a Table's JSON, a message on the tables
+	// channel; see tablePatterns), so gateway 0 applies every table
+	// SlowTables late while its other calls go at full speed. Either
+	// starts at SlowAt (default: when the load starts). StallFor > 0
 	// stalls gateway 0's link both ways at StallAt for StallFor.
-	SlowLink, StallAt, StallFor time.Duration
+	SlowLink, SlowTables, SlowAt, StallAt, StallFor time.Duration
 	// MoveAt > 0: at MoveAt the split becomes MoveSplit and, when
 	// MoveOffered > 0, the offered load MoveOffered.
 	MoveAt      time.Duration
 	MoveSplit   []float64
 	MoveOffered float64
+
+	// Timeline logs each gateway's admissions per second of the run (by
+	// answer time) to Log.
+	Timeline bool
 
 	// GatewayBin is a built examples/gateway; empty builds one.
 	GatewayBin string
@@ -329,6 +337,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		if err != nil {
 			return rs, fmt.Errorf("drlharness: mode %s: %w", m, err)
 		}
+		for i, c := range r.Slots {
+			fmt.Fprintf(o.Log, "  gateway %d: sent=%d admitted=%d refused=%d errors=%d admitted_after_warmup=%d\n", i, c.Sent, c.Admitted, c.Refused, c.Errors, c.AdmittedAfterWarmup)
+		}
 		fmt.Fprintln(o.Log, r.Line())
 		rs = append(rs, r)
 	}
@@ -380,7 +391,7 @@ func (r *run) config(slot int) func(admin string) string {
 			addr, timeout := r.redisAt, 2*time.Second
 			if r.proxies != nil {
 				addr = r.proxies[slot].Addr()
-				timeout += o.SlowLink
+				timeout += o.SlowLink + o.SlowTables
 			}
 			fmt.Fprintf(b, "store: redis://%s/0\nredis: {key_prefix: %q, timeout: %s}\nfailure_policy: closed\ndrl:\n", addr, storePrefix, timeout)
 			if o.Interval > 0 {
@@ -427,6 +438,24 @@ func (r *run) startSlot(ctx context.Context, slot int) error {
 	r.mu.Unlock()
 	r.slots[slot].tgt.Store(newTarget(g.url))
 	return nil
+}
+
+// tablePatterns mark what carries a table to a gateway: the Table's JSON
+// (in the answer of the report call or of a read of the table key) and a
+// message on the tables channel (limitplane:drl:{group}:tables), per
+// dataplane/drl's wire.
+var tablePatterns = [][]byte{[]byte(`"epoch":`), []byte(`:tables`)}
+
+// slow starts the slow link of gateway 0.
+func (r *run) slow() {
+	switch {
+	case r.o.SlowLink > 0:
+		r.proxies[0].SetDelay(r.o.SlowLink)
+		r.logf("gateway 0's link to Redis slowed: what Redis sends it arrives %v late", r.o.SlowLink)
+	case r.o.SlowTables > 0:
+		r.proxies[0].SetDelay(r.o.SlowTables, tablePatterns...)
+		r.logf("gateway 0's tables slowed: what carries a table to it arrives %v late", r.o.SlowTables)
+	}
 }
 
 // killSlot takes slot out of the load balancer and SIGKILLs its gateway.
@@ -477,7 +506,7 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 		if r.redis, r.redisAt, err = startRedis(ctx, dir, &r.procs); err != nil {
 			return res, err
 		}
-		if o.SlowLink > 0 || o.StallFor > 0 {
+		if o.SlowLink > 0 || o.SlowTables > 0 || o.StallFor > 0 {
 			for range o.Gateways {
 				p, err := newLinkProxy(r.redisAt)
 				if err != nil {
@@ -485,7 +514,6 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 				}
 				r.proxies = append(r.proxies, p)
 			}
-			r.proxies[0].SetDelay(o.SlowLink)
 		}
 	}
 	for i := range o.Gateways {
@@ -502,6 +530,11 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 		return res, err
 	}
 
+	if r.proxies != nil && o.SlowAt == 0 {
+		// Not before: a new connection's handshake (HELLO, CLIENT
+		// SETINFO) and PING through a slow link can outlast /readyz's 2 s.
+		r.slow()
+	}
 	r.plan = newPlan(r.slots, o.Offered, o.Split)
 	r.plan.update(func(p *plan) {
 		for i := range p.live {
@@ -614,6 +647,9 @@ func (r *run) analyze(res *Result, ev *events) {
 	if p := r.plan.possible(float64(o.Rate), o.Warmup, o.Duration); p > 0 {
 		res.PctOfPossible = 100 * float64(admittedAfter) / p
 	}
+	if o.Timeline {
+		r.timeline(recs)
+	}
 	adm := newAdmissions(recs, time.Second)
 	res.WorstWindow, res.WorstWindowAt = adm.worstWindow(time.Second, o.Duration)
 	const w, hold = 200 * time.Millisecond, time.Second
@@ -682,6 +718,9 @@ func (r *run) events(ctx context.Context, ev *events) {
 			})
 			r.logf("load moved: split %v, offered %.0f/s", o.MoveSplit, total)
 		}})
+	}
+	if o.SlowAt > 0 && r.proxies != nil {
+		steps = append(steps, step{o.SlowAt, r.slow})
 	}
 	if o.StallFor > 0 && r.proxies != nil {
 		steps = append(steps, step{o.StallAt, func() { r.proxies[0].Stall(); r.logf("gateway 0's link to Redis stalled") }},
@@ -826,4 +865,35 @@ func (p *plan) offeredAt(t time.Duration) float64 {
 		}
 	}
 	return r
+}
+
+// timeline logs each slot's admissions and refusals per second.
+func (r *run) timeline(recs []record) {
+	secs := int(r.o.Duration/time.Second) + 1
+	adm := make([][]int, len(r.slots))
+	ref := make([][]int, len(r.slots))
+	for i := range adm {
+		adm[i], ref[i] = make([]int, secs), make([]int, secs)
+	}
+	for _, rec := range recs {
+		s := int(rec.recv / int64(time.Second))
+		if s >= secs {
+			continue
+		}
+		switch rec.status {
+		case 200:
+			adm[rec.slot][s]++
+		case 429:
+			ref[rec.slot][s]++
+		}
+	}
+	for s := range secs {
+		b := new(strings.Builder)
+		total := 0
+		for i := range r.slots {
+			fmt.Fprintf(b, " gw%d=%d/%d", i, adm[i][s], adm[i][s]+ref[i][s])
+			total += adm[i][s]
+		}
+		fmt.Fprintf(r.o.Log, "  [%s] second %2d: admitted %4d (admitted/answered:%s)\n", r.mode, s, total, b)
+	}
 }

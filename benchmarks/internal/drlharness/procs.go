@@ -272,7 +272,7 @@ func startGateway(ctx context.Context, bin, dir string, slot, gen int, yaml func
 // 30 s pass (builds and starts are slow on a loaded machine).
 func (g *gateway) waitReady(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
-	c := &http.Client{Timeout: time.Second}
+	c := &http.Client{Timeout: 5 * time.Second} // /readyz PINGs the store for up to 2 s
 	for time.Now().Before(deadline) {
 		if g.proc.exited() {
 			return errors.New("exited: " + g.proc.tail(4000))

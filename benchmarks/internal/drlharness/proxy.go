@@ -1,6 +1,7 @@
 package drlharness
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,8 +18,10 @@ import (
 type linkProxy struct {
 	ln     net.Listener
 	target string
-	// delay is the hold on Redis-to-gateway bytes, in nanoseconds.
-	delay atomic.Int64
+	// delay is the hold on Redis-to-gateway bytes, in nanoseconds;
+	// patterns, when set, limit it to the chunks holding one of them.
+	delay    atomic.Int64
+	patterns atomic.Pointer[[][]byte]
 	mu    sync.Mutex
 	// stalled is closed when the link is released; nil when running.
 	stalled chan struct{}
@@ -42,8 +45,27 @@ func newLinkProxy(target string) (*linkProxy, error) {
 // Addr is the address the gateway dials instead of Redis's.
 func (p *linkProxy) Addr() string { return p.ln.Addr().String() }
 
-// SetDelay holds every later chunk Redis sends for d before passing it on.
-func (p *linkProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+// SetDelay holds every later chunk Redis sends for d before passing it
+// on, or with patterns only the chunks that contain one of them (and, the
+// stream being in order, what follows them on the same connection).
+func (p *linkProxy) SetDelay(d time.Duration, patterns ...[]byte) {
+	p.patterns.Store(&patterns)
+	p.delay.Store(int64(d))
+}
+
+// held reports whether chunk b waits out the delay.
+func (p *linkProxy) held(b []byte) bool {
+	ps := p.patterns.Load()
+	if ps == nil || len(*ps) == 0 {
+		return true
+	}
+	for _, pat := range *ps {
+		if bytes.Contains(b, pat) {
+			return true
+		}
+	}
+	return false
+}
 
 // Stall stops all traffic on the link until Release.
 func (p *linkProxy) Stall() {
@@ -115,7 +137,7 @@ func (p *linkProxy) pipe(dst, src net.Conn, fromRedis bool) {
 		defer close(done)
 		for c := range q {
 			if fromRedis {
-				if d := time.Duration(p.delay.Load()); d > 0 {
+				if d := time.Duration(p.delay.Load()); d > 0 && p.held(c.data) {
 					time.Sleep(time.Until(c.at.Add(d)))
 				}
 			}
