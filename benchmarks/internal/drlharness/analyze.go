@@ -71,25 +71,16 @@ func (a *admissions) worstWindow(w, end time.Duration) (int, time.Duration) {
 	return best, at
 }
 
-// sustainedFrom returns how long after from the admitted rate first
-// reached frac × limit and held there: the end of the first window of
-// length w (starting at or after from) such that it and every window
-// starting within the next hold (in windowStep steps) admit at least
-// frac × limit × w. It returns −1 if that never happens before end.
-func (a *admissions) sustainedFrom(from, end, w, hold time.Duration, limit, frac float64) time.Duration {
+// reachedFrom returns how long after from the admitted rate reached frac
+// × limit for a whole window: the start of the first window of length w,
+// starting at or after from (in windowStep steps), that admits at least
+// frac × limit × w, minus from. It returns −1 if no such window ends by
+// end.
+func (a *admissions) reachedFrom(from, end, w time.Duration, limit, frac float64) time.Duration {
 	need := int(math.Ceil(frac*limit*w.Seconds() - 1e-9))
-	ok := func(s time.Duration) bool { return a.within(int64(s), int64(s+w)) >= need }
-	for s := from; s+w+hold <= end; s += windowStep {
-		good := true
-		for t := s; t <= s+hold; t += windowStep {
-			if !ok(t) {
-				good = false
-				s = t // the next candidate starts after the failing window
-				break
-			}
-		}
-		if good {
-			return s + w - from
+	for s := from; s+w <= end; s += windowStep {
+		if a.within(int64(s), int64(s+w)) >= need {
+			return s - from
 		}
 	}
 	return -1

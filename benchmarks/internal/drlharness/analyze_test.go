@@ -43,8 +43,8 @@ func TestWindows(t *testing.T) {
 	}
 }
 
-// sustainedFrom finds when a rate of 100/s starts and holds.
-func TestSustainedFrom(t *testing.T) {
+// reachedFrom finds when a rate of 100/s starts.
+func TestReachedFrom(t *testing.T) {
 	var recs []record
 	// 20/s until 2 s, then 100/s until 5 s.
 	for s := int64(0); s < 2000*ms; s += 50 * ms {
@@ -54,13 +54,13 @@ func TestSustainedFrom(t *testing.T) {
 		recs = append(recs, record{sent: s, recv: s, status: 200})
 	}
 	a := newAdmissions(recs, time.Second)
-	// 95 per second: 19 in 200 ms; the first such window is [1.99 s,
-	// 2.19 s) (sent at 2.00 … 2.18 s), and every later one has 19 or 20.
-	if d := a.sustainedFrom(time.Second, 5*time.Second, 200*time.Millisecond, time.Second, 100, 0.95); d != 1190*time.Millisecond {
-		t.Errorf("sustainedFrom(1s) = %v, want 1.19s (end of the window starting at 1.99 s)", d)
+	// 95 in a second: [1.94 s, 2.94 s) holds the one sent at 1.95 s and
+	// 2.00 … 2.93 s (94); [1.93 s, 2.93 s) only 1 + 93.
+	if d := a.reachedFrom(time.Second, 5*time.Second, time.Second, 100, 0.95); d != 940*time.Millisecond {
+		t.Errorf("reachedFrom(1s) = %v, want 940ms (the window starting at 1.94 s)", d)
 	}
-	if d := a.sustainedFrom(0, 5*time.Second, 200*time.Millisecond, 4*time.Second, 100, 0.95); d != -1 {
-		t.Errorf("sustainedFrom with a 4 s hold = %v, want -1 (never)", d)
+	if d := a.reachedFrom(0, 5*time.Second, time.Second, 100, 1.01); d != -1 {
+		t.Errorf("reachedFrom(101 %%) = %v, want -1 (never)", d)
 	}
 }
 

@@ -232,16 +232,17 @@ type Result struct {
 	// ModeEqual, which has no Redis.
 	RedisCallsOnPath int64
 	Scripts          scriptCounts
-	// TimeTo95 (Step): from the step until the admitted rate reached 95 %
-	// of R and held (see admissions.sustainedFrom); −1: never.
+	// TimeTo95 (Step): from the step until the start of the first whole
+	// second that admitted at least 95 % of R (see
+	// admissions.reachedFrom); −1: never.
 	TimeTo95 time.Duration
 	// NewAllocatorAfter, NewEpochAfter (KillAllocator, ModeDRL): from the
 	// kill until another gateway held the lease, and until a gateway ran
 	// a table epoch above the newest one at the kill; −1: never.
 	NewAllocatorAfter, NewEpochAfter time.Duration
 	// PausedPerS (RedisPause): the admitted rate while Redis was stopped;
-	// RecoveredAfter: from SIGCONT until the admitted rate reached 95 % of
-	// min(R, offered) and held; −1: never.
+	// RecoveredAfter: from SIGCONT until the start of the first whole
+	// second that admitted at least 90 % of min(R, offered); −1: never.
 	PausedPerS     float64
 	RecoveredAfter time.Duration
 	// PausedLatePerS (RedisPause): the admitted rate from 2H + 500 ms
@@ -594,6 +595,14 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 		res.RedisCallsOnPath = res.Scripts.OnPath
 	}
 	r.analyze(&res, &ev)
+	if res.ErrorKinds["transport"] > 0 {
+		// Requests went unanswered: show what the processes said.
+		r.procs.mu.Lock()
+		for _, p := range r.procs.procs {
+			r.logf("%s log (end):\n%s", p.name, p.tail(1500))
+		}
+		r.procs.mu.Unlock()
+	}
 	return res, nil
 }
 
@@ -652,9 +661,8 @@ func (r *run) analyze(res *Result, ev *events) {
 	}
 	adm := newAdmissions(recs, time.Second)
 	res.WorstWindow, res.WorstWindowAt = adm.worstWindow(time.Second, o.Duration)
-	const w, hold = 200 * time.Millisecond, time.Second
 	if o.Step {
-		res.TimeTo95 = adm.sustainedFrom(o.StepAt, o.Duration, w, hold, float64(o.Rate), 0.95)
+		res.TimeTo95 = adm.reachedFrom(o.StepAt, o.Duration, time.Second, float64(o.Rate), 0.95)
 	}
 	res.NewAllocatorAfter, res.NewEpochAfter = ev.newAllocator, ev.newEpoch
 	if o.RedisPause > 0 && ev.resumed > 0 {
@@ -668,7 +676,7 @@ func (r *run) analyze(res *Result, ev *events) {
 			res.PausedLatePerS = float64(adm.within(int64(late), int64(ev.resumed))) / (ev.resumed - late).Seconds()
 		}
 		limit := min(float64(o.Rate), r.plan.offeredAt(ev.resumed))
-		res.RecoveredAfter = adm.sustainedFrom(ev.resumed, o.Duration, w, hold, limit, 0.95)
+		res.RecoveredAfter = adm.reachedFrom(ev.resumed, o.Duration, time.Second, limit, 0.9)
 	}
 }
 
