@@ -297,7 +297,7 @@ func (r Result) Line() string {
 	if o.KillAllocator && r.Mode == ModeDRL {
 		fmt.Fprintf(b, " new_allocator_after=%s new_epoch_after=%s", dur(r.NewAllocatorAfter), dur(r.NewEpochAfter))
 	}
-	if o.RedisPause > 0 {
+	if o.RedisPause > 0 && r.Mode == ModeDRL {
 		fmt.Fprintf(b, " paused_per_s=%.1f paused_after_2h_per_s=%.1f recovered_after=%s", r.PausedPerS, r.PausedLatePerS, dur(r.RecoveredAfter))
 	}
 	return b.String()
