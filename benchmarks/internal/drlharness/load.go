@@ -24,7 +24,7 @@ const (
 // maxInFlight bounds the requests of one slot waiting for an answer; an
 // arrival beyond it is recorded as dropped (an error), not queued, so the
 // load stays open-loop and memory stays bounded.
-const maxInFlight = 2048
+const maxInFlight = 8192
 
 // record is one request: when it was sent and when its answer arrived, in
 // nanoseconds since the run's start, and the answer's status.
