@@ -22,7 +22,7 @@ type linkProxy struct {
 	// patterns, when set, limit it to the chunks holding one of them.
 	delay    atomic.Int64
 	patterns atomic.Pointer[[][]byte]
-	mu    sync.Mutex
+	mu       sync.Mutex
 	// stalled is closed when the link is released; nil when running.
 	stalled chan struct{}
 	conns   map[net.Conn]struct{}
