@@ -187,6 +187,7 @@ type Allocator struct {
 	published bool   // this allocator published a table
 	last      *Table // last table published or taken over; nil: none
 	seen      map[string]int64
+	wasLive   map[string]bool // the gateways live at the previous Step
 	keys      map[KeyID]*allocKey
 }
 
@@ -195,7 +196,7 @@ type Allocator struct {
 // over continues its epochs and starts from its shares and bounds, counting
 // its gateways that no longer report as departed.
 func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
-	a := &Allocator{o: o.withDefaults(), token: token, seen: map[string]int64{}, keys: map[KeyID]*allocKey{}}
+	a := &Allocator{o: o.withDefaults(), token: token, seen: map[string]int64{}, wasLive: map[string]bool{}, keys: map[KeyID]*allocKey{}}
 	if last == nil {
 		return a
 	}
@@ -205,6 +206,7 @@ func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
 		k := &allocKey{limit: ks.Limit, lastReported: math.MinInt64, hist: map[string][]histEntry{}}
 		for g, b := range ks.Bounds {
 			k.hist[g] = append(k.hist[g], histEntry{0, b})
+			a.wasLive[g] = true
 		}
 		for g, s := range ks.Shares {
 			k.hist[g] = append(k.hist[g], histEntry{last.Epoch, s})
@@ -266,6 +268,20 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 			departed++
 		}
 	}
+	// A gateway that was not live (its report expired: it is at its floor
+	// by its own 2H rule) starts again from its floor, whatever it
+	// acknowledged before: it runs only tables published from now on.
+	for _, g := range names {
+		if !a.wasLive[g] {
+			for _, k := range a.keys {
+				delete(k.hist, g)
+			}
+		}
+	}
+	a.wasLive = make(map[string]bool, len(names))
+	for _, g := range names {
+		a.wasLive[g] = true
+	}
 	acked := make(map[string]uint64, len(names))
 	for _, g := range names {
 		e := max(validEpoch(acks[g], a.epoch), validEpoch(reports[g].Applied, a.epoch))
@@ -312,6 +328,7 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 	slices.Sort(ids)
 
 	t := &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids))}
+	unsettled := false
 	for _, id := range ids {
 		k := a.keys[id]
 		for g := range k.hist { // forget the history of forgotten gateways
@@ -322,12 +339,17 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 		if len(names) == 0 {
 			continue
 		}
-		if ks, ok := a.allocate(k, id, names, demand[id], acked, departed); ok {
+		ks, ok, off := a.allocate(k, id, names, demand[id], acked, departed)
+		if ok {
 			t.Keys[id] = ks
+			unsettled = unsettled || off
 		}
 	}
 
-	if a.published && a.last != nil && sameShares(a.last, t) {
+	// Publish a change beyond the tolerance, or any change while some share
+	// is still off its target by more than the tolerance (shrinks that
+	// are small one by one may be what a grow waits for).
+	if a.published && a.last != nil && sameShares(a.last, t, publishTolerance) && (!unsettled || sameShares(a.last, t, 0)) {
 		return a.last, false
 	}
 	a.epoch++
@@ -366,12 +388,14 @@ func validLimit(l KeyLimit) bool {
 }
 
 // allocate computes one key's shares for the live gateways names (sorted).
-// It returns false when the key cannot be split (floor burst below 1).
-func (a *Allocator) allocate(k *allocKey, id KeyID, names []string, demand map[string]float64, acked map[string]uint64, departed int) (KeyShares, bool) {
+// It returns false when the key cannot be split (floor burst below 1), and
+// off when some gateway's share is off its target by more than
+// publishTolerance.
+func (a *Allocator) allocate(k *allocKey, id KeyID, names []string, demand map[string]float64, acked map[string]uint64, departed int) (ks KeyShares, ok, off bool) {
 	o := a.o
 	floor := k.limit.Floor(o.MaxGateways)
 	if floor.Burst < 1 || !(floor.Rate > 0) {
-		return KeyShares{}, false
+		return KeyShares{}, false, false
 	}
 	n := len(names)
 	// A hair below R, so rounding never lets the shares sum above it.
@@ -451,14 +475,15 @@ func (a *Allocator) allocate(k *allocKey, id KeyID, names []string, demand map[s
 		}
 	}
 
-	ks := KeyShares{Limit: k.limit, Shares: make(map[string]Share, n), Bounds: make(map[string]Share, n)}
+	ks = KeyShares{Limit: k.limit, Shares: make(map[string]Share, n), Bounds: make(map[string]Share, n)}
 	for i, g := range names {
 		r := max(next[i], floor.Rate)
 		s := Share{Rate: r, Burst: k.limit.burstFor(r, floor)}
 		ks.Shares[g] = s
 		ks.Bounds[g] = maxShare(hb[i], s)
+		off = off || math.Abs(cur[i]-target[i]) > publishTolerance*k.limit.Rate
 	}
-	return ks, true
+	return ks, true, off
 }
 
 // waterfill sets out to the max-min fair split of avail among wants: each
@@ -509,10 +534,16 @@ func maxShare(a, b Share) Share {
 	return Share{Rate: max(a.Rate, b.Rate), Burst: max(a.Burst, b.Burst)}
 }
 
+// publishTolerance is the change of a share, as a fraction of the key's
+// rate, below which a new table is not published: demand measurements
+// jitter, and every table costs a publication and acknowledgements.
+const publishTolerance = 0.005
+
 // sameShares reports whether a and b give every gateway the same shares of
-// the same keys (bounds aside: a table's bounds only need to be at least
-// the true ones).
-func sameShares(a, b *Table) bool {
+// the same keys, up to tolerance×rate (bounds aside: a table's bounds
+// only need to be at least the true ones). Not publishing is always safe:
+// only published tables are run, and only they enter the bounds.
+func sameShares(a, b *Table, tolerance float64) bool {
 	if len(a.Keys) != len(b.Keys) {
 		return false
 	}
@@ -521,8 +552,9 @@ func sameShares(a, b *Table) bool {
 		if !ok || x.Limit != y.Limit || len(x.Shares) != len(y.Shares) {
 			return false
 		}
+		tol := tolerance * x.Limit.Rate
 		for g, s := range x.Shares {
-			if t, ok := y.Shares[g]; !ok || s != t {
+			if t, ok := y.Shares[g]; !ok || math.Abs(s.Rate-t.Rate) > tol {
 				return false
 			}
 		}

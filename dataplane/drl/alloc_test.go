@@ -2,8 +2,10 @@ package drl
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -141,6 +143,7 @@ func boundProperty(seed uint64, unsafe bool) string {
 		floor := lim1000.Floor(8)
 		var tables []*Table
 		running := map[string]uint64{} // the epoch each gateway runs (≤ newest)
+		acked := map[string]uint64{}   // the epoch each gateway reports it applied (≤ running)
 		live := map[string]bool{"g0": true, "g1": true}
 		next := 2
 		everLive := map[string]bool{}
@@ -155,24 +158,35 @@ func boundProperty(seed uint64, unsafe bool) string {
 				next++
 				pendingJoin = true
 			}
+			names := slices.Sorted(maps.Keys(live))
 			if rng.IntN(15) == 0 && len(live) > 1 {
-				for g := range live {
-					delete(live, g)
-					break
+				delete(live, names[rng.IntN(len(names))]) // its report expires: at its floor
+			}
+			if gone := slices.Sorted(maps.Keys(everLive)); rng.IntN(15) == 0 {
+				// A gateway whose report had expired reports again: it
+				// applies the newest table (it ran its floor meanwhile) but
+				// reports and acknowledges what it applied before.
+				for _, g := range gone {
+					if !live[g] && len(tables) > 0 {
+						live[g] = true
+						running[g] = tables[len(tables)-1].Epoch
+						break
+					}
 				}
 			}
 			var reps []Report
 			acks := map[string]uint64{}
-			for g := range live {
+			for _, g := range slices.Sorted(maps.Keys(live)) {
 				everLive[g] = true
 				if len(tables) > 0 && rng.IntN(2) == 0 {
 					// apply some table at or after the one it runs
 					lo := running[g]
 					newest := tables[len(tables)-1].Epoch
 					running[g] = lo + uint64(rng.IntN(int(newest-lo)+1))
+					acked[g] = running[g]
 				}
-				acks[g] = running[g]
-				reps = append(reps, Report{Gateway: g, Applied: running[g], Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: rng.Float64() * 1500}}})
+				acks[g] = acked[g]
+				reps = append(reps, Report{Gateway: g, Applied: acked[g], Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: rng.Float64() * 1500}}})
 			}
 			tb, pub := a.Step(int64(step), reps, acks)
 			if pub {
@@ -212,4 +226,27 @@ func boundProperty(seed uint64, unsafe bool) string {
 		}
 	}
 	return ""
+}
+
+// TestAllocatorReturningGatewayStartsAtFloor: a gateway whose report
+// expired is at its floor (its own 2H rule) whatever it acknowledged
+// before; when it reports again it gets no share for free from its old
+// history while the others' shrinks are unacknowledged.
+func TestAllocatorReturningGatewayStartsAtFloor(t *testing.T) {
+	a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil) // floor 100/s, burst 10
+	tb, _ := a.Step(0, reports(0, map[string]float64{"a": 1000, "b": 1000}), nil)
+	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+	// b's report expired: a gets what b and a reserved floor leave.
+	tb, _ = a.Step(1, reports(1, map[string]float64{"a": 1000}), map[string]uint64{"a": 1, "b": 1})
+	wantShares(t, tb, map[string]Share{"a": {800, 80}})
+	// b is back (it last applied epoch 1), a has not applied epoch 2's
+	// successor: a may run 800 until it does, so b stays at its floor.
+	tb, _ = a.Step(2, reports(1, map[string]float64{"a": 1000, "b": 1000}), map[string]uint64{"a": 1, "b": 1})
+	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {100, 10}})
+	if b := tb.Keys[kid].Bounds["b"]; b != (Share{100, 10}) {
+		t.Fatalf("b's bound %+v, want its floor", b)
+	}
+	// a applies epoch 3: b grows.
+	tb, _ = a.Step(3, reports(3, map[string]float64{"a": 1000, "b": 1000}), nil)
+	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
 }

@@ -41,7 +41,7 @@ func BenchmarkDRLHotKey(b *testing.B) {
 			l := NewLimiter(LimiterOptions{Gateway: "g", Interval: time.Hour})
 			// This gateway holds the whole limit (one gateway).
 			kl := LimitOf(w.limit)
-			l.Apply(clock.Nanotime(), tableFor(req, 1, "g", Share{Rate: kl.Rate, Burst: kl.Burst}))
+			l.Apply(clock.Nanotime(), tableFor(req, 1, "g", Share(kl)))
 			var d core.Decision
 			if !l.Take(clock.Nanotime(), &req, &d) {
 				b.Fatal("not handled")

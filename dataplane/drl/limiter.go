@@ -257,6 +257,57 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 	}
 }
 
+// takeUpTo decides n unit-cost requests arriving together at now exactly
+// as n Take calls of cost 1 would (each admitted while a token is left):
+// it returns how many were admitted, or -1 when req is not eligible. The
+// simulator (sim_test.go) drives the Limiter through it, one call per
+// gateway and time step instead of one per request.
+func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
+	one := *req
+	one.Cost = 1
+	if !l.Eligible(&one) || n < 0 {
+		return -1
+	}
+	sh, f := l.locate(&one)
+	k := sh.tab.Load().find(f)
+	if k == nil || k.limit != one.Rate {
+		if k = l.insert(sh, f, &one, now); k == nil {
+			return -1
+		}
+	}
+	for {
+		v := l.view.Load()
+		want := v.gen << 1
+		if now >= v.freshUntil {
+			want = staleTag
+		}
+		b := k.b.Load()
+		if b.tag.Load() != want {
+			if b = l.switchKey(k, v, now); b == nil {
+				if k = l.insert(sh, f, &one, now); k == nil {
+					return -1
+				}
+				continue
+			}
+		}
+		tat := b.tat.Load()
+		if tat < frozen {
+			if tat == deadTAT {
+				if k = l.insert(sh, f, &one, now); k == nil {
+					return -1
+				}
+			}
+			continue
+		}
+		a := min(n, b.p.Remaining(tat, now))
+		if a > 0 && !b.tat.CompareAndSwap(tat, max(tat, now)+a*b.p.T) {
+			continue
+		}
+		b.offered.Add(n)
+		return a
+	}
+}
+
 // shareParams returns the local GCRA constants of share s of a key: T =
 // 1 s / Rate rounded up (never faster than the share), τ = Burst×T.
 func shareParams(s Share) core.GCRAParams {
@@ -345,8 +396,8 @@ func carry(from, to core.GCRAParams, d int64) int64 {
 }
 
 // Apply makes t the table in force if it is newer than the current one
-// (a higher epoch, or any table once the current one is stale), or
-// refreshes the current one if it is the same. sentAt is the time (ns)
+// (a higher epoch, or any table once the current one is stale); a table
+// that is the same or older only refreshes the one in force. sentAt is the time (ns)
 // the Redis call that returned t was sent; the table is fresh until
 // sentAt + 2H (only ever extended). That call must be one that also wrote
 // this gateway's report (whose TTL, 2H + H/2, then outlives the table's
@@ -361,16 +412,16 @@ func (l *Limiter) Apply(sentAt int64, t *Table) {
 	defer l.mu.Unlock()
 	cur := l.view.Load()
 	fresh := sentAt + 2*int64(l.o.Interval)
-	if l.table != nil && t.Epoch == cur.epoch && t.Token == cur.token {
+	if l.table != nil && (t.Epoch == cur.epoch && t.Token == cur.token || t.Epoch < cur.epoch && sentAt < cur.freshUntil) {
+		// The same table, or an older one while the current one is still
+		// fresh (pub/sub brought a newer one first): the call proves
+		// contact, so the table in force stays fresh longer.
 		if fresh > cur.freshUntil {
 			nv := *cur
 			nv.freshUntil = fresh
 			l.view.Store(&nv)
 		}
 		return
-	}
-	if l.table != nil && t.Epoch < cur.epoch && sentAt < cur.freshUntil {
-		return // older, and the current table is still fresh
 	}
 	l.table = t
 	l.tables.Add(1)

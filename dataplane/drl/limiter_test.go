@@ -373,3 +373,36 @@ func TestLimiterDemandSmoothing(t *testing.T) {
 	step(100, 175)
 	step(1000, 1000)
 }
+
+// TestTakeUpToIsTakes: the simulator's batch call admits exactly what as
+// many Take calls would, and counts the same demand.
+func TestTakeUpToIsTakes(t *testing.T) {
+	a := NewLimiter(LimiterOptions{MaxGateways: 10, Gateway: "g"})
+	b := NewLimiter(LimiterOptions{MaxGateways: 10, Gateway: "g"})
+	req := hot("c")
+	now := 10 * sec
+	var d core.Decision
+	for i := range 500 {
+		now += int64(i%7) * int64(time.Millisecond)
+		if i == 100 || i == 300 {
+			tb := tableFor(req, uint64(i), "g", Share{Rate: float64(100 + i), Burst: int64(10 + i/10)})
+			a.Apply(now, tb)
+			b.Apply(now, tb)
+		}
+		n := int64(i % 13)
+		got := a.takeUpTo(now, &req, n)
+		want := int64(0)
+		for range n {
+			b.Take(now, &req, &d)
+			if d.Allowed {
+				want++
+			}
+		}
+		if got != want {
+			t.Fatalf("step %d: takeUpTo(%d) admitted %d, Take %d", i, n, got, want)
+		}
+	}
+	if ra, rb := a.Report(now, "g"), b.Report(now, "g"); ra.Keys[MakeKeyID("c", "api", req.Rate)] != rb.Keys[MakeKeyID("c", "api", req.Rate)] {
+		t.Fatalf("demand %v vs %v", ra, rb)
+	}
+}

@@ -121,10 +121,6 @@ if ARGV[2] ~= '' and redis.call('GET', KEYS[4]) == ARGV[2] then redis.call('DEL'
 return 1
 `)
 
-// scripts are loaded into Redis once per Store (SCRIPT LOAD), so that
-// EVALSHA finds them; go-redis falls back to EVAL on NOSCRIPT.
-var scripts = []*redis.Script{electScript, renewScript, publishScript, reportScript, ackScript, leaveScript}
-
 // wire is the DRL's Redis client side for one gateway of one group: each
 // method is one round trip (two for readState).
 type wire struct {

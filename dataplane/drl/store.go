@@ -97,10 +97,12 @@ type Store struct {
 	allocator atomic.Bool
 	ackCh     chan struct{} // acknowledgements arrived (for the allocator)
 
-	// Owned by the loop goroutine (tick):
-	ticks   uint64
-	lead    *leader
+	failMu  sync.Mutex
 	failing map[string]bool // call kinds now failing, for one log line each way
+
+	// Owned by the loop goroutine (tick):
+	ticks uint64
+	lead  *leader
 
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when the loop has returned
@@ -115,7 +117,8 @@ type leader struct {
 	token      uint64
 	value      string // the lease's value
 	leaseUntil int64  // ns: the lease surely lapsed by then unless renewed
-	holdUntil  int64  // ns: publish nothing before (see tick)
+	holdUntil  int64  // ns: publish nothing before (see elect)
+	published  bool   // this allocator has published (or found nothing to change)
 	alloc      *Allocator
 }
 
@@ -314,6 +317,7 @@ func (s *Store) halt() {
 	<-s.done
 	s.pubsub.Close()
 	<-s.subDone
+	s.allocator.Store(false)
 }
 
 // run is the loop: a tick every H/4.
@@ -338,7 +342,8 @@ func (s *Store) run(ctx context.Context) {
 
 // tick does what is due at this quarter of H: the report every H, the
 // election while not the allocator, and as the allocator the renewal
-// every H/2 and the step every H.
+// every H/2 and the step every H (every H/4 until its first table, so a
+// hold ends within H/4).
 func (s *Store) tick(ctx context.Context) {
 	n := s.ticks
 	s.ticks++
@@ -350,7 +355,9 @@ func (s *Store) tick(ctx context.Context) {
 		return
 	}
 	if n%2 == 1 {
-		s.renew(ctx)
+		if s.renew(ctx); s.lead == nil {
+			return // resigned
+		}
 	}
 	select {
 	case <-s.ackCh:
@@ -358,18 +365,24 @@ func (s *Store) tick(ctx context.Context) {
 		return
 	default:
 	}
-	if n%4 == 0 {
+	if n%4 == 0 || !s.lead.published {
 		s.step(ctx)
 	}
 }
 
-// callCtx bounds one Redis call to H/2.
+// callTimeout bounds one Redis call: H/2, at least 50 ms.
+func (s *Store) callTimeout() time.Duration { return max(s.o.Interval/2, 50*time.Millisecond) }
+
+// callCtx bounds one Redis call to callTimeout.
 func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, max(s.o.Interval/2, 50*time.Millisecond))
+	return context.WithTimeout(ctx, s.callTimeout())
 }
 
 // failed logs the first failure of a kind of call; ok logs its recovery.
+// The loop and the subscriber call them.
 func (s *Store) failed(kind string, err error) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
 	if !s.failing[kind] {
 		s.failing[kind] = true
 		s.log.Warn("drl: redis call failed; keys fall back to their floor if this lasts 2 intervals", "call", kind, "err", err)
@@ -377,6 +390,8 @@ func (s *Store) failed(kind string, err error) {
 }
 
 func (s *Store) ok(kind string) {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
 	if s.failing[kind] {
 		delete(s.failing, kind)
 		s.log.Info("drl: redis answers again", "call", kind)
@@ -437,6 +452,16 @@ func (s *Store) acknowledge(ctx context.Context, t *Table) {
 
 // subscribe applies the tables announced on the tables channel at once,
 // acknowledging each, and wakes the allocator on acknowledgements.
+//
+// A table is applied here only when its epoch is above the one in force:
+// it is then a successor from the same allocators' line, fresh until 2H
+// after the latest report call. A lower epoch comes from a new line (a
+// Redis that lost its data numbers from 1 again) and is left to the next
+// report call, whose send time is after the table's publication: the
+// latest report call may be older than the new allocator's hold, and
+// applying with its time would let the older line's table count as fresh
+// (the Limiter keeps the fresher of an older table and the one in
+// force).
 func (s *Store) subscribe(ctx context.Context) {
 	defer close(s.subDone)
 	for m := range s.pubsub.Channel() {
@@ -455,7 +480,7 @@ func (s *Store) subscribe(ctx context.Context) {
 				continue // the next report brings it
 			}
 			s.mu.Lock()
-			if ver == s.ver {
+			if ver == s.ver || t.Epoch <= s.lim.view.Load().epoch {
 				s.mu.Unlock()
 				continue
 			}
@@ -476,8 +501,9 @@ func (s *Store) subscribe(ctx context.Context) {
 
 // elect runs for the lease. The winner takes over from the table in
 // force; when there is none (a new group, or a Redis that lost its data)
-// it publishes nothing for 2H, so that every gateway's table from before
-// has gone stale and runs at its floor: those tables' epochs are unknown
+// it publishes nothing for 2H plus a call's timeout, so that every
+// gateway's table from before has gone stale and runs at its floor by the
+// time a report call brings the new one: those tables' epochs are unknown
 // to it, and a gateway keeps a fresh table over one with a lower epoch.
 func (s *Store) elect(ctx context.Context) {
 	sentAt := s.clock.Nanotime()
@@ -511,7 +537,7 @@ func (s *Store) load(ctx context.Context) bool {
 		return false
 	}
 	if last == nil {
-		s.lead.holdUntil = s.clock.Nanotime() + 2*int64(s.o.Interval)
+		s.lead.holdUntil = s.clock.Nanotime() + 2*int64(s.o.Interval) + int64(s.callTimeout())
 	}
 	s.lead.alloc = NewAllocator(s.aopts, s.lead.token, last)
 	return true
@@ -579,6 +605,7 @@ func (s *Store) step(ctx context.Context) {
 			return
 		}
 	}
+	s.lead.published = true
 	s.ok("allocate")
 	if err := s.w.forget(cctx, st.gone); err != nil {
 		s.failed("allocate", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/limitplane/limitplane/dataplane"
+	"github.com/limitplane/limitplane/dataplane/drl"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
@@ -89,5 +90,14 @@ func (m *opsMetrics) registerSync(agent *dataplane.Agent) {
 			SnapshotsApplied: d.SnapshotsApplied, SnapshotsRejected: d.SnapshotsRejected,
 			ChangesApplied: d.ChangesApplied, ChangesRejected: d.ChangesRejected, Reconnects: s.Reconnects,
 		}
+	}))
+}
+
+// registerDRL adds the Distributed Rate Limiter's metrics to m.
+func (m *opsMetrics) registerDRL(s *drl.Store) {
+	m.registry.MustRegister(metrics.NewDRL(metrics.Options{}, func() metrics.DRLState {
+		st := s.Stats()
+		return metrics.DRLState{Epoch: st.Epoch, HotKeys: st.HotKeys, ShareRate: st.ShareRate, Allocator: st.Allocator,
+			Fallbacks: st.Fallbacks, Tables: st.Tables}
 	}))
 }

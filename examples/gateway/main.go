@@ -368,6 +368,10 @@ func printBanner(out io.Writer, base, admin string, cfg *config.Config, file, pe
 		fmt.Fprintf(w, "  policies, keys and APIs from the control plane (tags %v, tls: %s, on_stale: %s); last applied configuration persisted in %s\n",
 			cp.Tags, tlsMode, cp.OnStale, persisted)
 	}
+	if d := cfg.DRL; d != nil {
+		fmt.Fprintf(w, "  distributed rate limiter: group %s, interval %v, max_gateways %d (policies marked distributed share their limit in memory)\n",
+			d.Group, d.Interval, d.MaxGateways)
+	}
 	for _, a := range cfg.APIs {
 		auth := a.Auth.String()
 		if a.Auth == config.AuthKeyless {

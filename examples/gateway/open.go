@@ -11,16 +11,23 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/dataplane"
+	"github.com/limitplane/limitplane/dataplane/drl"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
+	"github.com/redis/go-redis/v9"
 )
 
 // open opens the store cfg names, makes the gateway over it, reporting
 // to m, and applies cfg's snapshot, unless the configuration comes from a
 // control plane (the gateway then answers 503 until the agent applies
-// one). It returns the store too. The returned function closes the
-// gateway, then the store.
+// one). It returns the store too. With a drl section the Redis store is
+// wrapped in the Distributed Rate Limiter (drl.Store), whose metrics go
+// to m. The returned function closes the gateway, then the store: the
+// DRL first (it leaves its group at once: its report and, if it is the
+// allocator, its lease are deleted), then the Redis store and client. It
+// runs after the HTTP server has drained, so no request is decided
+// against a share once the gateway has left.
 func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
 	so := gateway.StoreOptions{
 		URL:           "memory",
@@ -36,6 +43,28 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 			// of Redis TIME, and keys outlive the frozen instant in real
 			// time.
 			so.Redis.Clock, so.Redis.TTLMargin = e.clock, time.Minute
+		}
+	}
+	if d := cfg.DRL; d != nil && cfg.Redis != nil {
+		so.Wrap = func(c redis.UniversalClient, exact core.Store) (core.Store, func() error, error) {
+			s, err := drl.New(c, exact, drlOptions(d, e, log))
+			if err != nil {
+				return nil, nil, err
+			}
+			m.registerDRL(s)
+			log.Info("distributed rate limiter on", "group", d.Group, "gateway", s.GatewayID(), "interval", d.Interval,
+				"max_gateways", d.MaxGateways, "join_reserve", d.JoinReserve, "headroom", d.Headroom)
+			if d.UnsafeGrowsBeforeShrinks {
+				log.Warn("drl.unsafe_grows_before_shrinks is set: grows are published before shrinks, and the gateways may admit more than a distributed limit (a test switch)")
+			}
+			return s, s.Close, nil
+		}
+	} else if cfg.DRL == nil {
+		for _, p := range cfg.Policies {
+			if p.Distributed {
+				log.Warn("policies marked distributed are enforced exactly by the store: the file has no drl section", "policy", p.ID)
+				break
+			}
 		}
 	}
 	store, closeStore, err := gateway.OpenStore(ctx, so)
@@ -81,6 +110,9 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, e env, 
 	cp := cfg.ControlPlane
 	var persister dataplane.Persister = dataplane.FilePersister{Path: cp.StateFile}
 	where := "state file " + cp.StateFile
+	if ds, ok := store.(*drl.Store); ok {
+		store = ds.Exact()
+	}
 	if rs, ok := store.(*redisstore.Store); ok {
 		persister = dataplane.NewRedisPersister(rs.Client(), cp.Group)
 		where = "redis key " + dataplane.RedisConfigKey(cp.Group)
@@ -208,6 +240,7 @@ func restartOnly(running *config.Config, fileListen string, next *config.Config)
 	check("response", running.Response, next.Response)
 	check("admin", running.Admin, next.Admin)
 	check("control_plane", controlPlaneSettings(running.ControlPlane), controlPlaneSettings(next.ControlPlane))
+	check("drl", running.DRL, next.DRL)
 	return changed
 }
 
@@ -231,4 +264,24 @@ func controlPlaneSettings(cp *config.ControlPlane) any {
 		ServerName string
 		Certs      int
 	}{c, tlsOn, serverName, certs}
+}
+
+// drlOptions are the drl section as drl.Options. The file's 0 means none
+// for join_reserve and headroom; drl.Options' 0 means its default, and a
+// negative value none.
+func drlOptions(d *config.DRL, e env, log *slog.Logger) drl.Options {
+	o := drl.Options{
+		Group: d.Group, Interval: d.Interval, MaxGateways: d.MaxGateways, JoinReserve: d.JoinReserve, Headroom: d.Headroom,
+		Logger: log, UnsafeGrowsBeforeShrinks: d.UnsafeGrowsBeforeShrinks,
+	}
+	if o.JoinReserve == 0 {
+		o.JoinReserve = -1
+	}
+	if o.Headroom == 0 {
+		o.Headroom = -1
+	}
+	if e.clock != nil {
+		o.Clock = e.clock
+	}
+	return o
 }
