@@ -3,6 +3,7 @@ package drlharness
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -88,9 +89,16 @@ func TestSkew(t *testing.T) {
 	checkBound(t, eq)
 	checkBound(t, drl)
 	// Gateway 0 admits its 250/s, the others all of their 150/s: 700/s.
-	// By answer time on a shared 2-core machine, within 2 %.
-	if eq.AdmittedPerS < 686 || eq.AdmittedPerS > 714 {
-		t.Errorf("equal: admitted %.1f/s after the warmup, want 700 ± 2 %%", eq.AdmittedPerS)
+	// By answer time on a shared 2-core machine, within 2 %. Under the race
+	// detector the harness's own client falls behind its schedule and
+	// sends in bunches, which the equal split's bursts of 25 refuse, and
+	// its answers arrive late: within 10 % then.
+	tol := 0.02
+	if raceEnabled {
+		tol = 0.10
+	}
+	if math.Abs(eq.AdmittedPerS-700) > 700*tol {
+		t.Errorf("equal: admitted %.1f/s after the warmup, want 700 ± %.0f %%", eq.AdmittedPerS, 100*tol)
 	}
 	if drl.AdmittedPerS < 950 {
 		t.Errorf("drl: admitted %.1f/s after the warmup, want >= 950", drl.AdmittedPerS)
