@@ -145,7 +145,7 @@ type view struct {
 	epoch      uint64
 	token      uint64
 	freshUntil int64 // ns; at and after it the table is stale
-	since      int64 // the send time of the call that brought these shares
+	since      int64 // when these shares were applied here (ApplyAt's now)
 	shares     map[KeyID]Share
 }
 
@@ -431,16 +431,26 @@ func carry(from, to core.GCRAParams, d int64) int64 {
 	return min(max(nd, 0), 1<<61)
 }
 
-// Apply makes t the table in force if it is newer than the current one
+// Apply is ApplyAt(sentAt, sentAt, t): the table applied at the moment
+// the call that brought it was sent.
+func (l *Limiter) Apply(sentAt int64, t *Table) { l.ApplyAt(sentAt, sentAt, t) }
+
+// ApplyAt makes t the table in force if it is newer than the current one
 // (a higher epoch, or any table once the current one is stale); a table
-// that is the same or older only refreshes the one in force. sentAt is the time (ns)
-// the Redis call that returned t was sent; the table is fresh until
-// sentAt + 2H (only ever extended). That call must be one that also wrote
-// this gateway's report (whose TTL, 2H + H/2, then outlives the table's
-// freshness): for a table delivered by pub/sub, pass the send time of the
-// latest report call, not of the read. Shrinks take effect from sentAt,
-// on each key's next request. A nil t does nothing.
-func (l *Limiter) Apply(sentAt int64, t *Table) {
+// that is the same or older only refreshes the one in force. now is the
+// time (ns) of this call; sentAt is the time the Redis call that returned
+// t was sent: the table is fresh until sentAt + 2H (only ever extended).
+// That call must be one that also wrote this gateway's report (whose TTL,
+// 2H + H/2, then outlives the table's freshness): for a table delivered by
+// pub/sub, pass the send time of the latest report call, not of the read.
+// Shrinks take effect from now, on each key's next request: a key's state
+// is exactly what it was at now (every request after now switches it
+// first), so its tokens at now are carried, clamped to the new burst, and
+// the new share refills from now. (Counting from sentAt instead charged
+// the old share's idle refill between sentAt and now as spent.) The
+// allocator counts the old share until this gateway acknowledges, which
+// it does after this call. A nil t does nothing.
+func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 	if t == nil {
 		return
 	}
@@ -461,7 +471,7 @@ func (l *Limiter) Apply(sentAt int64, t *Table) {
 	}
 	l.table = t
 	l.tables.Add(1)
-	l.publish(sentAt, max(fresh, cur.freshUntil))
+	l.publish(max(now, sentAt), max(fresh, cur.freshUntil))
 }
 
 // publish stores a new view of l.table for l.gateway. Caller holds l.mu.

@@ -195,9 +195,10 @@ func TestLimiterAppliesShareAndFallsBack(t *testing.T) {
 	}
 }
 
-// TestLimiterShrinkCountsFromSentAt: a shrink applies from the send time
-// of the call that returned it, even when the key's next request comes
-// later: the old share's refill after sentAt is not kept.
+// TestLimiterShrinkCountsFromSentAt: a shrink applies from the moment it
+// is applied (here the send time of the call that returned it), even when
+// the key's next request comes later: the old share's refill after it is
+// not kept.
 func TestLimiterShrinkCountsFromSentAt(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1"})
 	req := hot("c")
@@ -265,6 +266,37 @@ func TestLimiterExactUnderConcurrency(t *testing.T) {
 	}
 	if got := admitted.Load(); got != want || want != 10+20+150+50+200+40+99 {
 		t.Fatalf("admitted %d, want %d", got, want)
+	}
+}
+
+// TestLimiterShrinkKeepsIdleRefill: a shrink applied at now with a table
+// sent 500 ms earlier (by pub/sub: sentAt is the last report call's) does
+// not charge the old share's idle time between sentAt and now as spent. A
+// gateway offered 100/s at share 242/s (burst 24) that shrinks to 102/s
+// (burst 10) admits every request of the next second at 100/s. Counting
+// the shrink from sentAt admitted 55 of 100.
+func TestLimiterShrinkKeepsIdleRefill(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 32, Gateway: "g1"}) // floor 31.25/s, burst 3
+	req := hot("c")
+	ms := int64(time.Millisecond)
+	now := 10 * sec
+	l.Apply(now, tableFor(req, 1, "g1", Share{Rate: 242, Burst: 24}))
+	var d core.Decision
+	for i := range 200 { // 2 s at 100/s
+		if !l.Take(now+int64(i)*10*ms, &req, &d) || !d.Allowed {
+			t.Fatalf("request %d at 100/s under share 242/s refused", i)
+		}
+	}
+	now += 2 * sec
+	l.ApplyAt(now, now-500*ms, tableFor(req, 2, "g1", Share{Rate: 102, Burst: 10}))
+	admitted := 0
+	for i := range 100 {
+		if l.Take(now+int64(i)*10*ms, &req, &d) && d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 100 {
+		t.Fatalf("after the shrink to 102/s: %d of 100 admitted at 100/s, want 100", admitted)
 	}
 }
 

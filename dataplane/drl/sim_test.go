@@ -219,7 +219,7 @@ func (s *sim) reportCall(g *simGW, retry bool) {
 				return
 			}
 			g.lastSent = max(g.lastSent, sent)
-			g.lim.Apply(sent, tb)
+			g.lim.ApplyAt(s.now, sent, tb)
 			s.ack(g)
 		})
 	})
@@ -290,7 +290,7 @@ func (s *sim) step(g *simGW) {
 		}
 		s.at(s.now+s.pubDelay(), func() {
 			if o.alive && !o.partitioned && s.redisUp {
-				o.lim.Apply(o.lastSent, tb)
+				o.lim.ApplyAt(s.now, o.lastSent, tb)
 				s.ack(o)
 			}
 		})

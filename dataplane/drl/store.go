@@ -425,11 +425,11 @@ func (s *Store) report(ctx context.Context) {
 	case ver == "":
 	case t == nil:
 		if s.cur != nil {
-			s.lim.Apply(now, s.cur) // the same table, fresh again
+			s.lim.ApplyAt(s.clock.Nanotime(), now, s.cur) // the same table, fresh again
 		}
 	default:
 		s.cur, s.ver = t, ver
-		s.lim.Apply(now, t)
+		s.lim.ApplyAt(s.clock.Nanotime(), now, t)
 		applied = t
 	}
 	s.mu.Unlock()
@@ -488,7 +488,7 @@ func (s *Store) subscribe(ctx context.Context) {
 				continue
 			}
 			s.cur, s.ver = t, ver
-			s.lim.Apply(s.lastSent, t)
+			s.lim.ApplyAt(s.clock.Nanotime(), s.lastSent, t)
 			s.mu.Unlock()
 			s.acknowledge(ctx, t)
 		case s.w.k.acks:
