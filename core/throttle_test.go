@@ -24,18 +24,20 @@ func TestThrottle(t *testing.T) {
 	if err := a.Wait(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	// Timed from the backoff: nothing may pass before 300 ms from it (a
+	// stall of this goroutine after it can only shorten b's own wait).
+	start := time.Now()
 	a.Backoff(ctx, time.Hour) // capped at MaxBackoff
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if err := a.Wait(short, 1); !errors.Is(err, core.ErrWaitExceedsDeadline) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("wait past the deadline: %v", err)
 	}
-	start := time.Now()
 	if err := b.Wait(ctx, 1); err != nil { // held by the store's penalty, not b's own state
 		t.Fatal(err)
 	}
 	if el := time.Since(start); el < 250*time.Millisecond {
-		t.Fatalf("a throttle sharing the store waited %v after a 300ms backoff", el)
+		t.Fatalf("a throttle sharing the store passed %v after a 300ms backoff", el)
 	}
 	if err := a.Wait(ctx, 5000); !errors.Is(err, core.ErrCostExceedsBurst) {
 		t.Fatalf("cost above burst: %v", err)
