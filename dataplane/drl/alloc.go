@@ -188,7 +188,25 @@ type Allocator struct {
 	last      *Table // last table published or taken over; nil: none
 	seen      map[string]int64
 	wasLive   map[string]bool // the gateways live at the previous Step
+	left      map[string]bool // gateways that left cleanly, for the next Step
 	keys      map[KeyID]*allocKey
+}
+
+// Left tells the allocator that gateways left cleanly (their drl.Store
+// closed: they decide nothing any more), so the next Step keeps no floor
+// for them, where a gateway whose report merely expired (it may be cut
+// off from Redis, running at its floor) keeps one for Forget. A gateway
+// named here that reports at that Step is live.
+func (a *Allocator) Left(gateways ...string) {
+	if len(gateways) == 0 {
+		return
+	}
+	if a.left == nil {
+		a.left = make(map[string]bool, len(gateways))
+	}
+	for _, g := range gateways {
+		a.left[g] = true
+	}
 }
 
 // NewAllocator returns an Allocator publishing with fencing token token.
@@ -264,6 +282,14 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 	for _, g := range names {
 		a.seen[g] = now
 	}
+	// A gateway that left cleanly decides nothing any more: no floor is
+	// kept for it (one that reports again is live again).
+	for g := range a.left {
+		if _, ok := reports[g]; !ok {
+			delete(a.seen, g)
+		}
+	}
+	a.left = nil
 	departed := 0
 	for g, t := range a.seen {
 		if _, ok := reports[g]; ok {

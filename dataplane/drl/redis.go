@@ -36,6 +36,7 @@ const keyPrefix = "limitplane:drl:"
 // keys are the Redis names of one group.
 type keys struct {
 	lease, fence, table, tablever, gateways, ack string
+	left                                         string // hash: gateways that left cleanly
 	tables, acks                                 string // channels
 	report                                       string // + gateway ID
 }
@@ -44,7 +45,7 @@ func keysFor(group string) keys {
 	p := keyPrefix + "{" + group + "}:"
 	return keys{
 		lease: p + "lease", fence: p + "fence", table: p + "table", tablever: p + "tablever",
-		gateways: p + "gateways", ack: p + "ack", tables: p + "tables", acks: p + "acks", report: p + "report:",
+		gateways: p + "gateways", ack: p + "ack", left: p + "left", tables: p + "tables", acks: p + "acks", report: p + "report:",
 	}
 }
 
@@ -108,16 +109,19 @@ redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 `)
 
-// leaveScript: KEYS report, gateways, ack, lease; ARGV gateway, lease
-// value ("" when not the allocator). A gateway's graceful leave: its
-// report, its place in the ZSET and its acknowledgement go at once, and
-// so does the lease if it holds it, so the next allocator need not wait
-// for it to expire.
+// leaveScript: KEYS report, gateways, ack, lease, left; ARGV gateway,
+// lease value ("" when not the allocator), keep PX. A gateway's graceful
+// leave: its report, its place in the ZSET and its acknowledgement go at
+// once, and so does the lease if it holds it, so the next allocator need
+// not wait for it to expire; the left hash tells the allocator not to keep
+// its floor for Forget (it decides nothing any more).
 var leaveScript = redis.NewScript(`
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 if ARGV[2] ~= '' and redis.call('GET', KEYS[4]) == ARGV[2] then redis.call('DEL', KEYS[4]) end
+redis.call('HSET', KEYS[5], ARGV[1], 1)
+redis.call('PEXPIRE', KEYS[5], ARGV[3])
 return 1
 `)
 
@@ -257,6 +261,9 @@ type state struct {
 	// gone are the gateways in the ack hash without a live report, for
 	// cleaning it.
 	gone []string
+	// left are the gateways that left cleanly (Store.Close), for
+	// Allocator.Left and then for cleaning the left hash.
+	left []string
 }
 
 // readState reads the reports of the gateways in the ZSET and the ack
@@ -264,15 +271,17 @@ type state struct {
 func (w *wire) readState(ctx context.Context) (*state, error) {
 	var members *redis.StringSliceCmd
 	var acks *redis.MapStringStringCmd
+	var left *redis.StringSliceCmd
 	_, err := w.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		members = p.ZRange(ctx, w.k.gateways, 0, -1)
 		acks = p.HGetAll(ctx, w.k.ack)
+		left = p.HKeys(ctx, w.k.left)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("drl: read state: %w", err)
 	}
-	st := &state{acks: map[string]uint64{}}
+	st := &state{acks: map[string]uint64{}, left: left.Val()}
 	for g, e := range acks.Val() {
 		n, err := strconv.ParseUint(e, 10, 64)
 		if err == nil {
@@ -311,18 +320,28 @@ func (w *wire) readState(ctx context.Context) (*state, error) {
 	return st, nil
 }
 
-// forget drops the acknowledgements of gateways with no live report.
-func (w *wire) forget(ctx context.Context, gone []string) error {
-	if len(gone) == 0 {
+// forget drops the acknowledgements of gateways with no live report and
+// the left entries the allocator has taken in.
+func (w *wire) forget(ctx context.Context, gone, left []string) error {
+	if len(gone) == 0 && len(left) == 0 {
 		return nil
 	}
-	return w.c.HDel(ctx, w.k.ack, gone...).Err()
+	_, err := w.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if len(gone) > 0 {
+			p.HDel(ctx, w.k.ack, gone...)
+		}
+		if len(left) > 0 {
+			p.HDel(ctx, w.k.left, left...)
+		}
+		return nil
+	})
+	return err
 }
 
 // leave removes this gateway's report, ZSET entry and acknowledgement,
 // and the lease when value ("" if none) is the one held.
 func (w *wire) leave(ctx context.Context, value string) error {
-	err := leaveScript.Run(ctx, w.c, []string{w.k.report + w.gateway, w.k.gateways, w.k.ack, w.k.lease}, w.gateway, value).Err()
+	err := leaveScript.Run(ctx, w.c, []string{w.k.report + w.gateway, w.k.gateways, w.k.ack, w.k.lease, w.k.left}, w.gateway, value, ms(w.keep)).Err()
 	if err != nil {
 		return fmt.Errorf("drl: leave: %w", err)
 	}

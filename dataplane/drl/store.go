@@ -110,6 +110,7 @@ type Store struct {
 	pubsub    *redis.PubSub
 	subDone   chan struct{} // closed when the subscriber has returned
 	closeOnce sync.Once
+	closed    atomic.Bool // Close began: Take answers ErrClosed
 	closeErr  error
 }
 
@@ -206,9 +207,17 @@ func (s *Store) GatewayID() string { return s.o.GatewayID }
 // Exact returns the store that decides what DRL does not.
 func (s *Store) Exact() core.Store { return s.exact }
 
+// ErrClosed is returned by Take and TakeInto after Close: a gateway that
+// left its group decides nothing in memory, and the exact store behind it
+// is the caller's to use or close.
+var ErrClosed = errors.New("drl: store closed")
+
 // Take implements core.Store: a request the Limiter takes is decided in
 // memory (no Redis call); any other goes to the exact store.
 func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
+	if s.closed.Load() {
+		return d, ErrClosed
+	}
 	if s.lim.Take(s.clock.Nanotime(), &req, &d) {
 		return d, nil
 	}
@@ -217,6 +226,10 @@ func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, er
 
 // TakeInto implements core.DecisionWriter: Take writing into *d.
 func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error {
+	if s.closed.Load() {
+		*d = core.Decision{}
+		return ErrClosed
+	}
 	if s.lim.Take(s.clock.Nanotime(), req, d) {
 		return nil
 	}
@@ -291,11 +304,17 @@ func (s *Store) Stats() Stats {
 }
 
 // Close stops the loop and the subscriber, then leaves the group at once:
-// it deletes this gateway's report and acknowledgement and gives up the
-// lease if it holds it, so the others see the leave without waiting for
-// TTLs. It does not close the exact store or the client. Idempotent.
+// it deletes this gateway's report and acknowledgement, gives up the lease
+// if it holds it and records the leave, so the others see it without
+// waiting for TTLs and the allocator hands its share (floor included) to
+// them at its next step. Take and TakeInto answer ErrClosed from the
+// moment Close is called (a gateway closes its store after its server has
+// drained). It does not close the exact store or the client. Idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		// From here this gateway decides nothing (the allocator is told it
+		// left, and keeps no floor for it).
+		s.closed.Store(true)
 		s.halt()
 		value := ""
 		if s.lead != nil {
@@ -594,6 +613,7 @@ func (s *Store) step(ctx context.Context) {
 		s.failed("allocate", err)
 		return
 	}
+	s.lead.alloc.Left(st.left...)
 	t, changed := s.lead.alloc.Step(now, st.reports, st.acks)
 	if changed {
 		ok, err := s.w.publish(cctx, s.lead.value, t)
@@ -610,7 +630,7 @@ func (s *Store) step(ctx context.Context) {
 	}
 	s.lead.published = true
 	s.ok("allocate")
-	if err := s.w.forget(cctx, st.gone); err != nil {
+	if err := s.w.forget(cctx, st.gone, st.left); err != nil {
 		s.failed("allocate", err)
 	}
 }

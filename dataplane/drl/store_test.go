@@ -2,9 +2,11 @@ package drl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -755,5 +757,58 @@ func TestFailedReportRetriedNextTick(t *testing.T) {
 	g.tick(ctx)
 	if n, _ := admin.Exists(ctx, report).Result(); n != 1 {
 		t.Fatal("no report one tick after a failed one")
+	}
+}
+
+// TestCleanLeaveFreesItsFloor: a gateway that closes its store leaves at
+// once, and the allocator hands its share to the others at its next step:
+// of R = 400/s (floor 100/s with 4 max gateways, one floor kept for a
+// joiner), three gateways run 100/s each, the two left after a clean leave
+// 150/s each. A killed gateway's floor is kept for Forget (it may be cut
+// off from Redis and running it), so after a kill the others stay at
+// 100/s. The closed store answers ErrClosed.
+func TestCleanLeaveFreesItsFloor(t *testing.T) {
+	for _, clean := range []bool{true, false} {
+		t.Run(map[bool]string{true: "close", false: "kill"}[clean], func(t *testing.T) {
+			srv := redistest.Start(t)
+			const h = 200 * time.Millisecond
+			o := Options{Group: "leave", Interval: h, MaxGateways: 4}
+			var gws []*gateway
+			for range 3 {
+				gws = append(gws, startGateway(t, srv, o, false))
+			}
+			req := core.Request{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+			share := func(g *gateway) float64 { return g.Stats().ShareRate }
+			near := func(a, b float64) bool { return math.Abs(a-b) < 1e-3 }
+			waitFor(t, 10*h, "three gateways at 100/s", func() bool {
+				for _, g := range gws {
+					g.Take(context.Background(), req) // keeps the key reported
+				}
+				return near(share(gws[0]), 100) && near(share(gws[1]), 100) && near(share(gws[2]), 100) && gws[0].Stats().Epoch > 0
+			})
+			if clean {
+				if err := gws[2].Close(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := gws[2].Take(context.Background(), req); !errors.Is(err, ErrClosed) {
+					t.Fatalf("Take after Close: %v, want ErrClosed", err)
+				}
+			} else {
+				gws[2].halt()
+			}
+			deadline := time.Now().Add(6 * h) // past the killed one's report TTL (2H + H/2) and a step
+			for time.Now().Before(deadline) {
+				gws[0].Take(context.Background(), req)
+				gws[1].Take(context.Background(), req)
+				if clean && near(share(gws[0]), 150) && near(share(gws[1]), 150) {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			want := map[bool]float64{true: 150, false: 100}[clean]
+			if got0, got1 := share(gws[0]), share(gws[1]); !near(got0, want) || !near(got1, want) {
+				t.Fatalf("after the %s: shares %.4f and %.4f, want %.0f each", t.Name(), got0, got1, want)
+			}
+		})
 	}
 }
