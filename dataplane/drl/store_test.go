@@ -217,6 +217,65 @@ func (m *manualCluster) tick() {
 	}
 }
 
+// drive runs the cluster for seconds of virtual time, a millisecond a
+// step: at(ms) first (when not nil; it may change the cluster), a tick
+// every 250 ms, then gateway g takes offered(ms)[g] requests per second of
+// req, fractions carried to the next step, each decision shown to each
+// (when not nil). It returns the units admitted in each millisecond.
+func (m *manualCluster) drive(req core.Request, seconds int, offered func(ms int) []float64, at func(ms int), each func(g, ms int, d core.Decision)) []int {
+	m.t.Helper()
+	admitted := make([]int, seconds*1000)
+	var credit []float64
+	ctx := context.Background()
+	for ms := range admitted {
+		if at != nil {
+			at(ms)
+		}
+		if ms%250 == 0 {
+			m.tick()
+		}
+		rates := offered(ms)
+		for g, s := range m.gws {
+			if g == len(credit) {
+				credit = append(credit, 0)
+			}
+			credit[g] += rates[g] / 1000
+			for credit[g] >= 1 {
+				credit[g]--
+				d, err := s.Take(ctx, req)
+				if err != nil {
+					m.t.Fatal(err)
+				}
+				if each != nil {
+					each(g, ms, d)
+				}
+				if d.Allowed {
+					admitted[ms]++
+				}
+			}
+		}
+		m.clock.Advance(time.Millisecond)
+	}
+	return admitted
+}
+
+// worstSecond returns the most units admitted in any 1 s window of
+// admitted (units per millisecond), and the units admitted from ms on.
+func worstSecond(admitted []int, from int) (worst, after int) {
+	window := 0
+	for ms, n := range admitted {
+		window += n
+		if ms >= 1000 {
+			window -= admitted[ms-1000]
+		}
+		worst = max(worst, window)
+		if ms >= from {
+			after += n
+		}
+	}
+	return worst, after
+}
+
 // TestBoundOnManualClock: three gateways on a manual clock (each its own
 // client), R = 1,000/s, B = 100, the default MaxGateways (32), offered
 // 1,500/s split 70/20/10 for 40 s of virtual time: every 1 s window (at
@@ -237,47 +296,16 @@ func TestBoundOnManualClock(t *testing.T) {
 	req := core.Request{Consumer: "hot", Scope: "api", Rate: limit, Cost: 1, Distributed: true}
 	offered := []float64{1050, 300, 150} // per second
 	const seconds = 40
-	admitted := make([]int, seconds*1000)
-	var credit [3]float64
-	ctx := context.Background()
 	perGateway := make([]int, 3)
-	for ms := 0; ms < seconds*1000; ms++ {
-		if ms%250 == 0 {
-			m.tick()
+	admitted := m.drive(req, seconds, func(int) []float64 { return offered }, nil, func(g, ms int, d core.Decision) {
+		if d.Limit != B {
+			t.Fatalf("decision %+v: want Limit = the global burst %d (decided in memory)", d, B)
 		}
-		for g, s := range m.gws {
-			credit[g] += offered[g] / 1000
-			for credit[g] >= 1 {
-				credit[g]--
-				d, err := s.Take(ctx, req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d.Limit != B {
-					t.Fatalf("decision %+v: want Limit = the global burst %d (decided in memory)", d, B)
-				}
-				if d.Allowed {
-					admitted[ms]++
-					if ms >= 4000 {
-						perGateway[g]++
-					}
-				}
-			}
+		if d.Allowed && ms >= 4000 {
+			perGateway[g]++
 		}
-		clock.Advance(time.Millisecond)
-	}
-	worst, window := 0, 0
-	for ms := range admitted {
-		window += admitted[ms]
-		if ms >= 1000 {
-			window -= admitted[ms-1000]
-		}
-		worst = max(worst, window)
-	}
-	total := 0
-	for ms := 4000; ms < len(admitted); ms++ {
-		total += admitted[ms]
-	}
+	})
+	worst, total := worstSecond(admitted, 4000)
 	rate := float64(total) / (seconds - 4)
 	t.Logf("worst 1 s window %d (bound %d); admitted %.1f/s after 4 s (R %d); per gateway %v", worst, R+B, rate, R, perGateway)
 	if worst > R+B {
@@ -541,43 +569,13 @@ func runShift(t *testing.T, unsafe bool) (worst int, rate float64) {
 	m.gws[0].pubsub.Close()
 	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 30
-	admitted := make([]int, seconds*1000)
-	var credit [3]float64
-	ctx := context.Background()
-	for ms := 0; ms < seconds*1000; ms++ {
-		if ms%250 == 0 {
-			m.tick()
-		}
-		offered := []float64{1050, 300, 150}
+	admitted := m.drive(req, seconds, func(ms int) []float64 {
 		if ms >= 10000 {
-			offered[2] = 3000
+			return []float64{1050, 300, 3000}
 		}
-		for g, s := range m.gws {
-			credit[g] += offered[g] / 1000
-			for credit[g] >= 1 {
-				credit[g]--
-				d, err := s.Take(ctx, req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d.Allowed {
-					admitted[ms]++
-				}
-			}
-		}
-		clock.Advance(time.Millisecond)
-	}
-	window, total := 0, 0
-	for ms := range admitted {
-		window += admitted[ms]
-		if ms >= 1000 {
-			window -= admitted[ms-1000]
-		}
-		worst = max(worst, window)
-		if ms >= 15000 {
-			total += admitted[ms]
-		}
-	}
+		return []float64{1050, 300, 150}
+	}, nil, nil)
+	worst, total := worstSecond(admitted, 15000)
 	return worst, float64(total) / (seconds - 15)
 }
 
@@ -657,54 +655,27 @@ func TestBoundAcrossRedisDataLoss(t *testing.T) {
 	m.gws = append(m.gws, startGateway(t, srv, o, true), startGateway(t, srv, o, true))
 	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 24
-	admitted := make([]int, seconds*1000)
-	var credit [3]float64
-	ctx := context.Background()
-	for ms := 0; ms < seconds*1000; ms++ {
-		if ms == 8000 {
-			if s := m.gws[0].Stats(); s.ShareRate < 600 || s.Epoch < 4 {
-				t.Fatalf("gateway 0 before the loss: share %.1f/s at epoch %d, want 600/s or more at epoch 4 or more", s.ShareRate, s.Epoch)
-			}
-			if err := m.admin.FlushAll(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-			m.gws = append(m.gws, startGateway(t, srv, o, true))
+	flush := func(ms int) {
+		if ms != 8000 {
+			return
 		}
-		if ms%250 == 0 {
-			m.tick()
+		if s := m.gws[0].Stats(); s.ShareRate < 600 || s.Epoch < 4 {
+			t.Fatalf("gateway 0 before the loss: share %.1f/s at epoch %d, want 600/s or more at epoch 4 or more", s.ShareRate, s.Epoch)
 		}
-		offered := []float64{900, 100, 900}
+		if err := m.admin.FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		m.gws = append(m.gws, startGateway(t, srv, o, true))
+	}
+	offered := func(ms int) []float64 {
 		if ms < 8000 && ms/1000%2 == 0 {
 			// Gateway 0's load changes every second, so the first line
 			// publishes many epochs.
-			offered[0] = 300
+			return []float64{300, 100, 900}
 		}
-		for g, s := range m.gws {
-			credit[g] += offered[g] / 1000
-			for credit[g] >= 1 {
-				credit[g]--
-				d, err := s.Take(ctx, req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d.Allowed {
-					admitted[ms]++
-				}
-			}
-		}
-		clock.Advance(time.Millisecond)
+		return []float64{900, 100, 900}
 	}
-	worst, window, after := 0, 0, 0
-	for ms := range admitted {
-		window += admitted[ms]
-		if ms >= 1000 {
-			window -= admitted[ms-1000]
-		}
-		worst = max(worst, window)
-		if ms >= 16000 {
-			after += admitted[ms]
-		}
-	}
+	worst, after := worstSecond(m.drive(req, seconds, offered, flush, nil), 16000)
 	t.Logf("worst 1 s window %d (bound 1100); %.1f/s in the last 8 s", worst, float64(after)/8)
 	if worst > 1100 {
 		t.Errorf("a 1 s window admitted %d, above R + B = 1100", worst)
