@@ -178,7 +178,10 @@ func (f *syncFixture) open(t *testing.T, hello *syncpb.Hello) syncStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: hello}}); err != nil {
+	// A server that has already ended the stream (a refusal, a shutdown)
+	// makes Send return io.EOF; the status it ended with comes from Recv,
+	// which the caller reads (grpc.ClientStream.SendMsg).
+	if err := stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: hello}}); err != nil && !errors.Is(err, io.EOF) {
 		t.Fatal(err)
 	}
 	return stream
