@@ -81,6 +81,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -343,13 +344,14 @@ var (
 
 // locate returns the shard and the fingerprint of (consumer, scope). Scopes
 // are hashed with seeds of their own, so swapping consumer and scope gives
-// an unrelated fingerprint.
+// an unrelated fingerprint. TakeInto's fast path computes the same
+// fingerprint in line, with the same calls: keep the two alike.
 func (s *Store) locate(consumer, scope string) (*shard, fingerprint) {
-	hc := maphash.String(consumerSeed, consumer)
-	f := fingerprint{h: hc, check: maphash.String(consumerCheckSeed, consumer)}
+	hc := maphash.Comparable(consumerSeed, consumer)
+	f := fingerprint{h: hc, check: maphash.Comparable(consumerCheckSeed, consumer)}
 	if scope != "" {
-		f.h ^= maphash.String(scopeSeed, scope)
-		f.check ^= maphash.String(scopeCheckSeed, scope)
+		f.h ^= maphash.Comparable(scopeSeed, scope)
+		f.check ^= maphash.Comparable(scopeCheckSeed, scope)
 	}
 	if f.h < firstHash {
 		f.h += firstHash
@@ -542,66 +544,47 @@ var errRetry = errors.New("entry removed; retry")
 // return core.ErrUnsupportedAlgorithm. A request that would add a key to a
 // store at Options.MaxKeys returns an error wrapping ErrTooManyKeys and
 // changes nothing.
-func (s *Store) Take(_ context.Context, req core.Request) (d core.Decision, err error) {
-	if !s.held(&req, &d) {
-		return s.take(req)
-	}
+//
+// Take is TakeInto on a copy of req and on its own result; it inlines.
+// The copy has a cost a tight loop over keys not in the CPU's caches can
+// see: copying a Request whose fields were just written (a new Consumer)
+// waits until those writes leave the store buffer, which they do only
+// after the previous call's cache miss, so consecutive calls no longer
+// overlap their misses (benchmarks/README.md). A caller that keeps a
+// Request and changes it per call should use TakeInto.
+func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
+	err = s.TakeInto(ctx, &req, &d)
 	return
 }
 
+// maxTau is core's bound on a limit's burst tolerance τ = Burst × T (see
+// core.Limit.Validate); TakeInto's fast path checks limits against it
+// itself, as core.Limit.CheckedGCRA does.
+const maxTau = 1 << 61
+
 // TakeInto is Take writing the decision into *d (overwriting all of it)
 // instead of returning it (core.DecisionWriter).
+//
+// It decides the common case itself: a valid GCRA rate limit alone, on a
+// key already held whose state is not being moved. Everything else
+// (errors included) goes to take.
+//
+// A key not in the CPU's caches costs a cache miss of 100–170 ns, the bulk
+// of a request on a large store. A core overlaps that miss with the next
+// requests' only as far as its out-of-order window reaches, a few hundred
+// instructions, so the fast path is written for few instructions: no
+// calls but the clock and the two hashes, which come first while little is
+// live (nothing to spill around them); the limit's constants computed in
+// line (what core.Limit.CheckedGCRA computes); *d written once, field by
+// field, not zeroed and then filled.
 func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
-	*d = core.Decision{}
-	if s.held(req, d) {
-		return nil
-	}
-	var err error
-	*d, err = s.take(*req)
-	return err
-}
-
-// held decides the common case, a valid GCRA rate limit alone on a key
-// already held whose state is not being moved, and reports false for
-// everything else (errors included), which take decides.
-//
-// A key not in the CPU's caches costs a cache miss of 100–170 ns, the
-// bulk of a request on a large store, so held starts that miss as soon as
-// the first hash gives the key's table line, and computes the second hash
-// and the limit's constants while it is outstanding. It is written to
-// execute few instructions: with the coarse clock, a core overlaps one
-// request's miss with the next requests' work only as far as its
-// reorder window reaches, so every instruction of the path costs time.
-//
-// held fills in the non-zero fields of *d, which must be zero.
-func (s *Store) held(req *core.Request, d *core.Decision) bool {
-	if req.Cost < 0 || req.Cost > core.MaxCost || req.Rate.Algorithm != core.GCRA || !req.Rate.Enforced() || req.Quota.Enforced() {
-		return false
-	}
-	hc := maphash.String(consumerSeed, req.Consumer)
-	h := hc
-	if req.Scope != "" {
-		h ^= maphash.String(scopeSeed, req.Scope)
-	}
-	if h < firstHash {
-		h += firstHash
-	}
-	t := s.tabs[hc>>s.shift].Load()
-	home := &t.slots[h&t.mask&^1]
-	atHome := home.hash.Load() // the miss starts here
-	check := maphash.String(consumerCheckSeed, req.Consumer)
-	if req.Scope != "" {
-		check ^= maphash.String(scopeCheckSeed, req.Scope)
-	}
-	p, err := req.Rate.CheckedGCRA()
-	if err != nil {
-		return false
-	}
-	var e *entry
-	if atHome == h && home.check.Load() == check {
-		e = &home.entry
-	} else if e = t.find(fingerprint{h, check}); e == nil {
-		return false
+	l, n := &req.Rate, req.Cost
+	// Rate in [1, MaxCount], Burst in [0, MaxCount], cost in [0, MaxCost],
+	// one comparison each; no enforced quota. A zero or Unlimited rate
+	// fails here too, and take answers it.
+	if l.Algorithm != core.GCRA || uint64(l.Rate-1) >= core.MaxCount || l.Period <= 0 || uint64(l.Burst) > core.MaxCount ||
+		uint64(n) > core.MaxCost || (req.Quota.Max != core.Unlimited && req.Quota.Max|int64(req.Quota.Renewal) != 0) {
+		return s.slow(req, d)
 	}
 	var now int64 // s.clock.now(), inlined by hand
 	switch c := &s.clock; {
@@ -612,37 +595,74 @@ func (s *Store) held(req *core.Request, d *core.Decision) bool {
 	default:
 		now = c.any.Nanotime()
 	}
-	n, md := req.Cost, req.Reservation()
+	h := maphash.Comparable(consumerSeed, req.Consumer)
+	check := maphash.Comparable(consumerCheckSeed, req.Consumer)
+	sh := h >> s.shift
+	if req.Scope != "" {
+		h ^= maphash.Comparable(scopeSeed, req.Scope)
+		check ^= maphash.Comparable(scopeCheckSeed, req.Scope)
+	}
+	if h < firstHash {
+		h += firstHash
+	}
+	t := s.tabs[sh].Load()
+	home := &t.slots[h&t.mask&^1]
+	atHome := home.hash.Load() // the miss starts here
+	T, b := int64(l.Period)/l.Rate, l.Burst
+	if b == 0 {
+		b = l.Rate
+	}
+	hi, tau := bits.Mul64(uint64(b), uint64(T))
+	if T == 0 || hi != 0 || tau > maxTau {
+		return s.slow(req, d) // take reports the invalid limit
+	}
+	p := core.GCRAParams{T: T, Tau: int64(tau), Burst: b}
+	var e *entry
+	if atHome == h && home.check.Load() == check {
+		e = &home.entry
+	} else if e = t.find(fingerprint{h, check}); e == nil {
+		return s.slow(req, d)
+	}
+	md := req.Reservation()
+	tat := e.tat.Load()
 	for {
-		tat := e.tat.Load()
 		if tat < frozen {
-			runtime.KeepAlive(t) // e is in t
-			return false         // swept or moved: take looks up again
+			runtime.KeepAlive(t)  // e is in t
+			return s.slow(req, d) // swept or moved: take looks up again
 		}
 		next, ok := p.ConformWithin(tat, now, n, md)
-		after := next // the TAT after the call
 		if !ok {
-			after = max(tat, now)
+			after := max(tat, now)
+			reset, rem := time.Duration(after-now), p.Remaining(after, now)
+			d.Allowed, d.DecidedBy, d.Policy, d.Shadowed = false, core.KindRate, "", false
+			d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.Delay = p.Burst, rem, reset, time.Duration(p.RetryAfter(tat, now, n)), 0
+			d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter, d.Rate.Window, d.Rate.Policy = p.Burst, rem, reset, time.Duration(p.Tau), ""
+			d.Quota = core.Status{}
+			runtime.KeepAlive(t) // e is in t
+			return nil
 		}
 		// Divide before the CAS, so the division's latency overlaps
 		// the CAS's instead of following it.
-		rem := p.Remaining(after, now)
-		if ok && n > 0 && !e.tat.CompareAndSwap(tat, next) {
+		rem := p.Remaining(next, now)
+		if n > 0 && !e.tat.CompareAndSwap(tat, next) {
+			tat = e.tat.Load()
 			continue
 		}
-		d.Allowed, d.DecidedBy = ok, core.KindRate
-		retry := int64(0)
-		if !ok {
-			retry = p.RetryAfter(tat, now, n)
-		} else if wait := next - p.Tau - now; wait > 0 {
-			d.Delay = time.Duration(wait) // admitted by reservation
-		}
-		reset := time.Duration(after - now)
-		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = p.Burst, rem, reset, time.Duration(retry)
-		d.Rate = core.Status{Limit: p.Burst, Remaining: rem, ResetAfter: reset, Window: time.Duration(p.Tau)}
+		reset := time.Duration(next - now)
+		d.Allowed, d.DecidedBy, d.Policy, d.Shadowed = true, core.KindRate, "", false
+		// A positive delay: admitted by reservation.
+		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.Delay = p.Burst, rem, reset, 0, time.Duration(max(next-p.Tau-now, 0))
+		d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter, d.Rate.Window, d.Rate.Policy = p.Burst, rem, reset, time.Duration(p.Tau), ""
+		d.Quota = core.Status{}
 		runtime.KeepAlive(t) // e is in t
-		return true
+		return nil
 	}
+}
+
+// slow is TakeInto's general path, take writing into *d.
+func (s *Store) slow(req *core.Request, d *core.Decision) (err error) {
+	*d, err = s.take(*req)
+	return err
 }
 
 // take is Take's general path: validation, new keys, quotas, and entries

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,13 +49,34 @@ type dwStore interface {
 type intoStore struct{ dwStore }
 
 func (s intoStore) Take(ctx context.Context, r core.Request) (core.Decision, error) {
-	d := core.Decision{Allowed: true, DecidedBy: core.KindQuota, Policy: "junk", Limit: -7, Remaining: -7, ResetAfter: -7,
-		RetryAfter: -7, Rate: core.Status{Limit: -7, Policy: "junk"}, Quota: core.Status{Limit: -7}, Shadowed: true, Delay: -7}
+	var d core.Decision
+	dirty(reflect.ValueOf(&d).Elem())
 	err := s.TakeInto(ctx, &r, &d)
 	if err != nil {
 		return core.Decision{}, err
 	}
 	return d, nil
+}
+
+// dirty sets every field of v, a settable struct, to a value no store
+// writes: fields added to core.Decision later are covered too.
+func dirty(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			dirty(v.Field(i))
+		}
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(-7)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(0xee)
+	case reflect.String:
+		v.SetString("junk")
+	default:
+		panic("storetest: dirty cannot fill a " + v.Kind().String())
+	}
 }
 
 // start is the initial reading of every manual clock: well above 0, which
@@ -539,6 +561,42 @@ func runErrors(t *testing.T, s Suite) {
 			if _, err := e.store.Take(context.Background(), r); !errors.Is(err, core.ErrInvalidCost) {
 				t.Errorf("cost %d (%+v): error %v, want ErrInvalidCost", n, r, err)
 			}
+		}
+	}
+
+	// The same on a key the store already holds (a store may decide held
+	// keys on a faster path, which must refuse exactly what the general
+	// path refuses), and limits at the edges of core.Limit.Validate.
+	ctx := context.Background()
+	if d, err := e.store.Take(ctx, core.Request{Consumer: "held", Rate: core.PerSecond(1000), Cost: 1}); err != nil || !d.Allowed {
+		t.Fatalf("first request of the held key: %+v, %v; want allowed", d, err)
+	}
+	for i, r := range bad {
+		r.Consumer = "held"
+		if _, err := e.store.Take(ctx, r); err == nil {
+			t.Errorf("bad request %d on a held key (%+v): no error", i, r)
+		}
+	}
+	for _, n := range []int64{-1, core.MaxCost + 1, math.MaxInt64, math.MinInt64} {
+		if _, err := e.store.Take(ctx, core.Request{Consumer: "held", Rate: core.PerSecond(1000), Cost: n}); !errors.Is(err, core.ErrInvalidCost) {
+			t.Errorf("cost %d on a held key: error %v, want ErrInvalidCost", n, err)
+		}
+	}
+	for _, l := range []core.Limit{
+		{Rate: 1, Period: 1 << 61, Burst: 1},              // τ = 2^61, the bound
+		{Rate: 1, Period: 1<<61 + 1, Burst: 1},            // τ just above it
+		{Rate: 1, Period: 1 << 40, Burst: 1 << 22},        // τ = 2^62
+		{Rate: 1, Period: 1 << 40, Burst: 1<<21 + 1},      // τ just above 2^61
+		{Rate: 1000, Period: time.Second, Burst: 1 << 40}, // τ = 2^40 ms
+		{Rate: core.MaxCount, Period: core.MaxCount},      // T = 1ns
+		{Rate: core.MaxCount + 1, Period: 1 << 62},        // rate above MaxCount
+		{Rate: 1, Period: time.Second, Burst: core.MaxCount + 1},
+		{Rate: 3, Period: 2}, // T = 0
+	} {
+		want := l.Validate()
+		_, err := e.store.Take(ctx, core.Request{Consumer: "held", Rate: l, Cost: 0})
+		if (err != nil) != (want != nil) || (want != nil && !errors.Is(err, core.ErrInvalidLimit)) {
+			t.Errorf("limit %+v on a held key: error %v; Validate says %v", l, err, want)
 		}
 	}
 }
