@@ -46,14 +46,21 @@ var hopHeaders = []string{
 }
 
 // echo returns the builtin:echo upstream for API id: it answers every
-// request with 200 and JSON describing it as an http(s) upstream would
+// request whose body it can read (400 otherwise) with 200 and JSON describing it as an http(s) upstream would
 // receive it: without hop-by-hop header fields (hopHeaders and those the
 // Connection field names), and with credentials (echoSecretHeaders,
 // echoSecretParams) shown as "[redacted]", so a pasted demo output never
 // leaks a key.
 func echo(id string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, maxEchoBody))
+		n, err := io.Copy(io.Discard, io.LimitReader(r.Body, maxEchoBody))
+		if err != nil {
+			// A body that does not parse (bad chunked framing, a
+			// Content-Length longer than what came): a real upstream
+			// would not answer 200 either.
+			writeError(w, http.StatusBadRequest, "malformed request body")
+			return
+		}
 		rep := EchoReply{
 			API:        id,
 			Method:     r.Method,
