@@ -5,9 +5,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
@@ -24,18 +27,29 @@ import (
 // follow it with every count the replica received, so the quota stays
 // exact: of 1,000, 600 spent before the failover leave exactly 400 after.
 // (What the replica had not received when the primary died could be
-// admitted again: the test waits for the replica with WAIT first, so that
-// window is empty here.)
+// admitted again: the test waits until the replica has applied every write
+// of the primary first, so that window is empty here.)
 func TestReplicatedRedisFailover(t *testing.T) {
-	primary := redistest.Start(t)
+	// No diskless-sync delay: the replica's first sync starts at once, not
+	// after Redis 7's default 5 s.
+	primary := redistest.Start(t, "--repl-diskless-sync-delay", "0")
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
 	sentinel := redistest.StartSentinel(t, "dp", primary, 500*time.Millisecond)
 	ctx := context.Background()
-	pc := primary.Client(t, nil)
-	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
-		n, err := pc.Do(ctx, "WAIT", 1, 100).Int()
-		return err == nil && n == 1
-	})
+	pc, rc := primary.Client(t, nil), replica.Client(t, nil)
+	// caughtUp waits until the replica has applied the primary's whole
+	// replication stream so far. (WAIT would not do: it counts the acks of
+	// what the calling connection wrote, and this one writes nothing, so it
+	// is satisfied even by a replica still loading its first sync.)
+	caughtUp := func() {
+		t.Helper()
+		want := replInfo(t, pc, "master_repl_offset")
+		waitFor(t, 10*time.Second, "the replica to apply offset "+strconv.FormatInt(want, 10), func() bool {
+			return replInfo(t, rc, "master_link_status") == 1 && replInfo(t, rc, "master_sync_in_progress") == 0 &&
+				replInfo(t, rc, "slave_repl_offset") >= want
+		})
+	}
+	caughtUp()
 
 	snap := &spec.Snapshot{
 		Revision: 1,
@@ -102,9 +116,7 @@ func TestReplicatedRedisFailover(t *testing.T) {
 	if got := send(600); got[200] != 600 || len(got) != 1 {
 		t.Fatalf("before the failover: %v, want 600 × 200", got)
 	}
-	if n, err := pc.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
-		t.Fatalf("WAIT for the replica: %d, %v", n, err)
-	}
+	caughtUp()
 	primary.Kill()
 	sc := sentinel.Client(t, nil)
 	waitFor(t, 30*time.Second, "Sentinel to promote the replica", func() bool {
@@ -124,6 +136,31 @@ func TestReplicatedRedisFailover(t *testing.T) {
 	if admitted != 400 || refused < 200 {
 		t.Fatalf("after the failover: %d admitted, %d refused by the quota; want exactly 400 admitted (1,000 − 600 before), the rest refused", admitted, refused)
 	}
+}
+
+// replInfo returns one field of c's INFO replication as a number: "up"
+// counts as 1, any other word as 0; a missing field fails the test.
+func replInfo(t *testing.T, c *redis.Client, field string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "replication").Result()
+	if err != nil {
+		t.Fatalf("INFO replication: %v", err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || k != field {
+			continue
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
+		if v == "up" {
+			return 1
+		}
+		return 0
+	}
+	t.Fatalf("INFO replication has no %s:\n%s", field, info)
+	return 0
 }
 
 // waitFor polls cond every 50 ms until it holds, or fails the test after

@@ -2,10 +2,11 @@ package redistest
 
 import (
 	"context"
-	"github.com/redis/go-redis/v9"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestStartStopRestart(t *testing.T) {
