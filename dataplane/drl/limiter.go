@@ -225,43 +225,17 @@ func (l *Limiter) Eligible(req *core.Request) bool {
 // grant more); above B, with RetryAfter -1. MaxDelay reservations are
 // honoured against the local share.
 func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled bool) {
-	r := &req.Rate
-	if !req.Distributed || r.Algorithm != core.GCRA || !r.Enforced() || req.Quota.Enforced() ||
-		req.Cost < 0 || req.Cost > core.MaxCost ||
-		r.EffectiveBurst() < int64(l.o.MaxGateways) || float64(r.Rate) < l.minPerNs*float64(r.Period) {
+	if !l.Eligible(req) {
 		return false
 	}
 	sh, f := l.locate(req)
-	k := sh.tab.Load().find(f)
-	if k == nil || k.limit != *r {
-		if k = l.insert(sh, f, req, now); k == nil {
-			return false
-		}
-	}
 	n, md := req.Cost, req.Reservation()
+	var k *key
 	for {
-		v := l.view.Load()
-		want := v.gen << 1
-		if now >= v.freshUntil {
-			want = staleTag
-		}
-		b := k.b.Load()
-		if b.tag.Load() != want {
-			if b = l.switchKey(k, v, now); b == nil {
-				if k = l.insert(sh, f, req, now); k == nil {
-					return false
-				}
-				continue
-			}
-		}
-		tat := b.tat.Load()
-		if tat < frozen {
-			if tat == deadTAT {
-				if k = l.insert(sh, f, req, now); k == nil {
-					return false
-				}
-			}
-			continue
+		var b *bucket
+		var tat int64
+		if k, b, tat = l.current(now, sh, f, req, k); k == nil {
+			return false
 		}
 		p := &b.p
 		next, ok := p.ConformWithin(tat, now, n, md)
@@ -304,10 +278,35 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 		return -1
 	}
 	sh, f := l.locate(&one)
-	k := sh.tab.Load().find(f)
-	if k == nil || k.limit != one.Rate {
-		if k = l.insert(sh, f, &one, now); k == nil {
+	var k *key
+	for {
+		var b *bucket
+		var tat int64
+		if k, b, tat = l.current(now, sh, f, &one, k); k == nil {
 			return -1
+		}
+		a := min(n, b.p.Remaining(tat, now))
+		if a > 0 && !b.tat.CompareAndSwap(tat, max(tat, now)+a*b.p.T) {
+			continue
+		}
+		b.count(a, true)
+		b.count(n-a, false)
+		return a
+	}
+}
+
+// current returns the key req maps to (k, or found or inserted when k is
+// nil), the bucket it must run at now (switched to the latest view's
+// share first if need be) and that bucket's TAT, never a frozen one: a
+// key swept meanwhile is inserted again. It returns a nil key when the key
+// cannot be held (MaxKeys). Take and takeUpTo call it once per round of
+// their CAS loops.
+func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Request, k *key) (*key, *bucket, int64) {
+	if k == nil {
+		if k = sh.tab.Load().find(f); k == nil || k.limit != req.Rate {
+			if k = l.insert(sh, f, req, now); k == nil {
+				return nil, nil, 0
+			}
 		}
 	}
 	for {
@@ -319,28 +318,19 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 		b := k.b.Load()
 		if b.tag.Load() != want {
 			if b = l.switchKey(k, v, now); b == nil {
-				if k = l.insert(sh, f, &one, now); k == nil {
-					return -1
+				if k = l.insert(sh, f, req, now); k == nil {
+					return nil, nil, 0
 				}
 				continue
 			}
 		}
-		tat := b.tat.Load()
-		if tat < frozen {
-			if tat == deadTAT {
-				if k = l.insert(sh, f, &one, now); k == nil {
-					return -1
-				}
+		if tat := b.tat.Load(); tat >= frozen {
+			return k, b, tat
+		} else if tat == deadTAT {
+			if k = l.insert(sh, f, req, now); k == nil {
+				return nil, nil, 0
 			}
-			continue
 		}
-		a := min(n, b.p.Remaining(tat, now))
-		if a > 0 && !b.tat.CompareAndSwap(tat, max(tat, now)+a*b.p.T) {
-			continue
-		}
-		b.count(a, true)
-		b.count(n-a, false)
-		return a
 	}
 }
 
