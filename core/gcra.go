@@ -31,7 +31,7 @@ func (l Limit) CheckedGCRA() (GCRAParams, error) {
 	if uint64(l.Rate-1) < MaxCount && l.Period > 0 && uint64(l.Burst) <= MaxCount && l.Algorithm <= SlidingLog {
 		t := int64(l.Period) / l.Rate
 		b := l.EffectiveBurst()
-		if hi, lo := bits.Mul64(uint64(b), uint64(t)); t > 0 && hi == 0 && lo <= uint64(maxTolerance) {
+		if hi, lo := bits.Mul64(uint64(b), uint64(t)); t > 0 && hi == 0 && lo <= uint64(MaxTolerance) {
 			return GCRAParams{T: t, Tau: int64(lo), Burst: b}, nil
 		}
 	}

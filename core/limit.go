@@ -21,10 +21,12 @@ import (
 // Unlimited takes part and beats every finite limit.
 const Unlimited = -1
 
-// maxTolerance bounds the burst tolerance τ = Burst × T (and therefore every
-// TAT offset) so that now + τ + n×T can never overflow an int64 nanosecond
-// clock. 2^61 ns is about 73 years.
-const maxTolerance = int64(1) << 61
+// MaxTolerance bounds the burst tolerance τ = Burst × T of a valid Limit
+// (and therefore every TAT offset), in nanoseconds, so that now + τ + n×T
+// can never overflow an int64 nanosecond clock: 2^61 ns, about 73 years.
+// Validate refuses a limit above it; stores that check limits on a fast
+// path of their own check against it too.
+const MaxTolerance = int64(1) << 61
 
 // MaxCount is the largest count a limit may state, 2^53 − 1: a Limit's Rate
 // and Burst and a Quota's Max above it are refused by Validate (wrapping
@@ -194,7 +196,7 @@ func (l Limit) Validate() error {
 	if t == 0 {
 		return fmt.Errorf("%w: rate %d per %v is finer than one event per nanosecond", ErrInvalidLimit, l.Rate, l.Period)
 	}
-	if b := l.EffectiveBurst(); b > maxTolerance/t {
+	if b := l.EffectiveBurst(); b > MaxTolerance/t {
 		return fmt.Errorf("%w: burst %d × emission interval %v overflows", ErrInvalidLimit, b, time.Duration(t))
 	}
 	return nil
@@ -243,7 +245,7 @@ func (q Quota) Validate() error {
 	if q.Renewal <= 0 {
 		return fmt.Errorf("%w: quota renewal %v must be > 0", ErrInvalidLimit, q.Renewal)
 	}
-	if int64(q.Renewal) >= maxTolerance {
+	if int64(q.Renewal) >= MaxTolerance {
 		return fmt.Errorf("%w: quota renewal %v is too long", ErrInvalidLimit, q.Renewal)
 	}
 	return nil

@@ -562,11 +562,6 @@ func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, er
 	return
 }
 
-// maxTau is core's bound on a limit's burst tolerance τ = Burst × T (see
-// core.Limit.Validate); TakeInto's fast path checks limits against it
-// itself, as core.Limit.CheckedGCRA does.
-const maxTau = 1 << 61
-
 // TakeInto is Take writing the decision into *d instead of returning it
 // (core.DecisionWriter): every field of *d is overwritten, on errors too
 // (with the zero Decision), so d can be reused from call to call. req is
@@ -622,7 +617,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 		b = l.Rate
 	}
 	hi, tau := bits.Mul64(uint64(b), uint64(T))
-	if T == 0 || hi != 0 || tau > maxTau {
+	if T == 0 || hi != 0 || tau > uint64(core.MaxTolerance) {
 		return s.slow(req, d) // take reports the invalid limit
 	}
 	p := core.GCRAParams{T: T, Tau: int64(tau), Burst: b}

@@ -583,13 +583,13 @@ func runErrors(t *testing.T, s Suite) {
 		}
 	}
 	for _, l := range []core.Limit{
-		{Rate: 1, Period: 1 << 61, Burst: 1},              // τ = 2^61, the bound
-		{Rate: 1, Period: 1<<61 + 1, Burst: 1},            // τ just above it
-		{Rate: 1, Period: 1 << 40, Burst: 1 << 22},        // τ = 2^62
-		{Rate: 1, Period: 1 << 40, Burst: 1<<21 + 1},      // τ just above 2^61
-		{Rate: 1000, Period: time.Second, Burst: 1 << 40}, // τ = 2^40 ms
-		{Rate: core.MaxCount, Period: core.MaxCount},      // T = 1ns
-		{Rate: core.MaxCount + 1, Period: 1 << 62},        // rate above MaxCount
+		{Rate: 1, Period: time.Duration(core.MaxTolerance), Burst: 1},     // τ = MaxTolerance, the bound
+		{Rate: 1, Period: time.Duration(core.MaxTolerance) + 1, Burst: 1}, // τ just above it
+		{Rate: 1, Period: 1 << 40, Burst: 1 << 22},                        // τ = 2^62
+		{Rate: 1, Period: 1 << 40, Burst: 1<<21 + 1},                      // τ just above 2^61
+		{Rate: 1000, Period: time.Second, Burst: 1 << 40},                 // τ = 2^40 ms
+		{Rate: core.MaxCount, Period: core.MaxCount},                      // T = 1ns
+		{Rate: core.MaxCount + 1, Period: 1 << 62},                        // rate above MaxCount
 		{Rate: 1, Period: time.Second, Burst: core.MaxCount + 1},
 		{Rate: 3, Period: 2}, // T = 0
 	} {

@@ -342,9 +342,8 @@ func shareParams(s Share) core.GCRAParams {
 		t = 1
 	}
 	b := max(s.Burst, 1)
-	const maxTau = int64(1) << 61
-	if t > maxTau/b {
-		t = maxTau / b
+	if t > core.MaxTolerance/b {
+		t = core.MaxTolerance / b
 	}
 	return core.GCRAParams{T: t, Tau: b * t, Burst: b}
 }
@@ -409,16 +408,16 @@ func carry(from, to core.GCRAParams, d int64) int64 {
 	hi, lo := bits.Mul64(uint64(d), uint64(to.T))
 	var conv int64
 	if hi >= uint64(from.T) {
-		conv = 1 << 61
+		conv = core.MaxTolerance
 	} else {
 		q, r := bits.Div64(hi, lo, uint64(from.T))
 		if r > 0 {
 			q++
 		}
-		conv = int64(min(q, 1<<61))
+		conv = int64(min(q, uint64(core.MaxTolerance)))
 	}
 	nd := conv + (to.Burst-from.Burst)*to.T
-	return min(max(nd, 0), 1<<61)
+	return min(max(nd, 0), core.MaxTolerance)
 }
 
 // Apply is ApplyAt(sentAt, sentAt, t): the table applied at the moment
