@@ -1,6 +1,7 @@
 // Command gatewayrss measures the resident memory a gateway process holds
 // per live key of its in-process store: it starts a built gateway binary
-// (examples/gateway) with a keyless API whose consumers are client IPs
+// (examples/gateway; built from this checkout when -gateway is not
+// given) with a keyless API whose consumers are client IPs
 // taken from X-Forwarded-For (the measuring client is a trusted proxy),
 // sends one request from each of -keys distinct IPv4 addresses, and
 // reports the growth of the process's VmRSS (/proc/PID/status) over its
@@ -8,8 +9,7 @@
 // allows 10 requests an hour, so one request keeps its key limited (and
 // unsweepable) for 6 minutes (T = 360 s): longer than the run.
 //
-//	go build -o /tmp/gateway ./examples/gateway
-//	(cd benchmarks && go run ./cmd/gatewayrss -gateway /tmp/gateway)
+//	(cd benchmarks && go run ./cmd/gatewayrss [-gateway /tmp/gateway])
 //
 // Linux only (it reads /proc).
 package main
@@ -20,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +29,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/limitplane/limitplane/benchmarks/internal/procs"
 )
 
 func main() {
@@ -40,15 +41,12 @@ func main() {
 }
 
 func run() error {
-	bin := flag.String("gateway", "", "built gateway `binary` (go build ./examples/gateway)")
+	bin := flag.String("gateway", "", "built gateway `binary` (default: build examples/gateway of this checkout)")
 	keys := flag.Int("keys", 1_000_000, "distinct client IPs, one request each")
 	conc := flag.Int("c", 8, "concurrent connections")
 	env := flag.String("env", "", "extra environment for the gateway, comma-separated K=V (e.g. GOGC=50)")
 	flag.Parse()
-	if *bin == "" {
-		return errors.New("-gateway is required")
-	}
-	port, err := freePort()
+	listen, err := procs.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -57,10 +55,15 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	if *bin == "" {
+		if *bin, err = procs.BuildGateway(context.Background(), dir); err != nil {
+			return err
+		}
+	}
 	cfg := filepath.Join(dir, "gateway.yaml")
 	// One keyless API; each client IP may make 10 requests an hour, so
 	// every key stays limited (and unsweepable) for 6 minutes.
-	yaml := fmt.Sprintf(`listen: 127.0.0.1:%d
+	yaml := fmt.Sprintf(`listen: %s
 store: memory
 client_ip:
   trusted_proxies: [127.0.0.1/32]
@@ -73,24 +76,21 @@ apis:
     target: builtin:echo
     auth: keyless
     policies: [anon]
-`, port)
+`, listen)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		return err
 	}
 	cmd := exec.Command(*bin, "-config", cfg)
-	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	cmd.Env = os.Environ()
 	if *env != "" {
 		cmd.Env = append(cmd.Env, strings.Split(*env, ",")...)
 	}
-	if err := cmd.Start(); err != nil {
+	gw, err := procs.Start("gateway", cmd, filepath.Join(dir, "gateway.log"))
+	if err != nil {
 		return err
 	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	url := fmt.Sprintf("http://127.0.0.1:%d/open/", port)
+	defer gw.Stop()
+	url := "http://" + listen + "/open/"
 	tr := &http.Transport{MaxIdleConnsPerHost: *conc, MaxConnsPerHost: *conc}
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	send := func(ip string) error {
@@ -114,7 +114,7 @@ apis:
 	deadline := time.Now().Add(20 * time.Second)
 	for send("192.0.2.1") != nil {
 		if time.Now().After(deadline) {
-			return errors.New("the gateway did not answer within 20s")
+			return errors.New("the gateway did not answer within 20s: " + gw.Tail(2000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -196,13 +196,4 @@ func rss(pid int) (cur, peak int64, err error) {
 		}
 	}
 	return cur, peak, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -43,6 +43,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/limitplane/limitplane/benchmarks/internal/procs"
 )
 
 // Mode names how the gateways share the limit.
@@ -327,7 +329,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	if o.GatewayBin == "" {
 		fmt.Fprintln(o.Log, "building examples/gateway")
-		if o.GatewayBin, err = BuildGateway(ctx, dir); err != nil {
+		if o.GatewayBin, err = procs.BuildGateway(ctx, dir); err != nil {
 			return nil, err
 		}
 	}
@@ -349,13 +351,13 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 
 // run is the state of one mode's run.
 type run struct {
-	o       Options
-	mode    Mode
-	dir     string
-	procs   procSet
-	redis   *proc
-	proxies []*linkProxy // ModeDRL with SlowLink or a stall: one per slot
-	redisAt string
+	o        Options
+	mode     Mode
+	dir      string
+	children procs.Set
+	redis    *procs.Proc
+	proxies  []*linkProxy // ModeDRL with SlowLink or a stall: one per slot
+	redisAt  string
 
 	mu   sync.Mutex
 	gws  []*gateway // per slot; nil while the slot has none
@@ -430,7 +432,7 @@ func (r *run) startSlot(ctx context.Context, slot int) error {
 	gen := r.gens[slot]
 	r.gens[slot]++
 	r.mu.Unlock()
-	g, err := startGateway(ctx, r.o.GatewayBin, r.dir, slot, gen, r.config(slot), &r.procs)
+	g, err := startGateway(ctx, r.o.GatewayBin, r.dir, slot, gen, r.config(slot), &r.children)
 	if err != nil {
 		return err
 	}
@@ -470,7 +472,7 @@ func (r *run) killSlot(slot int) {
 	r.gws[slot] = nil
 	r.mu.Unlock()
 	if g != nil {
-		g.proc.kill()
+		g.proc.Kill()
 	}
 }
 
@@ -493,7 +495,7 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 	}
 	r := &run{o: o, mode: mode, dir: dir, gws: make([]*gateway, o.Gateways), gens: make([]int, o.Gateways)}
 	defer func() {
-		r.procs.stopAll()
+		r.children.StopAll()
 		for _, p := range r.proxies {
 			p.Close()
 		}
@@ -504,7 +506,7 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 		}
 	}()
 	if mode == ModeDRL {
-		if r.redis, r.redisAt, err = startRedis(ctx, dir, &r.procs); err != nil {
+		if r.redis, r.redisAt, err = startRedis(ctx, dir, &r.children); err != nil {
 			return res, err
 		}
 		if o.SlowLink > 0 || o.SlowTables > 0 || o.StallFor > 0 {
@@ -586,7 +588,7 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 		var wg sync.WaitGroup
 		for _, g := range r.live() {
 			wg.Add(1)
-			go func() { defer wg.Done(); g.proc.stop() }()
+			go func() { defer wg.Done(); g.proc.Stop() }()
 		}
 		wg.Wait()
 		if res.Scripts, err = stats.finish(ctx); err != nil {
@@ -597,11 +599,9 @@ func runMode(ctx context.Context, o Options, mode Mode, dir string) (res Result,
 	r.analyze(&res, &ev)
 	if res.ErrorKinds["transport"] > 0 {
 		// Requests went unanswered: show what the processes said.
-		r.procs.mu.Lock()
-		for _, p := range r.procs.procs {
-			r.logf("%s log (end):\n%s", p.name, p.tail(1500))
+		for _, p := range r.children.Procs() {
+			r.logf("%s log (end):\n%s", p.Name, p.Tail(1500))
 		}
-		r.procs.mu.Unlock()
 	}
 	return res, nil
 }
@@ -740,10 +740,10 @@ func (r *run) events(ctx context.Context, ev *events) {
 				r.logf("redis pause: no Redis in this mode")
 				return
 			}
-			r.redis.signal(syscall.SIGSTOP)
+			r.redis.Signal(syscall.SIGSTOP)
 			r.logf("redis-server stopped (SIGSTOP)")
 			if r.sleepUntil(ctx, o.PauseAt+o.RedisPause) {
-				r.redis.signal(syscall.SIGCONT)
+				r.redis.Signal(syscall.SIGCONT)
 				ev.resumed = time.Since(r.start)
 				r.logf("redis-server continued (SIGCONT)")
 			}

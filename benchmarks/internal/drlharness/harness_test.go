@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/limitplane/limitplane/benchmarks/internal/procs"
 )
 
 // gatewayBin is examples/gateway, built once for every test of the
@@ -20,7 +22,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	gatewayBin, err = BuildGateway(context.Background(), dir)
+	gatewayBin, err = procs.BuildGateway(context.Background(), dir)
 	code := 1
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
