@@ -11,8 +11,8 @@
 // processes (re-running its own binary with LIMITPLANE_WORKER_CHILD=1 and
 // LIMITPLANE_WORKER_START_AT in the environment, so -h lists only the
 // flags a user sets), each calls core.Wait
-// before every job, and the parent prints what each achieved and the total
-// rate.
+// before every job (a failed Take is retried with backoff and reported on
+// stderr), and the parent prints what each achieved and the total rate.
 package main
 
 import (
@@ -31,6 +31,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
@@ -108,7 +110,7 @@ func run(args []string, getenv func(string) string, out, stderr io.Writer, exe s
 		return err
 	}
 	if c.child {
-		return work(c, out)
+		return work(c, out, stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -184,7 +186,12 @@ func lastLine(s string) string {
 }
 
 // work is one worker process: Wait, do a job, repeat until the deadline.
-func work(c config, out io.Writer) error {
+// A failed Take (Redis down, slow or restarting; the store's circuit
+// breaker open) is retried with exponential backoff until the run's
+// deadline, and each retry is reported on stderr: one Redis timeout must
+// not end a job runner. A worker that could do no job at all, because every
+// Take failed, reports the last error and exits 1.
+func work(c config, out, stderr io.Writer) error {
 	client, err := redisstore.NewClientFromURL(c.redisURL)
 	if err != nil {
 		return err
@@ -199,21 +206,60 @@ func work(c config, out io.Writer) error {
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(c.duration))
 	defer cancel()
 	job := core.Request{Consumer: c.key, Rate: jobLimit(c.rate), Cost: 1}
-	var n int64
+	retry := newRetryBackOff()
+	var n, retries int64
+	var lastErr error
 	for {
-		if _, err := core.Wait(ctx, store, job); err != nil {
-			// The run is over when our own deadline passed or the next slot
-			// lies beyond it; anything else (Redis down, a store timeout) is
-			// a failure to report, not the end of the run.
-			if ctx.Err() != nil || errors.Is(err, core.ErrWaitExceedsDeadline) {
-				break
-			}
-			return fmt.Errorf("after %d jobs: %w", n, err)
+		_, err := core.Wait(ctx, store, job)
+		if err == nil {
+			n++ // the job itself would run here
+			retry.Reset()
+			continue
 		}
-		n++ // the job itself would run here
+		// The run is over when our own deadline passed or the next slot
+		// lies beyond it; anything else is a store failure to retry.
+		if ctx.Err() != nil || errors.Is(err, core.ErrWaitExceedsDeadline) {
+			break
+		}
+		lastErr = err
+		retries++
+		d := retry.NextBackOff()
+		fmt.Fprintf(stderr, "worker: take failed after %d jobs: %v; retrying in %v\n", n, err, d.Round(time.Millisecond))
+		if !sleepCtx(ctx, d) {
+			break
+		}
+	}
+	if n == 0 && lastErr != nil {
+		return fmt.Errorf("no job done in %v: %d takes failed, the last with: %w", c.duration, retries, lastErr)
+	}
+	if retries > 0 {
+		fmt.Fprintf(stderr, "worker: %d jobs, %d failed takes retried\n", n, retries)
 	}
 	_, err = fmt.Fprintln(out, n)
 	return err
+}
+
+// newRetryBackOff is the backoff between retries of a failed Take: from
+// 50 ms, doubling up to 1 s, each wait jittered by ±50 %, for as long as
+// the run lasts.
+func newRetryBackOff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 50 * time.Millisecond
+	b.MaxInterval = time.Second
+	return b
+}
+
+// sleepCtx sleeps for d, or until ctx ends; it reports whether it slept
+// the whole d.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // startRedis starts a private redis-server on a free loopback port.

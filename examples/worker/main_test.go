@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,6 +89,63 @@ func TestFractionalDuration(t *testing.T) {
 		t.Fatalf("2 workers at 10/s for 1.5s did %d jobs (at most %d), want 14..16 (at most 16)\n%s", total, atMost, out.String())
 	}
 	t.Log(out.String())
+}
+
+// A Redis that stalls for a second mid-run (SIGSTOP: calls time out, then
+// the store's circuit breaker opens) does not end the workers: each failed
+// Take is retried with backoff and reported on stderr, the run completes,
+// and the limit still holds. Before retries, the first "i/o timeout" ended
+// the worker process and the run.
+func TestWorkersRideOutRedisStall(t *testing.T) {
+	srv := redistest.Start(t)
+	var out bytes.Buffer
+	var errOut lockedBuffer
+	stalled := make(chan struct{})
+	go func() {
+		defer close(stalled)
+		time.Sleep(2500 * time.Millisecond) // 1 s start-up + 1.5 s of work
+		srv.Pause()
+		time.Sleep(time.Second)
+		srv.Resume()
+	}()
+	err := run([]string{"-processes", "2", "-rate", "20", "-duration", "4s", "-redis", "redis://" + srv.Addr + "/0"}, noEnv, &out, &errOut, os.Args[0])
+	<-stalled
+	if err != nil {
+		t.Fatalf("%v\n%s\nstderr:\n%s", err, out.String(), errOut.String())
+	}
+	total, atMost := totals(t, out.String())
+	// Jobs lost to the stall: at most its second, the store's timeout
+	// (250 ms) and one backoff (1 s) at 20/s, so at least 81 - 45 remain.
+	if atMost != 81 || total > atMost || total < 36 {
+		t.Fatalf("2 workers at 20/s for 4s with a 1 s Redis stall did %d jobs (at most %d), want 36..81 (at most 81)\n%s", total, atMost, out.String())
+	}
+	stderr := errOut.String()
+	if n := strings.Count(stderr, "failed takes retried\n"); n != 2 {
+		t.Fatalf("%d workers reported retries, want 2; stderr:\n%s", n, stderr)
+	}
+	if !regexp.MustCompile(`worker: take failed after \d+ jobs: .+; retrying in \d+ms`).MatchString(stderr) {
+		t.Fatalf("no retry line on stderr:\n%s", stderr)
+	}
+	t.Log(out.String(), stderr)
+}
+
+// lockedBuffer is a bytes.Buffer that several worker processes' stderr
+// copiers may write to at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestMaxJobs: the bound is the burst plus one job per emission interval

@@ -199,6 +199,7 @@ func (s *Server) kill(sig syscall.Signal) {
 		return
 	}
 	cmd.Process.Signal(sig)
+	cmd.Process.Signal(syscall.SIGCONT) // a paused server handles SIGTERM only once continued
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
@@ -214,6 +215,22 @@ func (s *Server) Kill() { s.kill(syscall.SIGKILL) }
 // Stop shuts the server down with SIGTERM and waits for it (SIGKILL after
 // 5 s). It is safe to call more than once and after Kill.
 func (s *Server) Stop() { s.kill(syscall.SIGTERM) }
+
+// Pause freezes the server with SIGSTOP, as a stalled host would: its port
+// still accepts connections but nothing answers, so clients time out.
+// Resume undoes it; Stop and Kill work on a paused server too.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a server frozen by Pause (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.cmd.Process.Signal(sig)
+	}
+}
 
 // Restart starts a stopped or killed server again on the same port with
 // the same arguments, waits until it answers PING, and calls t.Fatal if it
