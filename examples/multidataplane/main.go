@@ -15,6 +15,12 @@
 // Every port is a free loopback port. The children's logs go to stderr,
 // each line prefixed with the child's name.
 //
+// A child that exits after start-up (a gateway killed with kill -9, a
+// redis-server stopped, the control plane crashed) is reported on stdout
+// ("dp1-gw1 exited (signal: killed); 6 others keep running") and the
+// others keep running, so the deployment's resilience can be tried by
+// hand; once every child has exited the program exits 1.
+//
 // Ctrl-C (SIGINT) or SIGTERM stops everything: the gateways first, then
 // the control plane, then the redis-servers (each with SIGTERM, killed if
 // it has not exited within 10 s), removes the temporary directory and
@@ -195,7 +201,7 @@ func (d *deployment) stop() {
 	}
 }
 
-// exited returns the first child that has exited, or nil.
+// exited returns a channel that receives each child as it exits.
 func (d *deployment) exited() <-chan *child {
 	ch := make(chan *child, len(d.children))
 	for _, c := range d.children {
@@ -377,10 +383,21 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	printTry(stdout, cpBase, adminToken, hash, planes)
 
-	select {
-	case <-ctx.Done():
-	case c := <-d.exited():
-		return fmt.Errorf("%s exited (%v); stopping the others", c.name, c.err)
+	// A child that exits (crashed, or killed to try the resilience the
+	// README describes) is reported; the others keep running until Ctrl-C.
+	exited, running := d.exited(), len(d.children)
+	for running > 0 {
+		select {
+		case <-ctx.Done():
+			running = -1
+			continue
+		case c := <-exited:
+			running--
+			fmt.Fprintf(stdout, "%s exited (%v); %d others keep running (Ctrl-C stops them)\n", c.name, c.err, running)
+		}
+	}
+	if running == 0 {
+		return errors.New("every child process has exited")
 	}
 	fmt.Fprintln(stdout, "stopping the gateways, the control plane and the redis-servers ...")
 	d.stop()

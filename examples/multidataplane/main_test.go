@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -75,8 +76,9 @@ var gatewayLineRE = regexp.MustCompile(`gateway (dp\d-gw\d): (http://\S+) `)
 // TestRunAndInterrupt runs the command as a process: it prints its
 // banner with four gateways, a request with the demo key passes through
 // each, its children are the two redis-servers, the control plane and
-// the four gateways (7 processes), and SIGINT makes it exit 0 within
-// 30 s with every child gone.
+// the four gateways (7 processes); a gateway killed with SIGKILL is
+// reported while the other six keep running and serving, and SIGINT makes
+// it exit 0 within 30 s with every child gone.
 func TestRunAndInterrupt(t *testing.T) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
@@ -138,6 +140,41 @@ func TestRunAndInterrupt(t *testing.T) {
 		t.Fatalf("%d child processes %v, want 7 (2 redis-servers, the control plane, 4 gateways)", len(kids), kids)
 	}
 
+	// A gateway killed with SIGKILL is reported, and the rest keep running
+	// and serving.
+	victim := gatewayPID(t, kids, gws[0][1])
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	want := gws[0][1] + " exited (signal: killed); 6 others keep running (Ctrl-C stops them)\n"
+	for !strings.Contains(stdout.String(), want) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("exited after one gateway was killed (%v); want %q and the rest running", err, want)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no line %q", want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, g := range gws[1:] {
+		req, _ := http.NewRequest("GET", g[2]+"/echo/hello", nil)
+		req.Header.Set("X-API-Key", demoKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("gateway %s after %s was killed: %v", g[1], gws[0][1], err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("gateway %s after %s was killed: %d", g[1], gws[0][1], resp.StatusCode)
+		}
+	}
+	if n := len(children(t, cmd.Process.Pid)); n != 6 {
+		t.Fatalf("%d child processes after one gateway was killed, want 6", n)
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -159,4 +196,18 @@ func TestRunAndInterrupt(t *testing.T) {
 	if !strings.Contains(stdout.String(), "stopped\n") {
 		t.Errorf("no \"stopped\" line:\n%s", stdout)
 	}
+}
+
+// gatewayPID returns the PID among pids whose command line runs the
+// gateway with the file named after id.
+func gatewayPID(t *testing.T, pids []int, id string) int {
+	t.Helper()
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && strings.Contains(string(b), id+".yaml") {
+			return pid
+		}
+	}
+	t.Fatalf("no child process runs gateway %s", id)
+	return 0
 }
