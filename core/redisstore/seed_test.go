@@ -12,16 +12,14 @@ import (
 	"github.com/limitplane/limitplane/internal/redistest"
 )
 
-// TestFallbackCarriesOnFromRedis: an Engine under FailFallback over the
-// Redis store, whose decisions seed the in-process fallback
-// (Options.Seed). redis-server is paused (SIGSTOP) mid-run, so calls time
-// out and the breaker opens; the fallback then continues from what Redis
-// last said: a key that spent 300 of its 300 gets 0 more, one that spent
-// 100 gets exactly 200 more, a rate limit 6 into a burst of 10 gets
-// exactly 4, and a quota epoch raised during the outage starts a fresh
-// period. Resumed, Redis is authoritative again: the key the fallback let
-// spend its whole quota has 200 left there, as Redis counted.
-func TestFallbackCarriesOnFromRedis(t *testing.T) {
+// newSeeded starts a redis-server and returns it with a Redis store
+// (100 ms timeout, breaker after 2 failures, 200 ms cooldown) seeding an
+// in-process fallback, an Engine over both under FailFallback with a
+// quota policy "q" (300 an hour) and a rate policy "r" (10 per 10
+// minutes: one a minute, so a burst cannot refill while a test runs), and
+// the count of store failures the engine saw.
+func newSeeded(t *testing.T) (*redistest.Server, *redisstore.Store, *core.Engine, *atomic.Int64) {
+	t.Helper()
 	srv := redistest.Start(t)
 	client, err := redisstore.NewClientFromURL("redis://" + srv.Addr)
 	if err != nil {
@@ -40,24 +38,58 @@ func TestFallbackCarriesOnFromRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return srv, store, eng, &failures
+}
+
+// decideN decides n requests of cost 1 for c on API "api" and returns how
+// many were allowed and the last decision.
+func decideN(t *testing.T, eng *core.Engine, c *core.Consumer, n int) (allowed int, last core.Decision) {
+	t.Helper()
+	for range n {
+		d, err := eng.Decide(context.Background(), c, "api", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			allowed++
+		}
+		last = d
+	}
+	return allowed, last
+}
+
+// waitAnswers polls store until Redis answers (10 s at most).
+func waitAnswers(t *testing.T, store *redisstore.Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := store.Take(context.Background(), core.Request{Consumer: "probe", Rate: core.Limit{Rate: 1, Period: time.Hour}})
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis does not answer 10 s after SIGCONT: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFallbackCarriesOnFromRedis: an Engine under FailFallback over the
+// Redis store, whose decisions seed the in-process fallback
+// (Options.Seed). redis-server is paused (SIGSTOP) mid-run, so calls time
+// out and the breaker opens; the fallback then continues from what Redis
+// last said: a key that spent 300 of its 300 gets 0 more, one that spent
+// 100 gets exactly 200 more, a rate limit 6 into a burst of 10 gets
+// exactly 4, and a quota epoch raised during the outage starts a fresh
+// period. Resumed, Redis is authoritative again: the key the fallback let
+// spend its whole quota has 200 left there, as Redis counted.
+func TestFallbackCarriesOnFromRedis(t *testing.T) {
+	srv, store, eng, failures := newSeeded(t)
 	spent := &core.Consumer{ID: "spent", Policies: []string{"q"}}
 	part := &core.Consumer{ID: "part", Policies: []string{"q"}}
 	burst := &core.Consumer{ID: "burst", Policies: []string{"r"}}
 	reset := &core.Consumer{ID: "reset", Policies: []string{"q"}, QuotaEpoch: 1}
-	send := func(c *core.Consumer, n int) (allowed int, last core.Decision) {
-		t.Helper()
-		for range n {
-			d, err := eng.Decide(context.Background(), c, "api", 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d.Allowed {
-				allowed++
-			}
-			last = d
-		}
-		return allowed, last
-	}
+	send := func(c *core.Consumer, n int) (int, core.Decision) { t.Helper(); return decideN(t, eng, c, n) }
 	for _, s := range []struct {
 		c          *core.Consumer
 		n, allowed int
@@ -94,17 +126,7 @@ func TestFallbackCarriesOnFromRedis(t *testing.T) {
 	}
 
 	srv.Resume()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := store.Take(context.Background(), core.Request{Consumer: "probe", Rate: core.Limit{Rate: 1, Period: time.Hour}})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Redis does not answer 10 s after SIGCONT: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitAnswers(t, store)
 	before := failures.Load()
 	if got, _ := send(part, 300); got != 200 {
 		t.Errorf("key that spent 100 of 300 in Redis (and 200 more in the fallback): %d of 300 allowed after Redis is back, want 200 (Redis's count)", got)
@@ -114,5 +136,39 @@ func TestFallbackCarriesOnFromRedis(t *testing.T) {
 	}
 	if n := failures.Load() - before; n != 0 {
 		t.Errorf("%d store failures after Redis answered again", n)
+	}
+}
+
+// TestResetQuotaResetsSeededFallback: Engine.ResetQuota resets the seeded
+// fallback too. A key that spent its 300 in Redis and was reset there
+// (Redis up) has a fresh 300 in the fallback during a later outage, where
+// the fallback would otherwise still hold the 300 it saw; a reset made
+// while Redis is paused fails (the store's error) but takes effect in the
+// fallback.
+func TestResetQuotaResetsSeededFallback(t *testing.T) {
+	srv, _, eng, _ := newSeeded(t)
+	ctx := context.Background()
+	early := &core.Consumer{ID: "early", Policies: []string{"q"}}
+	late := &core.Consumer{ID: "late", Policies: []string{"q"}}
+	for _, c := range []*core.Consumer{early, late} {
+		if got, _ := decideN(t, eng, c, 300); got != 300 {
+			t.Fatalf("%s through Redis: %d of 300 allowed", c.ID, got)
+		}
+	}
+	if err := eng.ResetQuota(ctx, early, "api"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	if got, _ := decideN(t, eng, early, 301); got != 300 {
+		t.Errorf("key reset before the outage: %d of 301 allowed in the fallback, want 300", got)
+	}
+	if got, _ := decideN(t, eng, late, 5); got != 0 {
+		t.Errorf("spent key before its reset: %d allowed, want 0", got)
+	}
+	if err := eng.ResetQuota(ctx, late, "api"); err == nil {
+		t.Error("ResetQuota with Redis paused succeeded")
+	}
+	if got, _ := decideN(t, eng, late, 301); got != 300 {
+		t.Errorf("key reset during the outage: %d of 301 allowed in the fallback, want 300", got)
 	}
 }
