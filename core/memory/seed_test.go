@@ -2,6 +2,7 @@ package memory_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -178,5 +179,39 @@ func TestSeedGCRAContinuesFromTAT(t *testing.T) {
 	}
 	if n, r := p.fallback.Len(), p.fallback.KeysRefused(); n != 2 || r != 0 {
 		t.Errorf("at the cap: %d keys, %d refused; want 2, 0", n, r)
+	}
+}
+
+// BenchmarkSeed is what Options.Seed adds to each Redis decision: seeding
+// a held key with a rate limit, and with a rate limit and a quota (1000
+// keys).
+func BenchmarkSeed(b *testing.B) {
+	var ids [1000]string
+	for i := range ids {
+		ids[i] = "consumer-" + strconv.Itoa(i)
+	}
+	for _, m := range []struct {
+		name  string
+		quota bool
+	}{{"Rate", false}, {"RateQuota", true}} {
+		b.Run(m.name, func(b *testing.B) {
+			s := memory.New(memory.Options{})
+			req := core.Request{Rate: core.Limit{Rate: 1000, Period: time.Second}, Cost: 1}
+			d := core.Decision{Rate: core.Status{Limit: 1000, Remaining: 990, ResetAfter: 10 * time.Millisecond}}
+			if m.quota {
+				req.Quota = core.Quota{Max: 1 << 40, Renewal: time.Hour}
+				d.Quota = core.Status{Limit: 1 << 40, Remaining: 1<<40 - 5, ResetAfter: time.Hour}
+			}
+			for _, id := range ids {
+				req.Consumer = id
+				s.Seed(req, d)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				req.Consumer = ids[i%len(ids)]
+				s.Seed(req, d)
+			}
+		})
 	}
 }
