@@ -62,6 +62,9 @@ func (s *Store) Seed(req core.Request, d core.Decision) {
 	e := t.find(f) // lock-free for a key already held
 	for {
 		if e == nil {
+			if c := &s.count; c.max > 0 && c.keys.Load() >= c.max {
+				return // at MaxKeys: spare the shard lock
+			}
 			if t, e = sh.put(f, now); e == nil {
 				return // at MaxKeys
 			}
