@@ -329,7 +329,11 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 // or its per-API one when c has APILimits for api) at c's current quota
 // epoch (Consumer.QuotaEpoch or Limits.QuotaEpoch): through
 // QuotaEpochResetter when the store implements it, else Store.ResetQuota.
-// Counters of other epochs are left to expire.
+// Counters of other epochs are left to expire. Under FailFallback the
+// fallback's counter is reset first, the same way, so that a fallback
+// seeded with the store's counts (Seeder) does not keep the old count for
+// the next outage, and a reset made during one takes effect there; the
+// error returned is the store's, else the fallback's.
 func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error {
 	if c == nil {
 		return ErrNoConsumer
@@ -338,10 +342,23 @@ func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error 
 	if l, ok := c.APILimits[api]; ok {
 		scope, epoch = api, l.QuotaEpoch
 	}
-	if r, ok := e.store.(QuotaEpochResetter); ok {
-		return r.ResetQuotaEpoch(ctx, c.ID, scope, epoch)
+	var fbErr error
+	if e.opts.FailurePolicy == FailFallback {
+		fbErr = resetQuota(ctx, e.opts.Fallback, c.ID, scope, epoch)
 	}
-	return e.store.ResetQuota(ctx, c.ID, scope)
+	if err := resetQuota(ctx, e.store, c.ID, scope, epoch); err != nil {
+		return err
+	}
+	return fbErr
+}
+
+// resetQuota resets st's quota counter of (consumer, scope) at epoch:
+// through QuotaEpochResetter when st implements it, else ResetQuota.
+func resetQuota(ctx context.Context, st Store, consumer, scope string, epoch uint64) error {
+	if r, ok := st.(QuotaEpochResetter); ok {
+		return r.ResetQuotaEpoch(ctx, consumer, scope, epoch)
+	}
+	return st.ResetQuota(ctx, consumer, scope)
 }
 
 // take applies req to the store under the failure policy.

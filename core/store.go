@@ -226,3 +226,19 @@ type LimitChecker interface {
 type Penalizer interface {
 	Penalize(ctx context.Context, consumer, scope string, l Limit, d time.Duration) error
 }
+
+// Seeder is implemented by stores that can carry on from another store's
+// counters: core/memory, as the fallback of the Redis store
+// (redisstore.Options.Seed), so that a spent quota stays spent while Redis
+// is down. Seed(req, d) records d, the decision another store made for req
+// a moment ago, as the state of req's key: for a GCRA rate limit the
+// theoretical arrival time now + d.Rate.ResetAfter, for a quota
+// d.Quota.Limit − d.Quota.Remaining units used in a period that ends
+// d.Quota.ResetAfter from now, with req.QuotaEpoch. State is never moved
+// back: a seeder that holds a later TAT or a higher count of the same
+// period keeps it. Seed reports nothing and must not block: it runs on the
+// other store's decision path, once per decision, and does what it can
+// (a bounded store at its cap skips a new key).
+type Seeder interface {
+	Seed(req Request, d Decision)
+}

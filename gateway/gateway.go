@@ -55,7 +55,11 @@ type Options struct {
 	// Fallback is the store used under core.FailFallback; nil means an
 	// in-process store that the gateway creates, which enforces window
 	// algorithms as GCRA with the same requests per period (see
-	// WindowsAsGCRA).
+	// WindowsAsGCRA) and starts from empty counters. To have it carry on
+	// from the Redis store's counts (a quota spent before an outage stays
+	// spent), create it with NewFallback, set it here and give it to the
+	// Redis store as StoreOptions.Redis.Seed; the caller closes it, after
+	// the gateway.
 	Fallback core.Store
 	// FallbackMaxKeys caps the keys of the in-process fallback the
 	// gateway creates (memory.Options.MaxKeys); 0 means unbounded. Unused
@@ -195,7 +199,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.fallback = opts.Fallback
 	if opts.FailurePolicy == core.FailFallback && g.fallback == nil {
-		fb := newFallback(opts.Clock, opts.FallbackMaxKeys)
+		fb := NewFallback(opts.Clock, opts.FallbackMaxKeys)
 		g.closers = append(g.closers, fb.Close)
 		g.fallback = fb
 	}

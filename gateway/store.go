@@ -251,22 +251,50 @@ func (s WindowsAsGCRA) SupportsAlgorithm(a core.Algorithm) bool {
 	return false
 }
 
-// fallbackStore is the in-process fallback a gateway makes for itself.
-type fallbackStore struct {
-	WindowsAsGCRA
-	close func() error
+// Seed implements core.Seeder: d, the Redis store's decision for req, is
+// recorded in the in-process store (memory.Store.Seed) as the state to
+// carry on from when Redis fails. A window limit's state is converted as
+// Take converts the limit: Remaining r of Rate becomes a GCRA bucket with
+// r left, Rate − r emission intervals (Period / Rate) from full.
+func (s WindowsAsGCRA) Seed(req core.Request, d core.Decision) {
+	if req.Rate.Algorithm != core.GCRA {
+		l := &req.Rate
+		if l.Enforced() && l.Rate > 0 && d.Rate.Remaining < l.Rate {
+			d.Rate.ResetAfter = time.Duration((l.Rate - max(d.Rate.Remaining, 0)) * (int64(l.Period) / l.Rate))
+		} else {
+			d.Rate.ResetAfter = 0
+		}
+		l.Algorithm, l.Burst = core.GCRA, 0
+	}
+	s.mem.Seed(req, d)
 }
+
+// Fallback is the in-process fallback store of failure_policy fallback: a
+// WindowsAsGCRA over a memory store, swept every minute, that the Redis
+// store can seed (redisstore.Options.Seed) so that it carries on from the
+// counts of this gateway's last Redis replies. Create it with
+// NewFallback; Close stops its sweeps.
+type Fallback struct {
+	WindowsAsGCRA
+	mem *memory.Store
+}
+
+// NewFallback returns a fallback store on clock (nil: the system clock)
+// holding at most maxKeys keys (0: unbounded; at the cap a new key is
+// refused, a store failure of its own, and seeds of new keys are
+// skipped). Give it to Options.Fallback and, for a Redis store, to
+// StoreOptions.Redis.Seed.
+func NewFallback(clock core.Clock, maxKeys int) *Fallback {
+	m := memory.New(memory.Options{Clock: clock, SweepInterval: time.Minute, MaxKeys: maxKeys})
+	return &Fallback{WindowsAsGCRA: NewWindowsAsGCRA(m), mem: m}
+}
+
+// Memory returns the in-process store under the fallback (for metrics:
+// Len, KeysRefused).
+func (f *Fallback) Memory() *memory.Store { return f.mem }
 
 // Close stops the fallback store's sweeps.
-func (f fallbackStore) Close() error { return f.close() }
-
-// newFallback returns the fallback store for FailFallback: an in-process
-// store on clock (nil: the system clock) holding at most maxKeys keys (0:
-// unbounded), swept every minute.
-func newFallback(clock core.Clock, maxKeys int) fallbackStore {
-	m := memory.New(memory.Options{Clock: clock, SweepInterval: time.Minute, MaxKeys: maxKeys})
-	return fallbackStore{WindowsAsGCRA: NewWindowsAsGCRA(m), close: m.Close}
-}
+func (f *Fallback) Close() error { return f.mem.Close() }
 
 // osResolver resolves secret references from the process environment and
 // the file system (relative paths from the working directory).
@@ -280,5 +308,6 @@ func (osResolver) ReadFile(name string) ([]byte, error) { return os.ReadFile(nam
 
 var (
 	_ core.AlgorithmSupporter = WindowsAsGCRA{}
+	_ core.Seeder             = WindowsAsGCRA{}
 	_ spec.Resolver           = osResolver{}
 )

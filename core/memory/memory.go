@@ -73,6 +73,14 @@
 // FailClosed refuses new consumers during a flood of them (a gateway
 // answers 503), FailOpen lets them through unlimited. KeysRefused counts
 // the refusals; Len counts the keys.
+//
+// # Seeding
+//
+// As the fallback of the Redis store, the store records the state of each
+// Redis decision (Seed, core.Seeder): the GCRA TAT, the quota's count and
+// period end. Requests it decides when Redis fails carry on from there.
+// Seeding never moves a key's state back and adds no key that limits
+// nothing; seeded keys are bounded by MaxKeys and leave by the sweeps.
 package memory
 
 import (

@@ -9,15 +9,27 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
+// consumers are the benchmarks' 1000 consumer IDs, made once so that
+// formatting them is not measured.
+var consumers = func() (c [1000]string) {
+	for i := range c {
+		c[i] = strconv.Itoa(i)
+	}
+	return c
+}()
+
 // BenchmarkTake measures decisions/s at 64 concurrent callers against one
 // throwaway redis-server: each Take its own EVALSHA (Direct), batched as
 // Options{} makes it (Default), and a PING loop as the one-round-trip
-// ceiling. 1000 consumers at 1e9/s never deny.
+// ceiling. 1000 consumers at 1e9/s never deny. The Seeded variants give
+// every decision to an in-process store too (Options.Seed, the gateway's
+// fallback under failure_policy fallback); the Quota ones add a quota.
 func BenchmarkTake(b *testing.B) {
 	srv := redistest.Start(b)
 	run := func(b *testing.B, do func(ctx context.Context, i int64) error) {
@@ -37,20 +49,39 @@ func BenchmarkTake(b *testing.B) {
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
 	}
 	l := core.Limit{Rate: 1_000_000_000, Period: time.Second}
+	q := core.Quota{Max: 1 << 50, Renewal: time.Hour}
 	for _, m := range []struct {
 		name     string
 		pipeline int
-	}{{"Direct", -1}, {"Default", 0}} {
-		pipeline := m.pipeline
+		quota    bool
+		seed     bool
+	}{
+		{"Direct", -1, false, false}, {"Default", 0, false, false},
+		{"DirectSeeded", -1, false, true}, {"DefaultSeeded", 0, false, true},
+		{"DefaultQuota", 0, true, false}, {"DefaultQuotaSeeded", 0, true, true},
+	} {
 		b.Run(m.name, func(b *testing.B) {
 			c := srv.Client(b, &redis.Options{PoolSize: 64})
-			s, err := redisstore.New(c, redisstore.Options{Pipeline: pipeline})
+			o := redisstore.Options{Pipeline: m.pipeline}
+			if m.seed {
+				// The fallback of failure_policy fallback, as the gateway
+				// wires it.
+				fb := memory.New(memory.Options{})
+				o.Seed = fb
+			}
+			s, err := redisstore.New(c, o)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer s.Close()
+			req := core.Request{Rate: l, Cost: 1}
+			if m.quota {
+				req.Quota = q
+			}
 			run(b, func(ctx context.Context, i int64) error {
-				_, err := s.Take(ctx, core.Request{Consumer: strconv.FormatInt(i%1000, 10), Rate: l, Cost: 1})
+				r := req
+				r.Consumer = consumers[i%1000]
+				_, err := s.Take(ctx, r)
 				return err
 			})
 		})

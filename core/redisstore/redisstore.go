@@ -58,6 +58,19 @@
 // Redis answers, so limiting resumes by itself. Errors are wrapped with %w;
 // core.Engine's FailurePolicy decides what a failure means for the request.
 //
+// With Options.Seed set (the gateway sets its fallback store there under
+// failure_policy fallback), every decision Redis returns is also recorded
+// in that in-process store: the quota's count and period end, the GCRA
+// TAT, as the reply reports them. When Redis fails, the fallback decides
+// from there, so a quota spent before the outage stays spent through it
+// and a rate limit mid-burst continues from its TAT; once Redis answers
+// again it decides alone, and what the fallback admitted meanwhile is not
+// written back. The bound: a process knows only the counts of its own
+// last replies, so during an outage it admits up to Max − c more of a
+// quota whose last reply it saw said c used; what other processes spent
+// after that reply (and, of a key it never saw, the whole quota) is the
+// excess over the limit, per process. Rate limits likewise.
+//
 // How soon a call to a Redis that is down fails is up to the go-redis
 // client. With go-redis's defaults a refused connection is dialled 5 times,
 // 100 ms apart, and the command retried up to 3 times after 10 ms to 1 s
@@ -145,6 +158,12 @@ type Options struct {
 	// batching on; a second one starts only while Pipeline Takes are
 	// already waiting. Default 4 × GOMAXPROCS.
 	PipelineWorkers int
+	// Seed, if set, is given every decision Redis returns, with its
+	// request (core.Seeder), on the caller's goroutine before Take
+	// returns: the fallback of failure_policy fallback (a core/memory
+	// store) then carries on from the last state this process saw when
+	// Redis fails, instead of from zero (see the package comment).
+	Seed core.Seeder
 	// OnBreakerChange, if set, is called when the breaker changes state
 	// (from, to are "closed", "half-open" or "open"), for logs and
 	// metrics.
@@ -167,6 +186,7 @@ type Store struct {
 	timeout time.Duration
 	margin  int64 // Options.TTLMargin in whole ms
 	clock   core.Clock
+	seed    core.Seeder // Options.Seed; nil: none
 	breaker *gobreaker.CircuitBreaker[[]int64]
 	pipe    *batcher  // nil with batching off
 	calls   sync.Pool // of *call
@@ -182,7 +202,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if strings.ContainsAny(opts.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("redisstore: New: key prefix %q must not contain '{' or '}'", opts.KeyPrefix)
 	}
-	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, clock: opts.Clock}
+	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, clock: opts.Clock, seed: opts.Seed}
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
 	}
@@ -459,7 +479,11 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if err != nil {
 		return core.Decision{}, err
 	}
-	return decision(req, p, alg, limited, quota, v)
+	d, err := decision(req, p, alg, limited, quota, v)
+	if err == nil && s.seed != nil {
+		s.seed.Seed(req, d)
+	}
+	return d, err
 }
 
 // takeGCRA is Take for a GCRA rate limit without a quota, through the
@@ -486,7 +510,11 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 	if err != nil {
 		return core.Decision{}, err
 	}
-	return decision(req, p, core.GCRA, true, false, v)
+	d, err := decision(req, p, core.GCRA, true, false, v)
+	if err == nil && s.seed != nil {
+		s.seed.Seed(req, d)
+	}
+	return d, err
 }
 
 // Calls are built as EVALSHA's whole argument list, which go-redis sends

@@ -27,7 +27,9 @@ import (
 // DRL first (it leaves its group at once: its report and, if it is the
 // allocator, its lease are deleted), then the Redis store and client. It
 // runs after the HTTP server has drained, so no request is decided
-// against a share once the gateway has left.
+// against a share once the gateway has left. Under failure_policy
+// fallback with Redis, the fallback store is made here and seeded by the
+// Redis store (gateway.NewFallback), and closed last.
 func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
 	so := gateway.StoreOptions{
 		URL:           "memory",
@@ -44,6 +46,14 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 			// time.
 			so.Redis.Clock, so.Redis.TTLMargin = e.clock, time.Minute
 		}
+	}
+	// Under failure_policy fallback the gateway decides in an in-process
+	// store while Redis fails; every Redis decision seeds it, so it
+	// carries on from the counts this gateway last saw.
+	var fallback *gateway.Fallback
+	if cfg.FailurePolicy == core.FailFallback && cfg.Redis != nil {
+		fallback = gateway.NewFallback(e.clock, cfg.Memory.MaxKeys)
+		so.Redis.Seed = fallback
 	}
 	if d := cfg.DRL; d != nil && cfg.Redis != nil {
 		so.Wrap = func(c redis.UniversalClient, exact core.Store) (core.Store, func() error, error) {
@@ -69,9 +79,16 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 	}
 	store, closeStore, err := gateway.OpenStore(ctx, so)
 	if err != nil {
+		if fallback != nil {
+			fallback.Close()
+		}
 		return nil, nil, nil, err
 	}
-	gw, err := gateway.New(gateway.Options{
+	if fallback != nil {
+		closeRedis := closeStore
+		closeStore = func() error { return errors.Join(closeRedis(), fallback.Close()) }
+	}
+	opts := gateway.Options{
 		Store:           store,
 		FallbackMaxKeys: cfg.Memory.MaxKeys,
 		FailurePolicy:   cfg.FailurePolicy,
@@ -87,7 +104,11 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 		Clock:           e.clock,
 		Now:             e.now,
 		AfterFunc:       e.afterFunc,
-	})
+	}
+	if fallback != nil {
+		opts.Fallback = fallback
+	}
+	gw, err := gateway.New(opts)
 	if err != nil {
 		closeStore()
 		return nil, nil, nil, err

@@ -199,7 +199,7 @@ func (s *Server) kill(sig syscall.Signal) {
 		return
 	}
 	cmd.Process.Signal(sig)
-	cmd.Process.Signal(syscall.SIGCONT) // a paused server handles SIGTERM only once continued
+	cmd.Process.Signal(syscall.SIGCONT) // a paused server must run to act on sig
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
@@ -216,19 +216,23 @@ func (s *Server) Kill() { s.kill(syscall.SIGKILL) }
 // 5 s). It is safe to call more than once and after Kill.
 func (s *Server) Stop() { s.kill(syscall.SIGTERM) }
 
-// Pause freezes the server with SIGSTOP, as a stalled host would: its port
-// still accepts connections but nothing answers, so clients time out.
-// Resume undoes it; Stop and Kill work on a paused server too.
+// Pause stops the server with SIGSTOP: it keeps its connections and data
+// but answers nothing (calls time out, as with a hung or partitioned
+// Redis) until Resume. Stop and Kill work on a paused server.
 func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 
-// Resume continues a server frozen by Pause (SIGCONT).
+// Resume continues a paused server (SIGCONT); it answers again at once,
+// with the data it had.
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
 
 func (s *Server) signal(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
-		s.cmd.Process.Signal(sig)
+	if s.cmd == nil {
+		s.t.Fatalf("redistest: signal %v: the server is not running", sig)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: signal %v: %v", sig, err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -54,5 +55,31 @@ func TestCluster(t *testing.T) {
 	}
 	if masters.Load() != 3 {
 		t.Fatalf("masters = %d, want 3", masters.Load())
+	}
+}
+
+// TestPauseResume: a paused server answers nothing (a call times out) and
+// keeps its data; after Resume it answers with it; Stop ends a paused
+// server at once.
+func TestPauseResume(t *testing.T) {
+	s := Start(t)
+	c := s.Client(t, &redis.Options{ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	if err := c.Get(ctx, "k").Err(); err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("GET while paused: %v, want a timeout", err)
+	}
+	s.Resume()
+	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET after Resume = %q, %v; want v", v, err)
+	}
+	s.Pause()
+	start := time.Now()
+	s.Stop()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Stop of a paused server took %v", d)
 	}
 }
