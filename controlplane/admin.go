@@ -216,7 +216,8 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // decode reads the body as JSON into v, refusing (400) an empty body, a
-// JSON null, unknown fields and trailing data.
+// JSON null, unknown fields and trailing data, and (422, naming the
+// field) a duration that is not a string.
 func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
 	if err != nil {
@@ -230,6 +231,10 @@ func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if path, problem, ok := spec.DurationTypeProblem(err); ok {
+			writeError(w, http.StatusUnprocessableEntity, "body has a duration that is not a string; nothing was changed", spec.Errors{{Path: path, Problem: problem}})
+			return false
+		}
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("body is not valid JSON for this object: %v", err), nil)
 		return false
 	}

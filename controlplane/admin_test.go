@@ -247,3 +247,19 @@ func BenchmarkAdminWrites16Clients(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "writes/s")
 }
+
+// TestAdminRefusesNumberDurations: "per": 3600 once stored 3.6 µs (a
+// number read as nanoseconds: no limit at all). Durations are strings;
+// a number is 422 naming the field, and nothing is written.
+func TestAdminRefusesNumberDurations(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	const problem = `: a duration is a string with its unit, like \"1h\" or \"500ms\"`
+	const refused = `{"error":"body has a duration that is not a string; nothing was changed","problems":[{"path":"`
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":3600}}`), 422, refused+`rate.per","problem":"number 3600`+problem+`"}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"quota":{"max":10,"renewal":86400000000000}}`), 422, refused+`quota.renewal","problem":"number 86400000000000`+problem+`"}]}`)
+	expect(t, call(t, "PUT", base+"/api/apis/a", `{"listen_path":"/a/","target":"builtin:echo","auth":"jwt","jwt":{"algorithms":["HS256"],"keys":[{"secret_env":"S"}],"default_policies":["p"],"leeway":30}}`), 422, refused+`jwt.leeway","problem":"number 30`+problem+`"}]}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"a":{"rate":{"requests":1,"per":1}}}}`), 422, refused+`api_limits.rate.per","problem":"number 1`+problem+`"}]}`)
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"1h"}}`), 200, `{"revision":1}`)
+	expect(t, call(t, "GET", base+"/api/policies/p", ""), 200, `{"id":"p","rate":{"requests":10,"per":"1h0m0s"}}`)
+}

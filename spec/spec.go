@@ -6,7 +6,8 @@
 // number. Its JSON form uses the field names of the gateway's YAML file
 // (README, "Gateway configuration reference"): "requests", "per",
 // "key_hash", "listen_path", "api_limits" and so on; durations are Go
-// duration strings ("1m", "24h") and times RFC 3339. Validate checks a
+// duration strings ("1m", "24h"; a number is refused, see Duration) and
+// times RFC 3339. Validate checks a
 // snapshot as a whole and reports every problem with its field path, such
 // as policies[1].rate.per.
 //
@@ -39,10 +40,15 @@ package spec
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // Snapshot is one complete, consistent set of policies, keys and APIs.
@@ -272,7 +278,9 @@ type FailureLimit struct {
 }
 
 // Duration is a time.Duration written in JSON as a Go duration string
-// ("500ms", "1m", "24h"). Decoding also accepts a number of nanoseconds.
+// ("500ms", "1m", "24h"), and only so: a bare number is refused, since
+// nothing says its unit ("per": 3600 read as nanoseconds would be no
+// limit at all).
 type Duration time.Duration
 
 // String returns the duration as time.Duration formats it ("1m0s").
@@ -283,17 +291,18 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 	return json.Marshal(time.Duration(d).String())
 }
 
-// UnmarshalJSON reads a duration string or an integer of nanoseconds. An
-// error names the value and starts with "spec: ".
+// UnmarshalJSON reads a duration string. Any other JSON value (a number
+// included) is a *json.UnmarshalTypeError, so that encoding/json adds the
+// field's path to it (Field: "rate.per"; see DurationTypeProblem); a
+// string that is not a duration is an error starting with "spec: ".
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		var n int64
-		if err := json.Unmarshal(b, &n); err != nil {
-			return fmt.Errorf("spec: duration %s is not a duration string (like \"1m\") or a number of nanoseconds", b)
+		v := jsonKind(b)
+		if v == "number" {
+			v += " " + string(b)
 		}
-		*d = Duration(n)
-		return nil
+		return &json.UnmarshalTypeError{Value: v, Type: reflect.TypeFor[Duration]()}
 	}
 	v, err := ParseDuration(s)
 	if err != nil {
@@ -301,6 +310,40 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// DurationTypeProblem returns the problem, worded for a configuration,
+// of err when it is Duration's refusal of a value that is not a string
+// (found with errors.As), and the path encoding/json gave it ("rate.per";
+// without array indexes or map keys, which encoding/json does not
+// report; the Go names of embedded structs left out). ok is false for any other error.
+func DurationTypeProblem(err error) (path, problem string, ok bool) {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Type != reflect.TypeFor[Duration]() {
+		return "", "", false
+	}
+	// encoding/json names an embedded struct by its Go name; spec's JSON
+	// names are lower case.
+	parts := strings.Split(te.Field, ".")
+	parts = slices.DeleteFunc(parts, func(p string) bool { return p != "" && unicode.IsUpper(rune(p[0])) })
+	return strings.Join(parts, "."), fmt.Sprintf("%s: a duration is a string with its unit, like \"1h\" or \"500ms\"", te.Value), true
+}
+
+// jsonKind names the kind of the JSON value b for a message.
+func jsonKind(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "value"
+	case b[0] == '{':
+		return "object"
+	case b[0] == '[':
+		return "array"
+	case b[0] == 't' || b[0] == 'f':
+		return "bool"
+	case b[0] == 'n':
+		return "null"
+	}
+	return "number"
 }
 
 // durationRE matches time.ParseDuration's syntax, whatever the magnitude.

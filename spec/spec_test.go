@@ -107,10 +107,12 @@ func TestDurationJSON(t *testing.T) {
 		{in: `"1m"`, want: time.Minute},
 		{in: `"24h"`, want: 24 * time.Hour},
 		{in: `"1.5s"`, want: 1500 * time.Millisecond},
-		{in: `1000`, want: time.Microsecond},
+		// A bare number has no unit: refused, not read as nanoseconds.
+		{in: `1000`, err: `json: cannot unmarshal number 1000 into Go value of type spec.Duration`},
+		{in: `3600`, err: `json: cannot unmarshal number 3600 into Go value of type spec.Duration`},
 		{in: `"soon"`, err: `spec: "soon" is not a duration`},
 		{in: `"3000000h"`, err: `spec: "3000000h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
-		{in: `true`, err: `spec: duration true is not a duration string (like "1m") or a number of nanoseconds`},
+		{in: `true`, err: `json: cannot unmarshal bool into Go value of type spec.Duration`},
 	} {
 		var d spec.Duration
 		err := json.Unmarshal([]byte(tc.in), &d)
@@ -519,5 +521,28 @@ func TestIDs(t *testing.T) {
 	want := `spec: apis[0].id: "a b": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`
 	if err := s.Validate(); err == nil || err.Error() != want {
 		t.Errorf("API \"a b\": got %v, want %q", err, want)
+	}
+}
+
+// TestSnapshotRefusesNumberDurations: every duration of a snapshot's JSON
+// is a string; a number (which once read as nanoseconds, "per": 3600
+// giving 3.6 µs, no limit at all) is refused with the field's path.
+func TestSnapshotRefusesNumberDurations(t *testing.T) {
+	for _, tc := range []struct{ in, path, problem string }{
+		{`{"policies":[{"id":"p","rate":{"requests":5,"per":3600}}]}`, "policies.rate.per", `number 3600: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"policies":[{"id":"p","quota":{"max":5,"renewal":86400}}]}`, "policies.quota.renewal", `number 86400: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"apis":[{"id":"a","jwt":{"leeway":30}}]}`, "apis.jwt.leeway", `number 30: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"apis":[{"id":"a","jwt":{"jwks":{"url":"https://x","refresh_interval":1e9}}}]}`, "apis.jwt.jwks.refresh_interval", `number 1e9: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"keys":[{"key_hash":"h","api_limits":{"a":{"rate":{"requests":1,"per":true}}}}]}`, "keys.api_limits.rate.per", `bool: a duration is a string with its unit, like "1h" or "500ms"`},
+	} {
+		var s spec.Snapshot
+		err := json.Unmarshal([]byte(tc.in), &s)
+		path, problem, ok := spec.DurationTypeProblem(err)
+		if !ok || path != tc.path || problem != tc.problem {
+			t.Errorf("%s: error %v: got (%q, %q, %v), want (%q, %q)", tc.in, err, path, problem, ok, tc.path, tc.problem)
+		}
+	}
+	if _, _, ok := spec.DurationTypeProblem(errors.New("other")); ok {
+		t.Error("DurationTypeProblem took another error")
 	}
 }
