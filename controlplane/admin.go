@@ -62,7 +62,8 @@ const MaxProblems = 100
 //	                            "next"}; next is the hash to ask after for
 //	                            the next page, "" on the last
 //	POST   /api/keys            create a key from {"key": plaintext, ...}
-//	                            (hashed at once, never stored) or
+//	                            (hashed at once, never stored; 422 when
+//	                            it breaks identity.CheckKey) or
 //	                            {"key_hash": ...}; 409 if it exists
 //	                            → 201 {"key_hash", "revision"}
 //	PUT    /api/keys/{hash}     create or replace a key; replacing resets
@@ -216,7 +217,8 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // decode reads the body as JSON into v, refusing (400) an empty body, a
-// JSON null, unknown fields and trailing data, and (422, naming the
+// JSON null, an object that names a member twice (encoding/json would
+// keep the last), unknown fields and trailing data, and (422, naming the
 // field) a duration that is not a string.
 func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
@@ -226,6 +228,10 @@ func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
 		writeError(w, http.StatusBadRequest, "body is JSON null; want a JSON object", nil)
+		return false
+	}
+	if dup, err := duplicateMember(body); err == nil && dup != "" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("body names member %s twice", dup), nil)
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -343,6 +349,9 @@ func (a *admin) postKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "give the key in plaintext (key) or by hash (key_hash), not both", nil)
 		return
 	case nk.Plain != "":
+		if !checkKey(w, "key", nk.Plain) {
+			return
+		}
 		k.KeyHash = identity.HashKey(nk.Plain).String()
 	case k.KeyHash == "":
 		writeError(w, http.StatusBadRequest, "missing key (plaintext) or key_hash", nil)
@@ -363,6 +372,19 @@ func (a *admin) postKey(w http.ResponseWriter, r *http.Request) {
 		}
 		return tx.PutKey(withEpochs(k, nil, tx.Revision(), false))
 	})
+}
+
+// checkKey applies the gateway's key rules (identity.CheckKey) to a
+// plaintext key, answering 422 with the problem at path when it breaks
+// them: the gateway's file refuses such a key with the same words, and
+// no gateway could ever authenticate it.
+func checkKey(w http.ResponseWriter, path, key string) bool {
+	if err := identity.CheckKey(key); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, "no gateway would accept this key; nothing was changed",
+			spec.Errors{{Path: path, Problem: strings.TrimPrefix(err.Error(), "identity: ")}})
+		return false
+	}
+	return true
 }
 
 // parseHash returns hash in lower case, or answers 400.
@@ -603,4 +625,93 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
+}
+
+// duplicateMember returns the path of the first member an object of the
+// JSON document names twice ("rate", "policies[2].rate.per",
+// "api_limits.\"orders\""), or "" when there is none. It reads tokens only
+// (no values are built); a syntax error is returned for the decoder to
+// report.
+func duplicateMember(doc []byte) (string, error) {
+	type frame struct {
+		object bool
+		seen   map[string]struct{}
+		path   string
+		index  int
+	}
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var stack []frame
+	// next is the path of the value the next token starts.
+	next := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		f := &stack[len(stack)-1]
+		if !f.object {
+			p := f.path + "[" + strconv.Itoa(f.index) + "]"
+			f.index++
+			return p
+		}
+		return "" // set by the member name
+	}
+	member := ""
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		top := len(stack) - 1
+		if top >= 0 && stack[top].object && member == "" {
+			// In an object, a token is a member name or its closing brace.
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:top]
+				continue
+			}
+			name, _ := tok.(string)
+			f := &stack[top]
+			member = memberPath(f.path, name)
+			if _, dup := f.seen[name]; dup {
+				return member, nil
+			}
+			f.seen[name] = struct{}{}
+			continue
+		}
+		at := member
+		if at == "" {
+			at = next()
+		}
+		member = ""
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true, seen: map[string]struct{}{}, path: at})
+		case json.Delim('['):
+			stack = append(stack, frame{path: at})
+		case json.Delim(']'):
+			stack = stack[:top]
+		}
+	}
+}
+
+// memberPath appends an object member's name to path: plain when it is a
+// spec name (lower case letters, digits, '_'), quoted otherwise (a map
+// key such as an API ID).
+func memberPath(path, name string) string {
+	plain := name != ""
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			plain = false
+			break
+		}
+	}
+	if !plain {
+		name = strconv.Quote(name)
+	}
+	if path == "" {
+		return name
+	}
+	return path + "." + name
 }

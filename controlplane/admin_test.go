@@ -263,3 +263,42 @@ func TestAdminRefusesNumberDurations(t *testing.T) {
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"1h"}}`), 200, `{"revision":1}`)
 	expect(t, call(t, "GET", base+"/api/policies/p", ""), 200, `{"id":"p","rate":{"requests":10,"per":"1h0m0s"}}`)
 }
+
+// TestAdminAsStrictAsTheFile: what a gateway's file refuses, the admin
+// API refuses, with the file's words: an explicit burst 0, a plaintext
+// key no gateway would accept (too long, CR, LF, NUL, surrounding white
+// space), the ids "." and ".."; and a member named twice is 400 (not
+// "last wins"). Nothing is written.
+func TestAdminAsStrictAsTheFile(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	const invalid = `{"error":"the change would leave an invalid configuration; nothing was changed","problems":[`
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":5,"per":"1m","burst":0}}`), 422,
+		invalid+`{"path":"policies[\"p\"].rate.burst","problem":"0 must be \u003e 0 (leave it out to use requests)"}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/%2e%2e", `{"rate":{"requests":5,"per":"1m"}}`), 422,
+		invalid+`{"path":"policies[\"..\"].id","problem":"\"..\": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not \".\" or \"..\""}]}`)
+	expect(t, call(t, "PUT", base+"/api/apis/%2E", `{"listen_path":"/a/","target":"builtin:echo"}`), 422,
+		invalid+`{"path":"apis[\".\"].id","problem":"\".\": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not \".\" or \"..\""}]}`)
+	for body, dup := range map[string]string{
+		`{"rate":{"requests":5,"per":"1m"},"rate":{"requests":500,"per":"1m"}}`: "rate",
+		`{"rate":{"requests":5,"per":"1m","requests":7}}`:                       "rate.requests",
+		`{"apis":["a","b"],"shadow":true,"apis":[]}`:                            "apis",
+	} {
+		expect(t, call(t, "PUT", base+"/api/policies/p", body), 400, `{"error":"body names member `+dup+` twice"}`)
+	}
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","policies":["p"],"api_limits":{"Orders":{"quota":{"max":1,"renewal":"1h"}},"Orders":{}}}`), 400,
+		`{"error":"body names member api_limits.\"Orders\" twice"}`)
+	const refusedKey = `{"error":"no gateway would accept this key; nothing was changed","problems":[{"path":"key","problem":`
+	for key, problem := range map[string]string{
+		strings.Repeat("k", 513): `"longer than 512 bytes; the gateway refuses such keys"`,
+		`a\r\nb`:                 `"holds the control character '\\r' at byte 1; no request header can carry it"`,
+		`ab\n`:                   `"starts or ends with white space, which the gateway trims from a presented key"`,
+		`a\u0000b`:               `"holds the control character '\\x00' at byte 1; no request header can carry it"`,
+		` k`:                     `"starts or ends with white space, which the gateway trims from a presented key"`,
+	} {
+		expect(t, call(t, "POST", base+"/api/keys", `{"key":"`+key+`","policies":["p"]}`), 422, refusedKey+problem+`}]}`)
+	}
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":5,"per":"1m","burst":7}}`), 200, `{"revision":1}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"`+strings.Repeat("k", 512)+`","policies":["p"]}`), 201,
+		`{"key_hash":"`+hash(strings.Repeat("k", 512))+`","revision":2}`)
+}

@@ -39,6 +39,7 @@
 package spec
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,7 +75,8 @@ type Policy struct {
 	// ID names the policy; keys, keyless APIs, JWT default policies and
 	// failure limits refer to it, and it names its limits in the
 	// RateLimit header fields (its quota as ID + "/quota"). Required and
-	// unique: 1 to 128 ASCII letters, digits, '.', '_', ':' or '-'.
+	// unique: 1 to 128 ASCII letters, digits, '.', '_', ':' or '-', and
+	// not "." or "..".
 	ID string `json:"id"`
 	// Rate is the rate limit, or nil for none.
 	Rate *Rate `json:"rate,omitempty"`
@@ -107,6 +109,45 @@ type Rate struct {
 	// Algorithm is "gcra" (the default when empty), "sliding_window",
 	// "fixed_window" or "sliding_log" (see core.ParseAlgorithm).
 	Algorithm string `json:"algorithm,omitempty"`
+
+	// zeroBurst records a "burst": 0 written out in JSON, which the
+	// gateway's file refuses and so Validate does (0 left out is
+	// Requests). It survives MarshalJSON, so a stored rate keeps it.
+	zeroBurst bool
+}
+
+// rateJSON is Rate's JSON form, with Burst present or absent.
+type rateJSON struct {
+	Requests  int64    `json:"requests"`
+	Per       Duration `json:"per,omitempty"`
+	Burst     *int64   `json:"burst,omitempty"`
+	Algorithm string   `json:"algorithm,omitempty"`
+}
+
+// MarshalJSON writes the rate, with "burst": 0 only when it was read so.
+func (r Rate) MarshalJSON() ([]byte, error) {
+	v := rateJSON{Requests: r.Requests, Per: r.Per, Algorithm: r.Algorithm}
+	if r.Burst != 0 || r.zeroBurst {
+		v.Burst = &r.Burst
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads a rate, refusing unknown fields and data after it.
+// An explicit "burst": 0 is kept apart from a burst left out, for
+// Validate to refuse.
+func (r *Rate) UnmarshalJSON(b []byte) error {
+	var v rateJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	*r = Rate{Requests: v.Requests, Per: v.Per, Algorithm: v.Algorithm}
+	if v.Burst != nil {
+		r.Burst, r.zeroBurst = *v.Burst, *v.Burst == 0
+	}
+	return nil
 }
 
 // Quota is a budget of Max requests per Renewal period, which starts at
@@ -182,7 +223,7 @@ const BuiltinEcho = "builtin:echo"
 type API struct {
 	// ID names the API; policies' apis lists and keys' api_limits refer
 	// to it. Required and unique: 1 to 128 ASCII letters, digits, '.',
-	// '_', ':' or '-'.
+	// '_', ':' or '-', and not "." or "..".
 	ID string `json:"id"`
 	// ListenPath is the path prefix, a clean absolute path such as
 	// "/orders/" (see CleanListenPath); unique across APIs.

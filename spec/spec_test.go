@@ -503,10 +503,13 @@ func TestIDs(t *testing.T) {
 		{"gold", ""},
 		{"Team_A-1.v2:eu", ""},
 		{strings.Repeat("p", 128), ""},
-		{strings.Repeat("p", 129), `spec: policies[0].id: "` + strings.Repeat("p", 129) + `": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
-		{"x/quota", `spec: policies[0].id: "x/quota": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
-		{" ", `spec: policies[0].id: " ": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
-		{"é", `spec: policies[0].id: "é": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
+		{strings.Repeat("p", 129), `spec: policies[0].id: "` + strings.Repeat("p", 129) + `": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{"x/quota", `spec: policies[0].id: "x/quota": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{" ", `spec: policies[0].id: " ": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{".", `spec: policies[0].id: ".": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{"..", `spec: policies[0].id: "..": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{"...", ""},
+		{"é", `spec: policies[0].id: "é": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
 	} {
 		s := &spec.Snapshot{Policies: []spec.Policy{{ID: c.id, Rate: rate}}}
 		got := ""
@@ -518,7 +521,7 @@ func TestIDs(t *testing.T) {
 		}
 	}
 	s := &spec.Snapshot{APIs: []spec.API{{ID: "a b", ListenPath: "/a/", Target: spec.BuiltinEcho}}}
-	want := `spec: apis[0].id: "a b": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`
+	want := `spec: apis[0].id: "a b": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`
 	if err := s.Validate(); err == nil || err.Error() != want {
 		t.Errorf("API \"a b\": got %v, want %q", err, want)
 	}
@@ -544,5 +547,42 @@ func TestSnapshotRefusesNumberDurations(t *testing.T) {
 	}
 	if _, _, ok := spec.DurationTypeProblem(errors.New("other")); ok {
 		t.Error("DurationTypeProblem took another error")
+	}
+}
+
+// TestExplicitZeroBurst: "burst": 0 written out is refused as the
+// gateway's file refuses it (left out, it means requests), and it
+// survives a JSON round trip so a stored rate is refused too.
+func TestExplicitZeroBurst(t *testing.T) {
+	in := `{"policies":[{"id":"p","rate":{"requests":5,"per":"1m","burst":0}},` +
+		`{"id":"q","rate":{"requests":5,"per":"1m","burst":0,"algorithm":"fixed_window"}},` +
+		`{"id":"r","rate":{"requests":5,"per":"1m"}}]}`
+	want := "spec: policies[0].rate.burst: 0 must be > 0 (leave it out to use requests)\n" +
+		"spec: policies[1].rate.burst: 0 must be > 0 (leave it out to use requests)\n" +
+		"spec: policies[1].rate.burst: fixed_window has no burst (it counts up to requests per per); leave burst out"
+	var s spec.Snapshot
+	if err := json.Unmarshal([]byte(in), &s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate: %v\nwant %s", err, want)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"revision":0,"policies":[{"id":"p","rate":{"requests":5,"per":"1m0s","burst":0}},{"id":"q","rate":{"requests":5,"per":"1m0s","burst":0,"algorithm":"fixed_window"}},{"id":"r","rate":{"requests":5,"per":"1m0s"}}]}` {
+		t.Fatalf("JSON %s", b)
+	}
+	var again spec.Snapshot
+	if err := json.Unmarshal(b, &again); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate after a round trip: %v", err)
+	}
+	var r spec.Rate
+	if err := json.Unmarshal([]byte(`{"requests":1,"per":"1s","brust":2}`), &r); err == nil || err.Error() != `json: unknown field "brust"` {
+		t.Fatalf("unknown field in a rate: %v", err)
 	}
 }

@@ -156,15 +156,17 @@ func (v *validator) snapshot(s *Snapshot) {
 }
 
 // idRule says what validID accepts.
-const idRule = "an id is 1 to 128 letters, digits, '.', '_', ':' or '-'"
+const idRule = "an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not \".\" or \"..\""
 
 // validID reports whether id may name a policy or an API: 1 to 128 ASCII
-// letters, digits, '.', '_', ':' and '-'. Policy IDs become names in the
+// letters, digits, '.', '_', ':' and '-', but not "." or ".." (a URL
+// path segment that means the directory itself or its parent, so no
+// admin API URL could name the object). Policy IDs become names in the
 // RateLimit header fields (a quota's is the ID and "/quota", so a "/" in an
 // ID could name two limits alike) and both appear in URLs of the admin
 // APIs and in metric labels.
 func validID(id string) bool {
-	if len(id) == 0 || len(id) > 128 {
+	if len(id) == 0 || len(id) > 128 || id == "." || id == ".." {
 		return false
 	}
 	for i := 0; i < len(id); i++ {
@@ -277,14 +279,14 @@ func (v *validator) rate(at string, r *Rate) {
 	case r.Per < 0:
 		v.fail(at+".per", "%s must be > 0", r.Per)
 	}
-	if r.Burst < 0 {
+	if r.Burst < 0 || r.zeroBurst {
 		v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", r.Burst)
 	}
 	alg, err := core.ParseAlgorithm(r.Algorithm)
 	switch {
 	case err != nil:
 		v.fail(at+".algorithm", "unknown algorithm %q (want gcra, sliding_window, fixed_window or sliding_log)", r.Algorithm)
-	case alg != core.GCRA && r.Burst != 0:
+	case alg != core.GCRA && (r.Burst != 0 || r.zeroBurst):
 		v.fail(at+".burst", "%s has no burst (it counts up to requests per per); leave burst out", alg)
 	}
 	if len(v.errs) > n0 || r.Requests == core.Unlimited {
