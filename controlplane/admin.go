@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,7 +86,12 @@ const MaxProblems = 100
 // A body of JSON null is refused (400) like an empty one; a policy with
 // neither rate nor quota is valid (spec.Policy: it limits nothing, and
 // may still restrict a key to its apis). A method an existing path does
-// not serve answers 405 with an Allow header; an unknown path, 404.
+// not serve answers 405 with an Allow header; an unknown path, 404; a
+// path that is not clean ("/api/keys/../policies/x", "//"), 400 (never a
+// redirect a client would follow with its PUT or DELETE). A write with a
+// body must say Content-Type: application/json (a charset=utf-8
+// parameter is fine); anything else, or none, is 415, and so is a
+// non-JSON Content-Type on a write without a body.
 func Admin(o AdminOptions) (http.Handler, error) {
 	if o.Store == nil {
 		return nil, errors.New("controlplane: admin: no store")
@@ -143,7 +150,62 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint", nil)
 	})
-	return a.authenticate(mux), nil
+	return a.authenticate(cleanPaths(jsonWrites(mux))), nil
+}
+
+// cleanPaths answers 400 to a path that is not clean (a "." or ".."
+// segment, or "//"), which http.ServeMux would answer with a redirect to
+// the cleaned path: a client that follows it would send its PUT or DELETE
+// to another object than the one it named.
+func cleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		clean := path.Clean("/" + p)
+		if strings.HasSuffix(p, "/") && clean != "/" {
+			clean += "/"
+		}
+		if p != clean {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("path %q is not clean (no \".\" or \"..\" segments, no \"//\")", p), nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// jsonWrites answers 415 to a write (PUT, POST, PATCH, DELETE) whose
+// Content-Type is set and is not JSON (see isJSON); decode also refuses a
+// body without one.
+func jsonWrites(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodPut, http.MethodPost, http.MethodPatch, http.MethodDelete:
+			if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
+				unsupportedType(w, ct)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// isJSON reports whether the Content-Type ct is application/json, with
+// no parameter but charset=utf-8 (any case).
+func isJSON(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
+}
+
+func unsupportedType(w http.ResponseWriter, ct string) {
+	w.Header().Set("Accept", "application/json")
+	writeError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q: writes take application/json", ct), nil)
 }
 
 type admin struct {
@@ -216,11 +278,17 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// decode reads the body as JSON into v, refusing (400) an empty body, a
+// decode reads the body as JSON into v, refusing (415) a Content-Type
+// other than application/json (charset=utf-8 allowed) or none, (400) an
+// empty body, a
 // JSON null, an object that names a member twice (encoding/json would
 // keep the last), unknown fields and trailing data, and (422, naming the
 // field) a duration that is not a string.
 func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
+		unsupportedType(w, ct)
+		return false
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: %v", err), nil)

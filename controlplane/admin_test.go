@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,9 @@ func callWith(t testing.TB, method, url, body, auth string) answer {
 	}
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
+	}
+	if body != "" || method == "PUT" || method == "POST" {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -274,10 +278,8 @@ func TestAdminAsStrictAsTheFile(t *testing.T) {
 	const invalid = `{"error":"the change would leave an invalid configuration; nothing was changed","problems":[`
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":5,"per":"1m","burst":0}}`), 422,
 		invalid+`{"path":"policies[\"p\"].rate.burst","problem":"0 must be \u003e 0 (leave it out to use requests)"}]}`)
-	expect(t, call(t, "PUT", base+"/api/policies/%2e%2e", `{"rate":{"requests":5,"per":"1m"}}`), 422,
-		invalid+`{"path":"policies[\"..\"].id","problem":"\"..\": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not \".\" or \"..\""}]}`)
-	expect(t, call(t, "PUT", base+"/api/apis/%2E", `{"listen_path":"/a/","target":"builtin:echo"}`), 422,
-		invalid+`{"path":"apis[\".\"].id","problem":"\".\": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not \".\" or \"..\""}]}`)
+	// "." and ".." in a path are 400 (TestAdminPathsAndContentTypes);
+	// as ids they are invalid wherever they come from.
 	for body, dup := range map[string]string{
 		`{"rate":{"requests":5,"per":"1m"},"rate":{"requests":500,"per":"1m"}}`: "rate",
 		`{"rate":{"requests":5,"per":"1m","requests":7}}`:                       "rate.requests",
@@ -301,4 +303,62 @@ func TestAdminAsStrictAsTheFile(t *testing.T) {
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":5,"per":"1m","burst":7}}`), 200, `{"revision":1}`)
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"`+strings.Repeat("k", 512)+`","policies":["p"]}`), 201,
 		`{"key_hash":"`+hash(strings.Repeat("k", 512))+`","revision":2}`)
+}
+
+// TestAdminPathsAndContentTypes: writes take application/json only
+// (415 otherwise, with or without a charset=utf-8 parameter it is fine),
+// and a path with "." or ".." segments (escaped or not) or "//" is 400,
+// never a redirect that a client follows with its PUT or DELETE to
+// another object. Nothing is written.
+func TestAdminPathsAndContentTypes(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	send := func(method, url, ctype, body string) answer {
+		t.Helper()
+		req, err := http.NewRequest(method, url, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		resp, err := http.DefaultClient.Do(req) // follows redirects
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return answer{resp.StatusCode, strings.TrimSuffix(string(b), "\n"), resp.Header}
+	}
+	const policy = `{"rate":{"requests":5,"per":"1m"}}`
+	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/json; charset=latin1", "application/jsonx", "application/json; v=2"} {
+		a := send("PUT", base+"/api/policies/p", ct, policy)
+		expect(t, a, 415, `{"error":"Content-Type `+strconvQuote(ct)+`: writes take application/json"}`)
+		if a.header.Get("Accept") != "application/json" {
+			t.Fatalf("Accept %q", a.header.Get("Accept"))
+		}
+	}
+	expect(t, send("POST", base+"/api/keys", "text/plain", `{"key":"k","policies":["p"]}`), 415, `{"error":"Content-Type \"text/plain\": writes take application/json"}`)
+	expect(t, send("DELETE", base+"/api/policies/p", "application/x-www-form-urlencoded", "a=b"), 415, `{"error":"Content-Type \"application/x-www-form-urlencoded\": writes take application/json"}`)
+	for _, p := range []string{"/api/keys/../policies/x", "/api/policies/a/../x", "/api/policies/./x", "/api//policies/x", "/api/policies/%2e%2e", "/api/policies/%2E", "/api/policies/x/.."} {
+		for _, m := range []string{"PUT", "DELETE", "GET"} {
+			a := send(m, base+p, "application/json", policy)
+			if a.status != 400 || !strings.Contains(a.body, "is not clean") {
+				t.Fatalf("%s %s: %d %s", m, p, a.status, a.body)
+			}
+		}
+	}
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	expect(t, send("PUT", base+"/api/policies/x", "application/json; charset=utf-8", policy), 200, `{"revision":1}`)
+	expect(t, send("PUT", base+"/api/policies/x", "Application/JSON; Charset=UTF-8", policy), 200, `{"revision":2}`)
+	expect(t, send("DELETE", base+"/api/policies/x", "", ""), 200, `{"revision":3}`)
+}
+
+// strconvQuote is s as %q writes it, as it appears inside a JSON string.
+func strconvQuote(s string) string {
+	b, _ := json.Marshal(strconv.Quote(s))
+	return string(b[1 : len(b)-1])
 }

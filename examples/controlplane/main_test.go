@@ -120,13 +120,28 @@ func startEnv(t *testing.T, env []string, args ...string) *process {
 	return p
 }
 
+// do makes an admin call with the token, as JSON when it has a body.
 func do(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	ctype := ""
+	if body != "" {
+		ctype = "application/json"
+	}
+	return doAs(t, method, url, ctype, body)
+}
+
+// doAs makes an admin call with the token and the Content-Type ctype
+// (none when ""), following redirects as http.DefaultClient does.
+func doAs(t *testing.T, method, url, ctype, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -263,6 +278,33 @@ func TestSecondOnSameFileRefused(t *testing.T) {
 	}
 	// The first is unharmed.
 	if st, b := do(t, "GET", p.base+"/api/revision", ""); st != 200 || b != `{"revision":0}` {
+		t.Fatal(st, b)
+	}
+}
+
+// TestWritesTakeJSONAtCleanPaths, on the running program: a write as a
+// form or text/plain is 415, and a PUT or DELETE to a path with ".."
+// is 400 rather than a redirect the client follows to another object
+// (GET /api/policies/x still 404 afterwards; the revision stays 1).
+func TestWritesTakeJSONAtCleanPaths(t *testing.T) {
+	p := start(t, "-data", filepath.Join(t.TempDir(), "cp.db"))
+	if st, b := do(t, "PUT", p.base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`); st != 200 || b != `{"revision":1}` {
+		t.Fatal(st, b)
+	}
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain"} {
+		if st, b := doAs(t, "PUT", p.base+"/api/policies/x", ct, `{"rate":{"requests":5,"per":"1m"}}`); st != 415 || b != `{"error":"Content-Type \"`+ct+`\": writes take application/json"}` {
+			t.Fatal(ct, st, b)
+		}
+	}
+	for _, r := range [][2]string{{"PUT", "/api/keys/../policies/x"}, {"DELETE", "/api/apis/../policies/gold"}} {
+		if st, b := do(t, r[0], p.base+r[1], `{"rate":{"requests":5,"per":"1m"}}`); st != 400 || b != `{"error":"path \"`+r[1]+`\" is not clean (no \".\" or \"..\" segments, no \"//\")"}` {
+			t.Fatal(r, st, b)
+		}
+	}
+	if st, b := do(t, "GET", p.base+"/api/policies/x", ""); st != 404 {
+		t.Fatal(st, b)
+	}
+	if st, b := do(t, "GET", p.base+"/api/revision", ""); st != 200 || b != `{"revision":1}` {
 		t.Fatal(st, b)
 	}
 }
