@@ -34,6 +34,9 @@ type AdminOptions struct {
 	DataPlanes *DataPlanes
 	// MaxBodyBytes bounds a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
+	// MaxBulkBytes bounds the bodies of POST /api/keys:batch and POST
+	// /api/import instead; 0 means DefaultMaxBulkBytes.
+	MaxBulkBytes int64
 	// Log receives refused calls (wrong token) and store failures; nil
 	// means slog.Default().
 	Log *slog.Logger
@@ -76,6 +79,34 @@ const MaxProblems = 100
 //	                            reset the key's quotas, or only its
 //	                            api_limits quota for API ID (409 when it
 //	                            has none) → {"key_hash", "revision"}
+//	POST   /api/keys:batch[?suppress_reset=1]
+//	                            create or replace 1 to MaxBatchKeys keys,
+//	                            {"keys": [{"key": plaintext or "key_hash",
+//	                            ...}, ...]}, in one write (one revision)
+//	                            or none: any problem is 422 listing every
+//	                            one by index (keys[3].policies[0]);
+//	                            replacing a key resets its quotas unless
+//	                            ?suppress_reset=1
+//	                            → {"revision", "key_hashes": [...]}, the
+//	                            hashes in the order given
+//	GET    /api/export          the whole state as one spec.Snapshot
+//	                            document {"revision", "policies", "apis",
+//	                            "keys"}: every API whatever its tags, keys
+//	                            by hash with their quota epochs, secrets as
+//	                            spec keeps them (references; an inline
+//	                            secret only if an operator wrote one, and
+//	                            then the export is a secret too); streamed
+//	                            in one read view
+//	POST   /api/import          replace the whole state with an export
+//	                            document in one write (one revision
+//	                            raise): validated whole (422, paths by
+//	                            position in the document), objects it
+//	                            lacks deleted, the rest put as given,
+//	                            quota epochs included; its revision is
+//	                            ignored → {"revision"}. Export, import
+//	                            into an empty control plane and export
+//	                            again gives the same document but for
+//	                            "revision".
 //	GET    /api/revision        → {"revision"}
 //	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}
 //
@@ -83,6 +114,8 @@ const MaxProblems = 100
 // with it in lower case. Quota epochs (quota_epoch) are the control
 // plane's: values in bodies are ignored (see withEpochs for the rule).
 // GET answers carry the revision read in the Limitplane-Revision header.
+// Bodies are bounded by MaxBodyBytes, those of :batch and import by
+// MaxBulkBytes (413 beyond).
 // A body of JSON null is refused (400) like an empty one; a policy with
 // neither rate nor quota is valid (spec.Policy: it limits nothing, and
 // may still restrict a key to its apis). A method an existing path does
@@ -101,6 +134,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20
+	}
+	if o.MaxBulkBytes <= 0 {
+		o.MaxBulkBytes = DefaultMaxBulkBytes
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -128,6 +164,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 		{"GET", "/api/keys/{hash}", a.getKey},
 		{"DELETE", "/api/keys/{hash}", a.deleteKey},
 		{"POST", "/api/keys/{hash}/reset-quota", a.resetQuota},
+		{"POST", "/api/keys:batch", a.postKeysBatch},
+		{"GET", "/api/export", a.export},
+		{"POST", "/api/import", a.importState},
 		{"GET", "/api/revision", a.revision},
 		{"GET", "/api/dataplanes", a.dataPlanes},
 	}
@@ -285,11 +324,16 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 // keep the last), unknown fields and trailing data, and (422, naming the
 // field) a duration that is not a string.
 func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	return a.decodeLimit(w, r, v, a.o.MaxBodyBytes)
+}
+
+// decodeLimit is decode with a body of at most limit bytes.
+func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
 	if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
 		unsupportedType(w, ct)
 		return false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: %v", err), nil)
 		return false
