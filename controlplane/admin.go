@@ -350,7 +350,7 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if path, problem, ok := spec.DurationTypeProblem(err); ok {
-			writeError(w, http.StatusUnprocessableEntity, "body has a duration that is not a string; nothing was changed", spec.Errors{{Path: path, Problem: problem}})
+			writeError(w, http.StatusUnprocessableEntity, "body has a duration that is not a string; nothing was changed", spec.Errors{{Path: valuePath(body, path), Problem: problem}})
 			return false
 		}
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("body is not valid JSON for this object: %v", err), nil)
@@ -826,4 +826,96 @@ func memberPath(path, name string) string {
 		return name
 	}
 	return path + "." + name
+}
+
+// valuePath returns the path of the first value in the JSON document doc
+// that is not a string and whose path holds the member names of field,
+// in order, ending with its last ("policies[2].rate.per",
+// "api_limits.orders.rate.per" for field "api_limits.rate.per"), or field
+// itself when there is none. encoding/json names a field of a failed
+// value without array indexes and map keys; decoding stops at the first
+// failure, so the first such value is the one it names.
+func valuePath(doc []byte, field string) string {
+	want := strings.Split(field, ".")
+	type frame struct {
+		object bool
+		index  int
+	}
+	var stack []frame
+	var segs []string // the path: member names, and "[i]" for array elements
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	expectName := false
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return field
+		}
+		if expectName {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				if len(segs) > 0 {
+					segs = segs[:len(segs)-1] // the object's own segment
+				}
+				expectName = len(stack) > 0 && stack[len(stack)-1].object
+				continue
+			}
+			name, _ := tok.(string)
+			segs = append(segs, name)
+			expectName = false
+			continue
+		}
+		if d, ok := tok.(json.Delim); ok && d == ']' {
+			stack = stack[:len(stack)-1]
+			if len(segs) > 0 {
+				segs = segs[:len(segs)-1]
+			}
+			expectName = len(stack) > 0 && stack[len(stack)-1].object
+			continue
+		}
+		if n := len(stack); n > 0 && !stack[n-1].object {
+			segs = append(segs, "["+strconv.Itoa(stack[n-1].index)+"]")
+			stack[n-1].index++
+		}
+		if _, isString := tok.(string); !isString && len(segs) > 0 && segs[len(segs)-1] == want[len(want)-1] && holds(segs, want) {
+			return displayPath(segs)
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true})
+			expectName = true
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		default: // a scalar: its segment ends here
+			if len(segs) > 0 {
+				segs = segs[:len(segs)-1]
+			}
+			expectName = len(stack) > 0 && stack[len(stack)-1].object
+		}
+	}
+}
+
+// holds reports whether the member names want appear in segs in order.
+func holds(segs, want []string) bool {
+	i := 0
+	for _, s := range segs {
+		if i < len(want) && s == want[i] {
+			i++
+		}
+	}
+	return i == len(want)
+}
+
+// displayPath writes path segments as error paths do: policies[2].rate,
+// api_limits.orders, api_limits."Orders".
+func displayPath(segs []string) string {
+	p := ""
+	for _, s := range segs {
+		if strings.HasPrefix(s, "[") {
+			p += s
+			continue
+		}
+		p = memberPath(p, s)
+	}
+	return p
 }

@@ -35,7 +35,7 @@ func TestAdminKeysBatch(t *testing.T) {
 		`{"path":"keys[2].key_hash","problem":"same key as keys[0]"},`+
 		`{"path":"keys[3].key_hash","problem":"\"sha256:abc\" is not sha256:\u003c64 hex digits\u003e"},`+
 		`{"path":"keys[4].key","problem":"starts or ends with white space, which the gateway trims from a presented key"},`+
-		`{"path":"keys[5].api_limits.rate.per","problem":"number 60: a duration is a string with its unit, like \"1h\" or \"500ms\""},`+
+		`{"path":"keys[5].api_limits.eu.rate.per","problem":"number 60: a duration is a string with its unit, like \"1h\" or \"500ms\""},`+
 		`{"path":"keys[6]","problem":"not a key: unknown field \"polices\""},`+
 		`{"path":"keys[7]","problem":"missing key (plaintext) or key_hash"}]}`)
 	bad = `{"keys":[{"key":"a","policies":["gold"]},{"key":"b","policies":["nope"]},{"key":"f","api_limits":{"us":{"quota":{"max":1,"renewal":"1h"}}}}]}`
@@ -167,8 +167,8 @@ func TestAdminExportImportRoundTrip(t *testing.T) {
 		`{"error":"the document is not a valid configuration; nothing was changed","problems":[`+
 			`{"path":"policies[1].id","problem":"duplicate policy id \"p\" (first at policies[0].id)"},`+
 			`{"path":"keys[0].policies[0]","problem":"unknown policy \"q\""}]}`)
-	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":1}}]}`), 422,
-		`{"error":"body has a duration that is not a string; nothing was changed","problems":[{"path":"policies.rate.per","problem":"number 1: a duration is a string with its unit, like \"1h\" or \"500ms\""}]}`)
+	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}},{"id":"q","quota":{"max":1,"renewal":"1h"},"rate":{"requests":1,"per":1}}]}`), 422,
+		`{"error":"body has a duration that is not a string; nothing was changed","problems":[{"path":"policies[1].rate.per","problem":"number 1: a duration is a string with its unit, like \"1h\" or \"500ms\""}]}`)
 	expect(t, call(t, "GET", baseB+"/api/revision", ""), 200, `{"revision":2}`)
 	// Importing an empty document empties the state.
 	expect(t, call(t, "POST", baseB+"/api/import", `{}`), 200, `{"revision":3}`)
