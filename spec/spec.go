@@ -309,6 +309,44 @@ type JWKS struct {
 	// RefreshInterval is how often it is fetched again; 0 (left out)
 	// means identity.DefaultJWKSRefresh.
 	RefreshInterval Duration `json:"refresh_interval,omitempty"`
+
+	// zeroRefresh records a "refresh_interval" of "0s" written out, which
+	// the gateway's file refuses and so Validate does. It survives
+	// MarshalJSON.
+	zeroRefresh bool
+}
+
+// jwksJSON is JWKS's JSON form, with RefreshInterval present or absent.
+type jwksJSON struct {
+	URL             string    `json:"url"`
+	RefreshInterval *Duration `json:"refresh_interval,omitempty"`
+}
+
+// MarshalJSON writes the set, with a zero refresh_interval only when it
+// was read so.
+func (j JWKS) MarshalJSON() ([]byte, error) {
+	v := jwksJSON{URL: j.URL}
+	if j.RefreshInterval != 0 || j.zeroRefresh {
+		v.RefreshInterval = &j.RefreshInterval
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads a set, refusing unknown fields and data after it.
+// A refresh_interval of "0s" written out is kept apart from one left out,
+// for Validate to refuse.
+func (j *JWKS) UnmarshalJSON(b []byte) error {
+	var v jwksJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	*j = JWKS{URL: v.URL}
+	if v.RefreshInterval != nil {
+		j.RefreshInterval, j.zeroRefresh = *v.RefreshInterval, *v.RefreshInterval == 0
+	}
+	return nil
 }
 
 // FailureLimit names the policy failed authentications are charged to.

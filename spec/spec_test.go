@@ -586,3 +586,44 @@ func TestExplicitZeroBurst(t *testing.T) {
 		t.Fatalf("unknown field in a rate: %v", err)
 	}
 }
+
+// TestExplicitZeroRefreshInterval: a JWKS refresh_interval of "0s"
+// written out is refused as the gateway's file refuses it (left out, it
+// means the default), through a JSON round trip too.
+func TestExplicitZeroRefreshInterval(t *testing.T) {
+	api := func(jwks string) string {
+		return `{"policies":[{"id":"p"}],"apis":[{"id":"a","listen_path":"/a/","target":"builtin:echo","auth":"jwt","jwt":{"algorithms":["RS256"],"jwks":` + jwks + `,"default_policies":["p"]}}]}`
+	}
+	for _, c := range []struct{ jwks, want string }{
+		{`{"url":"https://idp.example/jwks.json","refresh_interval":"0s"}`, "spec: apis[0].jwt.jwks.refresh_interval: 0s must be > 0"},
+		{`{"url":"https://idp.example/jwks.json","refresh_interval":"-1s"}`, "spec: apis[0].jwt.jwks.refresh_interval: -1s must be > 0"},
+		{`{"url":"https://idp.example/jwks.json"}`, ""},
+		{`{"url":"https://idp.example/jwks.json","refresh_interval":"1m"}`, ""},
+	} {
+		var s spec.Snapshot
+		if err := json.Unmarshal([]byte(api(c.jwks)), &s); err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again spec.Snapshot
+		if err := json.Unmarshal(b, &again); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []*spec.Snapshot{&s, &again} {
+			got := ""
+			if err := v.Validate(); err != nil {
+				got = err.Error()
+			}
+			if got != c.want {
+				t.Errorf("%s: %q, want %q (JSON %s)", c.jwks, got, c.want, b)
+			}
+		}
+	}
+	var j spec.JWKS
+	if err := json.Unmarshal([]byte(`{"url":"https://x","refresh":"1m"}`), &j); err == nil || err.Error() != `json: unknown field "refresh"` {
+		t.Fatalf("unknown field in jwks: %v", err)
+	}
+}

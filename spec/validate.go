@@ -420,7 +420,7 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 		if err := CheckJWKSURL(j.JWKS.URL); err != nil {
 			v.fail(at+".jwks.url", "%s", problem(err))
 		}
-		if j.JWKS.RefreshInterval < 0 {
+		if j.JWKS.RefreshInterval < 0 || j.JWKS.zeroRefresh {
 			v.fail(at+".jwks.refresh_interval", "%s must be > 0", j.JWKS.RefreshInterval)
 		}
 	default:
