@@ -110,44 +110,64 @@ type Rate struct {
 	// "fixed_window" or "sliding_log" (see core.ParseAlgorithm).
 	Algorithm string `json:"algorithm,omitempty"`
 
-	// zeroBurst records a "burst": 0 written out in JSON, which the
-	// gateway's file refuses and so Validate does (0 left out is
-	// Requests). It survives MarshalJSON, so a stored rate keeps it.
-	zeroBurst bool
+	// noRequests, zeroPer and zeroBurst record what a rate's JSON wrote
+	// that its fields cannot tell apart from what it left out: requests
+	// left out, and a per of "0s" or a burst of 0 written out. The
+	// gateway's file refuses each with its own words and so Validate
+	// does (0 left out is "missing" for per and Requests for burst). They
+	// survive MarshalJSON, so a stored rate keeps them.
+	noRequests, zeroPer, zeroBurst bool
 }
 
-// rateJSON is Rate's JSON form, with Burst present or absent.
+// rateJSON is Rate's JSON form, with each member present or absent.
 type rateJSON struct {
-	Requests  int64    `json:"requests"`
-	Per       Duration `json:"per,omitempty"`
-	Burst     *int64   `json:"burst,omitempty"`
-	Algorithm string   `json:"algorithm,omitempty"`
+	Requests  *int64    `json:"requests,omitempty"`
+	Per       *Duration `json:"per,omitempty"`
+	Burst     *int64    `json:"burst,omitempty"`
+	Algorithm string    `json:"algorithm,omitempty"`
 }
 
-// MarshalJSON writes the rate, with "burst": 0 only when it was read so.
+// MarshalJSON writes the rate: requests always but when it was read
+// without it, per and burst when they are not 0 or were read as 0.
 func (r Rate) MarshalJSON() ([]byte, error) {
-	v := rateJSON{Requests: r.Requests, Per: r.Per, Algorithm: r.Algorithm}
+	v := rateJSON{Algorithm: r.Algorithm}
+	if r.Requests != 0 || !r.noRequests {
+		v.Requests = &r.Requests
+	}
+	if r.Per != 0 || r.zeroPer {
+		v.Per = &r.Per
+	}
 	if r.Burst != 0 || r.zeroBurst {
 		v.Burst = &r.Burst
 	}
 	return json.Marshal(v)
 }
 
-// UnmarshalJSON reads a rate, refusing unknown fields and data after it.
-// An explicit "burst": 0 is kept apart from a burst left out, for
-// Validate to refuse.
+// UnmarshalJSON reads a rate, refusing unknown fields,
+// and keeps what MarshalJSON needs to write it again as it was.
 func (r *Rate) UnmarshalJSON(b []byte) error {
 	var v rateJSON
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&v); err != nil {
+	if err := decodeStrict(b, &v); err != nil {
 		return err
 	}
-	*r = Rate{Requests: v.Requests, Per: v.Per, Algorithm: v.Algorithm}
+	*r = Rate{Algorithm: v.Algorithm, noRequests: v.Requests == nil}
+	if v.Requests != nil {
+		r.Requests = *v.Requests
+	}
+	if v.Per != nil {
+		r.Per, r.zeroPer = *v.Per, *v.Per == 0
+	}
 	if v.Burst != nil {
 		r.Burst, r.zeroBurst = *v.Burst, *v.Burst == 0
 	}
 	return nil
+}
+
+// decodeStrict decodes b into v, refusing unknown fields.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 // Quota is a budget of Max requests per Renewal period, which starts at
@@ -158,6 +178,45 @@ type Quota struct {
 	Max int64 `json:"max"`
 	// Renewal is the period; required unless Max is -1.
 	Renewal Duration `json:"renewal,omitempty"`
+
+	// noMax and zeroRenewal record max left out and a renewal of "0s"
+	// written out, as Rate's flags do.
+	noMax, zeroRenewal bool
+}
+
+// quotaJSON is Quota's JSON form, with each member present or absent.
+type quotaJSON struct {
+	Max     *int64    `json:"max,omitempty"`
+	Renewal *Duration `json:"renewal,omitempty"`
+}
+
+// MarshalJSON writes the quota: max always but when it was read without
+// it, renewal when it is not 0 or was read as 0.
+func (q Quota) MarshalJSON() ([]byte, error) {
+	var v quotaJSON
+	if q.Max != 0 || !q.noMax {
+		v.Max = &q.Max
+	}
+	if q.Renewal != 0 || q.zeroRenewal {
+		v.Renewal = &q.Renewal
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads a quota, refusing unknown fields, and keeps what MarshalJSON needs to write it again as it was.
+func (q *Quota) UnmarshalJSON(b []byte) error {
+	var v quotaJSON
+	if err := decodeStrict(b, &v); err != nil {
+		return err
+	}
+	*q = Quota{noMax: v.Max == nil}
+	if v.Max != nil {
+		q.Max = *v.Max
+	}
+	if v.Renewal != nil {
+		q.Renewal, q.zeroRenewal = *v.Renewal, *v.Renewal == 0
+	}
+	return nil
 }
 
 // Limits are a key's own limits for one API; they replace the key's
@@ -332,14 +391,12 @@ func (j JWKS) MarshalJSON() ([]byte, error) {
 	return json.Marshal(v)
 }
 
-// UnmarshalJSON reads a set, refusing unknown fields and data after it.
+// UnmarshalJSON reads a set, refusing unknown fields.
 // A refresh_interval of "0s" written out is kept apart from one left out,
 // for Validate to refuse.
 func (j *JWKS) UnmarshalJSON(b []byte) error {
 	var v jwksJSON
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&v); err != nil {
+	if err := decodeStrict(b, &v); err != nil {
 		return err
 	}
 	*j = JWKS{URL: v.URL}

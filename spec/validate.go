@@ -272,8 +272,12 @@ func (v *validator) rate(at string, r *Rate) {
 	n0 := len(v.errs)
 	switch {
 	case r.Requests == core.Unlimited:
+	case r.noRequests:
+		v.fail(at+".requests", "missing (requests per period, or -1 for unlimited)")
 	case r.Requests <= 0:
 		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
+	case r.Per == 0 && r.zeroPer:
+		v.fail(at+".per", "%s must be > 0", r.Per)
 	case r.Per == 0:
 		v.fail(at+".per", "missing (the period, like 1s, 1m or 24h)")
 	case r.Per < 0:
@@ -305,8 +309,14 @@ func (v *validator) quota(at string, q *Quota) {
 	switch {
 	case q.Max == core.Unlimited:
 		return
+	case q.noMax:
+		v.fail(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
+		return
 	case q.Max <= 0:
 		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", q.Max)
+		return
+	case q.Renewal == 0 && q.zeroRenewal:
+		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
 		return
 	case q.Renewal == 0:
 		v.fail(at+".renewal", "missing (the period, like 1h or 720h)")
