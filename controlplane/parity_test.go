@@ -51,7 +51,9 @@ func sameProblems(t *testing.T, url, file, fileAt, adminAt string, cases []parit
 // TestAdminRefusesWhatTheFileRefuses: one rule set. Each policy and API
 // below is written once as the gateway's YAML file and once as the admin
 // API's JSON; the file's problems and the admin API's are the same, field
-// for field and word for word, and nothing is written.
+// for field and word for word, and nothing is written. (A duration in a
+// problem is written as the file has it there and as time.Duration
+// formats it here: "-1m" and "-1m0s"; the cases use the canonical form.)
 func TestAdminRefusesWhatTheFileRefuses(t *testing.T) {
 	_, base := server(t, controlplane.BoltOptions{}, nil)
 	sameProblems(t, base+"/api/policies/p", "policies:\n  - id: p\n    OBJECT\napis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\"}\n",
@@ -68,6 +70,9 @@ func TestAdminRefusesWhatTheFileRefuses(t *testing.T) {
 			{"max 0", `quota: {max: 0, renewal: 1h}`, `{"quota":{"max":0,"renewal":"1h"}}`},
 			{"renewal missing", `quota: {max: 5}`, `{"quota":{"max":5}}`},
 			{"renewal 0s", `quota: {max: 5, renewal: 0s}`, `{"quota":{"max":5,"renewal":"0s"}}`},
+			{"unlimited with per 0s", `rate: {requests: -1, per: 0s}`, `{"rate":{"requests":-1,"per":"0s"}}`},
+			{"unlimited with negative per", `rate: {requests: -1, per: -1m0s}`, `{"rate":{"requests":-1,"per":"-1m0s"}}`},
+			{"unlimited with negative renewal", `quota: {max: -1, renewal: -2s}`, `{"quota":{"max":-1,"renewal":"-2s"}}`},
 			{"rate finer than 1ns", `rate: {requests: 2000000000, per: 1s}`, `{"rate":{"requests":2000000000,"per":"1s"}}`},
 		})
 	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)

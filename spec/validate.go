@@ -272,6 +272,10 @@ func (v *validator) rate(at string, r *Rate) {
 	n0 := len(v.errs)
 	switch {
 	case r.Requests == core.Unlimited:
+		// Unlimited needs no period, but one given must be valid.
+		if r.Per < 0 || r.zeroPer {
+			v.fail(at+".per", "%s must be > 0", r.Per)
+		}
 	case r.noRequests:
 		v.fail(at+".requests", "missing (requests per period, or -1 for unlimited)")
 	case r.Requests <= 0:
@@ -308,6 +312,9 @@ func (v *validator) quota(at string, q *Quota) {
 	}
 	switch {
 	case q.Max == core.Unlimited:
+		if q.Renewal < 0 || q.zeroRenewal {
+			v.fail(at+".renewal", "%s must be > 0", q.Renewal)
+		}
 		return
 	case q.noMax:
 		v.fail(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
