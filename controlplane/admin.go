@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +34,9 @@ type AdminOptions struct {
 	DataPlanes *DataPlanes
 	// MaxBodyBytes bounds a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
+	// MaxBulkBytes bounds the bodies of POST /api/keys:batch and POST
+	// /api/import instead; 0 means DefaultMaxBulkBytes.
+	MaxBulkBytes int64
 	// Log receives refused calls (wrong token) and store failures; nil
 	// means slog.Default().
 	Log *slog.Logger
@@ -62,7 +67,8 @@ const MaxProblems = 100
 //	                            "next"}; next is the hash to ask after for
 //	                            the next page, "" on the last
 //	POST   /api/keys            create a key from {"key": plaintext, ...}
-//	                            (hashed at once, never stored) or
+//	                            (hashed at once, never stored; 422 when
+//	                            it breaks identity.CheckKey) or
 //	                            {"key_hash": ...}; 409 if it exists
 //	                            → 201 {"key_hash", "revision"}
 //	PUT    /api/keys/{hash}     create or replace a key; replacing resets
@@ -73,6 +79,34 @@ const MaxProblems = 100
 //	                            reset the key's quotas, or only its
 //	                            api_limits quota for API ID (409 when it
 //	                            has none) → {"key_hash", "revision"}
+//	POST   /api/keys:batch[?suppress_reset=1]
+//	                            create or replace 1 to MaxBatchKeys keys,
+//	                            {"keys": [{"key": plaintext or "key_hash",
+//	                            ...}, ...]}, in one write (one revision)
+//	                            or none: any problem is 422 listing every
+//	                            one by index (keys[3].policies[0]);
+//	                            replacing a key resets its quotas unless
+//	                            ?suppress_reset=1
+//	                            → {"revision", "key_hashes": [...]}, the
+//	                            hashes in the order given
+//	GET    /api/export          the whole state as one spec.Snapshot
+//	                            document {"revision", "policies", "apis",
+//	                            "keys"}: every API whatever its tags, keys
+//	                            by hash with their quota epochs, secrets as
+//	                            spec keeps them (references; an inline
+//	                            secret only if an operator wrote one, and
+//	                            then the export is a secret too); streamed
+//	                            in one read view
+//	POST   /api/import          replace the whole state with an export
+//	                            document in one write (one revision
+//	                            raise): validated whole (422, paths by
+//	                            position in the document), objects it
+//	                            lacks deleted, the rest put as given,
+//	                            quota epochs included; its revision is
+//	                            ignored → {"revision"}. Export, import
+//	                            into an empty control plane and export
+//	                            again gives the same document but for
+//	                            "revision".
 //	GET    /api/revision        → {"revision"}
 //	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}
 //
@@ -80,10 +114,17 @@ const MaxProblems = 100
 // with it in lower case. Quota epochs (quota_epoch) are the control
 // plane's: values in bodies are ignored (see withEpochs for the rule).
 // GET answers carry the revision read in the Limitplane-Revision header.
+// Bodies are bounded by MaxBodyBytes, those of :batch and import by
+// MaxBulkBytes (413 beyond).
 // A body of JSON null is refused (400) like an empty one; a policy with
 // neither rate nor quota is valid (spec.Policy: it limits nothing, and
 // may still restrict a key to its apis). A method an existing path does
-// not serve answers 405 with an Allow header; an unknown path, 404.
+// not serve answers 405 with an Allow header; an unknown path, 404; a
+// path that is not clean ("/api/keys/../policies/x", "//"), 400 (never a
+// redirect a client would follow with its PUT or DELETE). A write with a
+// body must say Content-Type: application/json (a charset=utf-8
+// parameter is fine); anything else, or none, is 415, and so is a
+// non-JSON Content-Type on a write without a body.
 func Admin(o AdminOptions) (http.Handler, error) {
 	if o.Store == nil {
 		return nil, errors.New("controlplane: admin: no store")
@@ -93,6 +134,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20
+	}
+	if o.MaxBulkBytes <= 0 {
+		o.MaxBulkBytes = DefaultMaxBulkBytes
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -120,6 +164,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 		{"GET", "/api/keys/{hash}", a.getKey},
 		{"DELETE", "/api/keys/{hash}", a.deleteKey},
 		{"POST", "/api/keys/{hash}/reset-quota", a.resetQuota},
+		{"POST", "/api/keys:batch", a.postKeysBatch},
+		{"GET", "/api/export", a.export},
+		{"POST", "/api/import", a.importState},
 		{"GET", "/api/revision", a.revision},
 		{"GET", "/api/dataplanes", a.dataPlanes},
 	}
@@ -142,7 +189,62 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint", nil)
 	})
-	return a.authenticate(mux), nil
+	return a.authenticate(cleanPaths(jsonWrites(mux))), nil
+}
+
+// cleanPaths answers 400 to a path that is not clean (a "." or ".."
+// segment, or "//"), which http.ServeMux would answer with a redirect to
+// the cleaned path: a client that follows it would send its PUT or DELETE
+// to another object than the one it named.
+func cleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		clean := path.Clean("/" + p)
+		if strings.HasSuffix(p, "/") && clean != "/" {
+			clean += "/"
+		}
+		if p != clean {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("path %q is not clean (no \".\" or \"..\" segments, no \"//\")", p), nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// jsonWrites answers 415 to a write (PUT, POST, PATCH, DELETE) whose
+// Content-Type is set and is not JSON (see isJSON); decode also refuses a
+// body without one.
+func jsonWrites(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodPut, http.MethodPost, http.MethodPatch, http.MethodDelete:
+			if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
+				unsupportedType(w, ct)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// isJSON reports whether the Content-Type ct is application/json, with
+// no parameter but charset=utf-8 (any case).
+func isJSON(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
+}
+
+func unsupportedType(w http.ResponseWriter, ct string) {
+	w.Header().Set("Accept", "application/json")
+	writeError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type %q: writes take application/json", ct), nil)
 }
 
 type admin struct {
@@ -215,10 +317,23 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// decode reads the body as JSON into v, refusing (400) an empty body, a
-// JSON null, unknown fields and trailing data.
+// decode reads the body as JSON into v, refusing (415) a Content-Type
+// other than application/json (charset=utf-8 allowed) or none, (400) an
+// empty body, a
+// JSON null, an object that names a member twice (encoding/json would
+// keep the last), unknown fields and trailing data, and (422, naming the
+// field) a duration that is not a string.
 func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
+	return a.decodeLimit(w, r, v, a.o.MaxBodyBytes)
+}
+
+// decodeLimit is decode with a body of at most limit bytes.
+func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
+	if ct := r.Header.Get("Content-Type"); !isJSON(ct) {
+		unsupportedType(w, ct)
+		return false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: %v", err), nil)
 		return false
@@ -227,9 +342,17 @@ func (a *admin) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		writeError(w, http.StatusBadRequest, "body is JSON null; want a JSON object", nil)
 		return false
 	}
+	if dup, err := duplicateMember(body); err == nil && dup != "" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("body names member %s twice", dup), nil)
+		return false
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if path, problem, ok := spec.DurationTypeProblem(err); ok {
+			writeError(w, http.StatusUnprocessableEntity, "body has a duration that is not a string; nothing was changed", spec.Errors{{Path: valuePath(body, path), Problem: problem}})
+			return false
+		}
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("body is not valid JSON for this object: %v", err), nil)
 		return false
 	}
@@ -338,6 +461,9 @@ func (a *admin) postKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "give the key in plaintext (key) or by hash (key_hash), not both", nil)
 		return
 	case nk.Plain != "":
+		if !checkKey(w, "key", nk.Plain) {
+			return
+		}
 		k.KeyHash = identity.HashKey(nk.Plain).String()
 	case k.KeyHash == "":
 		writeError(w, http.StatusBadRequest, "missing key (plaintext) or key_hash", nil)
@@ -358,6 +484,19 @@ func (a *admin) postKey(w http.ResponseWriter, r *http.Request) {
 		}
 		return tx.PutKey(withEpochs(k, nil, tx.Revision(), false))
 	})
+}
+
+// checkKey applies the gateway's key rules (identity.CheckKey) to a
+// plaintext key, answering 422 with the problem at path when it breaks
+// them: the gateway's file refuses such a key with the same words, and
+// no gateway could ever authenticate it.
+func checkKey(w http.ResponseWriter, path, key string) bool {
+	if err := identity.CheckKey(key); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, "no gateway would accept this key; nothing was changed",
+			spec.Errors{{Path: path, Problem: strings.TrimPrefix(err.Error(), "identity: ")}})
+		return false
+	}
+	return true
 }
 
 // parseHash returns hash in lower case, or answers 400.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,9 @@ func callWith(t testing.TB, method, url, body, auth string) answer {
 	}
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
+	}
+	if body != "" || method == "PUT" || method == "POST" {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -246,4 +250,117 @@ func BenchmarkAdminWrites16Clients(b *testing.B) {
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "writes/s")
+}
+
+// TestAdminRefusesNumberDurations: "per": 3600 once stored 3.6 µs (a
+// number read as nanoseconds: no limit at all). Durations are strings;
+// a number is 422 naming the field, and nothing is written.
+func TestAdminRefusesNumberDurations(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	const problem = `: a duration is a string with its unit, like \"1h\" or \"500ms\"`
+	const refused = `{"error":"body has a duration that is not a string; nothing was changed","problems":[{"path":"`
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":3600}}`), 422, refused+`rate.per","problem":"number 3600`+problem+`"}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"quota":{"max":10,"renewal":86400000000000}}`), 422, refused+`quota.renewal","problem":"number 86400000000000`+problem+`"}]}`)
+	expect(t, call(t, "PUT", base+"/api/apis/a", `{"listen_path":"/a/","target":"builtin:echo","auth":"jwt","jwt":{"algorithms":["HS256"],"keys":[{"secret_env":"S"}],"default_policies":["p"],"leeway":30}}`), 422, refused+`jwt.leeway","problem":"number 30`+problem+`"}]}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"a":{"rate":{"requests":1,"per":1}}}}`), 422, refused+`api_limits.a.rate.per","problem":"number 1`+problem+`"}]}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"Orders-1":{"rate":{"requests":1,"per":"1s"}},"b":{"quota":{"max":1,"renewal":"1h"}},"c":{"quota":{"max":1,"renewal":2}}}}`), 422, refused+`api_limits.c.quota.renewal","problem":"number 2`+problem+`"}]}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"Orders-1":{"rate":{"requests":1,"per":[1]}}}}`), 422, refused+`api_limits.\"Orders-1\".rate.per","problem":"array`+problem+`"}]}`)
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"1h"}}`), 200, `{"revision":1}`)
+	expect(t, call(t, "GET", base+"/api/policies/p", ""), 200, `{"id":"p","rate":{"requests":10,"per":"1h0m0s"}}`)
+}
+
+// TestAdminAsStrictAsTheFile: what a gateway's file refuses, the admin
+// API refuses, with the file's words: an explicit burst 0, a plaintext
+// key no gateway would accept (too long, CR, LF, NUL, surrounding white
+// space), the ids "." and ".."; and a member named twice is 400 (not
+// "last wins"). Nothing is written.
+func TestAdminAsStrictAsTheFile(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	const invalid = `{"error":"the change would leave an invalid configuration; nothing was changed","problems":[`
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":5,"per":"1m","burst":0}}`), 422,
+		invalid+`{"path":"policies[\"p\"].rate.burst","problem":"0 must be \u003e 0 (leave it out to use requests)"}]}`)
+	// "." and ".." in a path are 400 (TestAdminPathsAndContentTypes);
+	// as ids they are invalid wherever they come from.
+	for body, dup := range map[string]string{
+		`{"rate":{"requests":5,"per":"1m"},"rate":{"requests":500,"per":"1m"}}`: "rate",
+		`{"rate":{"requests":5,"per":"1m","requests":7}}`:                       "rate.requests",
+		`{"apis":["a","b"],"shadow":true,"apis":[]}`:                            "apis",
+	} {
+		expect(t, call(t, "PUT", base+"/api/policies/p", body), 400, `{"error":"body names member `+dup+` twice"}`)
+	}
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","policies":["p"],"api_limits":{"Orders":{"quota":{"max":1,"renewal":"1h"}},"Orders":{}}}`), 400,
+		`{"error":"body names member api_limits.\"Orders\" twice"}`)
+	const refusedKey = `{"error":"no gateway would accept this key; nothing was changed","problems":[{"path":"key","problem":`
+	for key, problem := range map[string]string{
+		strings.Repeat("k", 513): `"longer than 512 bytes; the gateway refuses such keys"`,
+		`a\r\nb`:                 `"holds the control character '\\r' at byte 1; no request header can carry it"`,
+		`ab\n`:                   `"starts or ends with white space, which the gateway trims from a presented key"`,
+		`a\u0000b`:               `"holds the control character '\\x00' at byte 1; no request header can carry it"`,
+		` k`:                     `"starts or ends with white space, which the gateway trims from a presented key"`,
+	} {
+		expect(t, call(t, "POST", base+"/api/keys", `{"key":"`+key+`","policies":["p"]}`), 422, refusedKey+problem+`}]}`)
+	}
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":5,"per":"1m","burst":7}}`), 200, `{"revision":1}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"`+strings.Repeat("k", 512)+`","policies":["p"]}`), 201,
+		`{"key_hash":"`+hash(strings.Repeat("k", 512))+`","revision":2}`)
+}
+
+// TestAdminPathsAndContentTypes: writes take application/json only
+// (415 otherwise, with or without a charset=utf-8 parameter it is fine),
+// and a path with "." or ".." segments (escaped or not) or "//" is 400,
+// never a redirect that a client follows with its PUT or DELETE to
+// another object. Nothing is written.
+func TestAdminPathsAndContentTypes(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	send := func(method, url, ctype, body string) answer {
+		t.Helper()
+		req, err := http.NewRequest(method, url, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		resp, err := http.DefaultClient.Do(req) // follows redirects
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return answer{resp.StatusCode, strings.TrimSuffix(string(b), "\n"), resp.Header}
+	}
+	const policy = `{"rate":{"requests":5,"per":"1m"}}`
+	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/json; charset=latin1", "application/jsonx", "application/json; v=2"} {
+		a := send("PUT", base+"/api/policies/p", ct, policy)
+		expect(t, a, 415, `{"error":"Content-Type `+strconvQuote(ct)+`: writes take application/json"}`)
+		if a.header.Get("Accept") != "application/json" {
+			t.Fatalf("Accept %q", a.header.Get("Accept"))
+		}
+	}
+	expect(t, send("POST", base+"/api/keys", "text/plain", `{"key":"k","policies":["p"]}`), 415, `{"error":"Content-Type \"text/plain\": writes take application/json"}`)
+	expect(t, send("DELETE", base+"/api/policies/p", "application/x-www-form-urlencoded", "a=b"), 415, `{"error":"Content-Type \"application/x-www-form-urlencoded\": writes take application/json"}`)
+	for _, p := range []string{"/api/keys/../policies/x", "/api/policies/a/../x", "/api/policies/./x", "/api//policies/x", "/api/policies/%2e%2e", "/api/policies/%2E", "/api/policies/x/.."} {
+		for _, m := range []string{"PUT", "DELETE", "GET"} {
+			a := send(m, base+p, "application/json", policy)
+			if a.status != 400 || !strings.Contains(a.body, "is not clean") {
+				t.Fatalf("%s %s: %d %s", m, p, a.status, a.body)
+			}
+		}
+	}
+	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
+	expect(t, send("PUT", base+"/api/policies/x", "application/json; charset=utf-8", policy), 200, `{"revision":1}`)
+	expect(t, send("PUT", base+"/api/policies/x", "Application/JSON; Charset=UTF-8", policy), 200, `{"revision":2}`)
+	expect(t, send("DELETE", base+"/api/policies/x", "", ""), 200, `{"revision":3}`)
+}
+
+// strconvQuote is s as %q writes it, as it appears inside a JSON string.
+func strconvQuote(s string) string {
+	b, _ := json.Marshal(strconv.Quote(s))
+	return string(b[1 : len(b)-1])
 }

@@ -568,6 +568,30 @@ func (s Source) String() string {
 // without hashing.
 const DefaultMaxKeyLength = 512
 
+// CheckKey reports why the plaintext key could never be presented to a
+// gateway with the default options, or returns nil: it is empty, longer
+// than DefaultMaxKeyLength bytes (refused without hashing), starts or
+// ends with white space (Extract trims it, so the key presented would be
+// another), or holds a control character (CR, LF, NUL, any byte below
+// 0x20 or DEL: no header can carry it). The gateway's file and the
+// control plane refuse such keys with its message, which names no key.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("identity: empty key")
+	case len(key) > DefaultMaxKeyLength:
+		return fmt.Errorf("identity: longer than %d bytes; the gateway refuses such keys", DefaultMaxKeyLength)
+	case strings.TrimSpace(key) != key:
+		return errors.New("identity: starts or ends with white space, which the gateway trims from a presented key")
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c == 0x7f {
+			return fmt.Errorf("identity: holds the control character %q at byte %d; no request header can carry it", c, i)
+		}
+	}
+	return nil
+}
+
 // APIKeyOptions configure an APIKey authenticator. The zero value uses
 // DefaultKeySources, DefaultMaxKeyLength and time.Now.
 type APIKeyOptions struct {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -396,5 +397,34 @@ func TestKeysReplaceRefusesDuplicates(t *testing.T) {
 	}
 	if got := fmt.Sprint(order(ks)); got != "[a]" {
 		t.Errorf("after a refused Replace: %s, want [a]", got)
+	}
+}
+
+// TestCheckKey: the one rule for plaintext keys that the gateway's file
+// and the control plane apply: what a gateway could be presented with.
+func TestCheckKey(t *testing.T) {
+	ok512 := strings.Repeat("k", identity.DefaultMaxKeyLength)
+	for _, c := range []struct{ key, want string }{
+		{"demo-key-1", ""},
+		{ok512, ""},
+		{"a b", ""},
+		{"ключ", ""},
+		{"", "identity: empty key"},
+		{ok512 + "k", "identity: longer than 512 bytes; the gateway refuses such keys"},
+		{"a\rb", `identity: holds the control character '\r' at byte 1; no request header can carry it`},
+		{"ab\nc", `identity: holds the control character '\n' at byte 2; no request header can carry it`},
+		{"a\x00", `identity: holds the control character '\x00' at byte 1; no request header can carry it`},
+		{"a\tb", `identity: holds the control character '\t' at byte 1; no request header can carry it`},
+		{"a\x7f", `identity: holds the control character '\x7f' at byte 1; no request header can carry it`},
+		{" k", "identity: starts or ends with white space, which the gateway trims from a presented key"},
+		{"k\n", "identity: starts or ends with white space, which the gateway trims from a presented key"},
+	} {
+		got := ""
+		if err := identity.CheckKey(c.key); err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("CheckKey(%q): %q, want %q", c.key, got, c.want)
+		}
 	}
 }

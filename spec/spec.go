@@ -6,7 +6,8 @@
 // number. Its JSON form uses the field names of the gateway's YAML file
 // (README, "Gateway configuration reference"): "requests", "per",
 // "key_hash", "listen_path", "api_limits" and so on; durations are Go
-// duration strings ("1m", "24h") and times RFC 3339. Validate checks a
+// duration strings ("1m", "24h"; a number is refused, see Duration) and
+// times RFC 3339. Validate checks a
 // snapshot as a whole and reports every problem with its field path, such
 // as policies[1].rate.per.
 //
@@ -38,11 +39,17 @@
 package spec
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // Snapshot is one complete, consistent set of policies, keys and APIs.
@@ -68,7 +75,8 @@ type Policy struct {
 	// ID names the policy; keys, keyless APIs, JWT default policies and
 	// failure limits refer to it, and it names its limits in the
 	// RateLimit header fields (its quota as ID + "/quota"). Required and
-	// unique: 1 to 128 ASCII letters, digits, '.', '_', ':' or '-'.
+	// unique: 1 to 128 ASCII letters, digits, '.', '_', ':' or '-', and
+	// not "." or "..".
 	ID string `json:"id"`
 	// Rate is the rate limit, or nil for none.
 	Rate *Rate `json:"rate,omitempty"`
@@ -101,6 +109,65 @@ type Rate struct {
 	// Algorithm is "gcra" (the default when empty), "sliding_window",
 	// "fixed_window" or "sliding_log" (see core.ParseAlgorithm).
 	Algorithm string `json:"algorithm,omitempty"`
+
+	// noRequests, zeroPer and zeroBurst record what a rate's JSON wrote
+	// that its fields cannot tell apart from what it left out: requests
+	// left out, and a per of "0s" or a burst of 0 written out. The
+	// gateway's file refuses each with its own words and so Validate
+	// does (0 left out is "missing" for per and Requests for burst). They
+	// survive MarshalJSON, so a stored rate keeps them.
+	noRequests, zeroPer, zeroBurst bool
+}
+
+// rateJSON is Rate's JSON form, with each member present or absent.
+type rateJSON struct {
+	Requests  *int64    `json:"requests,omitempty"`
+	Per       *Duration `json:"per,omitempty"`
+	Burst     *int64    `json:"burst,omitempty"`
+	Algorithm string    `json:"algorithm,omitempty"`
+}
+
+// MarshalJSON writes the rate: requests always but when it was read
+// without it, per and burst when they are not 0 or were read as 0.
+func (r Rate) MarshalJSON() ([]byte, error) {
+	v := rateJSON{Algorithm: r.Algorithm}
+	if r.Requests != 0 || !r.noRequests {
+		v.Requests = &r.Requests
+	}
+	if r.Per != 0 || r.zeroPer {
+		v.Per = &r.Per
+	}
+	if r.Burst != 0 || r.zeroBurst {
+		v.Burst = &r.Burst
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads a rate, refusing unknown fields,
+// and keeps what MarshalJSON needs to write it again as it was.
+func (r *Rate) UnmarshalJSON(b []byte) error {
+	var v rateJSON
+	if err := decodeStrict(b, &v); err != nil {
+		return err
+	}
+	*r = Rate{Algorithm: v.Algorithm, noRequests: v.Requests == nil}
+	if v.Requests != nil {
+		r.Requests = *v.Requests
+	}
+	if v.Per != nil {
+		r.Per, r.zeroPer = *v.Per, *v.Per == 0
+	}
+	if v.Burst != nil {
+		r.Burst, r.zeroBurst = *v.Burst, *v.Burst == 0
+	}
+	return nil
+}
+
+// decodeStrict decodes b into v, refusing unknown fields.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 // Quota is a budget of Max requests per Renewal period, which starts at
@@ -111,6 +178,45 @@ type Quota struct {
 	Max int64 `json:"max"`
 	// Renewal is the period; required unless Max is -1.
 	Renewal Duration `json:"renewal,omitempty"`
+
+	// noMax and zeroRenewal record max left out and a renewal of "0s"
+	// written out, as Rate's flags do.
+	noMax, zeroRenewal bool
+}
+
+// quotaJSON is Quota's JSON form, with each member present or absent.
+type quotaJSON struct {
+	Max     *int64    `json:"max,omitempty"`
+	Renewal *Duration `json:"renewal,omitempty"`
+}
+
+// MarshalJSON writes the quota: max always but when it was read without
+// it, renewal when it is not 0 or was read as 0.
+func (q Quota) MarshalJSON() ([]byte, error) {
+	var v quotaJSON
+	if q.Max != 0 || !q.noMax {
+		v.Max = &q.Max
+	}
+	if q.Renewal != 0 || q.zeroRenewal {
+		v.Renewal = &q.Renewal
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads a quota, refusing unknown fields, and keeps what MarshalJSON needs to write it again as it was.
+func (q *Quota) UnmarshalJSON(b []byte) error {
+	var v quotaJSON
+	if err := decodeStrict(b, &v); err != nil {
+		return err
+	}
+	*q = Quota{noMax: v.Max == nil}
+	if v.Max != nil {
+		q.Max = *v.Max
+	}
+	if v.Renewal != nil {
+		q.Renewal, q.zeroRenewal = *v.Renewal, *v.Renewal == 0
+	}
+	return nil
 }
 
 // Limits are a key's own limits for one API; they replace the key's
@@ -176,7 +282,7 @@ const BuiltinEcho = "builtin:echo"
 type API struct {
 	// ID names the API; policies' apis lists and keys' api_limits refer
 	// to it. Required and unique: 1 to 128 ASCII letters, digits, '.',
-	// '_', ':' or '-'.
+	// '_', ':' or '-', and not "." or "..".
 	ID string `json:"id"`
 	// ListenPath is the path prefix, a clean absolute path such as
 	// "/orders/" (see CleanListenPath); unique across APIs.
@@ -262,6 +368,42 @@ type JWKS struct {
 	// RefreshInterval is how often it is fetched again; 0 (left out)
 	// means identity.DefaultJWKSRefresh.
 	RefreshInterval Duration `json:"refresh_interval,omitempty"`
+
+	// zeroRefresh records a "refresh_interval" of "0s" written out, which
+	// the gateway's file refuses and so Validate does. It survives
+	// MarshalJSON.
+	zeroRefresh bool
+}
+
+// jwksJSON is JWKS's JSON form, with RefreshInterval present or absent.
+type jwksJSON struct {
+	URL             string    `json:"url"`
+	RefreshInterval *Duration `json:"refresh_interval,omitempty"`
+}
+
+// MarshalJSON writes the set, with a zero refresh_interval only when it
+// was read so.
+func (j JWKS) MarshalJSON() ([]byte, error) {
+	v := jwksJSON{URL: j.URL}
+	if j.RefreshInterval != 0 || j.zeroRefresh {
+		v.RefreshInterval = &j.RefreshInterval
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalJSON reads a set, refusing unknown fields.
+// A refresh_interval of "0s" written out is kept apart from one left out,
+// for Validate to refuse.
+func (j *JWKS) UnmarshalJSON(b []byte) error {
+	var v jwksJSON
+	if err := decodeStrict(b, &v); err != nil {
+		return err
+	}
+	*j = JWKS{URL: v.URL}
+	if v.RefreshInterval != nil {
+		j.RefreshInterval, j.zeroRefresh = *v.RefreshInterval, *v.RefreshInterval == 0
+	}
+	return nil
 }
 
 // FailureLimit names the policy failed authentications are charged to.
@@ -272,7 +414,9 @@ type FailureLimit struct {
 }
 
 // Duration is a time.Duration written in JSON as a Go duration string
-// ("500ms", "1m", "24h"). Decoding also accepts a number of nanoseconds.
+// ("500ms", "1m", "24h"), and only so: a bare number is refused, since
+// nothing says its unit ("per": 3600 read as nanoseconds would be no
+// limit at all).
 type Duration time.Duration
 
 // String returns the duration as time.Duration formats it ("1m0s").
@@ -283,17 +427,18 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 	return json.Marshal(time.Duration(d).String())
 }
 
-// UnmarshalJSON reads a duration string or an integer of nanoseconds. An
-// error names the value and starts with "spec: ".
+// UnmarshalJSON reads a duration string. Any other JSON value (a number
+// included) is a *json.UnmarshalTypeError, so that encoding/json adds the
+// field's path to it (Field: "rate.per"; see DurationTypeProblem); a
+// string that is not a duration is an error starting with "spec: ".
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		var n int64
-		if err := json.Unmarshal(b, &n); err != nil {
-			return fmt.Errorf("spec: duration %s is not a duration string (like \"1m\") or a number of nanoseconds", b)
+		v := jsonKind(b)
+		if v == "number" {
+			v += " " + string(b)
 		}
-		*d = Duration(n)
-		return nil
+		return &json.UnmarshalTypeError{Value: v, Type: reflect.TypeFor[Duration]()}
 	}
 	v, err := ParseDuration(s)
 	if err != nil {
@@ -301,6 +446,40 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// DurationTypeProblem returns the problem, worded for a configuration,
+// of err when it is Duration's refusal of a value that is not a string
+// (found with errors.As), and the path encoding/json gave it ("rate.per";
+// without array indexes or map keys, which encoding/json does not
+// report; the Go names of embedded structs left out). ok is false for any other error.
+func DurationTypeProblem(err error) (path, problem string, ok bool) {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Type != reflect.TypeFor[Duration]() {
+		return "", "", false
+	}
+	// encoding/json names an embedded struct by its Go name; spec's JSON
+	// names are lower case.
+	parts := strings.Split(te.Field, ".")
+	parts = slices.DeleteFunc(parts, func(p string) bool { return p != "" && unicode.IsUpper(rune(p[0])) })
+	return strings.Join(parts, "."), fmt.Sprintf("%s: a duration is a string with its unit, like \"1h\" or \"500ms\"", te.Value), true
+}
+
+// jsonKind names the kind of the JSON value b for a message.
+func jsonKind(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "value"
+	case b[0] == '{':
+		return "object"
+	case b[0] == '[':
+		return "array"
+	case b[0] == 't' || b[0] == 'f':
+		return "bool"
+	case b[0] == 'n':
+		return "null"
+	}
+	return "number"
 }
 
 // durationRE matches time.ParseDuration's syntax, whatever the magnitude.

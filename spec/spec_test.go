@@ -107,10 +107,12 @@ func TestDurationJSON(t *testing.T) {
 		{in: `"1m"`, want: time.Minute},
 		{in: `"24h"`, want: 24 * time.Hour},
 		{in: `"1.5s"`, want: 1500 * time.Millisecond},
-		{in: `1000`, want: time.Microsecond},
+		// A bare number has no unit: refused, not read as nanoseconds.
+		{in: `1000`, err: `json: cannot unmarshal number 1000 into Go value of type spec.Duration`},
+		{in: `3600`, err: `json: cannot unmarshal number 3600 into Go value of type spec.Duration`},
 		{in: `"soon"`, err: `spec: "soon" is not a duration`},
 		{in: `"3000000h"`, err: `spec: "3000000h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
-		{in: `true`, err: `spec: duration true is not a duration string (like "1m") or a number of nanoseconds`},
+		{in: `true`, err: `json: cannot unmarshal bool into Go value of type spec.Duration`},
 	} {
 		var d spec.Duration
 		err := json.Unmarshal([]byte(tc.in), &d)
@@ -501,10 +503,13 @@ func TestIDs(t *testing.T) {
 		{"gold", ""},
 		{"Team_A-1.v2:eu", ""},
 		{strings.Repeat("p", 128), ""},
-		{strings.Repeat("p", 129), `spec: policies[0].id: "` + strings.Repeat("p", 129) + `": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
-		{"x/quota", `spec: policies[0].id: "x/quota": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
-		{" ", `spec: policies[0].id: " ": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
-		{"é", `spec: policies[0].id: "é": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`},
+		{strings.Repeat("p", 129), `spec: policies[0].id: "` + strings.Repeat("p", 129) + `": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{"x/quota", `spec: policies[0].id: "x/quota": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{" ", `spec: policies[0].id: " ": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{".", `spec: policies[0].id: ".": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{"..", `spec: policies[0].id: "..": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
+		{"...", ""},
+		{"é", `spec: policies[0].id: "é": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`},
 	} {
 		s := &spec.Snapshot{Policies: []spec.Policy{{ID: c.id, Rate: rate}}}
 		got := ""
@@ -516,8 +521,109 @@ func TestIDs(t *testing.T) {
 		}
 	}
 	s := &spec.Snapshot{APIs: []spec.API{{ID: "a b", ListenPath: "/a/", Target: spec.BuiltinEcho}}}
-	want := `spec: apis[0].id: "a b": an id is 1 to 128 letters, digits, '.', '_', ':' or '-'`
+	want := `spec: apis[0].id: "a b": an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not "." or ".."`
 	if err := s.Validate(); err == nil || err.Error() != want {
 		t.Errorf("API \"a b\": got %v, want %q", err, want)
+	}
+}
+
+// TestSnapshotRefusesNumberDurations: every duration of a snapshot's JSON
+// is a string; a number (which once read as nanoseconds, "per": 3600
+// giving 3.6 µs, no limit at all) is refused with the field's path.
+func TestSnapshotRefusesNumberDurations(t *testing.T) {
+	for _, tc := range []struct{ in, path, problem string }{
+		{`{"policies":[{"id":"p","rate":{"requests":5,"per":3600}}]}`, "policies.rate.per", `number 3600: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"policies":[{"id":"p","quota":{"max":5,"renewal":86400}}]}`, "policies.quota.renewal", `number 86400: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"apis":[{"id":"a","jwt":{"leeway":30}}]}`, "apis.jwt.leeway", `number 30: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"apis":[{"id":"a","jwt":{"jwks":{"url":"https://x","refresh_interval":1e9}}}]}`, "apis.jwt.jwks.refresh_interval", `number 1e9: a duration is a string with its unit, like "1h" or "500ms"`},
+		{`{"keys":[{"key_hash":"h","api_limits":{"a":{"rate":{"requests":1,"per":true}}}}]}`, "keys.api_limits.rate.per", `bool: a duration is a string with its unit, like "1h" or "500ms"`},
+	} {
+		var s spec.Snapshot
+		err := json.Unmarshal([]byte(tc.in), &s)
+		path, problem, ok := spec.DurationTypeProblem(err)
+		if !ok || path != tc.path || problem != tc.problem {
+			t.Errorf("%s: error %v: got (%q, %q, %v), want (%q, %q)", tc.in, err, path, problem, ok, tc.path, tc.problem)
+		}
+	}
+	if _, _, ok := spec.DurationTypeProblem(errors.New("other")); ok {
+		t.Error("DurationTypeProblem took another error")
+	}
+}
+
+// TestExplicitZeroBurst: "burst": 0 written out is refused as the
+// gateway's file refuses it (left out, it means requests), and it
+// survives a JSON round trip so a stored rate is refused too.
+func TestExplicitZeroBurst(t *testing.T) {
+	in := `{"policies":[{"id":"p","rate":{"requests":5,"per":"1m","burst":0}},` +
+		`{"id":"q","rate":{"requests":5,"per":"1m","burst":0,"algorithm":"fixed_window"}},` +
+		`{"id":"r","rate":{"requests":5,"per":"1m"}}]}`
+	want := "spec: policies[0].rate.burst: 0 must be > 0 (leave it out to use requests)\n" +
+		"spec: policies[1].rate.burst: 0 must be > 0 (leave it out to use requests)\n" +
+		"spec: policies[1].rate.burst: fixed_window has no burst (it counts up to requests per per); leave burst out"
+	var s spec.Snapshot
+	if err := json.Unmarshal([]byte(in), &s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate: %v\nwant %s", err, want)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"revision":0,"policies":[{"id":"p","rate":{"requests":5,"per":"1m0s","burst":0}},{"id":"q","rate":{"requests":5,"per":"1m0s","burst":0,"algorithm":"fixed_window"}},{"id":"r","rate":{"requests":5,"per":"1m0s"}}]}` {
+		t.Fatalf("JSON %s", b)
+	}
+	var again spec.Snapshot
+	if err := json.Unmarshal(b, &again); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Validate(); err == nil || err.Error() != want {
+		t.Fatalf("Validate after a round trip: %v", err)
+	}
+	var r spec.Rate
+	if err := json.Unmarshal([]byte(`{"requests":1,"per":"1s","brust":2}`), &r); err == nil || err.Error() != `json: unknown field "brust"` {
+		t.Fatalf("unknown field in a rate: %v", err)
+	}
+}
+
+// TestExplicitZeroRefreshInterval: a JWKS refresh_interval of "0s"
+// written out is refused as the gateway's file refuses it (left out, it
+// means the default), through a JSON round trip too.
+func TestExplicitZeroRefreshInterval(t *testing.T) {
+	api := func(jwks string) string {
+		return `{"policies":[{"id":"p"}],"apis":[{"id":"a","listen_path":"/a/","target":"builtin:echo","auth":"jwt","jwt":{"algorithms":["RS256"],"jwks":` + jwks + `,"default_policies":["p"]}}]}`
+	}
+	for _, c := range []struct{ jwks, want string }{
+		{`{"url":"https://idp.example/jwks.json","refresh_interval":"0s"}`, "spec: apis[0].jwt.jwks.refresh_interval: 0s must be > 0"},
+		{`{"url":"https://idp.example/jwks.json","refresh_interval":"-1s"}`, "spec: apis[0].jwt.jwks.refresh_interval: -1s must be > 0"},
+		{`{"url":"https://idp.example/jwks.json"}`, ""},
+		{`{"url":"https://idp.example/jwks.json","refresh_interval":"1m"}`, ""},
+	} {
+		var s spec.Snapshot
+		if err := json.Unmarshal([]byte(api(c.jwks)), &s); err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again spec.Snapshot
+		if err := json.Unmarshal(b, &again); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []*spec.Snapshot{&s, &again} {
+			got := ""
+			if err := v.Validate(); err != nil {
+				got = err.Error()
+			}
+			if got != c.want {
+				t.Errorf("%s: %q, want %q (JSON %s)", c.jwks, got, c.want, b)
+			}
+		}
+	}
+	var j spec.JWKS
+	if err := json.Unmarshal([]byte(`{"url":"https://x","refresh":"1m"}`), &j); err == nil || err.Error() != `json: unknown field "refresh"` {
+		t.Fatalf("unknown field in jwks: %v", err)
 	}
 }

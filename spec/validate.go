@@ -156,15 +156,17 @@ func (v *validator) snapshot(s *Snapshot) {
 }
 
 // idRule says what validID accepts.
-const idRule = "an id is 1 to 128 letters, digits, '.', '_', ':' or '-'"
+const idRule = "an id is 1 to 128 letters, digits, '.', '_', ':' or '-', and not \".\" or \"..\""
 
 // validID reports whether id may name a policy or an API: 1 to 128 ASCII
-// letters, digits, '.', '_', ':' and '-'. Policy IDs become names in the
+// letters, digits, '.', '_', ':' and '-', but not "." or ".." (a URL
+// path segment that means the directory itself or its parent, so no
+// admin API URL could name the object). Policy IDs become names in the
 // RateLimit header fields (a quota's is the ID and "/quota", so a "/" in an
 // ID could name two limits alike) and both appear in URLs of the admin
 // APIs and in metric labels.
 func validID(id string) bool {
-	if len(id) == 0 || len(id) > 128 {
+	if len(id) == 0 || len(id) > 128 || id == "." || id == ".." {
 		return false
 	}
 	for i := 0; i < len(id); i++ {
@@ -270,21 +272,29 @@ func (v *validator) rate(at string, r *Rate) {
 	n0 := len(v.errs)
 	switch {
 	case r.Requests == core.Unlimited:
+		// Unlimited needs no period, but one given must be valid.
+		if r.Per < 0 || r.zeroPer {
+			v.fail(at+".per", "%s must be > 0", r.Per)
+		}
+	case r.noRequests:
+		v.fail(at+".requests", "missing (requests per period, or -1 for unlimited)")
 	case r.Requests <= 0:
 		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
+	case r.Per == 0 && r.zeroPer:
+		v.fail(at+".per", "%s must be > 0", r.Per)
 	case r.Per == 0:
 		v.fail(at+".per", "missing (the period, like 1s, 1m or 24h)")
 	case r.Per < 0:
 		v.fail(at+".per", "%s must be > 0", r.Per)
 	}
-	if r.Burst < 0 {
+	if r.Burst < 0 || r.zeroBurst {
 		v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", r.Burst)
 	}
 	alg, err := core.ParseAlgorithm(r.Algorithm)
 	switch {
 	case err != nil:
 		v.fail(at+".algorithm", "unknown algorithm %q (want gcra, sliding_window, fixed_window or sliding_log)", r.Algorithm)
-	case alg != core.GCRA && r.Burst != 0:
+	case alg != core.GCRA && (r.Burst != 0 || r.zeroBurst):
 		v.fail(at+".burst", "%s has no burst (it counts up to requests per per); leave burst out", alg)
 	}
 	if len(v.errs) > n0 || r.Requests == core.Unlimited {
@@ -302,9 +312,18 @@ func (v *validator) quota(at string, q *Quota) {
 	}
 	switch {
 	case q.Max == core.Unlimited:
+		if q.Renewal < 0 || q.zeroRenewal {
+			v.fail(at+".renewal", "%s must be > 0", q.Renewal)
+		}
+		return
+	case q.noMax:
+		v.fail(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
 		return
 	case q.Max <= 0:
 		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", q.Max)
+		return
+	case q.Renewal == 0 && q.zeroRenewal:
+		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
 		return
 	case q.Renewal == 0:
 		v.fail(at+".renewal", "missing (the period, like 1h or 720h)")
@@ -418,7 +437,7 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 		if err := CheckJWKSURL(j.JWKS.URL); err != nil {
 			v.fail(at+".jwks.url", "%s", problem(err))
 		}
-		if j.JWKS.RefreshInterval < 0 {
+		if j.JWKS.RefreshInterval < 0 || j.JWKS.zeroRefresh {
 			v.fail(at+".jwks.refresh_interval", "%s must be > 0", j.JWKS.RefreshInterval)
 		}
 	default:

@@ -120,13 +120,28 @@ func startEnv(t *testing.T, env []string, args ...string) *process {
 	return p
 }
 
+// do makes an admin call with the token, as JSON when it has a body.
 func do(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	ctype := ""
+	if body != "" {
+		ctype = "application/json"
+	}
+	return doAs(t, method, url, ctype, body)
+}
+
+// doAs makes an admin call with the token and the Content-Type ctype
+// (none when ""), following redirects as http.DefaultClient does.
+func doAs(t *testing.T, method, url, ctype, body string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -264,5 +279,65 @@ func TestSecondOnSameFileRefused(t *testing.T) {
 	// The first is unharmed.
 	if st, b := do(t, "GET", p.base+"/api/revision", ""); st != 200 || b != `{"revision":0}` {
 		t.Fatal(st, b)
+	}
+}
+
+// TestWritesTakeJSONAtCleanPaths, on the running program: a write as a
+// form or text/plain is 415, and a PUT or DELETE to a path with ".."
+// is 400 rather than a redirect the client follows to another object
+// (GET /api/policies/x still 404 afterwards; the revision stays 1).
+func TestWritesTakeJSONAtCleanPaths(t *testing.T) {
+	p := start(t, "-data", filepath.Join(t.TempDir(), "cp.db"))
+	if st, b := do(t, "PUT", p.base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`); st != 200 || b != `{"revision":1}` {
+		t.Fatal(st, b)
+	}
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain"} {
+		if st, b := doAs(t, "PUT", p.base+"/api/policies/x", ct, `{"rate":{"requests":5,"per":"1m"}}`); st != 415 || b != `{"error":"Content-Type \"`+ct+`\": writes take application/json"}` {
+			t.Fatal(ct, st, b)
+		}
+	}
+	for _, r := range [][2]string{{"PUT", "/api/keys/../policies/x"}, {"DELETE", "/api/apis/../policies/gold"}} {
+		if st, b := do(t, r[0], p.base+r[1], `{"rate":{"requests":5,"per":"1m"}}`); st != 400 || b != `{"error":"path \"`+r[1]+`\" is not clean (no \".\" or \"..\" segments, no \"//\")"}` {
+			t.Fatal(r, st, b)
+		}
+	}
+	if st, b := do(t, "GET", p.base+"/api/policies/x", ""); st != 404 {
+		t.Fatal(st, b)
+	}
+	if st, b := do(t, "GET", p.base+"/api/revision", ""); st != 200 || b != `{"revision":1}` {
+		t.Fatal(st, b)
+	}
+}
+
+// TestExportImportBetweenPrograms: a backup moved between two running
+// control planes, each on its own file: export A, import into B, export
+// B gives A's document but for its revision; B answers the keys A holds.
+func TestExportImportBetweenPrograms(t *testing.T) {
+	a := start(t, "-data", filepath.Join(t.TempDir(), "a.db"))
+	for _, c := range [][3]string{
+		{"PUT", "/api/policies/gold", `{"rate":{"requests":5,"per":"1m"},"quota":{"max":100,"renewal":"24h"}}`},
+		{"PUT", "/api/apis/echo", `{"listen_path":"/echo/","target":"builtin:echo","tags":["dp1"]}`},
+		{"POST", "/api/keys:batch", `{"keys":[{"key":"k1","policies":["gold"]},{"key":"k2","api_limits":{"echo":{"quota":{"max":5,"renewal":"1h"}}}}]}`},
+		{"POST", "/api/keys/" + identity.HashKey("k1").String() + "/reset-quota", ""},
+	} {
+		if st, b := do(t, c[0], a.base+c[1], c[2]); st != 200 {
+			t.Fatal(c, st, b)
+		}
+	}
+	st, exportA := do(t, "GET", a.base+"/api/export", "")
+	if st != 200 || !strings.HasPrefix(exportA, `{"revision":4,"policies":[{"id":"gold",`) {
+		t.Fatal(st, exportA)
+	}
+	b := start(t, "-data", filepath.Join(t.TempDir(), "b.db"))
+	if st, body := do(t, "POST", b.base+"/api/import", exportA); st != 200 || body != `{"revision":1}` {
+		t.Fatal(st, body)
+	}
+	st, exportB := do(t, "GET", b.base+"/api/export", "")
+	if want := strings.Replace(exportA, `{"revision":4,`, `{"revision":1,`, 1); st != 200 || exportB != want {
+		t.Fatalf("export B:\n%s\nwant\n%s", exportB, want)
+	}
+	h := identity.HashKey("k1").String()
+	if st, body := do(t, "GET", b.base+"/api/keys/"+h, ""); st != 200 || body != `{"key_hash":"`+h+`","policies":["gold"],"quota_epoch":4}` {
+		t.Fatal(st, body)
 	}
 }

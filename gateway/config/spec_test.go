@@ -58,6 +58,9 @@ func TestSpecNamesAreTheFileNames(t *testing.T) {
 func tagNames(t reflect.Type, key string) []string {
 	var names []string
 	for i := 0; i < t.NumField(); i++ {
+		if !t.Field(i).IsExported() {
+			continue // not part of the JSON (spec.Rate's record of an explicit zero burst)
+		}
 		names = append(names, strings.Split(t.Field(i).Tag.Get(key), ",")[0])
 	}
 	return names

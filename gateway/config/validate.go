@@ -610,8 +610,8 @@ func (v *validator) keys(raw []rawKey, policies map[string]*core.Policy, apis ma
 			v.fail(at, "set key or key_hash, not both")
 		case k.Key != "":
 			field = at + ".key"
-			if len(k.Key) > identity.DefaultMaxKeyLength {
-				v.fail(field, "longer than %d bytes; the gateway refuses such keys", identity.DefaultMaxKeyLength)
+			if err := identity.CheckKey(k.Key); err != nil {
+				v.fail(field, "%s", strings.TrimPrefix(err.Error(), "identity: "))
 			}
 			rec.Hash = identity.HashKey(k.Key)
 		case k.KeyHash != "":

@@ -1,0 +1,197 @@
+package controlplane
+
+// Token passes over a request body's JSON, for what encoding/json does
+// not report: members named twice, and the exact path of a value it
+// refused.
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// duplicateMember returns the path of the first member an object of the
+// JSON document names twice ("rate", "policies[2].rate.per",
+// "api_limits.\"orders\""), or "" when there is none. It reads tokens only
+// (no values are built); a syntax error is returned for the decoder to
+// report.
+func duplicateMember(doc []byte) (string, error) {
+	type frame struct {
+		object bool
+		seen   map[string]struct{}
+		path   string
+		index  int
+	}
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var stack []frame
+	// next is the path of the value the next token starts.
+	next := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		f := &stack[len(stack)-1]
+		if !f.object {
+			p := f.path + "[" + strconv.Itoa(f.index) + "]"
+			f.index++
+			return p
+		}
+		return "" // set by the member name
+	}
+	member := ""
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF && (len(stack) > 0 || member != "") {
+			return "", io.ErrUnexpectedEOF
+		}
+		if err == io.EOF {
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		top := len(stack) - 1
+		if top >= 0 && stack[top].object && member == "" {
+			// In an object, a token is a member name or its closing brace.
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:top]
+				continue
+			}
+			name, _ := tok.(string)
+			f := &stack[top]
+			member = memberPath(f.path, name)
+			if _, dup := f.seen[name]; dup {
+				return member, nil
+			}
+			f.seen[name] = struct{}{}
+			continue
+		}
+		at := member
+		if at == "" {
+			at = next()
+		}
+		member = ""
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true, seen: map[string]struct{}{}, path: at})
+		case json.Delim('['):
+			stack = append(stack, frame{path: at})
+		case json.Delim(']'):
+			stack = stack[:top]
+		}
+	}
+}
+
+// memberPath appends an object member's name to path: plain when it is a
+// spec name (lower case letters, digits, '_'), quoted otherwise (a map
+// key such as an API ID).
+func memberPath(path, name string) string {
+	plain := name != ""
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			plain = false
+			break
+		}
+	}
+	if !plain {
+		name = strconv.Quote(name)
+	}
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+// valuePath returns the path of the first value in the JSON document doc
+// that is not a string and whose path holds the member names of field,
+// in order, ending with its last ("policies[2].rate.per",
+// "api_limits.orders.rate.per" for field "api_limits.rate.per"), or field
+// itself when there is none. encoding/json names a field of a failed
+// value without array indexes and map keys; decoding stops at the first
+// failure, so the first such value is the one it names.
+func valuePath(doc []byte, field string) string {
+	want := strings.Split(field, ".")
+	type frame struct {
+		object bool
+		index  int
+	}
+	var stack []frame
+	var segs []string // the path: member names, and "[i]" for array elements
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	expectName := false
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return field
+		}
+		if expectName {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				if len(segs) > 0 {
+					segs = segs[:len(segs)-1] // the object's own segment
+				}
+				expectName = len(stack) > 0 && stack[len(stack)-1].object
+				continue
+			}
+			name, _ := tok.(string)
+			segs = append(segs, name)
+			expectName = false
+			continue
+		}
+		if d, ok := tok.(json.Delim); ok && d == ']' {
+			stack = stack[:len(stack)-1]
+			if len(segs) > 0 {
+				segs = segs[:len(segs)-1]
+			}
+			expectName = len(stack) > 0 && stack[len(stack)-1].object
+			continue
+		}
+		if n := len(stack); n > 0 && !stack[n-1].object {
+			segs = append(segs, "["+strconv.Itoa(stack[n-1].index)+"]")
+			stack[n-1].index++
+		}
+		if _, isString := tok.(string); !isString && len(segs) > 0 && segs[len(segs)-1] == want[len(want)-1] && holds(segs, want) {
+			return displayPath(segs)
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{object: true})
+			expectName = true
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		default: // a scalar: its segment ends here
+			if len(segs) > 0 {
+				segs = segs[:len(segs)-1]
+			}
+			expectName = len(stack) > 0 && stack[len(stack)-1].object
+		}
+	}
+}
+
+// holds reports whether the member names want appear in segs in order.
+func holds(segs, want []string) bool {
+	i := 0
+	for _, s := range segs {
+		if i < len(want) && s == want[i] {
+			i++
+		}
+	}
+	return i == len(want)
+}
+
+// displayPath writes path segments as error paths do: policies[2].rate,
+// api_limits.orders, api_limits."Orders".
+func displayPath(segs []string) string {
+	p := ""
+	for _, s := range segs {
+		if strings.HasPrefix(s, "[") {
+			p += s
+			continue
+		}
+		p = memberPath(p, s)
+	}
+	return p
+}

@@ -1,0 +1,39 @@
+package controlplane
+
+import "testing"
+
+func TestDuplicateMember(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{`{"a":1,"b":2}`, ""},
+		{`{"a":1,"a":2}`, "a"},
+		{`{"a":{"b":1},"c":{"b":1}}`, ""},
+		{`{"a":{"b":1,"b":{}}}`, "a.b"},
+		{`{"keys":[{"key":"x"},{"key":"y","policies":[],"key":"z"}]}`, "keys[1].key"},
+		{`{"keys":[[{"a":1}],[{"a":1,"a":1}]]}`, "keys[1][0].a"},
+		{`{"api_limits":{"Orders":{},"Orders":{}}}`, `api_limits."Orders"`},
+		{`[{"a":[]},{"a":[1,{"b":1,"b":2}]}]`, "[1].a[1].b"},
+		{`{"a":"{\"b\":1,\"b\":1}"}`, ""},
+	} {
+		got, err := duplicateMember([]byte(c.doc))
+		if err != nil || got != c.want {
+			t.Errorf("%s: %q, %v; want %q", c.doc, got, err, c.want)
+		}
+	}
+	if _, err := duplicateMember([]byte(`{"a":`)); err == nil {
+		t.Error("truncated document: no error")
+	}
+}
+
+func TestValuePath(t *testing.T) {
+	for _, c := range []struct{ doc, field, want string }{
+		{`{"rate":{"requests":1,"per":3}}`, "rate.per", "rate.per"},
+		{`{"policies":[{"rate":{"per":"1s"}},{"rate":{"per":3}}]}`, "policies.rate.per", "policies[1].rate.per"},
+		{`{"api_limits":{"a":{"rate":{"per":"1s"}},"B c":{"rate":{"per":{}}}}}`, "api_limits.rate.per", `api_limits."B c".rate.per`},
+		{`{"keys":[{"api_limits":{"eu":{"quota":{"renewal":[1]}}}}]}`, "keys.api_limits.quota.renewal", "keys[0].api_limits.eu.quota.renewal"},
+		{`{"rate":{"per":"1s"}}`, "rate.per", "rate.per"}, // none found: the field as given
+	} {
+		if got := valuePath([]byte(c.doc), c.field); got != c.want {
+			t.Errorf("%s %s: %q, want %q", c.doc, c.field, got, c.want)
+		}
+	}
+}
