@@ -47,8 +47,11 @@
 //
 // Agent.Run holds the stream and reconnects when it ends, after an
 // exponential backoff with jitter (github.com/cenkalti/backoff/v5; 100 ms
-// growing to 10 s by default, no wait longer than the maximum with jitter
-// included, reset after a stream on which the control plane answered); a
+// growing to 1 s by default, no wait longer than the maximum with jitter
+// included, reset after a stream on which the control plane answered).
+// It is the only backoff: each attempt dials a connection of its own, so
+// gRPC's connect backoff does not add to it, and a gateway is connected
+// again within about a second of its control plane's return; a
 // stream the control plane refuses with Unauthenticated or
 // PermissionDenied makes Status.State "refused" (Status.NotReady, which
 // the gateway's GET /readyz answers 503 with) until the control plane
