@@ -78,7 +78,10 @@
 // configuration untouched.
 //
 // Each applied configuration is persisted in the background (saves
-// gather for SaveDelay and the latest wins). When no configuration was
+// gather for SaveDelay and the latest wins), and persisted again when a
+// RevisionPersister shows, at the next check (every SaveDelay), that the
+// persisted one is gone or older (a data plane's Redis restarted empty).
+// When no configuration was
 // applied within StartTimeout of Run's start, the persisted one is
 // applied (Status.Source "persisted") until the control plane answers,
 // unless the control plane refused the credentials (a refusal is an

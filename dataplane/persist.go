@@ -51,6 +51,18 @@ type ContactPersister interface {
 	LoadContact(ctx context.Context) (time.Time, error)
 }
 
+// RevisionPersister is a Persister that reads the persisted revision
+// without the configuration, so that a running agent notices cheaply,
+// every SaveDelay, that what it persisted is gone (a data plane's Redis
+// restarted empty, a state file deleted) or older than what it runs, and
+// persists it again. RedisPersister and FilePersister implement it.
+type RevisionPersister interface {
+	Persister
+	// PersistedRevision returns the revision of the persisted
+	// configuration, 0 when none is.
+	PersistedRevision(ctx context.Context) (uint64, error)
+}
+
 // RedisConfigKey returns the Redis key a data-plane group's configuration
 // is persisted under: "limitplane:dataplane:{<group>}:config" (the group
 // is a Cluster hash tag).
@@ -147,6 +159,23 @@ func (p *RedisPersister) Save(ctx context.Context, snap *spec.Snapshot) error {
 		return fmt.Errorf("dataplane: persist revision %d in Redis: %w", snap.Revision, err)
 	}
 	return nil
+}
+
+// PersistedRevision implements RevisionPersister: the hash's "revision"
+// field (one HGET).
+func (p *RedisPersister) PersistedRevision(ctx context.Context) (uint64, error) {
+	v, err := p.client.HGet(ctx, p.key, "revision").Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dataplane: read the persisted revision from Redis: %w", err)
+	}
+	rev, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("dataplane: read the persisted revision from Redis: key %s: revision %q: %w", p.key, v, err)
+	}
+	return rev, nil
 }
 
 // Load implements Persister.
@@ -250,6 +279,41 @@ func (p FilePersister) Load(context.Context) (*spec.Snapshot, error) {
 	return snap, nil
 }
 
+// PersistedRevision implements RevisionPersister: 0 when the file does
+// not exist. Save writes the revision first, so only the file's first
+// bytes are read; a file that does not start with it (written by hand) is
+// loaded whole.
+func (p FilePersister) PersistedRevision(ctx context.Context) (uint64, error) {
+	f, err := os.Open(p.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dataplane: read the persisted revision: %w", err)
+	}
+	defer f.Close()
+	dec := json.NewDecoder(bufio.NewReaderSize(f, 256))
+	dec.UseNumber()
+	var toks [3]json.Token
+	for i := range toks {
+		if toks[i], err = dec.Token(); err != nil {
+			break
+		}
+	}
+	if d, ok := toks[0].(json.Delim); ok && d == '{' && toks[1] == "revision" {
+		if n, ok := toks[2].(json.Number); ok {
+			if rev, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
+				return rev, nil
+			}
+		}
+	}
+	snap, err := p.Load(ctx)
+	if err != nil || snap == nil {
+		return 0, err
+	}
+	return snap.Revision, nil
+}
+
 // contactPath is the sidecar file of the last contact.
 func (p FilePersister) contactPath() string { return p.Path + ".contact" }
 
@@ -294,6 +358,8 @@ func (p FilePersister) LoadContact(context.Context) (time.Time, error) {
 }
 
 var (
-	_ ContactPersister = (*RedisPersister)(nil)
-	_ ContactPersister = FilePersister{}
+	_ ContactPersister  = (*RedisPersister)(nil)
+	_ ContactPersister  = FilePersister{}
+	_ RevisionPersister = (*RedisPersister)(nil)
+	_ RevisionPersister = FilePersister{}
 )

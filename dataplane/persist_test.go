@@ -308,3 +308,46 @@ func TestAgentCoalescesSaves(t *testing.T) {
 		t.Fatalf("persisted %+v, %v", got, err)
 	}
 }
+
+// TestPersistedRevision: both persisters read the persisted revision
+// without the configuration: 0 before any save, the revision after one,
+// 0 again once the configuration is gone; a state file written by hand
+// with the revision after the lists is read whole.
+func TestPersistedRevision(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t, nil)
+	path := filepath.Join(t.TempDir(), "state.json")
+	for name, p := range map[string]dataplane.RevisionPersister{
+		"redis": dataplane.NewRedisPersister(client, "eu-1"),
+		"file":  dataplane.FilePersister{Path: path},
+	} {
+		if rev, err := p.PersistedRevision(ctx); rev != 0 || err != nil {
+			t.Fatalf("%s: before any save: %d, %v; want 0", name, rev, err)
+		}
+		if err := p.Save(ctx, snapshot(18446744073709551615, "a")); err != nil {
+			t.Fatal(err)
+		}
+		if rev, err := p.PersistedRevision(ctx); rev != 18446744073709551615 || err != nil {
+			t.Fatalf("%s: after a save of revision 2^64-1: %d, %v", name, rev, err)
+		}
+	}
+	if err := client.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if rev, err := dataplane.NewRedisPersister(client, "eu-1").PersistedRevision(ctx); rev != 0 || err != nil {
+		t.Fatalf("redis: after FLUSHALL: %d, %v; want 0", rev, err)
+	}
+	if err := os.WriteFile(path, []byte(`{"keys": [], "revision": 42}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rev, err := (dataplane.FilePersister{Path: path}).PersistedRevision(ctx); rev != 42 || err != nil {
+		t.Fatalf("file with the revision last: %d, %v; want 42", rev, err)
+	}
+	if err := os.WriteFile(path, []byte(`{"revision": "x"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rev, err := (dataplane.FilePersister{Path: path}).PersistedRevision(ctx); err == nil {
+		t.Fatalf("file with a revision that is not a number: %d, no error", rev)
+	}
+}

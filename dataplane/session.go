@@ -392,9 +392,21 @@ func (a *Agent) requestSave() {
 // requests gather for SaveDelay (the latest configuration wins), until
 // ctx is done; a request still waiting then is saved at once (within
 // finalSaveTimeout), so a gateway stopped right after a change restarts
-// from it. A failed save is tried again after SaveDelay.
+// from it. A failed save is tried again after SaveDelay. With a
+// RevisionPersister it also reads the persisted revision every SaveDelay
+// and saves at once when it is missing or older than the running one (a
+// data plane's Redis restarted empty), so a gateway restarted later
+// during a control-plane outage still finds the last configuration.
 func (a *Agent) saver(ctx context.Context) {
 	failing := false // logged once per streak of failures
+	var check <-chan time.Time
+	rp, _ := a.o.Persister.(RevisionPersister)
+	if rp != nil {
+		t := time.NewTicker(a.o.SaveDelay)
+		defer t.Stop()
+		check = t.C
+	}
+	checkFailing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -404,15 +416,24 @@ func (a *Agent) saver(ctx context.Context) {
 			default:
 			}
 			return
+		case <-check:
+			lost, err := a.persistedLost(ctx, rp)
+			if err != nil && !checkFailing && ctx.Err() == nil {
+				a.log.Error("dataplane: read the persisted revision", "err", err)
+			}
+			checkFailing = err != nil
+			if !lost {
+				continue
+			}
 		case <-a.saveNext:
-		}
-		t := time.NewTimer(a.o.SaveDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			a.finalSave()
-			return
-		case <-t.C:
+			t := time.NewTimer(a.o.SaveDelay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				a.finalSave()
+				return
+			case <-t.C:
+			}
 		}
 		rev, err := a.save(ctx)
 		switch {
@@ -430,6 +451,30 @@ func (a *Agent) saver(ctx context.Context) {
 			failing = false
 		}
 	}
+}
+
+// persistedLost reports whether the persisted configuration is missing
+// or older than the one the agent last persisted or loaded (nothing runs
+// yet: false); it then forgets that save, so the next save writes again.
+func (a *Agent) persistedLost(ctx context.Context, rp RevisionPersister) (bool, error) {
+	a.mu.Lock()
+	saved := a.st.PersistedRevision
+	a.mu.Unlock()
+	if saved == 0 {
+		return false, nil // nothing persisted yet, or a save is due anyway
+	}
+	stored, err := rp.PersistedRevision(ctx)
+	if err != nil || stored >= saved {
+		return false, err
+	}
+	a.mu.Lock()
+	if a.st.PersistedRevision == saved {
+		a.st.PersistedRevision = stored
+	}
+	a.mu.Unlock()
+	a.log.Warn("dataplane: the persisted configuration is missing or older than the one persisted; persisting it again",
+		"persisted_revision", stored, "revision", saved)
+	return true, nil
 }
 
 // finalSaveTimeout bounds the save made when Run stops.

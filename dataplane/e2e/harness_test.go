@@ -626,7 +626,9 @@ type cpStatus struct {
 	Source           string  `json:"source"`
 	LastError        string  `json:"last_error"`
 	Reconnects       uint64  `json:"reconnects"`
-	Deliveries       struct {
+	// PersistedRevision is the revision the gateway last persisted.
+	PersistedRevision uint64 `json:"persisted_revision"`
+	Deliveries        struct {
 		SnapshotsApplied  uint64 `json:"snapshots_applied"`
 		SnapshotsRejected uint64 `json:"snapshots_rejected"`
 		ChangesApplied    uint64 `json:"changes_applied"`
