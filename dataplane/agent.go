@@ -22,6 +22,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // Defaults of AgentOptions.
@@ -185,6 +186,9 @@ type Status struct {
 	AppliedRevision uint64 `json:"applied_revision"`
 	// Digest is protocol.Digest of the running configuration.
 	Digest string `json:"digest"`
+	// History names the control-plane history the running configuration
+	// belongs to (its revision counts in it); "" when none is known.
+	History string `json:"history"`
 	// Source is where the running configuration came from:
 	// "control_plane", "persisted" or "none".
 	Source string `json:"source"`
@@ -267,6 +271,9 @@ type Agent struct {
 	refused string
 	// accepted is signalled (capacity 1) when a refusal ends.
 	accepted chan struct{}
+	// persistedHistory is the history of the configuration last persisted
+	// or loaded (with Status.PersistedRevision).
+	persistedHistory string
 	// contactKick asks the contact saver to persist the last contact now
 	// (capacity 1).
 	contactKick chan struct{}
@@ -277,6 +284,9 @@ type running struct {
 	revision uint64
 	digester protocol.Digester
 	source   string
+	// history is the control-plane history the configuration belongs
+	// to ("" for none known).
+	history string
 }
 
 // New checks opts and returns an Agent. It fails when Gateway is nil,
@@ -739,7 +749,14 @@ func (a *Agent) startFallback(ctx context.Context) {
 		case <-a.accepted:
 		}
 	}
-	snap, err := a.o.Persister.Load(ctx)
+	var snap *spec.Snapshot
+	var history string
+	var err error
+	if hp, ok := a.o.Persister.(HistoryPersister); ok {
+		snap, history, err = hp.LoadHistory(ctx)
+	} else {
+		snap, err = a.o.Persister.Load(ctx)
+	}
 	if err != nil {
 		a.log.Error("dataplane: load the persisted configuration", "err", err)
 		return
@@ -776,9 +793,9 @@ func (a *Agent) startFallback(ctx context.Context) {
 		a.log.Error("dataplane: the persisted configuration is refused", "revision", snap.Revision, "err", err)
 		return
 	}
-	a.setRunning(running{revision: snap.Revision, digester: dg, source: "persisted"})
+	a.setRunning(running{revision: snap.Revision, digester: dg, source: "persisted", history: history})
 	a.mu.Lock()
-	a.st.PersistedRevision = snap.Revision
+	a.st.PersistedRevision, a.persistedHistory = snap.Revision, history
 	a.mu.Unlock()
 	a.log.Warn("dataplane: the control plane did not answer in time; enforcing the persisted configuration",
 		"revision", snap.Revision, "start_timeout", a.o.StartTimeout)
@@ -789,16 +806,16 @@ func (a *Agent) setRunning(r running) {
 	first := a.cur.source == "none"
 	a.cur = r
 	a.mu.Lock()
-	a.st.AppliedRevision, a.st.Digest, a.st.Source = r.revision, r.digester.Digest(), r.source
+	a.st.AppliedRevision, a.st.Digest, a.st.Source, a.st.History = r.revision, r.digester.Digest(), r.source, r.history
 	a.mu.Unlock()
 	if first {
 		close(a.applied)
 	}
 }
 
-// current returns the revision and digest the gateway runs.
-func (a *Agent) current() (uint64, string) {
+// current returns the revision, digest and history the gateway runs.
+func (a *Agent) current() (uint64, string, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.st.AppliedRevision, a.st.Digest
+	return a.st.AppliedRevision, a.st.Digest, a.st.History
 }

@@ -15,15 +15,20 @@
 //
 //  1. The gateway sends Hello: its data-plane group, tags, token, the
 //     revision it last applied and the digest of the configuration it runs
-//     (protocol.Digest), its id and version. A wrong token ends the stream
-//     with Unauthenticated, tags outside the token's scope with
+//     (protocol.Digest), the control-plane history that revision counts in,
+//     its id and version. A wrong token ends the stream with
+//     Unauthenticated, tags outside the token's scope with
 //     PermissionDenied.
 //  2. The control plane answers with the Changes after that revision when
 //     its bounded change log still holds them and the digest is the one it
 //     expects, and with a snapshot otherwise: SnapshotChunks of the
 //     snapshot's spec JSON, bounded in size, numbered, the last marked and
-//     carrying the digest. Every delivery has a monotonic revision and a
-//     nonce. APIs are included only when the gateway's tags select them;
+//     carrying the digest and the control plane's history. Every delivery
+//     has a revision, monotonic within a history, and a nonce. A Hello of
+//     another history, or ahead of the control plane in its own (a
+//     restored control plane, which then takes a new history), gets a
+//     snapshot, which the agent applies whatever its revision
+//     (gateway.Replace) because its history differs. APIs are included only when the gateway's tags select them;
 //     keys and policies always.
 //  3. The gateway applies the whole delivery or none of it
 //     (protocol.Assembler or protocol.ApplyChanges, then gateway.Apply),

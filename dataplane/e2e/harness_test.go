@@ -622,6 +622,7 @@ type cpStatus struct {
 	State            string  `json:"state"`
 	AppliedRevision  uint64  `json:"applied_revision"`
 	Digest           string  `json:"digest"`
+	History          string  `json:"history"`
 	StalenessSeconds float64 `json:"staleness_seconds"`
 	Source           string  `json:"source"`
 	LastError        string  `json:"last_error"`
