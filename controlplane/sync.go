@@ -398,12 +398,13 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	if err != nil {
 		return err
 	}
-	if r := h.GetLastAppliedRevision(); st.history != "" && st.history == hist {
+	r, pr := h.GetLastAppliedRevision(), h.GetPersistedRevision()
+	if st.history != "" && st.history == hist || h.GetPersistedHistory() != "" && h.GetPersistedHistory() == hist {
 		cur, err := s.revision(ctx)
 		if err != nil {
 			return err
 		}
-		if r > cur {
+		if st.history == hist && r > cur || h.GetPersistedHistory() == hist && pr > cur {
 			// The data plane ran a revision of this history the store
 			// does not have: the store went back (restored from a copy).
 			// Its revisions from now on must not be taken for the lost
@@ -413,7 +414,7 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 				return status.Errorf(codes.Unavailable, "controlplane: fork the history: %v", err)
 			}
 			s.o.Log.Warn("controlplane: a data plane runs a revision above the store's in the same history (was the store restored from a copy?); the store takes a new history and sends every data plane a snapshot of it",
-				"gateway", id, "revision", r, "store_revision", cur, "history", hist)
+				"gateway", id, "revision", r, "persisted_revision", pr, "store_revision", cur, "history", hist)
 		}
 	}
 	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" && (st.history == "" || st.history == hist) {

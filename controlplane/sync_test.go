@@ -966,3 +966,34 @@ func TestSyncHistory(t *testing.T) {
 		t.Fatalf("store history after a Hello without one %q, %v; want %q unchanged", h, err, h2)
 	}
 }
+
+// TestSyncForksOnPersistedAhead: a Hello that runs nothing but whose data
+// plane persisted a revision ahead of the store's in its history (every
+// gateway restarted after a restore) forks the history too, and gets a
+// snapshot of the new one; a persisted revision of another history forks
+// nothing.
+func TestSyncForksOnPersistedAhead(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	ctx := context.Background()
+	h1, err := f.store.History(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := goodHello()
+	h.PersistedRevision, h.PersistedHistory = 500, "another"
+	s := f.open(t, h)
+	if snap, hist := recvSnapshotHistory(t, s); snap.Revision != 1 || hist != h1 {
+		t.Fatalf("persisted ahead in another history: snapshot %d of %q; want 1 of %q", snap.Revision, hist, h1)
+	}
+	closeAndWait(t, s)
+	h.PersistedHistory = h1
+	s = f.open(t, h)
+	snap, h2 := recvSnapshotHistory(t, s)
+	if snap.Revision != 1 || h2 == h1 || h2 == "" {
+		t.Fatalf("persisted ahead in the store's history: snapshot %d of %q; want 1 of a new history (was %q)", snap.Revision, h2, h1)
+	}
+	closeAndWait(t, s)
+	if got, err := f.store.History(ctx); err != nil || got != h2 {
+		t.Fatalf("store history %q, %v; want %q", got, err, h2)
+	}
+}

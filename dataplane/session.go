@@ -21,6 +21,10 @@ func backoffConfig(b Backoff) grpcbackoff.Config {
 	return grpcbackoff.Config{BaseDelay: b.Initial, Multiplier: b.Multiplier, Jitter: b.Jitter, MaxDelay: b.Max}
 }
 
+// persistedHelloTimeout bounds reading the persisted revision for Hello:
+// a slow persister does not hold a reconnect back.
+const persistedHelloTimeout = 500 * time.Millisecond
+
 // session is one sync stream.
 type session struct {
 	a      *Agent
@@ -47,6 +51,16 @@ func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (ans
 	rev, digest, history := a.current()
 	hello := &syncpb.Hello{Group: a.o.Group, Tags: a.o.Tags, Token: a.o.Token, LastAppliedRevision: rev,
 		Digest: digest, GatewayId: a.o.GatewayID, Version: a.o.Version, History: history}
+	if hp, ok := a.o.Persister.(HistoryPersister); ok {
+		// What the group persisted, so a control plane restored from a
+		// copy learns of later revisions no gateway runs; unknown when
+		// the persister does not answer.
+		pctx, cancel := context.WithTimeout(sctx, persistedHelloTimeout)
+		if pr, ph, err := hp.PersistedRevision(pctx); err == nil {
+			hello.PersistedRevision, hello.PersistedHistory = pr, ph
+		}
+		cancel()
+	}
 	if err := s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: hello}}); err != nil {
 		if errors.Is(err, io.EOF) {
 			// The stream ended (the control plane refused it): its

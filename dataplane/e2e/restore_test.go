@@ -181,3 +181,61 @@ func TestRestoreFromCopy(t *testing.T) {
 	}
 	checkServes("restarted without the control plane", restarted)
 }
+
+// TestRestoreWhileGatewaysDown restores the control plane's file while
+// the data plane's only gateway is down too: the gateway starts with
+// nothing running, but its Redis holds the lost history's later revision,
+// which its Hello names, so the control plane takes a new history and the
+// gateway's save of it replaces the lost one. Restarted again while the
+// control plane is down, the gateway serves the restored state (the key
+// created after the copy refused), not the lost revision.
+func TestRestoreWhileGatewaysDown(t *testing.T) {
+	t.Parallel()
+	tk := dpToken{group: "dp1", tags: []string{"dp1"}, token: "restore-down-token"}
+	cp := startControlPlane(t, []dpToken{tk}, cpOptions{})
+	dp := startDataPlane(t, cp, tk, 1, nil)
+	g := dp.gws[0]
+	cp.putPolicy(t, quotaPolicy("q", 1000))
+	cp.putAPI(t, echoAPI("echo", "/echo/"))
+	cp.postKey(t, "restore-down-old", spec.Key{Policies: []string{"q"}})
+	if err := cp.proc.stop(); err != nil {
+		t.Fatalf("control plane exited with %v", err)
+	}
+	backup := filepath.Join(t.TempDir(), "cp-3.db")
+	copyFile(t, cp.data, backup)
+	cp.start(t)
+	_, lost := cp.postKey(t, "restore-down-lost", spec.Key{Policies: []string{"q"}})
+	waitApplied(t, lost, g)
+	waitReadyz(t, g, "the lost revision persisted", syncTimeout, func(r readiness) bool { return r.ControlPlane.PersistedRevision == lost })
+
+	if err := g.proc.stop(); err != nil {
+		t.Fatalf("gateway exited with %v", err)
+	}
+	if err := cp.proc.stop(); err != nil {
+		t.Fatalf("control plane exited with %v", err)
+	}
+	copyFile(t, backup, cp.data)
+	cp.start(t)
+	g.start(t)
+	wantRev, wantDigest := cp.state(t)
+	waitReadyz(t, g, "the restored state applied", syncTimeout, func(r readiness) bool {
+		c := r.ControlPlane
+		return c.Source == "control_plane" && c.AppliedRevision == wantRev && c.Digest == wantDigest && c.PersistedRevision == wantRev
+	})
+	cp.kill()
+	if err := g.proc.stop(); err != nil {
+		t.Fatalf("gateway exited with %v", err)
+	}
+	g.start(t)
+	r := waitReadyz(t, g, "the persisted configuration", syncTimeout, func(r readiness) bool {
+		return r.ControlPlane.Source == "persisted" && r.Ready
+	})
+	if c := r.ControlPlane; c.AppliedRevision != wantRev || c.Digest != wantDigest {
+		t.Fatalf("restarted without the control plane, the gateway runs revision %d, digest %s; want the restored %d, %s", c.AppliedRevision, c.Digest, wantRev, wantDigest)
+	}
+	for k, want := range map[string]int{"restore-down-old": 200, "restore-down-lost": 403} {
+		if st, body := sendOne(t, g, "/echo/x", k); st != want {
+			t.Errorf("gateway answered %s with %d %s, want %d", k, st, body, want)
+		}
+	}
+}

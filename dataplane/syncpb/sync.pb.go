@@ -274,9 +274,18 @@ type Hello struct {
 	// history other than the control plane's, or a revision ahead of the
 	// control plane's in its own history (a restored control plane), is
 	// answered with a snapshot the gateway applies whatever its revision.
-	History       string `protobuf:"bytes,8,opt,name=history,proto3" json:"history,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	History string `protobuf:"bytes,8,opt,name=history,proto3" json:"history,omitempty"`
+	// persisted_revision and persisted_history are what the data plane's
+	// persisted configuration holds (its group's last configuration, in a
+	// Redis its gateways share), 0 and "" when none or unknown. A
+	// persisted revision ahead of the control plane's in its own history
+	// makes it take a new history as a Hello's revision does, so a control
+	// plane restored from a copy learns that its data plane saw later
+	// revisions also when no gateway runs them (every gateway restarted).
+	PersistedRevision uint64 `protobuf:"varint,9,opt,name=persisted_revision,json=persistedRevision,proto3" json:"persisted_revision,omitempty"`
+	PersistedHistory  string `protobuf:"bytes,10,opt,name=persisted_history,json=persistedHistory,proto3" json:"persisted_history,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -361,6 +370,20 @@ func (x *Hello) GetVersion() string {
 func (x *Hello) GetHistory() string {
 	if x != nil {
 		return x.History
+	}
+	return ""
+}
+
+func (x *Hello) GetPersistedRevision() uint64 {
+	if x != nil {
+		return x.PersistedRevision
+	}
+	return 0
+}
+
+func (x *Hello) GetPersistedHistory() string {
+	if x != nil {
+		return x.PersistedHistory
 	}
 	return ""
 }
@@ -961,7 +984,7 @@ const file_sync_proto_rawDesc = "" +
 	"\x03ack\x18\x02 \x01(\v2\x17.limitplane.sync.v1.AckH\x00R\x03ack\x12.\n" +
 	"\x04nack\x18\x03 \x01(\v2\x18.limitplane.sync.v1.NackH\x00R\x04nack\x12G\n" +
 	"\rdigest_report\x18\x04 \x01(\v2 .limitplane.sync.v1.DigestReportH\x00R\fdigestReportB\x06\n" +
-	"\x04kind\"\xe6\x01\n" +
+	"\x04kind\"\xc2\x02\n" +
 	"\x05Hello\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x12\n" +
 	"\x04tags\x18\x02 \x03(\tR\x04tags\x12\x14\n" +
@@ -971,7 +994,10 @@ const file_sync_proto_rawDesc = "" +
 	"\n" +
 	"gateway_id\x18\x06 \x01(\tR\tgatewayId\x12\x18\n" +
 	"\aversion\x18\a \x01(\tR\aversion\x12\x18\n" +
-	"\ahistory\x18\b \x01(\tR\ahistory\"7\n" +
+	"\ahistory\x18\b \x01(\tR\ahistory\x12-\n" +
+	"\x12persisted_revision\x18\t \x01(\x04R\x11persistedRevision\x12+\n" +
+	"\x11persisted_history\x18\n" +
+	" \x01(\tR\x10persistedHistory\"7\n" +
 	"\x03Ack\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"N\n" +
