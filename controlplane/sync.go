@@ -413,7 +413,7 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 				s.o.Log.Error("controlplane: sync: fork the history", "err", err)
 				return status.Errorf(codes.Unavailable, "controlplane: fork the history: %v", err)
 			}
-			s.o.Log.Warn("controlplane: a data plane runs a revision above the store's in the same history (was the store restored from a copy?); the store takes a new history and sends every data plane a snapshot of it",
+			s.o.Log.Warn("controlplane: a data plane runs or persisted a revision above the store's in the same history (was the store restored from a copy?); the store takes a new history and sends every data plane a snapshot of it",
 				"gateway", id, "revision", r, "persisted_revision", pr, "store_revision", cur, "history", hist)
 		}
 	}
