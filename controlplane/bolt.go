@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -61,8 +62,9 @@ var (
 	bucketKeys     = []byte("keys")     // lower-case key hash → spec.Key JSON
 	bucketAPIs     = []byte("apis")     // ID → spec.API JSON
 	bucketChanges  = []byte("changes")  // revision (8 bytes BE) + sequence (4 bytes BE) → Change JSON
-	bucketMeta     = []byte("meta")     // metaRevision → revision (8 bytes BE)
+	bucketMeta     = []byte("meta")     // metaRevision → revision (8 bytes BE); metaHistory → history id
 	metaRevision   = []byte("revision")
+	metaHistory    = []byte("history")
 )
 
 // Bolt is the Store kept in one bbolt file. Writes are durable when
@@ -117,6 +119,10 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
+		}
+		// A store made before histories existed gets one now.
+		if meta := tx.Bucket(bucketMeta); meta.Get(metaHistory) == nil {
+			return meta.Put(metaHistory, []byte(newHistory()))
 		}
 		return nil
 	})
@@ -264,6 +270,51 @@ func readRevision(btx *bolt.Tx) uint64 {
 		return binary.BigEndian.Uint64(v)
 	}
 	return 0
+}
+
+// newHistory returns a new random history id (26 base32 characters: 130
+// random bits).
+func newHistory() string { return rand.Text() }
+
+// History implements Store.
+func (b *Bolt) History(ctx context.Context) (string, error) {
+	var h string
+	err := b.View(ctx, func(r Reader) error {
+		h = string(r.(*boltReader).btx.Bucket(bucketMeta).Get(metaHistory))
+		return nil
+	})
+	return h, err
+}
+
+// ForkHistory implements Store. The new id is durable when it returns,
+// and RevisionChanged waiters are woken (the revision itself does not
+// change), so every stream sends its data plane a snapshot of the new
+// history.
+func (b *Bolt) ForkHistory(ctx context.Context, from string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	var h string
+	forked := false
+	err := b.db.Update(func(btx *bolt.Tx) error {
+		meta := btx.Bucket(bucketMeta)
+		h = string(meta.Get(metaHistory))
+		if h != from {
+			return nil
+		}
+		h, forked = newHistory(), true
+		return meta.Put(metaHistory, []byte(h))
+	})
+	if errors.Is(err, bolterrors.ErrDatabaseNotOpen) {
+		return "", ErrClosed
+	}
+	if err != nil {
+		return "", fmt.Errorf("controlplane: fork the history: %w", err)
+	}
+	if forked {
+		b.announce()
+	}
+	return h, nil
 }
 
 // View implements Store.

@@ -1,8 +1,14 @@
 package controlplane
 
 import (
+	"context"
 	"encoding/json"
+	"path/filepath"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/limitplane/limitplane/spec"
 )
 
 // TestEncodeChangeIsJSONMarshal: the change log's encoding is byte for
@@ -55,4 +61,87 @@ func TestChangeListKeepsOrder(t *testing.T) {
 			break
 		}
 	}
+}
+
+// TestHistory: a new store has a random history id that a reopen keeps;
+// a store made before histories (no id in its meta bucket) gets one on
+// its first open and keeps it; ForkHistory replaces the id only when it
+// is still the one named, durably, and leaves the revision alone.
+func TestHistory(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "cp.db")
+	open := func() *Bolt {
+		t.Helper()
+		b, err := OpenBolt(path, BoltOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	history := func(b *Bolt) string {
+		t.Helper()
+		h, err := b.History(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	b := open()
+	h1 := history(b)
+	if len(h1) != 26 {
+		t.Fatalf("history %q, want 26 base32 characters", h1)
+	}
+	if _, err := b.Update(ctx, func(tx Tx) error { return tx.PutPolicy(spec.Policy{ID: "p"}) }); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	b = open()
+	if h := history(b); h != h1 {
+		t.Fatalf("reopened: history %q, want %q", h, h1)
+	}
+	if h, err := b.ForkHistory(ctx, "another"); err != nil || h != h1 {
+		t.Fatalf("ForkHistory of another history: %q, %v; want %q unchanged", h, err, h1)
+	}
+	h2, err := b.ForkHistory(ctx, h1)
+	if err != nil || h2 == h1 || len(h2) != 26 {
+		t.Fatalf("ForkHistory(%q) = %q, %v; want a new id", h1, h2, err)
+	}
+	if h, err := b.ForkHistory(ctx, h1); err != nil || h != h2 {
+		t.Fatalf("ForkHistory of the old id again: %q, %v; want %q", h, err, h2)
+	}
+	var rev uint64
+	if err := b.View(ctx, func(r Reader) error { rev = r.Revision(); return nil }); err != nil || rev != 1 {
+		t.Fatalf("revision after forks %d, %v; want 1", rev, err)
+	}
+	b.Close()
+
+	// A store from before histories: its meta bucket has no id.
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(metaHistory) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	b = open()
+	h3 := history(b)
+	if len(h3) != 26 || h3 == h2 {
+		t.Fatalf("first open of a store without a history: %q (before: %q)", h3, h2)
+	}
+	b.Close()
+	b = open()
+	defer b.Close()
+	if h := history(b); h != h3 {
+		t.Fatalf("reopened: history %q, want %q", h, h3)
+	}
+	if _, err := b.History(canceled()); err == nil {
+		t.Fatal("History with a canceled context: no error")
+	}
+}
+
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
 }

@@ -59,6 +59,22 @@ type Store interface {
 	// Snapshot returns the whole state at its current revision, as a
 	// data plane with the given tags receives it (see Select).
 	Snapshot(ctx context.Context, tags []string) (*spec.Snapshot, error)
+	// History returns the id of the store's history: random (from
+	// crypto/rand), made when the store is created (or first opened by a
+	// version that keeps one) and kept in it, so a restart keeps it.
+	// Revisions count within a history: a data plane that names another
+	// history, or a revision ahead of the store's in this one, runs
+	// something this store never had or no longer has, and is sent a
+	// snapshot it applies whatever its revision (see SyncServer).
+	History(ctx context.Context) (string, error)
+	// ForkHistory replaces the history id with a new random one when it
+	// is still from, and returns the id then current (from's successor,
+	// or the id another fork made already). The state and its revision
+	// do not change. The sync server calls it when a data plane shows a
+	// revision of this history above the store's: the store went back
+	// (restored from a copy), and the revisions it numbers from now on
+	// must not be taken for the lost ones.
+	ForkHistory(ctx context.Context, from string) (string, error)
 	// Close releases the store. Calls after Close fail.
 	Close() error
 }

@@ -355,6 +355,10 @@ type syncStream struct {
 	hello  *syncpb.Hello
 	tags   []string
 	tkey   string
+	// history is the history the gateway's configuration belongs to, as
+	// far as the server knows: the Hello's, then that of each snapshot
+	// sent ("": unknown, an agent that names none).
+	history string
 
 	base       *view  // what the gateway runs once it applies what was sent; nil: unknown
 	deliveries []sent // latest last
@@ -389,8 +393,31 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
 	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
-	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags)}
-	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" {
+	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags), history: h.GetHistory()}
+	hist, err := s.history(ctx)
+	if err != nil {
+		return err
+	}
+	r, pr := h.GetLastAppliedRevision(), h.GetPersistedRevision()
+	if st.history != "" && st.history == hist || h.GetPersistedHistory() != "" && h.GetPersistedHistory() == hist {
+		cur, err := s.revision(ctx)
+		if err != nil {
+			return err
+		}
+		if st.history == hist && r > cur || h.GetPersistedHistory() == hist && pr > cur {
+			// The data plane ran a revision of this history the store
+			// does not have: the store went back (restored from a copy).
+			// Its revisions from now on must not be taken for the lost
+			// ones: a new history.
+			if hist, err = s.o.Store.ForkHistory(ctx, hist); err != nil {
+				s.o.Log.Error("controlplane: sync: fork the history", "err", err)
+				return status.Errorf(codes.Unavailable, "controlplane: fork the history: %v", err)
+			}
+			s.o.Log.Warn("controlplane: a data plane runs or persisted a revision above the store's in the same history (was the store restored from a copy?); the store takes a new history and sends every data plane a snapshot of it",
+				"gateway", id, "revision", r, "persisted_revision", pr, "store_revision", cur, "history", hist)
+		}
+	}
+	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" && (st.history == "" || st.history == hist) {
 		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
 			st.base = &v
 			s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.AppliedRevision = r })
@@ -481,6 +508,16 @@ func (st *syncStream) latest() uint64 {
 	return 0
 }
 
+// history reads the store's history id.
+func (s *SyncServer) history(ctx context.Context) (string, error) {
+	h, err := s.o.Store.History(ctx)
+	if err != nil {
+		s.o.Log.Error("controlplane: sync: read the history", "err", err)
+		return "", status.Errorf(codes.Unavailable, "controlplane: read the history: %v", err)
+	}
+	return h, nil
+}
+
 // revision reads the store's revision.
 func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
 	var rev uint64
@@ -494,10 +531,16 @@ func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
 
 // deliver brings the gateway to the store's revision: Changes when it
 // can, a snapshot otherwise, nothing when it is there already or only a
-// Nacked snapshot of this revision could be sent.
+// Nacked snapshot of this revision could be sent. A gateway whose
+// configuration belongs to another history than the store's is sent a
+// snapshot at once.
 func (st *syncStream) deliver(ctx context.Context) error {
 	s := st.s
-	force := st.force
+	hist, err := s.history(ctx)
+	if err != nil {
+		return err
+	}
+	force := st.force || st.history != "" && st.history != hist
 	st.force = false
 	if st.base != nil && !force {
 		ch, next, why, err := s.planChanges(ctx, st.tags, *st.base)
@@ -541,13 +584,14 @@ func (st *syncStream) deliver(ctx context.Context) error {
 		s.o.Log.Error("controlplane: sync: read snapshot", "err", err)
 		return status.Errorf(codes.Unavailable, "controlplane: read snapshot: %v", err)
 	}
+	chunks[len(chunks)-1].History = hist
 	for _, c := range chunks {
 		if err := st.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_SnapshotChunk{SnapshotChunk: c}}); err != nil {
 			return err
 		}
 	}
 	st.record(sent{snapshot: true, nonce: nonce, revision: snap.Revision, digest: chunks[len(chunks)-1].Digest})
-	st.lastSnap, st.nacked = st.seq, false
+	st.lastSnap, st.nacked, st.history = st.seq, false, hist
 	st.base = &v
 	s.cache.put(st.tkey, v)
 	return nil

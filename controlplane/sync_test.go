@@ -878,3 +878,122 @@ func TestSyncOversizeChangesSendSnapshot(t *testing.T) {
 	}
 	closeAndWait(t, stream)
 }
+
+// recvSnapshotHistory receives one whole snapshot and returns it with the
+// history its last chunk names.
+func recvSnapshotHistory(t *testing.T, stream syncStream) (*spec.Snapshot, string) {
+	t.Helper()
+	a := protocol.NewAssembler(protocol.AssemblerOptions{})
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := m.GetSnapshotChunk()
+		if c == nil {
+			t.Fatalf("got %v, want a snapshot chunk", m)
+		}
+		snap, err := a.Add(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap != nil {
+			return snap, c.GetHistory()
+		}
+	}
+}
+
+// TestSyncHistory: snapshots name the store's history; a Hello of the
+// store's revision and digest in its history is confirmed (DigestRequest),
+// in another history it is sent a snapshot; a Hello ahead of the store in
+// its history forks the history (a restored store) and is sent a snapshot
+// of the new one, with the revision unchanged; a Hello ahead without a
+// history (an agent that names none) forks nothing.
+func TestSyncHistory(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	ctx := context.Background()
+	h1, err := f.store.History(ctx)
+	if err != nil || h1 == "" {
+		t.Fatalf("History: %q, %v", h1, err)
+	}
+	s := f.open(t, goodHello())
+	snap, hist := recvSnapshotHistory(t, s)
+	if snap.Revision != 1 || hist != h1 {
+		t.Fatalf("first snapshot: revision %d, history %q; want 1, %q", snap.Revision, hist, h1)
+	}
+	digest := protocol.Digest(snap)
+	closeAndWait(t, s)
+
+	hello := func(rev uint64, history string) *syncpb.Hello {
+		h := goodHello()
+		h.LastAppliedRevision, h.Digest, h.History = rev, digest, history
+		return h
+	}
+	s = f.open(t, hello(1, h1))
+	if m, err := s.Recv(); err != nil || m.GetDigestRequest() == nil {
+		t.Fatalf("Hello of the current revision in the store's history: got %v, %v; want a DigestRequest", m, err)
+	}
+	closeAndWait(t, s)
+
+	s = f.open(t, hello(1, "another-history"))
+	if snap, hist := recvSnapshotHistory(t, s); snap.Revision != 1 || hist != h1 {
+		t.Fatalf("Hello of another history: snapshot %d of history %q; want 1 of %q", snap.Revision, hist, h1)
+	}
+	closeAndWait(t, s)
+
+	s = f.open(t, hello(5, h1))
+	snap, h2 := recvSnapshotHistory(t, s)
+	if snap.Revision != 1 || h2 == h1 || h2 == "" || protocol.Digest(snap) != digest {
+		t.Fatalf("Hello ahead in the store's history: snapshot %d of history %q; want 1 of a new history (was %q)", snap.Revision, h2, h1)
+	}
+	closeAndWait(t, s)
+	if h, err := f.store.History(ctx); err != nil || h != h2 {
+		t.Fatalf("store history %q, %v; want %q", h, err, h2)
+	}
+	if !strings.Contains(f.log.String(), "the store takes a new history") {
+		t.Errorf("the fork is not logged:\n%s", f.log.String())
+	}
+	if got := revision(t, f.store); got != 1 {
+		t.Fatalf("revision after the fork %d, want 1", got)
+	}
+
+	s = f.open(t, hello(5, ""))
+	if snap, hist := recvSnapshotHistory(t, s); snap.Revision != 1 || hist != h2 {
+		t.Fatalf("Hello ahead without a history: snapshot %d of history %q; want 1 of %q", snap.Revision, hist, h2)
+	}
+	closeAndWait(t, s)
+	if h, err := f.store.History(ctx); err != nil || h != h2 {
+		t.Fatalf("store history after a Hello without one %q, %v; want %q unchanged", h, err, h2)
+	}
+}
+
+// TestSyncForksOnPersistedAhead: a Hello that runs nothing but whose data
+// plane persisted a revision ahead of the store's in its history (every
+// gateway restarted after a restore) forks the history too, and gets a
+// snapshot of the new one; a persisted revision of another history forks
+// nothing.
+func TestSyncForksOnPersistedAhead(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	ctx := context.Background()
+	h1, err := f.store.History(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := goodHello()
+	h.PersistedRevision, h.PersistedHistory = 500, "another"
+	s := f.open(t, h)
+	if snap, hist := recvSnapshotHistory(t, s); snap.Revision != 1 || hist != h1 {
+		t.Fatalf("persisted ahead in another history: snapshot %d of %q; want 1 of %q", snap.Revision, hist, h1)
+	}
+	closeAndWait(t, s)
+	h.PersistedHistory = h1
+	s = f.open(t, h)
+	snap, h2 := recvSnapshotHistory(t, s)
+	if snap.Revision != 1 || h2 == h1 || h2 == "" {
+		t.Fatalf("persisted ahead in the store's history: snapshot %d of %q; want 1 of a new history (was %q)", snap.Revision, h2, h1)
+	}
+	closeAndWait(t, s)
+	if got, err := f.store.History(ctx); err != nil || got != h2 {
+		t.Fatalf("store history %q, %v; want %q", got, err, h2)
+	}
+}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // Defaults of AgentOptions.
@@ -33,8 +34,11 @@ const (
 	DefaultStartTimeout = 5 * time.Second
 	// DefaultBackoffInitial is the first reconnect delay (before jitter).
 	DefaultBackoffInitial = 100 * time.Millisecond
-	// DefaultBackoffMax caps the reconnect delay, jitter included.
-	DefaultBackoffMax = 10 * time.Second
+	// DefaultBackoffMax caps the reconnect delay, jitter included: a
+	// gateway is connected again within about a second of its control
+	// plane's return, however long the outage, and a refusing control
+	// plane gets at most one attempt a second from each gateway.
+	DefaultBackoffMax = time.Second
 	// DefaultBackoffMultiplier is the factor the delay grows by after each
 	// failed attempt.
 	DefaultBackoffMultiplier = 2.0
@@ -71,7 +75,9 @@ const (
 
 // Backoff configures the reconnect delays: exponential with jitter
 // (github.com/cenkalti/backoff/v5's ExponentialBackOff), reset after a
-// stream on which the control plane answered.
+// stream on which the control plane answered. It is the only backoff:
+// when the agent dials Address, each attempt dials a connection of its
+// own, so gRPC's connect backoff never adds its delay to the agent's.
 type Backoff struct {
 	// Initial is the first delay; 0 means DefaultBackoffInitial.
 	Initial time.Duration
@@ -99,11 +105,13 @@ type AgentOptions struct {
 	// configuration allows only to a loopback address.
 	TLS *tls.Config
 	// DialOptions are added to the agent's own (credentials, keepalive,
-	// connect backoff) when it dials Address.
+	// connect timeout) when it dials Address. The agent dials one
+	// connection per attempt and closes it when the stream ends.
 	DialOptions []grpc.DialOption
 	// Conn, when set, is used instead of dialling Address (and not
 	// closed by the agent); TLS, DialOptions and Keepalive are then the
-	// connection's business.
+	// connection's business, and so is its connect backoff, which comes
+	// on top of the agent's.
 	Conn grpc.ClientConnInterface
 	// Group is the data-plane group (the gateways sharing one Redis);
 	// required.
@@ -178,6 +186,9 @@ type Status struct {
 	AppliedRevision uint64 `json:"applied_revision"`
 	// Digest is protocol.Digest of the running configuration.
 	Digest string `json:"digest"`
+	// History names the control-plane history the running configuration
+	// belongs to (its revision counts in it); "" when none is known.
+	History string `json:"history"`
 	// Source is where the running configuration came from:
 	// "control_plane", "persisted" or "none".
 	Source string `json:"source"`
@@ -260,6 +271,9 @@ type Agent struct {
 	refused string
 	// accepted is signalled (capacity 1) when a refusal ends.
 	accepted chan struct{}
+	// persistedHistory is the history of the configuration last persisted
+	// or loaded (with Status.PersistedRevision).
+	persistedHistory string
 	// contactKick asks the contact saver to persist the last contact now
 	// (capacity 1).
 	contactKick chan struct{}
@@ -270,6 +284,9 @@ type running struct {
 	revision uint64
 	digester protocol.Digester
 	source   string
+	// history is the control-plane history the configuration belongs
+	// to ("" for none known).
+	history string
 }
 
 // New checks opts and returns an Agent. It fails when Gateway is nil,
@@ -400,14 +417,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.started = a.o.Now()
 	a.mu.Unlock()
 
-	conn := a.o.Conn
-	if conn == nil {
+	connect := func() (grpc.ClientConnInterface, func(), error) { return a.o.Conn, func() {}, nil }
+	if a.o.Conn == nil {
+		// A malformed target fails now; each attempt dials anew.
 		cc, err := a.dial()
 		if err != nil {
 			return err
 		}
-		defer cc.Close()
-		conn = cc
+		cc.Close()
+		connect = func() (grpc.ClientConnInterface, func(), error) {
+			cc, err := a.dial()
+			if err != nil {
+				return nil, nil, err
+			}
+			return cc, func() { cc.Close() }, nil
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -425,7 +449,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.o.MaxStale > 0 {
 		wg.Go(func() { a.watchStale(ctx) })
 	}
-	a.connectLoop(ctx, conn)
+	a.connectLoop(ctx, connect)
 	return nil
 }
 
@@ -440,9 +464,9 @@ func (a *Agent) dial() (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithKeepaliveParams(ka),
-		// gRPC's own redial backoff (1 s growing to 120 s by default)
-		// would hold a reconnect back long after the agent's delay has
-		// passed: bound it by the agent's.
+		// A connection serves one attempt (see connectLoop), so gRPC's
+		// redial backoff never runs in practice; bounded like the
+		// agent's all the same.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoffConfig(a.o.Backoff),
 			// A dial to a dead address fails at its own pace; this
@@ -497,8 +521,12 @@ func refusal(err error) (string, bool) {
 
 // connectLoop opens streams one after another until ctx is done, waiting
 // a backoff delay after each stream that ends without the control plane
-// having answered (and a reset delay after one where it had).
-func (a *Agent) connectLoop(ctx context.Context, conn grpc.ClientConnInterface) {
+// having answered (and a reset delay after one where it had). Each
+// attempt gets its connection from connect and releases it when its
+// stream ends: a dialled connection left in gRPC's transient failure
+// would wait out gRPC's own backoff after the agent's (a gateway came
+// back 16 s after a 15 s outage), while a fresh one dials at once.
+func (a *Agent) connectLoop(ctx context.Context, connect func() (grpc.ClientConnInterface, func(), error)) {
 	bo := cappedBackOff{a.newBackOff(), a.o.Backoff.Max}
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -507,7 +535,12 @@ func (a *Agent) connectLoop(ctx context.Context, conn grpc.ClientConnInterface) 
 			a.mu.Unlock()
 		}
 		a.setState("connecting")
-		answered, err := a.session(ctx, conn)
+		var answered bool
+		conn, release, err := connect()
+		if err == nil {
+			answered, err = a.session(ctx, conn)
+			release()
+		}
 		if ctx.Err() != nil {
 			a.disconnected(nil) // records the last contact when connected
 			return
@@ -716,7 +749,14 @@ func (a *Agent) startFallback(ctx context.Context) {
 		case <-a.accepted:
 		}
 	}
-	snap, err := a.o.Persister.Load(ctx)
+	var snap *spec.Snapshot
+	var history string
+	var err error
+	if hp, ok := a.o.Persister.(HistoryPersister); ok {
+		snap, history, err = hp.LoadHistory(ctx)
+	} else {
+		snap, err = a.o.Persister.Load(ctx)
+	}
 	if err != nil {
 		a.log.Error("dataplane: load the persisted configuration", "err", err)
 		return
@@ -753,9 +793,9 @@ func (a *Agent) startFallback(ctx context.Context) {
 		a.log.Error("dataplane: the persisted configuration is refused", "revision", snap.Revision, "err", err)
 		return
 	}
-	a.setRunning(running{revision: snap.Revision, digester: dg, source: "persisted"})
+	a.setRunning(running{revision: snap.Revision, digester: dg, source: "persisted", history: history})
 	a.mu.Lock()
-	a.st.PersistedRevision = snap.Revision
+	a.st.PersistedRevision, a.persistedHistory = snap.Revision, history
 	a.mu.Unlock()
 	a.log.Warn("dataplane: the control plane did not answer in time; enforcing the persisted configuration",
 		"revision", snap.Revision, "start_timeout", a.o.StartTimeout)
@@ -766,16 +806,16 @@ func (a *Agent) setRunning(r running) {
 	first := a.cur.source == "none"
 	a.cur = r
 	a.mu.Lock()
-	a.st.AppliedRevision, a.st.Digest, a.st.Source = r.revision, r.digester.Digest(), r.source
+	a.st.AppliedRevision, a.st.Digest, a.st.Source, a.st.History = r.revision, r.digester.Digest(), r.source, r.history
 	a.mu.Unlock()
 	if first {
 		close(a.applied)
 	}
 }
 
-// current returns the revision and digest the gateway runs.
-func (a *Agent) current() (uint64, string) {
+// current returns the revision, digest and history the gateway runs.
+func (a *Agent) current() (uint64, string, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.st.AppliedRevision, a.st.Digest
+	return a.st.AppliedRevision, a.st.Digest, a.st.History
 }

@@ -60,7 +60,7 @@ func BenchmarkKeyChange(b *testing.B) {
 	a, _ := benchAgent(b)
 	snap := benchSnapshot(1, n)
 	ctx := context.Background()
-	if err := a.applySnapshot(ctx, snap, ""); err != nil {
+	if err := a.applySnapshot(ctx, snap, "", ""); err != nil {
 		b.Fatal(err)
 	}
 	dg := protocol.DigesterOf(snap)
@@ -139,7 +139,7 @@ func BenchmarkSnapshot1M(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		if err := a.applySnapshot(ctx, got, want); err != nil {
+		if err := a.applySnapshot(ctx, got, want, ""); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

@@ -74,8 +74,8 @@ func TestAgentStaleCountsFromPersistedContact(t *testing.T) {
 			cp.Stop()
 			saved := contact()
 			if fields != nil {
-				if got := fmt.Sprint(fields()); got != "[contact revision snapshot]" {
-					t.Fatalf("hash fields %s, want [contact revision snapshot]", got)
+				if got := fmt.Sprint(fields()); got != "[contact history revision snapshot]" {
+					t.Fatalf("hash fields %s, want [contact history revision snapshot]", got)
 				}
 			}
 

@@ -15,15 +15,20 @@
 //
 //  1. The gateway sends Hello: its data-plane group, tags, token, the
 //     revision it last applied and the digest of the configuration it runs
-//     (protocol.Digest), its id and version. A wrong token ends the stream
-//     with Unauthenticated, tags outside the token's scope with
+//     (protocol.Digest), the control-plane history that revision counts in,
+//     its id and version. A wrong token ends the stream with
+//     Unauthenticated, tags outside the token's scope with
 //     PermissionDenied.
 //  2. The control plane answers with the Changes after that revision when
 //     its bounded change log still holds them and the digest is the one it
 //     expects, and with a snapshot otherwise: SnapshotChunks of the
 //     snapshot's spec JSON, bounded in size, numbered, the last marked and
-//     carrying the digest. Every delivery has a monotonic revision and a
-//     nonce. APIs are included only when the gateway's tags select them;
+//     carrying the digest and the control plane's history. Every delivery
+//     has a revision, monotonic within a history, and a nonce. A Hello of
+//     another history, or ahead of the control plane in its own (a
+//     restored control plane, which then takes a new history), gets a
+//     snapshot, which the agent applies whatever its revision
+//     (gateway.Replace) because its history differs. APIs are included only when the gateway's tags select them;
 //     keys and policies always.
 //  3. The gateway applies the whole delivery or none of it
 //     (protocol.Assembler or protocol.ApplyChanges, then gateway.Apply),
@@ -47,8 +52,11 @@
 //
 // Agent.Run holds the stream and reconnects when it ends, after an
 // exponential backoff with jitter (github.com/cenkalti/backoff/v5; 100 ms
-// growing to 10 s by default, no wait longer than the maximum with jitter
-// included, reset after a stream on which the control plane answered); a
+// growing to 1 s by default, no wait longer than the maximum with jitter
+// included, reset after a stream on which the control plane answered).
+// It is the only backoff: each attempt dials a connection of its own, so
+// gRPC's connect backoff does not add to it, and a gateway is connected
+// again within about a second of its control plane's return; a
 // stream the control plane refuses with Unauthenticated or
 // PermissionDenied makes Status.State "refused" (Status.NotReady, which
 // the gateway's GET /readyz answers 503 with) until the control plane
@@ -75,7 +83,10 @@
 // configuration untouched.
 //
 // Each applied configuration is persisted in the background (saves
-// gather for SaveDelay and the latest wins). When no configuration was
+// gather for SaveDelay and the latest wins), and persisted again when a
+// RevisionPersister shows, at the next check (every SaveDelay), that the
+// persisted one is gone or older (a data plane's Redis restarted empty).
+// When no configuration was
 // applied within StartTimeout of Run's start, the persisted one is
 // applied (Status.Source "persisted") until the control plane answers,
 // unless the control plane refused the credentials (a refusal is an

@@ -448,10 +448,17 @@ func (f *fakeCP) next(t *testing.T) *fakeStream {
 // sendSnapshot sends snap in chunks of 512 bytes with nonce.
 func (s *fakeStream) sendSnapshot(t *testing.T, snap *spec.Snapshot, nonce string) {
 	t.Helper()
+	s.sendSnapshotOf(t, snap, nonce, "")
+}
+
+// sendSnapshotOf is sendSnapshot naming history on the last chunk.
+func (s *fakeStream) sendSnapshotOf(t *testing.T, snap *spec.Snapshot, nonce, history string) {
+	t.Helper()
 	chunks, err := protocol.Chunks(snap, nonce, 512)
 	if err != nil {
 		t.Fatal(err)
 	}
+	chunks[len(chunks)-1].History = history
 	for _, c := range chunks {
 		if err := s.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_SnapshotChunk{SnapshotChunk: c}}); err != nil {
 			t.Fatal(err)

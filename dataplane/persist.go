@@ -51,6 +51,27 @@ type ContactPersister interface {
 	LoadContact(ctx context.Context) (time.Time, error)
 }
 
+// HistoryPersister is a Persister that also keeps the control-plane
+// history the configuration belongs to (syncpb's SnapshotChunk.history:
+// revisions count within a history, and a restored control plane starts
+// a new one), and reads the persisted revision and history without the
+// configuration, so that a running agent notices cheaply, every
+// SaveDelay, that what it persisted is gone (a data plane's Redis
+// restarted empty, a state file deleted) or older than what it runs, and
+// persists it again. RedisPersister and FilePersister implement it.
+type HistoryPersister interface {
+	Persister
+	// SaveHistory persists snap as a configuration of history ("" for
+	// none). Save(ctx, snap) is SaveHistory(ctx, snap, "").
+	SaveHistory(ctx context.Context, snap *spec.Snapshot, history string) error
+	// LoadHistory returns the persisted configuration and its history,
+	// or nil, "" and no error when none is.
+	LoadHistory(ctx context.Context) (*spec.Snapshot, string, error)
+	// PersistedRevision returns the revision and the history of the
+	// persisted configuration, 0 and "" when none is.
+	PersistedRevision(ctx context.Context) (revision uint64, history string, err error)
+}
+
 // RedisConfigKey returns the Redis key a data-plane group's configuration
 // is persisted under: "limitplane:dataplane:{<group>}:config" (the group
 // is a Cluster hash tag).
@@ -67,6 +88,12 @@ func RedisConfigKey(group string) string { return "limitplane:dataplane:{" + gro
 // of one group saving concurrently, or one that lags, never bring back an
 // older configuration. The key has no TTL: it must outlive any outage.
 //
+// The field "history" names the control-plane history of the snapshot
+// (SaveHistory; "" for none). A save of another, non-empty, history
+// replaces the stored configuration whatever the revisions: a restored
+// control plane numbers revisions anew, and its lower revisions must win
+// over the lost history's higher ones.
+//
 // The hash's third field, "contact", is the last contact with the control
 // plane of any gateway of the group, in Unix milliseconds (decimal): it
 // is written alone (SaveContact), so the snapshot is not rewritten, and
@@ -82,16 +109,19 @@ func NewRedisPersister(client redis.UniversalClient, group string) *RedisPersist
 	return &RedisPersister{client: client, key: RedisConfigKey(group)}
 }
 
-// saveScript sets the hash when ARGV[1] is a higher revision than the
-// stored one; revisions are decimal without leading zeros, compared by
-// length then text (exact for any uint64). It returns 1 when it wrote.
+// saveScript sets the hash to revision ARGV[1], snapshot ARGV[2] and
+// history ARGV[3] when the revision is higher than the stored one or the
+// history is not "" and not the stored one; revisions are decimal without
+// leading zeros, compared by length then text (exact for any uint64). It
+// returns 1 when it wrote.
 var saveScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], 'revision')
-local new = ARGV[1]
-if cur and (#cur > #new or (#cur == #new and cur >= new)) then
+local curHistory = redis.call('HGET', KEYS[1], 'history') or ''
+local new, history = ARGV[1], ARGV[3]
+if cur and (history == '' or history == curHistory) and (#cur > #new or (#cur == #new and cur >= new)) then
   return 0
 end
-redis.call('HSET', KEYS[1], 'revision', new, 'snapshot', ARGV[2])
+redis.call('HSET', KEYS[1], 'revision', new, 'snapshot', ARGV[2], 'history', history)
 return 1
 `)
 
@@ -131,9 +161,15 @@ func (p *RedisPersister) LoadContact(ctx context.Context) (time.Time, error) {
 	return time.UnixMilli(ms), nil
 }
 
-// Save implements Persister. A snapshot whose revision is not higher than
-// the stored one is not written, and that is not an error.
+// Save implements Persister: SaveHistory(ctx, snap, "").
 func (p *RedisPersister) Save(ctx context.Context, snap *spec.Snapshot) error {
+	return p.SaveHistory(ctx, snap, "")
+}
+
+// SaveHistory implements HistoryPersister. A snapshot of the stored
+// history (or of none) whose revision is not higher than the stored one
+// is not written, and that is not an error.
+func (p *RedisPersister) SaveHistory(ctx context.Context, snap *spec.Snapshot, history string) error {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	if err := json.NewEncoder(zw).Encode(snap); err != nil {
@@ -142,43 +178,77 @@ func (p *RedisPersister) Save(ctx context.Context, snap *spec.Snapshot) error {
 	if err := zw.Close(); err != nil {
 		return fmt.Errorf("dataplane: persist revision %d: compress: %w", snap.Revision, err)
 	}
-	err := saveScript.Run(ctx, p.client, []string{p.key}, strconv.FormatUint(snap.Revision, 10), buf.Bytes()).Err()
+	err := saveScript.Run(ctx, p.client, []string{p.key}, strconv.FormatUint(snap.Revision, 10), buf.Bytes(), history).Err()
 	if err != nil {
 		return fmt.Errorf("dataplane: persist revision %d in Redis: %w", snap.Revision, err)
 	}
 	return nil
 }
 
+// PersistedRevision implements HistoryPersister: the hash's "revision"
+// and "history" fields (one HMGET).
+func (p *RedisPersister) PersistedRevision(ctx context.Context) (uint64, string, error) {
+	vals, err := p.client.HMGet(ctx, p.key, "revision", "history").Result()
+	if err != nil {
+		return 0, "", fmt.Errorf("dataplane: read the persisted revision from Redis: %w", err)
+	}
+	v, _ := vals[0].(string)
+	h, _ := vals[1].(string)
+	if vals[0] == nil {
+		return 0, "", nil
+	}
+	rev, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, "", fmt.Errorf("dataplane: read the persisted revision from Redis: key %s: revision %q: %w", p.key, v, err)
+	}
+	return rev, h, nil
+}
+
 // Load implements Persister.
 func (p *RedisPersister) Load(ctx context.Context) (*spec.Snapshot, error) {
-	vals, err := p.client.HMGet(ctx, p.key, "revision", "snapshot").Result()
+	snap, _, err := p.LoadHistory(ctx)
+	return snap, err
+}
+
+// LoadHistory implements HistoryPersister.
+func (p *RedisPersister) LoadHistory(ctx context.Context) (*spec.Snapshot, string, error) {
+	snap, history, err := p.load(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: load the persisted configuration from Redis: %w", err)
+		return nil, "", fmt.Errorf("dataplane: load the persisted configuration from Redis: %w", err)
+	}
+	return snap, history, nil
+}
+
+func (p *RedisPersister) load(ctx context.Context) (*spec.Snapshot, string, error) {
+	vals, err := p.client.HMGet(ctx, p.key, "revision", "snapshot", "history").Result()
+	if err != nil {
+		return nil, "", err
 	}
 	if vals[0] == nil && vals[1] == nil {
-		return nil, nil
+		return nil, "", nil
 	}
+	history, _ := vals[2].(string)
 	revText, ok1 := vals[0].(string)
 	data, ok2 := vals[1].(string)
 	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("dataplane: load the persisted configuration from Redis: key %s lacks revision or snapshot", p.key)
+		return nil, "", fmt.Errorf("key %s lacks revision or snapshot", p.key)
 	}
 	zr, err := gzip.NewReader(bytes.NewReader([]byte(data)))
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: load the persisted configuration from Redis: %w", err)
+		return nil, "", err
 	}
 	raw, err := io.ReadAll(zr)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: load the persisted configuration from Redis: %w", err)
+		return nil, "", err
 	}
 	snap, err := protocol.DecodeSnapshot(raw)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: load the persisted configuration from Redis: %w", err)
+		return nil, "", err
 	}
 	if rev := strconv.FormatUint(snap.Revision, 10); rev != revText {
-		return nil, fmt.Errorf("dataplane: load the persisted configuration from Redis: key %s says revision %s, its snapshot %s", p.key, revText, rev)
+		return nil, "", fmt.Errorf("key %s says revision %s, its snapshot %s", p.key, revText, rev)
 	}
-	return snap, nil
+	return snap, history, nil
 }
 
 // FilePersister persists the configuration in a local file, as spec JSON
@@ -189,14 +259,68 @@ func (p *RedisPersister) Load(ctx context.Context) (*spec.Snapshot, error) {
 //
 // The last contact with the control plane (SaveContact) is kept in a
 // sidecar file, Path + ".contact": one RFC 3339 time with nanoseconds,
-// replaced the same way, so the configuration file is not rewritten.
+// replaced the same way, so the configuration file is not rewritten. The
+// configuration's control-plane history (SaveHistory) is kept in another,
+// Path + ".history", written after the configuration (absent for none): a
+// crash between the two leaves a history that does not match, which the
+// control plane answers with a snapshot.
 type FilePersister struct {
 	// Path is the file's path.
 	Path string
 }
 
-// Save implements Persister.
-func (p FilePersister) Save(ctx context.Context, snap *spec.Snapshot) (err error) {
+// Save implements Persister: SaveHistory(ctx, snap, "").
+func (p FilePersister) Save(ctx context.Context, snap *spec.Snapshot) error {
+	return p.SaveHistory(ctx, snap, "")
+}
+
+// SaveHistory implements HistoryPersister: the file is replaced whatever
+// it held (one gateway writes it).
+func (p FilePersister) SaveHistory(ctx context.Context, snap *spec.Snapshot, history string) error {
+	if err := p.save(ctx, snap); err != nil {
+		return err
+	}
+	if history == "" {
+		if err := os.Remove(p.historyPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("dataplane: persist revision %d: %w", snap.Revision, err)
+		}
+		return nil
+	}
+	if err := replaceFile(p.historyPath(), history+"\n"); err != nil {
+		return fmt.Errorf("dataplane: persist revision %d: history: %w", snap.Revision, err)
+	}
+	return nil
+}
+
+// historyPath is the sidecar file of the history.
+func (p FilePersister) historyPath() string { return p.Path + ".history" }
+
+// loadHistory reads the history sidecar: "" when it does not exist.
+func (p FilePersister) loadHistory() (string, error) {
+	data, err := os.ReadFile(p.historyPath())
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("dataplane: load the persisted history: %w", err)
+	}
+	return string(bytes.TrimSpace(data)), nil
+}
+
+// LoadHistory implements HistoryPersister.
+func (p FilePersister) LoadHistory(ctx context.Context) (*spec.Snapshot, string, error) {
+	snap, err := p.Load(ctx)
+	if err != nil || snap == nil {
+		return nil, "", err
+	}
+	h, err := p.loadHistory()
+	if err != nil {
+		return nil, "", err
+	}
+	return snap, h, nil
+}
+
+func (p FilePersister) save(ctx context.Context, snap *spec.Snapshot) (err error) {
 	dir := filepath.Dir(p.Path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(p.Path)+".*.tmp")
 	if err != nil {
@@ -250,17 +374,71 @@ func (p FilePersister) Load(context.Context) (*spec.Snapshot, error) {
 	return snap, nil
 }
 
+// PersistedRevision implements HistoryPersister: 0 and "" when the file
+// does not exist.
+func (p FilePersister) PersistedRevision(ctx context.Context) (uint64, string, error) {
+	rev, err := p.persistedRevision(ctx)
+	if err != nil || rev == 0 {
+		return rev, "", err
+	}
+	h, err := p.loadHistory()
+	return rev, h, err
+}
+
+// persistedRevision returns the file's revision, 0 when it does not
+// exist. Save writes the revision first, so only the file's first bytes
+// are read; a file that does not start with it (written by hand) is
+// loaded whole.
+func (p FilePersister) persistedRevision(ctx context.Context) (uint64, error) {
+	f, err := os.Open(p.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dataplane: read the persisted revision: %w", err)
+	}
+	defer f.Close()
+	dec := json.NewDecoder(bufio.NewReaderSize(f, 256))
+	dec.UseNumber()
+	var toks [3]json.Token
+	for i := range toks {
+		if toks[i], err = dec.Token(); err != nil {
+			break
+		}
+	}
+	if d, ok := toks[0].(json.Delim); ok && d == '{' && toks[1] == "revision" {
+		if n, ok := toks[2].(json.Number); ok {
+			if rev, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
+				return rev, nil
+			}
+		}
+	}
+	snap, err := p.Load(ctx)
+	if err != nil || snap == nil {
+		return 0, err
+	}
+	return snap.Revision, nil
+}
+
 // contactPath is the sidecar file of the last contact.
 func (p FilePersister) contactPath() string { return p.Path + ".contact" }
 
 // SaveContact implements ContactPersister: Path + ".contact".
 func (p FilePersister) SaveContact(_ context.Context, t time.Time) error {
-	path := p.contactPath()
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
+	if err := replaceFile(p.contactPath(), t.UTC().Format(time.RFC3339Nano)+"\n"); err != nil {
 		return fmt.Errorf("dataplane: persist the last contact: %w", err)
 	}
-	_, err = f.WriteString(t.UTC().Format(time.RFC3339Nano) + "\n")
+	return nil
+}
+
+// replaceFile replaces path with content through a temporary file beside
+// it, renamed over it.
+func replaceFile(path, content string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(content)
 	if err == nil {
 		err = f.Close()
 	} else {
@@ -271,9 +449,8 @@ func (p FilePersister) SaveContact(_ context.Context, t time.Time) error {
 	}
 	if err != nil {
 		os.Remove(f.Name())
-		return fmt.Errorf("dataplane: persist the last contact: %w", err)
 	}
-	return nil
+	return err
 }
 
 // LoadContact implements ContactPersister: the zero time when the
@@ -296,4 +473,6 @@ func (p FilePersister) LoadContact(context.Context) (time.Time, error) {
 var (
 	_ ContactPersister = (*RedisPersister)(nil)
 	_ ContactPersister = FilePersister{}
+	_ HistoryPersister = (*RedisPersister)(nil)
+	_ HistoryPersister = FilePersister{}
 )

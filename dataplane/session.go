@@ -21,6 +21,10 @@ func backoffConfig(b Backoff) grpcbackoff.Config {
 	return grpcbackoff.Config{BaseDelay: b.Initial, Multiplier: b.Multiplier, Jitter: b.Jitter, MaxDelay: b.Max}
 }
 
+// persistedHelloTimeout bounds reading the persisted revision for Hello:
+// a slow persister does not hold a reconnect back.
+const persistedHelloTimeout = 500 * time.Millisecond
+
 // session is one sync stream.
 type session struct {
 	a      *Agent
@@ -44,9 +48,19 @@ func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (ans
 		return false, fmt.Errorf("dataplane: open the sync stream: %w", err)
 	}
 	s := &session{a: a, stream: stream, asm: protocol.NewAssembler(protocol.AssemblerOptions{})}
-	rev, digest := a.current()
+	rev, digest, history := a.current()
 	hello := &syncpb.Hello{Group: a.o.Group, Tags: a.o.Tags, Token: a.o.Token, LastAppliedRevision: rev,
-		Digest: digest, GatewayId: a.o.GatewayID, Version: a.o.Version}
+		Digest: digest, GatewayId: a.o.GatewayID, Version: a.o.Version, History: history}
+	if hp, ok := a.o.Persister.(HistoryPersister); ok {
+		// What the group persisted, so a control plane restored from a
+		// copy learns of later revisions no gateway runs; unknown when
+		// the persister does not answer.
+		pctx, cancel := context.WithTimeout(sctx, persistedHelloTimeout)
+		if pr, ph, err := hp.PersistedRevision(pctx); err == nil {
+			hello.PersistedRevision, hello.PersistedHistory = pr, ph
+		}
+		cancel()
+	}
 	if err := s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: hello}}); err != nil {
 		if errors.Is(err, io.EOF) {
 			// The stream ended (the control plane refused it): its
@@ -104,7 +118,7 @@ func (s *session) send(m *syncpb.ClientMessage) error {
 
 // report sends a DigestReport of what the gateway runs.
 func (s *session) report() error {
-	rev, digest := s.a.current()
+	rev, digest, _ := s.a.current()
 	return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_DigestReport{DigestReport: &syncpb.DigestReport{Revision: rev, Digest: digest}}})
 }
 
@@ -175,7 +189,7 @@ func (s *session) chunk(ctx context.Context, c *syncpb.SnapshotChunk) error {
 	if snap == nil {
 		return nil
 	}
-	return s.answer(kindSnapshot, c.GetRevision(), c.GetNonce(), s.a.applySnapshot(ctx, snap, c.GetDigest()))
+	return s.answer(kindSnapshot, c.GetRevision(), c.GetNonce(), s.a.applySnapshot(ctx, snap, c.GetDigest(), c.GetHistory()))
 }
 
 // changes applies a Changes message.
@@ -201,8 +215,11 @@ func (a *Agent) confirmPersisted() {
 }
 
 // applySnapshot checks snap against the digest the control plane sent
-// ("" for none) and applies it.
-func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want string) error {
+// ("" for none) and applies it as a configuration of history (the
+// control plane's, "" when it names none). A snapshot of another history
+// than the running configuration's replaces it whatever the revisions
+// (gateway.Replace): a restored control plane numbers revisions anew.
+func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want, history string) error {
 	dg := protocol.DigesterOf(snap)
 	got := dg.Digest()
 	if want != "" && got != want {
@@ -210,16 +227,28 @@ func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want str
 	}
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
+	next := running{revision: snap.Revision, digester: dg, source: "control_plane", history: history}
 	if a.cur.source != "none" && snap.Revision == a.cur.revision && got == a.cur.digester.Digest() {
 		// What runs already (a reconnect, or the persisted configuration
-		// the control plane confirms): no rebuild.
-		a.setRunning(running{revision: snap.Revision, digester: dg, source: "control_plane"})
+		// the control plane confirms): no rebuild; a new history is
+		// persisted.
+		relabel := history != a.cur.history
+		a.setRunning(next)
+		if relabel {
+			a.requestSave()
+		}
 		return nil
 	}
-	if err := a.g.Apply(ctx, snap); err != nil {
+	apply := a.g.Apply
+	if a.cur.source != "none" && history != "" && history != a.cur.history {
+		apply = a.g.Replace
+		a.log.Warn("dataplane: a snapshot of another control-plane history replaces the running configuration",
+			"revision", snap.Revision, "history", history, "running_revision", a.cur.revision, "running_history", a.cur.history)
+	}
+	if err := apply(ctx, snap); err != nil {
 		return err
 	}
-	a.setRunning(running{revision: snap.Revision, digester: dg, source: "control_plane"})
+	a.setRunning(next)
 	a.requestSave()
 	return nil
 }
@@ -288,7 +317,7 @@ func (a *Agent) applyChanges(ctx context.Context, ch *syncpb.Changes) error {
 			return err
 		}
 	}
-	a.setRunning(running{revision: to, digester: dg, source: "control_plane"})
+	a.setRunning(running{revision: to, digester: dg, source: "control_plane", history: a.cur.history})
 	a.requestSave()
 	return nil
 }
@@ -392,9 +421,21 @@ func (a *Agent) requestSave() {
 // requests gather for SaveDelay (the latest configuration wins), until
 // ctx is done; a request still waiting then is saved at once (within
 // finalSaveTimeout), so a gateway stopped right after a change restarts
-// from it. A failed save is tried again after SaveDelay.
+// from it. A failed save is tried again after SaveDelay. With a
+// HistoryPersister it also reads the persisted revision every SaveDelay
+// and saves at once when it is missing or older than the running one (a
+// data plane's Redis restarted empty), so a gateway restarted later
+// during a control-plane outage still finds the last configuration.
 func (a *Agent) saver(ctx context.Context) {
 	failing := false // logged once per streak of failures
+	var check <-chan time.Time
+	rp, _ := a.o.Persister.(HistoryPersister)
+	if rp != nil {
+		t := time.NewTicker(a.o.SaveDelay)
+		defer t.Stop()
+		check = t.C
+	}
+	checkFailing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -404,15 +445,24 @@ func (a *Agent) saver(ctx context.Context) {
 			default:
 			}
 			return
+		case <-check:
+			lost, err := a.persistedLost(ctx, rp)
+			if err != nil && !checkFailing && ctx.Err() == nil {
+				a.log.Error("dataplane: read the persisted revision", "err", err)
+			}
+			checkFailing = err != nil
+			if !lost {
+				continue
+			}
 		case <-a.saveNext:
-		}
-		t := time.NewTimer(a.o.SaveDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			a.finalSave()
-			return
-		case <-t.C:
+			t := time.NewTimer(a.o.SaveDelay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				a.finalSave()
+				return
+			case <-t.C:
+			}
 		}
 		rev, err := a.save(ctx)
 		switch {
@@ -432,6 +482,32 @@ func (a *Agent) saver(ctx context.Context) {
 	}
 }
 
+// persistedLost reports whether the persisted configuration is missing,
+// or older than the one the agent last persisted or loaded in the same
+// history (nothing persisted yet: false; another history: false, a
+// gateway of the group saved what a control plane sent it since); it
+// then forgets that save, so the next save writes again.
+func (a *Agent) persistedLost(ctx context.Context, rp HistoryPersister) (bool, error) {
+	a.mu.Lock()
+	saved, savedHistory := a.st.PersistedRevision, a.persistedHistory
+	a.mu.Unlock()
+	if saved == 0 {
+		return false, nil // nothing persisted yet, or a save is due anyway
+	}
+	stored, storedHistory, err := rp.PersistedRevision(ctx)
+	if err != nil || stored != 0 && (storedHistory != savedHistory || stored >= saved) {
+		return false, err
+	}
+	a.mu.Lock()
+	if a.st.PersistedRevision == saved {
+		a.st.PersistedRevision = stored
+	}
+	a.mu.Unlock()
+	a.log.Warn("dataplane: the persisted configuration is missing or older than the one persisted; persisting it again",
+		"persisted_revision", stored, "revision", saved)
+	return true, nil
+}
+
 // finalSaveTimeout bounds the save made when Run stops.
 const finalSaveTimeout = 5 * time.Second
 
@@ -444,21 +520,30 @@ func (a *Agent) finalSave() {
 	}
 }
 
-// save persists the running configuration unless its revision is
+// save persists the running configuration, with its history when the
+// Persister is a HistoryPersister, unless its revision of its history is
 // persisted already; it returns the revision.
 func (a *Agent) save(ctx context.Context) (uint64, error) {
-	snap := a.g.Snapshot()
+	a.applyMu.Lock()
+	snap, history := a.g.Snapshot(), a.cur.history
+	a.applyMu.Unlock()
 	a.mu.Lock()
-	saved := a.st.PersistedRevision
+	saved, savedHistory := a.st.PersistedRevision, a.persistedHistory
 	a.mu.Unlock()
-	if snap == nil || snap.Revision <= saved {
+	if snap == nil || history == savedHistory && snap.Revision <= saved {
 		return saved, nil
 	}
-	if err := a.o.Persister.Save(ctx, snap); err != nil {
+	var err error
+	if hp, ok := a.o.Persister.(HistoryPersister); ok {
+		err = hp.SaveHistory(ctx, snap, history)
+	} else {
+		err = a.o.Persister.Save(ctx, snap)
+	}
+	if err != nil {
 		return snap.Revision, err
 	}
 	a.mu.Lock()
-	a.st.PersistedRevision = snap.Revision
+	a.st.PersistedRevision, a.persistedHistory = snap.Revision, history
 	a.mu.Unlock()
 	return snap.Revision, nil
 }

@@ -235,6 +235,20 @@ func New(opts Options) (*Gateway, error) {
 // registry holds them, about 180 bytes a key), so a caller that drops snap
 // after Apply frees that memory.
 func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
+	return g.apply(ctx, snap, false)
+}
+
+// Replace is Apply without the revision check: snap replaces the running
+// configuration whatever their revisions, and its revision is the one
+// running from then on. A data-plane agent calls it for a snapshot of
+// another control-plane history (a control plane restored from a copy
+// numbers revisions anew), where a lower revision is not an older
+// configuration.
+func (g *Gateway) Replace(ctx context.Context, snap *spec.Snapshot) error {
+	return g.apply(ctx, snap, true)
+}
+
+func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, replace bool) (err error) {
 	if g.opts.OnApply != nil {
 		// Deferred first, so it runs after the unlock below.
 		defer func() {
@@ -256,7 +270,7 @@ func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
 	if g.closed {
 		return errors.New("gateway: Apply after Close")
 	}
-	if cur := g.state.Load(); cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
+	if cur := g.state.Load(); !replace && cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
 		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.revision.Load())
 	}
 	st, jwks, err := g.build(ctx, snap)

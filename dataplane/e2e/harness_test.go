@@ -622,11 +622,14 @@ type cpStatus struct {
 	State            string  `json:"state"`
 	AppliedRevision  uint64  `json:"applied_revision"`
 	Digest           string  `json:"digest"`
+	History          string  `json:"history"`
 	StalenessSeconds float64 `json:"staleness_seconds"`
 	Source           string  `json:"source"`
 	LastError        string  `json:"last_error"`
 	Reconnects       uint64  `json:"reconnects"`
-	Deliveries       struct {
+	// PersistedRevision is the revision the gateway last persisted.
+	PersistedRevision uint64 `json:"persisted_revision"`
+	Deliveries        struct {
 		SnapshotsApplied  uint64 `json:"snapshots_applied"`
 		SnapshotsRejected uint64 `json:"snapshots_rejected"`
 		ChangesApplied    uint64 `json:"changes_applied"`

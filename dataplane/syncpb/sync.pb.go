@@ -267,9 +267,25 @@ type Hello struct {
 	// plane's list of data planes and its logs); unique per process.
 	GatewayId string `protobuf:"bytes,6,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	// version is the gateway's software version, for operators.
-	Version       string `protobuf:"bytes,7,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version string `protobuf:"bytes,7,opt,name=version,proto3" json:"version,omitempty"`
+	// history names the control-plane history last_applied_revision
+	// counts in: the history of the snapshot the running configuration
+	// came from ("" for none, or a control plane that names none). A
+	// history other than the control plane's, or a revision ahead of the
+	// control plane's in its own history (a restored control plane), is
+	// answered with a snapshot the gateway applies whatever its revision.
+	History string `protobuf:"bytes,8,opt,name=history,proto3" json:"history,omitempty"`
+	// persisted_revision and persisted_history are what the data plane's
+	// persisted configuration holds (its group's last configuration, in a
+	// Redis its gateways share), 0 and "" when none or unknown. A
+	// persisted revision ahead of the control plane's in its own history
+	// makes it take a new history as a Hello's revision does, so a control
+	// plane restored from a copy learns that its data plane saw later
+	// revisions also when no gateway runs them (every gateway restarted).
+	PersistedRevision uint64 `protobuf:"varint,9,opt,name=persisted_revision,json=persistedRevision,proto3" json:"persisted_revision,omitempty"`
+	PersistedHistory  string `protobuf:"bytes,10,opt,name=persisted_history,json=persistedHistory,proto3" json:"persisted_history,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -347,6 +363,27 @@ func (x *Hello) GetGatewayId() string {
 func (x *Hello) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Hello) GetHistory() string {
+	if x != nil {
+		return x.History
+	}
+	return ""
+}
+
+func (x *Hello) GetPersistedRevision() uint64 {
+	if x != nil {
+		return x.PersistedRevision
+	}
+	return 0
+}
+
+func (x *Hello) GetPersistedHistory() string {
+	if x != nil {
+		return x.PersistedHistory
 	}
 	return ""
 }
@@ -651,7 +688,14 @@ type SnapshotChunk struct {
 	Data []byte `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
 	// digest, on the last chunk only, is protocol.Digest of the snapshot,
 	// so the gateway can check what it assembled.
-	Digest        string `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
+	Digest string `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
+	// history, on the last chunk only, names the control plane's history
+	// (a random id made with its store; a new one when the control plane
+	// finds a data plane ahead of it, as after a restore from a backup).
+	// A snapshot of another history than the running configuration's
+	// replaces it whatever the revisions; within one history revisions
+	// only rise. "" from a control plane that names none.
+	History       string `protobuf:"bytes,7,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -724,6 +768,13 @@ func (x *SnapshotChunk) GetData() []byte {
 func (x *SnapshotChunk) GetDigest() string {
 	if x != nil {
 		return x.Digest
+	}
+	return ""
+}
+
+func (x *SnapshotChunk) GetHistory() string {
+	if x != nil {
+		return x.History
 	}
 	return ""
 }
@@ -933,7 +984,7 @@ const file_sync_proto_rawDesc = "" +
 	"\x03ack\x18\x02 \x01(\v2\x17.limitplane.sync.v1.AckH\x00R\x03ack\x12.\n" +
 	"\x04nack\x18\x03 \x01(\v2\x18.limitplane.sync.v1.NackH\x00R\x04nack\x12G\n" +
 	"\rdigest_report\x18\x04 \x01(\v2 .limitplane.sync.v1.DigestReportH\x00R\fdigestReportB\x06\n" +
-	"\x04kind\"\xcc\x01\n" +
+	"\x04kind\"\xc2\x02\n" +
 	"\x05Hello\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x12\n" +
 	"\x04tags\x18\x02 \x03(\tR\x04tags\x12\x14\n" +
@@ -942,7 +993,11 @@ const file_sync_proto_rawDesc = "" +
 	"\x06digest\x18\x05 \x01(\tR\x06digest\x12\x1d\n" +
 	"\n" +
 	"gateway_id\x18\x06 \x01(\tR\tgatewayId\x12\x18\n" +
-	"\aversion\x18\a \x01(\tR\aversion\"7\n" +
+	"\aversion\x18\a \x01(\tR\aversion\x12\x18\n" +
+	"\ahistory\x18\b \x01(\tR\ahistory\x12-\n" +
+	"\x12persisted_revision\x18\t \x01(\x04R\x11persistedRevision\x12+\n" +
+	"\x11persisted_history\x18\n" +
+	" \x01(\tR\x10persistedHistory\"7\n" +
 	"\x03Ack\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"N\n" +
@@ -957,14 +1012,15 @@ const file_sync_proto_rawDesc = "" +
 	"\x0esnapshot_chunk\x18\x01 \x01(\v2!.limitplane.sync.v1.SnapshotChunkH\x00R\rsnapshotChunk\x127\n" +
 	"\achanges\x18\x02 \x01(\v2\x1b.limitplane.sync.v1.ChangesH\x00R\achanges\x12J\n" +
 	"\x0edigest_request\x18\x03 \x01(\v2!.limitplane.sync.v1.DigestRequestH\x00R\rdigestRequestB\x06\n" +
-	"\x04kind\"\x93\x01\n" +
+	"\x04kind\"\xad\x01\n" +
 	"\rSnapshotChunk\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\rR\x03seq\x12\x12\n" +
 	"\x04last\x18\x04 \x01(\bR\x04last\x12\x12\n" +
 	"\x04data\x18\x05 \x01(\fR\x04data\x12\x16\n" +
-	"\x06digest\x18\x06 \x01(\tR\x06digest\"\xae\x01\n" +
+	"\x06digest\x18\x06 \x01(\tR\x06digest\x12\x18\n" +
+	"\ahistory\x18\a \x01(\tR\ahistory\"\xae\x01\n" +
 	"\aChanges\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x14\n" +
