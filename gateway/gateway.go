@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -31,6 +32,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
@@ -106,6 +109,29 @@ type Options struct {
 	// AfterFunc times the store-failure log's intervals; nil means
 	// time.AfterFunc. A test seam.
 	AfterFunc AfterFunc
+	// RebuildInitial and RebuildMax bound the retries of APIs that Apply
+	// could not build (see NotBuilt): the first retry comes after
+	// RebuildInitial, each next one after twice as long (with ±20%
+	// jitter), never more than RebuildMax apart. 0 means 250 ms and 30 s.
+	RebuildInitial, RebuildMax time.Duration
+	// OnNotBuilt, if set, is called with NotBuilt's list whenever it
+	// changes: after an Apply that leaves APIs not built or builds every
+	// API again, and after a retry builds one. It must be safe for
+	// concurrent use and must not block or call the gateway.
+	OnNotBuilt func([]NotBuilt)
+}
+
+// NotBuilt is an API of the running configuration that the gateway could
+// not build, for a reason of its host (an unset environment variable, a
+// missing or short secret file, a JWKS it cannot fetch): it answers 503
+// naming the API and the problem, while everything else in the
+// configuration is enforced, and the gateway keeps trying to build it.
+type NotBuilt struct {
+	// API is the API's id.
+	API string `json:"api"`
+	// Problem is why it is not built, as the last attempt failed (the
+	// error of the secret's resolution or the JWKS fetch).
+	Problem string `json:"problem"`
 }
 
 // Gateway is an http.Handler enforcing the last applied snapshot. Until
@@ -131,6 +157,10 @@ type Gateway struct {
 	mu     sync.Mutex // serialises Apply and Close
 	jwks   map[spec.JWKS]*identity.JWKS
 	closed bool
+	// stopRebuild stops the retries of the running state's APIs that are
+	// not built (nil when none run); rebuilds counts them, for Close.
+	stopRebuild context.CancelFunc
+	rebuilds    sync.WaitGroup
 	// ctx bounds the JWKS refreshes; cancelled by Close.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -148,10 +178,14 @@ type state struct {
 	base *spec.Snapshot
 	// applied is the snapshot given to Apply, for as long as its caller
 	// keeps it.
-	applied  weak.Pointer[spec.Snapshot]
-	engine   *core.Engine
-	keys     *identity.Keys
-	routes   []route // longest listen path first
+	applied weak.Pointer[spec.Snapshot]
+	engine  *core.Engine
+	keys    *identity.Keys
+	routes  []route // longest listen path first
+	apiKey  *identity.APIKey
+	// notBuilt are the APIs whose routes could not be built, in the
+	// snapshot's order; each becomes built at most once (a retry).
+	notBuilt []*pending
 	apis     map[string]*spec.API
 	policies map[string]*spec.Policy
 
@@ -213,8 +247,8 @@ func New(opts Options) (*Gateway, error) {
 	return g, nil
 }
 
-// Apply validates snap and, if it is valid and every API in it can be
-// built, makes it the gateway's configuration: policies, keys and routes
+// Apply validates snap and, if it is valid, makes it the gateway's
+// configuration: policies, keys and routes
 // change together for the next request; requests in flight finish under
 // the previous snapshot; counters are kept. Kept counters meet the new
 // limits as they stand: a quota count is compared with the new maximum (5
@@ -223,9 +257,15 @@ func New(opts Options) (*Gateway, error) {
 // minute spent, raised to 10 a minute, leaves the bucket empty at the new
 // rate too: it refills at one every 6 s from then). Otherwise it returns
 // an error and the running configuration stays: a spec.Errors for an
-// invalid snapshot, ErrStaleRevision for one older than the running one, or the
-// problem building an API (an unresolvable secret, a JWKS that cannot be
-// fetched within ctx, an algorithm the store lacks). Apply keeps snap's
+// invalid snapshot, ErrStaleRevision for one older than the running one,
+// or a policy the engine cannot enforce (an algorithm the store lacks).
+//
+// An API that only this host can fail to build (a JWT secret from an
+// environment variable or file it lacks or holds too short, a JWKS it
+// cannot fetch within ctx) does not stop the rest: snap is applied
+// without it, the API answers 503 naming it and the problem, NotBuilt
+// lists it, and the gateway retries it with backoff (RebuildInitial,
+// RebuildMax) until it builds or the next Apply or Close. Apply keeps snap's
 // policies and APIs, and Snapshot may return snap itself: the caller must
 // not change it afterwards. It does not keep snap's list of keys (the key
 // registry holds them, about 180 bytes a key), so a caller that drops snap
@@ -255,7 +295,7 @@ func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
 	if cur := g.state.Load(); cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
 		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.revision.Load())
 	}
-	st, jwks, err := g.build(ctx, snap)
+	st, jwks, err := g.build(ctx, snap, g.jwks)
 	if err != nil {
 		// JWKS fetched for this snapshot only are not needed after all.
 		for k, j := range jwks {
@@ -274,12 +314,170 @@ func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
 		}
 	}
 	g.jwks = jwks
+	if g.stopRebuild != nil {
+		g.stopRebuild()
+		g.stopRebuild = nil
+	}
+	if len(st.notBuilt) > 0 {
+		for _, p := range st.notBuilt {
+			g.log.Warn("gateway: API not built; it answers 503 and is retried", "api", p.api.ID, "revision", snap.Revision, "err", p.problem())
+		}
+		rctx, cancel := context.WithCancel(g.ctx)
+		g.stopRebuild = cancel
+		g.rebuilds.Go(func() { g.rebuild(rctx, st) })
+	}
+	if g.opts.OnNotBuilt != nil {
+		g.opts.OnNotBuilt(st.notBuiltList())
+	}
 	return nil
 }
 
-// build makes the state for snap, reusing the running JWKS of the same URL
-// and refresh interval. It returns the JWKS the state uses.
-func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[spec.JWKS]*identity.JWKS, error) {
+// NotBuilt returns the APIs of the running configuration that are not
+// built, in the snapshot's order, or nil when every API is built (or
+// nothing is applied). Each answers 503 until a retry builds it.
+func (g *Gateway) NotBuilt() []NotBuilt {
+	if st := g.state.Load(); st != nil {
+		return st.notBuiltList()
+	}
+	return nil
+}
+
+func (st *state) notBuiltList() []NotBuilt {
+	var out []NotBuilt
+	for _, p := range st.notBuilt {
+		if p.h.Load() == nil {
+			out = append(out, NotBuilt{API: p.api.ID, Problem: p.problem()})
+		}
+	}
+	return out
+}
+
+// pending is the handler of an API that was not built: 503 with the
+// problem until a retry builds it, then the built route's handler.
+type pending struct {
+	api  *spec.API
+	h    atomic.Pointer[http.Handler]
+	last atomic.Pointer[string] // the last attempt's problem
+}
+
+func (p *pending) problem() string { return *p.last.Load() }
+
+func (p *pending) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h := p.h.Load(); h != nil {
+		(*h).ServeHTTP(w, r)
+		return
+	}
+	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("API %q is not built on this gateway: %s", p.api.ID, p.problem()))
+}
+
+// Default retry intervals of APIs not built (Options.RebuildInitial,
+// RebuildMax).
+const (
+	defaultRebuildInitial = 250 * time.Millisecond
+	defaultRebuildMax     = 30 * time.Second
+	// rebuildTimeout bounds one attempt (a JWKS fetch).
+	rebuildTimeout = 10 * time.Second
+)
+
+// rebuild retries st's APIs that are not built, with backoff, until all
+// are built or ctx ends (the next Apply, Close).
+func (g *Gateway) rebuild(ctx context.Context, st *state) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = cmpOr(g.opts.RebuildInitial, defaultRebuildInitial)
+	b.MaxInterval = cmpOr(g.opts.RebuildMax, defaultRebuildMax)
+	b.Reset()
+	for {
+		t := time.NewTimer(min(b.NextBackOff(), b.MaxInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		left, changed := 0, false
+		for _, p := range st.notBuilt {
+			if p.h.Load() != nil {
+				continue
+			}
+			switch built, err := g.rebuildOne(ctx, st, p); {
+			case ctx.Err() != nil, errors.Is(err, errSuperseded):
+				return
+			case built:
+				changed = true
+				g.log.Info("gateway: API built on retry", "api", p.api.ID, "revision", st.base.Revision)
+			default:
+				left++
+				if err.Error() != p.problem() {
+					changed = true
+					p.last.Store(new(err.Error()))
+				}
+			}
+		}
+		if changed && g.opts.OnNotBuilt != nil {
+			g.mu.Lock()
+			if g.state.Load() == st {
+				g.opts.OnNotBuilt(st.notBuiltList())
+			}
+			g.mu.Unlock()
+		}
+		if left == 0 {
+			return
+		}
+	}
+}
+
+// rebuildOne tries to build p's route for st once, outside the gateway's
+// lock (a JWKS fetch must not hold up UpdateKeys), and installs it when
+// st still runs. It reports whether p is built now.
+func (g *Gateway) rebuildOne(ctx context.Context, st *state, p *pending) (bool, error) {
+	g.mu.Lock()
+	if g.closed || g.state.Load() != st {
+		g.mu.Unlock()
+		return false, errSuperseded
+	}
+	running := maps.Clone(g.jwks)
+	g.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, rebuildTimeout)
+	defer cancel()
+	jwks := map[spec.JWKS]*identity.JWKS{}
+	rt, err := g.route(actx, st, p.api, jwks, running)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil && (g.closed || g.state.Load() != st) {
+		err = errSuperseded
+	}
+	if err != nil {
+		for k, j := range jwks {
+			if running[k] != j {
+				j.Close()
+			}
+		}
+		return false, err
+	}
+	for k, j := range jwks {
+		if g.jwks[k] == nil {
+			g.jwks[k] = j
+		}
+	}
+	p.h.Store(&rt.h)
+	return true, nil
+}
+
+// errSuperseded ends a retry whose state no longer runs.
+var errSuperseded = errors.New("gateway: the configuration was replaced")
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// build makes the state for snap, reusing the JWKS in running (the
+// running configuration's) of the same URL and refresh interval. It
+// returns the JWKS the state uses. An API whose route cannot be built
+// gets a pending handler and is listed in the state's notBuilt.
+func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[spec.JWKS]*identity.JWKS) (*state, map[spec.JWKS]*identity.JWKS, error) {
 	jwks := map[spec.JWKS]*identity.JWKS{}
 	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: snap.CorePolicies()}, core.Options{
 		FailurePolicy: g.opts.FailurePolicy,
@@ -311,13 +509,20 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 	for i := range snap.Policies {
 		st.policies[snap.Policies[i].ID] = &snap.Policies[i]
 	}
-	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
+	st.apiKey = identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
 	for i := range snap.APIs {
 		a := &snap.APIs[i]
 		st.apis[a.ID] = a
-		rt, err := g.route(ctx, st, a, apiKey, jwks)
+		rt, err := g.route(ctx, st, a, jwks, running)
 		if err != nil {
-			return nil, jwks, fmt.Errorf("gateway: API %q: %w", a.ID, err)
+			if cerr := ctx.Err(); cerr != nil {
+				// Apply's own deadline, not this API's problem.
+				return nil, jwks, fmt.Errorf("gateway: API %q: %w", a.ID, cerr)
+			}
+			p := &pending{api: a}
+			p.last.Store(new(err.Error()))
+			st.notBuilt = append(st.notBuilt, p)
+			rt = route{prefix: strings.TrimSuffix(a.ListenPath, "/"), api: a, h: p}
 		}
 		st.routes = append(st.routes, rt)
 	}
@@ -327,16 +532,17 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 
 // route builds one API's handler: the authenticator, the rate-limit
 // middleware, and the upstream, which gets the request with the listen
-// path and the credentials stripped as the API says.
-func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *identity.APIKey, jwks map[spec.JWKS]*identity.JWKS) (route, error) {
+// path and the credentials stripped as the API says. JWKS in running are
+// reused; those it uses are added to jwks.
+func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, jwks, running map[spec.JWKS]*identity.JWKS) (route, error) {
 	prefix := strings.TrimSuffix(a.ListenPath, "/")
-	var auth identity.Authenticator = apiKey
-	sources := apiKey.Sources()
+	var auth identity.Authenticator = st.apiKey
+	sources := st.apiKey.Sources()
 	switch a.AuthOrDefault() {
 	case spec.AuthKeyless:
 		auth, sources = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: g.clientIP}}, nil
 	case spec.AuthJWT:
-		j, err := g.newJWT(ctx, a, jwks)
+		j, err := g.newJWT(ctx, a, jwks, running)
 		if err != nil {
 			return route{}, err
 		}
@@ -367,10 +573,10 @@ func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *ide
 }
 
 // newJWT returns a jwt API's authenticator. A key set fetched from a URL
-// is fetched now (the snapshot is refused without it) unless the running
-// configuration already has it, and refreshed in the background until it
-// is no longer used or the gateway closes.
-func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks map[spec.JWKS]*identity.JWKS) (*identity.JWT, error) {
+// is fetched now (the API is not built without it) unless running (the
+// running configuration's sets) already has it, and refreshed in the
+// background until it is no longer used or the gateway closes.
+func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks, running map[spec.JWKS]*identity.JWKS) (*identity.JWT, error) {
 	o, jo, err := a.JWT.Options(a.ID, g.opts.Resolver)
 	if err != nil {
 		return nil, err
@@ -380,7 +586,7 @@ func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks map[spec.JWKS]*i
 		k := *a.JWT.JWKS
 		set := jwks[k]
 		if set == nil {
-			set = g.jwks[k]
+			set = running[k]
 		}
 		if set == nil {
 			jo.OnError = func(err error) { g.log.Warn("JWKS refresh failed", "api", a.ID, "url", k.URL, "err", err) }
@@ -656,6 +862,8 @@ func (g *Gateway) Engine() *core.Engine {
 // being served finish with the configuration they have. Close does not
 // close Options.Store.
 func (g *Gateway) Close() error {
+	// The retries take the lock: wait for them after releasing it.
+	defer g.rebuilds.Wait()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
