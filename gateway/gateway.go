@@ -114,6 +114,13 @@ type Options struct {
 	// RebuildInitial, each next one after twice as long (with ±20%
 	// jitter), never more than RebuildMax apart. 0 means 250 ms and 30 s.
 	RebuildInitial, RebuildMax time.Duration
+	// JWKSApplyTimeout bounds the first fetch of a new JWKS within Apply;
+	// 0 means 1 s. A set not fetched by then leaves its API not built
+	// (retried in the background, each attempt bounded by 10 s), so a
+	// JWKS host that does not answer holds up no revision for longer. A
+	// JWKS that the running configuration could not fetch is not fetched
+	// within Apply at all.
+	JWKSApplyTimeout time.Duration
 	// OnNotBuilt, if set, is called with NotBuilt's list whenever it
 	// changes: after an Apply that leaves APIs not built or builds every
 	// API again, and after a retry builds one. It must be safe for
@@ -262,7 +269,7 @@ func New(opts Options) (*Gateway, error) {
 //
 // An API that only this host can fail to build (a JWT secret from an
 // environment variable or file it lacks or holds too short, a JWKS it
-// cannot fetch within ctx) does not stop the rest: snap is applied
+// cannot fetch within ctx and JWKSApplyTimeout) does not stop the rest: snap is applied
 // without it, the API answers 503 naming it and the problem, NotBuilt
 // lists it, and the gateway retries it with backoff (RebuildInitial,
 // RebuildMax) until it builds or the next Apply or Close. Apply keeps snap's
@@ -377,6 +384,8 @@ const (
 	defaultRebuildMax     = 30 * time.Second
 	// rebuildTimeout bounds one attempt (a JWKS fetch).
 	rebuildTimeout = 10 * time.Second
+	// defaultJWKSApplyTimeout is Options.JWKSApplyTimeout's default.
+	defaultJWKSApplyTimeout = time.Second
 )
 
 // rebuild retries st's APIs that are not built, with backoff, until all
@@ -510,10 +519,29 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[sp
 		st.policies[snap.Policies[i].ID] = &snap.Policies[i]
 	}
 	st.apiKey = identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
+	// A JWKS the running configuration could not fetch is not fetched
+	// again here: its retry goes on in the background, so a host that
+	// does not answer delays no later revision.
+	failing := map[spec.JWKS]string{}
+	if cur := g.state.Load(); cur != nil {
+		for _, p := range cur.notBuilt {
+			if j := p.api.JWT; j != nil && j.JWKS != nil && p.h.Load() == nil {
+				failing[*j.JWKS] = p.problem()
+			}
+		}
+	}
 	for i := range snap.APIs {
 		a := &snap.APIs[i]
 		st.apis[a.ID] = a
-		rt, err := g.route(ctx, st, a, jwks, running)
+		var rt route
+		var err error
+		if j := a.JWT; j != nil && j.JWKS != nil && running[*j.JWKS] == nil && failing[*j.JWKS] != "" {
+			err = errors.New(failing[*j.JWKS])
+		} else {
+			actx, cancel := context.WithTimeout(ctx, cmpOr(g.opts.JWKSApplyTimeout, defaultJWKSApplyTimeout))
+			rt, err = g.route(actx, st, a, jwks, running)
+			cancel()
+		}
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
 				// Apply's own deadline, not this API's problem.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -188,5 +189,91 @@ func TestNotBuiltAPIRetried(t *testing.T) {
 	want := [][]gateway.NotBuilt{{{API: "jwt", Problem: problem}}, nil}
 	if !reflect.DeepEqual(told, want) {
 		t.Errorf("OnNotBuilt was told %+v, want %+v", told, want)
+	}
+}
+
+// TestUnresponsiveJWKSHoldsNothingUp applies a JWT API whose JWKS host
+// does not answer: Apply gives up on it after JWKSApplyTimeout and
+// applies the rest, the next Apply does not wait for it again (the
+// background retry goes on), and once the host answers the retry builds
+// the API.
+func TestUnresponsiveJWKSHoldsNothingUp(t *testing.T) {
+	real := jwksServer(t)
+	var mu sync.Mutex
+	answer, fetches := false, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		fetches++
+		ok := answer
+		mu.Unlock()
+		if !ok {
+			select { // the host does not answer
+			case <-r.Context().Done():
+			case <-t.Context().Done():
+			}
+			return
+		}
+		resp, err := http.Get(real.URL)
+		if err != nil {
+			w.WriteHeader(502)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	clock := core.NewManualClock(int64(time.Hour))
+	store := memory.New(memory.Options{Clock: clock})
+	t.Cleanup(func() { store.Close() })
+	gw, err := gateway.New(gateway.Options{Store: store, Clock: clock, JWKSApplyTimeout: 100 * time.Millisecond,
+		RebuildInitial: 50 * time.Millisecond, RebuildMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	snap := func(rev uint64) *spec.Snapshot {
+		s := basic(rev, spec.BuiltinEcho, perMinute(10), nil)
+		s.APIs = append(s.APIs, spec.API{ID: "idp", ListenPath: "/idp/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT,
+			JWT: &spec.JWT{Algorithms: []string{"ES256"}, JWKS: &spec.JWKS{URL: srv.URL}, DefaultPolicies: []string{"p"}}})
+		return s
+	}
+	start := time.Now()
+	if err := gw.Apply(context.Background(), snap(1)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Apply took %v with a JWKS host that does not answer", d)
+	}
+	if nb := gw.NotBuilt(); len(nb) != 1 || nb[0].API != "idp" {
+		t.Fatalf("NotBuilt() = %+v, want idp", nb)
+	}
+	mu.Lock()
+	before := fetches
+	mu.Unlock()
+	if err := gw.Apply(context.Background(), snap(2)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	after := fetches
+	mu.Unlock()
+	if after != before {
+		t.Errorf("the second Apply fetched the failing JWKS again (%d fetches, %d before)", after, before)
+	}
+	if nb := gw.NotBuilt(); len(nb) != 1 || nb[0].API != "idp" {
+		t.Fatalf("NotBuilt() after revision 2 = %+v, want idp", nb)
+	}
+	mu.Lock()
+	answer = true
+	mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for gw.NotBuilt() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("not built 10 s after the JWKS host answered: %+v", gw.NotBuilt())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if rev := gw.Revision(); rev != 2 {
+		t.Errorf("revision %d, want 2", rev)
 	}
 }
