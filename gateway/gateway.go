@@ -7,7 +7,10 @@
 // time: policies, keys and routes are swapped together, atomically, so each
 // request is decided entirely under one snapshot; requests in flight finish
 // under the one they started with, and counters are kept (a changed rate
-// takes effect on the next request without resetting anyone). A change
+// takes effect on the next request without resetting anyone). An API
+// that only this host fails to build (a JWT secret or JWKS it cannot
+// get) is left out of an otherwise applied snapshot: it answers 503,
+// NotBuilt lists it, and the gateway retries it by itself. A change
 // of keys only (a control plane's usual change) goes through UpdateKeys
 // instead, which changes the running key registry in place at a cost
 // proportional to the change, not to the keys held. How it runs
