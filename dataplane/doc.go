@@ -26,7 +26,7 @@
 //     nonce. APIs are included only when the gateway's tags select them;
 //     keys and policies always.
 //  3. The gateway applies the whole delivery or none of it
-//     (protocol.Assembler or protocol.ApplyChanges, then gateway.Apply),
+//     (protocol.Assembler or protocol.ApplyChanges, then gateway.ApplyPartial),
 //     and answers Ack{revision, nonce}, or Nack{revision, nonce, error}
 //     keeping its running configuration. A Nack is shown to operators; the
 //     control plane does not resend the same delivery in a loop: a Nack of
@@ -62,7 +62,7 @@
 // answers, and is logged once per change; gRPC keepalive pings (every 10 s, 5 s to answer) find
 // a dead peer. It applies
 //
-//   - a snapshot with gateway.Apply, after checking the digest the last
+//   - a snapshot with gateway.ApplyPartial, after checking the digest the last
 //     chunk carries (a snapshot of what already runs, same revision and
 //     digest, is acknowledged without a rebuild);
 //   - Changes of keys only with gateway.UpdateKeys, which changes the
@@ -73,7 +73,7 @@
 //     Nack: one key changed among a million costs microseconds
 //     (BenchmarkKeyChange);
 //   - other Changes with protocol.ApplyChanges on gateway.Snapshot, the
-//     same incremental digest check, and gateway.Apply.
+//     same incremental digest check, and gateway.ApplyPartial.
 //
 // Changes whose from_revision is not the running revision are Nacked
 // (wrapping protocol.ErrRevisionMismatch), as is a delete of an object

@@ -265,7 +265,7 @@ func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want str
 		a.setRunning(running{revision: snap.Revision, digester: dg, source: "control_plane"})
 		return nil
 	}
-	if err := a.g.Apply(ctx, snap); err != nil {
+	if err := a.g.ApplyPartial(ctx, snap); err != nil {
 		return err
 	}
 	a.setRunning(running{revision: snap.Revision, digester: dg, source: "control_plane"})
@@ -276,7 +276,7 @@ func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want str
 // applyChanges checks ch against the running revision and the digest it
 // says the configuration will have, and applies it: key-only changes
 // with gateway.UpdateKeys, others with protocol.ApplyChanges and
-// gateway.Apply.
+// gateway.ApplyPartial.
 func (a *Agent) applyChanges(ctx context.Context, ch *syncpb.Changes) error {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
@@ -333,7 +333,7 @@ func (a *Agent) applyChanges(ctx context.Context, ch *syncpb.Changes) error {
 		if err != nil {
 			return fmt.Errorf("dataplane: %w", err)
 		}
-		if err := a.g.Apply(ctx, next); err != nil {
+		if err := a.g.ApplyPartial(ctx, next); err != nil {
 			return err
 		}
 	}

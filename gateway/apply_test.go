@@ -118,6 +118,27 @@ func TestApplyRefusesInvalidSnapshot(t *testing.T) {
 	}
 }
 
+// TestApplyRefusesUnbuildableSnapshot applies a valid snapshot whose JWT
+// secret cannot be resolved: Apply fails naming the API, and the running
+// snapshot stays.
+func TestApplyRefusesUnbuildableSnapshot(t *testing.T) {
+	up := upstream(t)
+	g := newTestGateway(t)
+	good := basic(1, up.URL, perMinute(3), nil)
+	g.apply(t, good)
+	bad := basic(2, up.URL, perMinute(3), nil)
+	bad.APIs = append(bad.APIs, spec.API{ID: "jwt", ListenPath: "/jwt/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT,
+		JWT: &spec.JWT{Algorithms: []string{"HS256"}, Keys: []spec.JWTKey{{SecretEnv: "LP_GATEWAY_TEST_UNSET_SECRET"}}, DefaultPolicies: []string{"p"}}})
+	err := g.gw.Apply(context.Background(), bad)
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(`gateway: API "jwt": `)) {
+		t.Fatalf("Apply(unresolvable secret) = %v, want an error naming API jwt", err)
+	}
+	if g.gw.Snapshot() != good {
+		t.Error("the running snapshot changed")
+	}
+	checkStatuses(t, "after", k1Statuses(t, g, 4), []int{200, 200, 200, 429})
+}
+
 // TestApplyStaleRevision checks revision order: a lower revision is
 // refused with ErrStaleRevision, the same one is applied again, and 0 (a
 // local file's) is never stale.

@@ -9,8 +9,9 @@
 // under the one they started with, and counters are kept (a changed rate
 // takes effect on the next request without resetting anyone). An API
 // that only this host fails to build (a JWT secret or JWKS it cannot
-// get) is left out of an otherwise applied snapshot: it answers 503,
-// NotBuilt lists it, and the gateway retries it by itself. A change
+// get) is left out of a snapshot applied by ApplyPartial (a data
+// plane's): it answers 503, NotBuilt lists it, and the gateway retries it
+// by itself; Apply (a local file's) refuses the snapshot instead. A change
 // of keys only (a control plane's usual change) goes through UpdateKeys
 // instead, which changes the running key registry in place at a cost
 // proportional to the change, not to the keys held. How it runs
@@ -112,21 +113,21 @@ type Options struct {
 	// AfterFunc times the store-failure log's intervals; nil means
 	// time.AfterFunc. A test seam.
 	AfterFunc AfterFunc
-	// RebuildInitial and RebuildMax bound the retries of APIs that Apply
-	// could not build (see NotBuilt): the first retry comes after
+	// RebuildInitial and RebuildMax bound the retries of APIs that
+	// ApplyPartial could not build (see NotBuilt): the first retry comes after
 	// RebuildInitial, each next one after twice as long (with ±20%
 	// jitter), never more than RebuildMax apart. 0 means 250 ms and 30 s.
 	RebuildInitial, RebuildMax time.Duration
-	// JWKSApplyTimeout bounds the first fetch of a new JWKS within Apply;
-	// 0 means 1 s. A set not fetched by then leaves its API not built
+	// JWKSApplyTimeout bounds the first fetch of a new JWKS within
+	// ApplyPartial; 0 means 1 s. A set not fetched by then leaves its API not built
 	// (retried in the background, each attempt bounded by 10 s), so a
 	// JWKS host that does not answer holds up no revision for longer. A
 	// JWKS that the running configuration could not fetch is not fetched
-	// within Apply at all.
+	// within ApplyPartial at all.
 	JWKSApplyTimeout time.Duration
-	// OnNotBuilt, if set, is called with NotBuilt's list whenever it
-	// changes: after an Apply that leaves APIs not built or builds every
-	// API again, and after a retry builds one. It must be safe for
+	// OnNotBuilt, if set, is called with NotBuilt's list after every
+	// Apply and ApplyPartial (nil when every API is built) and whenever a
+	// retry changes it. It must be safe for
 	// concurrent use and must not block or call the gateway.
 	OnNotBuilt func([]NotBuilt)
 }
@@ -257,8 +258,8 @@ func New(opts Options) (*Gateway, error) {
 	return g, nil
 }
 
-// Apply validates snap and, if it is valid, makes it the gateway's
-// configuration: policies, keys and routes
+// Apply validates snap and, if it is valid and every API in it can be
+// built, makes it the gateway's configuration: policies, keys and routes
 // change together for the next request; requests in flight finish under
 // the previous snapshot; counters are kept. Kept counters meet the new
 // limits as they stand: a quota count is compared with the new maximum (5
@@ -267,20 +268,34 @@ func New(opts Options) (*Gateway, error) {
 // minute spent, raised to 10 a minute, leaves the bucket empty at the new
 // rate too: it refills at one every 6 s from then). Otherwise it returns
 // an error and the running configuration stays: a spec.Errors for an
-// invalid snapshot, ErrStaleRevision for one older than the running one,
-// or a policy the engine cannot enforce (an algorithm the store lacks).
-//
-// An API that only this host can fail to build (a JWT secret from an
-// environment variable or file it lacks or holds too short, a JWKS it
-// cannot fetch within ctx and JWKSApplyTimeout) does not stop the rest: snap is applied
-// without it, the API answers 503 naming it and the problem, NotBuilt
-// lists it, and the gateway retries it with backoff (RebuildInitial,
-// RebuildMax) until it builds or the next Apply or Close. Apply keeps snap's
+// invalid snapshot, ErrStaleRevision for one older than the running one, or the
+// problem building an API (an unresolvable secret, a JWKS that cannot be
+// fetched within ctx, an algorithm the store lacks). Apply keeps snap's
 // policies and APIs, and Snapshot may return snap itself: the caller must
 // not change it afterwards. It does not keep snap's list of keys (the key
 // registry holds them, about 180 bytes a key), so a caller that drops snap
-// after Apply frees that memory.
-func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
+// after Apply frees that memory. A local file's caller uses it: a file
+// that does not work as a whole is refused.
+func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) error {
+	return g.apply(ctx, snap, false)
+}
+
+// ApplyPartial is Apply for a data plane's delivery, where one API must
+// not hold up the rest (a key delete above all): an API that only this
+// host can fail to build (a JWT secret from an environment variable or
+// file it lacks or holds too short, a JWKS it cannot fetch within ctx
+// and JWKSApplyTimeout) does not stop the rest. snap is applied without
+// it, the API answers 503 naming it and the problem, NotBuilt lists it,
+// and the gateway retries it with backoff (RebuildInitial, RebuildMax)
+// until it builds or the next Apply or Close. A JWKS the running
+// configuration could not fetch is not fetched again within
+// ApplyPartial (its retry goes on). The other errors are Apply's: an
+// invalid or stale snapshot, a policy the store cannot enforce.
+func (g *Gateway) ApplyPartial(ctx context.Context, snap *spec.Snapshot) error {
+	return g.apply(ctx, snap, true)
+}
+
+func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, partial bool) (err error) {
 	if g.opts.OnApply != nil {
 		// Deferred first, so it runs after the unlock below.
 		defer func() {
@@ -305,7 +320,7 @@ func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
 	if cur := g.state.Load(); cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
 		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.revision.Load())
 	}
-	st, jwks, err := g.build(ctx, snap, g.jwks)
+	st, jwks, err := g.build(ctx, snap, g.jwks, partial)
 	if err != nil {
 		// JWKS fetched for this snapshot only are not needed after all.
 		for k, j := range jwks {
@@ -487,9 +502,10 @@ func cmpOr(d, def time.Duration) time.Duration {
 
 // build makes the state for snap, reusing the JWKS in running (the
 // running configuration's) of the same URL and refresh interval. It
-// returns the JWKS the state uses. An API whose route cannot be built
-// gets a pending handler and is listed in the state's notBuilt.
-func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[spec.JWKS]*identity.JWKS) (*state, map[spec.JWKS]*identity.JWKS, error) {
+// returns the JWKS the state uses. An API whose route cannot be built is
+// an error, or when partial gets a pending handler and is listed in the
+// state's notBuilt.
+func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[spec.JWKS]*identity.JWKS, partial bool) (*state, map[spec.JWKS]*identity.JWKS, error) {
 	jwks := map[spec.JWKS]*identity.JWKS{}
 	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: snap.CorePolicies()}, core.Options{
 		FailurePolicy: g.opts.FailurePolicy,
@@ -526,7 +542,7 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[sp
 	// again here: its retry goes on in the background, so a host that
 	// does not answer delays no later revision.
 	failing := map[spec.JWKS]string{}
-	if cur := g.state.Load(); cur != nil {
+	if cur := g.state.Load(); cur != nil && partial {
 		for _, p := range cur.notBuilt {
 			if j := p.api.JWT; j != nil && j.JWKS != nil && p.h.Load() == nil {
 				failing[*j.JWKS] = p.problem()
@@ -538,12 +554,18 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[sp
 		st.apis[a.ID] = a
 		var rt route
 		var err error
-		if j := a.JWT; j != nil && j.JWKS != nil && running[*j.JWKS] == nil && failing[*j.JWKS] != "" {
+		switch j := a.JWT; {
+		case !partial:
+			rt, err = g.route(ctx, st, a, jwks, running)
+		case j != nil && j.JWKS != nil && running[*j.JWKS] == nil && failing[*j.JWKS] != "":
 			err = errors.New(failing[*j.JWKS])
-		} else {
+		default:
 			actx, cancel := context.WithTimeout(ctx, cmpOr(g.opts.JWKSApplyTimeout, defaultJWKSApplyTimeout))
 			rt, err = g.route(actx, st, a, jwks, running)
 			cancel()
+		}
+		if err != nil && !partial {
+			return nil, jwks, fmt.Errorf("gateway: API %q: %w", a.ID, err)
 		}
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {

@@ -56,9 +56,9 @@ func getReadyz(t *testing.T, gw *gateway.Gateway) (int, readyz) {
 	return resp.StatusCode, r
 }
 
-// TestApplyWithoutUnbuildableAPIs applies a valid snapshot with two JWT
-// APIs this host cannot build (an unset secret_env, a missing
-// secret_file). Apply succeeds without them: the new policy, key and API
+// TestApplyWithoutUnbuildableAPIs applies (ApplyPartial) a valid snapshot
+// with two JWT APIs this host cannot build (an unset secret_env, a
+// missing secret_file). It succeeds without them: the new policy, key and API
 // are in force, each unbuilt API answers 503 naming itself and its
 // problem, both are listed by NotBuilt and /readyz (200, degraded), and
 // key changes still apply. A later revision without them clears it all.
@@ -70,8 +70,8 @@ func TestApplyWithoutUnbuildableAPIs(t *testing.T) {
 	bad := basic(2, up.URL, perMinute(4), nil)
 	bad.Keys = append(bad.Keys, spec.Key{KeyHash: keyHash("k2"), Policies: []string{"p"}})
 	bad.APIs = append(bad.APIs, hmacAPI("jwt-env", spec.JWTKey{SecretEnv: unsetSecretEnv}), hmacAPI("jwt-file", spec.JWTKey{SecretFile: missing}))
-	if err := g.gw.Apply(context.Background(), bad); err != nil {
-		t.Fatalf("Apply with unbuildable APIs: %v, want it applied without them", err)
+	if err := g.gw.ApplyPartial(context.Background(), bad); err != nil {
+		t.Fatalf("ApplyPartial with unbuildable APIs: %v, want it applied without them", err)
 	}
 	if rev := g.gw.Revision(); rev != 2 {
 		t.Fatalf("running revision %d, want 2", rev)
@@ -143,7 +143,7 @@ func TestNotBuiltAPIRetried(t *testing.T) {
 	secretFile := filepath.Join(t.TempDir(), "hmac.secret")
 	snap := basic(1, spec.BuiltinEcho, perMinute(10), nil)
 	snap.APIs = append(snap.APIs, hmacAPI("jwt", spec.JWTKey{SecretFile: secretFile}))
-	if err := gw.Apply(context.Background(), snap); err != nil {
+	if err := gw.ApplyPartial(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}
 	problem := "spec: keys[0].secret_file: open " + secretFile + ": no such file or directory"
@@ -192,9 +192,9 @@ func TestNotBuiltAPIRetried(t *testing.T) {
 	}
 }
 
-// TestUnresponsiveJWKSHoldsNothingUp applies a JWT API whose JWKS host
-// does not answer: Apply gives up on it after JWKSApplyTimeout and
-// applies the rest, the next Apply does not wait for it again (the
+// TestUnresponsiveJWKSHoldsNothingUp applies (ApplyPartial) a JWT API
+// whose JWKS host does not answer: it gives up on it after
+// JWKSApplyTimeout and applies the rest, the next ApplyPartial does not wait for it again (the
 // background retry goes on), and once the host answers the retry builds
 // the API.
 func TestUnresponsiveJWKSHoldsNothingUp(t *testing.T) {
@@ -239,7 +239,7 @@ func TestUnresponsiveJWKSHoldsNothingUp(t *testing.T) {
 		return s
 	}
 	start := time.Now()
-	if err := gw.Apply(context.Background(), snap(1)); err != nil {
+	if err := gw.ApplyPartial(context.Background(), snap(1)); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
@@ -251,7 +251,7 @@ func TestUnresponsiveJWKSHoldsNothingUp(t *testing.T) {
 	mu.Lock()
 	before := fetches
 	mu.Unlock()
-	if err := gw.Apply(context.Background(), snap(2)); err != nil {
+	if err := gw.ApplyPartial(context.Background(), snap(2)); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
