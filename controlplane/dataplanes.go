@@ -25,6 +25,20 @@ type DataPlane struct {
 	LastSeen time.Time `json:"last_seen"`
 	// LastRejection is the last revision it refused to apply, or nil.
 	LastRejection *Rejection `json:"last_rejection,omitempty"`
+	// NotBuilt are the APIs of its applied revision that it runs
+	// without, as its last Ack or DigestReport said: what only its host
+	// can fail (a secret's environment variable or file, a JWKS). Each
+	// answers 503 there; the rest of the revision is in force. Empty when
+	// every API is built.
+	NotBuilt []NotBuilt `json:"not_built,omitempty"`
+}
+
+// NotBuilt is an API a gateway could not build, and why.
+type NotBuilt struct {
+	// API is the API's id.
+	API string `json:"api"`
+	// Problem is the gateway's reason.
+	Problem string `json:"problem"`
 }
 
 // Rejection is a revision a gateway refused, keeping its running
@@ -61,6 +75,7 @@ func (d *DataPlanes) Update(id string, fn func(dp *DataPlane)) {
 	fn(&dp)
 	dp.GatewayID = id
 	dp.Tags = slices.Clone(dp.Tags)
+	dp.NotBuilt = slices.Clone(dp.NotBuilt)
 	if dp.LastRejection != nil {
 		r := *dp.LastRejection
 		dp.LastRejection = &r
@@ -85,6 +100,7 @@ func (d *DataPlanes) List() []DataPlane {
 	out := make([]DataPlane, 0, len(d.m))
 	for _, dp := range d.m {
 		dp.Tags = slices.Clone(dp.Tags)
+		dp.NotBuilt = slices.Clone(dp.NotBuilt)
 		if dp.LastRejection != nil {
 			r := *dp.LastRejection
 			dp.LastRejection = &r

@@ -135,11 +135,12 @@ type SyncOptions struct {
 //     after);
 //   - they are within MaxChanges and MaxChangesBytes.
 //
-// Ack records the acknowledged revision in DataPlanes, Nack the
-// rejection. A Nack of Changes brings a snapshot at once (once: Nacks of
+// Ack records the acknowledged revision in DataPlanes, with the APIs the
+// gateway applied it without (DataPlane.NotBuilt), Nack the rejection. A Nack of Changes brings a snapshot at once (once: Nacks of
 // the Changes that were already on their way do not bring more); a Nack
 // of a snapshot is not answered, and the next revision comes as a
-// snapshot. DigestReport refreshes LastSeen, and a digest that differs
+// snapshot. DigestReport refreshes LastSeen and NotBuilt (its digest is
+// of the revision as delivered, APIs not built included), and a digest that differs
 // from the one sent for that revision brings a fresh snapshot.
 type SyncServer struct {
 	syncpb.UnimplementedSyncServiceServer
@@ -862,6 +863,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 			dp.LastSeen = now
 			if ok {
 				dp.AppliedRevision = k.Ack.GetRevision()
+				dp.NotBuilt = notBuilt(k.Ack.GetNotBuilt())
 			}
 		})
 		if !ok {
@@ -890,8 +892,11 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 			return true
 		}
 	case *syncpb.ClientMessage_DigestReport:
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.LastSeen = now })
 		r := k.DigestReport
+		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+			dp.LastSeen = now
+			dp.NotBuilt = notBuilt(r.GetNotBuilt())
+		})
 		var want string
 		if i := slices.IndexFunc(st.deliveries, func(d sent) bool { return d.revision == r.GetRevision() }); i >= 0 {
 			want = st.deliveries[i].digest
@@ -908,6 +913,28 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 		s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.LastSeen = now })
 	}
 	return false
+}
+
+// Bounds of a gateway's list of APIs not built as the control plane
+// keeps it: entries, and bytes of each problem.
+const (
+	maxNotBuilt        = 1000
+	maxNotBuiltProblem = 1024
+)
+
+// notBuilt is a gateway's list of APIs not built, as DataPlane keeps it
+// (nil when empty; at most maxNotBuilt entries, each problem cut to
+// maxNotBuiltProblem bytes).
+func notBuilt(nb []*syncpb.NotBuilt) []NotBuilt {
+	var out []NotBuilt
+	for _, n := range nb[:min(len(nb), maxNotBuilt)] {
+		p := n.GetProblem()
+		if len(p) > maxNotBuiltProblem {
+			p = strings.ToValidUTF8(p[:maxNotBuiltProblem], "") + "…"
+		}
+		out = append(out, NotBuilt{API: n.GetApi(), Problem: p})
+	}
+	return out
 }
 
 // peerAddr is the remote address of a stream, for logs ("" when

@@ -789,7 +789,7 @@ func (a *Agent) startFallback(ctx context.Context) {
 		}
 	}
 	dg := protocol.DigesterOf(snap)
-	if err := a.g.Apply(ctx, snap); err != nil {
+	if err := a.g.ApplyPartial(ctx, snap); err != nil {
 		a.log.Error("dataplane: the persisted configuration is refused", "revision", snap.Revision, "err", err)
 		return
 	}

@@ -31,12 +31,17 @@
 //     (gateway.Replace) because its history differs. APIs are included only when the gateway's tags select them;
 //     keys and policies always.
 //  3. The gateway applies the whole delivery or none of it
-//     (protocol.Assembler or protocol.ApplyChanges, then gateway.Apply),
+//     (protocol.Assembler or protocol.ApplyChanges, then gateway.ApplyPartial),
 //     and answers Ack{revision, nonce}, or Nack{revision, nonce, error}
 //     keeping its running configuration. A Nack is shown to operators; the
 //     control plane does not resend the same delivery in a loop: a Nack of
 //     Changes brings one snapshot, a Nack of a snapshot waits for a later
-//     revision, and a digest mismatch brings a snapshot.
+//     revision, and a digest mismatch brings a snapshot. An API that only
+//     the gateway's host can fail to build (a JWT secret's environment
+//     variable or file, a JWKS it cannot fetch) is no reason to Nack: the
+//     delivery is applied without it (it answers 503; gateway.NotBuilt),
+//     the Ack lists every such API (not_built), and the gateway retries
+//     them on its own, so a key delete is never held up by them.
 //  4. Later changes arrive as Changes whose from_revision is the revision
 //     of the delivery before (sent without waiting for its Ack), each
 //     with the digest of the configuration after it; one that does not
@@ -44,9 +49,11 @@
 //     snapshot. A gateway whose Hello shows it at the current revision
 //     already gets a DigestRequest instead.
 //  5. Periodically, and when asked by DigestRequest, the gateway sends
-//     DigestReport{revision, digest}. A digest that differs from the
-//     control plane's for that revision is drift: the control plane sends
-//     a fresh snapshot.
+//     DigestReport{revision, digest, not_built}, and at once when its list
+//     of APIs not built changes (polled every 250 ms: a retry built one).
+//     The digest is of the configuration as delivered, APIs not built
+//     included. A digest that differs from the control plane's for that
+//     revision is drift: the control plane sends a fresh snapshot.
 //
 // # The agent
 //
@@ -63,7 +70,7 @@
 // answers, and is logged once per change; gRPC keepalive pings (every 10 s, 5 s to answer) find
 // a dead peer. It applies
 //
-//   - a snapshot with gateway.Apply, after checking the digest the last
+//   - a snapshot with gateway.ApplyPartial, after checking the digest the last
 //     chunk carries (a snapshot of what already runs, same revision and
 //     digest, is acknowledged without a rebuild);
 //   - Changes of keys only with gateway.UpdateKeys, which changes the
@@ -74,7 +81,7 @@
 //     Nack: one key changed among a million costs microseconds
 //     (BenchmarkKeyChange);
 //   - other Changes with protocol.ApplyChanges on gateway.Snapshot, the
-//     same incremental digest check, and gateway.Apply.
+//     same incremental digest check, and gateway.ApplyPartial.
 //
 // Changes whose from_revision is not the running revision are Nacked
 // (wrapping protocol.ErrRevisionMismatch), as is a delete of an object

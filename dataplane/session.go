@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -31,6 +33,9 @@ type session struct {
 	stream grpc.BidiStreamingClient[syncpb.ClientMessage, syncpb.ServerMessage]
 	asm    *protocol.Assembler
 	sendMu sync.Mutex // the reporter and the receiver both send
+	// sentNotBuilt is the list of APIs not built last sent (in an Ack or
+	// a DigestReport); guarded by sendMu.
+	sentNotBuilt []gateway.NotBuilt
 }
 
 // session runs one stream until it ends or ctx is done. It reports
@@ -116,27 +121,60 @@ func (s *session) send(m *syncpb.ClientMessage) error {
 	return nil
 }
 
-// report sends a DigestReport of what the gateway runs.
+// report sends a DigestReport of what the gateway runs: the digest of
+// the configuration as delivered, and the APIs of it not built.
 func (s *session) report() error {
 	rev, digest, _ := s.a.current()
-	return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_DigestReport{DigestReport: &syncpb.DigestReport{Revision: rev, Digest: digest}}})
+	nb := s.a.g.NotBuilt()
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	m := &syncpb.ClientMessage{Kind: &syncpb.ClientMessage_DigestReport{DigestReport: &syncpb.DigestReport{Revision: rev, Digest: digest, NotBuilt: notBuiltPB(nb)}}}
+	if err := s.stream.Send(m); err != nil {
+		return fmt.Errorf("dataplane: send: %w", err)
+	}
+	s.sentNotBuilt = nb
+	return nil
 }
 
-// reportEvery sends a DigestReport every interval until ctx is done. A
-// failed send ends the stream by itself (its Recv fails too).
+// notBuiltPoll is how often the reporter looks for a change in the
+// gateway's APIs not built (a retry that built one), to report it at once
+// rather than at the next DigestInterval.
+const notBuiltPoll = 250 * time.Millisecond
+
+// reportEvery sends a DigestReport every interval, and one as soon as the
+// list of APIs not built differs from the one last sent, until ctx is
+// done. A failed send ends the stream by itself (its Recv fails too).
 func (s *session) reportEvery(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	poll := time.NewTicker(notBuiltPoll)
+	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := s.report(); err != nil {
-				return
+		case <-poll.C:
+			s.sendMu.Lock()
+			same := slices.Equal(s.sentNotBuilt, s.a.g.NotBuilt())
+			s.sendMu.Unlock()
+			if same {
+				continue
 			}
 		}
+		if err := s.report(); err != nil {
+			return
+		}
 	}
+}
+
+// notBuiltPB is nb in the protocol's form.
+func notBuiltPB(nb []gateway.NotBuilt) []*syncpb.NotBuilt {
+	var out []*syncpb.NotBuilt
+	for _, n := range nb {
+		out = append(out, &syncpb.NotBuilt{Api: n.API, Problem: n.Problem})
+	}
+	return out
 }
 
 // Delivery kinds, for counters and logs.
@@ -170,8 +208,19 @@ func (s *session) answer(kind string, revision uint64, nonce string, err error) 
 		a.log.Warn("dataplane: rejected a delivery; the running configuration stays", "kind", kind, "revision", revision, "err", err)
 		return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Nack{Nack: &syncpb.Nack{Revision: revision, Nonce: nonce, Error: err.Error()}}})
 	}
-	a.log.Info("dataplane: applied", "kind", kind, "revision", revision)
-	return s.send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Ack{Ack: &syncpb.Ack{Revision: revision, Nonce: nonce}}})
+	nb := a.g.NotBuilt()
+	if len(nb) > 0 {
+		a.log.Warn("dataplane: applied without APIs this gateway cannot build; they answer 503 and are retried", "kind", kind, "revision", revision, "not_built", len(nb))
+	} else {
+		a.log.Info("dataplane: applied", "kind", kind, "revision", revision)
+	}
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if err := s.stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Ack{Ack: &syncpb.Ack{Revision: revision, Nonce: nonce, NotBuilt: notBuiltPB(nb)}}}); err != nil {
+		return fmt.Errorf("dataplane: send: %w", err)
+	}
+	s.sentNotBuilt = nb
+	return nil
 }
 
 // chunk adds a snapshot chunk, and applies the snapshot at its last one.
@@ -239,7 +288,7 @@ func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want, hi
 		}
 		return nil
 	}
-	apply := a.g.Apply
+	apply := a.g.ApplyPartial
 	if a.cur.source != "none" && history != "" && history != a.cur.history {
 		apply = a.g.Replace
 		a.log.Warn("dataplane: a snapshot of another control-plane history replaces the running configuration",
@@ -256,7 +305,7 @@ func (a *Agent) applySnapshot(ctx context.Context, snap *spec.Snapshot, want, hi
 // applyChanges checks ch against the running revision and the digest it
 // says the configuration will have, and applies it: key-only changes
 // with gateway.UpdateKeys, others with protocol.ApplyChanges and
-// gateway.Apply.
+// gateway.ApplyPartial.
 func (a *Agent) applyChanges(ctx context.Context, ch *syncpb.Changes) error {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
@@ -313,7 +362,7 @@ func (a *Agent) applyChanges(ctx context.Context, ch *syncpb.Changes) error {
 		if err != nil {
 			return fmt.Errorf("dataplane: %w", err)
 		}
-		if err := a.g.Apply(ctx, next); err != nil {
+		if err := a.g.ApplyPartial(ctx, next); err != nil {
 			return err
 		}
 	}

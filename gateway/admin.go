@@ -84,7 +84,10 @@ type ControlPlaneStatus interface {
 //     fallback, so the gateway serves anyway; otherwise 503. The body
 //     says which: {"ready":…,"revision":…,"store":"ok"|"unreachable"|
 //     "in-process","failure_policy":…,"error":…}, plus
-//     "control_plane":… when o.ControlPlane is set. While SetUnavailable
+//     "control_plane":… when o.ControlPlane is set, and
+//     "degraded":true,"not_built":[{"api":…,"problem":…},…] while APIs of
+//     the running configuration are not built (Gateway.NotBuilt; still
+//     200: everything else is enforced). While SetUnavailable
 //     holds, 503 with its reason as "error".
 //   - GET /consumers/{id}?api=ID: the consumer's rate limit and quota
 //     state for an API, read with a cost-0 decision that spends nothing
@@ -235,7 +238,11 @@ type readiness struct {
 	Store         string `json:"store,omitempty"`
 	FailurePolicy string `json:"failure_policy"`
 	Error         string `json:"error,omitempty"`
-	ControlPlane  any    `json:"control_plane,omitempty"`
+	// Degraded: APIs of the running configuration are not built
+	// (NotBuilt); the rest serves, so the gateway stays ready.
+	Degraded     bool       `json:"degraded,omitempty"`
+	NotBuilt     []NotBuilt `json:"not_built,omitempty"`
+	ControlPlane any        `json:"control_plane,omitempty"`
 }
 
 // pinger is a store that can say whether it is reachable
@@ -266,6 +273,8 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out.Revision = st.revision.Load()
+	out.NotBuilt = st.notBuiltList()
+	out.Degraded = len(out.NotBuilt) > 0
 	if reason := a.g.Unavailable(); reason != "" {
 		out.Error = reason
 		writeJSON(w, http.StatusServiceUnavailable, out)

@@ -7,7 +7,11 @@
 // time: policies, keys and routes are swapped together, atomically, so each
 // request is decided entirely under one snapshot; requests in flight finish
 // under the one they started with, and counters are kept (a changed rate
-// takes effect on the next request without resetting anyone). A change
+// takes effect on the next request without resetting anyone). An API
+// that only this host fails to build (a JWT secret or JWKS it cannot
+// get) is left out of a snapshot applied by ApplyPartial (a data
+// plane's): it answers 503, NotBuilt lists it, and the gateway retries it
+// by itself; Apply (a local file's) refuses the snapshot instead. A change
 // of keys only (a control plane's usual change) goes through UpdateKeys
 // instead, which changes the running key registry in place at a cost
 // proportional to the change, not to the keys held. How it runs
@@ -24,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -31,6 +36,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
@@ -110,6 +117,36 @@ type Options struct {
 	// AfterFunc times the store-failure log's intervals; nil means
 	// time.AfterFunc. A test seam.
 	AfterFunc AfterFunc
+	// RebuildInitial and RebuildMax bound the retries of APIs that
+	// ApplyPartial could not build (see NotBuilt): the first retry comes after
+	// RebuildInitial, each next one after twice as long (with ±20%
+	// jitter), never more than RebuildMax apart. 0 means 250 ms and 30 s.
+	RebuildInitial, RebuildMax time.Duration
+	// JWKSApplyTimeout bounds the first fetch of a new JWKS within
+	// ApplyPartial; 0 means 1 s. A set not fetched by then leaves its API not built
+	// (retried in the background, each attempt bounded by 10 s), so a
+	// JWKS host that does not answer holds up no revision for longer. A
+	// JWKS that the running configuration could not fetch is not fetched
+	// within ApplyPartial at all.
+	JWKSApplyTimeout time.Duration
+	// OnNotBuilt, if set, is called with NotBuilt's list after every
+	// Apply and ApplyPartial (nil when every API is built) and whenever a
+	// retry changes it. It must be safe for
+	// concurrent use and must not block or call the gateway.
+	OnNotBuilt func([]NotBuilt)
+}
+
+// NotBuilt is an API of the running configuration that the gateway could
+// not build, for a reason of its host (an unset environment variable, a
+// missing or short secret file, a JWKS it cannot fetch): it answers 503
+// naming the API and the problem, while everything else in the
+// configuration is enforced, and the gateway keeps trying to build it.
+type NotBuilt struct {
+	// API is the API's id.
+	API string `json:"api"`
+	// Problem is why it is not built, as the last attempt failed (the
+	// error of the secret's resolution or the JWKS fetch).
+	Problem string `json:"problem"`
 }
 
 // Gateway is an http.Handler enforcing the last applied snapshot. Until
@@ -135,6 +172,10 @@ type Gateway struct {
 	mu     sync.Mutex // serialises Apply and Close
 	jwks   map[spec.JWKS]*identity.JWKS
 	closed bool
+	// stopRebuild stops the retries of the running state's APIs that are
+	// not built (nil when none run); rebuilds counts them, for Close.
+	stopRebuild context.CancelFunc
+	rebuilds    sync.WaitGroup
 	// ctx bounds the JWKS refreshes; cancelled by Close.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -152,10 +193,14 @@ type state struct {
 	base *spec.Snapshot
 	// applied is the snapshot given to Apply, for as long as its caller
 	// keeps it.
-	applied  weak.Pointer[spec.Snapshot]
-	engine   *core.Engine
-	keys     *identity.Keys
-	routes   []route // longest listen path first
+	applied weak.Pointer[spec.Snapshot]
+	engine  *core.Engine
+	keys    *identity.Keys
+	routes  []route // longest listen path first
+	apiKey  *identity.APIKey
+	// notBuilt are the APIs whose routes could not be built, in the
+	// snapshot's order; each becomes built at most once (a retry).
+	notBuilt []*pending
 	apis     map[string]*spec.API
 	policies map[string]*spec.Policy
 
@@ -233,22 +278,43 @@ func New(opts Options) (*Gateway, error) {
 // policies and APIs, and Snapshot may return snap itself: the caller must
 // not change it afterwards. It does not keep snap's list of keys (the key
 // registry holds them, about 180 bytes a key), so a caller that drops snap
-// after Apply frees that memory.
-func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) (err error) {
-	return g.apply(ctx, snap, false)
+// after Apply frees that memory. A local file's caller uses it: a file
+// that does not work as a whole is refused.
+func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) error {
+	return g.apply(ctx, snap, applyMode{})
 }
 
-// Replace is Apply without the revision check: snap replaces the running
-// configuration whatever their revisions, and its revision is the one
-// running from then on. A data-plane agent calls it for a snapshot of
+// ApplyPartial is Apply for a data plane's delivery, where one API must
+// not hold up the rest (a key delete above all): an API that only this
+// host can fail to build (a JWT secret from an environment variable or
+// file it lacks or holds too short, a JWKS it cannot fetch within ctx
+// and JWKSApplyTimeout) does not stop the rest. snap is applied without
+// it, the API answers 503 naming it and the problem, NotBuilt lists it,
+// and the gateway retries it with backoff (RebuildInitial, RebuildMax)
+// until it builds or the next Apply or Close. A JWKS the running
+// configuration could not fetch is not fetched again within
+// ApplyPartial (its retry goes on). The other errors are Apply's: an
+// invalid or stale snapshot, a policy the store cannot enforce.
+func (g *Gateway) ApplyPartial(ctx context.Context, snap *spec.Snapshot) error {
+	return g.apply(ctx, snap, applyMode{partial: true})
+}
+
+// Replace is ApplyPartial without the revision check: snap replaces the
+// running configuration whatever their revisions, and its revision is the
+// one running from then on. A data-plane agent calls it for a snapshot of
 // another control-plane history (a control plane restored from a copy
 // numbers revisions anew), where a lower revision is not an older
 // configuration.
 func (g *Gateway) Replace(ctx context.Context, snap *spec.Snapshot) error {
-	return g.apply(ctx, snap, true)
+	return g.apply(ctx, snap, applyMode{partial: true, replace: true})
 }
 
-func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, replace bool) (err error) {
+// applyMode says how apply treats a snapshot: partial leaves out the APIs
+// only this host cannot build (ApplyPartial), replace skips the revision
+// check (Replace).
+type applyMode struct{ partial, replace bool }
+
+func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, mode applyMode) (err error) {
 	if g.opts.OnApply != nil {
 		// Deferred first, so it runs after the unlock below.
 		defer func() {
@@ -270,10 +336,10 @@ func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, replace bool) 
 	if g.closed {
 		return errors.New("gateway: Apply after Close")
 	}
-	if cur := g.state.Load(); !replace && cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
+	if cur := g.state.Load(); !mode.replace && cur != nil && snap.Revision != 0 && snap.Revision < cur.revision.Load() {
 		return fmt.Errorf("%w (%d < %d)", ErrStaleRevision, snap.Revision, cur.revision.Load())
 	}
-	st, jwks, err := g.build(ctx, snap)
+	st, jwks, err := g.build(ctx, snap, g.jwks, mode.partial)
 	if err != nil {
 		// JWKS fetched for this snapshot only are not needed after all.
 		for k, j := range jwks {
@@ -292,12 +358,173 @@ func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, replace bool) 
 		}
 	}
 	g.jwks = jwks
+	if g.stopRebuild != nil {
+		g.stopRebuild()
+		g.stopRebuild = nil
+	}
+	if len(st.notBuilt) > 0 {
+		for _, p := range st.notBuilt {
+			g.log.Warn("gateway: API not built; it answers 503 and is retried", "api", p.api.ID, "revision", snap.Revision, "err", p.problem())
+		}
+		rctx, cancel := context.WithCancel(g.ctx)
+		g.stopRebuild = cancel
+		g.rebuilds.Go(func() { g.rebuild(rctx, st) })
+	}
+	if g.opts.OnNotBuilt != nil {
+		g.opts.OnNotBuilt(st.notBuiltList())
+	}
 	return nil
 }
 
-// build makes the state for snap, reusing the running JWKS of the same URL
-// and refresh interval. It returns the JWKS the state uses.
-func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[spec.JWKS]*identity.JWKS, error) {
+// NotBuilt returns the APIs of the running configuration that are not
+// built, in the snapshot's order, or nil when every API is built (or
+// nothing is applied). Each answers 503 until a retry builds it.
+func (g *Gateway) NotBuilt() []NotBuilt {
+	if st := g.state.Load(); st != nil {
+		return st.notBuiltList()
+	}
+	return nil
+}
+
+func (st *state) notBuiltList() []NotBuilt {
+	var out []NotBuilt
+	for _, p := range st.notBuilt {
+		if p.h.Load() == nil {
+			out = append(out, NotBuilt{API: p.api.ID, Problem: p.problem()})
+		}
+	}
+	return out
+}
+
+// pending is the handler of an API that was not built: 503 with the
+// problem until a retry builds it, then the built route's handler.
+type pending struct {
+	api  *spec.API
+	h    atomic.Pointer[http.Handler]
+	last atomic.Pointer[string] // the last attempt's problem
+}
+
+func (p *pending) problem() string { return *p.last.Load() }
+
+func (p *pending) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h := p.h.Load(); h != nil {
+		(*h).ServeHTTP(w, r)
+		return
+	}
+	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("API %q is not built on this gateway: %s", p.api.ID, p.problem()))
+}
+
+// Default retry intervals of APIs not built (Options.RebuildInitial,
+// RebuildMax).
+const (
+	defaultRebuildInitial = 250 * time.Millisecond
+	defaultRebuildMax     = 30 * time.Second
+	// rebuildTimeout bounds one attempt (a JWKS fetch).
+	rebuildTimeout = 10 * time.Second
+	// defaultJWKSApplyTimeout is Options.JWKSApplyTimeout's default.
+	defaultJWKSApplyTimeout = time.Second
+)
+
+// rebuild retries st's APIs that are not built, with backoff, until all
+// are built or ctx ends (the next Apply, Close).
+func (g *Gateway) rebuild(ctx context.Context, st *state) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = cmpOr(g.opts.RebuildInitial, defaultRebuildInitial)
+	b.MaxInterval = cmpOr(g.opts.RebuildMax, defaultRebuildMax)
+	b.Reset()
+	for {
+		t := time.NewTimer(min(b.NextBackOff(), b.MaxInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		left, changed := 0, false
+		for _, p := range st.notBuilt {
+			if p.h.Load() != nil {
+				continue
+			}
+			switch built, err := g.rebuildOne(ctx, st, p); {
+			case ctx.Err() != nil, errors.Is(err, errSuperseded):
+				return
+			case built:
+				changed = true
+				g.log.Info("gateway: API built on retry", "api", p.api.ID, "revision", st.base.Revision)
+			default:
+				left++
+				if err.Error() != p.problem() {
+					changed = true
+					p.last.Store(new(err.Error()))
+				}
+			}
+		}
+		if changed && g.opts.OnNotBuilt != nil {
+			g.mu.Lock()
+			if g.state.Load() == st {
+				g.opts.OnNotBuilt(st.notBuiltList())
+			}
+			g.mu.Unlock()
+		}
+		if left == 0 {
+			return
+		}
+	}
+}
+
+// rebuildOne tries to build p's route for st once, outside the gateway's
+// lock (a JWKS fetch must not hold up UpdateKeys), and installs it when
+// st still runs. It reports whether p is built now.
+func (g *Gateway) rebuildOne(ctx context.Context, st *state, p *pending) (bool, error) {
+	g.mu.Lock()
+	if g.closed || g.state.Load() != st {
+		g.mu.Unlock()
+		return false, errSuperseded
+	}
+	running := maps.Clone(g.jwks)
+	g.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, rebuildTimeout)
+	defer cancel()
+	jwks := map[spec.JWKS]*identity.JWKS{}
+	rt, err := g.route(actx, st, p.api, jwks, running)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil && (g.closed || g.state.Load() != st) {
+		err = errSuperseded
+	}
+	if err != nil {
+		for k, j := range jwks {
+			if running[k] != j {
+				j.Close()
+			}
+		}
+		return false, err
+	}
+	for k, j := range jwks {
+		if g.jwks[k] == nil {
+			g.jwks[k] = j
+		}
+	}
+	p.h.Store(&rt.h)
+	return true, nil
+}
+
+// errSuperseded ends a retry whose state no longer runs.
+var errSuperseded = errors.New("gateway: the configuration was replaced")
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// build makes the state for snap, reusing the JWKS in running (the
+// running configuration's) of the same URL and refresh interval. It
+// returns the JWKS the state uses. An API whose route cannot be built is
+// an error, or when partial gets a pending handler and is listed in the
+// state's notBuilt.
+func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[spec.JWKS]*identity.JWKS, partial bool) (*state, map[spec.JWKS]*identity.JWKS, error) {
 	jwks := map[spec.JWKS]*identity.JWKS{}
 	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: snap.CorePolicies()}, core.Options{
 		FailurePolicy: g.opts.FailurePolicy,
@@ -329,13 +556,45 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 	for i := range snap.Policies {
 		st.policies[snap.Policies[i].ID] = &snap.Policies[i]
 	}
-	apiKey := identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
+	st.apiKey = identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
+	// A JWKS the running configuration could not fetch is not fetched
+	// again here: its retry goes on in the background, so a host that
+	// does not answer delays no later revision.
+	failing := map[spec.JWKS]string{}
+	if cur := g.state.Load(); cur != nil && partial {
+		for _, p := range cur.notBuilt {
+			if j := p.api.JWT; j != nil && j.JWKS != nil && p.h.Load() == nil {
+				failing[*j.JWKS] = p.problem()
+			}
+		}
+	}
 	for i := range snap.APIs {
 		a := &snap.APIs[i]
 		st.apis[a.ID] = a
-		rt, err := g.route(ctx, st, a, apiKey, jwks)
-		if err != nil {
+		var rt route
+		var err error
+		switch j := a.JWT; {
+		case !partial:
+			rt, err = g.route(ctx, st, a, jwks, running)
+		case j != nil && j.JWKS != nil && running[*j.JWKS] == nil && failing[*j.JWKS] != "":
+			err = errors.New(failing[*j.JWKS])
+		default:
+			actx, cancel := context.WithTimeout(ctx, cmpOr(g.opts.JWKSApplyTimeout, defaultJWKSApplyTimeout))
+			rt, err = g.route(actx, st, a, jwks, running)
+			cancel()
+		}
+		if err != nil && !partial {
 			return nil, jwks, fmt.Errorf("gateway: API %q: %w", a.ID, err)
+		}
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				// Apply's own deadline, not this API's problem.
+				return nil, jwks, fmt.Errorf("gateway: API %q: %w", a.ID, cerr)
+			}
+			p := &pending{api: a}
+			p.last.Store(new(err.Error()))
+			st.notBuilt = append(st.notBuilt, p)
+			rt = route{prefix: strings.TrimSuffix(a.ListenPath, "/"), api: a, h: p}
 		}
 		st.routes = append(st.routes, rt)
 	}
@@ -345,16 +604,17 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot) (*state, map[s
 
 // route builds one API's handler: the authenticator, the rate-limit
 // middleware, and the upstream, which gets the request with the listen
-// path and the credentials stripped as the API says.
-func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *identity.APIKey, jwks map[spec.JWKS]*identity.JWKS) (route, error) {
+// path and the credentials stripped as the API says. JWKS in running are
+// reused; those it uses are added to jwks.
+func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, jwks, running map[spec.JWKS]*identity.JWKS) (route, error) {
 	prefix := strings.TrimSuffix(a.ListenPath, "/")
-	var auth identity.Authenticator = apiKey
-	sources := apiKey.Sources()
+	var auth identity.Authenticator = st.apiKey
+	sources := st.apiKey.Sources()
 	switch a.AuthOrDefault() {
 	case spec.AuthKeyless:
 		auth, sources = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: g.clientIP}}, nil
 	case spec.AuthJWT:
-		j, err := g.newJWT(ctx, a, jwks)
+		j, err := g.newJWT(ctx, a, jwks, running)
 		if err != nil {
 			return route{}, err
 		}
@@ -385,10 +645,10 @@ func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, apiKey *ide
 }
 
 // newJWT returns a jwt API's authenticator. A key set fetched from a URL
-// is fetched now (the snapshot is refused without it) unless the running
-// configuration already has it, and refreshed in the background until it
-// is no longer used or the gateway closes.
-func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks map[spec.JWKS]*identity.JWKS) (*identity.JWT, error) {
+// is fetched now (the API is not built without it) unless running (the
+// running configuration's sets) already has it, and refreshed in the
+// background until it is no longer used or the gateway closes.
+func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks, running map[spec.JWKS]*identity.JWKS) (*identity.JWT, error) {
 	o, jo, err := a.JWT.Options(a.ID, g.opts.Resolver)
 	if err != nil {
 		return nil, err
@@ -398,7 +658,7 @@ func (g *Gateway) newJWT(ctx context.Context, a *spec.API, jwks map[spec.JWKS]*i
 		k := *a.JWT.JWKS
 		set := jwks[k]
 		if set == nil {
-			set = g.jwks[k]
+			set = running[k]
 		}
 		if set == nil {
 			jo.OnError = func(err error) { g.log.Warn("JWKS refresh failed", "api", a.ID, "url", k.URL, "err", err) }
@@ -674,6 +934,8 @@ func (g *Gateway) Engine() *core.Engine {
 // being served finish with the configuration they have. Close does not
 // close Options.Store.
 func (g *Gateway) Close() error {
+	// The retries take the lock: wait for them after releasing it.
+	defer g.rebuilds.Wait()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {

@@ -627,3 +627,50 @@ func TestExplicitZeroRefreshInterval(t *testing.T) {
 		t.Fatalf("unknown field in jwks: %v", err)
 	}
 }
+
+// TestValidateJWTKeyFitsAlgorithms: a key that can verify none of the
+// pinned algorithms is refused by Validate when that does not depend on
+// the host (a secret from anywhere is an HMAC key; an inline PEM is
+// parsed), in the gateway file's words, so a control plane refuses it at
+// write time instead of every gateway failing to build it.
+func TestValidateJWTKeyFitsAlgorithms(t *testing.T) {
+	ec, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&ec.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ecPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
+	for _, c := range []struct {
+		name string
+		algs []string
+		key  spec.JWTKey
+		want string // "" for valid
+	}{
+		{"secret_env with RS256", []string{"RS256"}, spec.JWTKey{SecretEnv: "HOME"},
+			"apis[0].jwt.keys[0]: an HMAC secret fits none of the algorithms [RS256] (it verifies HS256, HS384 or HS512)"},
+		{"secret_file with ES256, PS256", []string{"ES256", "PS256"}, spec.JWTKey{SecretFile: "s"},
+			"apis[0].jwt.keys[0]: an HMAC secret fits none of the algorithms [ES256, PS256] (it verifies HS256, HS384 or HS512)"},
+		{"inline P-256 PEM with RS256", []string{"RS256"}, spec.JWTKey{PEM: ecPEM},
+			"apis[0].jwt.keys[0]: an ECDSA P-256 key fits none of the algorithms [RS256] (it verifies ES256)"},
+		{"secret_env with HS512, RS256", []string{"HS512", "RS256"}, spec.JWTKey{SecretEnv: "HOME"}, ""},
+		{"inline P-256 PEM with ES256", []string{"ES256"}, spec.JWTKey{PEM: ecPEM}, ""},
+		// pem_file's key type is the host's to read: not judged here.
+		{"pem_file with RS256", []string{"RS256"}, spec.JWTKey{PEMFile: "k.pem"}, ""},
+	} {
+		s := spec.Snapshot{
+			Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 1, Per: spec.Duration(time.Second)}}},
+			APIs: []spec.API{{ID: "j", ListenPath: "/j/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT,
+				JWT: &spec.JWT{Algorithms: c.algs, Keys: []spec.JWTKey{c.key}, DefaultPolicies: []string{"p"}}}},
+		}
+		got := ""
+		if err := s.Validate(); err != nil {
+			got = strings.TrimPrefix(err.Error(), "spec: ")
+		}
+		if got != c.want {
+			t.Errorf("%s: Validate = %q, want %q", c.name, got, c.want)
+		}
+	}
+}

@@ -458,9 +458,16 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 			case k.Secret != "" && len(k.Secret) < identity.MinHMACKeySize:
 				v.fail(kat+".secret", "the inline secret holds %d bytes; an HMAC secret needs at least %d", len(k.Secret), identity.MinHMACKeySize)
 			case k.PEM != "":
-				if _, err := identity.ParseJWTKeyPEM(k.ID, []byte(k.PEM)); err != nil {
+				key, err := identity.ParseJWTKeyPEM(k.ID, []byte(k.PEM))
+				if err != nil {
 					v.fail(kat+".pem", "%s", strings.TrimPrefix(err.Error(), "identity: "))
+				} else {
+					v.keyFits(kat, key.Key, algs, len(algs) == len(j.Algorithms))
 				}
+			}
+			if n == 1 && (k.SecretEnv != "" || k.SecretFile != "" || k.Secret != "") {
+				// Whatever the host holds, a secret is an HMAC key.
+				v.keyFits(kat, []byte(nil), algs, len(algs) == len(j.Algorithms))
 			}
 			switch f, dup := first[k.ID]; {
 			case k.ID == "" && len(j.Keys) > 1:
@@ -481,6 +488,18 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 	for i, id := range j.DefaultPolicies {
 		v.policyFor(fmt.Sprintf("%s.default_policies[%d]", at, i), id, apiID, policies)
 	}
+}
+
+// keyFits checks that a JWT key (an identity.JWTKey's Key) verifies one
+// of algs, the API's valid algorithms; complete says none was invalid (an
+// invalid list has its own error, and this one would only add noise).
+// The gateway's file words the same problem of a key it read alike.
+func (v *validator) keyFits(at string, key any, algs []string, complete bool) {
+	what, fits := KeyAlgorithms(key)
+	if len(algs) == 0 || !complete || slices.ContainsFunc(algs, func(a string) bool { return slices.Contains(fits, a) }) {
+		return
+	}
+	v.fail(at, "%s fits none of the algorithms [%s] (it verifies %s)", what, strings.Join(algs, ", "), orList(fits))
 }
 
 // problem returns err's text without the "spec: " prefix.

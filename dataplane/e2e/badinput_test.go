@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/limitplane/limitplane/controlplane"
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/identity"
@@ -72,64 +70,6 @@ func TestBadTokens(t *testing.T) {
 			t.Errorf("/api/dataplanes lists a refused gateway: %+v", d)
 		}
 	}
-}
-
-// TestRejectionVisible sends a gateway, through the real control plane, a
-// revision that spec.Validate accepts and the gateway cannot build: a JWT
-// API whose HMAC secret is an environment variable the gateway does not
-// have. The gateway refuses it and keeps its running configuration (its
-// applied revision stays, a key still passes on the API it had, the new
-// API is not served), logs it, and the rejection is visible in
-// /api/dataplanes (the revision and the gateway's problem). Deleting the
-// API brings a revision it applies again.
-func TestRejectionVisible(t *testing.T) {
-	t.Parallel()
-	tk := dpToken{group: "dp1", tags: []string{"dp1"}, token: "reject-token"}
-	cp := startControlPlane(t, []dpToken{tk}, cpOptions{})
-	dp := startDataPlane(t, cp, tk, 1, nil)
-	g := dp.gws[0]
-	cp.putPolicy(t, quotaPolicy("q100", 100))
-	cp.putAPI(t, echoAPI("echo", "/echo/"))
-	cp.postKey(t, "visible-key", spec.Key{Policies: []string{"q100"}})
-	good := waitSynced(t, cp, g)
-
-	const secretEnv = "LP_E2E_NO_SUCH_SECRET"
-	bad := cp.putAPI(t, spec.API{ID: "jwt-api", ListenPath: "/jwt/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT,
-		JWT: &spec.JWT{Algorithms: []string{"HS256"}, Keys: []spec.JWTKey{{SecretEnv: secretEnv}}, DefaultPolicies: []string{"q100"}}})
-	var rej controlplane.DataPlane
-	waitFor(t, "the rejection in /api/dataplanes", syncTimeout, func() (bool, string) {
-		list := cp.dataPlanes(t)
-		i := slices.IndexFunc(list, func(d controlplane.DataPlane) bool { return d.GatewayID == g.id })
-		if i < 0 || list[i].LastRejection == nil || list[i].LastRejection.Revision != bad {
-			return false, fmt.Sprintf("%+v", list)
-		}
-		rej = list[i]
-		return true, ""
-	})
-	t.Logf("rejection: %+v", *rej.LastRejection)
-	if !strings.Contains(rej.LastRejection.Problem, secretEnv) || rej.AppliedRevision != good || !rej.Connected {
-		t.Errorf("/api/dataplanes shows %+v %+v; want revision %d applied, connected, and a problem naming %s", rej, *rej.LastRejection, good, secretEnv)
-	}
-	r, err := g.readyz()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.ControlPlane.AppliedRevision != good || r.Revision != good || !r.Ready {
-		t.Errorf("after the rejection the gateway's /readyz says %+v %+v, want revision %d running", r, r.ControlPlane, good)
-	}
-	if status, body := sendOne(t, g, "/echo/x", "visible-key"); status != 200 {
-		t.Errorf("after the rejection: %d %s", status, body)
-	}
-	if status, body := sendOne(t, g, "/jwt/x", ""); status != 404 {
-		t.Errorf("the refused API is served: %d %s", status, body)
-	}
-	if log := g.proc.stderr.String(); !logged(log, secretEnv) {
-		t.Errorf("the gateway did not log the rejection:\n%s", tail(log, 4000))
-	}
-
-	fixed := decodeWritten(t, cp.mustAdmin(t, "DELETE", "/api/apis/jwt-api", nil, 200)).Revision
-	waitApplied(t, fixed, g)
-	waitConnected(t, cp, fixed, g)
 }
 
 // fakeControlPlane is a SyncService server the test drives message by

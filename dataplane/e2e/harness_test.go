@@ -639,10 +639,19 @@ type cpStatus struct {
 
 // readiness is a gateway's GET /readyz answer.
 type readiness struct {
-	Ready        bool      `json:"ready"`
-	Revision     uint64    `json:"revision"`
-	Error        string    `json:"error"`
-	ControlPlane *cpStatus `json:"control_plane"`
+	Ready        bool       `json:"ready"`
+	Revision     uint64     `json:"revision"`
+	Error        string     `json:"error"`
+	Degraded     bool       `json:"degraded"`
+	NotBuilt     []notBuilt `json:"not_built"`
+	ControlPlane *cpStatus  `json:"control_plane"`
+}
+
+// notBuilt is an API a gateway runs without, as its /readyz
+// (gateway.NotBuilt) and /api/dataplanes (controlplane.NotBuilt) list it.
+type notBuilt struct {
+	API     string `json:"api"`
+	Problem string `json:"problem"`
 }
 
 // quick is the client of the tests' single calls to gateways.

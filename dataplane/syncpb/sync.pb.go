@@ -396,7 +396,13 @@ type Ack struct {
 	// nonce is the nonce of the message (the snapshot or Changes) that
 	// brought the revision, so a late Ack of an earlier message is told
 	// apart from an Ack of the latest one.
-	Nonce         string `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	Nonce string `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// not_built lists every API of the revision the gateway could not
+	// build for a reason of its host (a secret from an environment
+	// variable or file it lacks, a JWKS it cannot fetch). The revision is
+	// applied without them: each answers 503 and the gateway retries it;
+	// everything else is in force. Empty when every API is built.
+	NotBuilt      []*NotBuilt `protobuf:"bytes,3,rep,name=not_built,json=notBuilt,proto3" json:"not_built,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -443,6 +449,13 @@ func (x *Ack) GetNonce() string {
 		return x.Nonce
 	}
 	return ""
+}
+
+func (x *Ack) GetNotBuilt() []*NotBuilt {
+	if x != nil {
+		return x.NotBuilt
+	}
+	return nil
 }
 
 // Nack says the gateway refused a revision. Its running configuration is
@@ -517,9 +530,15 @@ func (x *Nack) GetError() string {
 // digest differs from the control plane's for that revision, the control
 // plane sends a fresh snapshot.
 type DigestReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
-	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// digest is of the configuration as delivered, APIs not built
+	// included, so a gateway running without some of them does not look
+	// like drift.
+	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// not_built is the list of APIs not built now (see Ack.not_built): a
+	// retry that builds one shows here.
+	NotBuilt      []*NotBuilt `protobuf:"bytes,3,rep,name=not_built,json=notBuilt,proto3" json:"not_built,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -566,6 +585,13 @@ func (x *DigestReport) GetDigest() string {
 		return x.Digest
 	}
 	return ""
+}
+
+func (x *DigestReport) GetNotBuilt() []*NotBuilt {
+	if x != nil {
+		return x.NotBuilt
+	}
+	return nil
 }
 
 // ServerMessage is one message from the control plane to a gateway.
@@ -973,6 +999,61 @@ func (*DigestRequest) Descriptor() ([]byte, []int) {
 	return file_sync_proto_rawDescGZIP(), []int{9}
 }
 
+// NotBuilt is one API a gateway runs without, and why.
+type NotBuilt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// api is the API's id.
+	Api string `protobuf:"bytes,1,opt,name=api,proto3" json:"api,omitempty"`
+	// problem is the last attempt's error, for people.
+	Problem       string `protobuf:"bytes,2,opt,name=problem,proto3" json:"problem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotBuilt) Reset() {
+	*x = NotBuilt{}
+	mi := &file_sync_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotBuilt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotBuilt) ProtoMessage() {}
+
+func (x *NotBuilt) ProtoReflect() protoreflect.Message {
+	mi := &file_sync_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotBuilt.ProtoReflect.Descriptor instead.
+func (*NotBuilt) Descriptor() ([]byte, []int) {
+	return file_sync_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NotBuilt) GetApi() string {
+	if x != nil {
+		return x.Api
+	}
+	return ""
+}
+
+func (x *NotBuilt) GetProblem() string {
+	if x != nil {
+		return x.Problem
+	}
+	return ""
+}
+
 var File_sync_proto protoreflect.FileDescriptor
 
 const file_sync_proto_rawDesc = "" +
@@ -997,17 +1078,19 @@ const file_sync_proto_rawDesc = "" +
 	"\ahistory\x18\b \x01(\tR\ahistory\x12-\n" +
 	"\x12persisted_revision\x18\t \x01(\x04R\x11persistedRevision\x12+\n" +
 	"\x11persisted_history\x18\n" +
-	" \x01(\tR\x10persistedHistory\"7\n" +
+	" \x01(\tR\x10persistedHistory\"r\n" +
 	"\x03Ack\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
-	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"N\n" +
+	"\x05nonce\x18\x02 \x01(\tR\x05nonce\x129\n" +
+	"\tnot_built\x18\x03 \x03(\v2\x1c.limitplane.sync.v1.NotBuiltR\bnotBuilt\"N\n" +
 	"\x04Nack\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"B\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"}\n" +
 	"\fDigestReport\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x16\n" +
-	"\x06digest\x18\x02 \x01(\tR\x06digest\"\xe8\x01\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x129\n" +
+	"\tnot_built\x18\x03 \x03(\v2\x1c.limitplane.sync.v1.NotBuiltR\bnotBuilt\"\xe8\x01\n" +
 	"\rServerMessage\x12J\n" +
 	"\x0esnapshot_chunk\x18\x01 \x01(\v2!.limitplane.sync.v1.SnapshotChunkH\x00R\rsnapshotChunk\x127\n" +
 	"\achanges\x18\x02 \x01(\v2\x1b.limitplane.sync.v1.ChangesH\x00R\achanges\x12J\n" +
@@ -1043,7 +1126,10 @@ const file_sync_proto_rawDesc = "" +
 	"OBJECT_KEY\x10\x02\x12\x0e\n" +
 	"\n" +
 	"OBJECT_API\x10\x03\"\x0f\n" +
-	"\rDigestRequest2_\n" +
+	"\rDigestRequest\"6\n" +
+	"\bNotBuilt\x12\x10\n" +
+	"\x03api\x18\x01 \x01(\tR\x03api\x12\x18\n" +
+	"\aproblem\x18\x02 \x01(\tR\aproblem2_\n" +
 	"\vSyncService\x12P\n" +
 	"\x04Sync\x12!.limitplane.sync.v1.ClientMessage\x1a!.limitplane.sync.v1.ServerMessage(\x010\x01B3Z1github.com/limitplane/limitplane/dataplane/syncpbb\x06proto3"
 
@@ -1060,7 +1146,7 @@ func file_sync_proto_rawDescGZIP() []byte {
 }
 
 var file_sync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_sync_proto_goTypes = []any{
 	(Change_Kind)(0),      // 0: limitplane.sync.v1.Change.Kind
 	(Change_Object)(0),    // 1: limitplane.sync.v1.Change.Object
@@ -1074,25 +1160,28 @@ var file_sync_proto_goTypes = []any{
 	(*Changes)(nil),       // 9: limitplane.sync.v1.Changes
 	(*Change)(nil),        // 10: limitplane.sync.v1.Change
 	(*DigestRequest)(nil), // 11: limitplane.sync.v1.DigestRequest
+	(*NotBuilt)(nil),      // 12: limitplane.sync.v1.NotBuilt
 }
 var file_sync_proto_depIdxs = []int32{
 	3,  // 0: limitplane.sync.v1.ClientMessage.hello:type_name -> limitplane.sync.v1.Hello
 	4,  // 1: limitplane.sync.v1.ClientMessage.ack:type_name -> limitplane.sync.v1.Ack
 	5,  // 2: limitplane.sync.v1.ClientMessage.nack:type_name -> limitplane.sync.v1.Nack
 	6,  // 3: limitplane.sync.v1.ClientMessage.digest_report:type_name -> limitplane.sync.v1.DigestReport
-	8,  // 4: limitplane.sync.v1.ServerMessage.snapshot_chunk:type_name -> limitplane.sync.v1.SnapshotChunk
-	9,  // 5: limitplane.sync.v1.ServerMessage.changes:type_name -> limitplane.sync.v1.Changes
-	11, // 6: limitplane.sync.v1.ServerMessage.digest_request:type_name -> limitplane.sync.v1.DigestRequest
-	10, // 7: limitplane.sync.v1.Changes.changes:type_name -> limitplane.sync.v1.Change
-	0,  // 8: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
-	1,  // 9: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
-	2,  // 10: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
-	7,  // 11: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	12, // 4: limitplane.sync.v1.Ack.not_built:type_name -> limitplane.sync.v1.NotBuilt
+	12, // 5: limitplane.sync.v1.DigestReport.not_built:type_name -> limitplane.sync.v1.NotBuilt
+	8,  // 6: limitplane.sync.v1.ServerMessage.snapshot_chunk:type_name -> limitplane.sync.v1.SnapshotChunk
+	9,  // 7: limitplane.sync.v1.ServerMessage.changes:type_name -> limitplane.sync.v1.Changes
+	11, // 8: limitplane.sync.v1.ServerMessage.digest_request:type_name -> limitplane.sync.v1.DigestRequest
+	10, // 9: limitplane.sync.v1.Changes.changes:type_name -> limitplane.sync.v1.Change
+	0,  // 10: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
+	1,  // 11: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
+	2,  // 12: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
+	7,  // 13: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
+	13, // [13:14] is the sub-list for method output_type
+	12, // [12:13] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sync_proto_init() }
@@ -1117,7 +1206,7 @@ func file_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sync_proto_rawDesc), len(file_sync_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
