@@ -87,4 +87,3 @@ func TestFailureLog(t *testing.T) {
 		t.Fatalf("after Close: %d timers fired, total %d, output:\n%s", n, f.Total(), out)
 	}
 }
-
