@@ -14,8 +14,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -32,8 +34,13 @@ type AdminOptions struct {
 	DataPlanes *DataPlanes
 	// MaxBodyBytes bounds a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
-	// Log receives refused calls (wrong token) and store failures; nil
-	// means slog.Default().
+	// Metrics counts writes, their latency and refused calls; nil counts
+	// nothing.
+	Metrics *Metrics
+	// Log receives refused calls (missing or wrong token; rate-limited:
+	// the first at once, then at most one line per
+	// failurelog.DefaultInterval with their count) and store failures;
+	// nil means slog.Default().
 	Log *slog.Logger
 }
 
@@ -100,7 +107,8 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	if o.DataPlanes == nil {
 		o.DataPlanes = &DataPlanes{}
 	}
-	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token))}
+	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token)),
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: admin call refused: missing or wrong bearer token"})}
 	mux := http.NewServeMux()
 	routes := []struct {
 		method, pattern string
@@ -148,6 +156,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 type admin struct {
 	o     AdminOptions
 	token [sha256.Size]byte
+	// refusals logs refused calls. Its timer runs only for an interval
+	// after a line, so it needs no stopping.
+	refusals *failurelog.Log
 }
 
 // authenticate refuses calls without the bearer token with 401. The
@@ -158,8 +169,8 @@ func (a *admin) authenticate(next http.Handler) http.Handler {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		sum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
-			a.o.Log.Warn("controlplane: admin call refused: missing or wrong bearer token",
-				"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+			a.o.Metrics.refusedAdmin()
+			a.refusals.Failed(fmt.Errorf("%s %q from %s", r.Method, r.URL.Path, r.RemoteAddr))
 			w.Header().Set("WWW-Authenticate", `Bearer realm="limitplane control plane"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token", nil)
 			return
@@ -189,11 +200,14 @@ type written struct {
 // update runs fn in a write and answers {"revision"} (with keyHash when
 // not ""), or the error.
 func (a *admin) update(w http.ResponseWriter, r *http.Request, status int, keyHash string, fn func(tx Tx) error) {
+	start := time.Now()
 	rev, err := a.o.Store.Update(r.Context(), fn)
+	a.o.Metrics.write(time.Since(start), rev, err)
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
+
 	writeJSON(w, status, written{KeyHash: keyHash, Revision: rev})
 }
 

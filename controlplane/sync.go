@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -65,6 +67,16 @@ const (
 	// DefaultDigestCacheEntries bounds the digest cache when
 	// SyncOptions.DigestCacheEntries is 0.
 	DefaultDigestCacheEntries = 4096
+	// DefaultHelloTimeout is how long a new stream may take to send its
+	// Hello when SyncOptions.HelloTimeout is 0.
+	DefaultHelloTimeout = 10 * time.Second
+	// DefaultMaxStreams bounds the open streams, all connections
+	// together, when SyncOptions.MaxStreams is 0.
+	DefaultMaxStreams = 10000
+	// DefaultMaxStreamsPerConn is the bound on one HTTP/2 connection's
+	// concurrent streams that the control plane program gives gRPC
+	// (grpc.MaxConcurrentStreams); a gateway needs one.
+	DefaultMaxStreamsPerConn = 16
 )
 
 // SyncOptions configure NewSyncServer.
@@ -99,8 +111,22 @@ type SyncOptions struct {
 	// Now is the clock of LastSeen and rejection times; nil means
 	// time.Now.
 	Now func() time.Time
-	// Log receives refused streams and rejected revisions; nil means
-	// slog.Default().
+	// HelloTimeout is how long a stream may take to send its Hello; a
+	// stream without one by then is ended with DeadlineExceeded. 0 means
+	// DefaultHelloTimeout.
+	HelloTimeout time.Duration
+	// MaxStreams bounds the open streams, counting those still waiting
+	// for their Hello; one more is refused at once with
+	// ResourceExhausted. 0 means DefaultMaxStreams. (Streams per
+	// connection are bounded by the gRPC server: see
+	// DefaultMaxStreamsPerConn.)
+	MaxStreams int
+	// Metrics counts streams, refusals, deliveries, Acks and Nacks; nil
+	// counts nothing.
+	Metrics *Metrics
+	// Log receives refused streams (rate-limited: the first at once,
+	// then one line per failurelog.DefaultInterval with their count) and
+	// rejected revisions; nil means slog.Default().
 	Log *slog.Logger
 }
 
@@ -147,6 +173,9 @@ type SyncServer struct {
 	tokens []token
 	cache  *digestCache
 
+	refusals *failurelog.Log // refused streams, rate-limited
+	open     atomic.Int64    // open streams
+
 	mu      sync.Mutex
 	streams map[string]uint64 // gateway ID → its latest stream's number
 	next    uint64
@@ -160,11 +189,26 @@ var errShutdown = status.Error(codes.Unavailable, "controlplane: the control pla
 
 // Shutdown ends every open stream, and refuses new ones, with
 // Unavailable, so gateways reconnect (to this control plane's successor)
-// with backoff. Call it before grpc.Server.GracefulStop, which otherwise
-// waits for streams that never end by themselves. It is safe to call more
-// than once.
+// with backoff, and writes the count of refusals not logged yet. Call it
+// before grpc.Server.GracefulStop, which otherwise waits for streams that
+// never end by themselves. It is safe to call more than once.
 func (s *SyncServer) Shutdown() {
-	s.shutdownOnce.Do(func() { close(s.shutdown) })
+	s.shutdownOnce.Do(func() {
+		close(s.shutdown)
+		s.refusals.Close()
+	})
+}
+
+// refuse logs (rate-limited) and counts a refused stream, and returns
+// err, the stream's answer.
+func (s *SyncServer) refuse(reason string, err error, attrs ...any) error {
+	s.o.Metrics.refusedStream(reason)
+	msg := status.Convert(err).Message()
+	for i := 0; i+1 < len(attrs); i += 2 {
+		msg += fmt.Sprintf(" %v=%q", attrs[i], fmt.Sprint(attrs[i+1]))
+	}
+	s.refusals.Failed(errors.New(msg))
+	return err
 }
 
 type token struct {
@@ -201,10 +245,17 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = DefaultHelloTimeout
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries)}
+	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries),
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -230,20 +281,17 @@ func (s *SyncServer) authenticate(h *syncpb.Hello, peer string) error {
 		}
 	}
 	if found == nil {
-		s.o.Log.Warn("controlplane: sync stream refused: unknown data-plane token",
+		return s.refuse(refusedUnauthenticated, status.Error(codes.Unauthenticated, "controlplane: unknown data-plane token"),
 			"group", h.GetGroup(), "gateway", h.GetGatewayId(), "peer", peer)
-		return status.Error(codes.Unauthenticated, "controlplane: unknown data-plane token")
 	}
 	if h.GetGroup() != found.group {
-		s.o.Log.Warn("controlplane: sync stream refused: group outside the token's scope",
-			"group", h.GetGroup(), "token_group", found.group, "gateway", h.GetGatewayId(), "peer", peer)
-		return status.Errorf(codes.PermissionDenied, "controlplane: the token is not for group %q", h.GetGroup())
+		return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token is not for group %q", h.GetGroup()),
+			"token_group", found.group, "gateway", h.GetGatewayId(), "peer", peer)
 	}
 	for _, t := range h.GetTags() {
 		if !slices.Contains(found.tags, t) {
-			s.o.Log.Warn("controlplane: sync stream refused: tag outside the token's scope",
-				"group", h.GetGroup(), "tag", t, "gateway", h.GetGatewayId(), "peer", peer)
-			return status.Errorf(codes.PermissionDenied, "controlplane: the token may not ask for tag %q", t)
+			return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token may not ask for tag %q", t),
+				"group", h.GetGroup(), "gateway", h.GetGatewayId(), "peer", peer)
 		}
 	}
 	return nil
@@ -370,38 +418,25 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	ctx := stream.Context()
 	select {
 	case <-s.shutdown:
+		s.o.Metrics.refusedStream(refusedShutdown)
 		return errShutdown
 	default:
 	}
-	first, err := stream.Recv()
-	if err != nil {
-		return err
+	if n := s.open.Add(1); n > int64(s.o.MaxStreams) {
+		s.open.Add(-1)
+		return s.refuse(refusedTooManyStreams, status.Errorf(codes.ResourceExhausted, "controlplane: %d sync streams open already; retry with backoff", s.o.MaxStreams),
+			"peer", peerAddr(stream))
 	}
-	h := first.GetHello()
-	if h == nil {
-		return status.Error(codes.InvalidArgument, "controlplane: the first message must be Hello")
-	}
-	if err := s.authenticate(h, peerAddr(stream)); err != nil {
-		return err
-	}
-	if h.GetGatewayId() == "" {
-		return status.Error(codes.InvalidArgument, "controlplane: Hello without gateway_id")
-	}
-	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
-	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
-	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags)}
-	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" {
-		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
-			st.base = &v
-			s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.AppliedRevision = r })
-		}
-	}
-
-	// One goroutine receives; it ends when the stream does, which gRPC
-	// ensures once Sync returns.
+	s.o.Metrics.streamOpened(1)
+	defer func() {
+		s.open.Add(-1)
+		s.o.Metrics.streamOpened(-1)
+	}()
+	// One goroutine receives, the Hello first; it ends when the stream
+	// does, which gRPC ensures once Sync returns.
 	msgs := make(chan *syncpb.ClientMessage)
 	recvErr := make(chan error, 1)
-	go func() {
+	receive := func() {
 		for {
 			m, err := stream.Recv()
 			if err != nil {
@@ -414,7 +449,28 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 				return
 			}
 		}
-	}()
+	}
+	go receive()
+	h, err := s.recvHello(ctx, stream, msgs, recvErr)
+	if err != nil {
+		return err
+	}
+	if err := s.authenticate(h, peerAddr(stream)); err != nil {
+		return err
+	}
+	if h.GetGatewayId() == "" {
+		return s.refuse(refusedInvalid, status.Error(codes.InvalidArgument, "controlplane: Hello without gateway_id"),
+			"group", h.GetGroup(), "peer", peerAddr(stream))
+	}
+	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
+	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
+	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags)}
+	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" {
+		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
+			st.base = &v
+			s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.AppliedRevision = r })
+		}
+	}
 
 	watcher, _ := s.o.Store.(RevisionWatcher)
 	var poll <-chan time.Time
@@ -469,6 +525,32 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	}
 }
 
+// recvHello waits HelloTimeout at most for the stream's first message,
+// from msgs (or its end, from recvErr), which must be a Hello.
+func (s *SyncServer) recvHello(ctx context.Context, stream grpc.ServerStream, msgs <-chan *syncpb.ClientMessage, recvErr <-chan error) (*syncpb.Hello, error) {
+	t := time.NewTimer(s.o.HelloTimeout)
+	defer t.Stop()
+	select {
+	case m := <-msgs:
+		h := m.GetHello()
+		if h == nil {
+			return nil, s.refuse(refusedNotHello, status.Error(codes.InvalidArgument, "controlplane: the first message must be Hello"),
+				"peer", peerAddr(stream))
+		}
+		return h, nil
+	case err := <-recvErr:
+		return nil, err
+	case <-t.C:
+		return nil, s.refuse(refusedHelloTimeout, status.Errorf(codes.DeadlineExceeded, "controlplane: no Hello within %s", s.o.HelloTimeout),
+			"peer", peerAddr(stream))
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-s.shutdown:
+		s.o.Metrics.refusedStream(refusedShutdown)
+		return nil, errShutdown
+	}
+}
+
 // latest is the revision of the latest delivery, or of the view the
 // Hello named; 0 for none.
 func (st *syncStream) latest() uint64 {
@@ -512,6 +594,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 					return err
 				}
 				st.record(sent{nonce: ch.Nonce, revision: ch.Revision, digest: ch.Digest})
+				s.o.Metrics.delivered(false)
 			}
 			st.base = &next
 			s.cache.put(st.tkey, next)
@@ -547,6 +630,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 		}
 	}
 	st.record(sent{snapshot: true, nonce: nonce, revision: snap.Revision, digest: chunks[len(chunks)-1].Digest})
+	s.o.Metrics.delivered(true)
 	st.lastSnap, st.nacked = st.seq, false
 	st.base = &v
 	s.cache.put(st.tkey, v)
@@ -814,6 +898,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 	switch k := m.GetKind().(type) {
 	case *syncpb.ClientMessage_Ack:
 		ok := find(k.Ack.GetNonce(), k.Ack.GetRevision()) != nil
+		s.o.Metrics.acked(true)
 		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
 			dp.LastSeen = now
 			if ok {
@@ -825,6 +910,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 				"gateway", id, "revision", k.Ack.GetRevision(), "nonce", k.Ack.GetNonce())
 		}
 	case *syncpb.ClientMessage_Nack:
+		s.o.Metrics.acked(false)
 		s.o.Log.Warn("controlplane: sync: data plane rejected a revision",
 			"group", st.hello.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", k.Nack.GetError())
 		s.o.DataPlanes.Update(id, func(dp *DataPlane) {

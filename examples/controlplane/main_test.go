@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 
 const runMainEnv = "LP_CONTROLPLANE_TEST_RUN_MAIN"
 
-const token = "admin-token-for-tests"
+const token = "admin-token-for-tests-0123456789"
 
 var (
 	listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
