@@ -26,8 +26,10 @@ type AdminOptions struct {
 	// Store holds the state. Required.
 	Store Store
 	// Token is the bearer token every call must carry
-	// ("Authorization: Bearer <token>"). Required: the admin API never
-	// runs without one.
+	// ("Authorization: Bearer <token>", the scheme's name in any case,
+	// one Authorization field only: identity.BearerToken). Required, at
+	// least MinTokenBytes long: the admin API never runs without one, nor
+	// with one that can be guessed.
 	Token string
 	// DataPlanes is the registry GET /api/dataplanes lists; nil lists
 	// none.
@@ -47,6 +49,14 @@ type AdminOptions struct {
 // MaxProblems is the most validation problems one answer lists; the
 // answer says how many more there were.
 const MaxProblems = 100
+
+// MinTokenBytes is the shortest admin token Admin accepts, in bytes
+// (openssl rand -hex 32 makes one of 64).
+const MinTokenBytes = 32
+
+// TokenID names an admin token in audit lines without revealing it:
+// "sha256:" and the first 12 hex digits of its SHA-256.
+func TokenID(token string) string { return HashToken(token)[:len("sha256:")+12] }
 
 // Admin returns the admin REST API's handler. Bodies are spec's JSON;
 // unknown fields are refused. Every answer is JSON; an error is
@@ -98,6 +108,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	if o.Token == "" {
 		return nil, errors.New("controlplane: admin: no token (the admin API never runs without one)")
 	}
+	if len(o.Token) < MinTokenBytes {
+		return nil, fmt.Errorf("controlplane: admin: the token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(o.Token), MinTokenBytes)
+	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20
 	}
@@ -107,7 +120,7 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	if o.DataPlanes == nil {
 		o.DataPlanes = &DataPlanes{}
 	}
-	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token)),
+	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token)), tokenID: TokenID(o.Token),
 		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: admin call refused: missing or wrong bearer token"})}
 	mux := http.NewServeMux()
 	routes := []struct {
@@ -154,21 +167,24 @@ func Admin(o AdminOptions) (http.Handler, error) {
 }
 
 type admin struct {
-	o     AdminOptions
-	token [sha256.Size]byte
+	o       AdminOptions
+	token   [sha256.Size]byte
+	tokenID string // TokenID of the token, for audit lines
 	// refusals logs refused calls. Its timer runs only for an interval
 	// after a line, so it needs no stopping.
 	refusals *failurelog.Log
 }
 
-// authenticate refuses calls without the bearer token with 401. The
-// tokens are compared as SHA-256 digests in constant time, so neither
-// the token nor its length leaks through timing.
+// authenticate refuses calls without the bearer token with 401: no
+// Authorization field, more than one, another scheme than Bearer (in any
+// case), or a wrong token (identity.BearerToken parses it as the gateway
+// does). The tokens are compared as SHA-256 digests in constant time, so
+// neither the token nor its length leaks through timing.
 func (a *admin) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got, err := identity.BearerToken(r.Header.Values("Authorization"))
 		sum := sha256.Sum256([]byte(got))
-		if !ok || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
+		if err != nil || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
 			a.o.Metrics.refusedAdmin()
 			a.refusals.Failed(fmt.Errorf("%s %q from %s", r.Method, r.URL.Path, r.RemoteAddr))
 			w.Header().Set("WWW-Authenticate", `Bearer realm="limitplane control plane"`)
@@ -198,16 +214,19 @@ type written struct {
 }
 
 // update runs fn in a write and answers {"revision"} (with keyHash when
-// not ""), or the error.
+// not ""), or the error. It writes the audit line: an INFO line
+// "controlplane: admin write" with the token's TokenID, the method, the
+// path and the new revision, or the error.
 func (a *admin) update(w http.ResponseWriter, r *http.Request, status int, keyHash string, fn func(tx Tx) error) {
 	start := time.Now()
 	rev, err := a.o.Store.Update(r.Context(), fn)
 	a.o.Metrics.write(time.Since(start), rev, err)
 	if err != nil {
+		a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "error", err)
 		a.fail(w, r, err)
 		return
 	}
-
+	a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "revision", rev)
 	writeJSON(w, status, written{KeyHash: keyHash, Revision: rev})
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/limitplane/limitplane/controlplane"
 )
 
-const token = "s3cret-admin-token"
+const token = "s3cret-admin-token-0123456789abcd"
 
 // server serves the admin API over a Bolt store on a real HTTP server.
 func server(t testing.TB, o controlplane.BoltOptions, dps *controlplane.DataPlanes) (*controlplane.Bolt, string) {
@@ -79,7 +79,7 @@ func expect(t *testing.T, a answer, status int, body string) {
 func TestAdminRefusesWithoutToken(t *testing.T) {
 	_, base := server(t, controlplane.BoltOptions{}, nil)
 	unauthorized := `{"error":"missing or wrong bearer token"}`
-	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, "bearer " + token, "Bearer " + token + "x"} {
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, "Bearer" + token, token, "Bearer " + token + "x"} {
 		for _, r := range [][2]string{{"GET", "/api/revision"}, {"PUT", "/api/policies/p"}, {"GET", "/api/dataplanes"}, {"GET", "/nowhere"}} {
 			a := callWith(t, r[0], base+r[1], `{"rate":{"requests":1,"per":"1s"}}`, auth)
 			expect(t, a, 401, unauthorized)
@@ -91,6 +91,77 @@ func TestAdminRefusesWithoutToken(t *testing.T) {
 	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
 	if _, err := controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}}); err == nil {
 		t.Fatal("Admin without a token: no error")
+	}
+}
+
+// The Authorization field is read as the gateway reads it
+// (identity.BearerToken): the scheme's name in any case, white space
+// around the token trimmed; two Authorization fields are refused even
+// when both carry the token. A token under MinTokenBytes is refused by
+// Admin.
+func TestAdminAuthorizationParsing(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	for _, auth := range []string{"bearer " + token, "BEARER " + token, "Bearer  " + token + " ", "bEaReR\t" + token} {
+		expect(t, callWith(t, "GET", base+"/api/revision", "", auth), 200, `{"revision":0}`)
+	}
+	req, err := http.NewRequest("GET", base+"/api/revision", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Add("Authorization", "Bearer "+token)
+	req.Header.Add("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 401 || string(b) != `{"error":"missing or wrong bearer token"}`+"\n" {
+		t.Fatalf("two Authorization fields: %d %s, want 401", resp.StatusCode, b)
+	}
+
+	short := strings.Repeat("x", controlplane.MinTokenBytes-1)
+	_, err = controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}, Token: short})
+	if want := "controlplane: admin: the token is 31 bytes, want at least 32 (e.g. openssl rand -hex 32)"; err == nil || err.Error() != want {
+		t.Fatalf("a 31-byte token: %v, want %q", err, want)
+	}
+	if _, err := controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}, Token: short + "x"}); err != nil {
+		t.Fatalf("a 32-byte token: %v", err)
+	}
+}
+
+// Every admin write leaves one audit line with the token's TokenID, the
+// method, the path and the new revision (or the error); reads leave none.
+func TestAdminAuditLines(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	var log lockedBuffer
+	h, err := controlplane.Admin(controlplane.AdminOptions{Store: s, Token: token,
+		Log: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	expect(t, call(t, "PUT", srv.URL+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`), 200, `{"revision":1}`)
+	call(t, "GET", srv.URL+"/api/policies/gold", "")
+	expect(t, call(t, "DELETE", srv.URL+"/api/policies/gold", ""), 200, `{"revision":2}`)
+	if a := call(t, "DELETE", srv.URL+"/api/policies/gold", ""); a.status != 404 {
+		t.Fatalf("deleting it again: %d %s", a.status, a.body)
+	}
+	id := controlplane.TokenID(token)
+	if len(id) != len("sha256:")+12 || !strings.HasPrefix(controlplane.HashToken(token), id) {
+		t.Fatalf("TokenID %q", id)
+	}
+	want := `level=INFO msg="controlplane: admin write" token=` + id + ` method=PUT path=/api/policies/gold revision=1` + "\n" +
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold revision=2` + "\n" +
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold error="no policy \"gold\""` + "\n"
+	if got := log.String(); got != want {
+		t.Fatalf("log:\n%s\nwant\n%s", got, want)
 	}
 }
 

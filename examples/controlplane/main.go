@@ -5,13 +5,16 @@
 //
 // Usage:
 //
-//	LP_CP_ADMIN_TOKEN=secret go run ./examples/controlplane -dataplanes dataplanes.yaml
+//	LP_CP_ADMIN_TOKEN=$(openssl rand -hex 32) go run ./examples/controlplane -dataplanes dataplanes.yaml
 //	go run ./examples/controlplane -admin-token-file token.txt -data /var/lib/limitplane/cp.db \
 //		-dataplanes dataplanes.yaml -sync-listen 10.0.0.5:7071 -tls-cert cp.pem -tls-key cp-key.pem
 //
 // Flags, each with an environment variable for its default:
 //
-//	-admin-listen ADDR     LP_CP_ADMIN_LISTEN  (127.0.0.1:7070; loopback only unless told)
+//	-admin-listen ADDR     LP_CP_ADMIN_LISTEN  (127.0.0.1:7070; loopback only unless TLS or -admin-insecure)
+//	-admin-tls-cert FILE   LP_CP_ADMIN_TLS_CERT TLS on the admin API (with -admin-tls-key)
+//	-admin-tls-key FILE    LP_CP_ADMIN_TLS_KEY
+//	-admin-insecure        LP_CP_ADMIN_INSECURE plaintext admin API on an address other than loopback
 //	-data FILE             LP_CP_DATA          (controlplane.db)
 //	-admin-token-file FILE LP_CP_ADMIN_TOKEN_FILE; or the token itself in LP_CP_ADMIN_TOKEN
 //	-change-log N          revisions kept in the change log (10000)
@@ -36,6 +39,15 @@
 //	- group: dp2
 //	  tags: [dp2, shared]
 //	  token_env: LP_DP2_TOKEN                # or token_file: dp2.token (relative to the file)
+//
+// The admin token must be at least 32 bytes (controlplane.MinTokenBytes;
+// e.g. openssl rand -hex 32), and the admin API, like the sync port,
+// serves plaintext only on a loopback address unless -admin-insecure is
+// given (the token would cross the network in plaintext); with
+// -admin-tls-cert and -admin-tls-key it serves HTTPS. The program refuses
+// to start otherwise (exit status 2). Every admin write is logged (INFO
+// "controlplane: admin write": the token's hash prefix, the method and
+// path, the new revision).
 //
 // Plaintext tokens are hashed as the file is read and never kept. A wrong
 // token is refused with Unauthenticated, a group or tag outside its scope
@@ -123,6 +135,44 @@ func exitCode(w io.Writer, err error) int {
 	}
 	fmt.Fprintln(w, "controlplane:", strings.TrimPrefix(err.Error(), "controlplane: "))
 	return 1
+}
+
+// adminConfig is the admin API's listener part of the command line.
+type adminConfig struct {
+	listen, cert, key string
+	insecure          bool
+}
+
+// check refuses an admin listener that cannot be served safely: a
+// certificate without its key (or the reverse), and plaintext on an
+// address other than loopback without -admin-insecure.
+func (c *adminConfig) check() error {
+	if (c.cert == "") != (c.key == "") {
+		return errors.New("-admin-tls-cert and -admin-tls-key go together")
+	}
+	if c.cert != "" || c.insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(c.listen)
+	if err != nil {
+		return fmt.Errorf("-admin-listen %q: %v", c.listen, err)
+	}
+	if !identity.IsLoopbackHost(host) {
+		return fmt.Errorf("-admin-listen %s is not a loopback address and the admin API has no TLS: the admin token would cross the network in plaintext; give -admin-tls-cert and -admin-tls-key, or -admin-insecure to accept that", c.listen)
+	}
+	return nil
+}
+
+// tlsConfig is the admin API's TLS configuration; nil for plaintext.
+func (c *adminConfig) tlsConfig() (*tls.Config, error) {
+	if c.cert == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.cert, c.key)
+	if err != nil {
+		return nil, fmt.Errorf("admin TLS: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // envBool is the boolean in environment variable name, false when it is
@@ -292,7 +342,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	fs := flag.NewFlagSet("controlplane", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("admin-listen", or("LP_CP_ADMIN_LISTEN", "127.0.0.1:7070"), "admin API `address` (env LP_CP_ADMIN_LISTEN)")
+	var ac adminConfig
+	fs.StringVar(&ac.listen, "admin-listen", or("LP_CP_ADMIN_LISTEN", "127.0.0.1:7070"), "admin API `address` (env LP_CP_ADMIN_LISTEN)")
+	fs.StringVar(&ac.cert, "admin-tls-cert", getenv("LP_CP_ADMIN_TLS_CERT"), "admin API TLS certificate `file`, PEM (env LP_CP_ADMIN_TLS_CERT)")
+	fs.StringVar(&ac.key, "admin-tls-key", getenv("LP_CP_ADMIN_TLS_KEY"), "admin API TLS key `file`, PEM (env LP_CP_ADMIN_TLS_KEY)")
+	adminInsecureDefault, err := envBool(getenv, "LP_CP_ADMIN_INSECURE")
+	if err != nil {
+		return err
+	}
+	fs.BoolVar(&ac.insecure, "admin-insecure", adminInsecureDefault, "serve the admin API in plaintext on an address other than loopback (env LP_CP_ADMIN_INSECURE)")
 	data := fs.String("data", or("LP_CP_DATA", "controlplane.db"), "bbolt data `file` (env LP_CP_DATA)")
 	tokenFile := fs.String("admin-token-file", getenv("LP_CP_ADMIN_TOKEN_FILE"), "`file` holding the admin bearer token (env LP_CP_ADMIN_TOKEN_FILE; or the token in LP_CP_ADMIN_TOKEN)")
 	changeLog := fs.Int("change-log", controlplane.DefaultChangeLogRevisions, "revisions kept in the change log")
@@ -347,6 +405,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if token == "" {
 		return &usageError{errors.New("no admin token: set LP_CP_ADMIN_TOKEN or -admin-token-file")}
 	}
+	if len(token) < controlplane.MinTokenBytes {
+		return &usageError{fmt.Errorf("the admin token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(token), controlplane.MinTokenBytes)}
+	}
+	if err := ac.check(); err != nil {
+		return &usageError{err}
+	}
+	adminTLS, err := ac.tlsConfig()
+	if err != nil {
+		return err
+	}
 	var tokens []controlplane.DataPlaneToken
 	var grpcOpts []grpc.ServerOption
 	if sc.dataplanes != "" {
@@ -387,9 +455,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	h := http.NewServeMux()
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
 	h.Handle("/", admin)
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", ac.listen)
 	if err != nil {
 		return err
+	}
+	scheme := "http"
+	if adminTLS != nil {
+		ln, scheme = tls.NewListener(ln, adminTLS), "https"
 	}
 	srv := &http.Server{
 		Handler:           h,
@@ -427,11 +499,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	released := make(chan struct{})
 	go func() { releaseMemory(rctx); close(released) }()
 	defer func() { stopRelease(); <-released }()
-	fmt.Fprintf(stdout, "limitplane control plane: admin API listening on http://%s (data: %s, revision %d; bearer token required)\n"+
+	fmt.Fprintf(stdout, "limitplane control plane: admin API listening on %s://%s (data: %s, revision %d; bearer token required)\n"+
 		syncLine+
 		"  GET /metrics without the token;\n"+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys/{hash}/reset-quota;\n"+
-		"  GET /api/revision, /api/dataplanes, /api/policies, /api/apis, /api/keys?after=&limit=\n", ln.Addr(), *data, rev)
+		"  GET /api/revision, /api/dataplanes, /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), *data, rev)
 
 	var failed error
 	httpDone := false
