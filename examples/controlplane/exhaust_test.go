@@ -381,3 +381,53 @@ func TestSyncStreamBounds(t *testing.T) {
 		t.Fatalf("sync_refused_total{hello_timeout} = %v, want 4", got)
 	}
 }
+
+// The probes and /metrics answer without the token; after two writes and
+// a gateway's snapshot, Ack and Nack the metrics say so exactly.
+func TestProbesAndMetrics(t *testing.T) {
+	p := startSync(t)
+	for _, c := range [][2]string{{"/healthz", `{"ok":true}`}, {"/readyz", `{"ready":true}`}} {
+		resp, err := http.Get(p.base + c[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != c[1]+"\n" {
+			t.Fatalf("GET %s without the token: %d %s, want 200 %s", c[0], resp.StatusCode, b, c[1])
+		}
+	}
+	_, rev := putDemo(t, p)
+	stream := openSync(t, dial(t, p.sync, insecure.NewCredentials()), "dp1", dp1Token, "dp1")
+	_, nonce := recvSnapshot(t, stream)
+	if err := stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Ack{Ack: &syncpb.Ack{Revision: rev, Nonce: nonce}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Nack{Nack: &syncpb.Nack{Revision: rev, Nonce: nonce, Error: "refused for the test"}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Nack counted", func() bool { return metric(t, p, "limitplane_controlplane_sync_nacks_total") == 1 })
+	for series, want := range map[string]float64{
+		"limitplane_controlplane_revision":                                     float64(rev),
+		`limitplane_controlplane_admin_writes_total{result="ok"}`:              2,
+		`limitplane_controlplane_admin_writes_total{result="error"}`:           0,
+		"limitplane_controlplane_admin_write_duration_seconds_count":           2,
+		`limitplane_controlplane_gateways_connected{group="dp1"}`:              1,
+		`limitplane_controlplane_sync_deliveries_total{kind="snapshot"}`:       1,
+		`limitplane_controlplane_sync_deliveries_total{kind="changes"}`:        0,
+		"limitplane_controlplane_sync_acks_total":                              1,
+		"limitplane_controlplane_sync_streams":                                 1,
+		`limitplane_controlplane_sync_refused_total{reason="unauthenticated"}`: 0,
+		"limitplane_controlplane_admin_refused_total":                          0,
+	} {
+		if got := metric(t, p, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if st, b := do(t, "PUT", p.base+"/api/policies/gold", `{"rate":{"requests":0,"per":"1m"}}`); st != 422 {
+		t.Fatal(st, b)
+	}
+	if got := metric(t, p, `limitplane_controlplane_admin_writes_total{result="error"}`); got != 1 {
+		t.Errorf("admin_writes_total{error} = %v after a refused write, want 1", got)
+	}
+}

@@ -67,8 +67,12 @@
 // Refused sync streams and refused admin calls are logged at most once
 // per 5s, each line with how many it stands for.
 //
-// GET /metrics on the admin listener, without the bearer token, serves
-// the control plane's Prometheus metrics (controlplane.Metrics).
+// The admin listener also serves, without the bearer token (probes and
+// scrapers hold no secret; these reveal counts and the revision only):
+// GET /healthz (liveness), GET /readyz (200 when the store is open and
+// takes a write, else 503; see controlplane.Health) and GET /metrics, the
+// control plane's Prometheus metrics (controlplane.Metrics) and the Go
+// runtime's and the process's, from a registry of its own.
 //
 // A write is answered only once it is on disk, so every acknowledged
 // write survives kill -9. SIGINT or SIGTERM stops the program and exits 0:
@@ -452,8 +456,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	cpm.SetRevision(rev)
+	probes, err := controlplane.Health(controlplane.HealthOptions{Store: store})
+	if err != nil {
+		return err
+	}
 	h := http.NewServeMux()
 	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	h.Handle("GET /healthz", probes)
+	h.Handle("GET /readyz", probes)
 	h.Handle("/", admin)
 	ln, err := net.Listen("tcp", ac.listen)
 	if err != nil {
@@ -501,7 +511,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer func() { stopRelease(); <-released }()
 	fmt.Fprintf(stdout, "limitplane control plane: admin API listening on %s://%s (data: %s, revision %d; bearer token required)\n"+
 		syncLine+
-		"  GET /metrics without the token;\n"+
+		"  GET /healthz, /readyz, /metrics without the token;\n"+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys/{hash}/reset-quota;\n"+
 		"  GET /api/revision, /api/dataplanes, /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), *data, rev)
 
