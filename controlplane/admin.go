@@ -91,7 +91,15 @@ func TokenID(token string) string { return HashToken(token)[:len("sha256:")+12] 
 //	                            api_limits quota for API ID (409 when it
 //	                            has none) → {"key_hash", "revision"}
 //	GET    /api/revision        → {"revision"}
-//	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}
+//	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}: one
+//	                            entry per open sync stream (two with one
+//	                            gateway_id are both flagged duplicate),
+//	                            and one per gateway whose stream ended,
+//	                            until it reconnects or DataPlanes.Expiry
+//	                            passes
+//	DELETE /api/dataplanes/{id} forget the ended streams of gateway id
+//	                            → {"removed", "connected"}; 409 when it
+//	                            has only an open stream, 404 when unknown
 //
 // {hash} is "sha256:" and 64 hex digits in either case; keys are answered
 // with it in lower case. Quota epochs (quota_epoch) are the control
@@ -143,6 +151,7 @@ func Admin(o AdminOptions) (http.Handler, error) {
 		{"POST", "/api/keys/{hash}/reset-quota", a.resetQuota},
 		{"GET", "/api/revision", a.revision},
 		{"GET", "/api/dataplanes", a.dataPlanes},
+		{"DELETE", "/api/dataplanes/{id}", a.deleteDataPlane},
 	}
 	allow := map[string][]string{} // pattern → its methods
 	for _, rt := range routes {
@@ -577,6 +586,25 @@ func (a *admin) dataPlanes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		DataPlanes []DataPlane `json:"dataplanes"`
 	}{a.o.DataPlanes.List()})
+}
+
+// deleteDataPlane forgets the ended streams of a gateway.
+func (a *admin) deleteDataPlane(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	removed, connected := a.o.DataPlanes.Remove(id)
+	switch {
+	case removed == 0 && connected:
+		writeError(w, http.StatusConflict, fmt.Sprintf("gateway %q has an open sync stream; its entry stays until the stream ends", id), nil)
+		return
+	case removed == 0:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no gateway %q", id), nil)
+		return
+	}
+	a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "removed", removed)
+	writeJSON(w, http.StatusOK, struct {
+		Removed   int  `json:"removed"`
+		Connected bool `json:"connected"`
+	}{removed, connected})
 }
 
 // get answers the object fn reads, with the revision read.

@@ -254,26 +254,65 @@ func TestAdminQuotaEpochs(t *testing.T) {
 	}
 }
 
+// GET /api/dataplanes lists one entry per stream: two open streams with
+// one gateway_id are both listed and flagged duplicate (and the flag goes
+// when one ends, with its entry, the gateway having another); a reconnect
+// replaces the ended stream's entry; ended entries expire after
+// DataPlanes.Expiry; DELETE /api/dataplanes/{id}
+// forgets a gateway's ended streams (409 while it has only an open one,
+// 404 when unknown).
 func TestAdminDataPlanes(t *testing.T) {
-	dps := &controlplane.DataPlanes{}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	dps := &controlplane.DataPlanes{Expiry: time.Hour, Now: func() time.Time { return now }}
 	_, base := server(t, controlplane.BoltOptions{}, dps)
 	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[]}`)
-	seen := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	dps.Update("gw-2", func(dp *controlplane.DataPlane) {
-		dp.Group, dp.Tags, dp.Connected, dp.AppliedRevision, dp.LastSeen = "eu", []string{"eu"}, true, 7, seen
-	})
-	dps.Update("gw-1", func(dp *controlplane.DataPlane) {
-		dp.Group, dp.AppliedRevision, dp.LastSeen = "eu", 6, seen
-		dp.LastRejection = &controlplane.Rejection{Revision: 7, Problem: "spec: keys[0].key_hash: missing", At: seen}
-	})
-	dps.Update("gw-0", func(dp *controlplane.DataPlane) { dp.Group = "us" })
-	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
-		`{"gateway_id":"gw-1","group":"eu","connected":false,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
-		`{"gateway_id":"gw-2","group":"eu","tags":["eu"],"connected":true,"applied_revision":7,"last_seen":"2026-01-02T03:04:05Z"},`+
-		`{"gateway_id":"gw-0","group":"us","connected":false,"applied_revision":0,"last_seen":"0001-01-01T00:00:00Z"}]}`)
-	if !dps.Remove("gw-0") || dps.Remove("gw-0") {
-		t.Fatal("Remove: want true then false")
+	if o := dps.Connect(controlplane.DataPlane{GatewayID: "gw-1", Stream: 1, Peer: "10.0.0.1:5000", Group: "eu", Tags: []string{"eu"}, AppliedRevision: 6, LastSeen: now}); len(o) != 0 {
+		t.Fatalf("first stream: others %v", o)
 	}
+	o := dps.Connect(controlplane.DataPlane{GatewayID: "gw-1", Stream: 2, Peer: "10.0.0.2:5000", Group: "eu", LastSeen: now})
+	if len(o) != 1 || o[0].Stream != 1 || !o[0].Duplicate {
+		t.Fatalf("second stream with gw-1: others %+v, want stream 1 flagged", o)
+	}
+	dps.Connect(controlplane.DataPlane{GatewayID: "gw-0", Stream: 3, Group: "us", LastSeen: now})
+	dps.Update("gw-1", 1, func(dp *controlplane.DataPlane) {
+		dp.LastRejection = &controlplane.Rejection{Revision: 7, Problem: "spec: keys[0].key_hash: missing", At: now}
+	})
+	dps.Update("gw-9", 9, func(dp *controlplane.DataPlane) { t.Fatal("Update of an unknown stream called fn") })
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","stream":1,"peer":"10.0.0.1:5000","group":"eu","tags":["eu"],"connected":true,"duplicate":true,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-1","stream":2,"peer":"10.0.0.2:5000","group":"eu","connected":true,"duplicate":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"},`+
+		`{"gateway_id":"gw-0","stream":3,"group":"us","connected":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"}]}`)
+
+	// The second gw-1 stream ends: its entry goes (gw-1 has an open
+	// stream), and so does the duplicate flag.
+	now = now.Add(time.Minute)
+	dps.Disconnect("gw-1", 2)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","stream":1,"peer":"10.0.0.1:5000","group":"eu","tags":["eu"],"connected":true,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-0","stream":3,"group":"us","connected":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"}]}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/gw-1", ""), 409, `{"error":"gateway \"gw-1\" has an open sync stream; its entry stays until the stream ends"}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/nobody", ""), 404, `{"error":"no gateway \"nobody\""}`)
+	dps.Disconnect("gw-1", 1)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","stream":1,"peer":"10.0.0.1:5000","group":"eu","tags":["eu"],"connected":false,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","disconnected_at":"2026-01-02T03:05:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-0","stream":3,"group":"us","connected":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"}]}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/gw-1", ""), 200, `{"removed":1,"connected":false}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/gw-1", ""), 404, `{"error":"no gateway \"gw-1\""}`)
+
+	// gw-0 ends; it reconnects (one entry, the new stream's); it ends
+	// again and expires an hour later.
+	dps.Disconnect("gw-0", 3)
+	dps.Connect(controlplane.DataPlane{GatewayID: "gw-0", Stream: 4, Group: "us", LastSeen: now})
+	dps.Disconnect("gw-0", 4)
+	if got := dps.List(); len(got) != 1 || got[0].Stream != 4 || got[0].Connected {
+		t.Fatalf("after the reconnect and its end: %+v, want gw-0's stream 4 only, ended", got)
+	}
+	now = now.Add(time.Hour - time.Second)
+	if got := len(dps.List()); got != 1 {
+		t.Fatalf("%d entries just before the expiry, want 1", got)
+	}
+	now = now.Add(time.Second)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[]}`)
 }
 
 // BenchmarkAdminWrites16Clients measures durable key writes per second

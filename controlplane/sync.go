@@ -176,9 +176,9 @@ type SyncServer struct {
 	refusals *failurelog.Log // refused streams, rate-limited
 	open     atomic.Int64    // open streams
 
-	mu      sync.Mutex
-	streams map[string]uint64 // gateway ID → its latest stream's number
-	next    uint64
+	mu   sync.Mutex
+	warn map[uint64]chan string // open stream → its queue of warnings
+	next uint64
 
 	shutdown     chan struct{} // closed by Shutdown
 	shutdownOnce sync.Once
@@ -254,7 +254,7 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries),
+	s := &SyncServer{o: o, warn: map[uint64]chan string{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries),
 		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
@@ -297,30 +297,45 @@ func (s *SyncServer) authenticate(h *syncpb.Hello, peer string) error {
 	return nil
 }
 
-// connect records a new stream of gateway id in DataPlanes and numbers
-// it, so that the end of an earlier stream of the same gateway (a
-// reconnect before the old stream noticed it was dead) does not mark the
-// new one disconnected. It returns the stream's number.
-func (s *SyncServer) connect(id, group string, tags []string) uint64 {
+// connect records a new stream of the gateway of Hello h in DataPlanes
+// and numbers it. The revision the gateway runs is the one its Hello
+// names. When another open stream has the same gateway_id, both are
+// flagged Duplicate, the control plane logs it, and both gateways are
+// sent a Warning (through the channels connect returns and registers).
+// It returns the stream's number and its warnings channel.
+func (s *SyncServer) connect(h *syncpb.Hello, tags []string, peer string) (uint64, chan string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
-	s.streams[id] = s.next
-	s.o.DataPlanes.Update(id, func(dp *DataPlane) {
-		dp.Group, dp.Tags, dp.Connected, dp.LastSeen = group, tags, true, s.o.Now()
-	})
-	return s.next
+	n, warn := s.next, make(chan string, 8)
+	s.warn[n] = warn
+	others := s.o.DataPlanes.Connect(DataPlane{GatewayID: h.GetGatewayId(), Stream: n, Peer: peer, Group: h.GetGroup(), Tags: tags,
+		AppliedRevision: h.GetLastAppliedRevision(), LastSeen: s.o.Now()})
+	for _, o := range others {
+		s.o.Log.Warn("controlplane: sync: two open streams with the same gateway_id; each gateway needs its own",
+			"gateway", h.GetGatewayId(), "stream", n, "peer", peer, "group", h.GetGroup(),
+			"other_stream", o.Stream, "other_peer", o.Peer, "other_group", o.Group)
+		s.warnLocked(o.Stream, fmt.Sprintf("another gateway opened a sync stream with this gateway_id %q (stream %d from %s): each gateway needs its own gateway_id", h.GetGatewayId(), n, peer))
+		s.warnLocked(n, fmt.Sprintf("another gateway has a sync stream open with this gateway_id %q (stream %d from %s): each gateway needs its own gateway_id", h.GetGatewayId(), o.Stream, o.Peer))
+	}
+	return n, warn
 }
 
-// disconnect marks gateway id disconnected when stream n is its latest.
+// warnLocked queues a warning for stream n, dropping it when the stream's
+// queue is full; s.mu is held.
+func (s *SyncServer) warnLocked(n uint64, msg string) {
+	select {
+	case s.warn[n] <- msg:
+	default:
+	}
+}
+
+// disconnect marks stream n of gateway id ended.
 func (s *SyncServer) disconnect(id string, n uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.streams[id] != n {
-		return
-	}
-	delete(s.streams, id)
-	s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.Connected = false })
+	delete(s.warn, n)
+	s.o.DataPlanes.Disconnect(id, n)
 }
 
 // view is a data plane's configuration as the control plane knows it:
@@ -401,6 +416,7 @@ type syncStream struct {
 	s      *SyncServer
 	stream grpc.BidiStreamingServer[syncpb.ClientMessage, syncpb.ServerMessage]
 	hello  *syncpb.Hello
+	n      uint64 // the stream's number in DataPlanes
 	tags   []string
 	tkey   string
 
@@ -463,12 +479,12 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			"group", h.GetGroup(), "peer", peerAddr(stream))
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
-	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
-	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags)}
+	n, warnings := s.connect(h, tags, peerAddr(stream))
+	defer s.disconnect(id, n)
+	st := &syncStream{s: s, stream: stream, hello: h, n: n, tags: tags, tkey: tagsKey(tags)}
 	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" {
 		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
 			st.base = &v
-			s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.AppliedRevision = r })
 		}
 	}
 
@@ -512,6 +528,10 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			stale = rev != st.latest()
 		case m := <-msgs:
 			stale = st.receive(m)
+		case w := <-warnings:
+			if err := stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_Warning{Warning: &syncpb.Warning{Message: w}}}); err != nil {
+				return err
+			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -899,10 +919,13 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 	case *syncpb.ClientMessage_Ack:
 		ok := find(k.Ack.GetNonce(), k.Ack.GetRevision()) != nil
 		s.o.Metrics.acked(true)
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) {
 			dp.LastSeen = now
 			if ok {
 				dp.AppliedRevision = k.Ack.GetRevision()
+				if dp.LastRejection != nil && dp.LastRejection.Revision <= dp.AppliedRevision {
+					dp.LastRejection = nil // it runs that revision, or a later one, now
+				}
 			}
 		})
 		if !ok {
@@ -913,7 +936,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 		s.o.Metrics.acked(false)
 		s.o.Log.Warn("controlplane: sync: data plane rejected a revision",
 			"group", st.hello.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", k.Nack.GetError())
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) {
 			dp.LastSeen = now
 			dp.LastRejection = &Rejection{Revision: k.Nack.GetRevision(), Problem: k.Nack.GetError(), At: now}
 		})
@@ -932,7 +955,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 			return true
 		}
 	case *syncpb.ClientMessage_DigestReport:
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.LastSeen = now })
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) { dp.LastSeen = now })
 		r := k.DigestReport
 		var want string
 		if i := slices.IndexFunc(st.deliveries, func(d sent) bool { return d.revision == r.GetRevision() }); i >= 0 {
@@ -947,7 +970,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 			return true
 		}
 	default:
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.LastSeen = now })
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) { dp.LastSeen = now })
 	}
 	return false
 }

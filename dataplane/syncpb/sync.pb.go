@@ -74,7 +74,7 @@ func (x Change_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Change_Kind.Descriptor instead.
 func (Change_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{8, 0}
+	return file_sync_proto_rawDescGZIP(), []int{9, 0}
 }
 
 // Object is the kind of object a change is about.
@@ -127,7 +127,7 @@ func (x Change_Object) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Change_Object.Descriptor instead.
 func (Change_Object) EnumDescriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{8, 1}
+	return file_sync_proto_rawDescGZIP(), []int{9, 1}
 }
 
 // ClientMessage is one message from a gateway to the control plane.
@@ -539,6 +539,7 @@ type ServerMessage struct {
 	//	*ServerMessage_SnapshotChunk
 	//	*ServerMessage_Changes
 	//	*ServerMessage_DigestRequest
+	//	*ServerMessage_Warning
 	Kind          isServerMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -608,6 +609,15 @@ func (x *ServerMessage) GetDigestRequest() *DigestRequest {
 	return nil
 }
 
+func (x *ServerMessage) GetWarning() *Warning {
+	if x != nil {
+		if x, ok := x.Kind.(*ServerMessage_Warning); ok {
+			return x.Warning
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Kind interface {
 	isServerMessage_Kind()
 }
@@ -624,11 +634,65 @@ type ServerMessage_DigestRequest struct {
 	DigestRequest *DigestRequest `protobuf:"bytes,3,opt,name=digest_request,json=digestRequest,proto3,oneof"`
 }
 
+type ServerMessage_Warning struct {
+	Warning *Warning `protobuf:"bytes,4,opt,name=warning,proto3,oneof"`
+}
+
 func (*ServerMessage_SnapshotChunk) isServerMessage_Kind() {}
 
 func (*ServerMessage_Changes) isServerMessage_Kind() {}
 
 func (*ServerMessage_DigestRequest) isServerMessage_Kind() {}
+
+func (*ServerMessage_Warning) isServerMessage_Kind() {}
+
+// Warning is something the gateway's operator should know and the
+// gateway cannot act on: another open stream with the same gateway_id
+// (two gateways configured with one ID). The gateway logs it; older
+// gateways ignore it.
+type Warning struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Message       string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Warning) Reset() {
+	*x = Warning{}
+	mi := &file_sync_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Warning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Warning) ProtoMessage() {}
+
+func (x *Warning) ProtoReflect() protoreflect.Message {
+	mi := &file_sync_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Warning.ProtoReflect.Descriptor instead.
+func (*Warning) Descriptor() ([]byte, []int) {
+	return file_sync_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Warning) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
 
 // SnapshotChunk is one slice of a snapshot's JSON (spec.Snapshot). A
 // snapshot travels as chunks with the same revision and nonce and seq 0,
@@ -658,7 +722,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_sync_proto_msgTypes[6]
+	mi := &file_sync_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +734,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[6]
+	mi := &file_sync_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +747,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{6}
+	return file_sync_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotChunk) GetRevision() uint64 {
@@ -750,7 +814,7 @@ type Changes struct {
 
 func (x *Changes) Reset() {
 	*x = Changes{}
-	mi := &file_sync_proto_msgTypes[7]
+	mi := &file_sync_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +826,7 @@ func (x *Changes) String() string {
 func (*Changes) ProtoMessage() {}
 
 func (x *Changes) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[7]
+	mi := &file_sync_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +839,7 @@ func (x *Changes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Changes.ProtoReflect.Descriptor instead.
 func (*Changes) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{7}
+	return file_sync_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Changes) GetFromRevision() uint64 {
@@ -829,7 +893,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_sync_proto_msgTypes[8]
+	mi := &file_sync_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +905,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[8]
+	mi := &file_sync_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +918,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{8}
+	return file_sync_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Change) GetKind() Change_Kind {
@@ -894,7 +958,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_sync_proto_msgTypes[9]
+	mi := &file_sync_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +970,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[9]
+	mi := &file_sync_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +983,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{9}
+	return file_sync_proto_rawDescGZIP(), []int{10}
 }
 
 var File_sync_proto protoreflect.FileDescriptor
@@ -952,12 +1016,15 @@ const file_sync_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"B\n" +
 	"\fDigestReport\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x16\n" +
-	"\x06digest\x18\x02 \x01(\tR\x06digest\"\xe8\x01\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\"\xa1\x02\n" +
 	"\rServerMessage\x12J\n" +
 	"\x0esnapshot_chunk\x18\x01 \x01(\v2!.limitplane.sync.v1.SnapshotChunkH\x00R\rsnapshotChunk\x127\n" +
 	"\achanges\x18\x02 \x01(\v2\x1b.limitplane.sync.v1.ChangesH\x00R\achanges\x12J\n" +
-	"\x0edigest_request\x18\x03 \x01(\v2!.limitplane.sync.v1.DigestRequestH\x00R\rdigestRequestB\x06\n" +
-	"\x04kind\"\x93\x01\n" +
+	"\x0edigest_request\x18\x03 \x01(\v2!.limitplane.sync.v1.DigestRequestH\x00R\rdigestRequest\x127\n" +
+	"\awarning\x18\x04 \x01(\v2\x1b.limitplane.sync.v1.WarningH\x00R\awarningB\x06\n" +
+	"\x04kind\"#\n" +
+	"\aWarning\x12\x18\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\x93\x01\n" +
 	"\rSnapshotChunk\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\x12\x10\n" +
@@ -1004,7 +1071,7 @@ func file_sync_proto_rawDescGZIP() []byte {
 }
 
 var file_sync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_sync_proto_goTypes = []any{
 	(Change_Kind)(0),      // 0: limitplane.sync.v1.Change.Kind
 	(Change_Object)(0),    // 1: limitplane.sync.v1.Change.Object
@@ -1014,29 +1081,31 @@ var file_sync_proto_goTypes = []any{
 	(*Nack)(nil),          // 5: limitplane.sync.v1.Nack
 	(*DigestReport)(nil),  // 6: limitplane.sync.v1.DigestReport
 	(*ServerMessage)(nil), // 7: limitplane.sync.v1.ServerMessage
-	(*SnapshotChunk)(nil), // 8: limitplane.sync.v1.SnapshotChunk
-	(*Changes)(nil),       // 9: limitplane.sync.v1.Changes
-	(*Change)(nil),        // 10: limitplane.sync.v1.Change
-	(*DigestRequest)(nil), // 11: limitplane.sync.v1.DigestRequest
+	(*Warning)(nil),       // 8: limitplane.sync.v1.Warning
+	(*SnapshotChunk)(nil), // 9: limitplane.sync.v1.SnapshotChunk
+	(*Changes)(nil),       // 10: limitplane.sync.v1.Changes
+	(*Change)(nil),        // 11: limitplane.sync.v1.Change
+	(*DigestRequest)(nil), // 12: limitplane.sync.v1.DigestRequest
 }
 var file_sync_proto_depIdxs = []int32{
 	3,  // 0: limitplane.sync.v1.ClientMessage.hello:type_name -> limitplane.sync.v1.Hello
 	4,  // 1: limitplane.sync.v1.ClientMessage.ack:type_name -> limitplane.sync.v1.Ack
 	5,  // 2: limitplane.sync.v1.ClientMessage.nack:type_name -> limitplane.sync.v1.Nack
 	6,  // 3: limitplane.sync.v1.ClientMessage.digest_report:type_name -> limitplane.sync.v1.DigestReport
-	8,  // 4: limitplane.sync.v1.ServerMessage.snapshot_chunk:type_name -> limitplane.sync.v1.SnapshotChunk
-	9,  // 5: limitplane.sync.v1.ServerMessage.changes:type_name -> limitplane.sync.v1.Changes
-	11, // 6: limitplane.sync.v1.ServerMessage.digest_request:type_name -> limitplane.sync.v1.DigestRequest
-	10, // 7: limitplane.sync.v1.Changes.changes:type_name -> limitplane.sync.v1.Change
-	0,  // 8: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
-	1,  // 9: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
-	2,  // 10: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
-	7,  // 11: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	9,  // 4: limitplane.sync.v1.ServerMessage.snapshot_chunk:type_name -> limitplane.sync.v1.SnapshotChunk
+	10, // 5: limitplane.sync.v1.ServerMessage.changes:type_name -> limitplane.sync.v1.Changes
+	12, // 6: limitplane.sync.v1.ServerMessage.digest_request:type_name -> limitplane.sync.v1.DigestRequest
+	8,  // 7: limitplane.sync.v1.ServerMessage.warning:type_name -> limitplane.sync.v1.Warning
+	11, // 8: limitplane.sync.v1.Changes.changes:type_name -> limitplane.sync.v1.Change
+	0,  // 9: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
+	1,  // 10: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
+	2,  // 11: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
+	7,  // 12: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
+	12, // [12:13] is the sub-list for method output_type
+	11, // [11:12] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_sync_proto_init() }
@@ -1054,6 +1123,7 @@ func file_sync_proto_init() {
 		(*ServerMessage_SnapshotChunk)(nil),
 		(*ServerMessage_Changes)(nil),
 		(*ServerMessage_DigestRequest)(nil),
+		(*ServerMessage_Warning)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1061,7 +1131,7 @@ func file_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sync_proto_rawDesc), len(file_sync_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@
 //	-hello-timeout D       LP_CP_HELLO_TIMEOUT (10s) a sync stream without its Hello by then is ended
 //	-sync-max-streams N    LP_CP_SYNC_MAX_STREAMS (10000) open sync streams, all connections together
 //	-sync-max-streams-per-conn N  LP_CP_SYNC_MAX_STREAMS_PER_CONN (16) concurrent streams on one connection
+//	-dataplane-expiry D    LP_CP_DATAPLANE_EXPIRY (1h) a gateway gone this long leaves GET /api/dataplanes
 //
 // The -dataplanes file lists the data-plane tokens, each bound to the one
 // group it may open streams for and the tags it may ask for:
@@ -389,6 +390,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	fs.IntVar(&sc.maxStreamsPerConn, "sync-max-streams-per-conn", perConnDefault, "concurrent sync streams on one connection (env LP_CP_SYNC_MAX_STREAMS_PER_CONN)")
+	expiryDefault, err := envDuration(getenv, "LP_CP_DATAPLANE_EXPIRY", controlplane.DefaultDataPlaneExpiry)
+	if err != nil {
+		return err
+	}
+	expiry := fs.Duration("dataplane-expiry", expiryDefault, "a gateway whose stream ended this `long` ago leaves GET /api/dataplanes (env LP_CP_DATAPLANE_EXPIRY)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -408,6 +414,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if token == "" {
 		return &usageError{errors.New("no admin token: set LP_CP_ADMIN_TOKEN or -admin-token-file")}
+	}
+	if *expiry <= 0 {
+		return &usageError{fmt.Errorf("-dataplane-expiry %s: want more than 0", *expiry)}
 	}
 	if len(token) < controlplane.MinTokenBytes {
 		return &usageError{fmt.Errorf("the admin token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(token), controlplane.MinTokenBytes)}
@@ -440,7 +449,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	defer store.Close()
-	dps := &controlplane.DataPlanes{}
+	dps := &controlplane.DataPlanes{Expiry: *expiry}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cpm, err := controlplane.NewMetrics(reg, dps)
@@ -513,7 +522,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		syncLine+
 		"  GET /healthz, /readyz, /metrics without the token;\n"+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys/{hash}/reset-quota;\n"+
-		"  GET /api/revision, /api/dataplanes, /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), *data, rev)
+		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), *data, rev)
 
 	var failed error
 	httpDone := false
