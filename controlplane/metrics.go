@@ -24,7 +24,8 @@ import (
 //     their Hello.
 //   - sync_refused_total{reason}: sync streams refused or ended before
 //     they were served: hello_timeout, not_hello, unauthenticated,
-//     permission_denied, invalid, too_many_streams, shutdown.
+//     permission_denied, invalid, too_many_streams, too_many_hellos
+//     (waiting for their Hello), shutdown.
 //   - sync_deliveries_total{kind="snapshot"|"changes"}: deliveries sent.
 //   - sync_acks_total, sync_nacks_total: Acks and Nacks received.
 //   - gateways_connected{group}: gateways with an open stream, by group
@@ -50,6 +51,7 @@ const (
 	refusedPermissionDenied = "permission_denied"
 	refusedInvalid          = "invalid"
 	refusedTooManyStreams   = "too_many_streams"
+	refusedTooManyHellos    = "too_many_hellos"
 	refusedShutdown         = "shutdown"
 )
 
@@ -78,7 +80,7 @@ func NewMetrics(reg prometheus.Registerer, dps *DataPlanes) (*Metrics, error) {
 		acks:  prometheus.NewCounter(prometheus.CounterOpts{Name: name("sync_acks_total"), Help: "Acks received from gateways."}),
 		nacks: prometheus.NewCounter(prometheus.CounterOpts{Name: name("sync_nacks_total"), Help: "Nacks (rejected deliveries) received from gateways."}),
 	}
-	for _, r := range []string{refusedHelloTimeout, refusedNotHello, refusedUnauthenticated, refusedPermissionDenied, refusedInvalid, refusedTooManyStreams, refusedShutdown} {
+	for _, r := range []string{refusedHelloTimeout, refusedNotHello, refusedUnauthenticated, refusedPermissionDenied, refusedInvalid, refusedTooManyStreams, refusedTooManyHellos, refusedShutdown} {
 		m.streamsRefused.WithLabelValues(r)
 	}
 	for _, k := range []string{"snapshot", "changes"} {

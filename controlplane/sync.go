@@ -73,6 +73,9 @@ const (
 	// DefaultMaxStreams bounds the open streams, all connections
 	// together, when SyncOptions.MaxStreams is 0.
 	DefaultMaxStreams = 10000
+	// DefaultMaxPendingHellos bounds the streams waiting for their
+	// Hello when SyncOptions.MaxPendingHellos is 0.
+	DefaultMaxPendingHellos = 1024
 	// DefaultMaxStreamsPerConn is the bound on one HTTP/2 connection's
 	// concurrent streams that the control plane program gives gRPC
 	// (grpc.MaxConcurrentStreams); a gateway needs one.
@@ -121,6 +124,11 @@ type SyncOptions struct {
 	// connection are bounded by the gRPC server: see
 	// DefaultMaxStreamsPerConn.)
 	MaxStreams int
+	// MaxPendingHellos bounds the streams still waiting for their Hello
+	// (a gateway sends it at once: many waiting is a client that never
+	// will); one more is refused at once with ResourceExhausted. 0 means
+	// DefaultMaxPendingHellos.
+	MaxPendingHellos int
 	// Metrics counts streams, refusals, deliveries, Acks and Nacks; nil
 	// counts nothing.
 	Metrics *Metrics
@@ -175,6 +183,7 @@ type SyncServer struct {
 
 	refusals *failurelog.Log // refused streams, rate-limited
 	open     atomic.Int64    // open streams
+	pending  atomic.Int64    // streams waiting for their Hello
 
 	mu   sync.Mutex
 	warn map[uint64]chan string // open stream → its queue of warnings
@@ -250,6 +259,9 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	}
 	if o.MaxStreams <= 0 {
 		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.MaxPendingHellos <= 0 {
+		o.MaxPendingHellos = DefaultMaxPendingHellos
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -466,8 +478,14 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			}
 		}
 	}
+	if n := s.pending.Add(1); n > int64(s.o.MaxPendingHellos) {
+		s.pending.Add(-1)
+		return s.refuse(refusedTooManyHellos, status.Errorf(codes.ResourceExhausted, "controlplane: %d sync streams wait for their Hello already; retry with backoff", s.o.MaxPendingHellos),
+			"peer", peerAddr(stream))
+	}
 	go receive()
 	h, err := s.recvHello(ctx, stream, msgs, recvErr)
+	s.pending.Add(-1)
 	if err != nil {
 		return err
 	}

@@ -187,18 +187,29 @@ func TestHelloLessStreamsReleased(t *testing.T) {
 	pid := p.cmd.Process.Pid
 	// A round of 100 first, so the start is a control plane that has
 	// served (its code paged in), not a cold process.
-	helloLessRound(t, p, 100, timeout)
+	if _, _, ended := helloLessRound(t, p, 100, timeout); ended[codes.DeadlineExceeded] != 100 {
+		t.Fatalf("warm-up round: %v, want 100 DeadlineExceeded", ended)
+	}
 	eventually(t, "sync_streams back to 0", func() bool { return metric(t, p, "limitplane_controlplane_sync_streams") == 0 })
 	startRSS := rssBytes(t, pid)
 	began := time.Now()
-	slowest, peakRSS := helloLessRound(t, p, streams, timeout)
+	slowest, peakRSS, ended := helloLessRound(t, p, streams, timeout)
 	all := time.Since(began)
 	peakRSS = max(peakRSS, startRSS)
 	if slowest > timeout+time.Second {
 		t.Fatalf("the slowest of %d Hello-less streams ended after %v, want within %v", streams, slowest, timeout+time.Second)
 	}
-	if got := metric(t, p, `limitplane_controlplane_sync_refused_total{reason="hello_timeout"}`); got != streams+100 {
-		t.Fatalf("sync_refused_total{hello_timeout} = %v, want %d", got, streams+100)
+	// At most DefaultMaxPendingHellos wait for their Hello; the others
+	// are refused at once.
+	timedOut, refused := ended[codes.DeadlineExceeded], ended[codes.ResourceExhausted]
+	if timedOut < controlplane.DefaultMaxPendingHellos || timedOut+refused != streams {
+		t.Fatalf("%d streams timed out, %d refused; want at least %d timed out, %d in all", timedOut, refused, controlplane.DefaultMaxPendingHellos, streams)
+	}
+	if got := metric(t, p, `limitplane_controlplane_sync_refused_total{reason="hello_timeout"}`); got != float64(timedOut+100) {
+		t.Fatalf("sync_refused_total{hello_timeout} = %v, want %d", got, timedOut+100)
+	}
+	if got := metric(t, p, `limitplane_controlplane_sync_refused_total{reason="too_many_hellos"}`); got != float64(refused) {
+		t.Fatalf("sync_refused_total{too_many_hellos} = %v, want %d", got, refused)
 	}
 	eventually(t, "sync_streams back to 0", func() bool { return metric(t, p, "limitplane_controlplane_sync_streams") == 0 })
 
@@ -213,8 +224,8 @@ func TestHelloLessStreamsReleased(t *testing.T) {
 			t.Fatalf("RSS %.1f MB 30s after the streams ended; started at %.1f MB (peak %.1f MB): want within 10 MB", mb(endRSS), mb(startRSS), mb(peakRSS))
 		}
 	}
-	t.Logf("%d Hello-less streams: all ended in %v (slowest %v after it opened); RSS start %.1f MB, peak %.1f MB, after %.1f MB",
-		streams, all.Round(time.Millisecond), slowest.Round(time.Millisecond), mb(startRSS), mb(peakRSS), mb(endRSS))
+	t.Logf("%d Hello-less streams (%d timed out, %d refused at once): all ended in %v (slowest %v after it opened); RSS start %.1f MB, peak %.1f MB, after %.1f MB",
+		streams, timedOut, refused, all.Round(time.Millisecond), slowest.Round(time.Millisecond), mb(startRSS), mb(peakRSS), mb(endRSS))
 
 	const calls = 2000
 	var calling sync.WaitGroup
@@ -270,10 +281,12 @@ func TestHelloLessStreamsReleased(t *testing.T) {
 
 // helloLessRound opens n Sync streams that send nothing, over raw
 // connections of DefaultMaxStreamsPerConn streams each, checks that each
-// ends with DeadlineExceeded, closes the connections, and returns the
-// longest time from a stream's HEADERS to its end and the highest RSS of
-// p seen meanwhile.
-func helloLessRound(t *testing.T, p *process, n int, timeout time.Duration) (slowest time.Duration, peakRSS int64) {
+// ends with DeadlineExceeded (its Hello timeout) or ResourceExhausted
+// (refused at once: too many wait for their Hello), closes the
+// connections, and returns the longest time from a stream's HEADERS to
+// its end, the highest RSS of p seen meanwhile and the count of each
+// ending.
+func helloLessRound(t *testing.T, p *process, n int, timeout time.Duration) (slowest time.Duration, peakRSS int64, endings map[codes.Code]int) {
 	t.Helper()
 	const perConn = controlplane.DefaultMaxStreamsPerConn
 	type ended struct {
@@ -324,13 +337,17 @@ func helloLessRound(t *testing.T, p *process, n int, timeout time.Duration) (slo
 	if len(results) != n {
 		t.Fatalf("%d streams ended, want %d", len(results), n)
 	}
+	endings = map[codes.Code]int{}
 	for r := range results {
-		if codes.Code(r.code) != codes.DeadlineExceeded {
-			t.Fatalf("a Hello-less stream ended with grpc-status %d, want DeadlineExceeded (4)", r.code)
+		switch c := codes.Code(r.code); c {
+		case codes.DeadlineExceeded, codes.ResourceExhausted:
+			endings[c]++
+		default:
+			t.Fatalf("a Hello-less stream ended with grpc-status %d, want DeadlineExceeded (4) or ResourceExhausted (8)", r.code)
 		}
 		slowest = max(slowest, r.took)
 	}
-	return slowest, peakRSS
+	return slowest, peakRSS, endings
 }
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }

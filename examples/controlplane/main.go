@@ -28,6 +28,7 @@
 //	-hello-timeout D       LP_CP_HELLO_TIMEOUT (10s) a sync stream without its Hello by then is ended
 //	-sync-max-streams N    LP_CP_SYNC_MAX_STREAMS (10000) open sync streams, all connections together
 //	-sync-max-streams-per-conn N  LP_CP_SYNC_MAX_STREAMS_PER_CONN (16) concurrent streams on one connection
+//	-sync-max-pending-hellos N    LP_CP_SYNC_MAX_PENDING_HELLOS (1024) streams waiting for their Hello
 //	-dataplane-expiry D    LP_CP_DATAPLANE_EXPIRY (1h) a gateway gone this long leaves GET /api/dataplanes
 //
 // The -dataplanes file lists the data-plane tokens, each bound to the one
@@ -62,8 +63,9 @@
 // or more, with or without a stream.
 //
 // A stream that sends no Hello within -hello-timeout is ended with
-// DeadlineExceeded; one more stream than -sync-max-streams is refused
-// with ResourceExhausted; a connection's streams beyond
+// DeadlineExceeded; one more stream than -sync-max-streams, or than
+// -sync-max-pending-hellos waiting for their Hello, is refused with
+// ResourceExhausted; a connection's streams beyond
 // -sync-max-streams-per-conn wait (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS).
 // Refused sync streams and refused admin calls are logged at most once
 // per 5s, each line with how many it stands for.
@@ -196,10 +198,10 @@ func envBool(getenv func(string) string, name string) (bool, error) {
 
 // syncConfig is the sync port's part of the command line.
 type syncConfig struct {
-	listen, dataplanes, cert, key, clientCA string
-	insecure                                bool
-	keepalive, helloTimeout                 time.Duration
-	maxStreams, maxStreamsPerConn           int
+	listen, dataplanes, cert, key, clientCA  string
+	insecure                                 bool
+	keepalive, helloTimeout                  time.Duration
+	maxStreams, maxStreamsPerConn, maxHellos int
 }
 
 // tlsMode is the banner's word for the sync port's TLS.
@@ -227,8 +229,8 @@ func (c *syncConfig) check() error {
 		return fmt.Errorf("-keepalive %s: want at least 1s", c.keepalive)
 	case c.helloTimeout <= 0:
 		return fmt.Errorf("-hello-timeout %s: want more than 0", c.helloTimeout)
-	case c.maxStreams < 1 || c.maxStreamsPerConn < 1:
-		return fmt.Errorf("-sync-max-streams %d, -sync-max-streams-per-conn %d: want at least 1", c.maxStreams, c.maxStreamsPerConn)
+	case c.maxStreams < 1 || c.maxStreamsPerConn < 1 || c.maxHellos < 1:
+		return fmt.Errorf("-sync-max-streams %d, -sync-max-streams-per-conn %d, -sync-max-pending-hellos %d: want at least 1", c.maxStreams, c.maxStreamsPerConn, c.maxHellos)
 	}
 	if c.cert != "" || c.insecure {
 		return nil
@@ -390,6 +392,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	fs.IntVar(&sc.maxStreamsPerConn, "sync-max-streams-per-conn", perConnDefault, "concurrent sync streams on one connection (env LP_CP_SYNC_MAX_STREAMS_PER_CONN)")
+	hellosDefault, err := envInt(getenv, "LP_CP_SYNC_MAX_PENDING_HELLOS", controlplane.DefaultMaxPendingHellos)
+	if err != nil {
+		return err
+	}
+	fs.IntVar(&sc.maxHellos, "sync-max-pending-hellos", hellosDefault, "sync streams waiting for their Hello; one more is refused (env LP_CP_SYNC_MAX_PENDING_HELLOS)")
 	expiryDefault, err := envDuration(getenv, "LP_CP_DATAPLANE_EXPIRY", controlplane.DefaultDataPlaneExpiry)
 	if err != nil {
 		return err
@@ -497,7 +504,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	grpcServed := make(chan error, 1)
 	if tokens != nil {
 		syncSrv, err = controlplane.NewSyncServer(controlplane.SyncOptions{Store: store, DataPlanes: dps, Tokens: tokens,
-			HelloTimeout: sc.helloTimeout, MaxStreams: sc.maxStreams, Metrics: cpm, Log: log})
+			HelloTimeout: sc.helloTimeout, MaxStreams: sc.maxStreams, MaxPendingHellos: sc.maxHellos, Metrics: cpm, Log: log})
 		if err != nil {
 			ln.Close()
 			return err
