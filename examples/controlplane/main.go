@@ -277,21 +277,24 @@ func (c *syncConfig) serverOptions() ([]grpc.ServerOption, error) {
 	return append(opts, grpc.Creds(credentials.NewTLS(tc))), nil
 }
 
-// Memory release: every releaseEvery, when the heap holds more than
-// releaseMinFree bytes free and not yet returned to the system, the
-// program returns them (debug.FreeOSMemory). A burst of streams or calls
-// (an attack on the sync port, thousands of gateways reconnecting) leaves
-// the heap large, and the runtime alone returns little of it: without
-// this, 5,000 Hello-less streams left the RSS at 110 MB, against 16 MB
-// at the start, minutes after they ended.
+// Memory release: every releaseEvery, when the heap holds more free
+// memory not yet returned to the system than a quarter of the memory its
+// objects use, and at least releaseMinFree, the program returns it
+// (debug.FreeOSMemory, a forced collection). A burst of streams or calls
+// (an attack on the sync port, thousands of gateways reconnecting)
+// leaves the heap large, and the runtime alone returns little of it:
+// without this, 5,000 Hello-less streams left the RSS at 110 MB, against
+// 16 MB at the start, minutes after they ended. A control plane whose
+// heap is large and busy does not qualify, so it is not collected every
+// releaseEvery.
 const (
 	releaseEvery   = 10 * time.Second
-	releaseMinFree = 16 << 20
+	releaseMinFree = 4 << 20
 )
 
 // releaseMemory runs the memory release until ctx is done.
 func releaseMemory(ctx context.Context) {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}}
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}}
 	t := time.NewTicker(releaseEvery)
 	defer t.Stop()
 	for {
@@ -301,7 +304,10 @@ func releaseMemory(ctx context.Context) {
 		case <-t.C:
 		}
 		metrics.Read(sample)
-		if sample[0].Value.Kind() == metrics.KindUint64 && sample[0].Value.Uint64() > releaseMinFree {
+		if sample[0].Value.Kind() != metrics.KindUint64 || sample[1].Value.Kind() != metrics.KindUint64 {
+			continue
+		}
+		if free := sample[0].Value.Uint64(); free > releaseMinFree && free > sample[1].Value.Uint64()/4 {
 			debug.FreeOSMemory()
 		}
 	}
