@@ -16,8 +16,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -26,8 +28,10 @@ type AdminOptions struct {
 	// Store holds the state. Required.
 	Store Store
 	// Token is the bearer token every call must carry
-	// ("Authorization: Bearer <token>"). Required: the admin API never
-	// runs without one.
+	// ("Authorization: Bearer <token>", the scheme's name in any case,
+	// one Authorization field only: identity.BearerToken). Required, at
+	// least MinTokenBytes long: the admin API never runs without one, nor
+	// with one that can be guessed.
 	Token string
 	// DataPlanes is the registry GET /api/dataplanes lists; nil lists
 	// none.
@@ -37,14 +41,27 @@ type AdminOptions struct {
 	// MaxBulkBytes bounds the bodies of POST /api/keys:batch and POST
 	// /api/import instead; 0 means DefaultMaxBulkBytes.
 	MaxBulkBytes int64
-	// Log receives refused calls (wrong token) and store failures; nil
-	// means slog.Default().
+	// Metrics counts writes, their latency and refused calls; nil counts
+	// nothing.
+	Metrics *Metrics
+	// Log receives refused calls (missing or wrong token; rate-limited:
+	// the first at once, then at most one line per
+	// failurelog.DefaultInterval with their count) and store failures;
+	// nil means slog.Default().
 	Log *slog.Logger
 }
 
 // MaxProblems is the most validation problems one answer lists; the
 // answer says how many more there were.
 const MaxProblems = 100
+
+// MinTokenBytes is the shortest admin token Admin accepts, in bytes
+// (openssl rand -hex 32 makes one of 64).
+const MinTokenBytes = 32
+
+// TokenID names an admin token in audit lines without revealing it:
+// "sha256:" and the first 12 hex digits of its SHA-256.
+func TokenID(token string) string { return HashToken(token)[:len("sha256:")+12] }
 
 // Admin returns the admin REST API's handler. Bodies are spec's JSON;
 // unknown fields are refused. Every answer is JSON; an error is
@@ -108,7 +125,15 @@ const MaxProblems = 100
 //	                            again gives the same document but for
 //	                            "revision".
 //	GET    /api/revision        → {"revision"}
-//	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}
+//	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}: one
+//	                            entry per open sync stream (two with one
+//	                            gateway_id are both flagged duplicate),
+//	                            and one per gateway whose stream ended,
+//	                            until it reconnects or DataPlanes.Expiry
+//	                            passes
+//	DELETE /api/dataplanes/{id} forget the ended streams of gateway id
+//	                            → {"removed", "connected"}; 409 when it
+//	                            has only an open stream, 404 when unknown
 //
 // {hash} is "sha256:" and 64 hex digits in either case; keys are answered
 // with it in lower case. Quota epochs (quota_epoch) are the control
@@ -132,6 +157,9 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	if o.Token == "" {
 		return nil, errors.New("controlplane: admin: no token (the admin API never runs without one)")
 	}
+	if len(o.Token) < MinTokenBytes {
+		return nil, fmt.Errorf("controlplane: admin: the token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(o.Token), MinTokenBytes)
+	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20
 	}
@@ -144,7 +172,8 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	if o.DataPlanes == nil {
 		o.DataPlanes = &DataPlanes{}
 	}
-	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token))}
+	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token)), tokenID: TokenID(o.Token),
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: admin call refused: missing or wrong bearer token"})}
 	mux := http.NewServeMux()
 	routes := []struct {
 		method, pattern string
@@ -169,6 +198,7 @@ func Admin(o AdminOptions) (http.Handler, error) {
 		{"POST", "/api/import", a.importState},
 		{"GET", "/api/revision", a.revision},
 		{"GET", "/api/dataplanes", a.dataPlanes},
+		{"DELETE", "/api/dataplanes/{id}", a.deleteDataPlane},
 	}
 	allow := map[string][]string{} // pattern → its methods
 	for _, rt := range routes {
@@ -248,20 +278,26 @@ func unsupportedType(w http.ResponseWriter, ct string) {
 }
 
 type admin struct {
-	o     AdminOptions
-	token [sha256.Size]byte
+	o       AdminOptions
+	token   [sha256.Size]byte
+	tokenID string // TokenID of the token, for audit lines
+	// refusals logs refused calls. Its timer runs only for an interval
+	// after a line, so it needs no stopping.
+	refusals *failurelog.Log
 }
 
-// authenticate refuses calls without the bearer token with 401. The
-// tokens are compared as SHA-256 digests in constant time, so neither
-// the token nor its length leaks through timing.
+// authenticate refuses calls without the bearer token with 401: no
+// Authorization field, more than one, another scheme than Bearer (in any
+// case), or a wrong token (identity.BearerToken parses it as the gateway
+// does). The tokens are compared as SHA-256 digests in constant time, so
+// neither the token nor its length leaks through timing.
 func (a *admin) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got, err := identity.BearerToken(r.Header.Values("Authorization"))
 		sum := sha256.Sum256([]byte(got))
-		if !ok || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
-			a.o.Log.Warn("controlplane: admin call refused: missing or wrong bearer token",
-				"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+		if err != nil || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
+			a.o.Metrics.refusedAdmin()
+			a.refusals.Failed(fmt.Errorf("%s %q from %s", r.Method, r.URL.Path, r.RemoteAddr))
 			w.Header().Set("WWW-Authenticate", `Bearer realm="limitplane control plane"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token", nil)
 			return
@@ -289,13 +325,19 @@ type written struct {
 }
 
 // update runs fn in a write and answers {"revision"} (with keyHash when
-// not ""), or the error.
+// not ""), or the error. It writes the audit line: an INFO line
+// "controlplane: admin write" with the token's TokenID, the method, the
+// path and the new revision, or the error.
 func (a *admin) update(w http.ResponseWriter, r *http.Request, status int, keyHash string, fn func(tx Tx) error) {
+	start := time.Now()
 	rev, err := a.o.Store.Update(r.Context(), fn)
+	a.o.Metrics.write(time.Since(start), rev, err)
 	if err != nil {
+		a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "error", err)
 		a.fail(w, r, err)
 		return
 	}
+	a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "revision", rev)
 	writeJSON(w, status, written{KeyHash: keyHash, Revision: rev})
 }
 
@@ -683,6 +725,25 @@ func (a *admin) dataPlanes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		DataPlanes []DataPlane `json:"dataplanes"`
 	}{a.o.DataPlanes.List()})
+}
+
+// deleteDataPlane forgets the ended streams of a gateway.
+func (a *admin) deleteDataPlane(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	removed, connected := a.o.DataPlanes.Remove(id)
+	switch {
+	case removed == 0 && connected:
+		writeError(w, http.StatusConflict, fmt.Sprintf("gateway %q has an open sync stream; its entry stays until the stream ends", id), nil)
+		return
+	case removed == 0:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no gateway %q", id), nil)
+		return
+	}
+	a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "removed", removed)
+	writeJSON(w, http.StatusOK, struct {
+		Removed   int  `json:"removed"`
+		Connected bool `json:"connected"`
+	}{removed, connected})
 }
 
 // get answers the object fn reads, with the revision read.

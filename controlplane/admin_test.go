@@ -18,7 +18,7 @@ import (
 	"github.com/limitplane/limitplane/controlplane"
 )
 
-const token = "s3cret-admin-token"
+const token = "s3cret-admin-token-0123456789abcd"
 
 // server serves the admin API over a Bolt store on a real HTTP server.
 func server(t testing.TB, o controlplane.BoltOptions, dps *controlplane.DataPlanes) (*controlplane.Bolt, string) {
@@ -83,7 +83,7 @@ func expect(t *testing.T, a answer, status int, body string) {
 func TestAdminRefusesWithoutToken(t *testing.T) {
 	_, base := server(t, controlplane.BoltOptions{}, nil)
 	unauthorized := `{"error":"missing or wrong bearer token"}`
-	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, "bearer " + token, "Bearer " + token + "x"} {
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, "Bearer" + token, token, "Bearer " + token + "x"} {
 		for _, r := range [][2]string{{"GET", "/api/revision"}, {"PUT", "/api/policies/p"}, {"GET", "/api/dataplanes"}, {"GET", "/nowhere"}} {
 			a := callWith(t, r[0], base+r[1], `{"rate":{"requests":1,"per":"1s"}}`, auth)
 			expect(t, a, 401, unauthorized)
@@ -95,6 +95,77 @@ func TestAdminRefusesWithoutToken(t *testing.T) {
 	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
 	if _, err := controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}}); err == nil {
 		t.Fatal("Admin without a token: no error")
+	}
+}
+
+// The Authorization field is read as the gateway reads it
+// (identity.BearerToken): the scheme's name in any case, white space
+// around the token trimmed; two Authorization fields are refused even
+// when both carry the token. A token under MinTokenBytes is refused by
+// Admin.
+func TestAdminAuthorizationParsing(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	for _, auth := range []string{"bearer " + token, "BEARER " + token, "Bearer  " + token + " ", "bEaReR\t" + token} {
+		expect(t, callWith(t, "GET", base+"/api/revision", "", auth), 200, `{"revision":0}`)
+	}
+	req, err := http.NewRequest("GET", base+"/api/revision", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Add("Authorization", "Bearer "+token)
+	req.Header.Add("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 401 || string(b) != `{"error":"missing or wrong bearer token"}`+"\n" {
+		t.Fatalf("two Authorization fields: %d %s, want 401", resp.StatusCode, b)
+	}
+
+	short := strings.Repeat("x", controlplane.MinTokenBytes-1)
+	_, err = controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}, Token: short})
+	if want := "controlplane: admin: the token is 31 bytes, want at least 32 (e.g. openssl rand -hex 32)"; err == nil || err.Error() != want {
+		t.Fatalf("a 31-byte token: %v, want %q", err, want)
+	}
+	if _, err := controlplane.Admin(controlplane.AdminOptions{Store: &controlplane.Bolt{}, Token: short + "x"}); err != nil {
+		t.Fatalf("a 32-byte token: %v", err)
+	}
+}
+
+// Every admin write leaves one audit line with the token's TokenID, the
+// method, the path and the new revision (or the error); reads leave none.
+func TestAdminAuditLines(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	var log lockedBuffer
+	h, err := controlplane.Admin(controlplane.AdminOptions{Store: s, Token: token,
+		Log: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	expect(t, call(t, "PUT", srv.URL+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`), 200, `{"revision":1}`)
+	call(t, "GET", srv.URL+"/api/policies/gold", "")
+	expect(t, call(t, "DELETE", srv.URL+"/api/policies/gold", ""), 200, `{"revision":2}`)
+	if a := call(t, "DELETE", srv.URL+"/api/policies/gold", ""); a.status != 404 {
+		t.Fatalf("deleting it again: %d %s", a.status, a.body)
+	}
+	id := controlplane.TokenID(token)
+	if len(id) != len("sha256:")+12 || !strings.HasPrefix(controlplane.HashToken(token), id) {
+		t.Fatalf("TokenID %q", id)
+	}
+	want := `level=INFO msg="controlplane: admin write" token=` + id + ` method=PUT path=/api/policies/gold revision=1` + "\n" +
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold revision=2` + "\n" +
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold error="no policy \"gold\""` + "\n"
+	if got := log.String(); got != want {
+		t.Fatalf("log:\n%s\nwant\n%s", got, want)
 	}
 }
 
@@ -187,26 +258,65 @@ func TestAdminQuotaEpochs(t *testing.T) {
 	}
 }
 
+// GET /api/dataplanes lists one entry per stream: two open streams with
+// one gateway_id are both listed and flagged duplicate (and the flag goes
+// when one ends, with its entry, the gateway having another); a reconnect
+// replaces the ended stream's entry; ended entries expire after
+// DataPlanes.Expiry; DELETE /api/dataplanes/{id}
+// forgets a gateway's ended streams (409 while it has only an open one,
+// 404 when unknown).
 func TestAdminDataPlanes(t *testing.T) {
-	dps := &controlplane.DataPlanes{}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	dps := &controlplane.DataPlanes{Expiry: time.Hour, Now: func() time.Time { return now }}
 	_, base := server(t, controlplane.BoltOptions{}, dps)
 	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[]}`)
-	seen := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	dps.Update("gw-2", func(dp *controlplane.DataPlane) {
-		dp.Group, dp.Tags, dp.Connected, dp.AppliedRevision, dp.LastSeen = "eu", []string{"eu"}, true, 7, seen
-	})
-	dps.Update("gw-1", func(dp *controlplane.DataPlane) {
-		dp.Group, dp.AppliedRevision, dp.LastSeen = "eu", 6, seen
-		dp.LastRejection = &controlplane.Rejection{Revision: 7, Problem: "spec: keys[0].key_hash: missing", At: seen}
-	})
-	dps.Update("gw-0", func(dp *controlplane.DataPlane) { dp.Group = "us" })
-	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
-		`{"gateway_id":"gw-1","group":"eu","connected":false,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
-		`{"gateway_id":"gw-2","group":"eu","tags":["eu"],"connected":true,"applied_revision":7,"last_seen":"2026-01-02T03:04:05Z"},`+
-		`{"gateway_id":"gw-0","group":"us","connected":false,"applied_revision":0,"last_seen":"0001-01-01T00:00:00Z"}]}`)
-	if !dps.Remove("gw-0") || dps.Remove("gw-0") {
-		t.Fatal("Remove: want true then false")
+	if o := dps.Connect(controlplane.DataPlane{GatewayID: "gw-1", Stream: 1, Peer: "10.0.0.1:5000", Group: "eu", Tags: []string{"eu"}, AppliedRevision: 6, LastSeen: now}); len(o) != 0 {
+		t.Fatalf("first stream: others %v", o)
 	}
+	o := dps.Connect(controlplane.DataPlane{GatewayID: "gw-1", Stream: 2, Peer: "10.0.0.2:5000", Group: "eu", LastSeen: now})
+	if len(o) != 1 || o[0].Stream != 1 || !o[0].Duplicate {
+		t.Fatalf("second stream with gw-1: others %+v, want stream 1 flagged", o)
+	}
+	dps.Connect(controlplane.DataPlane{GatewayID: "gw-0", Stream: 3, Group: "us", LastSeen: now})
+	dps.Update("gw-1", 1, func(dp *controlplane.DataPlane) {
+		dp.LastRejection = &controlplane.Rejection{Revision: 7, Problem: "spec: keys[0].key_hash: missing", At: now}
+	})
+	dps.Update("gw-9", 9, func(dp *controlplane.DataPlane) { t.Fatal("Update of an unknown stream called fn") })
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","stream":1,"peer":"10.0.0.1:5000","group":"eu","tags":["eu"],"connected":true,"duplicate":true,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-1","stream":2,"peer":"10.0.0.2:5000","group":"eu","connected":true,"duplicate":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"},`+
+		`{"gateway_id":"gw-0","stream":3,"group":"us","connected":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"}]}`)
+
+	// The second gw-1 stream ends: its entry goes (gw-1 has an open
+	// stream), and so does the duplicate flag.
+	now = now.Add(time.Minute)
+	dps.Disconnect("gw-1", 2)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","stream":1,"peer":"10.0.0.1:5000","group":"eu","tags":["eu"],"connected":true,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-0","stream":3,"group":"us","connected":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"}]}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/gw-1", ""), 409, `{"error":"gateway \"gw-1\" has an open sync stream; its entry stays until the stream ends"}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/nobody", ""), 404, `{"error":"no gateway \"nobody\""}`)
+	dps.Disconnect("gw-1", 1)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[`+
+		`{"gateway_id":"gw-1","stream":1,"peer":"10.0.0.1:5000","group":"eu","tags":["eu"],"connected":false,"applied_revision":6,"last_seen":"2026-01-02T03:04:05Z","disconnected_at":"2026-01-02T03:05:05Z","last_rejection":{"revision":7,"problem":"spec: keys[0].key_hash: missing","at":"2026-01-02T03:04:05Z"}},`+
+		`{"gateway_id":"gw-0","stream":3,"group":"us","connected":true,"applied_revision":0,"last_seen":"2026-01-02T03:04:05Z"}]}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/gw-1", ""), 200, `{"removed":1,"connected":false}`)
+	expect(t, call(t, "DELETE", base+"/api/dataplanes/gw-1", ""), 404, `{"error":"no gateway \"gw-1\""}`)
+
+	// gw-0 ends; it reconnects (one entry, the new stream's); it ends
+	// again and expires an hour later.
+	dps.Disconnect("gw-0", 3)
+	dps.Connect(controlplane.DataPlane{GatewayID: "gw-0", Stream: 4, Group: "us", LastSeen: now})
+	dps.Disconnect("gw-0", 4)
+	if got := dps.List(); len(got) != 1 || got[0].Stream != 4 || got[0].Connected {
+		t.Fatalf("after the reconnect and its end: %+v, want gw-0's stream 4 only, ended", got)
+	}
+	now = now.Add(time.Hour - time.Second)
+	if got := len(dps.List()); got != 1 {
+		t.Fatalf("%d entries just before the expiry, want 1", got)
+	}
+	now = now.Add(time.Second)
+	expect(t, call(t, "GET", base+"/api/dataplanes", ""), 200, `{"dataplanes":[]}`)
 }
 
 // BenchmarkAdminWrites16Clients measures durable key writes per second

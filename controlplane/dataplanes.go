@@ -7,23 +7,44 @@ import (
 	"time"
 )
 
-// DataPlane is what the control plane knows of one gateway of a data
-// plane, as GET /api/dataplanes lists it. The sync server fills it in.
+// DefaultDataPlaneExpiry is how long an entry of a gateway whose stream
+// ended stays listed when DataPlanes.Expiry is 0.
+const DefaultDataPlaneExpiry = time.Hour
+
+// DataPlane is what the control plane knows of one sync stream of a
+// gateway, as GET /api/dataplanes lists it. The sync server fills it in.
+// There is one entry per open stream, and one for a gateway whose last
+// open stream ended, until it reconnects, expires or is deleted.
 type DataPlane struct {
-	// GatewayID names the gateway; unique among all data planes.
+	// GatewayID names the gateway; it should be unique among all data
+	// planes (see Duplicate).
 	GatewayID string `json:"gateway_id"`
+	// Stream numbers the stream on this control plane (from 1, in the
+	// order streams were accepted).
+	Stream uint64 `json:"stream"`
+	// Peer is the stream's remote address ("" when unknown).
+	Peer string `json:"peer,omitempty"`
 	// Group is the data plane the gateway belongs to (the gateways
 	// sharing one Redis).
 	Group string `json:"group"`
 	// Tags are the tags the gateway asked for, which select its APIs.
 	Tags []string `json:"tags,omitempty"`
-	// Connected says whether its sync stream is open now.
+	// Connected says whether this stream is open now.
 	Connected bool `json:"connected"`
-	// AppliedRevision is the last revision it acknowledged.
+	// Duplicate says that another open stream uses the same GatewayID:
+	// two gateways configured with one ID, or a gateway and an impostor.
+	// Both entries are listed, both are flagged, and both are warned of.
+	Duplicate bool `json:"duplicate,omitempty"`
+	// AppliedRevision is the revision the gateway runs: the one its
+	// Hello named, then each one it acknowledged. A rejected delivery
+	// leaves it alone (the gateway keeps running what it ran).
 	AppliedRevision uint64 `json:"applied_revision"`
 	// LastSeen is when it last sent anything.
 	LastSeen time.Time `json:"last_seen"`
-	// LastRejection is the last revision it refused to apply, or nil.
+	// DisconnectedAt is when the stream ended; zero while connected.
+	DisconnectedAt time.Time `json:"disconnected_at,omitzero"`
+	// LastRejection is the last revision it refused to apply, or nil;
+	// cleared once it acknowledges that revision or a later one.
 	LastRejection *Rejection `json:"last_rejection,omitempty"`
 	// NotBuilt are the APIs of its applied revision that it runs
 	// without, as its last Ack or DigestReport said: what only its host
@@ -41,6 +62,17 @@ type NotBuilt struct {
 	Problem string `json:"problem"`
 }
 
+// clone returns dp with its own copies of the slices and pointers.
+func (dp DataPlane) clone() DataPlane {
+	dp.Tags = slices.Clone(dp.Tags)
+	dp.NotBuilt = slices.Clone(dp.NotBuilt)
+	if dp.LastRejection != nil {
+		r := *dp.LastRejection
+		dp.LastRejection = &r
+	}
+	return dp
+}
+
 // Rejection is a revision a gateway refused, keeping its running
 // configuration.
 type Rejection struct {
@@ -52,63 +84,178 @@ type Rejection struct {
 	At time.Time `json:"at"`
 }
 
-// DataPlanes is the registry of gateways the control plane has heard
-// from. It is safe for concurrent use; the zero value is empty and ready.
+// DataPlanes is the registry of the gateways' sync streams. It is safe
+// for concurrent use; the zero value is empty and ready. Entries of
+// ended streams expire Expiry after they ended; expired entries are
+// dropped as the registry is used (no goroutine), so it holds at most the
+// open streams and the streams that ended within Expiry.
 type DataPlanes struct {
+	// Expiry is how long an ended stream's entry stays; 0 means
+	// DefaultDataPlaneExpiry. Set it before first use.
+	Expiry time.Duration
+	// Now is the clock of expiry; nil means time.Now. Set it before
+	// first use.
+	Now func() time.Time
+
 	mu sync.Mutex
-	m  map[string]DataPlane
+	m  map[string]map[uint64]DataPlane // gateway ID → stream → entry
 }
 
-// Update calls fn with the entry of gateway id (a zero DataPlane with
-// only GatewayID set when it is new) and stores what fn leaves in it.
-// fn runs under the registry's lock: it must not call the registry.
-func (d *DataPlanes) Update(id string, fn func(dp *DataPlane)) {
+func (d *DataPlanes) now() time.Time {
+	if d.Now != nil {
+		return d.Now()
+	}
+	return time.Now()
+}
+
+// prune drops the expired entries of the gateways in ids, or of all
+// gateways when ids is nil; d.mu is held.
+func (d *DataPlanes) prune(ids ...string) {
+	expiry := cmp.Or(d.Expiry, DefaultDataPlaneExpiry)
+	now := d.now()
+	if ids == nil {
+		for id := range d.m {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		for n, dp := range d.m[id] {
+			if !dp.Connected && now.Sub(dp.DisconnectedAt) >= expiry {
+				delete(d.m[id], n)
+			}
+		}
+		if len(d.m[id]) == 0 {
+			delete(d.m, id)
+		}
+	}
+}
+
+// markDuplicates sets Duplicate on the open streams of gateway id; d.mu
+// is held. It returns the open streams' entries.
+func (d *DataPlanes) markDuplicates(id string) []DataPlane {
+	live := 0
+	for _, dp := range d.m[id] {
+		if dp.Connected {
+			live++
+		}
+	}
+	var out []DataPlane
+	for n, dp := range d.m[id] {
+		if dp.Connected {
+			dp.Duplicate = live > 1
+			d.m[id][n] = dp
+			out = append(out, dp.clone())
+		}
+	}
+	return out
+}
+
+// Connect records a new open stream, dp (GatewayID and Stream set, the
+// stream's number unique), replacing the entries of ended streams of the
+// same gateway. It returns the other open streams of that gateway: none
+// unless the ID is used twice.
+func (d *DataPlanes) Connect(dp DataPlane) (others []DataPlane) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.m == nil {
-		d.m = map[string]DataPlane{}
+		d.m = map[string]map[uint64]DataPlane{}
 	}
-	dp, ok := d.m[id]
-	if !ok {
-		dp.GatewayID = id
+	streams := d.m[dp.GatewayID]
+	if streams == nil {
+		streams = map[uint64]DataPlane{}
+		d.m[dp.GatewayID] = streams
 	}
-	fn(&dp)
-	dp.GatewayID = id
-	dp.Tags = slices.Clone(dp.Tags)
-	dp.NotBuilt = slices.Clone(dp.NotBuilt)
-	if dp.LastRejection != nil {
-		r := *dp.LastRejection
-		dp.LastRejection = &r
+	for n, o := range streams {
+		if !o.Connected {
+			delete(streams, n)
+		}
 	}
-	d.m[id] = dp
+	dp.Connected, dp.DisconnectedAt = true, time.Time{}
+	streams[dp.Stream] = dp.clone()
+	for _, o := range d.markDuplicates(dp.GatewayID) {
+		if o.Stream != dp.Stream {
+			others = append(others, o)
+		}
+	}
+	return others
 }
 
-// Remove forgets gateway id; it reports whether it was known.
-func (d *DataPlanes) Remove(id string) bool {
+// Update calls fn with the entry of stream n of gateway id and stores
+// what fn leaves in it (its GatewayID and Stream are kept). It does
+// nothing when the entry is gone (expired or deleted). fn runs under the
+// registry's lock: it must not call the registry.
+func (d *DataPlanes) Update(id string, n uint64, fn func(dp *DataPlane)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, ok := d.m[id]
-	delete(d.m, id)
-	return ok
+	dp, ok := d.m[id][n]
+	if !ok {
+		return
+	}
+	fn(&dp)
+	dp.GatewayID, dp.Stream = id, n
+	d.m[id][n] = dp.clone()
 }
 
-// List returns every gateway, ordered by group then gateway ID. The
-// result is a copy.
+// Disconnect marks stream n of gateway id ended at the registry's clock.
+// When the gateway has another open stream (it reconnected before this
+// one was found dead, or its ID is used twice) the entry goes at once;
+// otherwise it stays, replacing any older ended entry of the gateway.
+func (d *DataPlanes) Disconnect(id string, n uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dp, ok := d.m[id][n]
+	if !ok {
+		return
+	}
+	if len(d.markDuplicates(id)) > 1 {
+		delete(d.m[id], n)
+		d.markDuplicates(id)
+		return
+	}
+	for m := range d.m[id] {
+		if m != n {
+			delete(d.m[id], m) // ended: the only open stream was n
+		}
+	}
+	dp.Connected, dp.Duplicate, dp.DisconnectedAt = false, false, d.now()
+	d.m[id][n] = dp
+}
+
+// Remove forgets the ended streams of gateway id. It reports how many
+// entries it removed and whether the gateway still has an open stream
+// (whose entry stays: it is removed when the stream ends and expires).
+func (d *DataPlanes) Remove(id string) (removed int, connected bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.prune(id)
+	for n, dp := range d.m[id] {
+		if dp.Connected {
+			connected = true
+			continue
+		}
+		delete(d.m[id], n)
+		removed++
+	}
+	if len(d.m[id]) == 0 {
+		delete(d.m, id)
+	}
+	return removed, connected
+}
+
+// List returns every entry, ordered by group, gateway ID, then stream.
+// The result is a copy.
 func (d *DataPlanes) List() []DataPlane {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]DataPlane, 0, len(d.m))
-	for _, dp := range d.m {
-		dp.Tags = slices.Clone(dp.Tags)
-		dp.NotBuilt = slices.Clone(dp.NotBuilt)
-		if dp.LastRejection != nil {
-			r := *dp.LastRejection
-			dp.LastRejection = &r
+	d.prune()
+	out := []DataPlane{}
+	for _, streams := range d.m {
+		for _, dp := range streams {
+			out = append(out, dp.clone())
 		}
-		out = append(out, dp)
 	}
 	slices.SortFunc(out, func(a, b DataPlane) int {
-		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.GatewayID, b.GatewayID))
+		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.GatewayID, b.GatewayID), cmp.Compare(a.Stream, b.Stream))
 	})
 	return out
 }

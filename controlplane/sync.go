@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -65,6 +67,19 @@ const (
 	// DefaultDigestCacheEntries bounds the digest cache when
 	// SyncOptions.DigestCacheEntries is 0.
 	DefaultDigestCacheEntries = 4096
+	// DefaultHelloTimeout is how long a new stream may take to send its
+	// Hello when SyncOptions.HelloTimeout is 0.
+	DefaultHelloTimeout = 10 * time.Second
+	// DefaultMaxStreams bounds the open streams, all connections
+	// together, when SyncOptions.MaxStreams is 0.
+	DefaultMaxStreams = 10000
+	// DefaultMaxPendingHellos bounds the streams waiting for their
+	// Hello when SyncOptions.MaxPendingHellos is 0.
+	DefaultMaxPendingHellos = 1024
+	// DefaultMaxStreamsPerConn is the bound on one HTTP/2 connection's
+	// concurrent streams that the control plane program gives gRPC
+	// (grpc.MaxConcurrentStreams); a gateway needs one.
+	DefaultMaxStreamsPerConn = 16
 )
 
 // SyncOptions configure NewSyncServer.
@@ -99,8 +114,27 @@ type SyncOptions struct {
 	// Now is the clock of LastSeen and rejection times; nil means
 	// time.Now.
 	Now func() time.Time
-	// Log receives refused streams and rejected revisions; nil means
-	// slog.Default().
+	// HelloTimeout is how long a stream may take to send its Hello; a
+	// stream without one by then is ended with DeadlineExceeded. 0 means
+	// DefaultHelloTimeout.
+	HelloTimeout time.Duration
+	// MaxStreams bounds the open streams, counting those still waiting
+	// for their Hello; one more is refused at once with
+	// ResourceExhausted. 0 means DefaultMaxStreams. (Streams per
+	// connection are bounded by the gRPC server: see
+	// DefaultMaxStreamsPerConn.)
+	MaxStreams int
+	// MaxPendingHellos bounds the streams still waiting for their Hello
+	// (a gateway sends it at once: many waiting is a client that never
+	// will); one more is refused at once with ResourceExhausted. 0 means
+	// DefaultMaxPendingHellos.
+	MaxPendingHellos int
+	// Metrics counts streams, refusals, deliveries, Acks and Nacks; nil
+	// counts nothing.
+	Metrics *Metrics
+	// Log receives refused streams (rate-limited: the first at once,
+	// then one line per failurelog.DefaultInterval with their count) and
+	// rejected revisions; nil means slog.Default().
 	Log *slog.Logger
 }
 
@@ -148,9 +182,13 @@ type SyncServer struct {
 	tokens []token
 	cache  *digestCache
 
-	mu      sync.Mutex
-	streams map[string]uint64 // gateway ID → its latest stream's number
-	next    uint64
+	refusals *failurelog.Log // refused streams, rate-limited
+	open     atomic.Int64    // open streams
+	pending  atomic.Int64    // streams waiting for their Hello
+
+	mu   sync.Mutex
+	warn map[uint64]chan string // open stream → its queue of warnings
+	next uint64
 
 	shutdown     chan struct{} // closed by Shutdown
 	shutdownOnce sync.Once
@@ -161,11 +199,26 @@ var errShutdown = status.Error(codes.Unavailable, "controlplane: the control pla
 
 // Shutdown ends every open stream, and refuses new ones, with
 // Unavailable, so gateways reconnect (to this control plane's successor)
-// with backoff. Call it before grpc.Server.GracefulStop, which otherwise
-// waits for streams that never end by themselves. It is safe to call more
-// than once.
+// with backoff, and writes the count of refusals not logged yet. Call it
+// before grpc.Server.GracefulStop, which otherwise waits for streams that
+// never end by themselves. It is safe to call more than once.
 func (s *SyncServer) Shutdown() {
-	s.shutdownOnce.Do(func() { close(s.shutdown) })
+	s.shutdownOnce.Do(func() {
+		close(s.shutdown)
+		s.refusals.Close()
+	})
+}
+
+// refuse logs (rate-limited) and counts a refused stream, and returns
+// err, the stream's answer.
+func (s *SyncServer) refuse(reason string, err error, attrs ...any) error {
+	s.o.Metrics.refusedStream(reason)
+	msg := status.Convert(err).Message()
+	for i := 0; i+1 < len(attrs); i += 2 {
+		msg += fmt.Sprintf(" %v=%q", attrs[i], fmt.Sprint(attrs[i+1]))
+	}
+	s.refusals.Failed(errors.New(msg))
+	return err
 }
 
 type token struct {
@@ -202,10 +255,20 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = DefaultHelloTimeout
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.MaxPendingHellos <= 0 {
+		o.MaxPendingHellos = DefaultMaxPendingHellos
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o, streams: map[string]uint64{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries)}
+	s := &SyncServer{o: o, warn: map[uint64]chan string{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries),
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -231,49 +294,61 @@ func (s *SyncServer) authenticate(h *syncpb.Hello, peer string) error {
 		}
 	}
 	if found == nil {
-		s.o.Log.Warn("controlplane: sync stream refused: unknown data-plane token",
+		return s.refuse(refusedUnauthenticated, status.Error(codes.Unauthenticated, "controlplane: unknown data-plane token"),
 			"group", h.GetGroup(), "gateway", h.GetGatewayId(), "peer", peer)
-		return status.Error(codes.Unauthenticated, "controlplane: unknown data-plane token")
 	}
 	if h.GetGroup() != found.group {
-		s.o.Log.Warn("controlplane: sync stream refused: group outside the token's scope",
-			"group", h.GetGroup(), "token_group", found.group, "gateway", h.GetGatewayId(), "peer", peer)
-		return status.Errorf(codes.PermissionDenied, "controlplane: the token is not for group %q", h.GetGroup())
+		return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token is not for group %q", h.GetGroup()),
+			"token_group", found.group, "gateway", h.GetGatewayId(), "peer", peer)
 	}
 	for _, t := range h.GetTags() {
 		if !slices.Contains(found.tags, t) {
-			s.o.Log.Warn("controlplane: sync stream refused: tag outside the token's scope",
-				"group", h.GetGroup(), "tag", t, "gateway", h.GetGatewayId(), "peer", peer)
-			return status.Errorf(codes.PermissionDenied, "controlplane: the token may not ask for tag %q", t)
+			return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token may not ask for tag %q", t),
+				"group", h.GetGroup(), "gateway", h.GetGatewayId(), "peer", peer)
 		}
 	}
 	return nil
 }
 
-// connect records a new stream of gateway id in DataPlanes and numbers
-// it, so that the end of an earlier stream of the same gateway (a
-// reconnect before the old stream noticed it was dead) does not mark the
-// new one disconnected. It returns the stream's number.
-func (s *SyncServer) connect(id, group string, tags []string) uint64 {
+// connect records a new stream of the gateway of Hello h in DataPlanes
+// and numbers it. The revision the gateway runs is the one its Hello
+// names. When another open stream has the same gateway_id, both are
+// flagged Duplicate, the control plane logs it, and both gateways are
+// sent a Warning (through the channels connect returns and registers).
+// It returns the stream's number and its warnings channel.
+func (s *SyncServer) connect(h *syncpb.Hello, tags []string, peer string) (uint64, chan string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
-	s.streams[id] = s.next
-	s.o.DataPlanes.Update(id, func(dp *DataPlane) {
-		dp.Group, dp.Tags, dp.Connected, dp.LastSeen = group, tags, true, s.o.Now()
-	})
-	return s.next
+	n, warn := s.next, make(chan string, 8)
+	s.warn[n] = warn
+	others := s.o.DataPlanes.Connect(DataPlane{GatewayID: h.GetGatewayId(), Stream: n, Peer: peer, Group: h.GetGroup(), Tags: tags,
+		AppliedRevision: h.GetLastAppliedRevision(), LastSeen: s.o.Now()})
+	for _, o := range others {
+		s.o.Log.Warn("controlplane: sync: two open streams with the same gateway_id; each gateway needs its own",
+			"gateway", h.GetGatewayId(), "stream", n, "peer", peer, "group", h.GetGroup(),
+			"other_stream", o.Stream, "other_peer", o.Peer, "other_group", o.Group)
+		s.warnLocked(o.Stream, fmt.Sprintf("another gateway opened a sync stream with this gateway_id %q (stream %d from %s): each gateway needs its own gateway_id", h.GetGatewayId(), n, peer))
+		s.warnLocked(n, fmt.Sprintf("another gateway has a sync stream open with this gateway_id %q (stream %d from %s): each gateway needs its own gateway_id", h.GetGatewayId(), o.Stream, o.Peer))
+	}
+	return n, warn
 }
 
-// disconnect marks gateway id disconnected when stream n is its latest.
+// warnLocked queues a warning for stream n, dropping it when the stream's
+// queue is full; s.mu is held.
+func (s *SyncServer) warnLocked(n uint64, msg string) {
+	select {
+	case s.warn[n] <- msg:
+	default:
+	}
+}
+
+// disconnect marks stream n of gateway id ended.
 func (s *SyncServer) disconnect(id string, n uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.streams[id] != n {
-		return
-	}
-	delete(s.streams, id)
-	s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.Connected = false })
+	delete(s.warn, n)
+	s.o.DataPlanes.Disconnect(id, n)
 }
 
 // view is a data plane's configuration as the control plane knows it:
@@ -354,6 +429,7 @@ type syncStream struct {
 	s      *SyncServer
 	stream grpc.BidiStreamingServer[syncpb.ClientMessage, syncpb.ServerMessage]
 	hello  *syncpb.Hello
+	n      uint64 // the stream's number in DataPlanes
 	tags   []string
 	tkey   string
 	// history is the history the gateway's configuration belongs to, as
@@ -375,26 +451,60 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	ctx := stream.Context()
 	select {
 	case <-s.shutdown:
+		s.o.Metrics.refusedStream(refusedShutdown)
 		return errShutdown
 	default:
 	}
-	first, err := stream.Recv()
+	if n := s.open.Add(1); n > int64(s.o.MaxStreams) {
+		s.open.Add(-1)
+		return s.refuse(refusedTooManyStreams, status.Errorf(codes.ResourceExhausted, "controlplane: %d sync streams open already; retry with backoff", s.o.MaxStreams),
+			"peer", peerAddr(stream))
+	}
+	s.o.Metrics.streamOpened(1)
+	defer func() {
+		s.open.Add(-1)
+		s.o.Metrics.streamOpened(-1)
+	}()
+	// One goroutine receives, the Hello first; it ends when the stream
+	// does, which gRPC ensures once Sync returns.
+	msgs := make(chan *syncpb.ClientMessage)
+	recvErr := make(chan error, 1)
+	receive := func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+	if n := s.pending.Add(1); n > int64(s.o.MaxPendingHellos) {
+		s.pending.Add(-1)
+		return s.refuse(refusedTooManyHellos, status.Errorf(codes.ResourceExhausted, "controlplane: %d sync streams wait for their Hello already; retry with backoff", s.o.MaxPendingHellos),
+			"peer", peerAddr(stream))
+	}
+	go receive()
+	h, err := s.recvHello(ctx, stream, msgs, recvErr)
+	s.pending.Add(-1)
 	if err != nil {
 		return err
-	}
-	h := first.GetHello()
-	if h == nil {
-		return status.Error(codes.InvalidArgument, "controlplane: the first message must be Hello")
 	}
 	if err := s.authenticate(h, peerAddr(stream)); err != nil {
 		return err
 	}
 	if h.GetGatewayId() == "" {
-		return status.Error(codes.InvalidArgument, "controlplane: Hello without gateway_id")
+		return s.refuse(refusedInvalid, status.Error(codes.InvalidArgument, "controlplane: Hello without gateway_id"),
+			"group", h.GetGroup(), "peer", peerAddr(stream))
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
-	defer s.disconnect(id, s.connect(id, h.GetGroup(), tags))
-	st := &syncStream{s: s, stream: stream, hello: h, tags: tags, tkey: tagsKey(tags), history: h.GetHistory()}
+	n, warnings := s.connect(h, tags, peerAddr(stream))
+	defer s.disconnect(id, n)
+	st := &syncStream{s: s, stream: stream, hello: h, n: n, tags: tags, tkey: tagsKey(tags), history: h.GetHistory()}
 	hist, err := s.history(ctx)
 	if err != nil {
 		return err
@@ -418,31 +528,11 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 				"gateway", id, "revision", r, "persisted_revision", pr, "store_revision", cur, "history", hist)
 		}
 	}
-	if r := h.GetLastAppliedRevision(); r > 0 && h.GetDigest() != "" && (st.history == "" || st.history == hist) {
+	if r > 0 && h.GetDigest() != "" && (st.history == "" || st.history == hist) {
 		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
 			st.base = &v
-			s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.AppliedRevision = r })
 		}
 	}
-
-	// One goroutine receives; it ends when the stream does, which gRPC
-	// ensures once Sync returns.
-	msgs := make(chan *syncpb.ClientMessage)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
 
 	watcher, _ := s.o.Store.(RevisionWatcher)
 	var poll <-chan time.Time
@@ -484,6 +574,10 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			stale = rev != st.latest()
 		case m := <-msgs:
 			stale = st.receive(m)
+		case w := <-warnings:
+			if err := stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_Warning{Warning: &syncpb.Warning{Message: w}}}); err != nil {
+				return err
+			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -494,6 +588,32 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		case <-s.shutdown:
 			return errShutdown
 		}
+	}
+}
+
+// recvHello waits HelloTimeout at most for the stream's first message,
+// from msgs (or its end, from recvErr), which must be a Hello.
+func (s *SyncServer) recvHello(ctx context.Context, stream grpc.ServerStream, msgs <-chan *syncpb.ClientMessage, recvErr <-chan error) (*syncpb.Hello, error) {
+	t := time.NewTimer(s.o.HelloTimeout)
+	defer t.Stop()
+	select {
+	case m := <-msgs:
+		h := m.GetHello()
+		if h == nil {
+			return nil, s.refuse(refusedNotHello, status.Error(codes.InvalidArgument, "controlplane: the first message must be Hello"),
+				"peer", peerAddr(stream))
+		}
+		return h, nil
+	case err := <-recvErr:
+		return nil, err
+	case <-t.C:
+		return nil, s.refuse(refusedHelloTimeout, status.Errorf(codes.DeadlineExceeded, "controlplane: no Hello within %s", s.o.HelloTimeout),
+			"peer", peerAddr(stream))
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-s.shutdown:
+		s.o.Metrics.refusedStream(refusedShutdown)
+		return nil, errShutdown
 	}
 }
 
@@ -556,6 +676,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 					return err
 				}
 				st.record(sent{nonce: ch.Nonce, revision: ch.Revision, digest: ch.Digest})
+				s.o.Metrics.delivered(false)
 			}
 			st.base = &next
 			s.cache.put(st.tkey, next)
@@ -592,6 +713,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 		}
 	}
 	st.record(sent{snapshot: true, nonce: nonce, revision: snap.Revision, digest: chunks[len(chunks)-1].Digest})
+	s.o.Metrics.delivered(true)
 	st.lastSnap, st.nacked, st.history = st.seq, false, hist
 	st.base = &v
 	s.cache.put(st.tkey, v)
@@ -859,11 +981,16 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 	switch k := m.GetKind().(type) {
 	case *syncpb.ClientMessage_Ack:
 		ok := find(k.Ack.GetNonce(), k.Ack.GetRevision()) != nil
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+		s.o.Metrics.acked(true)
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) {
 			dp.LastSeen = now
 			if ok {
 				dp.AppliedRevision = k.Ack.GetRevision()
+				dp.AppliedRevision = k.Ack.GetRevision()
 				dp.NotBuilt = notBuilt(k.Ack.GetNotBuilt())
+				if dp.LastRejection != nil && dp.LastRejection.Revision <= dp.AppliedRevision {
+					dp.LastRejection = nil // it runs that revision, or a later one, now
+				}
 			}
 		})
 		if !ok {
@@ -871,9 +998,10 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 				"gateway", id, "revision", k.Ack.GetRevision(), "nonce", k.Ack.GetNonce())
 		}
 	case *syncpb.ClientMessage_Nack:
+		s.o.Metrics.acked(false)
 		s.o.Log.Warn("controlplane: sync: data plane rejected a revision",
 			"group", st.hello.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", k.Nack.GetError())
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) {
 			dp.LastSeen = now
 			dp.LastRejection = &Rejection{Revision: k.Nack.GetRevision(), Problem: k.Nack.GetError(), At: now}
 		})
@@ -893,7 +1021,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 		}
 	case *syncpb.ClientMessage_DigestReport:
 		r := k.DigestReport
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) {
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) {
 			dp.LastSeen = now
 			dp.NotBuilt = notBuilt(r.GetNotBuilt())
 		})
@@ -910,7 +1038,7 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 			return true
 		}
 	default:
-		s.o.DataPlanes.Update(id, func(dp *DataPlane) { dp.LastSeen = now })
+		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) { dp.LastSeen = now })
 	}
 	return false
 }

@@ -103,7 +103,7 @@ func newSyncFixtureOpts(t *testing.T, o fixtureOptions) *syncFixture {
 		}
 		return tx.PutKey(spec.Key{KeyHash: hash("a"), Policies: []string{"global"}})
 	})
-	f := &syncFixture{store: s, dps: &controlplane.DataPlanes{}, log: &lockedBuffer{}, opts: o}
+	f := &syncFixture{store: s, dps: &controlplane.DataPlanes{Now: func() time.Time { return syncNow }}, log: &lockedBuffer{}, opts: o}
 	f.serve(t)
 	return f
 }
@@ -236,10 +236,10 @@ func wantCode(t *testing.T, stream syncStream, code codes.Code) {
 }
 
 // A wrong token is refused with Unauthenticated, a group or a tag outside
-// the token's scope with PermissionDenied; each refusal is logged and
-// registers no data plane.
+// the token's scope with PermissionDenied; each refusal is logged (the
+// first of a server's at once: the log is rate-limited) and registers no
+// data plane.
 func TestSyncRefusesTokensOutsideScope(t *testing.T) {
-	f := newSyncFixture(t, 0)
 	for _, c := range []struct {
 		name string
 		edit func(h *syncpb.Hello)
@@ -248,10 +248,11 @@ func TestSyncRefusesTokensOutsideScope(t *testing.T) {
 	}{
 		{"wrong token", func(h *syncpb.Hello) { h.Token = "dp-secret-eU" }, codes.Unauthenticated, "unknown data-plane token"},
 		{"no token", func(h *syncpb.Hello) { h.Token = "" }, codes.Unauthenticated, "unknown data-plane token"},
-		{"foreign tag", func(h *syncpb.Hello) { h.Tags = []string{"eu", "us"} }, codes.PermissionDenied, "tag outside the token's scope"},
-		{"foreign group", func(h *syncpb.Hello) { h.Group = "us-1" }, codes.PermissionDenied, "group outside the token's scope"},
+		{"foreign tag", func(h *syncpb.Hello) { h.Tags = []string{"eu", "us"} }, codes.PermissionDenied, `the token may not ask for tag \"us\"`},
+		{"foreign group", func(h *syncpb.Hello) { h.Group = "us-1" }, codes.PermissionDenied, `the token is not for group \"us-1\"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			f := newSyncFixture(t, 0)
 			h := goodHello()
 			c.edit(h)
 			before := strings.Count(f.log.String(), c.log)
@@ -259,12 +260,12 @@ func TestSyncRefusesTokensOutsideScope(t *testing.T) {
 			if got := strings.Count(f.log.String(), c.log); got != before+1 {
 				t.Errorf("log has %q %d times, want %d:\n%s", c.log, got, before+1, f.log.String())
 			}
+			if got := f.dps.List(); len(got) != 0 {
+				t.Errorf("DataPlanes lists %v after a refusal, want none", got)
+			}
 		})
 	}
-	if got := f.dps.List(); len(got) != 0 {
-		t.Errorf("DataPlanes lists %v after refusals, want none", got)
-	}
-	wantCode(t, f.open(t, &syncpb.Hello{}), codes.Unauthenticated)
+	wantCode(t, newSyncFixture(t, 0).open(t, &syncpb.Hello{}), codes.Unauthenticated)
 }
 
 // A first message that is not Hello is InvalidArgument.
@@ -330,14 +331,23 @@ func TestSyncSnapshotAckNack(t *testing.T) {
 
 	wantDP := []controlplane.DataPlane{{
 		GatewayID:       "gw-a",
+		Stream:          1,
 		Group:           "eu-1",
 		Tags:            []string{"eu"},
 		Connected:       false,
 		AppliedRevision: 1,
 		LastSeen:        syncNow,
+		DisconnectedAt:  syncNow,
 		LastRejection:   &controlplane.Rejection{Revision: 1, Problem: "apis[1].listen_path: taken", At: syncNow},
 	}}
-	if got := f.dps.List(); !reflect.DeepEqual(got, wantDP) {
+	got := f.dps.List()
+	for i := range got {
+		if !strings.HasPrefix(got[i].Peer, "127.0.0.1:") {
+			t.Fatalf("peer %q", got[i].Peer)
+		}
+		got[i].Peer = ""
+	}
+	if !reflect.DeepEqual(got, wantDP) {
 		t.Fatalf("DataPlanes:\n got %+v\nwant %+v", got, wantDP)
 	}
 	for _, line := range []string{"Ack of a delivery not made on this stream ignored", "data plane rejected a revision"} {
@@ -473,15 +483,18 @@ func TestBoltRevisionChanged(t *testing.T) {
 	}
 }
 
-// A gateway that reconnects before its old stream ends stays connected
-// when the old stream ends; it is disconnected when the new one ends.
+// A gateway that reconnects before its old stream ends (or a second
+// gateway with its ID) is listed twice, both entries flagged duplicate,
+// both streams sent a Warning and the control plane logs it; it stays
+// connected, once, when the old stream ends; it is disconnected when the
+// new one ends.
 func TestSyncReconnectKeepsGatewayConnected(t *testing.T) {
 	f := newSyncFixture(t, 0)
 	connected := func() bool {
 		t.Helper()
 		dps := f.dps.List()
-		if len(dps) != 1 || dps[0].GatewayID != "gw-a" {
-			t.Fatalf("DataPlanes %+v, want gw-a only", dps)
+		if len(dps) != 1 || dps[0].GatewayID != "gw-a" || dps[0].Duplicate {
+			t.Fatalf("DataPlanes %+v, want gw-a once", dps)
 		}
 		return dps[0].Connected
 	}
@@ -489,6 +502,21 @@ func TestSyncReconnectKeepsGatewayConnected(t *testing.T) {
 	recvSnapshot(t, old)
 	renewed := f.open(t, goodHello())
 	recvSnapshot(t, renewed)
+	wantWarning := func(stream syncStream, want string) {
+		t.Helper()
+		m, err := stream.Recv()
+		if err != nil || !strings.HasPrefix(m.GetWarning().GetMessage(), want) {
+			t.Fatalf("got %v, %v; want a Warning %q...", m, err, want)
+		}
+	}
+	wantWarning(old, `another gateway opened a sync stream with this gateway_id "gw-a" (stream 2 from 127.0.0.1:`)
+	wantWarning(renewed, `another gateway has a sync stream open with this gateway_id "gw-a" (stream 1 from 127.0.0.1:`)
+	if dps := f.dps.List(); len(dps) != 2 || !dps[0].Duplicate || !dps[1].Duplicate || !dps[0].Connected || !dps[1].Connected {
+		t.Fatalf("DataPlanes %+v, want gw-a's two streams, both duplicate", dps)
+	}
+	if n := strings.Count(f.log.String(), "two open streams with the same gateway_id"); n != 1 {
+		t.Fatalf("%d log lines on the duplicate, want 1:\n%s", n, f.log)
+	}
 	closeAndWait(t, old)
 	if !connected() {
 		t.Fatal("gw-a disconnected by the end of its old stream while the new one is open")
@@ -995,5 +1023,57 @@ func TestSyncForksOnPersistedAhead(t *testing.T) {
 	closeAndWait(t, s)
 	if got, err := f.store.History(ctx); err != nil || got != h2 {
 		t.Fatalf("store history %q, %v; want %q", got, err, h2)
+	}
+}
+
+// The applied revision is the one the gateway runs: the Hello's
+// last_applied_revision (a persisted configuration the control plane has
+// no digest for), unchanged by a refused snapshot; the rejection is
+// cleared once the gateway acknowledges a later revision.
+func TestSyncAppliedRevisionAndRejectionCleared(t *testing.T) {
+	f := newSyncFixture(t, 0)
+	entry := func() controlplane.DataPlane {
+		t.Helper()
+		dps := f.dps.List()
+		if len(dps) != 1 {
+			t.Fatalf("DataPlanes %+v, want one", dps)
+		}
+		return dps[0]
+	}
+	h := goodHello()
+	h.LastAppliedRevision, h.Digest = 9, "sha256:not-known-here"
+	stream := f.open(t, h)
+	snap, nonce, _, _ := recvSnapshot(t, stream)
+	if got := entry().AppliedRevision; got != 9 {
+		t.Fatalf("applied_revision %d on connect, want the Hello's 9", got)
+	}
+	if err := stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Nack{Nack: &syncpb.Nack{Revision: snap.Revision, Nonce: nonce, Error: "refused for the test"}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the rejection recorded", func() bool { return entry().LastRejection != nil })
+	if e := entry(); e.AppliedRevision != 9 || e.LastRejection.Revision != snap.Revision {
+		t.Fatalf("after the Nack: %+v, want applied 9 and the rejection of %d", e, snap.Revision)
+	}
+	rev := update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("silver", 3)) })
+	next, nonce2, _, _ := recvSnapshot(t, stream)
+	if next.Revision != rev {
+		t.Fatalf("snapshot of %d, want %d", next.Revision, rev)
+	}
+	if err := stream.Send(&syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Ack{Ack: &syncpb.Ack{Revision: rev, Nonce: nonce2}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the later revision applied", func() bool { return entry().AppliedRevision == rev })
+	if e := entry(); e.LastRejection != nil {
+		t.Fatalf("after the Ack of %d: rejection %+v still listed", rev, e.LastRejection)
+	}
+}
+
+// waitFor polls cond every 5ms until it holds, for up to 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: %s", what)
+		}
 	}
 }

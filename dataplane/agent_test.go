@@ -390,3 +390,36 @@ func TestAgentReconnectGetsChanges(t *testing.T) {
 		t.Fatalf("k2: %s", got)
 	}
 }
+
+// Two gateways configured with one gateway_id against a real control
+// plane: both are listed, flagged duplicate, and each agent logs the
+// control plane's warning.
+func TestAgentsWithOneGatewayIDAreWarned(t *testing.T) {
+	cp := newControlPlane(t, snapshot(0, "k1"))
+	var logs [2]lockedBuffer
+	for i := range logs {
+		a, err := dataplane.New(agentOptions(newGateway(t).gw, cp.addr, &logs[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAgent(t, a)
+		waitFor(t, "the agent's revision acknowledged", func() bool {
+			n := 0
+			for _, dp := range cp.dps.List() {
+				if dp.AppliedRevision == 1 {
+					n++
+				}
+			}
+			return n == i+1
+		})
+	}
+	for i := range logs {
+		waitFor(t, "the warning logged", func() bool {
+			return strings.Contains(logs[i].String(), `msg="dataplane: the control plane warns" component=dataplane group=dp1 gateway=gw-test warning="another gateway `)
+		})
+	}
+	dps := cp.dps.List()
+	if len(dps) != 2 || !dps[0].Duplicate || !dps[1].Duplicate || dps[0].GatewayID != "gw-test" || dps[1].GatewayID != "gw-test" {
+		t.Fatalf("DataPlanes %+v, want gw-test twice, both flagged duplicate", dps)
+	}
+}

@@ -102,6 +102,8 @@ func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (ans
 			// a snapshot).
 			a.confirmPersisted()
 			err = s.report()
+		case *syncpb.ServerMessage_Warning:
+			a.log.Warn("dataplane: the control plane warns", "gateway", a.o.GatewayID, "warning", k.Warning.GetMessage())
 		default:
 			a.log.Warn("dataplane: unknown message from the control plane ignored")
 		}

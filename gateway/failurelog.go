@@ -1,133 +1,14 @@
 package gateway
 
-import (
-	"log/slog"
-	"sync"
-	"time"
-)
+import "github.com/limitplane/limitplane/internal/failurelog"
 
 // StoreFailureLogInterval is how often, at most, the gateway writes a line
 // about store failures (or go-redis's dial failures) after the first one
 // of an outage.
-const StoreFailureLogInterval = 5 * time.Second
+const StoreFailureLogInterval = failurelog.DefaultInterval
 
 // AfterFunc has time.AfterFunc's contract: it calls f in its own goroutine
 // once d has passed, and returns a function that cancels that call if it
 // has not started (reporting whether it cancelled it). Tests pass their
 // own to fire the interval's end when they choose.
-type AfterFunc func(d time.Duration, f func()) (stop func() bool)
-
-// stdAfterFunc is afterFunc on the system clock.
-func stdAfterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
-
-// failureLog logs repeated failures (of the limit store, of go-redis's
-// dials) without writing a line per failure: a Redis outage under load
-// fails every request, and one line each would flood the log. The first failure after a quiet interval is logged at
-// once; the failures after it are counted, and at the end of each
-// interval one line gives their number and the last error, until an
-// interval passes with none (then the next failure is logged at once
-// again). Every line carries failures (how many failures it stands for)
-// and total (failures since start). It is safe for concurrent use.
-type failureLog struct {
-	log      *slog.Logger
-	msg      string
-	attrs    []any // after err, failures and total
-	interval time.Duration
-	after    AfterFunc
-
-	mu         sync.Mutex
-	total      int64
-	pending    int64 // failures since the last line, not yet logged
-	lastErr    error // the last of them
-	inInterval bool  // a line was written and its interval has not ended
-	stop       func() bool
-	closed     bool
-}
-
-// failureLogOptions configure a failureLog.
-type failureLogOptions struct {
-	// Msg is every line's message.
-	Msg string
-	// Attrs follow err, failures and total on every line (slog's
-	// key-value pairs).
-	Attrs []any
-	// Interval is the shortest time between two lines after the first;
-	// StoreFailureLogInterval if 0.
-	Interval time.Duration
-	// AfterFunc times the intervals; time.AfterFunc if nil.
-	AfterFunc AfterFunc
-}
-
-// newFailureLog returns a failureLog writing WARN lines to log.
-func newFailureLog(log *slog.Logger, o failureLogOptions) *failureLog {
-	if o.AfterFunc == nil {
-		o.AfterFunc = stdAfterFunc
-	}
-	if o.Interval == 0 {
-		o.Interval = StoreFailureLogInterval
-	}
-	return &failureLog{log: log, msg: o.Msg, attrs: o.Attrs, interval: o.Interval, after: o.AfterFunc}
-}
-
-// Failed records one failure; it has core.Options.OnStoreError's
-// signature. After Close it only counts.
-func (f *failureLog) Failed(err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.total++
-	if f.inInterval || f.closed {
-		f.pending++
-		f.lastErr = err
-		return
-	}
-	f.log.Warn(f.msg, append([]any{"err", err, "failures", 1, "total", f.total}, f.attrs...)...)
-	f.inInterval = true
-	f.stop = f.after(f.interval, f.tick)
-}
-
-// tick ends an interval: it logs the failures counted in it, if any, and
-// starts another, or else lets the next failure be logged at once.
-func (f *failureLog) tick() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return
-	}
-	if f.pending == 0 {
-		f.inInterval = false
-		return
-	}
-	f.flush()
-	f.stop = f.after(f.interval, f.tick)
-}
-
-// flush logs the pending failures; f.mu is held and f.pending > 0.
-func (f *failureLog) flush() {
-	f.log.Warn(f.msg, append([]any{"err", f.lastErr, "failures", f.pending, "total", f.total}, f.attrs...)...)
-	f.pending, f.lastErr = 0, nil
-}
-
-// Close stops the interval timer and logs the failures counted since the
-// last line, if any, so none goes unreported at shutdown. It returns nil.
-func (f *failureLog) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return nil
-	}
-	f.closed = true
-	if f.stop != nil {
-		f.stop()
-	}
-	if f.pending > 0 {
-		f.flush()
-	}
-	return nil
-}
-
-// Total returns the number of failures recorded since start.
-func (f *failureLog) Total() int64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.total
-}
+type AfterFunc = failurelog.AfterFunc

@@ -43,6 +43,7 @@ import (
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -234,7 +235,7 @@ func New(opts Options) (*Gateway, error) {
 		g.ownsTrans = newTransport()
 		g.transport = g.ownsTrans
 	}
-	failures := newFailureLog(g.log, failureLogOptions{Msg: "limit store failed", AfterFunc: opts.AfterFunc})
+	failures := failurelog.New(g.log, failurelog.Options{Msg: "limit store failed", AfterFunc: opts.AfterFunc})
 	g.closers = append(g.closers, failures.Close)
 	g.onStore = func(err error) {
 		if opts.OnStoreError != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 	"github.com/redis/go-redis/v9"
 )
@@ -91,7 +92,7 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 	// Redis is down) with its own global logger; send it to the gateway's
 	// log, at most a line per interval as for store failures. The logger
 	// is process-wide: the last store opened in a process gets it.
-	rl := newFailureLog(log, failureLogOptions{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: o.AfterFunc})
+	rl := failurelog.New(log, failurelog.Options{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: o.AfterFunc})
 	redis.SetLogger(redisLog{rl})
 	client, err := redisstore.NewClientFromURL(o.URL)
 	if err != nil {
@@ -203,8 +204,8 @@ func hideIn(msg, password string) string {
 }
 
 // redisLog adapts the gateway's logger to go-redis's: each message is a
-// failure for a failureLog.
-type redisLog struct{ f *failureLog }
+// failure for a failurelog.Log.
+type redisLog struct{ f *failurelog.Log }
 
 // Printf implements go-redis's internal.Logging.
 func (r redisLog) Printf(_ context.Context, format string, v ...any) {

@@ -211,3 +211,39 @@ func TestParseKeyHashErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestBearerToken: the Authorization field lines are read as the
+// gateway's JWT sources read them: one line, the Bearer scheme in any
+// case, the token trimmed; none, an empty one or "Bearer" alone is
+// missing; two lines or another scheme are invalid; all 401.
+func TestBearerToken(t *testing.T) {
+	for _, c := range []struct {
+		vals   []string
+		token  string
+		kind   error
+		reason string
+	}{
+		{[]string{"Bearer abc"}, "abc", nil, ""},
+		{[]string{"bearer abc"}, "abc", nil, ""},
+		{[]string{"BEARER \t abc  "}, "abc", nil, ""},
+		{nil, "", ErrMissingCredentials, "no bearer token in the Authorization header"},
+		{[]string{""}, "", ErrMissingCredentials, "no bearer token in the Authorization header"},
+		{[]string{"Bearer"}, "", ErrMissingCredentials, "no bearer token in the Authorization header"},
+		{[]string{"Bearer abc", "Bearer abc"}, "", ErrInvalidCredentials, "ambiguous credentials: more than one Authorization header"},
+		{[]string{"Basic abc"}, "", ErrInvalidCredentials, reasonNotBearer},
+		{[]string{"Bearerabc"}, "", ErrInvalidCredentials, reasonNotBearer},
+		{[]string{"abc"}, "", ErrInvalidCredentials, reasonNotBearer},
+	} {
+		tok, err := BearerToken(c.vals)
+		if c.kind == nil {
+			if err != nil || tok != c.token {
+				t.Errorf("BearerToken(%q) = %q, %v; want %q", c.vals, tok, err, c.token)
+			}
+			continue
+		}
+		e, ok := err.(*Error)
+		if tok != "" || !ok || e.Status != 401 || e.Kind != c.kind || e.Reason != c.reason {
+			t.Errorf("BearerToken(%q) = %q, %#v; want 401 %v %q", c.vals, tok, err, c.kind, c.reason)
+		}
+	}
+}

@@ -672,19 +672,9 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (str
 		var v string
 		switch s.In {
 		case InHeader:
-			vals := r.HeaderValues(lookup[i])
-			if len(vals) > 1 {
-				return "", invalid(401, "ambiguous credentials: more than one "+s.String())
-			}
-			if len(vals) == 1 {
-				v = strings.TrimSpace(vals[0])
-			}
-			if strings.EqualFold(s.Name, "Authorization") && v != "" {
-				if len(v) >= 6 && strings.EqualFold(v[:6], "bearer") && (len(v) == 6 || v[6] == ' ' || v[6] == '\t') {
-					v = v[6:] // "Bearer" alone is no credential
-				} else if bearerOnly {
-					return "", invalid(401, reasonNotBearer)
-				}
+			var err error
+			if v, err = headerCredential(r.HeaderValues(lookup[i]), s, bearerOnly); err != nil {
+				return "", err
 			}
 		case InQuery:
 			qv, ok := r.(QueryValuer)
@@ -711,6 +701,48 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (str
 		}
 	}
 	return cred, nil
+}
+
+// headerCredential returns the credential in the field lines vals of
+// header source s, as extract reads it: "" for none; more than one line
+// is ambiguous; in the Authorization header, the case-insensitive
+// "Bearer" scheme is removed, and with bearerOnly another scheme is
+// refused.
+func headerCredential(vals []string, s Source, bearerOnly bool) (string, error) {
+	if len(vals) > 1 {
+		return "", invalid(401, "ambiguous credentials: more than one "+s.String())
+	}
+	var v string
+	if len(vals) == 1 {
+		v = strings.TrimSpace(vals[0])
+	}
+	if strings.EqualFold(s.Name, "Authorization") && v != "" {
+		if len(v) >= 6 && strings.EqualFold(v[:6], "bearer") && (len(v) == 6 || v[6] == ' ' || v[6] == '\t') {
+			v = v[6:] // "Bearer" alone is no credential
+		} else if bearerOnly {
+			return "", invalid(401, reasonNotBearer)
+		}
+	}
+	return strings.TrimSpace(v), nil
+}
+
+// BearerToken returns the token in the Authorization header's field lines
+// vals (http.Header.Values("Authorization")) as the gateway reads a JWT:
+// exactly one line, in the Bearer scheme, its name in any case (RFC 6750
+// §2.1), the token with surrounding white space trimmed. It fails with a
+// 401 *Error: ErrMissingCredentials when there is no line, an empty one
+// or "Bearer" alone; ErrInvalidCredentials for more than one line
+// (ambiguous: net/http's Get reads the first, a proxy may use the last)
+// or another scheme.
+func BearerToken(vals []string) (string, error) {
+	v, err := headerCredential(vals, Source{InHeader, "Authorization"}, true)
+	if err != nil {
+		return "", err
+	}
+	if v == "" {
+		return "", missing("no bearer token in the Authorization header")
+	}
+	return v, nil
 }
 
 // reasonNotBearer refuses a token sent in the Authorization header without

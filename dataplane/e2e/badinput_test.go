@@ -46,11 +46,11 @@ func TestBadTokens(t *testing.T) {
 	foreign := startGateway(t, dp, cp.syncAddr, "foreign-tags", gwOptions{tags: []string{"dp1", "dp2"}})
 
 	for _, c := range []struct {
-		g            *gateway
-		shown, cpLog string
+		g             *gateway
+		shown, series string
 	}{
-		{wrong, "unknown data-plane token", "sync stream refused: unknown data-plane token"},
-		{foreign, `may not ask for tag "dp2"`, "sync stream refused: tag outside the token's scope"},
+		{wrong, "unknown data-plane token", `limitplane_controlplane_sync_refused_total{reason="unauthenticated"}`},
+		{foreign, `may not ask for tag "dp2"`, `limitplane_controlplane_sync_refused_total{reason="permission_denied"}`},
 	} {
 		r := waitReadyz(t, c.g, "the refusal in last_error", syncTimeout, func(r readiness) bool {
 			return strings.Contains(r.ControlPlane.LastError, c.shown)
@@ -58,10 +58,20 @@ func TestBadTokens(t *testing.T) {
 		if r.Ready || r.ControlPlane.State == "connected" || r.ControlPlane.AppliedRevision != 0 {
 			t.Errorf("gateway %s refused, yet /readyz says %+v %+v", c.g.id, r, r.ControlPlane)
 		}
-		waitFor(t, "the control plane's log of "+c.g.id, syncTimeout, func() (bool, string) {
-			log := cp.proc.stderr.String()
-			return logged(log, c.cpLog) && strings.Contains(log, c.g.id), tail(log, 2000)
+		// The control plane counts every refusal and logs them
+		// rate-limited (the first at once, then a line per 5s).
+		waitFor(t, "the control plane's count of "+c.g.id+"'s refusals", syncTimeout, func() (bool, string) {
+			m := string(cp.mustAdmin(t, "GET", "/metrics", nil, 200))
+			for line := range strings.Lines(m) {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), c.series+" "); ok && v != "0" {
+					return true, ""
+				}
+			}
+			return false, tail(m, 2000)
 		})
+	}
+	if log := cp.proc.stderr.String(); !logged(log, `msg="controlplane: sync stream refused"`) {
+		t.Errorf("no refusal in the control plane's log:\n%s", tail(log, 2000))
 	}
 	rev := waitSynced(t, cp, good)
 	waitConnected(t, cp, rev, good)

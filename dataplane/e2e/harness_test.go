@@ -245,7 +245,7 @@ func freePortOn(t testing.TB, host string) string {
 }
 
 // adminToken is every test control plane's admin bearer token.
-const adminToken = "e2e-admin-token"
+const adminToken = "e2e-admin-token-0123456789abcdef"
 
 // dpToken is one entry of the control plane's -dataplanes file.
 type dpToken struct {

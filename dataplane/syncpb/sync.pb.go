@@ -74,7 +74,7 @@ func (x Change_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Change_Kind.Descriptor instead.
 func (Change_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{8, 0}
+	return file_sync_proto_rawDescGZIP(), []int{9, 0}
 }
 
 // Object is the kind of object a change is about.
@@ -127,7 +127,7 @@ func (x Change_Object) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Change_Object.Descriptor instead.
 func (Change_Object) EnumDescriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{8, 1}
+	return file_sync_proto_rawDescGZIP(), []int{9, 1}
 }
 
 // ClientMessage is one message from a gateway to the control plane.
@@ -602,6 +602,7 @@ type ServerMessage struct {
 	//	*ServerMessage_SnapshotChunk
 	//	*ServerMessage_Changes
 	//	*ServerMessage_DigestRequest
+	//	*ServerMessage_Warning
 	Kind          isServerMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -671,6 +672,15 @@ func (x *ServerMessage) GetDigestRequest() *DigestRequest {
 	return nil
 }
 
+func (x *ServerMessage) GetWarning() *Warning {
+	if x != nil {
+		if x, ok := x.Kind.(*ServerMessage_Warning); ok {
+			return x.Warning
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Kind interface {
 	isServerMessage_Kind()
 }
@@ -687,11 +697,65 @@ type ServerMessage_DigestRequest struct {
 	DigestRequest *DigestRequest `protobuf:"bytes,3,opt,name=digest_request,json=digestRequest,proto3,oneof"`
 }
 
+type ServerMessage_Warning struct {
+	Warning *Warning `protobuf:"bytes,4,opt,name=warning,proto3,oneof"`
+}
+
 func (*ServerMessage_SnapshotChunk) isServerMessage_Kind() {}
 
 func (*ServerMessage_Changes) isServerMessage_Kind() {}
 
 func (*ServerMessage_DigestRequest) isServerMessage_Kind() {}
+
+func (*ServerMessage_Warning) isServerMessage_Kind() {}
+
+// Warning is something the gateway's operator should know and the
+// gateway cannot act on: another open stream with the same gateway_id
+// (two gateways configured with one ID). The gateway logs it; older
+// gateways ignore it.
+type Warning struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Message       string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Warning) Reset() {
+	*x = Warning{}
+	mi := &file_sync_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Warning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Warning) ProtoMessage() {}
+
+func (x *Warning) ProtoReflect() protoreflect.Message {
+	mi := &file_sync_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Warning.ProtoReflect.Descriptor instead.
+func (*Warning) Descriptor() ([]byte, []int) {
+	return file_sync_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Warning) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
 
 // SnapshotChunk is one slice of a snapshot's JSON (spec.Snapshot). A
 // snapshot travels as chunks with the same revision and nonce and seq 0,
@@ -728,7 +792,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_sync_proto_msgTypes[6]
+	mi := &file_sync_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +804,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[6]
+	mi := &file_sync_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +817,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{6}
+	return file_sync_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotChunk) GetRevision() uint64 {
@@ -827,7 +891,7 @@ type Changes struct {
 
 func (x *Changes) Reset() {
 	*x = Changes{}
-	mi := &file_sync_proto_msgTypes[7]
+	mi := &file_sync_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +903,7 @@ func (x *Changes) String() string {
 func (*Changes) ProtoMessage() {}
 
 func (x *Changes) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[7]
+	mi := &file_sync_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +916,7 @@ func (x *Changes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Changes.ProtoReflect.Descriptor instead.
 func (*Changes) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{7}
+	return file_sync_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Changes) GetFromRevision() uint64 {
@@ -906,7 +970,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_sync_proto_msgTypes[8]
+	mi := &file_sync_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +982,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[8]
+	mi := &file_sync_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +995,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{8}
+	return file_sync_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Change) GetKind() Change_Kind {
@@ -971,7 +1035,7 @@ type DigestRequest struct {
 
 func (x *DigestRequest) Reset() {
 	*x = DigestRequest{}
-	mi := &file_sync_proto_msgTypes[9]
+	mi := &file_sync_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1047,7 @@ func (x *DigestRequest) String() string {
 func (*DigestRequest) ProtoMessage() {}
 
 func (x *DigestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[9]
+	mi := &file_sync_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1060,7 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{9}
+	return file_sync_proto_rawDescGZIP(), []int{10}
 }
 
 // NotBuilt is one API a gateway runs without, and why.
@@ -1012,7 +1076,7 @@ type NotBuilt struct {
 
 func (x *NotBuilt) Reset() {
 	*x = NotBuilt{}
-	mi := &file_sync_proto_msgTypes[10]
+	mi := &file_sync_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1088,7 @@ func (x *NotBuilt) String() string {
 func (*NotBuilt) ProtoMessage() {}
 
 func (x *NotBuilt) ProtoReflect() protoreflect.Message {
-	mi := &file_sync_proto_msgTypes[10]
+	mi := &file_sync_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1101,7 @@ func (x *NotBuilt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotBuilt.ProtoReflect.Descriptor instead.
 func (*NotBuilt) Descriptor() ([]byte, []int) {
-	return file_sync_proto_rawDescGZIP(), []int{10}
+	return file_sync_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NotBuilt) GetApi() string {
@@ -1090,12 +1154,15 @@ const file_sync_proto_rawDesc = "" +
 	"\fDigestReport\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x129\n" +
-	"\tnot_built\x18\x03 \x03(\v2\x1c.limitplane.sync.v1.NotBuiltR\bnotBuilt\"\xe8\x01\n" +
+	"\tnot_built\x18\x03 \x03(\v2\x1c.limitplane.sync.v1.NotBuiltR\bnotBuilt\"\xa1\x02\n" +
 	"\rServerMessage\x12J\n" +
 	"\x0esnapshot_chunk\x18\x01 \x01(\v2!.limitplane.sync.v1.SnapshotChunkH\x00R\rsnapshotChunk\x127\n" +
 	"\achanges\x18\x02 \x01(\v2\x1b.limitplane.sync.v1.ChangesH\x00R\achanges\x12J\n" +
-	"\x0edigest_request\x18\x03 \x01(\v2!.limitplane.sync.v1.DigestRequestH\x00R\rdigestRequestB\x06\n" +
-	"\x04kind\"\xad\x01\n" +
+	"\x0edigest_request\x18\x03 \x01(\v2!.limitplane.sync.v1.DigestRequestH\x00R\rdigestRequest\x127\n" +
+	"\awarning\x18\x04 \x01(\v2\x1b.limitplane.sync.v1.WarningH\x00R\awarningB\x06\n" +
+	"\x04kind\"#\n" +
+	"\aWarning\x12\x18\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\xad\x01\n" +
 	"\rSnapshotChunk\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\x12\x10\n" +
@@ -1146,7 +1213,7 @@ func file_sync_proto_rawDescGZIP() []byte {
 }
 
 var file_sync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_sync_proto_goTypes = []any{
 	(Change_Kind)(0),      // 0: limitplane.sync.v1.Change.Kind
 	(Change_Object)(0),    // 1: limitplane.sync.v1.Change.Object
@@ -1156,32 +1223,34 @@ var file_sync_proto_goTypes = []any{
 	(*Nack)(nil),          // 5: limitplane.sync.v1.Nack
 	(*DigestReport)(nil),  // 6: limitplane.sync.v1.DigestReport
 	(*ServerMessage)(nil), // 7: limitplane.sync.v1.ServerMessage
-	(*SnapshotChunk)(nil), // 8: limitplane.sync.v1.SnapshotChunk
-	(*Changes)(nil),       // 9: limitplane.sync.v1.Changes
-	(*Change)(nil),        // 10: limitplane.sync.v1.Change
-	(*DigestRequest)(nil), // 11: limitplane.sync.v1.DigestRequest
-	(*NotBuilt)(nil),      // 12: limitplane.sync.v1.NotBuilt
+	(*Warning)(nil),       // 8: limitplane.sync.v1.Warning
+	(*SnapshotChunk)(nil), // 9: limitplane.sync.v1.SnapshotChunk
+	(*Changes)(nil),       // 10: limitplane.sync.v1.Changes
+	(*Change)(nil),        // 11: limitplane.sync.v1.Change
+	(*DigestRequest)(nil), // 12: limitplane.sync.v1.DigestRequest
+	(*NotBuilt)(nil),      // 13: limitplane.sync.v1.NotBuilt
 }
 var file_sync_proto_depIdxs = []int32{
 	3,  // 0: limitplane.sync.v1.ClientMessage.hello:type_name -> limitplane.sync.v1.Hello
 	4,  // 1: limitplane.sync.v1.ClientMessage.ack:type_name -> limitplane.sync.v1.Ack
 	5,  // 2: limitplane.sync.v1.ClientMessage.nack:type_name -> limitplane.sync.v1.Nack
 	6,  // 3: limitplane.sync.v1.ClientMessage.digest_report:type_name -> limitplane.sync.v1.DigestReport
-	12, // 4: limitplane.sync.v1.Ack.not_built:type_name -> limitplane.sync.v1.NotBuilt
-	12, // 5: limitplane.sync.v1.DigestReport.not_built:type_name -> limitplane.sync.v1.NotBuilt
-	8,  // 6: limitplane.sync.v1.ServerMessage.snapshot_chunk:type_name -> limitplane.sync.v1.SnapshotChunk
-	9,  // 7: limitplane.sync.v1.ServerMessage.changes:type_name -> limitplane.sync.v1.Changes
-	11, // 8: limitplane.sync.v1.ServerMessage.digest_request:type_name -> limitplane.sync.v1.DigestRequest
-	10, // 9: limitplane.sync.v1.Changes.changes:type_name -> limitplane.sync.v1.Change
-	0,  // 10: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
-	1,  // 11: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
-	2,  // 12: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
-	7,  // 13: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
-	13, // [13:14] is the sub-list for method output_type
-	12, // [12:13] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 4: limitplane.sync.v1.Ack.not_built:type_name -> limitplane.sync.v1.NotBuilt
+	13, // 5: limitplane.sync.v1.DigestReport.not_built:type_name -> limitplane.sync.v1.NotBuilt
+	9,  // 6: limitplane.sync.v1.ServerMessage.snapshot_chunk:type_name -> limitplane.sync.v1.SnapshotChunk
+	10, // 7: limitplane.sync.v1.ServerMessage.changes:type_name -> limitplane.sync.v1.Changes
+	12, // 8: limitplane.sync.v1.ServerMessage.digest_request:type_name -> limitplane.sync.v1.DigestRequest
+	8,  // 9: limitplane.sync.v1.ServerMessage.warning:type_name -> limitplane.sync.v1.Warning
+	11, // 10: limitplane.sync.v1.Changes.changes:type_name -> limitplane.sync.v1.Change
+	0,  // 11: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
+	1,  // 12: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
+	2,  // 13: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
+	7,  // 14: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
+	14, // [14:15] is the sub-list for method output_type
+	13, // [13:14] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_sync_proto_init() }
@@ -1199,6 +1268,7 @@ func file_sync_proto_init() {
 		(*ServerMessage_SnapshotChunk)(nil),
 		(*ServerMessage_Changes)(nil),
 		(*ServerMessage_DigestRequest)(nil),
+		(*ServerMessage_Warning)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1206,7 +1276,7 @@ func file_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sync_proto_rawDesc), len(file_sync_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

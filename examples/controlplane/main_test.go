@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,10 +33,10 @@ func TestMain(m *testing.M) {
 
 const runMainEnv = "LP_CONTROLPLANE_TEST_RUN_MAIN"
 
-const token = "admin-token-for-tests"
+const token = "admin-token-for-tests-0123456789"
 
 var (
-	listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
+	listeningRE = regexp.MustCompile(`listening on (https?://\S+)`)
 	syncLineRE  = regexp.MustCompile(`(?m)^  sync listening on (\S+) \(tls: (off|on|mutual); data-plane tokens: (\d+)\)$`)
 )
 
@@ -74,10 +76,14 @@ func start(t *testing.T, args ...string) *process {
 	return startEnv(t, nil, args...)
 }
 
-// startEnv is start with more environment variables.
+// startEnv is start with more environment variables. The admin API
+// listens on a free loopback port unless args give -admin-listen.
 func startEnv(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append(args, "-admin-listen", "127.0.0.1:0")...)
+	if !slices.Contains(args, "-admin-listen") {
+		args = append(args, "-admin-listen", "127.0.0.1:0")
+	}
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), runMainEnv+"=1", "LP_CP_ADMIN_TOKEN="+token), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -339,5 +345,74 @@ func TestExportImportBetweenPrograms(t *testing.T) {
 	h := identity.HashKey("k1").String()
 	if st, body := do(t, "GET", b.base+"/api/keys/"+h, ""); st != 200 || body != `{"key_hash":"`+h+`","policies":["gold"],"quota_epoch":4}` {
 		t.Fatal(st, body)
+	}
+}
+
+// The admin token must have at least 32 bytes, the admin API serves
+// plaintext only on loopback unless -admin-insecure says so (exit status
+// 2 otherwise, with the reason), and its certificate and key go together.
+func TestAdminStartRefusals(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "cp.db")
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"LP_CP_ADMIN_TOKEN=x"}, []string{"-admin-listen", "127.0.0.1:0"},
+			"controlplane: the admin token is 1 bytes, want at least 32 (e.g. openssl rand -hex 32)\n"},
+		{[]string{"LP_CP_ADMIN_TOKEN=" + token[:31]}, []string{"-admin-listen", "127.0.0.1:0"},
+			"controlplane: the admin token is 31 bytes, want at least 32 (e.g. openssl rand -hex 32)\n"},
+		{nil, []string{"-admin-listen", "0.0.0.0:0"},
+			"controlplane: -admin-listen 0.0.0.0:0 is not a loopback address and the admin API has no TLS: the admin token would cross the network in plaintext; give -admin-tls-cert and -admin-tls-key, or -admin-insecure to accept that\n"},
+		{[]string{"LP_CP_ADMIN_LISTEN=10.1.2.3:7070"}, nil,
+			"controlplane: -admin-listen 10.1.2.3:7070 is not a loopback address and the admin API has no TLS: the admin token would cross the network in plaintext; give -admin-tls-cert and -admin-tls-key, or -admin-insecure to accept that\n"},
+		{nil, []string{"-admin-listen", "127.0.0.1:0", "-admin-tls-cert", "cp.pem"},
+			"controlplane: -admin-tls-cert and -admin-tls-key go together\n"},
+		{[]string{"LP_CP_ADMIN_INSECURE=maybe"}, nil, "controlplane: LP_CP_ADMIN_INSECURE=\"maybe\": want true or false\n"},
+	} {
+		code, out := runExit(t, c.env, append([]string{"-data", db}, c.args...)...)
+		if code != 2 || out != c.want {
+			t.Errorf("env %q args %q: exit %d, output %q; want 2 and %q", c.env, c.args, code, out, c.want)
+		}
+	}
+	p := start(t, "-data", db, "-admin-listen", "0.0.0.0:0", "-admin-insecure")
+	if !strings.HasPrefix(p.base, "http://[::]:") && !strings.HasPrefix(p.base, "http://0.0.0.0:") {
+		t.Fatalf("with -admin-insecure: %s", p.banner)
+	}
+}
+
+// With -admin-tls-cert and -admin-tls-key the admin API serves HTTPS (on
+// any address): a client trusting the CA gets its answer, a plaintext
+// request is answered 400 by the TLS server.
+func TestAdminTLS(t *testing.T) {
+	ca := newPKI(t)
+	p := start(t, "-data", filepath.Join(t.TempDir(), "cp.db"), "-admin-tls-cert", ca.certFile, "-admin-tls-key", ca.keyFile)
+	if !strings.HasPrefix(p.base, "https://127.0.0.1:") {
+		t.Fatalf("banner %q, want https", p.banner)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.roots}}}
+	t.Cleanup(client.CloseIdleConnections)
+	req, err := http.NewRequest("GET", p.base+"/api/revision", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != `{"revision":0}`+"\n" {
+		t.Fatalf("over TLS: %d %s", resp.StatusCode, b)
+	}
+	resp, err = http.Get("http://" + strings.TrimPrefix(p.base, "https://") + "/api/revision")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("plaintext to the TLS admin API: %d, want 400", resp.StatusCode)
 	}
 }
