@@ -482,11 +482,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	h := http.NewServeMux()
-	h.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
-	h.Handle("GET /healthz", probes)
-	h.Handle("GET /readyz", probes)
-	h.Handle("/", admin)
+	metricsH := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)})
+	// Routed by exact path, not by an http.ServeMux: a ServeMux answers a
+	// path with ".." (PUT /api/keys/../policies/x) with a redirect that a
+	// client follows with its PUT, where the admin handler answers 400.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			metricsH.ServeHTTP(w, r)
+		case "/healthz", "/readyz":
+			probes.ServeHTTP(w, r) // GET only: its own mux answers 405 otherwise
+		default:
+			admin.ServeHTTP(w, r)
+		}
+	})
 	ln, err := net.Listen("tcp", ac.listen)
 	if err != nil {
 		return err
