@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/internal/failurelog"
@@ -58,6 +59,24 @@ const MaxProblems = 100
 // MinTokenBytes is the shortest admin token Admin accepts, in bytes
 // (openssl rand -hex 32 makes one of 64).
 const MinTokenBytes = 32
+
+// CheckToken reports why token cannot be the admin token, or returns nil;
+// the error's text continues "the token ..." ("is 5 bytes, want at least
+// 32 ..."). The token is refused when it is shorter than MinTokenBytes, or holds white space or a control
+// character (a byte up to 0x20, or DEL), which a client could not send as
+// the token (identity.BearerToken trims surrounding white space: a token
+// of spaces would refuse every call).
+func CheckToken(token string) error {
+	if len(token) < MinTokenBytes {
+		return fmt.Errorf("is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(token), MinTokenBytes)
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c <= ' ' || c == 0x7f {
+			return fmt.Errorf("holds white space or the control character %q at byte %d; no Authorization header carries it as sent", c, i)
+		}
+	}
+	return nil
+}
 
 // TokenID names an admin token in audit lines without revealing it:
 // "sha256:" and the first 12 hex digits of its SHA-256.
@@ -157,8 +176,8 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	if o.Token == "" {
 		return nil, errors.New("controlplane: admin: no token (the admin API never runs without one)")
 	}
-	if len(o.Token) < MinTokenBytes {
-		return nil, fmt.Errorf("controlplane: admin: the token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(o.Token), MinTokenBytes)
+	if err := CheckToken(o.Token); err != nil {
+		return nil, fmt.Errorf("controlplane: admin: the token %w", err)
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1 << 20
@@ -219,7 +238,7 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint", nil)
 	})
-	return a.authenticate(cleanPaths(jsonWrites(mux))), nil
+	return cleanPaths(a.authenticate(jsonWrites(mux))), nil
 }
 
 // cleanPaths answers 400 to a path that is not clean (a "." or ".."
@@ -329,16 +348,27 @@ type written struct {
 // "controlplane: admin write" with the token's TokenID, the method, the
 // path and the new revision, or the error.
 func (a *admin) update(w http.ResponseWriter, r *http.Request, status int, keyHash string, fn func(tx Tx) error) {
+	rev, err := a.write(r, fn)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, status, written{KeyHash: keyHash, Revision: rev})
+}
+
+// write runs fn in one store write for r and accounts for it, whatever
+// the endpoint (one object, a batch, an import): the write metrics, the
+// revision gauge and the audit line, with the new revision or the error.
+func (a *admin) write(r *http.Request, fn func(tx Tx) error) (uint64, error) {
 	start := time.Now()
 	rev, err := a.o.Store.Update(r.Context(), fn)
 	a.o.Metrics.write(time.Since(start), rev, err)
 	if err != nil {
 		a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "error", err)
-		a.fail(w, r, err)
-		return
+		return 0, err
 	}
 	a.o.Log.Info("controlplane: admin write", "token", a.tokenID, "method", r.Method, "path", r.URL.RequestURI(), "revision", rev)
-	writeJSON(w, status, written{KeyHash: keyHash, Revision: rev})
+	return rev, nil
 }
 
 // fail answers err: its own status for an httpError, 422 with the
@@ -378,6 +408,12 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: %v", err), nil)
+		return false
+	}
+	if !utf8.Valid(body) {
+		// encoding/json would put U+FFFD for each bad byte: a key, id or
+		// secret other than the one sent.
+		writeError(w, http.StatusBadRequest, "body is not valid UTF-8", nil)
 		return false
 	}
 	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {

@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -157,13 +158,18 @@ func TestAdminAuditLines(t *testing.T) {
 	if a := call(t, "DELETE", srv.URL+"/api/policies/gold", ""); a.status != 404 {
 		t.Fatalf("deleting it again: %d %s", a.status, a.body)
 	}
+	// Bulk writes are writes too: audited and counted like the others.
+	expect(t, call(t, "POST", srv.URL+"/api/import", `{"policies":[{"id":"p"}]}`), 200, `{"revision":3}`)
+	expect(t, call(t, "POST", srv.URL+"/api/keys:batch", `{"keys":[{"key_hash":"`+hash("k1")+`","policies":["p"]}]}`), 200, `{"revision":4,"key_hashes":["`+hash("k1")+`"]}`)
 	id := controlplane.TokenID(token)
 	if len(id) != len("sha256:")+12 || !strings.HasPrefix(controlplane.HashToken(token), id) {
 		t.Fatalf("TokenID %q", id)
 	}
 	want := `level=INFO msg="controlplane: admin write" token=` + id + ` method=PUT path=/api/policies/gold revision=1` + "\n" +
 		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold revision=2` + "\n" +
-		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold error="no policy \"gold\""` + "\n"
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=DELETE path=/api/policies/gold error="no policy \"gold\""` + "\n" +
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=POST path=/api/import revision=3` + "\n" +
+		`level=INFO msg="controlplane: admin write" token=` + id + ` method=POST path=/api/keys:batch revision=4` + "\n"
 	if got := log.String(); got != want {
 		t.Fatalf("log:\n%s\nwant\n%s", got, want)
 	}
@@ -473,4 +479,27 @@ func TestAdminPathsAndContentTypes(t *testing.T) {
 func strconvQuote(s string) string {
 	b, _ := json.Marshal(strconv.Quote(s))
 	return string(b[1 : len(b)-1])
+}
+
+// TestAdminHostileBodies: what a new user's hostile input found. Bytes
+// that are not UTF-8 are refused (encoding/json would have stored U+FFFD
+// for them: a key other than the one sent), and so is a key holding
+// U+FFFD (a lone surrogate escape decodes to it); a member named twice in
+// two cases is a duplicate (encoding/json would keep the last); a path
+// that is not clean is 400 before the token is looked at.
+func TestAdminHostileBodies(t *testing.T) {
+	s, base := server(t, controlplane.BoltOptions{}, nil)
+	expect(t, call(t, "PUT", base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`), 200, `{"revision":1}`)
+	expect(t, call(t, "POST", base+"/api/keys", "{\"key\":\"y\xff\xfe\",\"policies\":[\"gold\"]}"), 400, `{"error":"body is not valid UTF-8"}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"y\ud800z","policies":["gold"]}`), 422,
+		`{"error":"no gateway would accept this key; nothing was changed","problems":[{"path":"key","problem":"holds U+FFFD, which a JSON or YAML decoder puts for bytes that are not UTF-8 or a lone surrogate: the key meant is another"}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/e", `{"rate":{"requests":5,"per":"1m","Requests":99}}`), 400, `{"error":"body names member rate.\"Requests\" twice"}`)
+	expect(t, call(t, "POST", base+"/api/import", `{"policies":[{"id":"a"}],"Policies":[{"id":"b"}]}`), 400, `{"error":"body names member \"Policies\" twice"}`)
+	for _, p := range []string{"/api/../metrics", "/api/policies/./gold"} {
+		expect(t, callWith(t, "GET", base+p, "", ""), 400, `{"error":"path \"`+p+`\" is not clean (no \".\" or \"..\" segments, no \"//\")"}`)
+	}
+	var rev uint64
+	if err := s.View(context.Background(), func(r controlplane.Reader) error { rev = r.Revision(); return nil }); err != nil || rev != 1 {
+		t.Fatalf("revision %d, %v; want 1 (nothing written)", rev, err)
+	}
 }

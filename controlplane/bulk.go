@@ -79,7 +79,7 @@ func (a *admin) postKeysBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnprocessableEntity, "the batch has invalid keys; nothing was changed", errs)
 		return
 	}
-	rev, err := a.o.Store.Update(r.Context(), func(tx Tx) error {
+	rev, err := a.write(r, func(tx Tx) error {
 		policies, apis, err := byID(tx)
 		if err != nil {
 			return err
@@ -282,7 +282,7 @@ func (a *admin) importState(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnprocessableEntity, "the document is not a valid configuration; nothing was changed", errs)
 		return
 	}
-	rev, err := a.o.Store.Update(r.Context(), func(tx Tx) error { return replaceState(tx, &s) })
+	rev, err := a.write(r, func(tx Tx) error { return replaceState(tx, &s) })
 	if err != nil {
 		a.fail(w, r, err)
 		return

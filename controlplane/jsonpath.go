@@ -62,10 +62,13 @@ func duplicateMember(doc []byte) (string, error) {
 			name, _ := tok.(string)
 			f := &stack[top]
 			member = memberPath(f.path, name)
-			if _, dup := f.seen[name]; dup {
+			// encoding/json matches member names to fields without
+			// regard to case, so "Rate" after "rate" also replaces it.
+			folded := strings.ToLower(strings.ToUpper(name))
+			if _, dup := f.seen[folded]; dup {
 				return member, nil
 			}
-			f.seen[name] = struct{}{}
+			f.seen[folded] = struct{}{}
 			continue
 		}
 		at := member

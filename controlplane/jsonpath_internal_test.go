@@ -13,6 +13,11 @@ func TestDuplicateMember(t *testing.T) {
 		{`{"api_limits":{"Orders":{},"Orders":{}}}`, `api_limits."Orders"`},
 		{`[{"a":[]},{"a":[1,{"b":1,"b":2}]}]`, "[1].a[1].b"},
 		{`{"a":"{\"b\":1,\"b\":1}"}`, ""},
+		// encoding/json matches names without regard to case: "Requests"
+		// after "requests" would replace it, last wins.
+		{`{"rate":{"requests":5,"per":"1m","Requests":99}}`, `rate."Requests"`},
+		{`{"policies":[{"id":"a"}],"Policies":[{"id":"b"}]}`, `"Policies"`},
+		{`{"s":1,"ſ":2}`, `"ſ"`}, // ſ folds to s, as encoding/json folds it
 	} {
 		got, err := duplicateMember([]byte(c.doc))
 		if err != nil || got != c.want {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
@@ -572,9 +573,12 @@ const DefaultMaxKeyLength = 512
 // gateway with the default options, or returns nil: it is empty, longer
 // than DefaultMaxKeyLength bytes (refused without hashing), starts or
 // ends with white space (Extract trims it, so the key presented would be
-// another), or holds a control character (CR, LF, NUL, any byte below
-// 0x20 or DEL: no header can carry it). The gateway's file and the
-// control plane refuse such keys with its message, which names no key.
+// another), holds a control character (CR, LF, NUL, any byte below
+// 0x20 or DEL: no header can carry it), is not valid UTF-8, or holds
+// U+FFFD, the replacement character that JSON and YAML decoders put for
+// bytes that are not UTF-8 and for lone surrogates (the key meant was
+// another). The gateway's file and the control plane refuse such keys
+// with its message, which names no key.
 func CheckKey(key string) error {
 	switch {
 	case key == "":
@@ -583,6 +587,10 @@ func CheckKey(key string) error {
 		return fmt.Errorf("identity: longer than %d bytes; the gateway refuses such keys", DefaultMaxKeyLength)
 	case strings.TrimSpace(key) != key:
 		return errors.New("identity: starts or ends with white space, which the gateway trims from a presented key")
+	case !utf8.ValidString(key):
+		return errors.New("identity: not valid UTF-8")
+	case strings.ContainsRune(key, utf8.RuneError):
+		return errors.New("identity: holds U+FFFD, which a JSON or YAML decoder puts for bytes that are not UTF-8 or a lone surrogate: the key meant is another")
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c == 0x7f {

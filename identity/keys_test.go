@@ -418,6 +418,8 @@ func TestCheckKey(t *testing.T) {
 		{"a\x7f", `identity: holds the control character '\x7f' at byte 1; no request header can carry it`},
 		{" k", "identity: starts or ends with white space, which the gateway trims from a presented key"},
 		{"k\n", "identity: starts or ends with white space, which the gateway trims from a presented key"},
+		{"y\xff\xfe", "identity: not valid UTF-8"},
+		{"y\uFFFD\uFFFD", "identity: holds U+FFFD, which a JSON or YAML decoder puts for bytes that are not UTF-8 or a lone surrogate: the key meant is another"},
 	} {
 		got := ""
 		if err := identity.CheckKey(c.key); err != nil {

@@ -431,8 +431,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *expiry <= 0 {
 		return &usageError{fmt.Errorf("-dataplane-expiry %s: want more than 0", *expiry)}
 	}
-	if len(token) < controlplane.MinTokenBytes {
-		return &usageError{fmt.Errorf("the admin token is %d bytes, want at least %d (e.g. openssl rand -hex 32)", len(token), controlplane.MinTokenBytes)}
+	if err := controlplane.CheckToken(token); err != nil {
+		return &usageError{fmt.Errorf("the admin token %w", err)}
 	}
 	if err := ac.check(); err != nil {
 		return &usageError{err}

@@ -363,6 +363,8 @@ func TestAdminStartRefusals(t *testing.T) {
 			"controlplane: the admin token is 1 bytes, want at least 32 (e.g. openssl rand -hex 32)\n"},
 		{[]string{"LP_CP_ADMIN_TOKEN=" + token[:31]}, []string{"-admin-listen", "127.0.0.1:0"},
 			"controlplane: the admin token is 31 bytes, want at least 32 (e.g. openssl rand -hex 32)\n"},
+		{[]string{"LP_CP_ADMIN_TOKEN=" + strings.Repeat(" ", 40)}, []string{"-admin-listen", "127.0.0.1:0"},
+			"controlplane: the admin token holds white space or the control character ' ' at byte 0; no Authorization header carries it as sent\n"},
 		{nil, []string{"-admin-listen", "0.0.0.0:0"},
 			"controlplane: -admin-listen 0.0.0.0:0 is not a loopback address and the admin API has no TLS: the admin token would cross the network in plaintext; give -admin-tls-cert and -admin-tls-key, or -admin-insecure to accept that\n"},
 		{[]string{"LP_CP_ADMIN_LISTEN=10.1.2.3:7070"}, nil,
