@@ -46,18 +46,22 @@ type DataPlane struct {
 	// LastRejection is the last revision it refused to apply, or nil;
 	// cleared once it acknowledges that revision or a later one.
 	LastRejection *Rejection `json:"last_rejection,omitempty"`
-	// NotBuilt are the APIs of its applied revision that it runs
-	// without, as its last Ack or DigestReport said: what only its host
-	// can fail (a secret's environment variable or file, a JWKS). Each
-	// answers 503 there; the rest of the revision is in force. Empty when
-	// every API is built.
+	// NotBuilt are the APIs and policies of its applied revision that it
+	// runs without, as its last Ack or DigestReport said: what only its
+	// host can fail (a secret's environment variable or file, a JWKS; a
+	// policy its counter store cannot enforce). Each API, and each
+	// request that needs such a policy, answers 503 there; the rest of
+	// the revision is in force. Empty when everything is built.
 	NotBuilt []NotBuilt `json:"not_built,omitempty"`
 }
 
-// NotBuilt is an API a gateway could not build, and why.
+// NotBuilt is an API or a policy a gateway could not build, and why.
+// Exactly one of API and Policy is set.
 type NotBuilt struct {
-	// API is the API's id.
-	API string `json:"api"`
+	// API is the API's id, "" for a policy.
+	API string `json:"api,omitempty"`
+	// Policy is the policy's id, "" for an API.
+	Policy string `json:"policy,omitempty"`
 	// Problem is the gateway's reason.
 	Problem string `json:"problem"`
 }

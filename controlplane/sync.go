@@ -1060,7 +1060,7 @@ func notBuilt(nb []*syncpb.NotBuilt) []NotBuilt {
 		if len(p) > maxNotBuiltProblem {
 			p = strings.ToValidUTF8(p[:maxNotBuiltProblem], "") + "…"
 		}
-		out = append(out, NotBuilt{API: n.GetApi(), Problem: p})
+		out = append(out, NotBuilt{API: n.GetApi(), Policy: n.GetPolicy(), Problem: p})
 	}
 	return out
 }

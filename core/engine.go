@@ -155,22 +155,38 @@ func (e *Engine) SetConfig(cfg Config) error {
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
-		if p.Rate.Enforced() {
-			for _, st := range []Store{e.store, e.opts.Fallback} {
-				if as, ok := st.(AlgorithmSupporter); ok && !as.SupportsAlgorithm(p.Rate.Algorithm) {
-					return fmt.Errorf("policy %q: %w: %v", p.ID, ErrUnsupportedAlgorithm, p.Rate.Algorithm)
-				}
-				if lc, ok := st.(LimitChecker); ok {
-					if err := lc.CheckLimit(p.Rate); err != nil {
-						return fmt.Errorf("policy %q: %w", p.ID, err)
-					}
-				}
+		for _, st := range []Store{e.store, e.opts.Fallback} {
+			if err := CheckSupport(st, p.Rate); err != nil {
+				return fmt.Errorf("policy %q: %w", p.ID, err)
 			}
 		}
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = &p
 	}
 	e.snap.Store(s)
+	return nil
+}
+
+// CheckSupport returns nil when store (nil: none) can enforce the rate
+// limit l, or the error SetConfig refuses a policy with: one wrapping
+// ErrUnsupportedAlgorithm (an AlgorithmSupporter lacking l's algorithm) or
+// the store's CheckLimit error, which wraps ErrInvalidLimit. A limit that
+// is not enforced (zero or unlimited) is always supported. It depends on
+// the store alone, so a caller holding many stores' configurations (a
+// gateway of a data plane) can leave out just the policies its own store
+// cannot enforce.
+func CheckSupport(store Store, l Limit) error {
+	if store == nil || !l.Enforced() {
+		return nil
+	}
+	if as, ok := store.(AlgorithmSupporter); ok && !as.SupportsAlgorithm(l.Algorithm) {
+		return fmt.Errorf("%w: %v", ErrUnsupportedAlgorithm, l.Algorithm)
+	}
+	if lc, ok := store.(LimitChecker); ok {
+		if err := lc.CheckLimit(l); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

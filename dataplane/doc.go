@@ -41,7 +41,11 @@
 //     variable or file, a JWKS it cannot fetch) is no reason to Nack: the
 //     delivery is applied without it (it answers 503; gateway.NotBuilt),
 //     the Ack lists every such API (not_built), and the gateway retries
-//     them on its own, so a key delete is never held up by them.
+//     them on its own, so a key delete is never held up by them. So is a
+//     policy the gateway's counter store cannot enforce (a window
+//     algorithm on the in-process store): the requests that need it
+//     answer 503 and not_built lists it (policy), until a revision changes
+//     it.
 //  4. Later changes arrive as Changes whose from_revision is the revision
 //     of the delivery before (sent without waiting for its Ack), each
 //     with the digest of the configuration after it; one that does not

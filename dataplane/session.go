@@ -174,7 +174,7 @@ func (s *session) reportEvery(ctx context.Context, interval time.Duration) {
 func notBuiltPB(nb []gateway.NotBuilt) []*syncpb.NotBuilt {
 	var out []*syncpb.NotBuilt
 	for _, n := range nb {
-		out = append(out, &syncpb.NotBuilt{Api: n.API, Problem: n.Problem})
+		out = append(out, &syncpb.NotBuilt{Api: n.API, Policy: n.Policy, Problem: n.Problem})
 	}
 	return out
 }

@@ -85,9 +85,10 @@ type ControlPlaneStatus interface {
 //     says which: {"ready":…,"revision":…,"store":"ok"|"unreachable"|
 //     "in-process","failure_policy":…,"error":…}, plus
 //     "control_plane":… when o.ControlPlane is set, and
-//     "degraded":true,"not_built":[{"api":…,"problem":…},…] while APIs of
-//     the running configuration are not built (Gateway.NotBuilt; still
-//     200: everything else is enforced). While SetUnavailable
+//     "degraded":true,"not_built":[{"api":…,"problem":…},
+//     {"policy":…,"problem":…},…] while APIs or policies of the running
+//     configuration are not built (Gateway.NotBuilt; still 200:
+//     everything else is enforced). While SetUnavailable
 //     holds, 503 with its reason as "error".
 //   - GET /consumers/{id}?api=ID: the consumer's rate limit and quota
 //     state for an API, read with a cost-0 decision that spends nothing
@@ -238,7 +239,7 @@ type readiness struct {
 	Store         string `json:"store,omitempty"`
 	FailurePolicy string `json:"failure_policy"`
 	Error         string `json:"error,omitempty"`
-	// Degraded: APIs of the running configuration are not built
+	// Degraded: APIs or policies of the running configuration are not built
 	// (NotBuilt); the rest serves, so the gateway stays ready.
 	Degraded     bool       `json:"degraded,omitempty"`
 	NotBuilt     []NotBuilt `json:"not_built,omitempty"`

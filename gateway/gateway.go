@@ -11,7 +11,8 @@
 // that only this host fails to build (a JWT secret or JWKS it cannot
 // get) is left out of a snapshot applied by ApplyPartial (a data
 // plane's): it answers 503, NotBuilt lists it, and the gateway retries it
-// by itself; Apply (a local file's) refuses the snapshot instead. A change
+// by itself; so is a policy its store cannot enforce (its consumers get
+// 503); Apply (a local file's) refuses the snapshot instead. A change
 // of keys only (a control plane's usual change) goes through UpdateKeys
 // instead, which changes the running key registry in place at a cost
 // proportional to the change, not to the keys held. How it runs
@@ -137,16 +138,25 @@ type Options struct {
 	OnNotBuilt func([]NotBuilt)
 }
 
-// NotBuilt is an API of the running configuration that the gateway could
-// not build, for a reason of its host (an unset environment variable, a
-// missing or short secret file, a JWKS it cannot fetch): it answers 503
-// naming the API and the problem, while everything else in the
-// configuration is enforced, and the gateway keeps trying to build it.
+// NotBuilt is an API or a policy of the running configuration that the
+// gateway could not build, for a reason of its host, while everything
+// else in the configuration is enforced. An API (an unset environment
+// variable, a missing or short secret file, a JWKS it cannot fetch)
+// answers 503 naming it and the problem, and the gateway keeps trying to
+// build it. A policy (one its counter store cannot enforce, such as a
+// sliding window on the in-process store) makes every request whose
+// limits need it answer 503 naming it and the problem, never admitted
+// and never counted; it is not retried, since the store will not change,
+// and a later revision that changes it builds it. Exactly one of API and
+// Policy is set.
 type NotBuilt struct {
-	// API is the API's id.
-	API string `json:"api"`
+	// API is the API's id, "" for a policy.
+	API string `json:"api,omitempty"`
+	// Policy is the policy's id, "" for an API.
+	Policy string `json:"policy,omitempty"`
 	// Problem is why it is not built, as the last attempt failed (the
-	// error of the secret's resolution or the JWKS fetch).
+	// error of the secret's resolution or the JWKS fetch, or the store's
+	// refusal of the policy's rate limit).
 	Problem string `json:"problem"`
 }
 
@@ -202,6 +212,13 @@ type state struct {
 	// notBuilt are the APIs whose routes could not be built, in the
 	// snapshot's order; each becomes built at most once (a retry).
 	notBuilt []*pending
+	// unenforced are the policies this host's store cannot enforce, left
+	// out of engine by ApplyPartial, in the snapshot's order; they are
+	// built again only by a later Apply (the store will not change).
+	unenforced []NotBuilt
+	// limiter decides the routes' requests: engine, or a policyGuard
+	// over it when unenforced is not empty.
+	limiter  core.Decider
 	apis     map[string]*spec.API
 	policies map[string]*spec.Policy
 
@@ -294,8 +311,14 @@ func (g *Gateway) Apply(ctx context.Context, snap *spec.Snapshot) error {
 // and the gateway retries it with backoff (RebuildInitial, RebuildMax)
 // until it builds or the next Apply or Close. A JWKS the running
 // configuration could not fetch is not fetched again within
-// ApplyPartial (its retry goes on). The other errors are Apply's: an
-// invalid or stale snapshot, a policy the store cannot enforce.
+// ApplyPartial (its retry goes on). Likewise a policy this host's store
+// (or fallback) cannot enforce (core.CheckSupport: an algorithm the
+// in-process store lacks, a limit the Redis store cannot count exactly)
+// is left out: a request whose limits need it answers 503 naming the
+// policy and the problem, neither admitted nor counted, and NotBuilt
+// lists it; it is not retried (the store does not change), the next
+// ApplyPartial checks it again. The other errors are Apply's: an invalid
+// or stale snapshot.
 func (g *Gateway) ApplyPartial(ctx context.Context, snap *spec.Snapshot) error {
 	return g.apply(ctx, snap, applyMode{partial: true})
 }
@@ -363,6 +386,9 @@ func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, mode applyMode
 		g.stopRebuild()
 		g.stopRebuild = nil
 	}
+	for _, p := range st.unenforced {
+		g.log.Warn("gateway: policy not built; requests that need it answer 503", "policy", p.Policy, "revision", snap.Revision, "err", p.Problem)
+	}
 	if len(st.notBuilt) > 0 {
 		for _, p := range st.notBuilt {
 			g.log.Warn("gateway: API not built; it answers 503 and is retried", "api", p.api.ID, "revision", snap.Revision, "err", p.problem())
@@ -377,9 +403,11 @@ func (g *Gateway) apply(ctx context.Context, snap *spec.Snapshot, mode applyMode
 	return nil
 }
 
-// NotBuilt returns the APIs of the running configuration that are not
-// built, in the snapshot's order, or nil when every API is built (or
-// nothing is applied). Each answers 503 until a retry builds it.
+// NotBuilt returns the objects of the running configuration that are not
+// built, or nil when all are (or nothing is applied): first the policies
+// the store cannot enforce, then the APIs, each in the snapshot's order.
+// Each API answers 503 until a retry builds it; each policy until a later
+// Apply changes it.
 func (g *Gateway) NotBuilt() []NotBuilt {
 	if st := g.state.Load(); st != nil {
 		return st.notBuiltList()
@@ -388,7 +416,7 @@ func (g *Gateway) NotBuilt() []NotBuilt {
 }
 
 func (st *state) notBuiltList() []NotBuilt {
-	var out []NotBuilt
+	out := slices.Clone(st.unenforced)
 	for _, p := range st.notBuilt {
 		if p.h.Load() == nil {
 			out = append(out, NotBuilt{API: p.api.ID, Problem: p.problem()})
@@ -510,6 +538,68 @@ func (g *Gateway) rebuildOne(ctx context.Context, st *state, p *pending) (bool, 
 	return true, nil
 }
 
+// checkSupport returns the error of the first of the gateway's stores
+// (Store, the fallback) that cannot enforce l, nil when both can.
+func (g *Gateway) checkSupport(l core.Limit) error {
+	for _, st := range []core.Store{g.opts.Store, g.fallback} {
+		if err := core.CheckSupport(st, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errPolicyNotBuilt is the Kind of the 503 a policyGuard answers with.
+var errPolicyNotBuilt = errors.New("policy not built")
+
+// policyNotBuilt is a policy left out of the engine, and the 503's reason.
+type policyNotBuilt struct {
+	policy *spec.Policy
+	msg    string
+}
+
+// policyGuard decides for an engine that lacks the policies of bad: a
+// consumer whose limits for the API need one of them (not overridden by
+// its per-API limits, and the policy covers the API) gets an error that
+// answers 503 naming the policy, before anything is counted; one that
+// names them only for other APIs is decided without them.
+type policyGuard struct {
+	engine *core.Engine
+	bad    map[string]*policyNotBuilt
+}
+
+// Decide implements core.Decider.
+func (pg *policyGuard) Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error) {
+	if c == nil {
+		return pg.engine.Decide(ctx, c, api, cost)
+	}
+	if _, own := c.APILimits[api]; own {
+		return pg.engine.Decide(ctx, c, api, cost)
+	}
+	n := 0
+	for _, id := range c.Policies {
+		b := pg.bad[id]
+		if b == nil {
+			continue
+		}
+		if len(b.policy.APIs) == 0 || slices.Contains(b.policy.APIs, api) {
+			return core.Decision{}, &identity.Error{Status: http.StatusServiceUnavailable, Kind: errPolicyNotBuilt, Reason: b.msg}
+		}
+		n++
+	}
+	if n == 0 {
+		return pg.engine.Decide(ctx, c, api, cost)
+	}
+	cc := *c
+	cc.Policies = make([]string, 0, len(c.Policies)-n)
+	for _, id := range c.Policies {
+		if pg.bad[id] == nil {
+			cc.Policies = append(cc.Policies, id)
+		}
+	}
+	return pg.engine.Decide(ctx, &cc, api, cost)
+}
+
 // errSuperseded ends a retry whose state no longer runs.
 var errSuperseded = errors.New("gateway: the configuration was replaced")
 
@@ -527,7 +617,22 @@ func cmpOr(d, def time.Duration) time.Duration {
 // state's notBuilt.
 func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[spec.JWKS]*identity.JWKS, partial bool) (*state, map[spec.JWKS]*identity.JWKS, error) {
 	jwks := map[spec.JWKS]*identity.JWKS{}
-	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: snap.CorePolicies()}, core.Options{
+	policies := snap.CorePolicies()
+	var unenforced []NotBuilt
+	if partial {
+		// A policy this host's store cannot enforce is left out of the
+		// engine; the consumers that need it get 503 (policyGuard).
+		kept := policies[:0]
+		for _, p := range policies {
+			if err := g.checkSupport(p.Rate); err != nil {
+				unenforced = append(unenforced, NotBuilt{Policy: p.ID, Problem: err.Error()})
+				continue
+			}
+			kept = append(kept, p)
+		}
+		policies = kept
+	}
+	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: policies}, core.Options{
 		FailurePolicy: g.opts.FailurePolicy,
 		Fallback:      g.fallback,
 		StoreTimeout:  g.opts.StoreTimeout,
@@ -556,6 +661,15 @@ func (g *Gateway) build(ctx context.Context, snap *spec.Snapshot, running map[sp
 	st.revision.Store(snap.Revision)
 	for i := range snap.Policies {
 		st.policies[snap.Policies[i].ID] = &snap.Policies[i]
+	}
+	st.limiter = engine
+	if len(unenforced) > 0 {
+		pg := &policyGuard{engine: engine, bad: make(map[string]*policyNotBuilt, len(unenforced))}
+		for _, nb := range unenforced {
+			pg.bad[nb.Policy] = &policyNotBuilt{policy: st.policies[nb.Policy],
+				msg: fmt.Sprintf("policy %q is not built on this gateway: %s", nb.Policy, nb.Problem)}
+		}
+		st.limiter, st.unenforced = pg, unenforced
 	}
 	st.apiKey = identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
 	// A JWKS the running configuration could not fetch is not fetched
@@ -639,9 +753,9 @@ func (g *Gateway) route(ctx context.Context, st *state, a *spec.API, jwks, runni
 		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
 	}
 	if a.FailureLimit != nil {
-		auth = &identity.FailureLimited{Auth: auth, Limiter: st.engine, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP}
+		auth = &identity.FailureLimited{Auth: auth, Limiter: st.limiter, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP}
 	}
-	h := nethttp.Middleware(st.engine, auth, nethttp.Options{API: a.ID, Renderer: g.render})(up)
+	h := nethttp.Middleware(st.limiter, auth, nethttp.Options{API: a.ID, Renderer: g.render})(up)
 	return route{prefix: prefix, api: a, h: h}, nil
 }
 

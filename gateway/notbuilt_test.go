@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -276,4 +277,102 @@ func TestUnresponsiveJWKSHoldsNothingUp(t *testing.T) {
 	if rev := gw.Revision(); rev != 2 {
 		t.Errorf("revision %d, want 2", rev)
 	}
+}
+
+// TestApplyWithoutUnenforceablePolicies applies (ApplyPartial) a snapshot
+// with two policies the gateway's in-process store cannot enforce
+// (sliding_window, sliding_log). It succeeds without them: a key under
+// either answers 503 naming its policy and the problem (and is not
+// counted), a key under the good policy is limited as ever, a key naming
+// a bad policy for another API only is decided without it, a deleted key
+// is refused, NotBuilt and /readyz list both policies; a later revision
+// that changes them clears it. Apply refuses the same snapshot whole.
+func TestApplyWithoutUnenforceablePolicies(t *testing.T) {
+	up := upstream(t)
+	g := newTestGateway(t)
+	g.apply(t, basic(1, up.URL, perMinute(3), nil))
+	bad := basic(2, up.URL, perMinute(4), nil)
+	sw, sl := perMinute(5), perMinute(6)
+	sw.Algorithm, sl.Algorithm = "sliding_window", "sliding_log"
+	bad.Policies = append(bad.Policies,
+		spec.Policy{ID: "sw", Rate: sw},
+		spec.Policy{ID: "sl", Rate: sl, APIs: []string{"api"}},
+		spec.Policy{ID: "sl-other", Rate: sl, APIs: []string{"other"}})
+	bad.Keys = append(bad.Keys,
+		spec.Key{KeyHash: keyHash("k-sw"), Policies: []string{"sw"}},
+		spec.Key{KeyHash: keyHash("k-sl"), Policies: []string{"p", "sl"}},
+		spec.Key{KeyHash: keyHash("k-other"), Policies: []string{"sl-other", "p"}},
+		spec.Key{KeyHash: keyHash("k-gone"), Policies: []string{"p"}})
+	bad.APIs = append(bad.APIs, spec.API{ID: "other", ListenPath: "/other/", Target: up.URL})
+	if err := g.gw.Apply(context.Background(), bad); err == nil || !strings.Contains(err.Error(), `policy "sw"`) {
+		t.Fatalf("Apply with unenforceable policies: %v, want the policy's error", err)
+	}
+	if err := g.gw.ApplyPartial(context.Background(), bad); err != nil {
+		t.Fatalf("ApplyPartial with unenforceable policies: %v, want it applied without them", err)
+	}
+	if rev := g.gw.Revision(); rev != 2 {
+		t.Fatalf("running revision %d, want 2", rev)
+	}
+	want := []gateway.NotBuilt{
+		{Policy: "sw", Problem: "algorithm not supported by this store: sliding_window"},
+		{Policy: "sl", Problem: "algorithm not supported by this store: sliding_log"},
+		{Policy: "sl-other", Problem: "algorithm not supported by this store: sliding_log"},
+	}
+	if got := g.gw.NotBuilt(); !reflect.DeepEqual(got, want) {
+		t.Errorf("NotBuilt() = %+v, want %+v", got, want)
+	}
+	for _, c := range []struct{ key, policy, problem string }{{"k-sw", "sw", want[0].Problem}, {"k-sl", "sl", want[1].Problem}} {
+		body := fmt.Sprintf(`{"error":%q}`+"\n", fmt.Sprintf("policy %q is not built on this gateway: %s", c.policy, c.problem))
+		for range 2 {
+			if a := g.mustGet(t, "/api/x", c.key); a.status != 503 || a.body != body {
+				t.Errorf("%s: %d %q, want 503 %q", c.key, a.status, a.body, body)
+			}
+		}
+	}
+	checkStatuses(t, "k1 under p (4 a minute)", k1Statuses(t, g, 5), []int{200, 200, 200, 200, 429})
+	// k-other's bad policy covers another API only: p decides, and its
+	// counter is k-other's own (4 a minute).
+	var other []int
+	for range 5 {
+		other = append(other, g.mustGet(t, "/api/x", "k-other").status)
+	}
+	checkStatuses(t, "k-other under p", other, []int{200, 200, 200, 200, 429})
+	otherBody := fmt.Sprintf(`{"error":%q}`+"\n", fmt.Sprintf("policy %q is not built on this gateway: %s", "sl-other", want[2].Problem))
+	if a := g.mustGet(t, "/other/x", "k-other"); a.status != 503 || a.body != otherBody {
+		t.Errorf("k-other on /other/: %d %q, want 503 %q", a.status, a.body, otherBody)
+	}
+	if status, r := getReadyz(t, g.gw); status != 200 || !r.Ready || !r.Degraded || r.Revision != 2 || !reflect.DeepEqual(r.NotBuilt, want) {
+		t.Errorf("/readyz: %d %+v, want 200, ready, degraded, revision 2, not_built %+v", status, r, want)
+	}
+	if err := g.gw.UpdateKeys(context.Background(), 3, []spec.Key{{KeyHash: keyHash("k-new"), Policies: []string{"p"}}}, []string{keyHash("k-gone")}); err != nil {
+		t.Fatalf("UpdateKeys: %v", err)
+	}
+	if a := g.mustGet(t, "/api/x", "k-gone"); a.status != 403 {
+		t.Errorf("the deleted key: %d %s, want 403", a.status, a.body)
+	}
+	if a := g.mustGet(t, "/api/x", "k-new"); a.status != 200 {
+		t.Errorf("the new key: %d %s, want 200", a.status, a.body)
+	}
+
+	// A later revision makes sw a GCRA policy and drops sl's algorithm:
+	// both are built, and k-sw is limited by sw (5 a minute), from zero
+	// since the 503s counted nothing.
+	good := *bad
+	good.Revision = 4
+	good.Policies = slices.Clone(bad.Policies)
+	good.Policies[1].Rate, good.Policies[2].Rate, good.Policies[3].Rate = perMinute(5), perMinute(6), perMinute(6)
+	if err := g.gw.ApplyPartial(context.Background(), &good); err != nil {
+		t.Fatalf("ApplyPartial of the fixed revision: %v", err)
+	}
+	if got := g.gw.NotBuilt(); got != nil {
+		t.Errorf("NotBuilt() after a good revision = %+v, want nil", got)
+	}
+	if status, r := getReadyz(t, g.gw); status != 200 || r.Degraded || r.NotBuilt != nil || r.Revision != 4 {
+		t.Errorf("/readyz after a good revision: %d %+v, want 200, not degraded", status, r)
+	}
+	var sws []int
+	for range 6 {
+		sws = append(sws, g.mustGet(t, "/api/x", "k-sw").status)
+	}
+	checkStatuses(t, "k-sw under the fixed sw (5 a minute)", sws, []int{200, 200, 200, 200, 200, 429})
 }

@@ -490,7 +490,8 @@ type dataPlane struct {
 	token string
 	redis *redistest.Server // nil when redisAddr is a server of the test's own
 	// redisAddr is the address of the data plane's redis-server as its
-	// gateways reach it.
+	// gateways reach it; "" when they count in their own process
+	// (store: memory; see startMemoryDataPlane).
 	redisAddr string
 	gws       []*gateway
 }
@@ -526,11 +527,11 @@ type gateway struct {
 }
 
 // gatewayYAML is a data-plane gateway's file: counters in its data
-// plane's Redis, closed when Redis fails (every count in these tests is
+// plane's Redis (or in each gateway's process), closed when Redis fails (every count in these tests is
 // Redis's), X-RateLimit fields, the operations endpoint on a free port,
 // and the control_plane section.
 const gatewayYAML = `listen: %[1]s:0
-store: redis://%[2]s/0
+store: %[2]s
 failure_policy: closed
 response:
   x_ratelimit: true
@@ -574,7 +575,11 @@ func startGateway(t testing.TB, dp *dataPlane, cpAddr, id string, o gwOptions) *
 	}
 	g := &gateway{id: id, dp: dp, file: filepath.Join(t.TempDir(), id+".yaml"), command: o.command,
 		env: []string{"LP_DP_TOKEN=" + token, "LP_GW_ADMIN_TOKEN=" + gwAdminToken}}
-	yaml := fmt.Sprintf(gatewayYAML, host, dp.redisAddr, addr, dp.group, strings.Join(tags, ", "), id, extra)
+	store := "memory"
+	if dp.redisAddr != "" {
+		store = "redis://" + dp.redisAddr + "/0"
+	}
+	yaml := fmt.Sprintf(gatewayYAML, host, store, addr, dp.group, strings.Join(tags, ", "), id, extra)
 	if err := os.WriteFile(g.file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -611,10 +616,25 @@ func startDataPlane(t testing.TB, cp *controlPlane, tk dpToken, n int, shared *r
 		dp.redis = redistest.Start(t)
 	}
 	dp.redisAddr = dp.redis.Addr
-	for i := range n {
-		dp.gws = append(dp.gws, startGateway(t, dp, cp.syncAddr, fmt.Sprintf("%s-gw%d", tk.group, i+1), gwOptions{}))
-	}
+	dp.startGateways(t, cp, n)
 	return dp
+}
+
+// startMemoryDataPlane starts n gateways named group-gw1... against the
+// control plane that count in their own process (store: memory, which
+// enforces GCRA only), without a redis-server.
+func startMemoryDataPlane(t testing.TB, cp *controlPlane, tk dpToken, n int) *dataPlane {
+	t.Helper()
+	dp := &dataPlane{group: tk.group, tags: tk.tags, token: tk.token}
+	dp.startGateways(t, cp, n)
+	return dp
+}
+
+func (dp *dataPlane) startGateways(t testing.TB, cp *controlPlane, n int) {
+	t.Helper()
+	for i := range n {
+		dp.gws = append(dp.gws, startGateway(t, dp, cp.syncAddr, fmt.Sprintf("%s-gw%d", dp.group, i+1), gwOptions{}))
+	}
 }
 
 // cpStatus is the control_plane part of a gateway's /readyz.
@@ -647,10 +667,11 @@ type readiness struct {
 	ControlPlane *cpStatus  `json:"control_plane"`
 }
 
-// notBuilt is an API a gateway runs without, as its /readyz
+// notBuilt is an API or policy a gateway runs without, as its /readyz
 // (gateway.NotBuilt) and /api/dataplanes (controlplane.NotBuilt) list it.
 type notBuilt struct {
 	API     string `json:"api"`
+	Policy  string `json:"policy"`
 	Problem string `json:"problem"`
 }
 
@@ -933,8 +954,15 @@ func echoAPI(id, listenPath string, tags ...string) spec.API {
 // redis-server and two gateways.
 func twoDataPlanes(t testing.TB, o cpOptions) (*controlPlane, *dataPlane, *dataPlane) {
 	t.Helper()
+	cp, tk1, tk2 := twoTokens(t, o)
+	return cp, startDataPlane(t, cp, tk1, 2, nil), startDataPlane(t, cp, tk2, 2, nil)
+}
+
+// twoTokens starts a control plane with the tokens of twoDataPlanes's
+// dp1 and dp2 and returns them, for the data planes to be started.
+func twoTokens(t testing.TB, o cpOptions) (*controlPlane, dpToken, dpToken) {
+	t.Helper()
 	tk1 := dpToken{group: "dp1", tags: []string{"dp1"}, token: "token-of-dp1-" + t.Name()}
 	tk2 := dpToken{group: "dp2", tags: []string{"dp2"}, token: "token-of-dp2-" + t.Name()}
-	cp := startControlPlane(t, []dpToken{tk1, tk2}, o)
-	return cp, startDataPlane(t, cp, tk1, 2, nil), startDataPlane(t, cp, tk2, 2, nil)
+	return startControlPlane(t, []dpToken{tk1, tk2}, o), tk1, tk2
 }

@@ -58,8 +58,32 @@ type dataPlaneNotBuilt struct {
 
 func sortedNotBuilt(nb []notBuilt) []notBuilt {
 	nb = slices.Clone(nb)
-	slices.SortFunc(nb, func(a, b notBuilt) int { return cmp.Compare(a.API, b.API) })
+	slices.SortFunc(nb, func(a, b notBuilt) int { return cmp.Or(cmp.Compare(a.API, b.API), cmp.Compare(a.Policy, b.Policy)) })
 	return nb
+}
+
+// waitNotBuilt waits until GET /api/dataplanes shows each of gws at
+// revision rev, with no rejection and want(g)'s list of objects not
+// built (in any order).
+func waitNotBuilt(t *testing.T, cp *controlPlane, gws []*gateway, rev uint64, what string, want func(*gateway) []notBuilt) {
+	t.Helper()
+	waitFor(t, what+" in /api/dataplanes", syncTimeout, func() (bool, string) {
+		var out struct {
+			DataPlanes []dataPlaneNotBuilt `json:"dataplanes"`
+		}
+		if err := json.Unmarshal(cp.mustAdmin(t, "GET", "/api/dataplanes", nil, 200), &out); err != nil {
+			t.Fatal(err)
+		}
+		list := out.DataPlanes
+		for _, g := range gws {
+			i := slices.IndexFunc(list, func(d dataPlaneNotBuilt) bool { return d.GatewayID == g.id })
+			if i < 0 || list[i].AppliedRevision != rev || list[i].LastRejection != nil ||
+				!reflect.DeepEqual(sortedNotBuilt(list[i].NotBuilt), sortedNotBuilt(want(g))) {
+				return false, fmt.Sprintf("%+v", list)
+			}
+		}
+		return true, ""
+	})
 }
 
 // TestBadAPIFreezesNothing is issue 18's first row with the real
@@ -134,27 +158,7 @@ func TestBadAPIFreezesNothing(t *testing.T) {
 			}
 		}
 	}
-	waitNotBuilt := func(what string, want func(*gateway) []notBuilt) {
-		t.Helper()
-		waitFor(t, what+" in /api/dataplanes", syncTimeout, func() (bool, string) {
-			var out struct {
-				DataPlanes []dataPlaneNotBuilt `json:"dataplanes"`
-			}
-			if err := json.Unmarshal(cp.mustAdmin(t, "GET", "/api/dataplanes", nil, 200), &out); err != nil {
-				t.Fatal(err)
-			}
-			list := out.DataPlanes
-			for _, g := range gws {
-				i := slices.IndexFunc(list, func(d dataPlaneNotBuilt) bool { return d.GatewayID == g.id })
-				if i < 0 || list[i].AppliedRevision != newRev || list[i].LastRejection != nil ||
-					!reflect.DeepEqual(sortedNotBuilt(list[i].NotBuilt), want(g)) {
-					return false, fmt.Sprintf("%+v", list)
-				}
-			}
-			return true, ""
-		})
-	}
-	waitNotBuilt("both APIs not built on every gateway", both)
+	waitNotBuilt(t, cp, gws, newRev, "both APIs not built on every gateway", both)
 
 	// Fix jwt-file on dp1's hosts only.
 	secret := strings.Repeat("k", 40)
@@ -177,7 +181,7 @@ func TestBadAPIFreezesNothing(t *testing.T) {
 			t.Errorf("gateway %s: a signed token on the fixed API: %d %s", g.id, status, body)
 		}
 	}
-	waitNotBuilt("jwt-file built on dp1 only", func(g *gateway) []notBuilt {
+	waitNotBuilt(t, cp, gws, newRev, "jwt-file built on dp1 only", func(g *gateway) []notBuilt {
 		if g.dp == dp1 {
 			return onlyHome
 		}
@@ -191,4 +195,81 @@ func TestBadAPIFreezesNothing(t *testing.T) {
 	if rev := cp.revision(t); rev != newRev {
 		t.Errorf("control plane revision %d, want %d: the fix took no new revision", rev, newRev)
 	}
+}
+
+// TestBadPolicyFreezesNothing is issue 18's first row for a policy that
+// only some data planes can enforce: a sliding_window policy, which dp2's
+// Redis counts but dp1's gateways, counting in their own process, cannot.
+// The control plane accepts it; dp1's gateways apply the revision
+// without it, so a key delete and a key create that follow are in force
+// on all four gateways within 1 s (the deleted key 403, the new one 200).
+// A key under the policy answers 503 naming it on dp1 and passes on dp2;
+// dp1's gateways list the policy as not built in /readyz (ready,
+// degraded) and /api/dataplanes, dp2's list nothing. A revision that
+// makes it GCRA builds it on dp1.
+func TestBadPolicyFreezesNothing(t *testing.T) {
+	t.Parallel()
+	cp, tk1, tk2 := twoTokens(t, cpOptions{})
+	dp1, dp2 := startMemoryDataPlane(t, cp, tk1, 2), startDataPlane(t, cp, tk2, 2, nil)
+	gws := all(dp1, dp2)
+	cp.putPolicy(t, quotaPolicy("q100", 100))
+	cp.putAPI(t, echoAPI("echo", "/echo/"))
+	oldHash, _ := cp.postKey(t, "old-key", spec.Key{Policies: []string{"q100"}})
+	waitSynced(t, cp, gws...)
+
+	sw := spec.Policy{ID: "sw", Rate: &spec.Rate{Requests: 50, Per: spec.Duration(time.Minute), Algorithm: "sliding_window"}}
+	cp.putPolicy(t, sw)
+	_, swRev := cp.postKey(t, "sw-key", spec.Key{Policies: []string{"sw"}})
+	// No wait for the policy's revision to be applied: the delete follows
+	// it on every stream, as it would in production.
+	start := time.Now()
+	delRev := decodeWritten(t, cp.mustAdmin(t, "DELETE", "/api/keys/"+oldHash, nil, 200)).Revision
+	_, newRev := cp.postKey(t, "new-key", spec.Key{Policies: []string{"q100"}})
+	if newRev <= delRev || delRev <= swRev {
+		t.Fatalf("revisions: policy and its key %d, delete %d, new key %d", swRev, delRev, newRev)
+	}
+	for _, g := range gws {
+		waitFor(t, "gateway "+g.id+" refusing the deleted key and passing the new one", time.Second, func() (bool, string) {
+			oldStatus, oldBody := sendOne(t, g, "/echo/x", "old-key")
+			newStatus, newBody := sendOne(t, g, "/echo/x", "new-key")
+			return oldStatus == 403 && newStatus == 200, fmt.Sprintf("old-key %d %s, new-key %d %s", oldStatus, oldBody, newStatus, newBody)
+		})
+	}
+	t.Logf("key delete and create in force on all four gateways %v after the DELETE was sent", time.Since(start).Round(time.Millisecond))
+
+	problem := "algorithm not supported by this store: sliding_window"
+	want := func(g *gateway) []notBuilt {
+		if g.dp == dp1 {
+			return []notBuilt{{Policy: "sw", Problem: problem}}
+		}
+		return nil
+	}
+	body503 := fmt.Sprintf(`{"error":%q}`+"\n", fmt.Sprintf("policy %q is not built on this gateway: %s", "sw", problem))
+	for _, g := range gws {
+		r := waitReadyz(t, g, "revision "+fmt.Sprint(newRev), syncTimeout, func(r readiness) bool { return r.Revision >= newRev })
+		if !r.Ready || r.Degraded != (g.dp == dp1) || r.Error != "" || !reflect.DeepEqual(r.NotBuilt, want(g)) {
+			t.Errorf("gateway %s /readyz: %+v, want ready, degraded %v, not_built %+v", g.id, r, g.dp == dp1, want(g))
+		}
+		status, body := sendOne(t, g, "/echo/x", "sw-key")
+		if g.dp == dp1 && (status != 503 || body != body503) {
+			t.Errorf("gateway %s: sw-key %d %q, want 503 %q", g.id, status, body, body503)
+		}
+		if g.dp == dp2 && status != 200 {
+			t.Errorf("gateway %s (Redis): sw-key %d %s, want 200", g.id, status, body)
+		}
+	}
+	waitNotBuilt(t, cp, gws, newRev, "sw not built on dp1", want)
+
+	sw.Rate.Algorithm = "gcra"
+	fixRev := cp.putPolicy(t, sw)
+	waitApplied(t, fixRev, gws...)
+	for _, g := range gws {
+		if r, err := g.readyz(); err != nil || r.Degraded || r.NotBuilt != nil {
+			t.Errorf("gateway %s /readyz after sw became GCRA: %+v (%v), want not degraded", g.id, r, err)
+		}
+		if status, body := sendOne(t, g, "/echo/x", "sw-key"); status != 200 {
+			t.Errorf("gateway %s: sw-key after sw became GCRA: %d %s, want 200", g.id, status, body)
+		}
+	}
+	waitNotBuilt(t, cp, gws, fixRev, "nothing not built", func(*gateway) []notBuilt { return nil })
 }

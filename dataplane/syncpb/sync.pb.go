@@ -397,11 +397,13 @@ type Ack struct {
 	// brought the revision, so a late Ack of an earlier message is told
 	// apart from an Ack of the latest one.
 	Nonce string `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
-	// not_built lists every API of the revision the gateway could not
-	// build for a reason of its host (a secret from an environment
-	// variable or file it lacks, a JWKS it cannot fetch). The revision is
-	// applied without them: each answers 503 and the gateway retries it;
-	// everything else is in force. Empty when every API is built.
+	// not_built lists every API and policy of the revision the gateway
+	// could not build for a reason of its host (a secret from an
+	// environment variable or file it lacks, a JWKS it cannot fetch; a
+	// policy its counter store cannot enforce). The revision is applied
+	// without them: each API answers 503 and the gateway retries it; each
+	// policy's consumers get 503 until a revision changes it; everything
+	// else is in force. Empty when everything is built.
 	NotBuilt      []*NotBuilt `protobuf:"bytes,3,rep,name=not_built,json=notBuilt,proto3" json:"not_built,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -536,7 +538,7 @@ type DigestReport struct {
 	// included, so a gateway running without some of them does not look
 	// like drift.
 	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	// not_built is the list of APIs not built now (see Ack.not_built): a
+	// not_built is the list of APIs and policies not built now (see Ack.not_built): a
 	// retry that builds one shows here.
 	NotBuilt      []*NotBuilt `protobuf:"bytes,3,rep,name=not_built,json=notBuilt,proto3" json:"not_built,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1063,13 +1065,16 @@ func (*DigestRequest) Descriptor() ([]byte, []int) {
 	return file_sync_proto_rawDescGZIP(), []int{10}
 }
 
-// NotBuilt is one API a gateway runs without, and why.
+// NotBuilt is one API or policy a gateway runs without, and why.
+// Exactly one of api and policy is set.
 type NotBuilt struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// api is the API's id.
+	// api is the API's id, empty for a policy.
 	Api string `protobuf:"bytes,1,opt,name=api,proto3" json:"api,omitempty"`
 	// problem is the last attempt's error, for people.
-	Problem       string `protobuf:"bytes,2,opt,name=problem,proto3" json:"problem,omitempty"`
+	Problem string `protobuf:"bytes,2,opt,name=problem,proto3" json:"problem,omitempty"`
+	// policy is the policy's id, empty for an API.
+	Policy        string `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1119,13 @@ func (x *NotBuilt) GetApi() string {
 func (x *NotBuilt) GetProblem() string {
 	if x != nil {
 		return x.Problem
+	}
+	return ""
+}
+
+func (x *NotBuilt) GetPolicy() string {
+	if x != nil {
+		return x.Policy
 	}
 	return ""
 }
@@ -1193,10 +1205,11 @@ const file_sync_proto_rawDesc = "" +
 	"OBJECT_KEY\x10\x02\x12\x0e\n" +
 	"\n" +
 	"OBJECT_API\x10\x03\"\x0f\n" +
-	"\rDigestRequest\"6\n" +
+	"\rDigestRequest\"N\n" +
 	"\bNotBuilt\x12\x10\n" +
 	"\x03api\x18\x01 \x01(\tR\x03api\x12\x18\n" +
-	"\aproblem\x18\x02 \x01(\tR\aproblem2_\n" +
+	"\aproblem\x18\x02 \x01(\tR\aproblem\x12\x16\n" +
+	"\x06policy\x18\x03 \x01(\tR\x06policy2_\n" +
 	"\vSyncService\x12P\n" +
 	"\x04Sync\x12!.limitplane.sync.v1.ClientMessage\x1a!.limitplane.sync.v1.ServerMessage(\x010\x01B3Z1github.com/limitplane/limitplane/dataplane/syncpbb\x06proto3"
 
