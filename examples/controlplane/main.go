@@ -543,7 +543,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fmt.Fprintf(stdout, "limitplane control plane: admin API listening on %s://%s (data: %s, revision %d; bearer token required)\n"+
 		syncLine+
 		"  GET /healthz, /readyz, /metrics without the token;\n"+
-		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys/{hash}/reset-quota;\n"+
+		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys:batch, /api/keys/{hash}/reset-quota;\n"+
+		"  GET /api/export, POST /api/import (the whole state);\n"+
 		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), *data, rev)
 
 	var failed error
