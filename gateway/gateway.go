@@ -440,7 +440,10 @@ func (p *pending) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		(*h).ServeHTTP(w, r)
 		return
 	}
-	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("API %q is not built on this gateway: %s", p.api.ID, p.problem()))
+	// The problem itself (an environment variable's name and length, a
+	// file's path) is for operators, in /readyz and the control plane's
+	// /api/dataplanes, not for whoever calls the API.
+	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("API %q is not built on this gateway; its operators see why in the gateway's /readyz", p.api.ID))
 }
 
 // Default retry intervals of APIs not built (Options.RebuildInitial,

@@ -89,7 +89,7 @@ func TestApplyWithoutUnbuildableAPIs(t *testing.T) {
 	}
 	for _, nb := range want {
 		a := g.mustGet(t, "/"+nb.API+"/x", "")
-		body := fmt.Sprintf(`{"error":%q}`+"\n", fmt.Sprintf("API %q is not built on this gateway: %s", nb.API, nb.Problem))
+		body := fmt.Sprintf(`{"error":%q}`+"\n", fmt.Sprintf("API %q is not built on this gateway; its operators see why in the gateway's /readyz", nb.API))
 		if a.status != 503 || a.body != body {
 			t.Errorf("/%s/x: %d %q, want 503 %q", nb.API, a.status, a.body, body)
 		}
