@@ -424,8 +424,12 @@ func TestFreezeControlPlane(t *testing.T) {
 	if c := send(t, dp.gws, "/echo/f", "freeze-b", 25, 4); c.admitted != 20 {
 		t.Fatalf("late in the freeze: admitted %d of 25, want 20", c.admitted)
 	}
-	cp.proc.signal(syscall.SIGCONT)
+	// thawed is taken before SIGCONT: a frozen control plane updates no
+	// LastSeen, and the gateways, whose dials wait in its listen backlog,
+	// can be connected again (and seen) before this goroutine runs after
+	// the signal; taken after it, it was later than their LastSeen.
 	thawed := time.Now()
+	cp.proc.signal(syscall.SIGCONT)
 	t.Logf("gateways noticed the frozen control plane after %v", noticed)
 	if len(noticed) != len(dp.gws) {
 		t.Errorf("after %v of freeze only %v noticed (their /readyz left \"connected\")", freeze, noticed)
