@@ -477,17 +477,7 @@ func TestGatewayRestartWithoutControlPlane(t *testing.T) {
 	})
 
 	cp.kill()
-	g := dp.gws[0]
-	if err := g.proc.stop(); err != nil {
-		t.Fatalf("gateway %s exited with %v", g.id, err)
-	}
-	g.start(t)
-	r := waitReadyz(t, g, "the persisted configuration", syncTimeout, func(r readiness) bool {
-		return r.ControlPlane.Source == "persisted" && r.Ready
-	})
-	if r.ControlPlane.AppliedRevision != rev || r.Revision != rev {
-		t.Fatalf("restarted without the control plane, the gateway runs revision %d (%d), want %d", r.ControlPlane.AppliedRevision, r.Revision, rev)
-	}
+	g := restartFromPersisted(t, dp.gws[0], rev)
 	if c := send(t, []*gateway{g}, "/echo/x", "restart-key", 10, 2); c.admitted != 6 {
 		t.Fatalf("the restarted gateway admitted %d of 10, want exactly 6 (4 of 10 spent before)", c.admitted)
 	}
@@ -539,4 +529,22 @@ func TestReconnectWithNothingNew(t *testing.T) {
 	waitConnectedSince(t, cp, rev, thawed, g)
 	t.Logf("connected again %v after SIGCONT", time.Since(thawed))
 	waitApplied(t, cp.resetQuota(t, hash, ""), g)
+}
+
+// restartFromPersisted restarts gateway g (the control plane being down)
+// and waits until it serves the persisted configuration, which must be
+// revision rev; it returns g.
+func restartFromPersisted(t *testing.T, g *gateway, rev uint64) *gateway {
+	t.Helper()
+	if err := g.proc.stop(); err != nil {
+		t.Fatalf("gateway %s exited with %v", g.id, err)
+	}
+	g.start(t)
+	r := waitReadyz(t, g, "the persisted configuration", syncTimeout, func(r readiness) bool {
+		return r.ControlPlane.Source == "persisted" && r.Ready
+	})
+	if r.ControlPlane.AppliedRevision != rev || r.Revision != rev {
+		t.Fatalf("restarted without the control plane, the gateway runs revision %d (%d), want %d", r.ControlPlane.AppliedRevision, r.Revision, rev)
+	}
+	return g
 }

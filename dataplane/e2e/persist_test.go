@@ -61,17 +61,7 @@ func TestRedisRestartedEmpty(t *testing.T) {
 	}
 
 	cp.kill()
-	g := dp.gws[0]
-	if err := g.proc.stop(); err != nil {
-		t.Fatalf("gateway %s exited with %v", g.id, err)
-	}
-	g.start(t)
-	r := waitReadyz(t, g, "the persisted configuration", syncTimeout, func(r readiness) bool {
-		return r.ControlPlane.Source == "persisted" && r.Ready
-	})
-	if r.ControlPlane.AppliedRevision != rev || r.Revision != rev {
-		t.Fatalf("restarted without the control plane, the gateway runs revision %d (%d), want %d", r.ControlPlane.AppliedRevision, r.Revision, rev)
-	}
+	g := restartFromPersisted(t, dp.gws[0], rev)
 	if c := send(t, []*gateway{g}, "/echo/x", "redis-empty-key", 12, 2); c.admitted != 10 || c.denied != 2 {
 		t.Fatalf("the restarted gateway admitted %d and denied %d of 12, want 10 and 2 (a quota of 10, counters lost with Redis)", c.admitted, c.denied)
 	}
