@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
-	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -92,11 +92,35 @@ type Backoff struct {
 	Jitter float64
 }
 
+// Target is the running configuration an Agent keeps in step with its
+// control plane. *live.Config implements it, and so does
+// *gateway.Gateway, which embeds one; their documentation says what each
+// method does. The agent calls ApplyPartial for a snapshot of the
+// control plane's history, Replace for one of another history (or a
+// data plane ahead of it), UpdateKeys for changes of keys only, Snapshot
+// and Key to compute and check digests, NotBuilt to report what this
+// host could not build, and SetUnavailable for on_stale: fail_closed.
+type Target interface {
+	ApplyPartial(ctx context.Context, snap *spec.Snapshot) error
+	Replace(ctx context.Context, snap *spec.Snapshot) error
+	UpdateKeys(ctx context.Context, revision uint64, put []spec.Key, del []string) error
+	Snapshot() *spec.Snapshot
+	Key(hash string) *spec.Key
+	NotBuilt() []live.NotBuilt
+	SetUnavailable(reason string)
+}
+
+var (
+	_ Target = (*live.Config)(nil)
+)
+
 // AgentOptions configure an Agent.
 type AgentOptions struct {
-	// Gateway is the gateway the agent configures; required. The agent
-	// is its only writer: do not Apply to it meanwhile.
-	Gateway *gateway.Gateway
+	// Target is the running configuration the agent keeps in step: a
+	// *gateway.Gateway, or a service's *live.Config (see Follow);
+	// required. The agent is its only writer: do not Apply to it
+	// meanwhile.
+	Target Target
 	// Address is the control plane's sync address, "host:port" (a gRPC
 	// target); required unless Conn is set.
 	Address string
@@ -247,7 +271,7 @@ type Deliveries struct {
 // is away. Create it with New and run it with Run.
 type Agent struct {
 	o   AgentOptions
-	g   *gateway.Gateway
+	g   Target
 	log *slog.Logger
 
 	// applyMu serialises every change the agent makes to the gateway
@@ -294,8 +318,8 @@ type running struct {
 // OnStale is unknown.
 func New(opts AgentOptions) (*Agent, error) {
 	switch {
-	case opts.Gateway == nil:
-		return nil, errors.New("dataplane: AgentOptions.Gateway is nil")
+	case opts.Target == nil:
+		return nil, errors.New("dataplane: AgentOptions.Target is nil")
 	case opts.Address == "" && opts.Conn == nil:
 		return nil, errors.New("dataplane: AgentOptions.Address is empty")
 	case opts.Group == "":
@@ -360,7 +384,7 @@ func New(opts AgentOptions) (*Agent, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	a := &Agent{o: opts, g: opts.Gateway, log: opts.Logger.With("component", "dataplane", "group", opts.Group),
+	a := &Agent{o: opts, g: opts.Target, log: opts.Logger.With("component", "dataplane", "group", opts.Group),
 		applied: make(chan struct{}), saveNext: make(chan struct{}, 1), accepted: make(chan struct{}, 1), contactKick: make(chan struct{}, 1)}
 	a.cur.source = "none"
 	a.st = Status{State: "connecting", Source: "none", Digest: protocol.Digest(nil)}

@@ -41,7 +41,7 @@ func benchAgent(b *testing.B) (*Agent, *gateway.Gateway) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { gw.Close() })
-	a, err := New(AgentOptions{Gateway: gw, Address: "127.0.0.1:1", Group: "g", Token: "t", Logger: slog.New(slog.DiscardHandler)})
+	a, err := New(AgentOptions{Target: gw, Address: "127.0.0.1:1", Group: "g", Token: "t", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

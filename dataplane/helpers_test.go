@@ -200,7 +200,7 @@ func agentGoroutines() int {
 // quick timers for tests and its log in log.
 func agentOptions(gw *gateway.Gateway, addr string, log io.Writer) dataplane.AgentOptions {
 	return dataplane.AgentOptions{
-		Gateway:      gw,
+		Target:       gw,
 		Address:      addr,
 		Group:        testGroup,
 		Token:        testToken,

@@ -38,7 +38,7 @@ func TestAgentHistory(t *testing.T) {
 		t.Fatalf("status %+v, want revision 5 of H1", st)
 	}
 	s.sendSnapshotOf(t, snapshot(3, "k2"), "n2", "H1")
-	s.wantNack(t, 3, "n2", "gateway: snapshot revision is older than the running one (3 < 5)")
+	s.wantNack(t, 3, "n2", "live: snapshot revision is older than the running one (3 < 5)")
 	s.sendSnapshotOf(t, snapshot(3, "k2"), "n3", "H2")
 	s.wantAck(t, 3, "n3")
 	if st := a.Status(); st.AppliedRevision != 3 || st.History != "H2" || g.gw.Revision() != 3 {

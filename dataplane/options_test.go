@@ -14,12 +14,12 @@ import (
 // TestNewRefuses lists what New refuses, with its message.
 func TestNewRefuses(t *testing.T) {
 	g := newGateway(t)
-	good := dataplane.AgentOptions{Gateway: g.gw, Address: "127.0.0.1:1", Group: "g", Token: "t"}
+	good := dataplane.AgentOptions{Target: g.gw, Address: "127.0.0.1:1", Group: "g", Token: "t"}
 	for _, c := range []struct {
 		edit func(o *dataplane.AgentOptions)
 		want string
 	}{
-		{func(o *dataplane.AgentOptions) { o.Gateway = nil }, "dataplane: AgentOptions.Gateway is nil"},
+		{func(o *dataplane.AgentOptions) { o.Target = nil }, "dataplane: AgentOptions.Target is nil"},
 		{func(o *dataplane.AgentOptions) { o.Address = "" }, "dataplane: AgentOptions.Address is empty"},
 		{func(o *dataplane.AgentOptions) { o.Group = "" }, "dataplane: AgentOptions.Group is empty"},
 		{func(o *dataplane.AgentOptions) { o.Token = "" }, "dataplane: AgentOptions.Token is empty"},

@@ -14,7 +14,7 @@ import (
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
-	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -35,7 +35,7 @@ type session struct {
 	sendMu sync.Mutex // the reporter and the receiver both send
 	// sentNotBuilt is the list of APIs not built last sent (in an Ack or
 	// a DigestReport); guarded by sendMu.
-	sentNotBuilt []gateway.NotBuilt
+	sentNotBuilt []live.NotBuilt
 }
 
 // session runs one stream until it ends or ctx is done. It reports
@@ -171,7 +171,7 @@ func (s *session) reportEvery(ctx context.Context, interval time.Duration) {
 }
 
 // notBuiltPB is nb in the protocol's form.
-func notBuiltPB(nb []gateway.NotBuilt) []*syncpb.NotBuilt {
+func notBuiltPB(nb []live.NotBuilt) []*syncpb.NotBuilt {
 	var out []*syncpb.NotBuilt
 	for _, n := range nb {
 		out = append(out, &syncpb.NotBuilt{Api: n.API, Policy: n.Policy, Problem: n.Problem})

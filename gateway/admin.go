@@ -21,6 +21,7 @@ import (
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -139,7 +140,7 @@ type admin struct {
 // failing closed (a status read during an outage must say so, not report
 // an empty state).
 type peekEngine struct {
-	st  *state
+	st  *live.State
 	eng *core.Engine
 }
 
@@ -258,8 +259,8 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 		out.ControlPlane = a.o.ControlPlane()
 		if cs, ok := out.ControlPlane.(ControlPlaneStatus); ok {
 			if reason := cs.NotReady(); reason != "" {
-				if st := a.g.state.Load(); st != nil {
-					out.Revision = st.revision.Load()
+				if st := a.g.State(); st != nil {
+					out.Revision = st.Revision()
 				}
 				out.Error = reason
 				writeJSON(w, http.StatusServiceUnavailable, out)
@@ -267,14 +268,14 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	st := a.g.state.Load()
+	st := a.g.State()
 	if st == nil {
 		out.Error = "no configuration applied yet"
 		writeJSON(w, http.StatusServiceUnavailable, out)
 		return
 	}
-	out.Revision = st.revision.Load()
-	out.NotBuilt = st.notBuiltList()
+	out.Revision = st.Revision()
+	out.NotBuilt = st.NotBuilt()
 	out.Degraded = len(out.NotBuilt) > 0
 	if reason := a.g.Unavailable(); reason != "" {
 		out.Error = reason
@@ -349,7 +350,7 @@ type consumerState struct {
 // consumer answers GET /consumers/{id} and, with reset, POST
 // /consumers/{id}/reset-quota.
 func (a *admin) consumer(w http.ResponseWriter, r *http.Request, id string, reset bool) {
-	st := a.g.state.Load()
+	st := a.g.State()
 	if st == nil {
 		writeError(w, http.StatusServiceUnavailable, "no configuration applied yet")
 		return
@@ -367,9 +368,7 @@ func (a *admin) consumer(w http.ResponseWriter, r *http.Request, id string, rese
 	}
 	if reset {
 		if err := eng.ResetQuota(r.Context(), c, api); err != nil {
-			if a.g.onStore != nil {
-				a.g.onStore(err)
-			}
+			a.g.StoreFailed(err)
 			writeError(w, http.StatusServiceUnavailable, "quota reset failed: "+err.Error())
 			return
 		}
@@ -409,14 +408,14 @@ func ceilMS(d time.Duration) int64 {
 }
 
 // engine returns the peek engine for st.
-func (a *admin) engine(st *state) (*core.Engine, error) {
+func (a *admin) engine(st *live.State) (*core.Engine, error) {
 	if p := a.peek.Load(); p != nil && p.st == st {
 		return p.eng, nil
 	}
-	eng, err := core.NewEngine(a.g.opts.Store, core.Config{Policies: st.base.CorePolicies()}, core.Options{
+	eng, err := core.NewEngine(a.g.opts.Store, core.Config{Policies: st.Base().CorePolicies()}, core.Options{
 		FailurePolicy: core.FailClosed,
 		StoreTimeout:  a.g.opts.StoreTimeout,
-		OnStoreError:  a.g.onStore,
+		OnStoreError:  a.g.StoreFailed,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: admin: %w", err)
@@ -427,11 +426,14 @@ func (a *admin) engine(st *state) (*core.Engine, error) {
 
 // resolve finds the consumer id names under st, for API api ("" when not
 // given). On failure it returns the status and message to answer with.
-func (a *admin) resolve(st *state, id, api string) (*core.Consumer, consumerState, int, string) {
+func (a *admin) resolve(st *live.State, id, api string) (*core.Consumer, consumerState, int, string) {
 	out := consumerState{API: api}
 	var spa *spec.API
 	if api != "" {
-		if spa = st.apis[api]; spa == nil {
+		if e := st.API(api); e != nil {
+			spa = e.Spec()
+		}
+		if spa == nil {
 			return nil, out, http.StatusBadRequest, fmt.Sprintf("unknown API %q", api)
 		}
 	}
@@ -444,7 +446,7 @@ func (a *admin) resolve(st *state, id, api string) (*core.Consumer, consumerStat
 			if err != nil {
 				return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: want sha256: and 64 hex digits", id)
 			}
-			rec = st.keys.Lookup(h)
+			rec = st.Keys().Lookup(h)
 		} else {
 			b, err := hex.DecodeString(rest)
 			if err != nil || len(b) != 16 {
@@ -487,9 +489,9 @@ func (a *admin) resolve(st *state, id, api string) (*core.Consumer, consumerStat
 // of prefix (the first 16 bytes of its hash: identity.KeyHash.ConsumerID),
 // or nil. It scans the registry, comparing hashes, so that no key's
 // consumer is made for it.
-func keyByConsumerID(st *state, prefix []byte) *identity.KeyRecord {
+func keyByConsumerID(st *live.State, prefix []byte) *identity.KeyRecord {
 	var found *identity.KeyRecord
-	st.keys.Range(func(r *identity.KeyRecord) bool {
+	st.Keys().Range(func(r *identity.KeyRecord) bool {
 		if bytes.Equal(r.Hash[:len(prefix)], prefix) {
 			found = r
 		}
@@ -500,12 +502,12 @@ func keyByConsumerID(st *state, prefix []byte) *identity.KeyRecord {
 
 // perAPI reports whether rec's limits depend on the API: it has per-API
 // limits, or one of its policies covers only some APIs.
-func perAPI(st *state, rec *identity.KeyRecord) bool {
+func perAPI(st *live.State, rec *identity.KeyRecord) bool {
 	if len(rec.APILimits) > 0 {
 		return true
 	}
 	for _, id := range rec.Policies {
-		if p, ok := st.engine.Policy(id); ok && len(p.APIs) > 0 {
+		if p, ok := st.Engine().Policy(id); ok && len(p.APIs) > 0 {
 			return true
 		}
 	}

@@ -130,7 +130,7 @@ func TestApplyRefusesUnbuildableSnapshot(t *testing.T) {
 	bad.APIs = append(bad.APIs, spec.API{ID: "jwt", ListenPath: "/jwt/", Target: spec.BuiltinEcho, Auth: spec.AuthJWT,
 		JWT: &spec.JWT{Algorithms: []string{"HS256"}, Keys: []spec.JWTKey{{SecretEnv: "LP_GATEWAY_TEST_UNSET_SECRET"}}, DefaultPolicies: []string{"p"}}})
 	err := g.gw.Apply(context.Background(), bad)
-	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(`gateway: API "jwt": `)) {
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(`live: API "jwt": `)) {
 		t.Fatalf("Apply(unresolvable secret) = %v, want an error naming API jwt", err)
 	}
 	if g.gw.Snapshot() != good {
@@ -150,7 +150,7 @@ func TestApplyStaleRevision(t *testing.T) {
 	if !errors.Is(err, gateway.ErrStaleRevision) {
 		t.Fatalf("Apply(revision 4 over 5) = %v, want ErrStaleRevision", err)
 	}
-	if want := "gateway: snapshot revision is older than the running one (4 < 5)"; err.Error() != want {
+	if want := "live: snapshot revision is older than the running one (4 < 5)"; err.Error() != want {
 		t.Errorf("error %q, want %q", err, want)
 	}
 	if rev := g.gw.Snapshot().Revision; rev != 5 {

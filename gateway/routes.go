@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -14,16 +15,8 @@ import (
 	"sync"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
-	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
-	"github.com/limitplane/limitplane/spec"
 )
-
-type route struct {
-	prefix string // the listen path without its final slash: "" for "/"
-	api    *spec.API
-	h      http.Handler
-}
 
 // allowedMethods is the Allow field of the gateway's 405 answer: it
 // forwards any method but CONNECT; these are the ones it advertises.
@@ -36,13 +29,13 @@ const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 // not a path, 308 to the clean path for one with "." or ".." segments,
 // 404 when no listen path matches.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	st := g.state.Load()
+	st := g.State()
 	if st == nil {
 		writeError(w, http.StatusServiceUnavailable, "no configuration applied yet")
 		return
 	}
-	if reason := g.unavailable.Load(); reason != nil {
-		writeError(w, http.StatusServiceUnavailable, *reason)
+	if reason := g.Unavailable(); reason != "" {
+		writeError(w, http.StatusServiceUnavailable, reason)
 		return
 	}
 	if r.Method == http.MethodConnect {
@@ -66,11 +59,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusPermanentRedirect, "request path is not clean; use "+c)
 		return
 	}
-	for i := range st.routes {
-		rt := &st.routes[i]
+	for _, a := range st.Routes() {
 		// prefix "/echo" matches "/echo" and "/echo/...", not "/echoes".
-		if strings.HasPrefix(p, rt.prefix) && (len(p) == len(rt.prefix) || p[len(rt.prefix)] == '/') {
-			rt.h.ServeHTTP(w, r)
+		if pre := a.Prefix(); strings.HasPrefix(p, pre) && (len(p) == len(pre) || p[len(pre)] == '/') {
+			if h := a.Handler(); h != nil {
+				h.ServeHTTP(w, r)
+				return
+			}
+			// Not built (yet). The problem itself (an environment
+			// variable's name and length, a file's path) is for
+			// operators, in /readyz and the control plane's
+			// /api/dataplanes, not for whoever calls the API.
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("API %q is not built on this gateway; its operators see why in the gateway's /readyz", a.ID()))
 			return
 		}
 	}
@@ -284,24 +284,6 @@ func newTransport() *http.Transport {
 	t.MaxIdleConns = 1024
 	t.MaxIdleConnsPerHost = 256
 	return t
-}
-
-// keylessAPI identifies the callers of one keyless API by client IP. Each
-// address gets counters of its own on this API: two keyless APIs with the
-// same policy limit a client separately.
-type keylessAPI struct {
-	api string
-	k   identity.Keyless
-}
-
-// Authenticate implements identity.Authenticator.
-func (k *keylessAPI) Authenticate(ctx context.Context, r identity.Request) (*core.Consumer, error) {
-	c, err := k.k.Authenticate(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	c.ID += "@" + k.api // c is fresh for each request
-	return c, nil
 }
 
 // writeError answers with status and a JSON body shaped like the

@@ -128,7 +128,7 @@ func TestUpdateKeysRefusesStaleRevision(t *testing.T) {
 	put := []spec.Key{{KeyHash: keyHash("k2"), Policies: []string{"p"}}}
 	for _, rev := range []uint64{5, 4, 0} {
 		err := g.gw.UpdateKeys(context.Background(), rev, put, nil)
-		if want := fmt.Sprintf("gateway: snapshot revision is older than the running one (%d <= 5)", rev); !errors.Is(err, gateway.ErrStaleRevision) || err.Error() != want {
+		if want := fmt.Sprintf("live: snapshot revision is older than the running one (%d <= 5)", rev); !errors.Is(err, gateway.ErrStaleRevision) || err.Error() != want {
 			t.Errorf("UpdateKeys(%d) = %v, want %s", rev, err, want)
 		}
 	}

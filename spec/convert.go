@@ -114,6 +114,11 @@ func (a *API) AuthOrDefault() string {
 	return a.Auth
 }
 
+// ServiceSide reports whether a is a service's own API (one that
+// dataplane.Follow enforces in a service's middleware): it has neither a
+// listen path nor a target. A gateway does not route it.
+func (a *API) ServiceSide() bool { return a.ListenPath == "" && a.Target == "" }
+
 // StripsListenPath reports whether the listen path is removed before a
 // request goes upstream: StripListenPath, true when nil.
 func (a *API) StripsListenPath() bool { return a.StripListenPath == nil || *a.StripListenPath }

@@ -285,7 +285,10 @@ type API struct {
 	// '_', ':' or '-', and not "." or "..".
 	ID string `json:"id"`
 	// ListenPath is the path prefix, a clean absolute path such as
-	// "/orders/" (see CleanListenPath); unique across APIs.
+	// "/orders/" (see CleanListenPath); unique across APIs. An API with
+	// neither ListenPath nor Target is a service's own (ServiceSide):
+	// a service enforces it in its middleware (dataplane.Follow) and a
+	// gateway does not route it; an API with one of them needs both.
 	ListenPath string `json:"listen_path"`
 	// Target is BuiltinEcho or an http(s) base URL without credentials,
 	// query or fragment (see ParseTarget).

@@ -123,7 +123,15 @@ func (v *validator) snapshot(s *Snapshot) {
 			firstAPI[a.ID] = at + ".id"
 			apis[a.ID] = a
 		}
-		if lp, err := CleanListenPath(a.ListenPath); err != nil {
+		if a.ServiceSide() {
+			// A service's own API: no route, no upstream.
+		} else if a.ListenPath == "" || a.Target == "" {
+			field, other := "listen_path", "target"
+			if a.Target == "" {
+				field, other = "target", "listen_path"
+			}
+			v.fail(at+"."+field, "missing: an API served by a gateway has both listen_path and target; one served by a service (dataplane.Follow) has neither (%s is set)", other)
+		} else if lp, err := CleanListenPath(a.ListenPath); err != nil {
 			v.fail(at+".listen_path", "%s", problem(err))
 		} else if j, dup := v.samePath(s.APIs, paths[lp], a); dup {
 			v.fail(at+".listen_path", "%q is the same path as apis[%d].listen_path", a.ListenPath, j)
@@ -338,8 +346,10 @@ func (v *validator) quota(at string, q *Quota) {
 }
 
 func (v *validator) api(at string, a *API, policies map[string]*Policy) {
-	if _, err := ParseTarget(a.Target); err != nil {
-		v.fail(at+".target", "%s", problem(err))
+	if a.Target != "" {
+		if _, err := ParseTarget(a.Target); err != nil {
+			v.fail(at+".target", "%s", problem(err))
+		}
 	}
 	knownAuth := true
 	switch a.Auth {

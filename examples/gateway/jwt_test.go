@@ -362,7 +362,7 @@ apis:
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 	err = run(t.Context(), []string{"-listen", "127.0.0.1:0", "-config", writeConfig(t, cfg(dead.URL+"/jwks.json"))}, env{stdout: newOutput(), stderr: newOutput()})
-	if want := `gateway: API "ext": identity: JWKS ` + dead.URL + "/jwks.json: "; err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "connection refused") {
+	if want := `live: API "ext": identity: JWKS ` + dead.URL + "/jwks.json: "; err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("dead JWKS: err = %v, want %s...connection refused", err, want)
 	}
 }

@@ -143,7 +143,7 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, e env, 
 		onStale = dataplane.StaleFailClosed
 	}
 	a, err := dataplane.New(dataplane.AgentOptions{
-		Gateway:      gw,
+		Target:       gw,
 		Address:      cp.Address,
 		TLS:          cp.TLS,
 		Group:        cp.Group,

@@ -1,0 +1,319 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/live"
+	"github.com/limitplane/limitplane/metrics"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// FollowOptions configure Follow: where the control plane is and who this
+// data-plane member is (as AgentOptions), and how the member enforces
+// (as live.Options).
+type FollowOptions struct {
+	// Address is the control plane's sync address, "host:port";
+	// required.
+	Address string
+	// TLS secures the connection (AgentOptions.TLS); nil means
+	// plaintext, for a loopback address.
+	TLS *tls.Config
+	// DialOptions are added to the agent's own (AgentOptions.DialOptions).
+	DialOptions []grpc.DialOption
+	// Group is the data plane this member belongs to: the processes
+	// sharing one Redis (the replicas of a service, gateways beside
+	// them); required.
+	Group string
+	// Tags select the APIs this data plane serves.
+	Tags []string
+	// Token is the data plane's secret; required.
+	Token string
+	// ID names this member in its group ("" means "<hostname>-<pid>");
+	// Version is sent in Hello ("" means "dev").
+	ID, Version string
+
+	// Store holds the counters. Replicas on one Redis share their limits
+	// through a *redisstore.Store on it (or a drl.Store in front of one,
+	// for the Distributed Rate Limiter); nil means an in-process store
+	// of this process's own, which Close closes. Follow does not close a
+	// Store it is given.
+	Store core.Store
+	// FailurePolicy, Fallback, StoreTimeout, Observer, OnStoreError,
+	// ClientIP and Resolver are live.Options's.
+	FailurePolicy core.FailurePolicy
+	Fallback      core.Store
+	StoreTimeout  time.Duration
+	Observer      core.Observer
+	OnStoreError  func(error)
+	ClientIP      identity.ClientIPOptions
+	Resolver      spec.Resolver
+
+	// Persister keeps the last applied configuration, so that a member
+	// restarted while the control plane is down enforces it; nil means
+	// the data plane's Redis when Store is a Redis store (or has one
+	// under it: an Exact method, as drl.Store's), else none.
+	Persister Persister
+	// MaxStale and OnStale are AgentOptions's: with OnStale
+	// StaleFailClosed, every request answers 503 (gRPC Unavailable) once
+	// MaxStale passes without the control plane.
+	MaxStale time.Duration
+	OnStale  OnStale
+	// StartTimeout is how long the member waits for the control plane
+	// before it enforces the persisted configuration; 0 means
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
+
+	// Logger receives the member's log lines; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Follower is a service's running configuration kept in step with a
+// control plane: a *live.Config (embedded: Limiter, Authenticator,
+// Revision, NotBuilt and the rest are its) and the Agent that feeds it.
+// Give Limiter(api) and Authenticator(api) to the adapters' middleware.
+// Close stops it.
+type Follower struct {
+	*live.Config
+	agent    *Agent
+	store    core.Store
+	closers  []func() error
+	registry *prometheus.Registry
+	cancel   context.CancelFunc
+	done     chan struct{}
+	once     sync.Once
+}
+
+// Follow starts a data-plane member for a service: a live configuration
+// that the control plane at opts.Address keeps in step (policies, keys
+// with their revocations and quota resets, API definitions), enforced by
+// whatever middleware the service puts Limiter and Authenticator in. It
+// returns at once: until the first configuration is applied (from the
+// control plane, or the persisted one after StartTimeout) every request
+// through it answers 503. The agent runs until ctx is done or Close is
+// called. It fails when opts lack Address, Group or Token, or name an
+// invalid OnStale, MaxStale or ClientIP.
+func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	f := &Follower{store: opts.Store, done: make(chan struct{}), registry: prometheus.NewRegistry()}
+	if f.store == nil {
+		m := memory.New(memory.Options{SweepInterval: time.Minute})
+		f.store = m
+		f.closers = append(f.closers, m.Close)
+	}
+	decisions := metrics.New(metrics.Options{})
+	applies := metrics.NewGateway(metrics.Options{})
+	observer := core.Observer(decisions)
+	if opts.Observer != nil {
+		observer = teeObserver{decisions, opts.Observer}
+	}
+	cfg, err := live.New(live.Options{
+		Store:         f.store,
+		FailurePolicy: opts.FailurePolicy,
+		Fallback:      opts.Fallback,
+		StoreTimeout:  opts.StoreTimeout,
+		Observer:      observer,
+		OnStoreError: func(err error) {
+			decisions.ObserveStoreError(err)
+			if opts.OnStoreError != nil {
+				opts.OnStoreError(err)
+			}
+		},
+		OnApply:  applies.ObserveApply,
+		ClientIP: opts.ClientIP,
+		Resolver: opts.Resolver,
+		Logger:   opts.Logger,
+	})
+	if err != nil {
+		f.closeAll()
+		return nil, fmt.Errorf("dataplane: follow: %w", err)
+	}
+	f.Config = cfg
+	f.closers = append(f.closers, cfg.Close)
+	persister := opts.Persister
+	if persister == nil {
+		if rs := redisUnder(f.store); rs != nil {
+			persister = NewRedisPersister(rs.Client(), opts.Group)
+		}
+	}
+	a, err := New(AgentOptions{
+		Target:       cfg,
+		Address:      opts.Address,
+		TLS:          opts.TLS,
+		DialOptions:  opts.DialOptions,
+		Group:        opts.Group,
+		Tags:         opts.Tags,
+		Token:        opts.Token,
+		GatewayID:    opts.ID,
+		Version:      opts.Version,
+		Persister:    persister,
+		MaxStale:     opts.MaxStale,
+		OnStale:      opts.OnStale,
+		StartTimeout: opts.StartTimeout,
+		Logger:       opts.Logger,
+	})
+	if err != nil {
+		f.closeAll()
+		return nil, fmt.Errorf("dataplane: follow: %w", err)
+	}
+	f.agent = a
+	f.registry.MustRegister(decisions, applies, metrics.NewSync(metrics.Options{}, func() metrics.SyncState {
+		s := a.Status()
+		d := s.Deliveries
+		return metrics.SyncState{
+			Connected: s.State == "connected", AppliedRevision: s.AppliedRevision, Staleness: s.Staleness,
+			SnapshotsApplied: d.SnapshotsApplied, SnapshotsRejected: d.SnapshotsRejected,
+			ChangesApplied: d.ChangesApplied, ChangesRejected: d.ChangesRejected, Reconnects: s.Reconnects,
+		}
+	}))
+	rctx, cancel := context.WithCancel(ctx)
+	f.cancel = cancel
+	go func() {
+		defer close(f.done)
+		if err := a.Run(rctx); err != nil {
+			opts.Logger.Error("dataplane: follow: the agent stopped", "err", err)
+		}
+	}()
+	return f, nil
+}
+
+// redisUnder returns the Redis store s is, or has under it (a drl.Store's
+// Exact), nil when there is none.
+func redisUnder(s core.Store) *redisstore.Store {
+	for range 4 {
+		switch v := s.(type) {
+		case *redisstore.Store:
+			return v
+		case interface{ Exact() core.Store }:
+			s = v.Exact()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// teeObserver tells two observers about each decision.
+type teeObserver [2]core.Observer
+
+// ObserveDecision implements core.Observer.
+func (t teeObserver) ObserveDecision(api string, d core.Decision, err error, took time.Duration) {
+	t[0].ObserveDecision(api, d, err, took)
+	t[1].ObserveDecision(api, d, err, took)
+}
+
+// Agent returns the agent that keeps the configuration in step (for its
+// Status).
+func (f *Follower) Agent() *Agent { return f.agent }
+
+// Readiness is what ReadyHandler answers, as JSON.
+type Readiness struct {
+	// Ready is true when the member enforces a configuration and may
+	// take traffic.
+	Ready bool `json:"ready"`
+	// Revision is the running configuration's revision (0: none).
+	Revision uint64 `json:"revision"`
+	// Error says why the member is not ready.
+	Error string `json:"error,omitempty"`
+	// Degraded is true when some API or policy is not built (NotBuilt
+	// lists them); the rest is enforced, so the member stays ready.
+	Degraded bool            `json:"degraded,omitempty"`
+	NotBuilt []live.NotBuilt `json:"not_built,omitempty"`
+	// ControlPlane is the agent's status.
+	ControlPlane Status `json:"control_plane"`
+}
+
+// Readiness reports whether the member may take traffic: not before a
+// configuration is applied, not while SetUnavailable holds (on_stale:
+// fail_closed), not while the control plane refuses this data plane's
+// token (Status.NotReady).
+func (f *Follower) Readiness() Readiness {
+	s := f.agent.Status()
+	out := Readiness{ControlPlane: s}
+	st := f.State()
+	if st != nil {
+		out.Revision = st.Revision()
+		out.NotBuilt = st.NotBuilt()
+		out.Degraded = len(out.NotBuilt) > 0
+	}
+	switch {
+	case st == nil:
+		out.Error = "no configuration applied yet"
+	case s.NotReady() != "":
+		out.Error = s.NotReady()
+	case f.Unavailable() != "":
+		out.Error = f.Unavailable()
+	default:
+		out.Ready = true
+	}
+	return out
+}
+
+// ReadyHandler returns an http.Handler for the service's GET /readyz: 200
+// with Readiness as JSON when ready, 503 with it otherwise.
+func (f *Follower) ReadyHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out := f.Readiness()
+		b, err := json.Marshal(out)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if !out.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		w.Write(append(b, '\n'))
+	})
+}
+
+// MetricsHandler returns an http.Handler for the service's GET /metrics,
+// in Prometheus's text format: the decisions (metrics.Collector), the
+// configurations applied (metrics.Gateway) and the link to the control
+// plane (metrics.Sync), each under the "limitplane" namespace. Register
+// more with Registry.
+func (f *Follower) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(f.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// Registry returns the registry MetricsHandler serves.
+func (f *Follower) Registry() *prometheus.Registry { return f.registry }
+
+// Close stops the agent (waiting for it: the last configuration and
+// contact are persisted), then the configuration and the in-process
+// store Follow made. Requests after Close are decided under the last
+// configuration. It is safe to call more than once.
+func (f *Follower) Close() error {
+	var err error
+	f.once.Do(func() {
+		f.cancel()
+		<-f.done
+		err = f.closeAll()
+	})
+	return err
+}
+
+func (f *Follower) closeAll() error {
+	var errs []error
+	for i := len(f.closers) - 1; i >= 0; i-- {
+		errs = append(errs, f.closers[i]())
+	}
+	return errors.Join(errs...)
+}

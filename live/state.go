@@ -1,0 +1,128 @@
+package live
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
+)
+
+// State returns the running configuration's state, nil before the first
+// Apply. A request that loads it once is decided entirely under it
+// (except for its key, which UpdateKeys changes in place).
+func (g *Config) State() *State { return g.state.Load() }
+
+// Revision returns the state's revision: the applied snapshot's, or the
+// last UpdateKeys's.
+func (st *State) Revision() uint64 { return st.revision.Load() }
+
+// Engine returns the state's engine (without the policies ApplyPartial
+// left out).
+func (st *State) Engine() *core.Engine { return st.engine }
+
+// Limiter returns what decides the state's requests: the engine, or in
+// front of it a guard answering 503 for consumers whose limits need a
+// policy that is not built.
+func (st *State) Limiter() core.Decider { return st.limiter }
+
+// Keys returns the state's key registry. The caller must not change it.
+func (st *State) Keys() *identity.Keys { return st.keys }
+
+// Base returns the applied snapshot without its keys (policies, APIs and
+// the revision it was applied with). The caller must not change it.
+func (st *State) Base() *spec.Snapshot { return st.base }
+
+// API returns the API with id, nil when the state has none.
+func (st *State) API(id string) *API { return st.byID[id] }
+
+// APIs returns the state's APIs in the snapshot's order. The caller must
+// not change the slice.
+func (st *State) APIs() []*API { return st.list }
+
+// Routes returns the state's APIs that have a listen path (not
+// ServiceSide), by listen path, longest first (in the
+// snapshot's order among equal lengths), for routing a path to the API
+// of the longest listen path that is a prefix of it. The caller must not
+// change the slice.
+func (st *State) Routes() []*API { return st.routes }
+
+// NotBuilt returns the state's objects that are not built, as
+// Config.NotBuilt does.
+func (st *State) NotBuilt() []NotBuilt { return st.notBuiltList() }
+
+// ErrNotReady is the Kind of the 503 errors of Limiter and Authenticator
+// when a request cannot be decided under the running configuration:
+// nothing applied yet, SetUnavailable in force, the API not in the
+// configuration or not built on this host.
+var ErrNotReady = errors.New("service unavailable")
+
+// Authenticator returns an identity.Authenticator for the requests of
+// the API with id api, for a service's middleware (adapters/nethttp and
+// the others): each request is authenticated as the running
+// configuration's definition of api says (API key, JWT or keyless by
+// client IP), under the configuration running when it arrives. It fails
+// with an *identity.Error of status 503 and Kind ErrNotReady (the
+// adapters answer 503, gRPC codes.Unavailable) before the first Apply,
+// while SetUnavailable holds, when the configuration has no API api
+// (the control plane does not define it, or not for this data plane's
+// tags) and while api is not built on this host.
+func (g *Config) Authenticator(api string) identity.Authenticator {
+	return &apiAuth{g: g, api: api}
+}
+
+// Limiter returns a core.Decider deciding with the running
+// configuration's engine, for a service's middleware beside
+// Authenticator. The API passed to Decide is the one the middleware
+// names.
+func (g *Config) Limiter(api string) core.Decider { return liveLimiter{g: g} }
+
+type apiAuth struct {
+	g   *Config
+	api string
+}
+
+// Authenticate implements identity.Authenticator.
+func (a *apiAuth) Authenticate(ctx context.Context, r identity.Request) (*core.Consumer, error) {
+	st := a.g.state.Load()
+	if st == nil {
+		return nil, notReady("no configuration applied yet")
+	}
+	if reason := a.g.unavailable.Load(); reason != nil {
+		return nil, notReady(*reason)
+	}
+	e := st.byID[a.api]
+	if e == nil {
+		return nil, notReady(fmt.Sprintf("API %q is not in the running configuration", a.api))
+	}
+	b := e.built.Load()
+	if b == nil {
+		// The problem itself is for operators (readiness, the control
+		// plane's /api/dataplanes), not for callers.
+		return nil, notReady(fmt.Sprintf("API %q is not built on this %s; its operators see why in its readiness", a.api, a.g.opts.Member))
+	}
+	return b.b.Auth.Authenticate(ctx, r)
+}
+
+type liveLimiter struct{ g *Config }
+
+// Decide implements core.Decider.
+func (l liveLimiter) Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error) {
+	st := l.g.state.Load()
+	if st == nil {
+		return core.Decision{}, notReady("no configuration applied yet")
+	}
+	return st.limiter.Decide(ctx, c, api, cost)
+}
+
+func notReady(reason string) error {
+	return &identity.Error{Status: http.StatusServiceUnavailable, Kind: ErrNotReady, Reason: reason}
+}
+
+// StoreFailed reports err, a failure of Options.Store outside the
+// engine's decisions (a read-only peek, say), as the engines report
+// theirs: to Options.OnStoreError and the rate-limited failure log.
+func (g *Config) StoreFailed(err error) { g.onStore(err) }
