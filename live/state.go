@@ -77,7 +77,13 @@ func (g *Config) Authenticator(api string) identity.Authenticator {
 // Limiter returns a core.Decider deciding with the running
 // configuration's engine, for a service's middleware beside
 // Authenticator. The API passed to Decide is the one the middleware
-// names.
+// names. Authenticator and Limiter each load the running configuration
+// once per call, so a request that arrives during an Apply may be
+// authenticated under the previous configuration and decided under the
+// new one; snapshots are valid as a whole (a key names only policies its
+// snapshot has), so the only mixed outcome is a key whose policy the new
+// configuration removes: it is refused (403, core.ErrUnknownPolicy), as
+// its next request would be once the new key arrives.
 func (g *Config) Limiter(api string) core.Decider { return liveLimiter{g: g} }
 
 type apiAuth struct {
