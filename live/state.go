@@ -82,8 +82,10 @@ func (g *Config) Authenticator(api string) identity.Authenticator {
 // authenticated under the previous configuration and decided under the
 // new one; snapshots are valid as a whole (a key names only policies its
 // snapshot has), so the only mixed outcome is a key whose policy the new
-// configuration removes: it is refused (403, core.ErrUnknownPolicy), as
-// its next request would be once the new key arrives.
+// configuration removes: that one request is refused (403,
+// core.ErrUnknownPolicy); the next is decided wholly under the new
+// configuration. A gateway's routes do not mix: each is built with its
+// state's limiter.
 func (g *Config) Limiter(api string) core.Decider { return liveLimiter{g: g} }
 
 type apiAuth struct {
