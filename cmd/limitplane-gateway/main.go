@@ -1,13 +1,13 @@
-// Command gateway is limitplane's runnable API gateway: a reverse proxy
+// Command limitplane-gateway is limitplane's runnable API gateway: a reverse proxy
 // that rate-limits and meters HTTP traffic per consumer, configured by one
 // YAML file.
 //
 // Usage:
 //
-//	go run ./examples/gateway                       # built-in demo config on 127.0.0.1:8080
-//	go run ./examples/gateway -config gateway.yaml  # your own config
-//	go run ./examples/gateway -listen :9090         # override the listen address
-//	go run ./examples/gateway -config examples/gateway/redis.yaml  # the demo on a local Redis
+//	go run ./cmd/limitplane-gateway                       # built-in demo config on 127.0.0.1:8080
+//	go run ./cmd/limitplane-gateway -config gateway.yaml  # your own config
+//	go run ./cmd/limitplane-gateway -listen :9090         # override the listen address
+//	go run ./cmd/limitplane-gateway -config cmd/limitplane-gateway/redis.yaml  # the demo on a local Redis
 //
 // Each API in the config is served under its listen path (the longest
 // matching prefix wins) through limitplane's net/http middleware: API keys,

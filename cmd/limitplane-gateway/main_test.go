@@ -18,7 +18,7 @@ import (
 	"github.com/limitplane/limitplane/gateway/config"
 )
 
-// TestDemo runs the gateway as `go run ./examples/gateway` does, with no
+// TestDemo runs the gateway as `go run ./cmd/limitplane-gateway` does, with no
 // -config (only the port changed, so the test never collides with a real
 // 8080), checks the banner, and runs its three curl lines.
 func TestDemo(t *testing.T) {
@@ -251,7 +251,7 @@ func TestListenFlagOverrides(t *testing.T) {
 }
 
 // TestREADMEShowsBanner: the README's walk-through starts with the banner
-// `go run ./examples/gateway` prints on the default address.
+// `go run ./cmd/limitplane-gateway` prints on the default address.
 func TestREADMEShowsBanner(t *testing.T) {
 	cfg, err := config.Parse(demoName, demoYAML)
 	if err != nil {
