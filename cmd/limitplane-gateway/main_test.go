@@ -215,24 +215,6 @@ func TestRunHelp(t *testing.T) {
 	}
 }
 
-// TestBaseURL: wildcard listen addresses are shown as the loopback.
-func TestBaseURL(t *testing.T) {
-	for _, tc := range []struct{ addr, want string }{
-		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
-		{"0.0.0.0:80", "http://127.0.0.1:80"},
-		{"[::]:9000", "http://[::1]:9000"},
-		{"[::1]:9000", "http://[::1]:9000"},
-	} {
-		a, err := net.ResolveTCPAddr("tcp", tc.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := baseURL(a); got != tc.want {
-			t.Errorf("baseURL(%s) = %s, want %s", tc.addr, got, tc.want)
-		}
-	}
-}
-
 // TestListenFlagOverrides: -listen wins over the file's listen.
 func TestListenFlagOverrides(t *testing.T) {
 	gw := start(t, frozen(), "-config", writeConfig(t, "listen: 127.0.0.1:1\n"+
@@ -258,7 +240,7 @@ func TestREADMEShowsBanner(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	printBanner(&b, baseURL(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}), "", cfg, "", "")
+	printBanner(&b, "http://127.0.0.1:8080", "", cfg, "", "")
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
