@@ -32,7 +32,10 @@
 // With LP_GATEWAY_CPUPROFILE=file in its environment the gateway writes a
 // CPU profile of its whole run to file, for benchmarks.
 //
-// The configuration reference is in the repository's README.md.
+// The gateway itself is package gateway/server (server.Open builds it
+// from the file); this command adds the flags, the signals, the banner
+// and the exit status. The configuration reference is in the
+// repository's README.md.
 package main
 
 import (
