@@ -2,7 +2,7 @@
 // planes, and nothing else: it has no code of its own outside its tests.
 //
 // The tests run the real programs as processes: TestMain builds
-// ./examples/controlplane and ./examples/gateway once (go build) into a
+// ./cmd/limitplane-controlplane and ./cmd/limitplane-gateway once (go build) into a
 // temporary directory; each test starts a control plane (its admin token
 // in the environment, its bbolt file in the test's temporary directory,
 // its sync port on the loopback and a -dataplanes file of hashed tokens

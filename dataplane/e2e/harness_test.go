@@ -45,8 +45,8 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(dir)
 		bin = binaries{controlPlane: filepath.Join(dir, "controlplane"), gateway: filepath.Join(dir, "gateway")}
 		for out, pkg := range map[string]string{
-			bin.controlPlane: "github.com/limitplane/limitplane/examples/controlplane",
-			bin.gateway:      "github.com/limitplane/limitplane/examples/gateway",
+			bin.controlPlane: "github.com/limitplane/limitplane/cmd/limitplane-controlplane",
+			bin.gateway:      "github.com/limitplane/limitplane/cmd/limitplane-gateway",
 		} {
 			args := []string{"build", "-o", out}
 			if os.Getenv("LP_E2E_RACE") == "1" {

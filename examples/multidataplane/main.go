@@ -9,7 +9,7 @@
 //
 //	go run ./examples/multidataplane
 //
-// It builds ./examples/controlplane and ./examples/gateway with the go
+// It builds ./cmd/limitplane-controlplane and ./cmd/limitplane-gateway with the go
 // command into a temporary directory (so run it from inside the
 // repository), and needs redis-server on PATH (or named by REDIS_SERVER).
 // Every port is a free loopback port. The children's logs go to stderr,
@@ -273,12 +273,12 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	bins := map[string]string{}
 	for _, prog := range []string{"controlplane", "gateway"} {
 		bins[prog] = filepath.Join(dir, prog)
-		cmd := exec.CommandContext(ctx, goCmd, "build", "-o", bins[prog], "github.com/limitplane/limitplane/examples/"+prog)
+		cmd := exec.CommandContext(ctx, goCmd, "build", "-o", bins[prog], "github.com/limitplane/limitplane/cmd/limitplane-"+prog)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("go build ./examples/%s (run this from inside the limitplane repository): %v\n%s", prog, err, out)
+			return fmt.Errorf("go build ./cmd/limitplane-%s (run this from inside the limitplane repository): %v\n%s", prog, err, out)
 		}
 	}
 

@@ -365,7 +365,7 @@ func TestRefusals(t *testing.T) {
 // TestDemoConfig checks that the built-in demo config parses to exactly
 // the values the README and the banner describe.
 func TestDemoConfig(t *testing.T) {
-	cfg, err := config.Load(filepath.Join("..", "..", "examples", "gateway", "demo.yaml"))
+	cfg, err := config.Load(filepath.Join("..", "..", "cmd", "limitplane-gateway", "demo.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +412,7 @@ func TestDemoConfig(t *testing.T) {
 				{ID: "open", ListenPath: "/open/", Target: spec.BuiltinEcho, Auth: spec.AuthKeyless, Policies: []string{"anon"}},
 			},
 		},
-		Resolver: config.FileResolver{Dir: filepath.Join("..", "..", "examples", "gateway")},
+		Resolver: config.FileResolver{Dir: filepath.Join("..", "..", "cmd", "limitplane-gateway")},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("demo config:\n got %+v\nwant %+v", cfg, want)
@@ -594,7 +594,7 @@ func TestCheckListen(t *testing.T) {
 // FuzzParse checks that no input makes Parse panic, and that every refusal
 // is a non-empty Errors whose entries name the file.
 func FuzzParse(f *testing.F) {
-	demo, err := os.ReadFile(filepath.Join("..", "..", "examples", "gateway", "demo.yaml"))
+	demo, err := os.ReadFile(filepath.Join("..", "..", "cmd", "limitplane-gateway", "demo.yaml"))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -602,7 +602,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(api))
 	f.Add([]byte("policies:\n  - id: p\n    rate: {requests: 2.5, per: x, bust: 1}\n    rate: {}\n" + api))
 	f.Add([]byte("a: &x [*x]\n"))
-	redis, err := os.ReadFile(filepath.Join("..", "..", "examples", "gateway", "redis.yaml"))
+	redis, err := os.ReadFile(filepath.Join("..", "..", "cmd", "limitplane-gateway", "redis.yaml"))
 	if err != nil {
 		f.Fatal(err)
 	}

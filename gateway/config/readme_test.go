@@ -72,7 +72,7 @@ func TestREADMEExamples(t *testing.T) {
 	if _, err := Parse("README.md", []byte(full[1])); err != nil {
 		t.Errorf("the README's complete example is refused:\n%v", err)
 	}
-	bad := regexp.MustCompile("(?s)this `gateway.yaml`:\n\n```yaml\n(.*?)```\n\n```\n\\$ go run ./examples/gateway -config gateway.yaml\n" +
+	bad := regexp.MustCompile("(?s)this `gateway.yaml`:\n\n```yaml\n(.*?)```\n\n```\n\\$ go run ./cmd/limitplane-gateway -config gateway.yaml\n" +
 		"gateway: invalid configuration, not starting:\n(.*?)\nexit status 1\n```").FindStringSubmatch(doc)
 	if bad == nil {
 		t.Fatal("README.md: refused example not found")

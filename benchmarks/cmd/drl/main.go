@@ -12,7 +12,7 @@
 // root module does not contain this package, so go run
 // ./benchmarks/cmd/drl does not work there).
 //
-// It builds examples/gateway, starts one redis-server on a free loopback
+// It builds cmd/limitplane-gateway, starts one redis-server on a free loopback
 // port and -gateways gateway processes, drives them with open-loop load
 // split by -split, and stops every process it started, also on Ctrl-C.
 // mode=equal is Tyk's flat split as a peer in the same run (rate R/N,
@@ -70,7 +70,7 @@ func main() {
 	moveSplit := flag.String("move-split", "", "weights after -move-at")
 	flag.Float64Var(&o.MoveOffered, "move-offered", 0, "total offered load after -move-at (default unchanged)")
 	flag.BoolVar(&o.Timeline, "timeline", false, "log each gateway's admissions per second")
-	flag.StringVar(&o.GatewayBin, "gateway", "", "a built examples/gateway (default: build it)")
+	flag.StringVar(&o.GatewayBin, "gateway", "", "a built cmd/limitplane-gateway (default: build it)")
 	flag.StringVar(&o.Dir, "dir", "", "keep the run's configurations and logs here (default: a temporary directory, removed)")
 	flag.Parse()
 	var err error

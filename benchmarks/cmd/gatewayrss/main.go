@@ -1,6 +1,6 @@
 // Command gatewayrss measures the resident memory a gateway process holds
 // per live key of its in-process store: it starts a built gateway binary
-// (examples/gateway; built from this checkout when -gateway is not
+// (cmd/limitplane-gateway; built from this checkout when -gateway is not
 // given) with a keyless API whose consumers are client IPs
 // taken from X-Forwarded-For (the measuring client is a trusted proxy),
 // sends one request from each of -keys distinct IPv4 addresses, and
@@ -41,7 +41,7 @@ func main() {
 }
 
 func run() error {
-	bin := flag.String("gateway", "", "built gateway `binary` (default: build examples/gateway of this checkout)")
+	bin := flag.String("gateway", "", "built gateway `binary` (default: build cmd/limitplane-gateway of this checkout)")
 	keys := flag.Int("keys", 1_000_000, "distinct client IPs, one request each")
 	conc := flag.Int("c", 8, "concurrent connections")
 	env := flag.String("env", "", "extra environment for the gateway, comma-separated K=V (e.g. GOGC=50)")

@@ -5,7 +5,7 @@
 //
 //	go run ./cmd/proxybench -rounds 6 -duration 10s
 //
-// The gateway is examples/gateway built from this checkout, run with a
+// The gateway is cmd/limitplane-gateway built from this checkout, run with a
 // memory store and one API key whose policy (10^9 requests a second and a
 // quota of 10^15 a day) is checked on every request and never denies, so
 // the numbers are those of a gateway with limiting on. Each -gateway-before
@@ -55,9 +55,9 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "wrk duration of each measurement")
 	conns := flag.Int("c", 64, "wrk connections")
 	threads := flag.Int("t", 2, "wrk threads")
-	gatewayBin := flag.String("gateway", "", "a built examples/gateway binary (default: built from ../examples/gateway)")
+	gatewayBin := flag.String("gateway", "", "a built cmd/limitplane-gateway binary (default: built from ../cmd/limitplane-gateway)")
 	var before []string
-	flag.Func("gateway-before", "another examples/gateway `binary` (an older build) measured in the same rounds, as \"gateway-before\"; repeat it for more (\"gateway-before-2\", ...)", func(s string) error {
+	flag.Func("gateway-before", "another cmd/limitplane-gateway `binary` (an older build) measured in the same rounds, as \"gateway-before\"; repeat it for more (\"gateway-before-2\", ...)", func(s string) error {
 		before = append(before, s)
 		return nil
 	})
@@ -158,7 +158,7 @@ func run(rounds int, duration time.Duration, conns, threads int, gatewayBin stri
 	}
 	if gatewayBin == "" {
 		gatewayBin = filepath.Join(dir, "gateway")
-		build := exec.Command("go", "build", "-o", gatewayBin, "./examples/gateway")
+		build := exec.Command("go", "build", "-o", gatewayBin, "./cmd/limitplane-gateway")
 		build.Dir, build.Stderr = "..", os.Stderr
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("build gateway: %w", err)

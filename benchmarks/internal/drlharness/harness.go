@@ -1,7 +1,7 @@
 // Package drlharness runs limitplane's distributed rate limiter (DRL, issue
 // 12) as real processes and measures it against Tyk's equal split.
 //
-// A run builds examples/gateway, starts one redis-server on a free
+// A run builds cmd/limitplane-gateway, starts one redis-server on a free
 // loopback port (never 6379) and Options.Gateways gateway processes, each
 // with its own generated YAML file, and drives them with open-loop load
 // over keep-alive HTTP connections: the offered rate (Options.Offered,
@@ -133,7 +133,7 @@ type Options struct {
 	// answer time) to Log.
 	Timeline bool
 
-	// GatewayBin is a built examples/gateway; empty builds one.
+	// GatewayBin is a built cmd/limitplane-gateway; empty builds one.
 	GatewayBin string
 	// Dir holds the run's files (configurations, logs); empty uses a
 	// temporary directory, removed at the end.
@@ -328,7 +328,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		defer os.RemoveAll(dir)
 	}
 	if o.GatewayBin == "" {
-		fmt.Fprintln(o.Log, "building examples/gateway")
+		fmt.Fprintln(o.Log, "building cmd/limitplane-gateway")
 		if o.GatewayBin, err = procs.BuildGateway(ctx, dir); err != nil {
 			return nil, err
 		}

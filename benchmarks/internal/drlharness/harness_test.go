@@ -12,7 +12,7 @@ import (
 	"github.com/limitplane/limitplane/benchmarks/internal/procs"
 )
 
-// gatewayBin is examples/gateway, built once for every test of the
+// gatewayBin is cmd/limitplane-gateway, built once for every test of the
 // package by TestMain.
 var gatewayBin string
 

@@ -148,7 +148,7 @@ func FreeAddr() (string, error) {
 	}
 }
 
-// BuildGateway builds examples/gateway of the main module (found with
+// BuildGateway builds cmd/limitplane-gateway of the main module (found with
 // `go list -m`, so through the benchmarks module's replace directive) into
 // dir and returns the binary's path.
 func BuildGateway(ctx context.Context, dir string) (string, error) {
@@ -158,10 +158,10 @@ func BuildGateway(ctx context.Context, dir string) (string, error) {
 	}
 	root := strings.TrimSpace(string(out))
 	bin := filepath.Join(dir, "gateway")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./examples/gateway")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/limitplane-gateway")
 	build.Dir = root
 	if b, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("procs: build examples/gateway: %w\n%s", err, b)
+		return "", fmt.Errorf("procs: build cmd/limitplane-gateway: %w\n%s", err, b)
 	}
 	return bin, nil
 }

@@ -1,10 +1,7 @@
-package main
+package server
 
 import (
-	"context"
-	"log/slog"
 	"net"
-	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -12,7 +9,6 @@ import (
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/dataplane/drl"
 	"github.com/limitplane/limitplane/gateway"
-	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
 )
 
@@ -25,6 +21,7 @@ type opsMetrics struct {
 	gateway   *metrics.Gateway
 }
 
+// newOpsMetrics makes the metrics and their registry.
 func newOpsMetrics() *opsMetrics {
 	m := &opsMetrics{
 		registry:  prometheus.NewRegistry(),
@@ -36,48 +33,32 @@ func newOpsMetrics() *opsMetrics {
 	return m
 }
 
-// adminServer is the operations endpoint's HTTP server.
-type adminServer struct {
-	srv    *http.Server
-	base   string     // http://host:port
-	served chan error // Serve's result
-}
-
-// startAdmin listens on cfg.Admin's address and serves gw's operations
-// endpoint there, with m's metrics, reload for POST /reload and, for a
-// data-plane gateway, its agent's status in /readyz (agent nil: none). It
-// returns nil when the file has no admin section.
-func startAdmin(cfg *config.Config, gw *gateway.Gateway, m *opsMetrics, reload func(context.Context) error, agent *dataplane.Agent, log *slog.Logger) (*adminServer, error) {
-	a := cfg.Admin
+// listenAdmin listens on the admin section's address and makes the
+// operations endpoint's server for s's gateway, with s's metrics, Reload
+// for POST /reload and, for a data-plane gateway, its agent's status in
+// /readyz. It makes nothing when the file has no admin section.
+func (s *Server) listenAdmin() error {
+	a := s.cfg.Admin
 	if a == nil {
-		return nil, nil
+		return nil
 	}
 	ln, err := net.Listen("tcp", a.Listen)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s := &adminServer{base: baseURL(ln.Addr()), served: make(chan error, 1)}
+	s.adminLn = ln
 	var cp func() any
-	if agent != nil {
+	if agent := s.agent; agent != nil {
 		cp = func() any { return agent.Status() }
 	}
-	s.srv = &http.Server{
-		Handler: gw.AdminHandler(gateway.AdminOptions{
-			Token:             a.Token,
-			ReadsWithoutToken: a.Loopback,
-			Reload:            reload,
-			Gatherer:          m.registry,
-			ControlPlane:      cp,
-		}),
-		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
-		ReadTimeout:       cfg.Server.ReadTimeout,
-		WriteTimeout:      cfg.Server.WriteTimeout,
-		IdleTimeout:       cfg.Server.IdleTimeout,
-		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	go func() { s.served <- s.srv.Serve(ln) }()
-	return s, nil
+	s.admin = s.newHTTPServer(s.gw.AdminHandler(gateway.AdminOptions{
+		Token:             a.Token,
+		ReadsWithoutToken: a.Loopback,
+		Reload:            s.Reload,
+		Gatherer:          s.metrics.registry,
+		ControlPlane:      cp,
+	}))
+	return nil
 }
 
 // registerSync adds the agent's sync metrics to m.

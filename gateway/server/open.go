@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -30,21 +30,22 @@ import (
 // against a share once the gateway has left. Under failure_policy
 // fallback with Redis, the fallback store is made here and seeded by the
 // Redis store (gateway.NewFallback), and closed last.
-func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
+func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
+	log := o.Logger
 	so := gateway.StoreOptions{
 		URL:           "memory",
-		Memory:        memory.Options{Clock: e.clock, MaxKeys: cfg.Memory.MaxKeys},
+		Memory:        memory.Options{Clock: o.Clock, MaxKeys: cfg.Memory.MaxKeys},
 		FailurePolicy: cfg.FailurePolicy,
 		Logger:        log,
-		AfterFunc:     e.afterFunc,
+		AfterFunc:     o.AfterFunc,
 	}
 	if r := cfg.Redis; r != nil {
 		so.URL, so.Password, so.Name, so.Redis = r.URL, r.Password, cfg.RedactedStore(), r.Options
-		if e.clock != nil {
+		if o.Clock != nil {
 			// A test froze the clock: the scripts take its time instead
 			// of Redis TIME, and keys outlive the frozen instant in real
 			// time.
-			so.Redis.Clock, so.Redis.TTLMargin = e.clock, time.Minute
+			so.Redis.Clock, so.Redis.TTLMargin = o.Clock, time.Minute
 		}
 	}
 	// Under failure_policy fallback the gateway decides in an in-process
@@ -52,12 +53,12 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 	// carries on from the counts this gateway last saw.
 	var fallback *gateway.Fallback
 	if cfg.FailurePolicy == core.FailFallback && cfg.Redis != nil {
-		fallback = gateway.NewFallback(e.clock, cfg.Memory.MaxKeys)
+		fallback = gateway.NewFallback(o.Clock, cfg.Memory.MaxKeys)
 		so.Redis.Seed = fallback
 	}
 	if d := cfg.DRL; d != nil && cfg.Redis != nil {
 		so.Wrap = func(c redis.UniversalClient, exact core.Store) (core.Store, func() error, error) {
-			s, err := drl.New(c, exact, drlOptions(d, e, log))
+			s, err := drl.New(c, exact, drlOptions(d, o))
 			if err != nil {
 				return nil, nil, err
 			}
@@ -101,9 +102,9 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 		Response:        cfg.Response,
 		Resolver:        cfg.Resolver,
 		Logger:          log,
-		Clock:           e.clock,
-		Now:             e.now,
-		AfterFunc:       e.afterFunc,
+		Clock:           o.Clock,
+		Now:             o.Now,
+		AfterFunc:       o.AfterFunc,
 	}
 	if fallback != nil {
 		opts.Fallback = fallback
@@ -127,7 +128,7 @@ func open(ctx context.Context, cfg *config.Config, e env, log *slog.Logger, m *o
 // newAgent makes the data-plane agent of cfg's control_plane section for
 // gw: it persists in the store's Redis when the store is Redis, else in
 // the state file.
-func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, e env, log *slog.Logger) (*dataplane.Agent, string, error) {
+func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, o Options) (*dataplane.Agent, string, error) {
 	cp := cfg.ControlPlane
 	var persister dataplane.Persister = dataplane.FilePersister{Path: cp.StateFile}
 	where := "state file " + cp.StateFile
@@ -150,13 +151,13 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, e env, 
 		Tags:         cp.Tags,
 		Token:        cp.Token,
 		GatewayID:    cp.GatewayID,
-		Version:      "examples/gateway",
+		Version:      "cmd/limitplane-gateway",
 		Persister:    persister,
 		MaxStale:     cp.MaxStale,
 		OnStale:      onStale,
-		StartTimeout: e.startTimeout,
-		Now:          e.now,
-		Logger:       log,
+		StartTimeout: o.StartTimeout,
+		Now:          o.Now,
+		Logger:       o.Logger,
 	})
 	if err != nil {
 		return nil, "", err
@@ -170,7 +171,7 @@ type reloader struct {
 	gw *gateway.Gateway
 	// running is the configuration the gateway started with, fileListen
 	// its file's listen address (before a -listen flag), file its name
-	// ("" for the built-in demo).
+	// ("" when the configuration was not read from a file).
 	running          *config.Config
 	fileListen, file string
 	log              *slog.Logger
@@ -193,7 +194,7 @@ type reloader struct {
 func (r *reloader) reload(ctx context.Context) error {
 	log, file := r.log, r.file
 	if file == "" {
-		err := errors.New("the gateway runs the built-in demo configuration; there is no file to read again")
+		err := errors.New("the configuration was not read from a file; there is no file to read again")
 		log.Warn("reload: " + err.Error())
 		r.stats.ObserveApply(0, err)
 		return err
@@ -290,19 +291,19 @@ func controlPlaneSettings(cp *config.ControlPlane) any {
 // drlOptions are the drl section as drl.Options. The file's 0 means none
 // for join_reserve and headroom; drl.Options' 0 means its default, and a
 // negative value none.
-func drlOptions(d *config.DRL, e env, log *slog.Logger) drl.Options {
-	o := drl.Options{
+func drlOptions(d *config.DRL, o Options) drl.Options {
+	do := drl.Options{
 		Group: d.Group, Interval: d.Interval, MaxGateways: d.MaxGateways, JoinReserve: d.JoinReserve, Headroom: d.Headroom,
-		Logger: log, UnsafeGrowsBeforeShrinks: d.UnsafeGrowsBeforeShrinks,
+		Logger: o.Logger, UnsafeGrowsBeforeShrinks: d.UnsafeGrowsBeforeShrinks,
 	}
-	if o.JoinReserve == 0 {
-		o.JoinReserve = -1
+	if do.JoinReserve == 0 {
+		do.JoinReserve = -1
 	}
-	if o.Headroom == 0 {
-		o.Headroom = -1
+	if do.Headroom == 0 {
+		do.Headroom = -1
 	}
-	if e.clock != nil {
-		o.Clock = e.clock
+	if o.Clock != nil {
+		do.Clock = o.Clock
 	}
-	return o
+	return do
 }

@@ -429,7 +429,7 @@ func TestRedisSchemeCase(t *testing.T) {
 	checkKeys(t, srv.Client(t, nil), redisKey("limitplane:", keyConsumer("a"), "gcra"))
 }
 
-// TestRunRedisYAML runs examples/gateway/redis.yaml as the README's "Run
+// TestRunRedisYAML runs cmd/limitplane-gateway/redis.yaml as the README's "Run
 // it against Redis" does, on a test redis-server instead of
 // 127.0.0.1:6380: two gateways, six requests alternating between them,
 // the sixth refused. The README shows this output and the banner, and its
@@ -465,15 +465,15 @@ func TestRunRedisYAML(t *testing.T) {
 		t.Errorf("README.md does not show:\n%s", out.String())
 	}
 	banner := strings.Replace(gws["8080"].stdout.String(), gws["8080"].base, "http://127.0.0.1:8080", 1)
-	banner = strings.Replace(banner, "config: "+cfg+", store: redis://"+srv.Addr+"/0", "config: examples/gateway/redis.yaml, store: "+fileURL, 1)
+	banner = strings.Replace(banner, "config: "+cfg+", store: redis://"+srv.Addr+"/0", "config: cmd/limitplane-gateway/redis.yaml, store: "+fileURL, 1)
 	if !strings.Contains(readme, "```\n"+banner+"```\n") {
 		t.Errorf("README.md does not show the banner:\n%s", banner)
 	}
 	for _, cmd := range []string{
 		"redis-server --port 6380 --save '' --appendonly no &",
-		"go build -o /tmp/gw ./examples/gateway",
-		"/tmp/gw -config examples/gateway/redis.yaml &",
-		"/tmp/gw -config examples/gateway/redis.yaml -listen 127.0.0.1:8081 &",
+		"go build -o /tmp/gw ./cmd/limitplane-gateway",
+		"/tmp/gw -config cmd/limitplane-gateway/redis.yaml &",
+		"/tmp/gw -config cmd/limitplane-gateway/redis.yaml -listen 127.0.0.1:8081 &",
 		"kill %2 %3; wait %2 %3; kill %1",
 	} {
 		if !strings.Contains(readme, "\n"+cmd) {

@@ -18,7 +18,7 @@ import (
 	"github.com/limitplane/limitplane/gateway/config"
 )
 
-// TestDemo runs the gateway as `go run ./examples/gateway` does, with no
+// TestDemo runs the gateway as `go run ./cmd/limitplane-gateway` does, with no
 // -config (only the port changed, so the test never collides with a real
 // 8080), checks the banner, and runs its three curl lines.
 func TestDemo(t *testing.T) {
@@ -215,24 +215,6 @@ func TestRunHelp(t *testing.T) {
 	}
 }
 
-// TestBaseURL: wildcard listen addresses are shown as the loopback.
-func TestBaseURL(t *testing.T) {
-	for _, tc := range []struct{ addr, want string }{
-		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
-		{"0.0.0.0:80", "http://127.0.0.1:80"},
-		{"[::]:9000", "http://[::1]:9000"},
-		{"[::1]:9000", "http://[::1]:9000"},
-	} {
-		a, err := net.ResolveTCPAddr("tcp", tc.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := baseURL(a); got != tc.want {
-			t.Errorf("baseURL(%s) = %s, want %s", tc.addr, got, tc.want)
-		}
-	}
-}
-
 // TestListenFlagOverrides: -listen wins over the file's listen.
 func TestListenFlagOverrides(t *testing.T) {
 	gw := start(t, frozen(), "-config", writeConfig(t, "listen: 127.0.0.1:1\n"+
@@ -251,14 +233,14 @@ func TestListenFlagOverrides(t *testing.T) {
 }
 
 // TestREADMEShowsBanner: the README's walk-through starts with the banner
-// `go run ./examples/gateway` prints on the default address.
+// `go run ./cmd/limitplane-gateway` prints on the default address.
 func TestREADMEShowsBanner(t *testing.T) {
 	cfg, err := config.Parse(demoName, demoYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	printBanner(&b, baseURL(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}), "", cfg, "", "")
+	printBanner(&b, "http://127.0.0.1:8080", "", cfg, "", "")
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,12 @@
-// Command controlplane is limitplane's control plane: it keeps the
+// Command limitplane-controlplane is limitplane's control plane: it keeps the
 // policies, API keys and APIs of every data plane in a bbolt file, serves
 // the admin REST API (see controlplane.Admin) to change them, and serves
 // the data planes' gRPC sync stream (see controlplane.SyncServer).
 //
 // Usage:
 //
-//	LP_CP_ADMIN_TOKEN=$(openssl rand -hex 32) go run ./examples/controlplane -dataplanes dataplanes.yaml
-//	go run ./examples/controlplane -admin-token-file token.txt -data /var/lib/limitplane/cp.db \
+//	LP_CP_ADMIN_TOKEN=$(openssl rand -hex 32) go run ./cmd/limitplane-controlplane -dataplanes dataplanes.yaml
+//	go run ./cmd/limitplane-controlplane -admin-token-file token.txt -data /var/lib/limitplane/cp.db \
 //		-dataplanes dataplanes.yaml -sync-listen 10.0.0.5:7071 -tls-cert cp.pem -tls-key cp-key.pem
 //
 // Flags, each with an environment variable for its default:

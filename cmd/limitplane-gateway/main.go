@@ -1,13 +1,13 @@
-// Command gateway is limitplane's runnable API gateway: a reverse proxy
+// Command limitplane-gateway is limitplane's runnable API gateway: a reverse proxy
 // that rate-limits and meters HTTP traffic per consumer, configured by one
 // YAML file.
 //
 // Usage:
 //
-//	go run ./examples/gateway                       # built-in demo config on 127.0.0.1:8080
-//	go run ./examples/gateway -config gateway.yaml  # your own config
-//	go run ./examples/gateway -listen :9090         # override the listen address
-//	go run ./examples/gateway -config examples/gateway/redis.yaml  # the demo on a local Redis
+//	go run ./cmd/limitplane-gateway                       # built-in demo config on 127.0.0.1:8080
+//	go run ./cmd/limitplane-gateway -config gateway.yaml  # your own config
+//	go run ./cmd/limitplane-gateway -listen :9090         # override the listen address
+//	go run ./cmd/limitplane-gateway -config cmd/limitplane-gateway/redis.yaml  # the demo on a local Redis
 //
 // Each API in the config is served under its listen path (the longest
 // matching prefix wins) through limitplane's net/http middleware: API keys,
@@ -32,7 +32,10 @@
 // With LP_GATEWAY_CPUPROFILE=file in its environment the gateway writes a
 // CPU profile of its whole run to file, for benchmarks.
 //
-// The configuration reference is in the repository's README.md.
+// The gateway itself is package gateway/server (server.Open builds it
+// from the file); this command adds the flags, the signals, the banner
+// and the exit status. The configuration reference is in the
+// repository's README.md.
 package main
 
 import (
@@ -43,19 +46,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
-	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
+	"github.com/limitplane/limitplane/gateway/server"
 )
 
 // demoYAML is the configuration used when no -config is given.
@@ -202,135 +203,47 @@ func run(ctx context.Context, args []string, e env) error {
 	} else if err != nil {
 		return err
 	}
-	fileListen := cfg.Listen
-	if listen != "" {
-		cfg.Listen = listen
-	}
-
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	m := newOpsMetrics()
-	gw, store, closeGW, err := open(ctx, cfg, e, log, m)
+	srv, err := server.Open(ctx, server.Options{
+		ConfigPath:   *configFile,
+		Config:       cfg,
+		Listen:       listen,
+		Logger:       log,
+		Clock:        e.clock,
+		Now:          e.now,
+		AfterFunc:    e.afterFunc,
+		StartTimeout: e.startTimeout,
+	})
 	if err != nil {
 		return err
 	}
-	defer closeGW()
-	var agent *dataplane.Agent
-	var persisted string
-	if cfg.ControlPlane != nil {
-		if agent, persisted, err = newAgent(cfg, gw, store, e, log); err != nil {
-			return err
+	defer func() {
+		if err := srv.Close(); err != nil {
+			log.Error("close", "err", err)
 		}
-		m.registerSync(agent)
-		actx, stopAgent := context.WithCancel(context.Background())
-		agentDone := make(chan error, 1)
-		go func() { agentDone <- agent.Run(actx) }()
-		// Deferred after closeGW, so it runs before: the agent stops
-		// before the gateway and store it writes to close.
-		defer func() {
-			stopAgent()
-			if err := <-agentDone; err != nil {
-				log.Error("dataplane agent", "err", err)
-			}
-		}()
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
-	active := &inFlight{h: gw}
-	rl := &reloader{gw: gw, running: cfg, fileListen: fileListen, file: *configFile, log: log, stats: m.gateway}
-	adm, err := startAdmin(cfg, gw, m, rl.reload, agent, log)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("admin: %w", err)
-	}
-	var adminBase string
-	var adminServed chan error // nil, never ready, without an admin endpoint
-	if adm != nil {
-		defer adm.srv.Close()
-		adminBase, adminServed = adm.base, adm.served
-	}
-	srv := &http.Server{
-		Handler:           active,
-		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
-		ReadTimeout:       cfg.Server.ReadTimeout,
-		WriteTimeout:      cfg.Server.WriteTimeout,
-		IdleTimeout:       cfg.Server.IdleTimeout,
-		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	}()
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	printBanner(e.stdout, baseURL(ln.Addr()), adminBase, cfg, *configFile, persisted)
+	go func() { served <- srv.Serve() }()
+	printBanner(e.stdout, srv.URL(), srv.AdminURL(), srv.Config(), *configFile, srv.PersistedIn())
 
 	for done := false; !done; {
 		select {
 		case err := <-served:
 			return err
-		case err := <-adminServed:
-			return fmt.Errorf("admin: %w", err)
 		case <-e.reload:
-			rl.reload(ctx) // logged; the running configuration stays
+			srv.Reload(ctx) // logged; the running configuration stays
 		case <-ctx.Done():
 			done = true
 		}
 	}
 	fmt.Fprintln(e.stdout, "shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
-	defer cancel()
-	if adm != nil {
-		// The admin endpoint's calls are short: it stops first, within
-		// the same bound, and the gateway's requests keep going meanwhile.
-		if err := adm.srv.Shutdown(sctx); err != nil {
-			adm.srv.Close()
-		}
-	}
-	switch err := srv.Shutdown(sctx); {
-	case errors.Is(err, context.DeadlineExceeded):
-		// The shutdown was asked for and is carried out: cutting what
-		// outlives shutdown_timeout is its documented end, not a failure.
-		cut := active.n.Load()
-		srv.Close()
-		log.Warn("shutdown_timeout passed; closed the connections of requests still in flight",
-			"shutdown_timeout", cfg.Server.ShutdownTimeout, "requests_cut", cut)
-	case err != nil:
-		srv.Close()
-		return fmt.Errorf("shutdown: %w", err)
+	if err := srv.Shutdown(context.Background()); err != nil {
+		return err
 	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
-}
-
-// inFlight counts the requests its handler is serving, for the shutdown
-// log line.
-type inFlight struct {
-	n atomic.Int64
-	h http.Handler
-}
-
-// ServeHTTP implements http.Handler.
-func (f *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f.n.Add(1)
-	defer f.n.Add(-1)
-	f.h.ServeHTTP(w, r)
-}
-
-// baseURL returns the URL clients reach addr at (a wildcard address is
-// reached on the loopback).
-func baseURL(addr net.Addr) string {
-	host, port, err := net.SplitHostPort(addr.String())
-	if err != nil {
-		return "http://" + addr.String()
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		host = "127.0.0.1"
-		if ip.To4() == nil {
-			host = "::1"
-		}
-	}
-	return "http://" + net.JoinHostPort(host, port)
 }
 
 // printBanner says where the gateway listens, where its admin endpoint
