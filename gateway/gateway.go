@@ -19,7 +19,8 @@
 // is local and fixed at New (Options): the counter store, the failure
 // policy, the response format, trusted proxies, secrets.
 //
-// examples/gateway is the runnable program around it: it reads a YAML file
+// cmd/limitplane-gateway is the runnable program around it (its wiring is
+// package gateway/server): it reads a YAML file
 // (package gateway/config), calls New and Apply, serves, and applies the
 // file again on SIGHUP.
 package gateway
