@@ -11,6 +11,8 @@
 package fiber
 
 import (
+	"net"
+	"net/netip"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -130,5 +132,17 @@ func (q Request) QueryValues(name string) []string {
 // Cookie implements identity.Request.
 func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(name)) }
 
-// RemoteAddr implements identity.Request: the TCP peer of the connection.
-func (q Request) RemoteAddr() string { return q.C.Context().RemoteAddr().String() }
+// RemoteAddr implements identity.Request: the TCP peer of the connection,
+// as net.TCPAddr.String writes it ("192.0.2.1:40000", "[2001:db8::1]:443").
+// A *net.TCPAddr is written through netip.AddrPort, in one allocation
+// instead of net.JoinHostPort's and net.IP.String's (up to three).
+func (q Request) RemoteAddr() string {
+	a := q.C.Context().RemoteAddr()
+	if t, ok := a.(*net.TCPAddr); ok && t.Zone == "" {
+		if ip, ok := netip.AddrFromSlice(t.IP); ok && t.Port >= 0 && t.Port <= 0xffff {
+			// net.IP holds IPv4 in 16 bytes too; TCPAddr.String writes it as IPv4.
+			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)).String()
+		}
+	}
+	return a.String()
+}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
 	"github.com/limitplane/limitplane/core"
@@ -84,5 +85,44 @@ func TestRequestOutlivesHandler(t *testing.T) {
 	}
 	if fmt.Sprint(rec.costs) != "[4 4 4]" || decisions != 3 {
 		t.Fatalf("costs %v, %d decisions", rec.costs, decisions)
+	}
+}
+
+// TestRemoteAddr checks that Request.RemoteAddr writes every kind of peer
+// address as net.TCPAddr.String does, and a TCP peer in one allocation.
+func TestRemoteAddr(t *testing.T) {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	cases := []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 40000}, "192.0.2.1:40000"}, // 16-byte form
+		{&net.TCPAddr{IP: net.IP{192, 0, 2, 1}, Port: 80}, "192.0.2.1:80"},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.1"), Port: 1}, "192.0.2.1:1"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 443}, "[2001:db8::1]:443"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "[fe80::1%eth0]:443"},
+		{&net.TCPAddr{Port: 8080}, ":8080"},
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 70000}, "192.0.2.1:70000"},
+		{&net.UnixAddr{Name: "/tmp/s", Net: "unix"}, "/tmp/s"},
+	}
+	for _, c := range cases {
+		if c.addr.String() != c.want {
+			t.Fatalf("case %q: net writes %q", c.want, c.addr.String())
+		}
+		fctx := new(fasthttp.RequestCtx)
+		fctx.Init(new(fasthttp.Request), c.addr, nil)
+		ctx := app.AcquireCtx(fctx)
+		if got := (lpfiber.Request{C: ctx}).RemoteAddr(); got != c.want {
+			t.Errorf("RemoteAddr of %#v: %q, want %q", c.addr, got, c.want)
+		}
+		app.ReleaseCtx(ctx)
+	}
+	fctx := new(fasthttp.RequestCtx)
+	fctx.Init(new(fasthttp.Request), &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 40000}, nil)
+	ctx := app.AcquireCtx(fctx)
+	defer app.ReleaseCtx(ctx)
+	q := lpfiber.Request{C: ctx}
+	if n := testing.AllocsPerRun(100, func() { q.RemoteAddr() }); n != 1 {
+		t.Errorf("RemoteAddr of a TCP peer: %v allocations, want 1", n)
 	}
 }

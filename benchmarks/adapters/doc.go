@@ -4,4 +4,10 @@
 // with the in-memory store. The difference is the adapter's overhead:
 // identity (API key hashing and lookup), the engine's decision, rendering
 // the rate-limit fields and setting them on the response.
+//
+// Beside them, BenchmarkPeersNetHTTP and BenchmarkPeersFiber put the
+// net/http and Fiber middleware next to the middleware a user would pick
+// instead (ulule/limiter, go-chi/httprate, tollbooth, Fiber's limiter),
+// each on its in-memory store, keyed by client IP, for one client and for
+// 10,000.
 package adapters

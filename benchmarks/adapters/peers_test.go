@@ -1,0 +1,287 @@
+package adapters
+
+// Peers: limitplane's net/http and Fiber middleware beside the middleware a
+// user would pick instead, each on its own in-memory store, on the admitted
+// path (limits of 10⁹ per second that no benchmark reaches). Every library
+// keys on the same thing, the client IP taken from the transport peer
+// address (RemoteAddr; no forwarding header is read), which is also every
+// peer's default key:
+//
+//	limitplane      adapters/nethttp, identity.Keyless (client IP), core/memory
+//	ulule           ulule/limiter v3 drivers/middleware/stdlib, store/memory
+//	httprate        go-chi/httprate LimitByIP, its local counter
+//	tollbooth       didip/tollbooth v7 LimitHandler, IP lookup RemoteAddr
+//	limitplane      (Fiber) adapters/fiber, identity.Keyless, core/memory
+//	fiberlimiter    gofiber/fiber/v2/middleware/limiter, its memory storage
+//
+// Two shapes: keys=1 (every request from one client) and keys=10000
+// (requests round-robin over 10,000 distinct client addresses, so each
+// limiter holds 10,000 entries once warm). "bare" is the same framework and
+// handler with no middleware: added ns/op = row − bare. README.md
+// ("Middleware beside its peers") has the numbers.
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/didip/tollbooth/v7"
+	"github.com/go-chi/httprate"
+	"github.com/gofiber/fiber/v2"
+	fiberlimiter "github.com/gofiber/fiber/v2/middleware/limiter"
+	ulule "github.com/ulule/limiter/v3"
+	"github.com/ulule/limiter/v3/drivers/middleware/stdlib"
+	ulmemory "github.com/ulule/limiter/v3/drivers/store/memory"
+	"github.com/valyala/fasthttp"
+
+	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// peerLimit is every library's limit per second: nobody reaches it.
+const peerLimit = 1_000_000_000
+
+// peerShapes are the numbers of distinct clients the benchmarks cycle over.
+var peerShapes = []int{1, 10_000}
+
+// clientAddr returns the i-th client's address, 10.a.b.c port 40000: all
+// distinct for i < 2²⁴.
+func clientAddr(i int) *net.TCPAddr {
+	return &net.TCPAddr{IP: net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)), Port: 40000}
+}
+
+// keylessEngine is limitplane as a user sets up a keyless API: one policy
+// for every client, each client IP its own counter in the memory store.
+func keylessEngine(tb testing.TB) (*core.Engine, *memory.Store, identity.Authenticator) {
+	tb.Helper()
+	store := memory.New(memory.Options{})
+	tb.Cleanup(func() { store.Close() })
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "bench", Rate: core.Limit{Rate: peerLimit, Period: time.Second}},
+	}}, core.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return eng, store, &identity.Keyless{Policies: []string{"bench"}}
+}
+
+// netHTTPPeers are the net/http rows, in table order: each wraps next in
+// its library's middleware.
+var netHTTPPeers = []struct {
+	name string
+	wrap func(tb testing.TB, next http.Handler) http.Handler
+}{
+	{"bare", func(_ testing.TB, next http.Handler) http.Handler { return next }},
+	{"limitplane", func(tb testing.TB, next http.Handler) http.Handler {
+		eng, _, auth := keylessEngine(tb)
+		return nethttp.Middleware(eng, auth, nethttp.Options{API: "x"})(next)
+	}},
+	{"ulule", func(_ testing.TB, next http.Handler) http.Handler {
+		lim := ulule.New(ulmemory.NewStore(), ulule.Rate{Period: time.Second, Limit: peerLimit})
+		return stdlib.NewMiddleware(lim).Handler(next)
+	}},
+	{"httprate", func(_ testing.TB, next http.Handler) http.Handler {
+		return httprate.LimitByIP(peerLimit, time.Second)(next)
+	}},
+	{"tollbooth", func(_ testing.TB, next http.Handler) http.Handler {
+		lmt := tollbooth.NewLimiter(peerLimit, nil).SetIPLookups([]string{"RemoteAddr"})
+		return tollbooth.LimitHandler(lmt, next)
+	}},
+}
+
+func okHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+}
+
+// remoteAddrs returns n distinct client addresses as RemoteAddr strings.
+func remoteAddrs(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = clientAddr(i).String()
+	}
+	return out
+}
+
+// BenchmarkPeersNetHTTP: ServeHTTP with a new httptest.NewRecorder per
+// request (in every row), one *http.Request whose RemoteAddr is set to the
+// next client's before each call.
+func BenchmarkPeersNetHTTP(b *testing.B) {
+	for _, n := range peerShapes {
+		addrs := remoteAddrs(n)
+		for _, p := range netHTTPPeers {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
+				h := p.wrap(b, okHandler())
+				r := httptest.NewRequest("GET", "/x", nil)
+				for _, a := range addrs { // every client known before timing
+					r.RemoteAddr = a
+					serveRecorded(h, r)
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					r.RemoteAddr = addrs[i]
+					if i++; i == n {
+						i = 0
+					}
+					serveRecorded(h, r)
+				}
+			})
+		}
+	}
+}
+
+// fiberPeers are the Fiber rows, in table order.
+var fiberPeers = []struct {
+	name string
+	use  func(tb testing.TB, app *fiber.App)
+}{
+	{"bare", func(testing.TB, *fiber.App) {}},
+	{"limitplane", func(tb testing.TB, app *fiber.App) {
+		eng, _, auth := keylessEngine(tb)
+		app.Use(lpfiber.Middleware(eng, auth, lpfiber.Options{API: "x"}))
+	}},
+	{"fiberlimiter", func(_ testing.TB, app *fiber.App) {
+		app.Use(fiberlimiter.New(fiberlimiter.Config{Max: peerLimit, Expiration: time.Second}))
+	}},
+}
+
+func fiberPeerHandler(tb testing.TB, use func(testing.TB, *fiber.App)) fasthttp.RequestHandler {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	use(tb, app)
+	app.Get("/x", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	return app.Handler()
+}
+
+func fiberPeerCtx() *fasthttp.RequestCtx {
+	var req fasthttp.Request
+	req.Header.SetMethod("GET")
+	req.SetRequestURI("/x")
+	ctx := new(fasthttp.RequestCtx)
+	ctx.Init(&req, clientAddr(0), nil)
+	return ctx
+}
+
+// BenchmarkPeersFiber: app.Handler() on one fasthttp.RequestCtx, its
+// response reset and its remote address set to the next client's before
+// each call.
+func BenchmarkPeersFiber(b *testing.B) {
+	for _, n := range peerShapes {
+		addrs := make([]net.Addr, n)
+		for i := range addrs {
+			addrs[i] = clientAddr(i)
+		}
+		for _, p := range fiberPeers {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
+				h, ctx := fiberPeerHandler(b, p.use), fiberPeerCtx()
+				for _, a := range addrs {
+					ctx.Response.Reset()
+					ctx.SetRemoteAddr(a)
+					h(ctx)
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					ctx.Response.Reset()
+					ctx.SetRemoteAddr(addrs[i])
+					if i++; i == n {
+						i = 0
+					}
+					h(ctx)
+				}
+			})
+		}
+	}
+}
+
+// peerRemaining names, for each limited row, the response header its
+// library reports the client's remaining allowance in, and its values for
+// requests from clients 1, 2 and 1 again. The window counters (ulule,
+// httprate, Fiber's) count the second request of client 1 against its
+// first; the buckets (limitplane's GCRA, tollbooth's x/time/rate) refill
+// 10⁹ per second, so a client is full again a nanosecond after a request:
+// limitplane reports the limit less the request it is answering,
+// tollbooth reads its bucket after the take, refilled by then.
+var peerRemaining = map[string]struct {
+	header string
+	want   [3]string
+}{
+	"limitplane":   {"RateLimit", [3]string{`"bench";r=999999999;t=1`, `"bench";r=999999999;t=1`, `"bench";r=999999999;t=1`}},
+	"ulule":        {"X-RateLimit-Remaining", [3]string{"999999999", "999999999", "999999998"}},
+	"httprate":     {"X-RateLimit-Remaining", [3]string{"999999999", "999999999", "999999998"}},
+	"tollbooth":    {"RateLimit-Remaining", [3]string{"1000000000", "1000000000", "1000000000"}},
+	"fiberlimiter": {"X-RateLimit-Remaining", [3]string{"999999999", "999999999", "999999998"}},
+}
+
+// TestPeerSetups checks that every row above answers 200 "ok" with its
+// library's rate-limit fields (the window counters count each client
+// apart), and that limitplane's store holds
+// one entry per client after the 10,000-key warm-up: the benchmarks measure
+// admitted, keyed requests.
+func TestPeerSetups(t *testing.T) {
+	addrs := remoteAddrs(3)
+	for _, p := range netHTTPPeers {
+		h := p.wrap(t, okHandler())
+		r := httptest.NewRequest("GET", "/x", nil)
+		var got []string
+		for _, a := range []string{addrs[1], addrs[2], addrs[1]} {
+			r.RemoteAddr = a
+			w := serveRecorded(h, r)
+			if w.Code != 200 || w.Body.String() != "ok" {
+				t.Fatalf("%s: %d %q, want 200 \"ok\"", p.name, w.Code, w.Body.String())
+			}
+			if want, ok := peerRemaining[p.name]; ok {
+				got = append(got, w.Header().Get(want.header))
+			}
+		}
+		checkRemaining(t, "net/http "+p.name, p.name, got)
+	}
+	for _, p := range fiberPeers {
+		h, ctx := fiberPeerHandler(t, p.use), fiberPeerCtx()
+		var got []string
+		for _, i := range []int{1, 2, 1} {
+			ctx.Response.Reset()
+			ctx.SetRemoteAddr(clientAddr(i))
+			h(ctx)
+			if c, body := ctx.Response.StatusCode(), string(ctx.Response.Body()); c != 200 || body != "ok" {
+				t.Fatalf("fiber %s: %d %q, want 200 \"ok\"", p.name, c, body)
+			}
+			if want, ok := peerRemaining[p.name]; ok {
+				got = append(got, string(ctx.Response.Header.Peek(want.header)))
+			}
+		}
+		checkRemaining(t, "fiber "+p.name, p.name, got)
+	}
+
+	eng, store, auth := keylessEngine(t)
+	h := nethttp.Middleware(eng, auth, nethttp.Options{API: "x"})(okHandler())
+	r := httptest.NewRequest("GET", "/x", nil)
+	for _, a := range remoteAddrs(10_000) {
+		r.RemoteAddr = a
+		if w := serveRecorded(h, r); w.Code != 200 {
+			t.Fatalf("%s: status %d", a, w.Code)
+		}
+	}
+	if n := store.Len(); n != 10_000 {
+		t.Fatalf("store holds %d entries after 10,000 clients, want 10000", n)
+	}
+}
+
+// checkRemaining checks the remaining allowances got of requests from
+// clients 1, 2, 1 against peerRemaining.
+func checkRemaining(t *testing.T, row, name string, got []string) {
+	t.Helper()
+	want, ok := peerRemaining[name]
+	if !ok {
+		return
+	}
+	if len(got) != 3 || [3]string(got) != want.want {
+		t.Errorf("%s: %s %q, want %q", row, want.header, got, want.want)
+	}
+}
