@@ -679,8 +679,10 @@ func printTry(out io.Writer, cpBase, token, hash string, planes []*dataPlaneInfo
 		fmt.Fprintf(w, "  curl -i -H 'X-API-Key: %s' %s/orders\n", demoKey, svc.addr)
 	}
 	fmt.Fprintf(w, "  for i in $(seq %d); do for s in %s %s; do curl -s -o /dev/null -w '%%{http_code} ' -H 'X-API-Key: %s' $s/orders; done; done; echo   # 10 x 200, then 429\n", ordersQuota/2+1, gins[0].addr, gins[1].addr, ginKey)
-	fmt.Fprintf(w, "  # the gRPC replicas serve the gRPC health service under the same API; key %q has its own quota of %d there\n", grpcKey, ordersQuota)
-	fmt.Fprintf(w, "  # (with grpcurl: grpcurl -plaintext -H 'x-api-key: %s' %s grpc.health.v1.Health/Check)\n", grpcKey, grpcs[0].addr)
+	fmt.Fprintf(w, "  # the gRPC replicas serve the gRPC health service under the same API; key %q has a quota of %d\n", grpcKey, ordersQuota)
+	fmt.Fprintf(w, "  # of its own, shared by both (examples/grpc's client sends the key as x-api-key metadata):\n")
+	fmt.Fprintf(w, "  go run ./examples/grpc -client -addr %s -key %s -n 6   # 6 x OK\n", grpcs[0].addr, grpcKey)
+	fmt.Fprintf(w, "  go run ./examples/grpc -client -addr %s -key %s -n 6   # 4 x OK, then ResourceExhausted\n", grpcs[1].addr, grpcKey)
 	fmt.Fprintf(w, "\n  # the connected gateways and services, their applied revisions and any rejection:\n")
 	fmt.Fprintf(w, "  curl -s %s %s/api/dataplanes\n", auth, cpBase)
 	fmt.Fprintf(w, "\nCtrl-C stops everything.\n")
