@@ -1,33 +1,38 @@
 // Command multidataplane starts a whole limitplane deployment on the
-// loopback with one command: a control plane and two data planes, each
-// with its own redis-server and two gateways, all as child processes. It
-// loads a demo policy, key and API through the control plane's admin API,
-// waits until the four gateways run them, and prints what to try: a
-// request through each gateway, the quota that each data plane counts on
-// its own, a quota reset that reaches all four gateways, and the list of
-// connected data planes.
+// loopback with one command: a control plane and three data planes, each
+// with its own redis-server, all as child processes. Two data planes are
+// two gateways each; the third, "services", is two replicas of a Gin
+// service and two of a gRPC service (examples/service), each following
+// the control plane through dataplane.Follow. It loads a demo policy, key
+// and API, and the services' API (service-side: no listen path, no
+// target), policy and keys, through the control plane's admin API, waits
+// until the four gateways and the four services run them, and prints
+// what to try: a request through each gateway and each HTTP service, the
+// quota that each data plane counts on its own, a quota shared by the
+// replicas of one service, a quota reset that reaches every gateway, and
+// the list of connected data planes.
 //
 //	go run ./examples/multidataplane
 //
-// It builds ./cmd/limitplane-controlplane and ./cmd/limitplane-gateway with the go
-// command into a temporary directory (so run it from inside the
-// repository), and needs redis-server on PATH (or named by REDIS_SERVER).
-// Every port is a free loopback port. The children's logs go to stderr,
-// each line prefixed with the child's name.
+// It builds ./cmd/limitplane-controlplane, ./cmd/limitplane-gateway and
+// ./examples/service with the go command into a temporary directory (so
+// run it from inside the repository), and needs redis-server on PATH (or
+// named by REDIS_SERVER). Every port is a free loopback port. The
+// children's logs go to stderr, each line prefixed with the child's name.
 //
 // A child that exits after start-up (a gateway killed with kill -9, a
 // redis-server stopped, the control plane crashed) is reported on stdout
-// ("dp1-gw1 exited (signal: killed); 6 others keep running") and the
+// ("dp1-gw1 exited (signal: killed); 10 others keep running") and the
 // others keep running, so the deployment's resilience can be tried by
 // hand; once every child has exited the program exits 1.
 //
-// Ctrl-C (SIGINT) or SIGTERM stops everything: the gateways first, then
-// the control plane, then the redis-servers (each with SIGTERM, killed if
-// it has not exited within 10 s), removes the temporary directory and
-// exits 0. The children run in their own process group, so a terminal's
-// Ctrl-C reaches only this program, which stops them in that order; and
-// each child is killed by the kernel if this program dies without
-// stopping it.
+// Ctrl-C (SIGINT) or SIGTERM stops everything: the services and the
+// gateways first, then the control plane, then the redis-servers (each
+// with SIGTERM, killed if it has not exited within 10 s), removes the
+// temporary directory and exits 0. The children run in their own process
+// group, so a terminal's Ctrl-C reaches only this program, which stops
+// them in that order; and each child is killed by the kernel if this
+// program dies without stopping it.
 package main
 
 import (
@@ -68,6 +73,19 @@ const (
 	demoKey    = "demo-key"
 	demoPolicy = "demo"
 	demoQuota  = 20
+)
+
+// The services data plane's configuration: the service-side API its
+// services enforce (no listen path, no target: gateways do not route
+// it), a policy with a small quota on it, and one key for each service,
+// so that each service's quota is counted apart.
+const (
+	servicesGroup = "services"
+	ordersAPI     = "orders"
+	ordersPolicy  = "orders"
+	ordersQuota   = 10
+	ginKey        = "orders-gin-key"
+	grpcKey       = "orders-grpc-key"
 )
 
 func main() {
@@ -181,8 +199,8 @@ func (c *child) wait(ctx context.Context, re *regexp.Regexp) ([]string, error) {
 	}
 }
 
-// stop stops the children in reverse start order (gateways, control
-// plane, redis-servers): SIGTERM, then SIGKILL after stopTimeout.
+// stop stops the children in reverse start order (services, gateways,
+// control plane, redis-servers): SIGTERM, then SIGKILL after stopTimeout.
 func (d *deployment) stop() {
 	for i := len(d.children) - 1; i >= 0; i-- {
 		c := d.children[i]
@@ -216,17 +234,28 @@ type gatewayInfo struct {
 	base, admin string
 }
 
-// dataPlaneInfo is one data plane.
+// serviceInfo is one running service replica (examples/service): addr
+// is its HTTP base URL or its gRPC address, ops the base URL of its
+// /readyz and /metrics.
+type serviceInfo struct {
+	id, framework string
+	addr, ops     string
+}
+
+// dataPlaneInfo is one data plane: gateways, or services.
 type dataPlaneInfo struct {
 	group, redis string
 	gateways     []*gatewayInfo
+	services     []*serviceInfo
 }
 
 var (
-	cpListenRE = regexp.MustCompile(`admin API listening on (http://\S+)`)
-	cpSyncRE   = regexp.MustCompile(`sync listening on (\S+) `)
-	gwListenRE = regexp.MustCompile(`limitplane gateway listening on (http://\S+) `)
-	gwAdminRE  = regexp.MustCompile(`admin endpoint at (http://\S+) `)
+	cpListenRE  = regexp.MustCompile(`admin API listening on (http://\S+)`)
+	cpSyncRE    = regexp.MustCompile(`sync listening on (\S+) `)
+	gwListenRE  = regexp.MustCompile(`limitplane gateway listening on (http://\S+) `)
+	gwAdminRE   = regexp.MustCompile(`admin endpoint at (http://\S+) `)
+	svcListenRE = regexp.MustCompile(`(?m)^listening on (\S+)`)
+	svcOpsRE    = regexp.MustCompile(`(?m)^ops on (\S+)`)
 )
 
 // gatewayYAML is a data-plane gateway's file: its counters in its data
@@ -269,9 +298,9 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	d := &deployment{stderr: stderr}
 	defer d.stop()
 
-	fmt.Fprintln(stdout, "building the control plane and the gateway ...")
+	fmt.Fprintln(stdout, "building the control plane, the gateway and the service ...")
 	bins := map[string]string{}
-	for _, prog := range []string{"controlplane", "gateway"} {
+	for _, prog := range []string{"controlplane", "gateway", "service"} {
 		bins[prog] = filepath.Join(dir, prog)
 		cmd := exec.CommandContext(ctx, goCmd, "build", "-o", bins[prog], "github.com/limitplane/limitplane/cmd/limitplane-"+prog)
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -287,9 +316,11 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 		return err
 	}
 	planes := []*dataPlaneInfo{{group: "dp1"}, {group: "dp2"}}
+	services := &dataPlaneInfo{group: servicesGroup}
+	all := append(append([]*dataPlaneInfo(nil), planes...), services)
 	tokens := map[string]string{}
 	var dpFile strings.Builder
-	for _, dp := range planes {
+	for _, dp := range all {
 		if tokens[dp.group], err = secret(); err != nil {
 			return err
 		}
@@ -301,7 +332,7 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 
 	// One redis-server per data plane.
-	for _, dp := range planes {
+	for _, dp := range all {
 		addr, err := freeAddr()
 		if err != nil {
 			return err
@@ -367,6 +398,39 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 		}
 	}
 
+	// Two replicas of a Gin service and two of a gRPC service, the third
+	// data plane: each follows the control plane (dataplane.Follow) and
+	// counts in the services' redis-server.
+	for _, fw := range []string{"gin", "grpc"} {
+		for i := 1; i <= 2; i++ {
+			svc := &serviceInfo{id: fmt.Sprintf("%s-%s%d", servicesGroup, fw, i), framework: fw}
+			args := []string{"-framework", fw, "-listen", "127.0.0.1:0", "-api", ordersAPI,
+				"-control-plane", syncAddr, "-group", servicesGroup, "-id", svc.id, "-redis", "redis://" + services.redis + "/0"}
+			if fw == "grpc" {
+				args = append(args, "-ops", "127.0.0.1:0")
+			}
+			c, err := d.start(svc.id, bins["service"], args, []string{"LIMITPLANE_TOKEN=" + tokens[servicesGroup]})
+			if err != nil {
+				return err
+			}
+			re := svcListenRE
+			if fw == "grpc" {
+				re = svcOpsRE
+			}
+			if _, err := c.wait(ctx, re); err != nil {
+				return err
+			}
+			svc.addr = svcListenRE.FindStringSubmatch(c.out.String())[1]
+			if fw == "grpc" {
+				svc.ops = "http://" + strings.TrimPrefix(svcOpsRE.FindStringSubmatch(c.out.String())[1], "http://")
+			} else {
+				svc.addr = "http://" + strings.TrimPrefix(svc.addr, "http://")
+				svc.ops = svc.addr
+			}
+			services.services = append(services.services, svc)
+		}
+	}
+
 	// The demo configuration, through the admin API.
 	admin := &adminClient{base: cpBase, token: adminToken}
 	hash := identity.HashKey(demoKey).String()
@@ -376,12 +440,17 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	for _, dp := range planes {
 		for _, gw := range dp.gateways {
-			if err := waitApplied(ctx, gw, rev); err != nil {
+			if err := waitApplied(ctx, gw.id, gw.admin, rev); err != nil {
 				return err
 			}
 		}
 	}
-	printTry(stdout, cpBase, adminToken, hash, planes)
+	for _, svc := range services.services {
+		if err := waitApplied(ctx, svc.id, svc.ops, rev); err != nil {
+			return err
+		}
+	}
+	printTry(stdout, cpBase, adminToken, hash, planes, services)
 
 	// A child that exits (crashed, or killed to try the resilience the
 	// README describes) is reported; the others keep running until Ctrl-C.
@@ -399,7 +468,7 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	if running == 0 {
 		return errors.New("every child process has exited")
 	}
-	fmt.Fprintln(stdout, "stopping the gateways, the control plane and the redis-servers ...")
+	fmt.Fprintln(stdout, "stopping the services, the gateways, the control plane and the redis-servers ...")
 	d.stop()
 	fmt.Fprintln(stdout, "stopped")
 	return nil
@@ -487,7 +556,8 @@ func (a *adminClient) call(ctx context.Context, method, path string, body any) (
 	return w.Revision, nil
 }
 
-// loadDemo writes the demo policy, API and key and returns the revision.
+// loadDemo writes the demo policy, API and key, and the services' API,
+// policy and keys, and returns the revision.
 func loadDemo(ctx context.Context, a *adminClient) (uint64, error) {
 	if _, err := a.call(ctx, "PUT", "/api/policies/"+demoPolicy, map[string]any{
 		"rate":  map[string]any{"requests": 10, "per": "1s"},
@@ -498,16 +568,34 @@ func loadDemo(ctx context.Context, a *adminClient) (uint64, error) {
 	if _, err := a.call(ctx, "PUT", "/api/apis/echo", map[string]any{"listen_path": "/echo/", "target": "builtin:echo"}); err != nil {
 		return 0, err
 	}
+	// A service-side API: neither listen_path nor target. It goes to
+	// every data plane, as echo does; gateways do not route it.
+	if _, err := a.call(ctx, "PUT", "/api/apis/"+ordersAPI, map[string]any{}); err != nil {
+		return 0, err
+	}
+	if _, err := a.call(ctx, "PUT", "/api/policies/"+ordersPolicy, map[string]any{
+		"rate":  map[string]any{"requests": 100, "per": "1s"},
+		"quota": map[string]any{"max": ordersQuota, "renewal": "24h"},
+		"apis":  []string{ordersAPI},
+	}); err != nil {
+		return 0, err
+	}
+	for _, k := range []string{ginKey, grpcKey} {
+		if _, err := a.call(ctx, "POST", "/api/keys", map[string]any{"key": k, "policies": []string{ordersPolicy}}); err != nil {
+			return 0, err
+		}
+	}
 	return a.call(ctx, "POST", "/api/keys", map[string]any{"key": demoKey, "policies": []string{demoPolicy}})
 }
 
-// waitApplied waits until the gateway's /readyz reports revision rev
-// applied.
-func waitApplied(ctx context.Context, gw *gatewayInfo, rev uint64) error {
+// waitApplied waits until the /readyz under base (a gateway's operations
+// endpoint, a service's) reports revision rev applied, whatever its
+// status.
+func waitApplied(ctx context.Context, name, base string, rev uint64) error {
 	deadline := time.Now().Add(startTimeout)
 	var last string
 	for {
-		req, err := http.NewRequestWithContext(ctx, "GET", gw.admin+"/readyz", nil)
+		req, err := http.NewRequestWithContext(ctx, "GET", base+"/readyz", nil)
 		if err != nil {
 			return err
 		}
@@ -528,14 +616,14 @@ func waitApplied(ctx context.Context, gw *gatewayInfo, rev uint64) error {
 			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("gateway %s did not apply revision %d within %v; /readyz: %s", gw.id, rev, startTimeout, last)
+			return fmt.Errorf("%s did not apply revision %d within %v; /readyz: %s", name, rev, startTimeout, last)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
 // printTry prints the deployment and what to try, in one write.
-func printTry(out io.Writer, cpBase, token, hash string, planes []*dataPlaneInfo) {
+func printTry(out io.Writer, cpBase, token, hash string, planes []*dataPlaneInfo, services *dataPlaneInfo) {
 	w := new(strings.Builder)
 	defer func() { io.WriteString(out, w.String()) }()
 	fmt.Fprintf(w, "limitplane multi-data-plane demo running\n")
@@ -544,6 +632,14 @@ func printTry(out io.Writer, cpBase, token, hash string, planes []*dataPlaneInfo
 		fmt.Fprintf(w, "  data plane %s: redis-server %s\n", dp.group, dp.redis)
 		for _, gw := range dp.gateways {
 			fmt.Fprintf(w, "    gateway %s: %s (operations endpoint %s)\n", gw.id, gw.base, gw.admin)
+		}
+	}
+	fmt.Fprintf(w, "  data plane %s: redis-server %s\n", services.group, services.redis)
+	for _, svc := range services.services {
+		if svc.framework == "grpc" {
+			fmt.Fprintf(w, "    service %s: grpc %s (/readyz and /metrics on %s)\n", svc.id, svc.addr, svc.ops)
+		} else {
+			fmt.Fprintf(w, "    service %s: %s %s (/readyz and /metrics there)\n", svc.id, svc.framework, svc.addr)
 		}
 	}
 	auth := "-H 'Authorization: Bearer " + token + "'"
@@ -568,7 +664,26 @@ func printTry(out io.Writer, cpBase, token, hash string, planes []*dataPlaneInfo
 		}
 	}
 	fmt.Fprintf(w, "  curl -s %s/consumers/%s?api=echo   # quota.remaining is %d again\n", g1[1].admin, hash, demoQuota)
-	fmt.Fprintf(w, "\n  # the connected gateways, their applied revisions and any rejection:\n")
+	var gins, grpcs []*serviceInfo
+	for _, svc := range services.services {
+		if svc.framework == "grpc" {
+			grpcs = append(grpcs, svc)
+		} else {
+			gins = append(gins, svc)
+		}
+	}
+	fmt.Fprintf(w, "\n  # the services data plane: Gin and gRPC services following the control plane (API %q,\n", ordersAPI)
+	fmt.Fprintf(w, "  # service-side: no listen path). The demo key passes there too; key %q has policy %q,\n", ginKey, ordersPolicy)
+	fmt.Fprintf(w, "  # a quota of %d a day, counted in the services' Redis and shared by both Gin replicas:\n", ordersQuota)
+	for _, svc := range gins {
+		fmt.Fprintf(w, "  curl -i -H 'X-API-Key: %s' %s/orders\n", demoKey, svc.addr)
+	}
+	fmt.Fprintf(w, "  for i in $(seq %d); do for s in %s %s; do curl -s -o /dev/null -w '%%{http_code} ' -H 'X-API-Key: %s' $s/orders; done; done; echo   # 10 x 200, then 429\n", ordersQuota/2+1, gins[0].addr, gins[1].addr, ginKey)
+	fmt.Fprintf(w, "  # the gRPC replicas serve the gRPC health service under the same API; key %q has a quota of %d\n", grpcKey, ordersQuota)
+	fmt.Fprintf(w, "  # of its own, shared by both (examples/grpc's client sends the key as x-api-key metadata):\n")
+	fmt.Fprintf(w, "  go run ./examples/grpc -client -addr %s -key %s -n 6   # 6 x OK\n", grpcs[0].addr, grpcKey)
+	fmt.Fprintf(w, "  go run ./examples/grpc -client -addr %s -key %s -n 6   # 4 x OK, then ResourceExhausted\n", grpcs[1].addr, grpcKey)
+	fmt.Fprintf(w, "\n  # the connected gateways and services, their applied revisions and any rejection:\n")
 	fmt.Fprintf(w, "  curl -s %s %s/api/dataplanes\n", auth, cpBase)
 	fmt.Fprintf(w, "\nCtrl-C stops everything.\n")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // TestMain runs main instead of the tests when runMainEnv is set, so the
@@ -71,14 +79,21 @@ func children(t *testing.T, pid int) []int {
 	return out
 }
 
-var gatewayLineRE = regexp.MustCompile(`gateway (dp\d-gw\d): (http://\S+) `)
+var (
+	gatewayLineRE = regexp.MustCompile(`gateway (dp\d-gw\d): (http://\S+) `)
+	serviceLineRE = regexp.MustCompile(`service (services-(gin|grpc)\d): (?:gin|grpc) (\S+) `)
+)
 
 // TestRunAndInterrupt runs the command as a process: it prints its
-// banner with four gateways, a request with the demo key passes through
-// each, its children are the two redis-servers, the control plane and
-// the four gateways (7 processes); a gateway killed with SIGKILL is
-// reported while the other six keep running and serving, and SIGINT makes
-// it exit 0 within 30 s with every child gone.
+// banner with four gateways and four services (two Gin, two gRPC
+// replicas), a request with the demo key passes through each, its
+// children are the three redis-servers, the control plane, the four
+// gateways and the four services (12 processes); the services' quota of
+// 10 admits exactly 10 of 16 concurrent requests spread over both Gin
+// replicas, and the same over both gRPC replicas (another key); a
+// gateway killed with SIGKILL is reported while the other eleven keep
+// running and serving, and SIGINT makes it exit 0 within 30 s with every
+// child gone.
 func TestRunAndInterrupt(t *testing.T) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
@@ -135,9 +150,33 @@ func TestRunAndInterrupt(t *testing.T) {
 			t.Fatalf("gateway %s: %d %s", g[1], resp.StatusCode, body)
 		}
 	}
+	svcs := serviceLineRE.FindAllStringSubmatch(stdout.String(), -1)
+	if len(svcs) != 4 {
+		t.Fatalf("the banner lists %d services, want 4", len(svcs))
+	}
+	for _, s := range svcs {
+		if err := callService(s[2], s[3], demoKey); err != nil {
+			t.Fatalf("service %s with the demo key: %v", s[1], err)
+		}
+	}
 	kids = children(t, cmd.Process.Pid)
-	if len(kids) != 7 {
-		t.Fatalf("%d child processes %v, want 7 (2 redis-servers, the control plane, 4 gateways)", len(kids), kids)
+	if len(kids) != 12 {
+		t.Fatalf("%d child processes %v, want 12 (3 redis-servers, the control plane, 4 gateways, 4 services)", len(kids), kids)
+	}
+	// Each service's replicas share its key's quota in the services'
+	// Redis: exactly ordersQuota of 16 concurrent requests over both.
+	for _, c := range []struct{ framework, key string }{{"gin", ginKey}, {"grpc", grpcKey}} {
+		var addrs []string
+		for _, s := range svcs {
+			if s[2] == c.framework {
+				addrs = append(addrs, s[3])
+			}
+		}
+		admitted, denied, other := spend(c.framework, addrs, c.key, 16)
+		if admitted != ordersQuota || denied != 16-ordersQuota || len(other) != 0 {
+			t.Fatalf("%s replicas %v, 16 requests with key %s: %d admitted, %d denied, other answers %v; want exactly %d and %d",
+				c.framework, addrs, c.key, admitted, denied, other, ordersQuota, 16-ordersQuota)
+		}
 	}
 
 	// A gateway killed with SIGKILL is reported, and the rest keep running
@@ -146,7 +185,7 @@ func TestRunAndInterrupt(t *testing.T) {
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	want := gws[0][1] + " exited (signal: killed); 6 others keep running (Ctrl-C stops them)\n"
+	want := gws[0][1] + " exited (signal: killed); 11 others keep running (Ctrl-C stops them)\n"
 	for !strings.Contains(stdout.String(), want) {
 		select {
 		case err := <-done:
@@ -171,8 +210,13 @@ func TestRunAndInterrupt(t *testing.T) {
 			t.Fatalf("gateway %s after %s was killed: %d", g[1], gws[0][1], resp.StatusCode)
 		}
 	}
-	if n := len(children(t, cmd.Process.Pid)); n != 6 {
-		t.Fatalf("%d child processes after one gateway was killed, want 6", n)
+	for _, s := range svcs {
+		if err := callService(s[2], s[3], demoKey); err != nil {
+			t.Fatalf("service %s after %s was killed: %v", s[1], gws[0][1], err)
+		}
+	}
+	if n := len(children(t, cmd.Process.Pid)); n != 11 {
+		t.Fatalf("%d child processes after one gateway was killed, want 11", n)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
@@ -210,4 +254,107 @@ func gatewayPID(t *testing.T, pids []int, id string) int {
 	}
 	t.Fatalf("no child process runs gateway %s", id)
 	return 0
+}
+
+// callService makes one request with key to the service at addr: GET
+// /orders for an HTTP framework (200 wanted), a gRPC health Check with
+// the key in x-api-key for grpc (SERVING wanted).
+func callService(framework, addr, key string) error {
+	if framework != "grpc" {
+		req, _ := http.NewRequest("GET", addr+"/orders", nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("%d %s", resp.StatusCode, body)
+		}
+		return nil
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", key)
+	r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return err
+	}
+	if r.Status != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health %v", r.Status)
+	}
+	return nil
+}
+
+// spend sends n requests with key, concurrently, spread evenly over the
+// replicas at addrs, and counts the answers: admitted (200, OK), denied
+// (429, ResourceExhausted) and any other.
+func spend(framework string, addrs []string, key string, n int) (admitted, denied int, other []string) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var conns []*grpc.ClientConn
+	if framework == "grpc" {
+		for _, a := range addrs {
+			c, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return 0, 0, []string{err.Error()}
+			}
+			defer c.Close()
+			conns = append(conns, c)
+		}
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var code int
+			var errText string
+			if framework == "grpc" {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				ctx = metadata.AppendToOutgoingContext(ctx, "x-api-key", key)
+				_, err := healthpb.NewHealthClient(conns[i%len(conns)]).Check(ctx, &healthpb.HealthCheckRequest{})
+				switch status.Code(err) {
+				case codes.OK:
+					code = 200
+				case codes.ResourceExhausted:
+					code = 429
+				default:
+					errText = err.Error()
+				}
+			} else {
+				req, _ := http.NewRequest("GET", addrs[i%len(addrs)]+"/orders", nil)
+				req.Header.Set("X-API-Key", key)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					errText = err.Error()
+				} else {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					code = resp.StatusCode
+					if code != 200 && code != 429 {
+						errText = resp.Status
+					}
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errText != "":
+				other = append(other, errText)
+			case code == 200:
+				admitted++
+			default:
+				denied++
+			}
+		}()
+	}
+	wg.Wait()
+	return admitted, denied, other
 }
