@@ -1,6 +1,7 @@
 package dataplane_test
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -436,6 +437,67 @@ func TestAgentsWithOneGatewayIDAreWarned(t *testing.T) {
 		dps := cp.dps.List()
 		if len(dps) != 2 || !dps[0].Duplicate || !dps[1].Duplicate || dps[0].GatewayID != "gw-test" || dps[1].GatewayID != "gw-test" {
 			t.Fatalf("DataPlanes %+v, want gw-test twice, both flagged duplicate", dps)
+		}
+	})
+}
+
+// TestAgentRepairsDriftWithSnapshot: a running configuration that drifted
+// from what the agent applied (k2 made inactive behind the agent's back,
+// same revision) makes the next Changes of a real control plane touching
+// k2 give another digest than the control plane's: the agent Nacks them
+// (digest mismatch), the control plane answers with a snapshot of the
+// revision, and its application repairs the drift (k2 admitted again);
+// the next write comes as Changes again and applies in place.
+func TestAgentRepairsDriftWithSnapshot(t *testing.T) {
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		cp := newControlPlane(t, snapshot(0, "k1", "k2"))
+		g := newTarget(t)
+		log := &lockedBuffer{}
+		a, err := dataplane.New(agentOptions(g.tg, cp.addr, log))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAgent(t, a)
+		waitFor(t, "revision 1 acknowledged", func() bool { return cp.applied("gw-test") == 1 })
+
+		drifted := snapshot(1, "k1", "k2")
+		drifted.Keys[1].Inactive = true
+		if err := g.tg.Replace(context.Background(), drifted); err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(g.statuses(t, "k2", 1)); got != "[403]" {
+			t.Fatalf("k2 drifted inactive: %s", got)
+		}
+		rev := cp.write(t, func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}, QuotaEpoch: 7})
+		})
+		want := snapshot(rev, "k1", "k2")
+		want.Keys[1].QuotaEpoch = 7
+		waitFor(t, "revision 2 acknowledged", func() bool { return cp.applied("gw-test") == rev })
+		if st := a.Status(); st.AppliedRevision != rev || st.Digest != protocol.Digest(want) || st.LastError != "" ||
+			st.Deliveries != (dataplane.Deliveries{SnapshotsApplied: 2, ChangesRejected: 1}) {
+			t.Fatalf("status after the repair: %+v", st)
+		}
+		if !strings.Contains(log.String(), `err="dataplane: digest mismatch: changes 1→2 give digest `) {
+			t.Fatalf("no digest mismatch logged:\n%s", log)
+		}
+		if got := protocol.Digest(g.tg.Snapshot()); got != protocol.Digest(want) {
+			t.Fatalf("the repaired configuration has digest %s, want %s", got, protocol.Digest(want))
+		}
+		if got := fmt.Sprint(g.statuses(t, "k2", 1)); got != "[200]" {
+			t.Fatalf("k2 after the repair: %s", got)
+		}
+
+		engine := g.tg.Engine()
+		rev = cp.write(t, func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: hash("k3"), Policies: []string{"p"}})
+		})
+		waitFor(t, "revision 3 acknowledged", func() bool { return cp.applied("gw-test") == rev })
+		if st := a.Status(); st.Deliveries != (dataplane.Deliveries{SnapshotsApplied: 2, ChangesApplied: 1, ChangesRejected: 1}) || g.tg.Engine() != engine {
+			t.Fatalf("status after the next write: %+v (engine rebuilt: %v)", st, g.tg.Engine() != engine)
+		}
+		if got := fmt.Sprint(g.statuses(t, "k3", 1)); got != "[200]" {
+			t.Fatalf("k3: %s", got)
 		}
 	})
 }
