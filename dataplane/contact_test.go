@@ -23,86 +23,88 @@ import (
 // 503, and Status says LastContact is the persisted contact and
 // Staleness at least an hour. Once with Redis, once with a file.
 func TestAgentStaleCountsFromPersistedContact(t *testing.T) {
-	for _, c := range []struct {
-		name      string
-		persister func(t *testing.T) (dataplane.ContactPersister, func() []string)
-	}{
-		{"redis", func(t *testing.T) (dataplane.ContactPersister, func() []string) {
-			client := redistest.Start(t).Client(t, nil)
-			return dataplane.NewRedisPersister(client, testGroup), func() []string {
-				fields, err := client.HKeys(context.Background(), dataplane.RedisConfigKey(testGroup)).Result()
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		for _, c := range []struct {
+			name      string
+			persister func(t *testing.T) (dataplane.ContactPersister, func() []string)
+		}{
+			{"redis", func(t *testing.T) (dataplane.ContactPersister, func() []string) {
+				client := redistest.Start(t).Client(t, nil)
+				return dataplane.NewRedisPersister(client, testGroup), func() []string {
+					fields, err := client.HKeys(context.Background(), dataplane.RedisConfigKey(testGroup)).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					slices.Sort(fields)
+					return fields
+				}
+			}},
+			{"file", func(t *testing.T) (dataplane.ContactPersister, func() []string) {
+				return dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}, nil
+			}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				persister, fields := c.persister(t)
+				ctx := context.Background()
+				contact := func() time.Time {
+					t.Helper()
+					ct, err := persister.LoadContact(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ct
+				}
+				if ct := contact(); !ct.IsZero() {
+					t.Fatalf("a contact before any: %v", ct)
+				}
+				cp := newControlPlane(t, snapshot(0, "k1"))
+				g1 := newTarget(t)
+				o := agentOptions(g1.tg, cp.addr, &lockedBuffer{})
+				o.Persister = persister
+				o.ContactSaveInterval = 20 * time.Millisecond
+				a1, err := dataplane.New(o)
 				if err != nil {
 					t.Fatal(err)
 				}
-				slices.Sort(fields)
-				return fields
-			}
-		}},
-		{"file", func(t *testing.T) (dataplane.ContactPersister, func() []string) {
-			return dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}, nil
-		}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			persister, fields := c.persister(t)
-			ctx := context.Background()
-			contact := func() time.Time {
-				t.Helper()
-				ct, err := persister.LoadContact(ctx)
-				if err != nil {
-					t.Fatal(err)
+				stop1 := runAgent(t, a1)
+				waitFor(t, "revision 1 persisted", func() bool { return a1.Status().PersistedRevision == 1 })
+				waitFor(t, "a contact persisted", func() bool { return !contact().IsZero() })
+				first := contact()
+				waitFor(t, "a later contact persisted while connected", func() bool { return contact().After(first) })
+				stop1()
+				cp.Stop()
+				saved := contact()
+				if fields != nil {
+					if got := fmt.Sprint(fields()); got != "[contact history revision snapshot]" {
+						t.Fatalf("hash fields %s, want [contact history revision snapshot]", got)
+					}
 				}
-				return ct
-			}
-			if ct := contact(); !ct.IsZero() {
-				t.Fatalf("a contact before any: %v", ct)
-			}
-			cp := newControlPlane(t, snapshot(0, "k1"))
-			g1 := newGateway(t)
-			o := agentOptions(g1.gw, cp.addr, &lockedBuffer{})
-			o.Persister = persister
-			o.ContactSaveInterval = 20 * time.Millisecond
-			a1, err := dataplane.New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop1 := runAgent(t, a1)
-			waitFor(t, "revision 1 persisted", func() bool { return a1.Status().PersistedRevision == 1 })
-			waitFor(t, "a contact persisted", func() bool { return !contact().IsZero() })
-			first := contact()
-			waitFor(t, "a later contact persisted while connected", func() bool { return contact().After(first) })
-			stop1()
-			cp.Stop()
-			saved := contact()
-			if fields != nil {
-				if got := fmt.Sprint(fields()); got != "[contact history revision snapshot]" {
-					t.Fatalf("hash fields %s, want [contact history revision snapshot]", got)
-				}
-			}
 
-			g2 := newGateway(t)
-			o = agentOptions(g2.gw, cp.addr, &lockedBuffer{})
-			o.Persister = persister
-			o.StartTimeout = 100 * time.Millisecond
-			o.GatewayID = "gw-2"
-			o.MaxStale = 30 * time.Minute
-			o.OnStale = dataplane.StaleFailClosed
-			o.Now = func() time.Time { return time.Now().Add(time.Hour) }
-			a2, err := dataplane.New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runAgent(t, a2)
-			waitFor(t, "the persisted configuration", func() bool { return a2.Status().Source == "persisted" })
-			want := `{"error":"dataplane: no contact with the control plane for over 30m0s; failing closed (on_stale: fail_closed)"}` + "\n"
-			if st, body := g2.get(t, "k1"); st != 503 || body != want {
-				t.Fatalf("the first request after the restart: %d %s, want 503 %s", st, body, want)
-			}
-			st := a2.Status()
-			if !st.Stale || st.LastContact == nil || !st.LastContact.Equal(saved) || st.Staleness < time.Hour || st.AppliedRevision != 1 {
-				t.Fatalf("status after the restart: %+v (persisted contact %v)", st, saved)
-			}
-		})
-	}
+				g2 := newTarget(t)
+				o = agentOptions(g2.tg, cp.addr, &lockedBuffer{})
+				o.Persister = persister
+				o.StartTimeout = 100 * time.Millisecond
+				o.GatewayID = "gw-2"
+				o.MaxStale = 30 * time.Minute
+				o.OnStale = dataplane.StaleFailClosed
+				o.Now = func() time.Time { return time.Now().Add(time.Hour) }
+				a2, err := dataplane.New(o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				runAgent(t, a2)
+				waitFor(t, "the persisted configuration", func() bool { return a2.Status().Source == "persisted" })
+				want := `{"error":"dataplane: no contact with the control plane for over 30m0s; failing closed (on_stale: fail_closed)"}` + "\n"
+				if st, body := g2.get(t, "k1"); st != 503 || body != want {
+					t.Fatalf("the first request after the restart: %d %s, want 503 %s", st, body, want)
+				}
+				st := a2.Status()
+				if !st.Stale || st.LastContact == nil || !st.LastContact.Equal(saved) || st.Staleness < time.Hour || st.AppliedRevision != 1 {
+					t.Fatalf("status after the restart: %+v (persisted contact %v)", st, saved)
+				}
+			})
+		}
+	})
 }
 
 // TestContactPersisters: LoadContact is the zero time before any save,

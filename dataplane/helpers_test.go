@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/controlplane"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
@@ -29,6 +30,7 @@ import (
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -89,11 +91,45 @@ func snapshot(rev uint64, keys ...string) *spec.Snapshot {
 	return s
 }
 
-// testGateway is a gateway over an in-process store with a frozen clock
-// (so quota counts are exact), served on a real loopback listener.
+// target is what the agent tests keep in step: a *gateway.Gateway or a
+// service's *live.Config (both implement dataplane.Target), with the
+// accessors the tests read.
+type target interface {
+	dataplane.Target
+	Engine() *core.Engine
+	Revision() uint64
+}
+
+// testGateway is a running configuration an agent keeps in step, over an
+// in-process store with a frozen clock (so quota counts are exact),
+// serving the API "api" on a real loopback listener: a gateway (gw set)
+// or a service (gw nil) whose net/http handler is behind the nethttp
+// middleware with the Config's Limiter and Authenticator of "api".
 type testGateway struct {
-	gw  *gateway.Gateway
+	tg  target
+	gw  *gateway.Gateway // nil for a service
 	url string
+}
+
+// targetKinds are the two implementations of dataplane.Target the agent
+// tests run against, each by its constructor. A test that means the agent
+// and not the gateway's own features (its admin handler's /readyz: the
+// refusal tests) runs its body under eachTarget; the tests' comments
+// say "gateway" for either.
+var targetKinds = []struct {
+	name string
+	new  func(t *testing.T) *testGateway
+}{
+	{"gateway", newGateway},
+	{"service", newService},
+}
+
+// eachTarget runs test once per target kind, as a subtest named after
+// it; test makes its targets with newTarget.
+func eachTarget(t *testing.T, test func(t *testing.T, newTarget func(t *testing.T) *testGateway)) {
+	for _, k := range targetKinds {
+		t.Run(k.name, func(t *testing.T) { test(t, k.new) })
+	}
 }
 
 func newGateway(t *testing.T) *testGateway {
@@ -108,7 +144,26 @@ func newGateway(t *testing.T) *testGateway {
 	t.Cleanup(func() { gw.Close() })
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
-	return &testGateway{gw: gw, url: srv.URL}
+	return &testGateway{tg: gw, gw: gw, url: srv.URL}
+}
+
+// newService is newGateway for a service of its own: a live.Config
+// enforcing the API "api" in the nethttp middleware of a handler that
+// answers 200 "ok".
+func newService(t *testing.T) *testGateway {
+	t.Helper()
+	clock := core.NewManualClock(int64(time.Hour))
+	store := memory.New(memory.Options{Clock: clock})
+	t.Cleanup(func() { store.Close() })
+	cfg, err := live.New(live.Options{Store: store, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cfg.Close() })
+	limit := nethttp.Middleware(cfg.Limiter("api"), cfg.Authenticator("api"), nethttp.Options{API: "api"})
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
+	t.Cleanup(srv.Close)
+	return &testGateway{tg: cfg, url: srv.URL}
 }
 
 // get sends GET /api/x with key and returns the status and body.
@@ -196,11 +251,11 @@ func agentGoroutines() int {
 	return n
 }
 
-// agentOptions are the options of an agent for gw reaching addr, with
+// agentOptions are the options of an agent for tg reaching addr, with
 // quick timers for tests and its log in log.
-func agentOptions(gw *gateway.Gateway, addr string, log io.Writer) dataplane.AgentOptions {
+func agentOptions(tg dataplane.Target, addr string, log io.Writer) dataplane.AgentOptions {
 	return dataplane.AgentOptions{
-		Target:       gw,
+		Target:       tg,
 		Address:      addr,
 		Group:        testGroup,
 		Token:        testToken,

@@ -44,25 +44,27 @@ func TestNewRefuses(t *testing.T) {
 // TestAgentUsesGivenConn: with Conn set the agent syncs over it and
 // leaves it open when Run returns.
 func TestAgentUsesGivenConn(t *testing.T) {
-	f, addr := newFakeCP(t, 0)
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	g := newGateway(t)
-	o := agentOptions(g.gw, "", &lockedBuffer{})
-	o.Conn = cc
-	a, err := dataplane.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runAgent(t, a)
-	s := f.next(t)
-	s.sendSnapshot(t, snapshot(1, "k1"), "snap-1")
-	s.wantAck(t, 1, "snap-1")
-	stop()
-	if st := cc.GetState(); st == connectivity.Shutdown {
-		t.Fatal("the agent closed the connection it was given")
-	}
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		f, addr := newFakeCP(t, 0)
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		g := newTarget(t)
+		o := agentOptions(g.tg, "", &lockedBuffer{})
+		o.Conn = cc
+		a, err := dataplane.New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runAgent(t, a)
+		s := f.next(t)
+		s.sendSnapshot(t, snapshot(1, "k1"), "snap-1")
+		s.wantAck(t, 1, "snap-1")
+		stop()
+		if st := cc.GetState(); st == connectivity.Shutdown {
+			t.Fatal("the agent closed the connection it was given")
+		}
+	})
 }

@@ -107,63 +107,65 @@ func TestFilePersister(t *testing.T) {
 // a quota of 3); when the control plane comes back, its configuration
 // replaces the persisted one. Once with Redis, once with a file.
 func TestAgentStartsFromPersisted(t *testing.T) {
-	for _, c := range []struct {
-		name      string
-		persister func(t *testing.T) dataplane.Persister
-	}{
-		{"redis", func(t *testing.T) dataplane.Persister {
-			return dataplane.NewRedisPersister(redistest.Start(t).Client(t, nil), testGroup)
-		}},
-		{"file", func(t *testing.T) dataplane.Persister {
-			return dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}
-		}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			persister := c.persister(t)
-			cp := newControlPlane(t, snapshot(0, "k1"))
-			g1 := newGateway(t)
-			o := agentOptions(g1.gw, cp.addr, &lockedBuffer{})
-			o.Persister = persister
-			a1, err := dataplane.New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop1 := runAgent(t, a1)
-			waitFor(t, "revision 1 persisted", func() bool { return a1.Status().PersistedRevision == 1 })
-			stop1()
-			cp.Stop()
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		for _, c := range []struct {
+			name      string
+			persister func(t *testing.T) dataplane.Persister
+		}{
+			{"redis", func(t *testing.T) dataplane.Persister {
+				return dataplane.NewRedisPersister(redistest.Start(t).Client(t, nil), testGroup)
+			}},
+			{"file", func(t *testing.T) dataplane.Persister {
+				return dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}
+			}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				persister := c.persister(t)
+				cp := newControlPlane(t, snapshot(0, "k1"))
+				g1 := newTarget(t)
+				o := agentOptions(g1.tg, cp.addr, &lockedBuffer{})
+				o.Persister = persister
+				a1, err := dataplane.New(o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stop1 := runAgent(t, a1)
+				waitFor(t, "revision 1 persisted", func() bool { return a1.Status().PersistedRevision == 1 })
+				stop1()
+				cp.Stop()
 
-			g2 := newGateway(t)
-			log := &lockedBuffer{}
-			o = agentOptions(g2.gw, cp.addr, log)
-			o.Persister = persister
-			o.StartTimeout = 100 * time.Millisecond
-			o.GatewayID = "gw-2"
-			a2, err := dataplane.New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runAgent(t, a2)
-			if st, body := g2.get(t, "k1"); st != 503 || body != `{"error":"no configuration applied yet"}`+"\n" {
-				t.Fatalf("before StartTimeout: %d %s", st, body)
-			}
-			waitFor(t, "the persisted configuration", func() bool { return a2.Status().Source == "persisted" })
-			if got := fmt.Sprint(g2.statuses(t, "k1", 5)); got != "[200 200 200 429 429]" {
-				t.Fatalf("k1 under the persisted configuration: %s, want 3 of 5", got)
-			}
-			st := a2.Status()
-			if st.AppliedRevision != 1 || st.PersistedRevision != 1 || st.State == "connected" {
-				t.Fatalf("status: %+v", st)
-			}
+				g2 := newTarget(t)
+				log := &lockedBuffer{}
+				o = agentOptions(g2.tg, cp.addr, log)
+				o.Persister = persister
+				o.StartTimeout = 100 * time.Millisecond
+				o.GatewayID = "gw-2"
+				a2, err := dataplane.New(o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				runAgent(t, a2)
+				if st, body := g2.get(t, "k1"); st != 503 || body != `{"error":"no configuration applied yet"}`+"\n" {
+					t.Fatalf("before StartTimeout: %d %s", st, body)
+				}
+				waitFor(t, "the persisted configuration", func() bool { return a2.Status().Source == "persisted" })
+				if got := fmt.Sprint(g2.statuses(t, "k1", 5)); got != "[200 200 200 429 429]" {
+					t.Fatalf("k1 under the persisted configuration: %s, want 3 of 5", got)
+				}
+				st := a2.Status()
+				if st.AppliedRevision != 1 || st.PersistedRevision != 1 || st.State == "connected" {
+					t.Fatalf("status: %+v", st)
+				}
 
-			cp.Start(t)
-			waitFor(t, "the control plane's configuration", func() bool { return a2.Status().Source == "control_plane" })
-			if st := a2.Status(); st.AppliedRevision != 1 || st.State != "connected" {
-				t.Fatalf("status after the control plane came back: %+v", st)
-			}
-			waitFor(t, "gw-2's Ack", func() bool { return cp.applied("gw-2") == 1 })
-		})
-	}
+				cp.Start(t)
+				waitFor(t, "the control plane's configuration", func() bool { return a2.Status().Source == "control_plane" })
+				if st := a2.Status(); st.AppliedRevision != 1 || st.State != "connected" {
+					t.Fatalf("status after the control plane came back: %+v", st)
+				}
+				waitFor(t, "gw-2's Ack", func() bool { return cp.applied("gw-2") == 1 })
+			})
+		}
+	})
 }
 
 // TestAgentOnStale: with fail_closed, once max_stale passes without the
@@ -171,90 +173,94 @@ func TestAgentStartsFromPersisted(t *testing.T) {
 // the control plane is back it serves again, counters kept. With keep it
 // serves on throughout.
 func TestAgentOnStale(t *testing.T) {
-	for _, policy := range []dataplane.OnStale{dataplane.StaleFailClosed, dataplane.StaleKeep} {
-		t.Run(string(policy), func(t *testing.T) {
-			cp := newControlPlane(t, snapshot(0, "k1"))
-			g := newGateway(t)
-			o := agentOptions(g.gw, cp.addr, &lockedBuffer{})
-			o.MaxStale = 200 * time.Millisecond
-			o.OnStale = policy
-			changes := make(chan bool, 4)
-			o.StaleChanged = func(stale bool) { changes <- stale }
-			a, err := dataplane.New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runAgent(t, a)
-			waitFor(t, "revision 1", func() bool { return cp.applied("gw-test") == 1 })
-			if got := fmt.Sprint(g.statuses(t, "k1", 1)); got != "[200]" {
-				t.Fatalf("connected: %s", got)
-			}
-			cp.Stop()
-			waitFor(t, "stale", func() bool { return a.Status().Stale })
-			if got := <-changes; !got {
-				t.Fatal("StaleChanged(false) first")
-			}
-			st, body := g.get(t, "k1")
-			if policy == dataplane.StaleFailClosed {
-				want := `{"error":"dataplane: no contact with the control plane for over 200ms; failing closed (on_stale: fail_closed)"}` + "\n"
-				if st != 503 || body != want {
-					t.Fatalf("stale, fail_closed: %d %s", st, body)
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		for _, policy := range []dataplane.OnStale{dataplane.StaleFailClosed, dataplane.StaleKeep} {
+			t.Run(string(policy), func(t *testing.T) {
+				cp := newControlPlane(t, snapshot(0, "k1"))
+				g := newTarget(t)
+				o := agentOptions(g.tg, cp.addr, &lockedBuffer{})
+				o.MaxStale = 200 * time.Millisecond
+				o.OnStale = policy
+				changes := make(chan bool, 4)
+				o.StaleChanged = func(stale bool) { changes <- stale }
+				a, err := dataplane.New(o)
+				if err != nil {
+					t.Fatal(err)
 				}
-			} else if st != 200 {
-				t.Fatalf("stale, keep: %d %s", st, body)
-			}
-			// Between attempts, or in one (each dials anew).
-			if s := a.Status(); s.State != "disconnected" && s.State != "connecting" || s.Staleness < 200*time.Millisecond || s.StalenessSeconds < 0.2 {
-				t.Fatalf("stale status: %+v", s)
-			}
-			cp.Start(t)
-			waitFor(t, "connected again", func() bool { return a.Status().State == "connected" })
-			if got := <-changes; got {
-				t.Fatal("StaleChanged(true) again")
-			}
-			// One spent before (and, under keep, one while stale) of 3.
-			want := "[200 200 429]"
-			if policy == dataplane.StaleKeep {
-				want = "[200 429 429]"
-			}
-			if got := fmt.Sprint(g.statuses(t, "k1", 3)); got != want {
-				t.Fatalf("after the control plane came back: %s, want %s", got, want)
-			}
-			if s := a.Status(); s.Stale || s.Staleness != 0 {
-				t.Fatalf("status after the control plane came back: %+v", s)
-			}
-		})
-	}
+				runAgent(t, a)
+				waitFor(t, "revision 1", func() bool { return cp.applied("gw-test") == 1 })
+				if got := fmt.Sprint(g.statuses(t, "k1", 1)); got != "[200]" {
+					t.Fatalf("connected: %s", got)
+				}
+				cp.Stop()
+				waitFor(t, "stale", func() bool { return a.Status().Stale })
+				if got := <-changes; !got {
+					t.Fatal("StaleChanged(false) first")
+				}
+				st, body := g.get(t, "k1")
+				if policy == dataplane.StaleFailClosed {
+					want := `{"error":"dataplane: no contact with the control plane for over 200ms; failing closed (on_stale: fail_closed)"}` + "\n"
+					if st != 503 || body != want {
+						t.Fatalf("stale, fail_closed: %d %s", st, body)
+					}
+				} else if st != 200 {
+					t.Fatalf("stale, keep: %d %s", st, body)
+				}
+				// Between attempts, or in one (each dials anew).
+				if s := a.Status(); s.State != "disconnected" && s.State != "connecting" || s.Staleness < 200*time.Millisecond || s.StalenessSeconds < 0.2 {
+					t.Fatalf("stale status: %+v", s)
+				}
+				cp.Start(t)
+				waitFor(t, "connected again", func() bool { return a.Status().State == "connected" })
+				if got := <-changes; got {
+					t.Fatal("StaleChanged(true) again")
+				}
+				// One spent before (and, under keep, one while stale) of 3.
+				want := "[200 200 429]"
+				if policy == dataplane.StaleKeep {
+					want = "[200 429 429]"
+				}
+				if got := fmt.Sprint(g.statuses(t, "k1", 3)); got != want {
+					t.Fatalf("after the control plane came back: %s, want %s", got, want)
+				}
+				if s := a.Status(); s.Stale || s.Staleness != 0 {
+					t.Fatalf("status after the control plane came back: %+v", s)
+				}
+			})
+		}
+	})
 }
 
 // TestAgentSavesWhenStopped: a configuration applied less than SaveDelay
 // before Run stops is persisted as it stops.
 func TestAgentSavesWhenStopped(t *testing.T) {
-	f, addr := newFakeCP(t, 0)
-	g := newGateway(t)
-	o := agentOptions(g.gw, addr, &lockedBuffer{})
-	p := dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}
-	o.Persister, o.SaveDelay = p, time.Hour
-	a, err := dataplane.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runAgent(t, a)
-	s := f.next(t)
-	snap := snapshot(4, "k1")
-	s.sendSnapshot(t, snap, "snap-4")
-	s.wantAck(t, 4, "snap-4")
-	if got, err := p.Load(context.Background()); got != nil || err != nil {
-		t.Fatalf("saved before SaveDelay: %v, %v", got, err)
-	}
-	stop()
-	got, err := p.Load(context.Background())
-	if err != nil || jsonOf(t, got) != jsonOf(t, snap) {
-		t.Fatalf("after stop: %s, %v; want %s", jsonOf(t, got), err, jsonOf(t, snap))
-	}
-	if st := a.Status(); st.PersistedRevision != 4 {
-		t.Fatalf("PersistedRevision %d, want 4", st.PersistedRevision)
-	}
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		f, addr := newFakeCP(t, 0)
+		g := newTarget(t)
+		o := agentOptions(g.tg, addr, &lockedBuffer{})
+		p := dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}
+		o.Persister, o.SaveDelay = p, time.Hour
+		a, err := dataplane.New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runAgent(t, a)
+		s := f.next(t)
+		snap := snapshot(4, "k1")
+		s.sendSnapshot(t, snap, "snap-4")
+		s.wantAck(t, 4, "snap-4")
+		if got, err := p.Load(context.Background()); got != nil || err != nil {
+			t.Fatalf("saved before SaveDelay: %v, %v", got, err)
+		}
+		stop()
+		got, err := p.Load(context.Background())
+		if err != nil || jsonOf(t, got) != jsonOf(t, snap) {
+			t.Fatalf("after stop: %s, %v; want %s", jsonOf(t, got), err, jsonOf(t, snap))
+		}
+		if st := a.Status(); st.PersistedRevision != 4 {
+			t.Fatalf("PersistedRevision %d, want 4", st.PersistedRevision)
+		}
+	})
 }
 
 // countingPersister counts saves and keeps the revisions saved.
@@ -286,34 +292,36 @@ func (c *countingPersister) revisions() []uint64 {
 // TestAgentCoalescesSaves: a snapshot and two Changes applied within
 // SaveDelay are persisted by one save, of the latest revision.
 func TestAgentCoalescesSaves(t *testing.T) {
-	f, addr := newFakeCP(t, 0)
-	g := newGateway(t)
-	o := agentOptions(g.gw, addr, &lockedBuffer{})
-	p := &countingPersister{FilePersister: dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}}
-	o.Persister, o.SaveDelay = p, 2*time.Second
-	a, err := dataplane.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runAgent(t, a)
-	s := f.next(t)
-	base := snapshot(1, "k1")
-	s.sendSnapshot(t, base, "snap-1")
-	s.wantAck(t, 1, "snap-1")
-	ch2 := changes(t, base, 1, 2, putKey(t, spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}}))
-	s.sendChanges(t, ch2)
-	s.wantAck(t, 2, ch2.Nonce)
-	ch3 := changes(t, g.gw.Snapshot(), 2, 3, putKey(t, spec.Key{KeyHash: hash("k3"), Policies: []string{"p"}}))
-	s.sendChanges(t, ch3)
-	s.wantAck(t, 3, ch3.Nonce)
-	waitFor(t, "revision 3 persisted", func() bool { return a.Status().PersistedRevision == 3 })
-	if got := fmt.Sprint(p.revisions()); got != "[3]" {
-		t.Fatalf("saves %s, want one of revision 3", got)
-	}
-	got, err := p.Load(context.Background())
-	if err != nil || got.Revision != 3 || protocol.Digest(got) != ch3.Digest {
-		t.Fatalf("persisted %+v, %v", got, err)
-	}
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		f, addr := newFakeCP(t, 0)
+		g := newTarget(t)
+		o := agentOptions(g.tg, addr, &lockedBuffer{})
+		p := &countingPersister{FilePersister: dataplane.FilePersister{Path: filepath.Join(t.TempDir(), "state.json")}}
+		o.Persister, o.SaveDelay = p, 2*time.Second
+		a, err := dataplane.New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAgent(t, a)
+		s := f.next(t)
+		base := snapshot(1, "k1")
+		s.sendSnapshot(t, base, "snap-1")
+		s.wantAck(t, 1, "snap-1")
+		ch2 := changes(t, base, 1, 2, putKey(t, spec.Key{KeyHash: hash("k2"), Policies: []string{"p"}}))
+		s.sendChanges(t, ch2)
+		s.wantAck(t, 2, ch2.Nonce)
+		ch3 := changes(t, g.tg.Snapshot(), 2, 3, putKey(t, spec.Key{KeyHash: hash("k3"), Policies: []string{"p"}}))
+		s.sendChanges(t, ch3)
+		s.wantAck(t, 3, ch3.Nonce)
+		waitFor(t, "revision 3 persisted", func() bool { return a.Status().PersistedRevision == 3 })
+		if got := fmt.Sprint(p.revisions()); got != "[3]" {
+			t.Fatalf("saves %s, want one of revision 3", got)
+		}
+		got, err := p.Load(context.Background())
+		if err != nil || got.Revision != 3 || protocol.Digest(got) != ch3.Digest {
+			t.Fatalf("persisted %+v, %v", got, err)
+		}
+	})
 }
 
 // TestPersistedRevision: both persisters read the persisted revision

@@ -53,46 +53,48 @@ func issue(t *testing.T, name string, ca *tls.Certificate, isCA bool) tls.Certif
 // without a client certificate the server refuses it, and the agent
 // keeps retrying (its last error says why).
 func TestAgentMutualTLS(t *testing.T) {
-	ca := issue(t, "test CA", nil, true)
-	server := issue(t, "cp", &ca, false)
-	client := issue(t, "gw", &ca, false)
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Leaf)
-	f, addr := newFakeCP(t, 0, grpc.Creds(credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{server}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert,
-	})))
+	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
+		ca := issue(t, "test CA", nil, true)
+		server := issue(t, "cp", &ca, false)
+		client := issue(t, "gw", &ca, false)
+		pool := x509.NewCertPool()
+		pool.AddCert(ca.Leaf)
+		f, addr := newFakeCP(t, 0, grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{server}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert,
+		})))
 
-	g := newGateway(t)
-	o := agentOptions(g.gw, addr, &lockedBuffer{})
-	o.TLS = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{client}}
-	a, err := dataplane.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runAgent(t, a)
-	s := f.next(t)
-	s.sendSnapshot(t, snapshot(2, "k1"), "snap-2")
-	s.wantAck(t, 2, "snap-2")
-	if st, _ := g.get(t, "k1"); st != 200 {
-		t.Fatalf("k1 over mTLS: %d", st)
-	}
+		g := newTarget(t)
+		o := agentOptions(g.tg, addr, &lockedBuffer{})
+		o.TLS = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{client}}
+		a, err := dataplane.New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAgent(t, a)
+		s := f.next(t)
+		s.sendSnapshot(t, snapshot(2, "k1"), "snap-2")
+		s.wantAck(t, 2, "snap-2")
+		if st, _ := g.get(t, "k1"); st != 200 {
+			t.Fatalf("k1 over mTLS: %d", st)
+		}
 
-	g2 := newGateway(t)
-	o = agentOptions(g2.gw, addr, &lockedBuffer{})
-	o.GatewayID = "gw-no-cert"
-	o.TLS = &tls.Config{RootCAs: pool}
-	a2, err := dataplane.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runAgent(t, a2)
-	waitFor(t, "a refusal", func() bool { return a2.Status().Reconnects >= 2 })
-	if st := a2.Status(); st.State == "connected" || st.AppliedRevision != 0 || !strings.Contains(st.LastError, "Unavailable") {
-		t.Fatalf("without a client certificate: %+v", st)
-	}
-	select {
-	case s := <-f.streams:
-		t.Fatalf("a stream without a client certificate: %v", s.hello)
-	default:
-	}
+		g2 := newTarget(t)
+		o = agentOptions(g2.tg, addr, &lockedBuffer{})
+		o.GatewayID = "gw-no-cert"
+		o.TLS = &tls.Config{RootCAs: pool}
+		a2, err := dataplane.New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runAgent(t, a2)
+		waitFor(t, "a refusal", func() bool { return a2.Status().Reconnects >= 2 })
+		if st := a2.Status(); st.State == "connected" || st.AppliedRevision != 0 || !strings.Contains(st.LastError, "Unavailable") {
+			t.Fatalf("without a client certificate: %+v", st)
+		}
+		select {
+		case s := <-f.streams:
+			t.Fatalf("a stream without a client certificate: %v", s.hello)
+		default:
+		}
+	})
 }
