@@ -12,8 +12,9 @@
 // Authenticator(api): both decide each request under the configuration
 // running when it arrives.
 //
-// Each request is decided under one snapshot: requests in flight finish
-// under the one they started with, and counters are kept (a changed rate
+// Each gateway request is decided under one snapshot (a service's, see
+// Limiter, almost always): requests in flight finish under the one they
+// started with, and counters are kept (a changed rate
 // takes effect on the next request without resetting anyone). An API
 // that only this host fails to build (a JWT secret or JWKS it cannot
 // get) is left out of a snapshot applied by ApplyPartial (a data

@@ -148,7 +148,7 @@ func jwtAPI(id, env, policy string) spec.API {
 // that is unset; NotBuilt lists it and its problem; Apply refuses the
 // snapshot instead), and for every API while SetUnavailable holds; lifting
 // it serves as before, counters kept. Limiter(api) answers the same 503
-// before the first Apply.
+// before the first Apply and under SetUnavailable.
 func TestNotReady(t *testing.T) {
 	unsetEnv(t, "LP_LIVE_TEST_UNSET")
 	cfg := newConfig(t)
@@ -203,6 +203,9 @@ func TestNotReady(t *testing.T) {
 		_, err := cfg.Authenticator(api).Authenticate(context.Background(), withKey("k1"))
 		wantNotReady(t, api+" under SetUnavailable", err, "dataplane: failing closed")
 	}
+	// Limiter alone (consumers of the caller's own) is held too.
+	_, err = cfg.Limiter("orders").Decide(context.Background(), &core.Consumer{ID: "c", Policies: []string{"p"}}, "orders", 1)
+	wantNotReady(t, "Limiter under SetUnavailable", err, "dataplane: failing closed")
 	cfg.SetUnavailable("")
 	if got := cfg.Unavailable(); got != "" {
 		t.Fatalf("Unavailable after lifting: %q", got)

@@ -76,7 +76,9 @@ func (g *Config) Authenticator(api string) identity.Authenticator {
 
 // Limiter returns a core.Decider deciding with the running
 // configuration's engine, for a service's middleware beside
-// Authenticator. The API passed to Decide is the one the middleware
+// Authenticator. Like Authenticator it answers 503 (ErrNotReady) before
+// the first Apply and while SetUnavailable holds, so a caller that
+// brings consumers of its own is held to on_stale too. The API passed to Decide is the one the middleware
 // names. Authenticator and Limiter each load the running configuration
 // once per call, so a request that arrives during an Apply may be
 // authenticated under the previous configuration and decided under the
@@ -122,6 +124,9 @@ func (l liveLimiter) Decide(ctx context.Context, c *core.Consumer, api string, c
 	st := l.g.state.Load()
 	if st == nil {
 		return core.Decision{}, notReady("no configuration applied yet")
+	}
+	if reason := l.g.unavailable.Load(); reason != nil {
+		return core.Decision{}, notReady(*reason)
 	}
 	return st.limiter.Decide(ctx, c, api, cost)
 }
