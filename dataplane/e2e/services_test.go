@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -281,7 +282,8 @@ const jwtSecret = "e2e-jwt-secret-0123456789abcdef!"
 // fail_closed. It shows:
 //   - a key created at the control plane is admitted by all 8 replicas
 //     within 100 ms at p99 over 200 creations (measured from the admin
-//     write's acknowledgement until the slowest replica admits it);
+//     write's acknowledgement until the slowest replica admits it; 400 ms
+//     with LP_E2E_RACE=1);
 //   - a deleted key is refused on all 8: 403, gRPC PermissionDenied;
 //   - a quota of 100 over a pair on one Redis admits exactly 100 of 240
 //     concurrent requests (140 answer 429 / ResourceExhausted), on each of
@@ -359,8 +361,15 @@ func TestServices(t *testing.T) {
 		p50, p99 := percentile(fromWrite, 50), percentile(fromWrite, 99)
 		t.Logf("a new key admitted by all %d replicas, over %d creations: after the write's answer p50 %v, p99 %v, max %v; after the POST was sent p50 %v, p99 %v",
 			len(svcs), n, p50, p99, percentile(fromWrite, 100), percentile(fromPost, 50), percentile(fromPost, 99))
-		if p99 > 100*time.Millisecond {
-			t.Fatalf("p99 %v over 100ms", p99)
+		bound := 100 * time.Millisecond
+		if os.Getenv("LP_E2E_RACE") == "1" {
+			// The nine processes built with -race, on 2 shared cores:
+			// measured p50 31 ms, p99 129 ms (load 11) where the
+			// plain build measured p50 13 ms, p99 20-54 ms.
+			bound = 400 * time.Millisecond
+		}
+		if p99 > bound {
+			t.Fatalf("p99 %v over %v", p99, bound)
 		}
 	}) {
 		return
