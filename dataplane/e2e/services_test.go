@@ -46,6 +46,8 @@ type service struct {
 	addr          string // the service's listener, host:port
 	ops           string // http://host:port of /readyz and /metrics
 	conn          *grpc.ClientConn
+	// procs are every process started for it, the last one running.
+	procs []*proc
 }
 
 var (
@@ -56,21 +58,43 @@ var (
 // startService starts examples/service as member id of group g, for API
 // api, with more flags extra and environment env added to the token and
 // the JWT API's secret (every member builds every API of its
-// configuration).
-func startService(t testing.TB, cp *controlPlane, g *svcGroup, framework, id, api string, extra, env []string) *service {
+// configuration). The service is added to *list.
+func startService(t testing.TB, list *[]*service, cp *controlPlane, g *svcGroup, framework, id, api string, extra, env []string) *service {
 	t.Helper()
 	s := &service{framework: framework, id: id, env: append([]string{"LIMITPLANE_TOKEN=" + g.tk.token, "LP_SVC_JWT_SECRET=" + jwtSecret}, env...)}
 	s.args = append([]string{"-framework", framework, "-listen", "127.0.0.1:0", "-api", api,
 		"-control-plane", cp.syncAddr, "-group", g.tk.group, "-id", id,
 		"-redis", "redis://" + g.redis.Addr + "/0", "-start-timeout", "1s"}, extra...)
+	*list = append(*list, s)
 	s.start(t)
 	return s
+}
+
+// checkStopped fails the test unless every process of the services
+// exited with status 0 (each was stopped by SIGTERM: a graceful stop)
+// and none reported a data race (LP_E2E_RACE=1). It runs after the
+// processes' own cleanups.
+func checkStopped(t *testing.T, list *[]*service) {
+	t.Cleanup(func() {
+		for _, s := range *list {
+			for _, p := range s.procs {
+				if !p.exited() {
+					t.Errorf("service %s (pid %d) still runs", s.id, p.cmd.Process.Pid)
+					continue
+				}
+				if p.err != nil || strings.Contains(p.stderr.String(), "DATA RACE") {
+					t.Errorf("service %s (pid %d) exited with %v; stderr:\n%s", s.id, p.cmd.Process.Pid, p.err, tail(p.stderr.String(), 16<<10))
+				}
+			}
+		}
+	})
 }
 
 // start (re)starts the process and waits for its listening lines.
 func (s *service) start(t testing.TB) {
 	t.Helper()
 	s.proc = startProc(t, "service "+s.id, bin.service, s.args, s.env)
+	s.procs = append(s.procs, s.proc)
 	s.addr = s.proc.waitOutput(t, svcListenRE, false, syncTimeout)[1]
 	s.ops = "http://" + s.addr
 	if s.framework == "grpc" {
@@ -295,8 +319,12 @@ const jwtSecret = "e2e-jwt-secret-0123456789abcdef!"
 //   - with the control plane SIGKILLed every replica keeps enforcing
 //     (200, 403, 429); the "-1" replicas restarted meanwhile enforce the
 //     configuration persisted in their Redis; the fail_closed "-2" replicas
-//     answer 503 (gRPC Unavailable) once 2 s have passed, not before.
+//     answer 503 (gRPC Unavailable) once 2 s have passed, not before;
+//   - every service process stops with status 0 on SIGTERM, and (with
+//     LP_E2E_RACE=1) reports no data race.
 func TestServices(t *testing.T) {
+	var started []*service
+	checkStopped(t, &started)
 	groups := map[string]*svcGroup{}
 	var tokens []dpToken
 	for _, fw := range frameworks {
@@ -320,7 +348,7 @@ func TestServices(t *testing.T) {
 	pairs := map[string][]*service{}
 	for _, fw := range frameworks {
 		for i, extra := range [][]string{nil, {"-max-stale", "2s", "-on-stale", "fail_closed"}} {
-			s := startService(t, cp, groups[fw], fw, fmt.Sprintf("%s-%d", fw, i+1), "orders", extra, nil)
+			s := startService(t, &started, cp, groups[fw], fw, fmt.Sprintf("%s-%d", fw, i+1), "orders", extra, nil)
 			svcs = append(svcs, s)
 			pairs[fw] = append(pairs[fw], s)
 		}
@@ -402,8 +430,8 @@ func TestServices(t *testing.T) {
 
 	if !t.Run("JWT", func(t *testing.T) {
 		jwtSvcs := []*service{
-			startService(t, cp, groups["nethttp"], "nethttp", "nethttp-jwt", "orders-jwt", nil, nil),
-			startService(t, cp, groups["grpc"], "grpc", "grpc-jwt", "orders-jwt", nil, nil),
+			startService(t, &started, cp, groups["nethttp"], "nethttp", "nethttp-jwt", "orders-jwt", nil, nil),
+			startService(t, &started, cp, groups["grpc"], "grpc", "grpc-jwt", "orders-jwt", nil, nil),
 		}
 		waitServices(t, cp.revision(t), jwtSvcs...)
 		claims := jwt.MapClaims{"sub": "alice", "exp": time.Now().Add(time.Hour).Unix()}
