@@ -2,8 +2,8 @@
 // planes, and nothing else: it has no code of its own outside its tests.
 //
 // The tests run the real programs as processes: TestMain builds
-// ./cmd/limitplane-controlplane and ./cmd/limitplane-gateway once (go build) into a
-// temporary directory; each test starts a control plane (its admin token
+// ./cmd/limitplane-controlplane, ./cmd/limitplane-gateway and ./examples/service
+// once (go build) into a temporary directory; each test starts a control plane (its admin token
 // in the environment, its bbolt file in the test's temporary directory,
 // its sync port on the loopback and a -dataplanes file of hashed tokens
 // the test writes), one redis-server per data plane
@@ -25,14 +25,16 @@
 // running configuration untouched. The "fake control plane" of the bad
 // input tests is a gRPC server built on dataplane/syncpb in the test.
 // BenchmarkPropagation times one key change from the admin API to four
-// gateways.
+// gateways. TestServices runs services of one's own (examples/service on
+// Gin, Fiber, net/http and gRPC, two replicas each) as data-plane members
+// instead of gateways.
 //
 // Run them with
 //
 //	go test -race -count=1 ./dataplane/e2e/
 //
 // redis-server must be on PATH (or named by REDIS_SERVER). With
-// LP_E2E_RACE=1 the two programs are built with -race too; with
+// LP_E2E_RACE=1 the programs are built with -race too; with
 // LP_E2E_DUMP=1 a failed test sends SIGQUIT to the processes it still
 // runs, so their logs end with every goroutine's stack.
 package e2e

@@ -27,13 +27,13 @@ import (
 
 // binaries are the programs TestMain built.
 type binaries struct {
-	controlPlane, gateway string
+	controlPlane, gateway, service string
 }
 
 // bin is set once by TestMain, before any test runs, and only read after.
 var bin binaries
 
-// TestMain builds the control plane and the gateway once into a temporary
+// TestMain builds the control plane, the gateway and the service once into a temporary
 // directory, runs the tests and removes the directory.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "limitplane-e2e-")
@@ -43,10 +43,11 @@ func TestMain(m *testing.M) {
 	}
 	code := func() int {
 		defer os.RemoveAll(dir)
-		bin = binaries{controlPlane: filepath.Join(dir, "controlplane"), gateway: filepath.Join(dir, "gateway")}
+		bin = binaries{controlPlane: filepath.Join(dir, "controlplane"), gateway: filepath.Join(dir, "gateway"), service: filepath.Join(dir, "service")}
 		for out, pkg := range map[string]string{
 			bin.controlPlane: "github.com/limitplane/limitplane/cmd/limitplane-controlplane",
 			bin.gateway:      "github.com/limitplane/limitplane/cmd/limitplane-gateway",
+			bin.service:      "github.com/limitplane/limitplane/examples/service",
 		} {
 			args := []string{"build", "-o", out}
 			if os.Getenv("LP_E2E_RACE") == "1" {
