@@ -300,14 +300,18 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 
 	fmt.Fprintln(stdout, "building the control plane, the gateway and the service ...")
 	bins := map[string]string{}
-	for _, prog := range []string{"controlplane", "gateway", "service"} {
+	for prog, pkg := range map[string]string{
+		"controlplane": "cmd/limitplane-controlplane",
+		"gateway":      "cmd/limitplane-gateway",
+		"service":      "examples/service",
+	} {
 		bins[prog] = filepath.Join(dir, prog)
-		cmd := exec.CommandContext(ctx, goCmd, "build", "-o", bins[prog], "github.com/limitplane/limitplane/cmd/limitplane-"+prog)
+		cmd := exec.CommandContext(ctx, goCmd, "build", "-o", bins[prog], "github.com/limitplane/limitplane/"+pkg)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("go build ./cmd/limitplane-%s (run this from inside the limitplane repository): %v\n%s", prog, err, out)
+			return fmt.Errorf("go build ./%s (run this from inside the limitplane repository): %v\n%s", pkg, err, out)
 		}
 	}
 
