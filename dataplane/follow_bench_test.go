@@ -6,7 +6,7 @@ package dataplane_test
 // Fiber and gRPC"). Each adapter serves the same admitted request (API key
 // in X-API-Key / x-api-key, API "orders", one policy of 10^9 a second that
 // no benchmark can spend, the in-process store with the system clock, the
-// default renderer) under three setups:
+// default renderer) under four setups:
 //
 //	static    core.NewEngine on core/memory with the policy,
 //	          identity.NewKeys + identity.NewAPIKey: what a user writes
@@ -24,6 +24,9 @@ package dataplane_test
 //	          followed only in what Follow adds by default: every decision
 //	          is also counted in its Prometheus collector (metrics.Collector
 //	          as the engine's Observer, for MetricsHandler).
+//	static-metrics
+//	          static with that collector as its engine's Observer, to
+//	          tell the collector's cost from following's.
 //
 // The adapters are driven as in benchmarks/adapters: net/http and Gin
 // ServeHTTP into a new httptest.ResponseRecorder per request; Fiber
