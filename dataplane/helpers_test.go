@@ -283,7 +283,7 @@ type controlPlane struct {
 
 // newControlPlane starts a control plane whose state is snap (its
 // revision is the store's).
-func newControlPlane(t *testing.T, snap *spec.Snapshot) *controlPlane {
+func newControlPlane(t testing.TB, snap *spec.Snapshot) *controlPlane {
 	t.Helper()
 	store, err := controlplane.OpenBolt(filepath.Join(t.TempDir(), "cp.db"), controlplane.BoltOptions{})
 	if err != nil {
@@ -361,7 +361,7 @@ func (cp *controlPlane) Start(t *testing.T) {
 }
 
 // write runs fn in a write transaction and returns the new revision.
-func (cp *controlPlane) write(t *testing.T, fn func(tx controlplane.Tx) error) uint64 {
+func (cp *controlPlane) write(t testing.TB, fn func(tx controlplane.Tx) error) uint64 {
 	t.Helper()
 	rev, err := cp.store.Update(context.Background(), fn)
 	if err != nil {
