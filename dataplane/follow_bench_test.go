@@ -151,6 +151,7 @@ var setups = []setup{
 	{"static", staticSetup},
 	{"followed", followedSetup},
 	{"follow", followSetup},
+	{"follow-nometrics", followNoMetricsSetup},
 	{"static-metrics", staticMetricsSetup},
 }
 
@@ -202,11 +203,22 @@ func followedSetup(tb testing.TB) (core.Decider, identity.Authenticator) {
 // followSetup is a Follower of a control plane holding benchSnapshot,
 // once it runs the control plane's revision.
 func followSetup(tb testing.TB) (core.Decider, identity.Authenticator) {
+	return followWith(tb, false)
+}
+
+// followNoMetricsSetup is followSetup with
+// FollowOptions.DisableDecisionMetrics.
+func followNoMetricsSetup(tb testing.TB) (core.Decider, identity.Authenticator) {
+	return followWith(tb, true)
+}
+
+func followWith(tb testing.TB, noMetrics bool) (core.Decider, identity.Authenticator) {
 	tb.Helper()
 	cp := newControlPlane(tb, benchSnapshot())
 	f, err := dataplane.Follow(context.Background(), dataplane.FollowOptions{
 		Address: cp.addr, Group: testGroup, Token: testToken, ID: "bench",
-		Logger: slog.New(slog.DiscardHandler),
+		DisableDecisionMetrics: noMetrics,
+		Logger:                 slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		tb.Fatal(err)

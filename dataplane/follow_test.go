@@ -303,3 +303,29 @@ func TestFollowRefuses(t *testing.T) {
 		t.Fatalf("a second Close: %v", err)
 	}
 }
+
+// TestFollowDisableDecisionMetrics: with DisableDecisionMetrics,
+// MetricsHandler serves the configuration and sync metrics and no
+// decision metrics; without it, the decision collector's series are
+// there from the start.
+func TestFollowDisableDecisionMetrics(t *testing.T) {
+	for _, disable := range []bool{false, true} {
+		f, err := dataplane.Follow(context.Background(), dataplane.FollowOptions{
+			Address: "127.0.0.1:1", Group: "g", Token: "t", DisableDecisionMetrics: disable,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		f.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		f.Close()
+		body := rec.Body.String()
+		if rec.Code != http.StatusOK || !strings.Contains(body, "limitplane_sync_connected 0\n") || !strings.Contains(body, `limitplane_config_applies_total{result="ok"} 0`+"\n") {
+			t.Fatalf("disable=%v: %d\n%s", disable, rec.Code, body)
+		}
+		if got := strings.Contains(body, "limitplane_store_errors_total"); got == disable {
+			t.Fatalf("disable=%v: store_errors_total present %v\n%s", disable, got, body)
+		}
+	}
+}
