@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -93,6 +94,25 @@ func (g *Config) Limiter(api string) core.Decider { return liveLimiter{g: g} }
 type apiAuth struct {
 	g   *Config
 	api string
+	// last is the API's entry in the last state looked up (st.byID[api],
+	// nil when it has none), so each request after a swap costs a
+	// pointer compare, not a map lookup.
+	last atomic.Pointer[authCache]
+}
+
+type authCache struct {
+	st *State
+	e  *API
+}
+
+// entry returns st's entry for the API, nil when st has none.
+func (a *apiAuth) entry(st *State) *API {
+	if c := a.last.Load(); c != nil && c.st == st {
+		return c.e
+	}
+	e := st.byID[a.api]
+	a.last.Store(&authCache{st: st, e: e})
+	return e
 }
 
 // Authenticate implements identity.Authenticator.
@@ -104,7 +124,7 @@ func (a *apiAuth) Authenticate(ctx context.Context, r identity.Request) (*core.C
 	if reason := a.g.unavailable.Load(); reason != nil {
 		return nil, notReady(*reason)
 	}
-	e := st.byID[a.api]
+	e := a.entry(st)
 	if e == nil {
 		return nil, notReady(fmt.Sprintf("API %q is not in the running configuration", a.api))
 	}
