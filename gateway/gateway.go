@@ -51,88 +51,48 @@ var ErrStaleRevision = live.ErrStaleRevision
 var ErrNotApplied = live.ErrNotApplied
 
 // Options are a gateway's local settings: they are fixed for its lifetime
-// and never part of a snapshot.
+// and never part of a snapshot. Most are its live configuration's and
+// mean what live.Options says of the field of the same name; Response and
+// Transport are the gateway's own.
 type Options struct {
 	// Store holds the counters; required. The gateway does not close it
 	// (see OpenStore for one that the caller closes).
 	Store core.Store
-	// FailurePolicy is what the engine does when Store fails.
-	FailurePolicy core.FailurePolicy
-	// Fallback is the store used under core.FailFallback; nil means an
-	// in-process store that the gateway creates, which enforces window
-	// algorithms as GCRA with the same requests per period (see
-	// WindowsAsGCRA) and starts from empty counters. To have it carry on
-	// from the Redis store's counts (a quota spent before an outage stays
-	// spent), create it with NewFallback, set it here and give it to the
-	// Redis store as StoreOptions.Redis.Seed; the caller closes it, after
-	// the gateway.
-	Fallback core.Store
-	// FallbackMaxKeys caps the keys of the in-process fallback the
-	// gateway creates (memory.Options.MaxKeys); 0 means unbounded. Unused
-	// when Fallback is set.
+	// FailurePolicy, Fallback (nil: an in-process store the gateway
+	// creates, see NewFallback for one the Redis store seeds),
+	// FallbackMaxKeys, StoreTimeout, Shadow, Observer, OnStoreError,
+	// OnApply, ClientIP (also the proxies' trusted proxies) and Resolver:
+	// as live.Options.
+	FailurePolicy   core.FailurePolicy
+	Fallback        core.Store
 	FallbackMaxKeys int
-	// StoreTimeout bounds each store call; 0 means no bound.
-	StoreTimeout time.Duration
-	// Shadow makes every policy a shadow policy: limits are computed and
-	// reported, nothing is denied.
-	Shadow bool
-	// Observer, if set, is told about every decision (metrics.Collector).
-	Observer core.Observer
-	// OnStoreError, if set, is called with every store error (for
-	// metrics: metrics.Collector.ObserveStoreError); it must be safe for
-	// concurrent use and must not block. The gateway also logs store
-	// errors to Logger itself, without flooding it: the first of an
-	// outage at once, then one line per 5 s with the number since the
-	// last line (failures) and since start (total).
-	OnStoreError func(error)
-	// OnApply, if set, is told the outcome of every Apply and UpdateKeys
-	// call, after it has taken effect: the snapshot's revision (0 for a nil
-	// snapshot) or UpdateKeys's, and the error, nil when it now runs
-	// (metrics.Gateway.ObserveApply). It must be safe for concurrent use.
-	OnApply func(revision uint64, err error)
-	// ClientIP says how keyless APIs and failure limits find a client's
-	// address.
-	ClientIP identity.ClientIPOptions
+	StoreTimeout    time.Duration
+	Shadow          bool
+	Observer        core.Observer
+	OnStoreError    func(error)
+	OnApply         func(revision uint64, err error)
+	ClientIP        identity.ClientIPOptions
+	Resolver        spec.Resolver
 	// Response configures status codes and header fields. Now is filled
 	// from Options.Now when nil.
 	Response response.Options
-	// Resolver resolves the secret references of a snapshot's JWT keys
-	// (secret_env, secret_file, pem_file); nil means the process
-	// environment and files relative to the working directory.
-	Resolver spec.Resolver
 	// Transport carries requests to http(s) upstreams; nil means a clone
 	// of http.DefaultTransport keeping up to 256 idle connections per
 	// upstream, which Close releases.
 	Transport http.RoundTripper
 	// Logger receives the gateway's own log lines (upstream failures,
-	// JWKS refresh failures); nil means slog.Default().
+	// JWKS refresh failures, store failures); nil means slog.Default().
 	Logger *slog.Logger
-	// Clock is the in-process fallback store's clock; nil means the
-	// system clock. A test seam.
-	Clock core.Clock
-	// Now is the wall clock for key expiry, JWT validation and
-	// X-RateLimit-Reset; nil means time.Now. A test seam.
-	Now func() time.Time
-	// AfterFunc times the store-failure log's intervals; nil means
-	// time.AfterFunc. A test seam.
+	// Clock, Now and AfterFunc are test seams, as live.Options (Now is
+	// also the clock of X-RateLimit-Reset).
+	Clock     core.Clock
+	Now       func() time.Time
 	AfterFunc AfterFunc
-	// RebuildInitial and RebuildMax bound the retries of APIs that
-	// ApplyPartial could not build (see NotBuilt): the first retry comes after
-	// RebuildInitial, each next one after twice as long (with ±20%
-	// jitter), never more than RebuildMax apart. 0 means 250 ms and 30 s.
+	// RebuildInitial, RebuildMax, JWKSApplyTimeout and OnNotBuilt: as
+	// live.Options (the retries of APIs ApplyPartial could not build).
 	RebuildInitial, RebuildMax time.Duration
-	// JWKSApplyTimeout bounds the first fetch of a new JWKS within
-	// ApplyPartial; 0 means 1 s. A set not fetched by then leaves its API not built
-	// (retried in the background, each attempt bounded by 10 s), so a
-	// JWKS host that does not answer holds up no revision for longer. A
-	// JWKS that the running configuration could not fetch is not fetched
-	// within ApplyPartial at all.
-	JWKSApplyTimeout time.Duration
-	// OnNotBuilt, if set, is called with NotBuilt's list after every
-	// Apply and ApplyPartial (nil when every API is built) and whenever a
-	// retry changes it. It must be safe for
-	// concurrent use and must not block or call the gateway.
-	OnNotBuilt func([]NotBuilt)
+	JWKSApplyTimeout           time.Duration
+	OnNotBuilt                 func([]NotBuilt)
 }
 
 // NotBuilt is an API or a policy of the running configuration that the
