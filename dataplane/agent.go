@@ -575,7 +575,7 @@ func (a *Agent) connectLoop(ctx context.Context, connect func() (grpc.ClientConn
 		delay := bo.NextBackOff()
 		if msg, ok := refusal(err); ok {
 			if a.refuse(msg) {
-				a.log.Error("dataplane: the control plane refused this data plane's credentials; the gateway is not ready (a running configuration keeps serving); retrying with backoff",
+				a.log.Error("dataplane: the control plane refused this data plane's credentials; this data-plane member is not ready (a running configuration keeps serving); retrying with backoff",
 					"err", err, "in", delay)
 			}
 		} else {
@@ -786,7 +786,7 @@ func (a *Agent) startFallback(ctx context.Context) {
 		return
 	}
 	if snap == nil {
-		a.log.Warn("dataplane: the control plane did not answer in time and no configuration is persisted; the gateway answers 503 until it does", "start_timeout", a.o.StartTimeout)
+		a.log.Warn("dataplane: the control plane did not answer in time and no configuration is persisted; every request answers 503 until it does", "start_timeout", a.o.StartTimeout)
 		return
 	}
 	var contact time.Time

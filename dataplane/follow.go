@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,6 +100,10 @@ type FollowOptions struct {
 // Close stops it.
 type Follower struct {
 	*live.Config
+	// served are the APIs given to Authenticator: the service's own,
+	// which Readiness requires.
+	servedMu sync.Mutex
+	served   []string
 	agent    *Agent
 	store    core.Store
 	closers  []func() error
@@ -116,8 +121,18 @@ type Follower struct {
 // control plane, or the persisted one after StartTimeout) every request
 // through it answers 503. The agent runs until ctx is done or Close is
 // called. It fails when opts lack Address, Group or Token, or name an
-// invalid OnStale, MaxStale or ClientIP.
+// invalid OnStale, MaxStale or ClientIP, or an Address gRPC cannot dial
+// (a malformed target; an unreachable control plane is retried, never an
+// error).
 func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
+	switch {
+	case opts.Address == "":
+		return nil, errors.New("dataplane: FollowOptions.Address is empty")
+	case opts.Group == "":
+		return nil, errors.New("dataplane: FollowOptions.Group is empty")
+	case opts.Token == "":
+		return nil, errors.New("dataplane: FollowOptions.Token is empty")
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -185,9 +200,16 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 	})
 	if err != nil {
 		f.closeAll()
-		return nil, fmt.Errorf("dataplane: follow: %w", err)
+		return nil, err // New's errors name the option
 	}
 	f.agent = a
+	if cc, err := a.dial(); err != nil {
+		// A malformed target (Run would stop at once).
+		f.closeAll()
+		return nil, fmt.Errorf("dataplane: FollowOptions.Address %q: %w", opts.Address, err)
+	} else {
+		cc.Close()
+	}
 	if !opts.DisableDecisionMetrics {
 		f.registry.MustRegister(decisions)
 	}
@@ -236,6 +258,36 @@ func (t teeObserver) ObserveDecision(api string, d core.Decision, err error, too
 	t[1].ObserveDecision(api, d, err, took)
 }
 
+// Authenticator is live.Config.Authenticator, and it also makes api one
+// of the service's own APIs: Readiness is not ready while the running
+// configuration lacks it or has not built it (every request would answer
+// 503), where another API not built only makes it degraded.
+func (f *Follower) Authenticator(api string) identity.Authenticator {
+	f.servedMu.Lock()
+	if !slices.Contains(f.served, api) {
+		f.served = append(f.served, api)
+	}
+	f.servedMu.Unlock()
+	return f.Config.Authenticator(api)
+}
+
+// ownProblem returns why one of the service's own APIs cannot be served
+// under st, "" when all can.
+func (f *Follower) ownProblem(st *live.State) string {
+	f.servedMu.Lock()
+	defer f.servedMu.Unlock()
+	for _, api := range f.served {
+		e := st.API(api)
+		if e == nil {
+			return fmt.Sprintf("API %q is not in the running configuration (is it defined at the control plane, for this data plane's tags?)", api)
+		}
+		if _, ok := e.Built(); !ok {
+			return fmt.Sprintf("API %q is not built: %s", api, e.Problem())
+		}
+	}
+	return ""
+}
+
 // Agent returns the agent that keeps the configuration in step (for its
 // Status).
 func (f *Follower) Agent() *Agent { return f.agent }
@@ -260,7 +312,9 @@ type Readiness struct {
 // Readiness reports whether the member may take traffic: not before a
 // configuration is applied, not while SetUnavailable holds (on_stale:
 // fail_closed), not while the control plane refuses this data plane's
-// token (Status.NotReady).
+// token (Status.NotReady), and not while one of the service's own APIs
+// (those given to Authenticator) is missing from the running
+// configuration or not built.
 func (f *Follower) Readiness() Readiness {
 	s := f.agent.Status()
 	out := Readiness{ControlPlane: s}
@@ -277,6 +331,8 @@ func (f *Follower) Readiness() Readiness {
 		out.Error = s.NotReady()
 	case f.Unavailable() != "":
 		out.Error = f.Unavailable()
+	case f.ownProblem(st) != "":
+		out.Error = f.ownProblem(st)
 	default:
 		out.Ready = true
 	}

@@ -279,11 +279,12 @@ func TestFollowRefuses(t *testing.T) {
 		edit func(o *dataplane.FollowOptions)
 		want string
 	}{
-		{func(o *dataplane.FollowOptions) { o.Address = "" }, "dataplane: follow: dataplane: AgentOptions.Address is empty"},
-		{func(o *dataplane.FollowOptions) { o.Group = "" }, "dataplane: follow: dataplane: AgentOptions.Group is empty"},
-		{func(o *dataplane.FollowOptions) { o.Token = "" }, "dataplane: follow: dataplane: AgentOptions.Token is empty"},
-		{func(o *dataplane.FollowOptions) { o.OnStale = "panic" }, `dataplane: follow: dataplane: unknown OnStale "panic" (want keep or fail_closed)`},
-		{func(o *dataplane.FollowOptions) { o.MaxStale = -time.Second }, "dataplane: follow: dataplane: MaxStale -1s is negative"},
+		{func(o *dataplane.FollowOptions) { o.Address = "" }, "dataplane: FollowOptions.Address is empty"},
+		{func(o *dataplane.FollowOptions) { o.Address = "dns:///%%%" }, `dataplane: FollowOptions.Address "dns:///%%%": dataplane: dial dns:///%%%: parse "dns:///dns:///%%%": invalid URL escape "%%%"`},
+		{func(o *dataplane.FollowOptions) { o.Group = "" }, "dataplane: FollowOptions.Group is empty"},
+		{func(o *dataplane.FollowOptions) { o.Token = "" }, "dataplane: FollowOptions.Token is empty"},
+		{func(o *dataplane.FollowOptions) { o.OnStale = "panic" }, `dataplane: unknown OnStale "panic" (want keep or fail_closed)`},
+		{func(o *dataplane.FollowOptions) { o.MaxStale = -time.Second }, "dataplane: MaxStale -1s is negative"},
 	} {
 		o := good
 		c.edit(&o)
@@ -327,5 +328,25 @@ func TestFollowDisableDecisionMetrics(t *testing.T) {
 		if got := strings.Contains(body, "limitplane_store_errors_total"); got == disable {
 			t.Fatalf("disable=%v: store_errors_total present %v\n%s", disable, got, body)
 		}
+	}
+}
+
+// TestFollowReadinessNeedsOwnAPI: a service whose own API (the one given
+// to Authenticator) is not in the running configuration is not ready,
+// while the same configuration with it is.
+func TestFollowReadinessNeedsOwnAPI(t *testing.T) {
+	cp := newControlPlane(t, ordersSnapshot())
+	f := follow(t, cp, dataplane.FollowOptions{})
+	f.Authenticator("nosuch")
+	waitFor(t, "revision 1 applied", func() bool { return f.Revision() == 1 })
+	r := f.Readiness()
+	if want := `API "nosuch" is not in the running configuration (is it defined at the control plane, for this data plane's tags?)`; r.Ready || r.Error != want || r.Revision != 1 {
+		t.Fatalf("readiness with a missing own API: %+v, want not ready: %s", r, want)
+	}
+	g := follow(t, cp, dataplane.FollowOptions{ID: "svc-2"})
+	g.Authenticator("orders")
+	waitFor(t, "revision 1 applied", func() bool { return g.Revision() == 1 })
+	if r := g.Readiness(); !r.Ready || r.Error != "" {
+		t.Fatalf("readiness with its own API: %+v", r)
 	}
 }

@@ -212,7 +212,7 @@ func (s *session) answer(kind string, revision uint64, nonce string, err error) 
 	}
 	nb := a.g.NotBuilt()
 	if len(nb) > 0 {
-		a.log.Warn("dataplane: applied without APIs this gateway cannot build; they answer 503 and are retried", "kind", kind, "revision", revision, "not_built", len(nb))
+		a.log.Warn("dataplane: applied without APIs this host cannot build; they answer 503 and are retried", "kind", kind, "revision", revision, "not_built", len(nb))
 	} else {
 		a.log.Info("dataplane: applied", "kind", kind, "revision", revision)
 	}

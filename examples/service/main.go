@@ -109,7 +109,7 @@ func main() {
 	flag.StringVar(&fl.api, "api", "orders", "the API id this service is")
 	flag.StringVar(&fl.controlPlane, "control-plane", "", "the control plane's sync address, host:port (required)")
 	flag.StringVar(&fl.group, "group", "orders", "the data-plane group")
-	flag.StringVar(&fl.token, "token", os.Getenv("LIMITPLANE_TOKEN"), "the data plane's token (default $LIMITPLANE_TOKEN)")
+	flag.StringVar(&fl.token, "token", "", "the data plane's token (\"\" reads $LIMITPLANE_TOKEN)")
 	flag.StringVar(&fl.id, "id", "", `this member's id ("" means hostname-pid)`)
 	flag.StringVar(&fl.redis, "redis", "", `the group's Redis URL ("" counts in this process)`)
 	flag.StringVar(&fl.stateFile, "state-file", "", "without -redis: file keeping the last configuration")
@@ -117,7 +117,16 @@ func main() {
 	flag.StringVar(&fl.onStale, "on-stale", "keep", "keep or fail_closed")
 	flag.DurationVar(&fl.startTimeout, "start-timeout", 0, "wait this long for the control plane before enforcing the persisted configuration (0: the default)")
 	flag.Parse()
+	if fl.token == "" {
+		fl.token = os.Getenv("LIMITPLANE_TOKEN")
+	}
 	switch {
+	case flag.NArg() > 0:
+		fmt.Fprintf(os.Stderr, "unexpected argument %q\n", flag.Arg(0))
+		flag.Usage()
+		os.Exit(2)
+	case fl.token == "":
+		log.Fatal("no token: give -token or set $LIMITPLANE_TOKEN")
 	case fl.framework != "gin" && fl.framework != "fiber" && fl.framework != "nethttp" && fl.framework != "grpc":
 		log.Fatalf("-framework must be gin, fiber, nethttp or grpc, not %q", fl.framework)
 	case fl.controlPlane == "":
