@@ -45,7 +45,7 @@ func readyz(t *testing.T, g *testGateway, a *dataplane.Agent) func() (int, strin
 
 // refusedLogLine is the start of the line the agent logs when the control
 // plane refuses its credentials.
-const refusedLogLine = "the control plane refused this data plane's credentials; the gateway is not ready"
+const refusedLogLine = "the control plane refused this data plane's credentials; this data-plane member is not ready"
 
 // TestAgentRefusedAtStart: a control plane that refuses the token
 // (Unauthenticated) is an answer: after StartTimeout the persisted
