@@ -100,7 +100,10 @@ func Write(c *fiber.Ctx, res response.Result) bool {
 // key, say) without it changing under it.
 type Request struct{ C *fiber.Ctx }
 
-var _ identity.QueryValuer = Request{}
+var (
+	_ identity.QueryValuer = Request{}
+	_ identity.PeerAddrer  = Request{}
+)
 
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return strings.Clone(q.C.Get(name)) }
@@ -138,11 +141,29 @@ func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(n
 // instead of net.JoinHostPort's and net.IP.String's (up to three).
 func (q Request) RemoteAddr() string {
 	a := q.C.Context().RemoteAddr()
+	if ap, ok := tcpPeer(a); ok {
+		return ap.String()
+	}
+	return a.String()
+}
+
+// PeerAddr implements identity.PeerAddrer: the address of a TCP peer that
+// RemoteAddr writes through netip.AddrPort, with no text in between; false
+// for any other peer (a zoned or out-of-range TCP address, a Unix socket),
+// whose RemoteAddr identity parses as before.
+func (q Request) PeerAddr() (netip.Addr, bool) {
+	ap, ok := tcpPeer(q.C.Context().RemoteAddr())
+	return ap.Addr(), ok
+}
+
+// tcpPeer returns a as a netip.AddrPort, IPv4 unmapped, when a is a
+// *net.TCPAddr with an IP, no zone and a port in 0..65535.
+func tcpPeer(a net.Addr) (netip.AddrPort, bool) {
 	if t, ok := a.(*net.TCPAddr); ok && t.Zone == "" {
 		if ip, ok := netip.AddrFromSlice(t.IP); ok && t.Port >= 0 && t.Port <= 0xffff {
 			// net.IP holds IPv4 in 16 bytes too; TCPAddr.String writes it as IPv4.
-			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)).String()
+			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)), true
 		}
 	}
-	return a.String()
+	return netip.AddrPort{}, false
 }

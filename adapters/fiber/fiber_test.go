@@ -125,4 +125,51 @@ func TestRemoteAddr(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { q.RemoteAddr() }); n != 1 {
 		t.Errorf("RemoteAddr of a TCP peer: %v allocations, want 1", n)
 	}
+	if n := testing.AllocsPerRun(100, func() { identity.PeerAddr(q) }); n != 0 {
+		t.Errorf("identity.PeerAddr of a TCP peer: %v allocations, want 0", n)
+	}
+}
+
+// remoteAddrOnly hides every method of a Request but identity.Request's,
+// so identity.PeerAddr parses its RemoteAddr.
+type remoteAddrOnly struct{ identity.Request }
+
+// TestPeerAddr checks that Request.PeerAddr gives identity.PeerAddr the
+// address, or the error, it parses from RemoteAddr, for every kind of peer.
+func TestPeerAddr(t *testing.T) {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	cases := []struct {
+		addr   net.Addr
+		want   string // identity.PeerAddr's address, "" for an error
+		direct bool   // PeerAddr answers without RemoteAddr
+	}{
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 40000}, "192.0.2.1", true},
+		{&net.TCPAddr{IP: net.IP{192, 0, 2, 1}, Port: 80}, "192.0.2.1", true},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.1"), Port: 1}, "192.0.2.1", true},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 443}, "2001:db8::1", true},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::1", false},
+		{&net.TCPAddr{Port: 8080}, "", false},
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 70000}, "", false},
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: -1}, "", false},
+		{&net.UnixAddr{Name: "/tmp/s", Net: "unix"}, "", false},
+	}
+	for _, c := range cases {
+		fctx := new(fasthttp.RequestCtx)
+		fctx.Init(new(fasthttp.Request), c.addr, nil)
+		ctx := app.AcquireCtx(fctx)
+		q := lpfiber.Request{C: ctx}
+		a, err := identity.PeerAddr(q)
+		pa, perr := identity.PeerAddr(remoteAddrOnly{q})
+		got := ""
+		if err == nil {
+			got = a.String()
+		}
+		if got != c.want || a != pa || (err == nil) != (perr == nil) {
+			t.Errorf("PeerAddr of %#v: %v, %v; parsed from RemoteAddr %v, %v; want %q", c.addr, a, err, pa, perr, c.want)
+		}
+		if _, ok := q.PeerAddr(); ok != c.direct {
+			t.Errorf("Request.PeerAddr of %#v: ok %v, want %v", c.addr, ok, c.direct)
+		}
+		app.ReleaseCtx(ctx)
+	}
 }
