@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"unsafe"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -78,19 +79,41 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) fiber.Hand
 // on to the next handler.
 func Write(c *fiber.Ctx, res response.Result) bool {
 	for _, f := range res.Headers {
-		c.Set(f.Name, f.Value)
+		set(c, f.Name, f.Value)
 	}
 	if res.Pass {
 		return true
 	}
 	for _, f := range response.BodyHeaders() {
-		c.Set(f.Name, f.Value)
+		set(c, f.Name, f.Value)
 	}
 	c.Status(res.Status)
 	// fasthttp copies the body into its own buffer.
 	c.Response().SetBody(res.Body)
 	return false
 }
+
+// set is c.Set(name, value). For the fields adapters/response renders,
+// already in the form fasthttp normalizes names to and none of them one
+// fasthttp treats specially, and for a value without CR or LF (which
+// c.Set would turn into spaces), it hands both to SetCanonical as they
+// are: fasthttp copies them, and skips the copy and normalization c.Set
+// makes first.
+func set(c *fiber.Ctx, name, value string) {
+	switch name {
+	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options":
+		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
+			c.Response().Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
+			return
+		}
+	}
+	c.Set(name, value)
+}
+
+// readOnlyBytes returns s's bytes without a copy; they must not be
+// written.
+func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // Request adapts *fiber.Ctx to identity.Request.
 //

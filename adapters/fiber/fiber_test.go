@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
@@ -171,5 +172,48 @@ func TestPeerAddr(t *testing.T) {
 			t.Errorf("Request.PeerAddr of %#v: ok %v, want %v", c.addr, ok, c.direct)
 		}
 		app.ReleaseCtx(ctx)
+	}
+}
+
+// TestWriteSetsAsCtxSet checks that Write leaves the response header as
+// c.Set would for every field, those it hands to fasthttp as they are and
+// those it does not (a name fasthttp normalizes, a value with CR or LF, a
+// field fasthttp treats specially), under both of Fiber's name settings.
+func TestWriteSetsAsCtxSet(t *testing.T) {
+	res := response.Result{Status: 429, Body: []byte("{}\n"), Headers: []response.Header{
+		{response.HeaderPolicy, `"basic";q=5;w=60`},
+		{response.HeaderRateLimit, `"basic";r=0;t=12`},
+		{response.HeaderRetryAfter, "12"},
+		{response.HeaderXLimit, "5"}, {response.HeaderXRemaining, "a\r\nb\nc\rd"}, {response.HeaderXReset, ""},
+		{"x-custom-field", "v"}, {"Content-Type", "text/plain"}, {"Server", "s"},
+	}}
+	for _, disable := range []bool{false, true} {
+		app := fiber.New(fiber.Config{DisableStartupMessage: true, DisableHeaderNormalizing: disable})
+		render := func(write func(*fiber.Ctx)) string {
+			fctx := new(fasthttp.RequestCtx)
+			fctx.Init(new(fasthttp.Request), &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1}, nil)
+			ctx := app.AcquireCtx(fctx)
+			defer app.ReleaseCtx(ctx)
+			write(ctx)
+			return ctx.Response().String()
+		}
+		got := render(func(c *fiber.Ctx) {
+			if lpfiber.Write(c, res) {
+				t.Fatal("Write passed a 429")
+			}
+		})
+		want := render(func(c *fiber.Ctx) {
+			for _, f := range res.Headers {
+				c.Set(f.Name, f.Value)
+			}
+			for _, f := range response.BodyHeaders() {
+				c.Set(f.Name, f.Value)
+			}
+			c.Status(res.Status)
+			c.Response().SetBody(res.Body)
+		})
+		if got != want {
+			t.Errorf("DisableHeaderNormalizing %v: Write wrote\n%s\nc.Set writes\n%s", disable, got, want)
+		}
 	}
 }
