@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -181,11 +182,11 @@ func TestPeerAddr(t *testing.T) {
 // field fasthttp treats specially), under both of Fiber's name settings.
 func TestWriteSetsAsCtxSet(t *testing.T) {
 	res := response.Result{Status: 429, Body: []byte("{}\n"), Headers: []response.Header{
-		{response.HeaderPolicy, `"basic";q=5;w=60`},
-		{response.HeaderRateLimit, `"basic";r=0;t=12`},
-		{response.HeaderRetryAfter, "12"},
-		{response.HeaderXLimit, "5"}, {response.HeaderXRemaining, "a\r\nb\nc\rd"}, {response.HeaderXReset, ""},
-		{"x-custom-field", "v"}, {"Content-Type", "text/plain"}, {"Server", "s"},
+		{Name: response.HeaderPolicy, Value: `"basic";q=5;w=60`},
+		{Name: response.HeaderRateLimit, Value: `"basic";r=0;t=12`},
+		{Name: response.HeaderRetryAfter, Value: "12"},
+		{Name: response.HeaderXLimit, Value: "5"}, {Name: response.HeaderXRemaining, Value: "a\r\nb\nc\rd"}, {Name: response.HeaderXReset, Value: ""},
+		{Name: "x-custom-field", Value: "v"}, {Name: "Content-Type", Value: "text/plain"}, {Name: "Server", Value: "s"},
 	}}
 	for _, disable := range []bool{false, true} {
 		app := fiber.New(fiber.Config{DisableStartupMessage: true, DisableHeaderNormalizing: disable})
@@ -214,6 +215,11 @@ func TestWriteSetsAsCtxSet(t *testing.T) {
 		})
 		if got != want {
 			t.Errorf("DisableHeaderNormalizing %v: Write wrote\n%s\nc.Set writes\n%s", disable, got, want)
+		}
+		for _, line := range []string{"Ratelimit: \"basic\";r=0;t=12\r\n", "X-Ratelimit-Remaining: a  b c d\r\n", "Retry-After: 12\r\n", "X-Content-Type-Options: nosniff\r\n"} {
+			if !strings.Contains(got, line) {
+				t.Errorf("DisableHeaderNormalizing %v: no %q in\n%s", disable, line, got)
+			}
 		}
 	}
 }
