@@ -215,10 +215,14 @@ type plan struct {
 
 func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 	pl := plan{req: Request{Consumer: c.ID, Cost: cost, QuotaEpoch: c.QuotaEpoch}}
-	if l, ok := c.APILimits[api]; ok {
-		pl.req.Scope = api
-		pl.req.Rate, pl.req.Quota, pl.req.QuotaEpoch = l.Rate, l.Quota, l.QuotaEpoch
-		return pl, nil
+	// The length check skips the map call for the common consumer
+	// without per-API limits.
+	if len(c.APILimits) > 0 {
+		if l, ok := c.APILimits[api]; ok {
+			pl.req.Scope = api
+			pl.req.Rate, pl.req.Quota, pl.req.QuotaEpoch = l.Rate, l.Quota, l.QuotaEpoch
+			return pl, nil
+		}
 	}
 	snap := e.snap.Load()
 	found := false

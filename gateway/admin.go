@@ -477,7 +477,8 @@ func (a *admin) resolve(st *live.State, id, api string) (*core.Consumer, consume
 		if err != nil {
 			return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: %v", id, err)
 		}
-		// As keylessAPI names it: each keyless API counts apart.
+		// As live names it (identity.Keyless with IDSuffix "@" and the API):
+		// each keyless API counts apart.
 		c := &core.Consumer{ID: "ip:" + group + "@" + api, Policies: spa.Policies}
 		out.Consumer, out.Policies = c.ID, c.Policies
 		return c, out, 0, ""

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
@@ -102,13 +103,28 @@ func invalid(status int, reason string) *Error {
 	return &Error{Status: status, Kind: ErrInvalidCredentials, Reason: reason}
 }
 
+// PeerAddrer is implemented by Requests that hold their transport peer as
+// an address rather than text (Fiber's TCP peer), so that PeerAddr reads it
+// without RemoteAddr formatting it and PeerAddr parsing it back.
+type PeerAddrer interface {
+	// PeerAddr returns the transport peer's address, unmapped and
+	// unzoned, exactly what PeerAddr would parse from RemoteAddr(). ok
+	// false means RemoteAddr() is to be parsed instead.
+	PeerAddr() (a netip.Addr, ok bool)
+}
+
 // PeerAddr parses r.RemoteAddr() ("host:port", "[v6]:port" or a bare
 // address) into an address, unmapping IPv4-mapped IPv6 and dropping any
-// zone.
+// zone. A Request that implements PeerAddrer is asked first.
 func PeerAddr(r Request) (netip.Addr, error) {
+	if pa, ok := r.(PeerAddrer); ok {
+		if a, ok := pa.PeerAddr(); ok {
+			return a, nil
+		}
+	}
 	s := r.RemoteAddr()
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap().WithZone(""), nil
+	if a, ok := parseAddrPort(s); ok {
+		return a.Unmap().WithZone(""), nil
 	}
 	a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
 	if err != nil {
@@ -117,23 +133,103 @@ func PeerAddr(r Request) (netip.Addr, error) {
 	return a.Unmap().WithZone(""), nil
 }
 
+// parseAddrPort returns the address of s when netip.ParseAddrPort(s) would
+// succeed, and false exactly when it would fail: "ip:port" or
+// "[ipv6]:port", the port decimal digits worth at most 65535 (leading
+// zeros allowed, as strconv.ParseUint takes them). It is ParseAddrPort
+// without its error values and its strconv call, which the per-request
+// path of every keyless API pays for.
+func parseAddrPort(s string) (netip.Addr, bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 1 || i == len(s)-1 {
+		return netip.Addr{}, false
+	}
+	host, port := s[:i], s[i+1:]
+	v6 := host[0] == '['
+	if v6 {
+		if len(host) < 2 || host[len(host)-1] != ']' {
+			return netip.Addr{}, false
+		}
+		host = host[1 : len(host)-1]
+	}
+	n := 0
+	for j := 0; j < len(port); j++ {
+		c := port[j]
+		if c < '0' || c > '9' {
+			return netip.Addr{}, false
+		}
+		if n = n*10 + int(c-'0'); n > 0xffff {
+			return netip.Addr{}, false
+		}
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || v6 != a.Is6() {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
 // Keyless identifies the consumer of a keyless API by client IP: each
 // address (or address group, see ClientIPOptions) gets its own counters
-// under the given policies. Its consumer IDs are "ip:" and ClientIP.Key.
+// under the given policies. Its consumer IDs are "ip:", ClientIP.Key and
+// IDSuffix ("ip:192.0.2.1", "ip:2001:db8:1:2::/64@orders").
 type Keyless struct {
 	// Policies apply to every client.
 	Policies []string
 	// ClientIP picks the address; nil means the peer address with the
 	// ClientIPOptions defaults (no trusted proxies, IPv6 grouped by /64).
 	ClientIP *ClientIP
+	// IDSuffix is appended to every consumer ID; "" appends nothing. Two
+	// keyless APIs with the same policies count a client apart when their
+	// suffixes differ (the gateway uses "@" and the API's ID).
+	IDSuffix string
 }
 
 // Authenticate implements Authenticator. It fails only when no address can
-// be parsed (401 ErrMissingCredentials).
+// be parsed (401 ErrMissingCredentials). The consumer and its ID are made
+// in one allocation; the ID's bytes are never written again.
 func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
-	key, err := k.ClientIP.Key(r)
+	p, err := k.ClientIP.Prefix(r)
 	if err != nil {
 		return nil, missing("no client address")
 	}
-	return &core.Consumer{ID: "ip:" + key, Policies: k.Policies}, nil
+	return ipConsumer("ip:", p, k.IDSuffix, k.Policies), nil
+}
+
+// appendKey appends ClientIP.Key's text for the address group p (valid and
+// unzoned): the address when p is a single address, else the prefix.
+func appendKey(b []byte, p netip.Prefix) []byte {
+	if p.IsSingleIP() {
+		return p.Addr().AppendTo(b)
+	}
+	return p.AppendTo(b)
+}
+
+// ipConsumerBlock is a consumer and the bytes of its ID in one
+// allocation. idBytes holds "ip:" with any IPv6 prefix
+// ("ip:ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128", 46 bytes) and a short
+// suffix; with core.Consumer's 56 bytes the block fills the 112-byte size
+// class.
+type ipConsumerBlock struct {
+	c       core.Consumer
+	idBytes [56]byte
+}
+
+// ipConsumer returns a fresh consumer with the ID prefix+Key(p)+suffix and
+// the given policies: one allocation when the ID fits ipConsumerBlock,
+// else two.
+func ipConsumer(prefix string, p netip.Prefix, suffix string, policies []string) *core.Consumer {
+	var sb [64]byte
+	id := appendKey(append(sb[:0], prefix...), p)
+	n := len(id) + len(suffix)
+	if n <= len(ipConsumerBlock{}.idBytes) {
+		blk := new(ipConsumerBlock)
+		copy(blk.idBytes[copy(blk.idBytes[:], id):], suffix)
+		// The string shares blk's memory, which nothing writes after this.
+		blk.c = core.Consumer{ID: unsafe.String(&blk.idBytes[0], n), Policies: policies}
+		return &blk.c
+	}
+	b := make([]byte, 0, n)
+	b = append(append(b, id...), suffix...)
+	return &core.Consumer{ID: unsafe.String(unsafe.SliceData(b), n), Policies: policies}
 }

@@ -784,7 +784,9 @@ func (g *Config) buildAPI(ctx context.Context, st *State, a *spec.API, jwks, run
 	sources := st.apiKey.Sources()
 	switch a.AuthOrDefault() {
 	case spec.AuthKeyless:
-		auth, sources = &keylessAPI{api: a.ID, k: identity.Keyless{Policies: a.Policies, ClientIP: g.clientIP}}, nil
+		// Each client address counts apart on each keyless API: two
+		// keyless APIs with the same policy limit a client separately.
+		auth, sources = &identity.Keyless{Policies: a.Policies, ClientIP: g.clientIP, IDSuffix: "@" + a.ID}, nil
 	case spec.AuthJWT:
 		j, err := g.newJWT(ctx, a, jwks, running)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"unsafe"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -78,19 +79,41 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) fiber.Hand
 // on to the next handler.
 func Write(c *fiber.Ctx, res response.Result) bool {
 	for _, f := range res.Headers {
-		c.Set(f.Name, f.Value)
+		set(c, f.Name, f.Value)
 	}
 	if res.Pass {
 		return true
 	}
 	for _, f := range response.BodyHeaders() {
-		c.Set(f.Name, f.Value)
+		set(c, f.Name, f.Value)
 	}
 	c.Status(res.Status)
 	// fasthttp copies the body into its own buffer.
 	c.Response().SetBody(res.Body)
 	return false
 }
+
+// set is c.Set(name, value). For the fields adapters/response renders,
+// already in the form fasthttp normalizes names to and none of them one
+// fasthttp treats specially, and for a value without CR or LF (which
+// c.Set would turn into spaces), it hands both to SetCanonical as they
+// are: fasthttp copies them, and skips the copy and normalization c.Set
+// makes first.
+func set(c *fiber.Ctx, name, value string) {
+	switch name {
+	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options":
+		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
+			c.Response().Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
+			return
+		}
+	}
+	c.Set(name, value)
+}
+
+// readOnlyBytes returns s's bytes without a copy; they must not be
+// written.
+func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // Request adapts *fiber.Ctx to identity.Request.
 //
@@ -100,7 +123,10 @@ func Write(c *fiber.Ctx, res response.Result) bool {
 // key, say) without it changing under it.
 type Request struct{ C *fiber.Ctx }
 
-var _ identity.QueryValuer = Request{}
+var (
+	_ identity.QueryValuer = Request{}
+	_ identity.PeerAddrer  = Request{}
+)
 
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return strings.Clone(q.C.Get(name)) }
@@ -138,11 +164,29 @@ func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(n
 // instead of net.JoinHostPort's and net.IP.String's (up to three).
 func (q Request) RemoteAddr() string {
 	a := q.C.Context().RemoteAddr()
+	if ap, ok := tcpPeer(a); ok {
+		return ap.String()
+	}
+	return a.String()
+}
+
+// PeerAddr implements identity.PeerAddrer: the address of a TCP peer that
+// RemoteAddr writes through netip.AddrPort, with no text in between; false
+// for any other peer (a zoned or out-of-range TCP address, a Unix socket),
+// whose RemoteAddr identity parses as before.
+func (q Request) PeerAddr() (netip.Addr, bool) {
+	ap, ok := tcpPeer(q.C.Context().RemoteAddr())
+	return ap.Addr(), ok
+}
+
+// tcpPeer returns a as a netip.AddrPort, IPv4 unmapped, when a is a
+// *net.TCPAddr with an IP, no zone and a port in 0..65535.
+func tcpPeer(a net.Addr) (netip.AddrPort, bool) {
 	if t, ok := a.(*net.TCPAddr); ok && t.Zone == "" {
 		if ip, ok := netip.AddrFromSlice(t.IP); ok && t.Port >= 0 && t.Port <= 0xffff {
 			// net.IP holds IPv4 in 16 bytes too; TCPAddr.String writes it as IPv4.
-			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)).String()
+			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)), true
 		}
 	}
-	return a.String()
+	return netip.AddrPort{}, false
 }

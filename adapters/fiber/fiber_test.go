@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
@@ -124,5 +126,100 @@ func TestRemoteAddr(t *testing.T) {
 	q := lpfiber.Request{C: ctx}
 	if n := testing.AllocsPerRun(100, func() { q.RemoteAddr() }); n != 1 {
 		t.Errorf("RemoteAddr of a TCP peer: %v allocations, want 1", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { identity.PeerAddr(q) }); n != 0 {
+		t.Errorf("identity.PeerAddr of a TCP peer: %v allocations, want 0", n)
+	}
+}
+
+// remoteAddrOnly hides every method of a Request but identity.Request's,
+// so identity.PeerAddr parses its RemoteAddr.
+type remoteAddrOnly struct{ identity.Request }
+
+// TestPeerAddr checks that Request.PeerAddr gives identity.PeerAddr the
+// address, or the error, it parses from RemoteAddr, for every kind of peer.
+func TestPeerAddr(t *testing.T) {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	cases := []struct {
+		addr   net.Addr
+		want   string // identity.PeerAddr's address, "" for an error
+		direct bool   // PeerAddr answers without RemoteAddr
+	}{
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 40000}, "192.0.2.1", true},
+		{&net.TCPAddr{IP: net.IP{192, 0, 2, 1}, Port: 80}, "192.0.2.1", true},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:192.0.2.1"), Port: 1}, "192.0.2.1", true},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 443}, "2001:db8::1", true},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::1", false},
+		{&net.TCPAddr{Port: 8080}, "", false},
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 70000}, "", false},
+		{&net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: -1}, "", false},
+		{&net.UnixAddr{Name: "/tmp/s", Net: "unix"}, "", false},
+	}
+	for _, c := range cases {
+		fctx := new(fasthttp.RequestCtx)
+		fctx.Init(new(fasthttp.Request), c.addr, nil)
+		ctx := app.AcquireCtx(fctx)
+		q := lpfiber.Request{C: ctx}
+		a, err := identity.PeerAddr(q)
+		pa, perr := identity.PeerAddr(remoteAddrOnly{q})
+		got := ""
+		if err == nil {
+			got = a.String()
+		}
+		if got != c.want || a != pa || (err == nil) != (perr == nil) {
+			t.Errorf("PeerAddr of %#v: %v, %v; parsed from RemoteAddr %v, %v; want %q", c.addr, a, err, pa, perr, c.want)
+		}
+		if _, ok := q.PeerAddr(); ok != c.direct {
+			t.Errorf("Request.PeerAddr of %#v: ok %v, want %v", c.addr, ok, c.direct)
+		}
+		app.ReleaseCtx(ctx)
+	}
+}
+
+// TestWriteSetsAsCtxSet checks that Write leaves the response header as
+// c.Set would for every field, those it hands to fasthttp as they are and
+// those it does not (a name fasthttp normalizes, a value with CR or LF, a
+// field fasthttp treats specially), under both of Fiber's name settings.
+func TestWriteSetsAsCtxSet(t *testing.T) {
+	res := response.Result{Status: 429, Body: []byte("{}\n"), Headers: []response.Header{
+		{Name: response.HeaderPolicy, Value: `"basic";q=5;w=60`},
+		{Name: response.HeaderRateLimit, Value: `"basic";r=0;t=12`},
+		{Name: response.HeaderRetryAfter, Value: "12"},
+		{Name: response.HeaderXLimit, Value: "5"}, {Name: response.HeaderXRemaining, Value: "a\r\nb\nc\rd"}, {Name: response.HeaderXReset, Value: ""},
+		{Name: "x-custom-field", Value: "v"}, {Name: "Content-Type", Value: "text/plain"}, {Name: "Server", Value: "s"},
+	}}
+	for _, disable := range []bool{false, true} {
+		app := fiber.New(fiber.Config{DisableStartupMessage: true, DisableHeaderNormalizing: disable})
+		render := func(write func(*fiber.Ctx)) string {
+			fctx := new(fasthttp.RequestCtx)
+			fctx.Init(new(fasthttp.Request), &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 1}, nil)
+			ctx := app.AcquireCtx(fctx)
+			defer app.ReleaseCtx(ctx)
+			write(ctx)
+			return ctx.Response().String()
+		}
+		got := render(func(c *fiber.Ctx) {
+			if lpfiber.Write(c, res) {
+				t.Fatal("Write passed a 429")
+			}
+		})
+		want := render(func(c *fiber.Ctx) {
+			for _, f := range res.Headers {
+				c.Set(f.Name, f.Value)
+			}
+			for _, f := range response.BodyHeaders() {
+				c.Set(f.Name, f.Value)
+			}
+			c.Status(res.Status)
+			c.Response().SetBody(res.Body)
+		})
+		if got != want {
+			t.Errorf("DisableHeaderNormalizing %v: Write wrote\n%s\nc.Set writes\n%s", disable, got, want)
+		}
+		for _, line := range []string{"Ratelimit: \"basic\";r=0;t=12\r\n", "X-Ratelimit-Remaining: a  b c d\r\n", "Retry-After: 12\r\n", "X-Content-Type-Options: nosniff\r\n"} {
+			if !strings.Contains(got, line) {
+				t.Errorf("DisableHeaderNormalizing %v: no %q in\n%s", disable, line, got)
+			}
+		}
 	}
 }

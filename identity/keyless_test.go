@@ -1,0 +1,101 @@
+package identity
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// parseAddrPortCases are peer addresses netip.ParseAddrPort accepts and
+// refuses; parseAddrPort must agree on every one.
+var parseAddrPortCases = []string{
+	"192.0.2.1:80", "192.0.2.1:0", "192.0.2.1:65535", "192.0.2.1:65536",
+	"192.0.2.1:00080", "192.0.2.1:0000000000065535", "192.0.2.1:99999999999999999999",
+	"192.0.2.1:", ":80", ":", "", "192.0.2.1", "192.0.2.1:+80", "192.0.2.1:-1",
+	"192.0.2.1:8_0", "192.0.2.1:0x50", "192.0.2.1: 80", "192.0.2.1:80 ",
+	"[2001:db8::1]:443", "[2001:db8::1]:", "[2001:db8::1]", "2001:db8::1",
+	"2001:db8::1:443", "[192.0.2.1]:80", "[::ffff:192.0.2.1]:80", "::ffff:192.0.2.1:80",
+	"[fe80::1%eth0]:80", "[fe80::1%eth0]", "192.0.2.1%eth0:80", "[]:80", "[:80",
+	"[2001:db8::1:80", "2001:db8::1]:80", "[[2001:db8::1]]:80", "@", "a.b.c.d:80",
+	"256.0.0.1:80", "1.2.3:80", "[::]:1", "0.0.0.0:1",
+}
+
+func checkParseAddrPort(t *testing.T, s string) {
+	t.Helper()
+	want, werr := netip.ParseAddrPort(s)
+	got, ok := parseAddrPort(s)
+	if ok != (werr == nil) || (ok && got != want.Addr()) {
+		t.Fatalf("parseAddrPort(%q) = %v, %v; netip.ParseAddrPort: %v, %v", s, got, ok, want, werr)
+	}
+}
+
+func TestParseAddrPortAgreesWithNetip(t *testing.T) {
+	for _, s := range parseAddrPortCases {
+		checkParseAddrPort(t, s)
+	}
+}
+
+func FuzzParseAddrPort(f *testing.F) {
+	for _, s := range parseAddrPortCases {
+		f.Add(s)
+	}
+	f.Fuzz(checkParseAddrPort)
+}
+
+func TestKeylessConsumerIDs(t *testing.T) {
+	grouped := mustClientIP(t, ClientIPOptions{IPv4PrefixLen: 24, IPv6PrefixLen: 128})
+	long := strings.Repeat("x", 60)
+	for _, tc := range []struct {
+		peer, suffix string
+		ip           *ClientIP
+		want         string
+	}{
+		{"192.0.2.1:80", "", nil, "ip:192.0.2.1"},
+		{"192.0.2.1:80", "@orders", nil, "ip:192.0.2.1@orders"},
+		{"[::ffff:192.0.2.1]:80", "", nil, "ip:192.0.2.1"},
+		{"192.0.2.1", "@a", nil, "ip:192.0.2.1@a"},
+		{"[2001:db8:1:2:3:4:5:6]:443", "", nil, "ip:2001:db8:1:2::/64"},
+		{"[2001:db8:1:2:3:4:5:6]:443", "@api", nil, "ip:2001:db8:1:2::/64@api"},
+		{"[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1", "@0123456789", grouped, "ip:ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff@0123456789"},
+		{"192.0.2.200:1", "@b", grouped, "ip:192.0.2.0/24@b"},
+		{"192.0.2.1:80", long, nil, "ip:192.0.2.1" + long},                                                                                 // longer than the one-allocation block
+		{"[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1", "@0123456789a", grouped, "ip:ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff@0123456789a"}, // 57 bytes
+	} {
+		k := &Keyless{Policies: []string{"basic"}, ClientIP: tc.ip, IDSuffix: tc.suffix}
+		c, err := k.Authenticate(context.Background(), newReq(tc.peer))
+		if err != nil {
+			t.Fatalf("%s %q: %v", tc.peer, tc.suffix, err)
+		}
+		if c.ID != tc.want || len(c.Policies) != 1 || c.Policies[0] != "basic" || c.APILimits != nil || c.QuotaEpoch != 0 {
+			t.Fatalf("%s %q: consumer %+v, want ID %q", tc.peer, tc.suffix, *c, tc.want)
+		}
+		// The ID is what "ip:" + ClientIP.Key + the suffix was before.
+		key, _ := tc.ip.Key(newReq(tc.peer))
+		if c.ID != "ip:"+key+tc.suffix {
+			t.Fatalf("%s: ID %q, Key %q", tc.peer, c.ID, key)
+		}
+	}
+	// Each request gets a consumer of its own.
+	k := &Keyless{}
+	a, _ := k.Authenticate(context.Background(), newReq("192.0.2.1:1"))
+	b, _ := k.Authenticate(context.Background(), newReq("192.0.2.1:1"))
+	if a == b || a.ID != b.ID {
+		t.Fatalf("consumers %p %q, %p %q", a, a.ID, b, b.ID)
+	}
+}
+
+func TestKeylessAllocations(t *testing.T) {
+	k := &Keyless{Policies: []string{"basic"}, IDSuffix: "@orders"}
+	for _, peer := range []string{"192.0.2.1:40000", "[2001:db8::1]:443"} {
+		r := newReq(peer)
+		n := testing.AllocsPerRun(100, func() {
+			if _, err := k.Authenticate(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if n != 1 {
+			t.Fatalf("%s: %v allocations per Authenticate, want 1 (the consumer and its ID together)", peer, n)
+		}
+	}
+}
