@@ -87,15 +87,8 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 	if name == "" {
 		name = hideIn(o.URL, o.Password)
 	}
-	// go-redis logs pool trouble (a failed dial each time it dials while
-	// Redis is down) with its own global logger; send it to the gateway's
-	// log, at most a line per interval as for store failures. The logger
-	// is process-wide: the last store opened in a process gets it.
-	rl := failurelog.New(log, failurelog.Options{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: o.AfterFunc})
-	redis.SetLogger(redisLog{rl})
 	client, err := redisstore.NewClientFromURL(o.URL)
 	if err != nil {
-		rl.Close()
 		return nil, nil, fmt.Errorf("gateway: store %s: %s", name, hide(err, o.Password))
 	}
 	ro := o.Redis
@@ -117,10 +110,9 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 	s, err := redisstore.New(client, ro)
 	if err != nil {
 		client.Close()
-		rl.Close()
 		return nil, nil, fmt.Errorf("gateway: store %s: %w", name, err)
 	}
-	closeAll := func() error { return errors.Join(s.Close(), client.Close(), rl.Close()) }
+	closeAll := func() error { return errors.Join(s.Close(), client.Close()) }
 
 	pctx, cancel := context.WithTimeout(ctx, startupPingTimeout)
 	defer cancel()
@@ -202,14 +194,28 @@ func hideIn(msg, password string) string {
 	return msg
 }
 
-// redisLog adapts the gateway's logger to go-redis's: each message is a
-// failure for a failurelog.Log.
-type redisLog struct{ f *failurelog.Log }
+// RedisLogger sends go-redis's own log lines (pool trouble: a failed dial
+// each time it dials while Redis is down) to a slog.Logger as failures,
+// "redis client failed" with component=go-redis, at most one line per
+// StoreFailureLogInterval as for store failures. go-redis's logger is
+// process-wide, so no library call installs it: a program does, once,
+// by giving NewRedisLogger(log, nil) to go-redis's SetLogger, and closes it
+// at exit (cmd/limitplane-gateway does).
+type RedisLogger struct{ f *failurelog.Log }
+
+// NewRedisLogger returns a RedisLogger writing to log; afterFunc times
+// its intervals (nil: time.AfterFunc).
+func NewRedisLogger(log *slog.Logger, afterFunc AfterFunc) *RedisLogger {
+	return &RedisLogger{f: failurelog.New(log, failurelog.Options{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: afterFunc})}
+}
 
 // Printf implements go-redis's internal.Logging.
-func (r redisLog) Printf(_ context.Context, format string, v ...any) {
+func (r *RedisLogger) Printf(_ context.Context, format string, v ...any) {
 	r.f.Failed(errors.New(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")))
 }
+
+// Close writes the last interval's count, if any, and stops the timer.
+func (r *RedisLogger) Close() error { return r.f.Close() }
 
 // WindowsAsGCRA is live.WindowsAsGCRA: the fallback store for
 // failure_policy fallback over a store that has window algorithms.

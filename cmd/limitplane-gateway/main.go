@@ -57,6 +57,7 @@ import (
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/gateway/server"
+	"github.com/redis/go-redis/v9"
 )
 
 // demoYAML is the configuration used when no -config is given.
@@ -204,6 +205,12 @@ func run(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
+	// go-redis's own log lines (a failed dial while Redis is down) go to
+	// the gateway's log, rate-limited; its logger is process-wide, so the
+	// program installs it, not the library.
+	rl := gateway.NewRedisLogger(log, e.afterFunc)
+	redis.SetLogger(rl)
+	defer rl.Close()
 	srv, err := server.Open(ctx, server.Options{
 		ConfigPath:   *configFile,
 		Config:       cfg,
