@@ -89,7 +89,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
-	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -116,6 +115,15 @@ type Options struct {
 	// comment). Requests that create no key (peeks, costs that can never
 	// pass) are answered as usual. Default 0: unbounded.
 	MaxKeys int
+	// WindowsAsGCRA makes Prepare accept the window algorithms
+	// (core.FixedWindow, core.SlidingWindow, core.SlidingLog) and enforce a
+	// window limit of Rate per Period as GCRA with the same Rate per
+	// Period and a burst of Rate: the same long-run rate, without a fixed
+	// window's 2× burst at a boundary. It is for a fallback store standing
+	// in for one that has window algorithms (the Redis store under
+	// failure_policy fallback). Default false: Prepare refuses them with
+	// core.ErrUnsupportedAlgorithm.
+	WindowsAsGCRA bool
 }
 
 // ErrTooManyKeys is wrapped by the error of a request that would add a key
@@ -291,6 +299,8 @@ type Store struct {
 	stop   chan struct{}
 	done   chan struct{}
 	closed sync.Once
+	// windows is Options.WindowsAsGCRA.
+	windows bool
 }
 
 // New returns a Store configured by opts.
@@ -302,7 +312,7 @@ func New(opts Options) *Store {
 			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n)}
+	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n), windows: opts.WindowsAsGCRA}
 	s.count.max = int64(max(opts.MaxKeys, 0))
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -548,37 +558,80 @@ func (s *Store) Len() int {
 // errRetry tells take that an entry was swept or moved under it.
 var errRetry = errors.New("entry removed; retry")
 
+// rule is the store's compiled form of a core.LimitSet (core.Rule.Data).
+type rule struct {
+	// p are the GCRA constants the rate limit is enforced with (a window
+	// limit's under Options.WindowsAsGCRA).
+	p core.GCRAParams
+	// limited and quota: the rate limit and the quota are enforced.
+	limited, quota bool
+	// fast: a GCRA rate limit alone, which TakeInto decides in line.
+	fast bool
+	// window is the window limit enforced as GCRA, for Seed; zero for a
+	// GCRA limit.
+	window core.Limit
+	qt     core.Quota
+}
+
+// Prepare implements core.Store: it validates ls and compiles it. A rate
+// limit of a window algorithm is refused with core.ErrUnsupportedAlgorithm
+// unless Options.WindowsAsGCRA is set.
+func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	if err := ls.Validate(); err != nil {
+		return nil, err
+	}
+	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), qt: ls.Quota}
+	if r.limited {
+		l := ls.Rate
+		if l.Algorithm != core.GCRA {
+			if !s.windows {
+				return nil, fmt.Errorf("%w: %v", core.ErrUnsupportedAlgorithm, l.Algorithm)
+			}
+			r.window = l
+			l.Algorithm, l.Burst = core.GCRA, 0
+		}
+		r.p = l.GCRA()
+	}
+	r.fast = r.limited && !r.quota
+	return core.NewRule(ls, r)
+}
+
+// ruleOf returns req's compiled rule, or nil when req.Rule is not one this
+// kind of store prepared.
+func ruleOf(req *core.Request) *rule {
+	if req.Rule == nil {
+		return nil
+	}
+	r, _ := req.Rule.Data().(*rule)
+	return r
+}
+
 // Take implements core.Store: it spends req.Cost units of the rate limit
-// (req.Rate) and the quota (req.Quota) of the key (req.Consumer,
-// req.Scope) and reports whether the request may go ahead. A cost of 0 only asks (nothing is spent or
-// stored), so a request that should count sets Cost, usually to 1. Only
-// GCRA is supported; other algorithms return core.ErrUnsupportedAlgorithm.
-// An invalid limit or cost returns an error wrapping core.ErrInvalidLimit
-// or core.ErrInvalidCost. A request that would add a key to a store at
+// and the quota of req.Rule for the key (req.Consumer, req.Rule.Scope())
+// and reports whether the request may go ahead. A cost of 0 only asks
+// (nothing is spent or stored), so a request that should count sets Cost,
+// usually to 1. A cost outside [0, core.MaxCost] returns
+// core.ErrInvalidCost, a rule this store did not prepare
+// core.ErrForeignRule. A request that would add a key to a store at
 // Options.MaxKeys returns an error wrapping ErrTooManyKeys and changes
 // nothing.
 //
 // Take is TakeInto on a copy of req and on its own result; it inlines.
-// The copy has a cost a tight loop over keys not in the CPU's caches can
-// see: copying a Request whose fields were just written (a new Consumer)
-// waits until those writes leave the store buffer, which they do only
-// after the previous call's cache miss, so consecutive calls no longer
-// overlap their misses (benchmarks/README.md). A caller that keeps a
-// Request and changes it per call should use TakeInto.
 func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
 	err = s.TakeInto(ctx, &req, &d)
 	return
 }
 
-// TakeInto is Take writing the decision into *d instead of returning it
-// (core.DecisionWriter): every field of *d is overwritten, on errors too
-// (with the zero Decision), so d can be reused from call to call. req is
-// only read. With a Request kept by the caller it avoids Take's copies;
-// on a store of a million keys it costs about half what Take does in a
-// tight loop (benchmarks/README.md).
+// TakeInto is Take writing the decision into *d instead of returning it:
+// every field of *d is overwritten, on errors too (with the zero
+// Decision), so d can be reused from call to call. req is only read. Call
+// it on the concrete store (for example a *memory.Store guarding a hot
+// key): on a hot in-process key the Decision copy it avoids is about a
+// third of the cost; on a store of a million keys it costs about half what
+// Take does in a tight loop (benchmarks/README.md).
 func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
-	// The common case is decided here: a valid GCRA rate limit alone, on
-	// a key already held whose state is not being moved. Everything else
+	// The common case is decided here: a GCRA rate limit alone, on a key
+	// already held whose state is not being moved. Everything else
 	// (errors included) goes to take.
 	//
 	// A key not in the CPU's caches costs a cache miss of 100–170 ns, the
@@ -587,15 +640,10 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// few hundred instructions and a few dozen stores, so this path is
 	// written for few of both: no calls but the clock and the two hashes,
 	// which come first while little is live (nothing to spill around
-	// them); the limit's constants computed in line (what
-	// core.Limit.CheckedGCRA computes); *d written once, field by field,
-	// not zeroed and then filled.
-	l, n := &req.Rate, req.Cost
-	// Rate in [1, MaxCount], Burst in [0, MaxCount], cost in [0, MaxCost],
-	// one comparison each; no enforced quota. A zero or Unlimited rate
-	// fails here too, and take answers it.
-	if l.Algorithm != core.GCRA || uint64(l.Rate-1) >= core.MaxCount || l.Period <= 0 || uint64(l.Burst) > core.MaxCount ||
-		uint64(n) > core.MaxCost || (req.Quota.Max != core.Unlimited && req.Quota.Max|int64(req.Quota.Renewal) != 0) {
+	// them); the limit's constants prepared once (Prepare); *d written
+	// once, field by field, not zeroed and then filled.
+	r, n := ruleOf(req), req.Cost
+	if r == nil || !r.fast || uint64(n) > core.MaxCost {
 		return s.slow(req, d)
 	}
 	var now int64 // s.clock.now(), inlined by hand
@@ -610,9 +658,9 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	h := maphash.Comparable(consumerSeed, req.Consumer)
 	check := maphash.Comparable(consumerCheckSeed, req.Consumer)
 	sh := h >> s.shift
-	if req.Scope != "" {
-		h ^= maphash.Comparable(scopeSeed, req.Scope)
-		check ^= maphash.Comparable(scopeCheckSeed, req.Scope)
+	if scope := req.Rule.Scope(); scope != "" {
+		h ^= maphash.Comparable(scopeSeed, scope)
+		check ^= maphash.Comparable(scopeCheckSeed, scope)
 	}
 	if h < firstHash {
 		h += firstHash
@@ -620,15 +668,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	t := s.tabs[sh].Load()
 	home := &t.slots[h&t.mask&^1]
 	atHome := home.hash.Load() // the miss starts here
-	T, b := int64(l.Period)/l.Rate, l.Burst
-	if b == 0 {
-		b = l.Rate
-	}
-	hi, tau := bits.Mul64(uint64(b), uint64(T))
-	if T == 0 || hi != 0 || tau > uint64(core.MaxTolerance) {
-		return s.slow(req, d) // take reports the invalid limit
-	}
-	p := core.GCRAParams{T: T, Tau: int64(tau), Burst: b}
+	p := r.p
 	var e *entry
 	if atHome == h && home.check.Load() == check {
 		e = &home.entry
@@ -677,44 +717,34 @@ func (s *Store) slow(req *core.Request, d *core.Decision) (err error) {
 	return err
 }
 
-// take is Take's general path: validation, new keys, quotas, and entries
+// take is Take's general path: errors, new keys, quotas, and entries
 // being swept.
 func (s *Store) take(req core.Request) (core.Decision, error) {
 	if req.Cost < 0 || req.Cost > core.MaxCost {
 		return core.Decision{}, core.ErrInvalidCost
 	}
-	var p core.GCRAParams
-	limited := req.Rate.Enforced()
-	if limited {
-		var err error
-		if p, err = req.Rate.CheckedGCRA(); err != nil {
-			return core.Decision{}, err
-		}
-		if req.Rate.Algorithm != core.GCRA {
-			return core.Decision{}, core.ErrUnsupportedAlgorithm
-		}
+	r := ruleOf(&req)
+	if r == nil {
+		return core.Decision{}, core.ErrForeignRule
 	}
-	quota := req.Quota.Enforced()
-	if quota {
-		if err := req.Quota.Validate(); err != nil {
-			return core.Decision{}, err
-		}
+	if !r.limited && !r.quota {
+		return core.Decision{Allowed: true}, nil
 	}
-	sh, f := s.locate(req.Consumer, req.Scope)
+	sh, f := s.locate(req.Consumer, req.Rule.Scope())
 	now := s.clock.now()
 	t := sh.tab.Load()
 	e := t.find(f)
 	if e == nil {
-		if req.Cost == 0 || (!limited && !quota) || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
+		if req.Cost == 0 || (r.limited && req.Cost > r.p.Burst) || (r.quota && req.Cost > r.qt.Max) {
 			// Cannot change state: answer from the empty state, create nothing.
-			return sh.decide(nil, nil, p, limited, req, now)
+			return sh.decide(nil, nil, r, req, now)
 		}
 		if t, e = s.insert(sh, f, now); e == nil {
 			return core.Decision{}, s.tooMany()
 		}
 	}
 	for {
-		d, err := sh.decide(t, e, p, limited, req, now)
+		d, err := sh.decide(t, e, r, req, now)
 		runtime.KeepAlive(t) // e is in t
 		if err != errRetry {
 			return d, err
@@ -749,10 +779,10 @@ func (s *Store) tooMany() error {
 
 // decide applies req to e, an entry of table t (nil means the empty state,
 // read-only).
-func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req core.Request, now int64) (core.Decision, error) {
+func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int64) (core.Decision, error) {
 	var d core.Decision
 	n := req.Cost
-	quota := req.Quota.Enforced()
+	p, limited, quota, qt := cr.p, cr.limited, cr.quota, cr.qt
 
 	// 1. Quota peek: an exhausted quota denies without touching the rate.
 	var q *period
@@ -769,10 +799,10 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 		if q != nil {
 			used = q.used.Load()
 		}
-		if n > req.Quota.Max-used { // used+n > Max, without overflow
-			setQuota(&d, req.Quota, q, used, now)
+		if n > qt.Max-used { // used+n > Max, without overflow
+			setQuota(&d, qt, q, used, now)
 			d.DecidedBy, d.RetryAfter = core.KindQuota, d.Quota.ResetAfter
-			if n > req.Quota.Max {
+			if n > qt.Max {
 				d.RetryAfter = -1
 			}
 			if limited {
@@ -812,7 +842,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				if q != nil {
 					used = q.used.Load()
 				}
-				setQuota(&d, req.Quota, q, used, now)
+				setQuota(&d, qt, q, used, now)
 			}
 			d.Limit, d.Remaining, d.ResetAfter = d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter
 			return d, nil
@@ -835,7 +865,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 					sh.holdPeriods()
 					continue
 				}
-				np := &period{end: now + int64(req.Quota.Renewal), epoch: req.QuotaEpoch}
+				np := &period{end: now + int64(qt.Renewal), epoch: req.QuotaEpoch}
 				if q != nil {
 					// A period that ended keeps the newer epoch: a stale
 					// request's period must not be reset again by the next
@@ -850,14 +880,14 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				continue
 			}
 			used := q.used.Load()
-			if n > req.Quota.Max-used {
+			if n > qt.Max-used {
 				// Lost a race for the last units: undo the rate step.
 				sh.refund(t, e, p, limited && r.Store, n)
 				d = core.Decision{}
 				if limited {
 					setRate(&d, p, p.Step(oldTAT, now, 0))
 				}
-				setQuota(&d, req.Quota, q, used, now)
+				setQuota(&d, qt, q, used, now)
 				d.DecidedBy, d.RetryAfter = core.KindQuota, d.Quota.ResetAfter
 				d.Limit, d.Remaining, d.ResetAfter = d.Quota.Limit, d.Quota.Remaining, d.Quota.ResetAfter
 				return d, nil
@@ -872,7 +902,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 		} else {
 			q = nil
 		}
-		setQuota(&d, req.Quota, q, used, now)
+		setQuota(&d, qt, q, used, now)
 	}
 
 	d.Allowed = true
@@ -939,10 +969,11 @@ func setQuota(d *core.Decision, qt core.Quota, q *period, used, now int64) {
 	d.Quota = core.Status{Limit: qt.Max, Remaining: max(qt.Max-used, 0), ResetAfter: time.Duration(reset), Window: qt.Renewal}
 }
 
-// ResetQuota deletes the quota period of (consumer, scope), whatever its
-// epoch: the next request starts a new period. The store keeps one period
-// per key, so it needs no core.QuotaEpochResetter.
-func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
+// ResetQuota implements core.Store: it deletes the quota period of
+// (consumer, scope), whatever its epoch (the store keeps one period per
+// key, so epoch is not needed to find it): the next request starts a new
+// period.
+func (s *Store) ResetQuota(_ context.Context, consumer, scope string, _ uint64) error {
 	sh, f := s.locate(consumer, scope)
 	t := sh.tab.Load()
 	e := t.find(f)
@@ -970,12 +1001,3 @@ func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 }
 
 var _ core.Store = (*Store)(nil)
-
-// SupportsAlgorithm implements core.AlgorithmSupporter: the in-process
-// store enforces GCRA only.
-func (s *Store) SupportsAlgorithm(a core.Algorithm) bool { return a == core.GCRA }
-
-var (
-	_ core.AlgorithmSupporter = (*Store)(nil)
-	_ core.DecisionWriter     = (*Store)(nil)
-)
