@@ -90,12 +90,13 @@ func TestEngineRateChangeAtRuntimeKeepsState(t *testing.T) {
 	if d, _ := e.Decide(ctx, c, "", 1); d.Allowed {
 		t.Fatal("third request allowed at 2/s")
 	}
-	// Raise to 4/s burst 6 (T=250ms, τ=1.5s): the stored TAT (now+1s) is
-	// kept and leaves room for exactly 2 more.
+	// Raise to 4/s burst 6 (T=250ms, τ=1.5s): the 2 units spent carry
+	// over (the debt of 2 emission intervals becomes 500ms), leaving room
+	// for exactly 4 more.
 	if err := e.SetConfig(core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 4, Period: time.Second, Burst: 6}}}}); err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []bool{true, true, false} {
+	for i, want := range []bool{true, true, true, true, false} {
 		if d, _ := e.Decide(ctx, c, "", 1); d.Allowed != want {
 			t.Fatalf("after raise #%d: allowed %v, want %v", i, d.Allowed, want)
 		}

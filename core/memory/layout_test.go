@@ -7,9 +7,28 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
+
+// TestSlotLayout: a slot is 32 bytes, two to a cache line (mapped tables
+// hold no Go pointer but the tombstone), and its check word packs the
+// fingerprint's 32-bit check with the tag of the interval its TAT is in.
+func TestSlotLayout(t *testing.T) {
+	if n := unsafe.Sizeof(slot{}); n != 32 {
+		t.Fatalf("unsafe.Sizeof(slot{}) = %d, want 32", n)
+	}
+	f := fingerprint{h: 5, check: 0xdeadbeef}
+	if w := f.word(7); w != 7<<32|0xdeadbeef {
+		t.Fatalf("word(7) = %#x, want 0x7deadbeef", w)
+	}
+	var sl slot
+	sl.check.Store(f.word(0xffff))
+	if sl.tag() != 0xffff || uint32(sl.check.Load()) != f.check {
+		t.Fatalf("slot tag %#x, check %#x", sl.tag(), uint32(sl.check.Load()))
+	}
+}
 
 // TestProbeStartsAtLine: a key's probe starts at the first slot of its
 // cache line (two slots of 32 bytes), so keys whose hashes differ only in
@@ -33,7 +52,7 @@ func TestProbeStartsAtLine(t *testing.T) {
 		return 99
 	}
 	for i, f := range fs {
-		tab, e := sh.put(f, now)
+		tab, e := sh.put(f, nil, now)
 		if got := slotOf(tab, e); got != want[i] {
 			t.Errorf("key %d (hash %d) in slot %d, want %d", i, f.h, got, want[i])
 		}

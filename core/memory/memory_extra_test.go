@@ -238,16 +238,16 @@ func TestHashCollisions(t *testing.T) {
 	const h = 12345
 	fa, fb, fc, fd := fingerprint{h, 1}, fingerprint{h, 2}, fingerprint{h, 3}, fingerprint{h, 4}
 	now := clock.Nanotime()
-	_, a := sh.put(fa, now)
-	_, b := sh.put(fb, now)
-	_, c := sh.put(fc, now)
+	_, a := sh.put(fa, nil, now)
+	_, b := sh.put(fb, nil, now)
+	_, c := sh.put(fc, nil, now)
 	if a == b || a == c || b == c {
 		t.Fatal("colliding keys share an entry")
 	}
 	if sh.get(fa) != a || sh.get(fb) != b || sh.get(fc) != c || sh.get(fd) != nil {
 		t.Fatal("lookup under a shared hash returned the wrong entry")
 	}
-	if _, e := sh.put(fb, now); e != b {
+	if _, e := sh.put(fb, nil, now); e != b {
 		t.Fatal("put of a present key made a new entry")
 	}
 	// Keep b and c limited; a's zero TAT is idle and is swept.
@@ -263,7 +263,7 @@ func TestHashCollisions(t *testing.T) {
 	// Grow the table past several resizes; the colliding pair stays, with
 	// its state, and the entries left behind are frozen.
 	for i := range 1000 {
-		_, e := sh.put(fingerprint{uint64(i) + firstHash, 7}, now)
+		_, e := sh.put(fingerprint{uint64(i) + firstHash, 7}, nil, now)
 		e.tat.Store(now + 1)
 	}
 	// Growth at 3/4 doubles: 8, 16, ..., 1024 holds 768, 2048 holds 1536.
@@ -292,14 +292,14 @@ func TestRefundFollowsMove(t *testing.T) {
 	now := clock.Nanotime()
 	p := core.GCRAParams{T: 10, Tau: 100, Burst: 10}
 	f := fingerprint{firstHash + 99, 5}
-	t0, e := sh.put(f, now)
+	t0, e := sh.put(f, nil, now)
 	e.tat.Store(now + 40) // as if this request's step of 1×T had been stored
 	// Two resizes move the key twice.
 	sh.mu.Lock()
 	sh.resize(100)
 	sh.resize(1000)
 	sh.mu.Unlock()
-	sh.refund(t0, e, p, true, 1)
+	sh.refund(t0, e, 0, p, true, 1)
 	if got := sh.get(f).tat.Load(); got != now+30 {
 		t.Fatalf("TAT after refund = now%+d, want now+30", got-now)
 	}
@@ -309,7 +309,7 @@ func TestRefundFollowsMove(t *testing.T) {
 	if s.Len() != 0 {
 		t.Fatalf("Len = %d after the sweep, want 0", s.Len())
 	}
-	sh.refund(t0, e, p, true, 1) // follows both moves to the dead slot
+	sh.refund(t0, e, 0, p, true, 1) // follows both moves to the dead slot
 }
 
 // TestQuotaExactUnderResizes spends one quota from 8 goroutines while
