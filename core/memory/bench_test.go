@@ -602,3 +602,36 @@ func BenchmarkEngineRandomKeys(b *testing.B) {
 	}
 	sink = n
 }
+
+// BenchmarkEngineHotKey is core.Engine.Decide for one consumer over a store
+// on the coarse clock: one policy with the limit of BenchmarkStoreHotKey's
+// workloads, so it pairs with BenchmarkStoreHotKeyInto's coarse rows (the
+// engine's cost over the store's bare TakeInto).
+func BenchmarkEngineHotKey(b *testing.B) {
+	ctx := context.Background()
+	coarse := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	for _, w := range workloads {
+		b.Run(w.name+"/coarse/serial", func(b *testing.B) {
+			s := memory.New(memory.Options{Clock: coarse})
+			b.Cleanup(func() { s.Close() })
+			e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "p", Rate: w.limit}}}, core.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := &core.Consumer{ID: hotKey, Policies: []string{"p"}}
+			if _, err := e.Decide(ctx, c, "api", 1); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			n := int64(0)
+			for range b.N {
+				if d, _ := e.Decide(ctx, c, "api", 1); d.Allowed {
+					n++
+				}
+			}
+			sink = n
+		})
+	}
+}

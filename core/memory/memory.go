@@ -672,25 +672,27 @@ var errRetry = errors.New("entry removed; retry")
 
 // rule is the store's compiled form of a core.LimitSet (core.Rule.Data).
 type rule struct {
+	// The fields TakeInto reads come first, on one cache line.
+	//
 	// p are the GCRA constants the rate limit is enforced with (a window
 	// limit's under Options.WindowsAsGCRA).
 	p core.GCRAParams
+	// tagWord is tag shifted into a check word's high half: a slot holds
+	// a TAT this rule may step iff its check word's high half is tagWord.
+	tagWord uint64
+	// owner is the store that prepared the rule: tags are its own.
+	owner *Store
 	// limited and quota: the rate limit and the quota are enforced.
 	limited, quota bool
 	// fast: a GCRA rate limit alone, which TakeInto decides in line.
 	fast bool
+	// tag is the tag of p.T in the store's intervals (0 without a rate
+	// limit, or unknown).
+	tag uint32
 	// window is the window limit enforced as GCRA, for Seed; zero for a
 	// GCRA limit.
 	window core.Limit
 	qt     core.Quota
-	// tag is the tag of p.T in the store's intervals (0 without a rate
-	// limit, or unknown), and tagWord it shifted into a check word's
-	// high half: a slot holds a TAT this rule may step iff its check
-	// word's high half is tagWord.
-	tag     uint32
-	tagWord uint64
-	// owner is the store that prepared the rule: tags are its own.
-	owner *Store
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. A rate

@@ -121,3 +121,37 @@ func TestSeedWindowAsGCRA(t *testing.T) {
 		t.Fatalf("20s later: %d admitted, want 1", n)
 	}
 }
+
+// TestForeignRule: a rule the store did not prepare (none, a bare
+// core.NewRule, another memory.Store's: its interval tags are that store's)
+// is refused with core.ErrForeignRule by Take, TakeInto (which writes the
+// zero Decision), Penalize and Seed (which ignores it), and changes
+// nothing.
+func TestForeignRule(t *testing.T) {
+	clock := core.NewManualClock(int64(time.Hour))
+	s := memory.New(memory.Options{Clock: clock})
+	other := memory.New(memory.Options{Clock: clock})
+	ls := core.LimitSet{Rate: core.PerMinute(3)}
+	bare, err := core.NewRule(ls, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for name, rule := range map[string]*core.Rule{"nil": nil, "bare": bare, "another store's": prepare(t, other, ls)} {
+		req := core.Request{Consumer: "c", Rule: rule, Cost: 1}
+		if d, err := s.Take(ctx, req); !errors.Is(err, core.ErrForeignRule) || d != (core.Decision{}) {
+			t.Errorf("%s rule: Take = %+v, %v; want the zero Decision and ErrForeignRule", name, d, err)
+		}
+		d := core.Decision{Allowed: true, Remaining: 7}
+		if err := s.TakeInto(ctx, &req, &d); !errors.Is(err, core.ErrForeignRule) || d != (core.Decision{}) {
+			t.Errorf("%s rule: TakeInto = %+v, %v; want the zero Decision and ErrForeignRule", name, d, err)
+		}
+		if err := s.Penalize(ctx, req, time.Minute); !errors.Is(err, core.ErrForeignRule) {
+			t.Errorf("%s rule: Penalize = %v, want ErrForeignRule", name, err)
+		}
+		s.Seed(req, core.Decision{Rate: core.Status{Limit: 3, Remaining: 0, ResetAfter: time.Minute}})
+	}
+	if n := s.Len(); n != 0 {
+		t.Fatalf("foreign rules left %d keys, want 0", n)
+	}
+}
