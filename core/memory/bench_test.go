@@ -635,3 +635,44 @@ func BenchmarkEngineHotKey(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStoreAlternatingRules is the cost of a key whose requests
+// alternate between two rules of different emission intervals (two
+// policies of different rates on one key-wide counter, or a limit change
+// with requests of both in flight): every request converts the key's TAT
+// to its own rule's units (see the package comment, "Limit changes").
+// "same" sends the same two rules' worth of requests under one rule, for
+// comparison. Coarse clock, TakeInto, one goroutine.
+func BenchmarkStoreAlternatingRules(b *testing.B) {
+	ctx := context.Background()
+	coarse := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	for _, alternate := range []bool{false, true} {
+		name := "same"
+		if alternate {
+			name = "alternating"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := memory.New(memory.Options{Clock: coarse})
+			b.Cleanup(func() { s.Close() })
+			reqs := [2]core.Request{
+				{Consumer: hotKey, Rule: prepare(b, s, core.LimitSet{Rate: admitAll}), Cost: 1},
+				{Consumer: hotKey, Rule: prepare(b, s, core.LimitSet{Rate: core.Limit{Rate: 500_000_000, Period: time.Second}}), Cost: 1},
+			}
+			if !alternate {
+				reqs[1] = reqs[0]
+			}
+			var d core.Decision
+			b.ReportAllocs()
+			b.ResetTimer()
+			n := int64(0)
+			for i := range b.N {
+				s.TakeInto(ctx, &reqs[i&1], &d)
+				if d.Allowed {
+					n++
+				}
+			}
+			sink = n
+		})
+	}
+}
