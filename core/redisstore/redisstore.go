@@ -394,6 +394,10 @@ type rule struct {
 	p              core.GCRAParams
 	rate           core.Limit
 	qt             core.Quota
+	// tsuf is ":" and the GCRA emission interval T in decimal ns, boxed
+	// once: the suffix of the rate key's value (see gcraValue in
+	// scripts.go) and the scripts' argument naming T.
+	tsuf any
 	// seed is the rule of the same limits on Options.Seed; nil when there
 	// is no seeder or it cannot enforce them.
 	seed *core.Rule
@@ -415,6 +419,9 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 			return nil, err
 		}
 		r.alg, r.p = ls.Rate.Algorithm, ls.Rate.GCRA()
+		if r.alg == core.GCRA {
+			r.tsuf = ":" + strconv.FormatInt(r.p.T, 10)
+		}
 	}
 	if s.seed != nil {
 		if sr, err := s.seed.Prepare(ls); err == nil {
@@ -476,17 +483,17 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 		c.args = append(c.args, "1")
 		switch alg {
 		case core.GCRA:
-			over, nt := "0", int64(0)
-			if n > p.Burst {
-				over = "1"
-			} else {
+			// The script admits iff next − now ≤ its bound: τ, or τ plus the
+			// reservation window (Request.MaxDelay). A cost above the burst
+			// is denied whatever the offset: it is sent as bound + 1 ns.
+			bound := p.Tau + req.Reservation()
+			nt := bound + 1
+			if n <= p.Burst {
 				nt = n * p.T
 			}
-			c.args = append(c.args, over)
+			c.args = append(c.args, r.tsuf)
 			c.pair(nt)
-			// The script admits iff next − now ≤ its bound: τ, or τ plus the
-			// reservation window (Request.MaxDelay).
-			c.pair(p.Tau + req.Reservation())
+			c.pair(bound)
 		case core.FixedWindow:
 			c.int(r.rate.Rate)
 			c.pair(int64(r.rate.Period))
@@ -536,6 +543,7 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, r *rule) (core.D
 	c.pair(nt)
 	c.pair(bound)
 	c.int(s.margin)
+	c.args = append(c.args, r.tsuf)
 	v, err := s.run(ctx, c, 3)
 	if err != nil {
 		return core.Decision{}, err
@@ -671,14 +679,56 @@ func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch ui
 	return nil
 }
 
-// ErrPenaltyUnsupported is returned by Penalize: the Redis store does not
-// yet hold a limit back for every process sharing it, so a Throttle's
-// Backoff holds back only its own process.
-var ErrPenaltyUnsupported = errors.New("redisstore: penalties are not supported")
-
-// Penalize implements core.Store; it returns ErrPenaltyUnsupported.
-func (s *Store) Penalize(context.Context, core.Request, time.Duration) error {
-	return ErrPenaltyUnsupported
+// Penalize implements core.Store: it moves the TAT of (req.Consumer,
+// req.Rule.Scope()) to at least now + d + τ − T, the earliest state in
+// which a unit request conforms exactly d from now, in one script call,
+// so every process sharing the Redis holds back together (a Throttle's
+// Backoff). It never moves the TAT backwards; the key gets the TTL a GCRA
+// Take would give it (ceil(TAT − now) plus Options.TTLMargin). d above
+// core.MaxReservation (2^61 ns, about 73 years) is treated as that. Time
+// is Redis TIME (Options.Clock in tests), as for Take. A rule without an
+// enforced GCRA rate limit (none, or a window algorithm) changes nothing
+// and Redis is not called; nor for d ≤ 0. A nil or foreign rule is
+// refused with core.ErrForeignRule. With Options.Seed set, the TAT the
+// key has afterwards is given to the seeder too (a decision with only the
+// rate limit's ResetAfter set), so a fallback holds back as well.
+// Failures are reported as for Take.
+func (s *Store) Penalize(ctx context.Context, req core.Request, d time.Duration) error {
+	if req.Rule == nil {
+		return core.ErrForeignRule
+	}
+	r, ok := req.Rule.Data().(*rule)
+	if !ok {
+		return core.ErrForeignRule
+	}
+	if d <= 0 || !r.limited || r.alg != core.GCRA {
+		return nil
+	}
+	d = min(d, core.MaxReservation) // keeps d + τ below 2^62
+	off := int64(d) + r.p.Tau - r.p.T
+	key := s.key(req.Consumer, kindNames[core.GCRA], req.Rule.Scope())
+	args := make([]any, 0, 6)
+	if s.clock != nil {
+		now := s.clock.Nanotime()
+		args = append(args, now/1000, now%1000)
+	} else {
+		args = append(args, "", 0)
+	}
+	args = append(args, off/1000, off%1000, r.tsuf, s.margin)
+	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return penalizeScript.Run(ctx, s.client, []string{key}, args...).Int64Slice()
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: penalize: %w", err)
+	}
+	if len(v) != 3 {
+		return fmt.Errorf("redisstore: penalize: script replied %d values, want 3", len(v))
+	}
+	if r.seed != nil {
+		req.Rule = r.seed
+		s.seed.Seed(req, core.Decision{Rate: core.Status{ResetAfter: pair(v[1], v[2])}})
+	}
+	return nil
 }
 
 var _ core.Store = (*Store)(nil)

@@ -199,10 +199,12 @@ func TestUsesRedisTime(t *testing.T) {
 	if len(keys) != 1 {
 		t.Fatalf("keys %q", keys)
 	}
+	// The value is "<TAT>:<T>" in ns (T = 1h).
 	v, _ := c.Get(ctx, keys[0]).Result()
-	tat, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		t.Fatalf("stored TAT %q: %v", v, err)
+	tv, tsuf, _ := strings.Cut(v, ":")
+	tat, err := strconv.ParseInt(tv, 10, 64)
+	if err != nil || tsuf != "3600000000000" {
+		t.Fatalf("stored value %q (%v), want <TAT>:3600000000000", v, err)
 	}
 	if d.ResetAfter != time.Hour {
 		t.Fatalf("ResetAfter %v, want 1h", d.ResetAfter)
