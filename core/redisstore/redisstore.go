@@ -38,6 +38,35 @@
 // until its period ends; a sliding window's covers two periods; a sliding
 // log's is one period after its newest entry (plus Options.TTLMargin).
 //
+// A GCRA key holds the string "<TAT>:<T>", the theoretical arrival time
+// and the emission interval of the limit that wrote it, in decimal ns.
+//
+// # Limit changes
+//
+// A limit change keeps the units spent, not the time (DESIGN.md): a
+// request under a limit whose emission interval T differs from the one its
+// key was written under converts the key in the same script, TAT' = now +
+// ⌈(TAT − now) × T_new / T_old⌉ (exact integer arithmetic, at most 2^62
+// ns), writes it, and decides against it. So 3 of 3 per minute spent,
+// raised to 6 per minute, leaves exactly 3 more. The conversion costs
+// Redis some tens of µs of Lua once per key and change; a key used under
+// two limits at once (gateways on two configurations during a rollout) is
+// converted back and forth, each time rounding its debt up to the next ns.
+// Quota and window counts are kept as they are.
+//
+// A GCRA key written by an earlier release holds the TAT alone: it is read
+// as it is (its T unknown, so not converted), and the next write adds T.
+// An earlier release's script cannot read a key in the new form and fails
+// on it (the request fails and the FailurePolicy decides): during a
+// rolling upgrade, requests of one consumer to old and new gateways meet
+// such failures until every gateway runs this release.
+//
+// # Penalties
+//
+// Penalize moves a GCRA key's TAT forward in one script, so a third
+// party's "slow down" (a Throttle's Backoff) holds back every process
+// sharing the Redis, not only the one that heard it.
+//
 // # Quota epochs
 //
 // Each quota epoch has its own key, so a request with a raised epoch finds

@@ -156,7 +156,7 @@ end
 `
 
 // fixedChunk: ARGV[9] Rate, ARGV[10..11] Period as a pair. The rate key is
-// a window hash like the quota's. Reply: a remaining, (b, c) time until the
+// a window hash like the quota's. Reply: a remaining (≥ 0), (b, c) time until the
 // window closes (0 when none is open), (d, e) the same when denied.
 const fixedChunk = `
 local R = tonumber(ARGV[9])
@@ -164,8 +164,11 @@ local pu, pr = tonumber(ARGV[10]), tonumber(ARGV[11])
 local function fw_reply(used, eu, er, denied)
   local ru, rr = 0, 0
   if eu then ru, rr = sub(eu, er, now_u, now_r) end
-  if denied then return R - used, ru, rr, ru, rr end
-  return R - used, ru, rr, 0, 0
+  -- (used exceeds R when R was lowered within the window)
+  local rem = R - used
+  if rem < 0 then rem = 0 end
+  if denied then return rem, ru, rr, ru, rr end
+  return rem, ru, rr, 0, 0
 end
 local function rate_peek()
   local used, eu, er = win_load(KEYS[1])
