@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -256,5 +257,25 @@ func TestPenalizeSeedsFallback(t *testing.T) {
 	d, err := core.TakeCall(ctx, fb, core.Call{Consumer: "f", Rate: l, Cost: 1})
 	if err != nil || d.Allowed || d.RetryAfter != 2*time.Second {
 		t.Fatalf("fallback after Penalize(2s): %+v, %v; want denied, RetryAfter 2s", d, err)
+	}
+}
+
+// TestPenalizeCluster: on a 3-node Cluster the penalty goes to the node of
+// the key's slot and holds back a second store on its own client, exactly.
+func TestPenalizeCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	clock := core.NewManualClock(int64(1000 * time.Hour))
+	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
+	a := newStore(t, cl.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	b := newStore(t, cl.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	for i := range 20 { // consumers spread over the slots of all three nodes
+		id := fmt.Sprint("cluster-", i)
+		if err := a.Penalize(ctx, prepare(t, a, core.Call{Consumer: id, Rate: l}), time.Duration(i+1)*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := b.Take(ctx, prepare(t, b, core.Call{Consumer: id, Rate: l, Cost: 1})); d.Allowed || d.RetryAfter != time.Duration(i+1)*time.Second {
+			t.Fatalf("%s after Penalize(%ds): %+v; want denied for that long", id, i+1, d)
+		}
 	}
 }
