@@ -198,8 +198,12 @@ func TestRescaleExact(t *testing.T) {
 		{1 << 61, 1 << 61, 1<<61 - 1},       // exact below the clamp
 		{999_999_999_999, 333_333_333, 999}, // sub-µs T
 		{1<<62 - 1, 1 << 61, 1 << 61 >> 1},
+		{1<<62 - 1, 1<<48 - 1, 1<<61 - 1}, // limbs of all ones
+		{1<<48 + 1, 1<<24 + 1, 1<<48 - 1}, // divisor just over a limb
+		{1<<62 - 1, 16777215, 16777216},   // quotient limbs at the estimate's edge
+		{1 << 40, 1<<61 - 1, 1<<61 - 2},   // a ratio just under 1
 	}
-	for range 150 {
+	for range 600 {
 		cases = append(cases, tc{mag(1 + rng.IntN(62)), mag(1 + rng.IntN(61)), mag(1 + rng.IntN(61))})
 	}
 	for i, k := range cases {

@@ -456,9 +456,9 @@ return {moved, du, dr}
 // 2^62 ns (core.MaxTolerance plus core.MaxReservation), as core/memory
 // rescales. That is exact integer arithmetic: Lua numbers are doubles, so
 // the product (up to 2^124) is computed in base-2^24 limbs (every limb
-// product and sum below 2^53) and divided by T_old bit by bit, about 150
-// steps of a few limb operations each; it runs only when a key's T
-// changes, the common path pays one string comparison. A stored T that is
+// product and sum below 2^53) and divided by T_old limb by limb, each
+// quotient limb estimated in doubles and corrected exactly; it runs only
+// when a key's T changes, the common path pays one string comparison. A stored T that is
 // not a decimal of at most 19 digits without leading zeros counts as
 // unknown.
 const gcraDecode = `
@@ -490,25 +490,33 @@ end
 // closures for it.
 const rescaleFn = `
 local function rescale(du, dr, from, to)
+  -- (x % y and (x - x % y) / y are exact for the integers below 2^53
+  -- here, and cheaper in Redis's Lua than math.floor and tonumber)
   local B = 16777216
-  local P10 = {10, 100, 1000, 10000, 100000, 1000000}
-  -- base-2^24 limbs, least significant first, of a decimal string
-  local function limbs(x)
-    local L, i = {0}, 1
-    while i <= #x do
-      local c = string.sub(x, i, i + 5)
-      local m, carry = P10[#c], tonumber(c)
-      for k = 1, #L do
-        local v = L[k] * m + carry
-        carry = math.floor(v / B)
-        L[k] = v - carry * B
-      end
-      if carry > 0 then L[#L + 1] = carry end
-      i = i + 6
+  -- base-2^24 limbs, least significant first, of x·k + y for integers
+  -- 0 ≤ x < 2^53, 0 < k ≤ 10^6, 0 ≤ y < k
+  local function limbs(x, k, y)
+    local l0 = x % B
+    x = (x - l0) / B
+    local l1 = x % B
+    local L, carry = {l0, l1, (x - l1) / B}, y
+    for i = 1, 3 do
+      local v = L[i] * k + carry
+      L[i] = v % B
+      carry = (v - L[i]) / B
     end
+    if carry > 0 then L[4] = carry end
+    while #L > 1 and L[#L] == 0 do L[#L] = nil end
     return L
   end
-  local a, b, d = limbs(string.format('%d%03d', du, dr)), limbs(to), limbs(from)
+  -- of a decimal string of at most 19 digits: (its head) × 10^6 + its
+  -- last 6 digits
+  local function dlimbs(x)
+    local n = #x
+    if n <= 6 then return limbs(0, 1000000, x + 0) end
+    return limbs(string.sub(x, 1, n - 6) + 0, 1000000, string.sub(x, n - 5) + 0)
+  end
+  local a, b, d = limbs(du, 1000, dr), dlimbs(to), dlimbs(from)
   -- p = a × b
   local p = {}
   for k = 1, #a + #b do p[k] = 0 end
@@ -518,43 +526,53 @@ local function rescale(du, dr, from, to)
   local carry = 0
   for k = 1, #p do
     local v = p[k] + carry
-    carry = math.floor(v / B)
-    p[k] = v - carry * B
+    p[k] = v % B
+    carry = (v - p[k]) / B
   end
-  -- q = p div d, bit by bit; rem < d before each step
+  -- q = p div d, one limb at a time (schoolbook): rem < d before each
+  -- step; a quotient limb is estimated in doubles and corrected exactly
   local nd = #d
-  local rem, q, pw = {}, {}, {}
+  local rem, q, m = {}, {}, {}
   for k = 1, nd + 1 do rem[k] = 0 end
   for k = 1, #p do q[k] = 0 end
-  pw[0] = 1
-  for k = 1, 23 do pw[k] = pw[k - 1] * 2 end
+  local df = 0
+  for i = nd, 1, -1 do df = df * B + d[i] end
+  -- x >= y, x -= y, both of nd + 1 limbs (d's top limb is nil: 0)
+  local function ge(x, y)
+    for i = nd + 1, 1, -1 do
+      local a, b = x[i], y[i] or 0
+      if a ~= b then return a > b end
+    end
+    return true
+  end
+  local function subi(x, y)
+    local br = 0
+    for i = 1, nd + 1 do
+      local v = x[i] - (y[i] or 0) - br
+      if v < 0 then x[i], br = v + B, 1 else x[i], br = v, 0 end
+    end
+  end
   local top = #p
   while top > 1 and p[top] == 0 do top = top - 1 end
   for k = top, 1, -1 do
-    local limb = p[k]
-    for e = 23, 0, -1 do
-      local c = 0
-      if limb >= pw[e] then c, limb = 1, limb - pw[e] end
-      for i = 1, nd + 1 do
-        local v = rem[i] * 2 + c
-        if v >= B then rem[i], c = v - B, 1 else rem[i], c = v, 0 end
-      end
-      local ge = rem[nd + 1] > 0
-      if not ge then
-        ge = true
-        for i = nd, 1, -1 do
-          if rem[i] ~= d[i] then ge = rem[i] > d[i]; break end
-        end
-      end
-      if ge then
-        local br = 0
-        for i = 1, nd + 1 do
-          local v = rem[i] - (d[i] or 0) - br
-          if v < 0 then rem[i], br = v + B, 1 else rem[i], br = v, 0 end
-        end
-        q[k] = q[k] + pw[e]
-      end
+    for i = nd + 1, 2, -1 do rem[i] = rem[i - 1] end
+    rem[1] = p[k]
+    local rf = 0
+    for i = nd + 1, 1, -1 do rf = rf * B + rem[i] end
+    local qd = math.floor(rf / df)
+    if qd > B - 1 then qd = B - 1 end
+    -- m = qd × d, then down to at most rem
+    local c = 0
+    for i = 1, nd do
+      local v = qd * d[i] + c
+      m[i] = v % B
+      c = (v - m[i]) / B
     end
+    m[nd + 1] = c
+    while not ge(rem, m) do subi(m, d); qd = qd - 1 end
+    subi(rem, m)
+    while ge(rem, d) do subi(rem, d); qd = qd + 1 end
+    q[k] = qd
   end
   local exact = true
   for i = 1, nd + 1 do if rem[i] ~= 0 then exact = false end end
@@ -567,9 +585,8 @@ local function rescale(du, dr, from, to)
   local u, r = 0, 0
   for k = 3, 1, -1 do
     local v = r * B + (q[k] or 0)
-    local qd = math.floor(v / 1000)
-    r = v - qd * 1000
-    u = u * B + qd
+    r = v % 1000
+    u = u * B + (v - r) / 1000
   end
   if not exact then
     r = r + 1
