@@ -39,12 +39,13 @@ func TestLoneTakeNotDelayed(t *testing.T) {
 	if direct.pipe != nil || batched.pipe == nil {
 		t.Fatalf("batching: direct store %v, default store %v; want off, on", direct.pipe != nil, batched.pipe != nil)
 	}
-	req := core.Request{Consumer: "lone", Rate: core.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, Cost: 1}
+	call := core.Call{Consumer: "lone", Rate: core.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, Cost: 1}
+	reqs := map[*Store]core.Request{direct: request(t, direct, call), batched: request(t, batched, call)}
 	lat := map[*Store][]time.Duration{}
 	for i := -20; i < rounds; i++ { // the first 20 of each are warm-up
 		for _, s := range []*Store{direct, batched} {
 			t0 := time.Now()
-			d, err := s.Take(ctx, req)
+			d, err := s.Take(ctx, reqs[s])
 			el := time.Since(t0)
 			if err != nil || !d.Allowed {
 				t.Fatalf("Take %d: %+v, %v; want allowed", i, d, err)
@@ -123,7 +124,7 @@ func TestBatchSendsQueuedTakesTogether(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	// Burst 11 at 1 per hour: the 11 Takes leave 10, 9, ..., 0 remaining.
-	req := core.Request{Consumer: "batch", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: queued + 1}, Cost: 1}
+	req := request(t, s, core.Call{Consumer: "batch", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: queued + 1}, Cost: 1})
 	ctx := context.Background()
 	type result struct {
 		d   core.Decision
@@ -176,6 +177,16 @@ func TestBatchSendsQueuedTakesTogether(t *testing.T) {
 	}
 }
 
+// request prepares c's limits on s and returns c as a Request under them.
+func request(t *testing.T, s *Store, c core.Call) core.Request {
+	t.Helper()
+	r, err := s.Prepare(c.Limits())
+	if err != nil {
+		t.Fatalf("Prepare(%+v): %v", c.Limits(), err)
+	}
+	return c.Request(r)
+}
+
 func take(t *testing.T, s *Store, r core.Request) core.Decision {
 	t.Helper()
 	d, err := s.Take(context.Background(), r)
@@ -220,11 +231,11 @@ func TestCommandPrintsArguments(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	// 1 per hour, burst 11: n×T = 3,600 s and the bound τ = 39,600 s, as
-	// (µs, ns) pairs. (The first EVALSHA meets NOSCRIPT, so its reply is
-	// not compared.)
-	take(t, s, core.Request{Consumer: "printed", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: 11}, Cost: 1})
+	// (µs, ns) pairs, the margin, then ":" and T in ns. (The first EVALSHA
+	// meets NOSCRIPT, so its reply is not compared.)
+	take(t, s, request(t, s, core.Call{Consumer: "printed", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: 11}, Cost: 1}))
 	sum := sha256.Sum256([]byte("printed"))
-	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0", gcraOnlyScript.sha, sum[:16])
+	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0 :3600000000000", gcraOnlyScript.sha, sum[:16])
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.seen) != 1 || h.seen[0][:max(strings.LastIndex(h.seen[0], ": "), 0)] != want {
