@@ -204,16 +204,37 @@ func NewLimiter(o LimiterOptions) *Limiter {
 // together, atomically), a valid cost, and a floor that is not too coarse
 // (R/MaxGateways ≥ MinFloorRate per second, floor(B/MaxGateways) ≥ 1).
 // It depends on the request and the options only, so every gateway routes
-// a key the same way.
+// a key the same way. A Store decides the part that depends on the rule
+// alone once, when it prepares the rule.
 func (l *Limiter) Eligible(req *core.Request) bool {
-	if req.Rule == nil {
-		return false
+	_, ok := l.compile(req.Rule)
+	return ok && validCost(req.Cost)
+}
+
+// validCost reports whether n is a cost a request may carry.
+func validCost(n int64) bool { return uint64(n) <= core.MaxCost }
+
+// hotRule is what the Limiter needs of a rule it decides, computed once
+// per rule (drl.Store.Prepare; Limiter.Take for a direct caller).
+type hotRule struct {
+	limit  core.Limit    // the rate limit
+	kl     KeyLimit      // its global rate and burst
+	floor  Share         // kl.Floor(MaxGateways)
+	window time.Duration // the global τ = B×T
+}
+
+// compile returns r's hotRule, or false when the Limiter does not decide
+// requests under r (see Eligible: everything but the cost).
+func (l *Limiter) compile(r *core.Rule) (hotRule, bool) {
+	if r == nil || !r.Distributed() || !r.RateEnforced() || r.QuotaEnforced() {
+		return hotRule{}, false
 	}
-	rl := req.Rule.Rate()
-	r := &rl
-	return req.Rule.Distributed() && r.Algorithm == core.GCRA && req.Rule.RateEnforced() && !req.Rule.QuotaEnforced() &&
-		req.Cost >= 0 && req.Cost <= core.MaxCost &&
-		r.EffectiveBurst() >= int64(l.o.MaxGateways) && float64(r.Rate) >= l.minPerNs*float64(r.Period)
+	rate := r.Rate()
+	if rate.Algorithm != core.GCRA || rate.EffectiveBurst() < int64(l.o.MaxGateways) || float64(rate.Rate) < l.minPerNs*float64(rate.Period) {
+		return hotRule{}, false
+	}
+	kl := LimitOf(rate)
+	return hotRule{limit: rate, kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(r.GCRA().Tau)}, true
 }
 
 // Take decides req at now (ns) against this gateway's share, writing the
@@ -228,17 +249,29 @@ func (l *Limiter) Eligible(req *core.Request) bool {
 // local burst but within B is refused with RetryAfter H (a later table may
 // grant more); above B, with RetryAfter -1. MaxDelay reservations are
 // honoured against the local share.
+//
+// Take compiles req's rule on every call; a Store compiles each rule once,
+// in Prepare, and takes through the compiled form.
 func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled bool) {
-	if !l.Eligible(req) {
+	hr, ok := l.compile(req.Rule)
+	if !ok {
 		return false
 	}
-	sh, f := l.locate(req)
+	return l.take(now, req, &hr, d)
+}
+
+// take is Take under hr, req's rule compiled by this Limiter.
+func (l *Limiter) take(now int64, req *core.Request, hr *hotRule, d *core.Decision) bool {
+	if !validCost(req.Cost) {
+		return false
+	}
+	sh, f := l.locate(req, hr)
 	n, md := req.Cost, req.Reservation()
 	var k *key
 	for {
 		var b *bucket
 		var tat int64
-		if k, b, tat = l.current(now, sh, f, req, k); k == nil {
+		if k, b, tat = l.current(now, sh, f, req, hr, k); k == nil {
 			return false
 		}
 		p := &b.p
@@ -257,15 +290,15 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 		retry := int64(0)
 		if !ok {
 			retry = p.RetryAfter(tat, now, n)
-			if retry < 0 && n <= k.kl.Burst {
+			if retry < 0 && n <= hr.kl.Burst {
 				retry = int64(l.o.Interval)
 			}
 		} else if wait := next - p.Tau - now; wait > 0 {
 			d.Delay = time.Duration(wait)
 		}
 		reset := time.Duration(after - now)
-		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = k.kl.Burst, rem, reset, time.Duration(retry)
-		d.Rate = core.Status{Limit: k.kl.Burst, Remaining: rem, ResetAfter: reset, Window: k.window}
+		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = hr.kl.Burst, rem, reset, time.Duration(retry)
+		d.Rate = core.Status{Limit: hr.kl.Burst, Remaining: rem, ResetAfter: reset, Window: hr.window}
 		return true
 	}
 }
@@ -278,15 +311,16 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 	one := *req
 	one.Cost = 1
-	if !l.Eligible(&one) || n < 0 {
+	hr, ok := l.compile(one.Rule)
+	if !ok || n < 0 {
 		return -1
 	}
-	sh, f := l.locate(&one)
+	sh, f := l.locate(&one, &hr)
 	var k *key
 	for {
 		var b *bucket
 		var tat int64
-		if k, b, tat = l.current(now, sh, f, &one, k); k == nil {
+		if k, b, tat = l.current(now, sh, f, &one, &hr, k); k == nil {
 			return -1
 		}
 		a := min(n, b.p.Remaining(tat, now))
@@ -305,10 +339,10 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 // key swept meanwhile is inserted again. It returns a nil key when the key
 // cannot be held (MaxKeys). Take and takeUpTo call it once per round of
 // their CAS loops.
-func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Request, k *key) (*key, *bucket, int64) {
+func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Request, hr *hotRule, k *key) (*key, *bucket, int64) {
 	if k == nil {
-		if k = sh.tab.Load().find(f); k == nil || k.limit != req.Rule.Rate() {
-			if k = l.insert(sh, f, req, now); k == nil {
+		if k = sh.tab.Load().find(f); k == nil || k.limit != hr.limit {
+			if k = l.insert(sh, f, req, hr, now); k == nil {
 				return nil, nil, 0
 			}
 		}
@@ -322,7 +356,7 @@ func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Reques
 		b := k.b.Load()
 		if b.tag.Load() != want {
 			if b = l.switchKey(k, v, now); b == nil {
-				if k = l.insert(sh, f, req, now); k == nil {
+				if k = l.insert(sh, f, req, hr, now); k == nil {
 					return nil, nil, 0
 				}
 				continue
@@ -331,7 +365,7 @@ func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Reques
 		if tat := b.tat.Load(); tat >= frozen {
 			return k, b, tat
 		} else if tat == deadTAT {
-			if k = l.insert(sh, f, req, now); k == nil {
+			if k = l.insert(sh, f, req, hr, now); k == nil {
 				return nil, nil, 0
 			}
 		}
@@ -590,15 +624,14 @@ func (l *Limiter) Stats() LimiterStats {
 
 // locate returns the shard and fingerprint of req's key: consumer, scope
 // and rate limit (a limit change makes a new key, as KeyID does).
-func (l *Limiter) locate(req *core.Request) (*lshard, fingerprint) {
+func (l *Limiter) locate(req *core.Request, hr *hotRule) (*lshard, fingerprint) {
 	hc := maphash.String(l.seeds[0], req.Consumer)
 	f := fingerprint{h: hc, check: maphash.String(l.seeds[1], req.Consumer)}
 	if scope := req.Rule.Scope(); scope != "" {
 		f.h ^= maphash.String(l.seeds[2], scope)
 		f.check ^= maphash.String(l.seeds[3], scope)
 	}
-	rl := req.Rule.Rate()
-	r := &rl
+	r := &hr.limit
 	lh := uint64(r.Rate)*0x9e3779b97f4a7c15 ^ uint64(r.Period)*0xc2b2ae3d27d4eb4f ^ uint64(r.Burst)*0x165667b19e3779f9
 	f.h ^= lh
 	f.check ^= bits.RotateLeft64(lh, 29)
@@ -608,27 +641,24 @@ func (l *Limiter) locate(req *core.Request) (*lshard, fingerprint) {
 	return &l.shards[hc>>l.shift], f
 }
 
-// insert returns the live key for f under req's limit, adding it (at its
-// share in the current view, with a full bucket) if needed; nil when the
-// limit is invalid, another limit holds the fingerprint, or at MaxKeys.
-func (l *Limiter) insert(sh *lshard, f fingerprint, req *core.Request, now int64) *key {
+// insert returns the live key for f under hr's limit, adding it (at its
+// share in the current view, with a full bucket) if needed; nil when
+// another limit holds the fingerprint, or at MaxKeys.
+func (l *Limiter) insert(sh *lshard, f fingerprint, req *core.Request, hr *hotRule, now int64) *key {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if k := sh.tab.Load().find(f); k != nil && k.b.Load().tat.Load() != deadTAT {
-		if k.limit != req.Rule.Rate() {
+		if k.limit != hr.limit {
 			return nil
 		}
 		return k
 	}
-	g := req.Rule.GCRA()
-	rate := req.Rule.Rate()
 	if l.keys.Add(1) > int64(l.o.MaxKeys) {
 		l.keys.Add(-1)
 		l.refused.Add(1)
 		return nil
 	}
-	kl := LimitOf(rate)
-	k := &key{limit: rate, id: MakeKeyID(req.Consumer, req.Rule.Scope(), rate), kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(g.Tau)}
+	k := &key{limit: hr.limit, id: MakeKeyID(req.Consumer, req.Rule.Scope(), hr.limit), kl: hr.kl, floor: hr.floor, window: hr.window}
 	v := l.view.Load()
 	s, tag := shareOf(k, v, now)
 	b := &bucket{p: shareParams(s), share: s, since: now}

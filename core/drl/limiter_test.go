@@ -1,6 +1,7 @@
 package drl
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,15 +12,47 @@ import (
 
 const sec = int64(time.Second)
 
-// hot is a distributed request: 1000/s with burst 100.
-func hot(consumer string) core.Request {
-	return core.Request{Consumer: consumer, Scope: "api", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+// hotSet is a distributed rate limit of 1000/s with burst 100, scope "api".
+var hotSet = core.LimitSet{Scope: "api", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Distributed: true}
+
+// hot is a distributed request of cost 1 under hotSet.
+func hot(consumer string) core.Request { return request(consumer, hotSet) }
+
+// request is a request of cost 1 from consumer under ls, its rule made by
+// core.NewRule: the Limiter reads the rule's limits only, so a Limiter is
+// driven without a Store. It panics on an invalid ls.
+func request(consumer string, ls core.LimitSet) core.Request {
+	r, err := core.NewRule(ls, nil)
+	if err != nil {
+		panic(err)
+	}
+	return core.Request{Consumer: consumer, Rule: r, Cost: 1}
+}
+
+// withRate returns req with its rule's rate limit replaced by rate (a new
+// rule, its other limits the same).
+func withRate(req core.Request, rate core.Limit) core.Request {
+	ls := req.Rule.Limits()
+	ls.Rate = rate
+	r := request(req.Consumer, ls)
+	r.Cost = req.Cost
+	return r
+}
+
+// lookup returns the key l holds for req, or nil.
+func lookup(l *Limiter, req *core.Request) *key {
+	hr, ok := l.compile(req.Rule)
+	if !ok {
+		return nil
+	}
+	sh, f := l.locate(req, &hr)
+	return sh.tab.Load().find(f)
 }
 
 // tableFor gives gateway g share s of req's key at epoch e.
 func tableFor(req core.Request, e uint64, g string, s Share) *Table {
-	id := MakeKeyID(req.Consumer, req.Scope, req.Rate)
-	return &Table{Epoch: e, Token: 1, Keys: map[KeyID]KeyShares{id: {Limit: LimitOf(req.Rate), Shares: map[string]Share{g: s}}}}
+	id := MakeKeyID(req.Consumer, req.Rule.Scope(), req.Rule.Rate())
+	return &Table{Epoch: e, Token: 1, Keys: map[KeyID]KeyShares{id: {Limit: LimitOf(req.Rule.Rate()), Shares: map[string]Share{g: s}}}}
 }
 
 // drain takes until refused at now and returns how many were admitted.
@@ -79,33 +112,44 @@ func TestLimiterEligibility(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxGateways: 4})
 	var d core.Decision
 	base := hot("c")
-	cases := map[string]func(r *core.Request){
-		"not distributed":  func(r *core.Request) { r.Distributed = false },
-		"quota":            func(r *core.Request) { r.Quota = core.Quota{Max: 10, Renewal: time.Hour} },
-		"sliding window":   func(r *core.Request) { r.Rate.Algorithm = core.SlidingWindow },
-		"unlimited":        func(r *core.Request) { r.Rate = core.Limit{Rate: core.Unlimited} },
-		"burst below 4":    func(r *core.Request) { r.Rate.Burst = 3 },
-		"rate floor < 1/s": func(r *core.Request) { r.Rate = core.Limit{Rate: 3, Period: time.Second, Burst: 100} },
-		"negative cost":    func(r *core.Request) { r.Cost = -1 },
-		"invalid period":   func(r *core.Request) { r.Rate = core.Limit{Rate: 1 << 40, Period: time.Nanosecond, Burst: 100} },
+	cases := map[string]func(ls *core.LimitSet, r *core.Request){
+		"not distributed": func(ls *core.LimitSet, r *core.Request) { ls.Distributed = false },
+		"quota":           func(ls *core.LimitSet, r *core.Request) { ls.Quota = core.Quota{Max: 10, Renewal: time.Hour} },
+		"sliding window":  func(ls *core.LimitSet, r *core.Request) { ls.Rate.Algorithm = core.SlidingWindow },
+		"unlimited":       func(ls *core.LimitSet, r *core.Request) { ls.Rate = core.Limit{Rate: core.Unlimited} },
+		"burst below 4":   func(ls *core.LimitSet, r *core.Request) { ls.Rate.Burst = 3 },
+		"rate floor < 1/s": func(ls *core.LimitSet, r *core.Request) {
+			ls.Rate = core.Limit{Rate: 3, Period: time.Second, Burst: 100}
+		},
+		"negative cost":  func(ls *core.LimitSet, r *core.Request) { r.Cost = -1 },
+		"cost above max": func(ls *core.LimitSet, r *core.Request) { r.Cost = core.MaxCost + 1 },
 	}
 	for name, f := range cases {
+		ls := hotSet
 		r := base
-		f(&r)
-		if l.Take(sec, &r, &d) {
+		f(&ls, &r)
+		cost := r.Cost
+		r = request("c", ls)
+		r.Cost = cost
+		if l.Take(sec, &r, &d) || l.Eligible(&r) {
 			t.Errorf("%s: handled by DRL, want the exact store", name)
 		}
 	}
 	if st := l.Stats(); st.HotKeys != 0 {
 		t.Fatalf("%d keys held after ineligible requests, want 0", st.HotKeys)
 	}
+	// An invalid limit never reaches the Limiter: no rule holds it.
+	ls := hotSet
+	ls.Rate = core.Limit{Rate: 1 << 40, Period: time.Nanosecond, Burst: 100}
+	if _, err := core.NewRule(ls, nil); !errors.Is(err, core.ErrInvalidLimit) {
+		t.Errorf("invalid period: NewRule error %v, want ErrInvalidLimit", err)
+	}
 	// Tyk #1287: 10/s over the default 32 gateways: floor 0.3125/s.
-	r := base
-	r.Rate = core.PerSecond(10)
+	r := withRate(base, core.PerSecond(10))
 	if NewLimiter(LimiterOptions{}).Take(sec, &r, &d) {
 		t.Error("10/s over 32 gateways: handled by DRL, want the exact store")
 	}
-	r.Rate = core.Limit{Rate: 4, Period: time.Second, Burst: 4} // floor exactly 1/s, burst 1
+	r = withRate(base, core.Limit{Rate: 4, Period: time.Second, Burst: 4}) // floor exactly 1/s, burst 1
 	if !l.Take(sec, &r, &d) || !l.Eligible(&r) {
 		t.Fatal("4/s burst 4 over 4 gateways: want DRL")
 	}
@@ -365,7 +409,7 @@ func TestLimiterMaxKeysAndSweep(t *testing.T) {
 	}
 	// Keys stay while used; idle for 3 reports with full buckets, they go.
 	rep := l.Report(now+sec, "g1")
-	if len(rep.Keys) != 3 || rep.Keys[MakeKeyID("a", "api", hot("a").Rate)].Demand != 1 {
+	if len(rep.Keys) != 3 || rep.Keys[MakeKeyID("a", "api", hotSet.Rate)].Demand != 1 {
 		t.Fatalf("report %+v", rep)
 	}
 	a := hot("a")
@@ -384,12 +428,12 @@ func TestLimiterMaxKeysAndSweep(t *testing.T) {
 func TestLimiterDemandSmoothing(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxGateways: 4})
 	req := hot("c")
-	req.Rate.Burst = 1000
+	req = withRate(req, core.Limit{Rate: 1000, Period: time.Second, Burst: 1000})
 	var d core.Decision
 	now := 10 * sec
 	l.Take(now, &req, &d)
 	l.Report(now, "g")
-	id := MakeKeyID("c", "api", req.Rate)
+	id := MakeKeyID("c", "api", req.Rule.Rate())
 	step := func(n int, want float64) {
 		t.Helper()
 		now += sec
@@ -434,7 +478,7 @@ func TestTakeUpToIsTakes(t *testing.T) {
 			t.Fatalf("step %d: takeUpTo(%d) admitted %d, Take %d", i, n, got, want)
 		}
 	}
-	if ra, rb := a.Report(now, "g"), b.Report(now, "g"); ra.Keys[MakeKeyID("c", "api", req.Rate)] != rb.Keys[MakeKeyID("c", "api", req.Rate)] {
+	if ra, rb := a.Report(now, "g"), b.Report(now, "g"); ra.Keys[MakeKeyID("c", "api", req.Rule.Rate())] != rb.Keys[MakeKeyID("c", "api", req.Rule.Rate())] {
 		t.Fatalf("demand %v vs %v", ra, rb)
 	}
 }

@@ -214,30 +214,39 @@ var ErrClosed = errors.New("drl: store closed")
 
 // Prepare implements core.Store: ls is prepared on the exact store, and
 // the rule this store returns holds that rule for the requests it passes
-// on. Errors are the exact store's.
+// on, and whether (and how) the Limiter decides requests under ls, decided
+// here once (see Limiter.Eligible) so that Take checks only the cost.
+// Errors are the exact store's, or core.NewRule's.
 func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 	inner, err := s.exact.Prepare(ls)
 	if err != nil {
 		return nil, err
 	}
-	return core.NewRule(ls, &rule{exact: inner})
+	data := &rule{exact: inner}
+	r, err := core.NewRule(ls, data)
+	if err != nil {
+		return nil, err
+	}
+	data.hot, data.inMemory = s.lim.compile(r)
+	return r, nil
 }
 
-// rule is the store's compiled form of a LimitSet: the exact store's rule.
-type rule struct{ exact *core.Rule }
+// rule is the store's compiled form of a LimitSet: the exact store's rule
+// and, when inMemory, the rule compiled for this store's Limiter.
+type rule struct {
+	exact    *core.Rule
+	hot      hotRule
+	inMemory bool
+}
 
-// exactReq returns req with the exact store's rule, or false when req.Rule
-// is not this kind of store's.
-func exactReq(req core.Request) (core.Request, bool) {
+// ruleOf returns req's rule data, or nil when req.Rule is not this kind of
+// store's.
+func ruleOf(req *core.Request) *rule {
 	if req.Rule == nil {
-		return req, false
+		return nil
 	}
-	r, ok := req.Rule.Data().(*rule)
-	if !ok {
-		return req, false
-	}
-	req.Rule = r.exact
-	return req, true
+	r, _ := req.Rule.Data().(*rule)
+	return r
 }
 
 // Take implements core.Store: a request the Limiter takes is decided in
@@ -246,14 +255,15 @@ func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, er
 	if s.closed.Load() {
 		return d, ErrClosed
 	}
-	er, ok := exactReq(req)
-	if !ok {
+	r := ruleOf(&req)
+	if r == nil {
 		return d, core.ErrForeignRule
 	}
-	if s.lim.Take(s.clock.Nanotime(), &req, &d) {
+	if r.inMemory && s.lim.take(s.clock.Nanotime(), &req, &r.hot, &d) {
 		return d, nil
 	}
-	return s.exact.Take(ctx, er)
+	req.Rule = r.exact
+	return s.exact.Take(ctx, req)
 }
 
 // TakeInto is Take writing into *d, through the exact store's TakeInto
@@ -263,14 +273,16 @@ func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decisio
 		*d = core.Decision{}
 		return ErrClosed
 	}
-	er, ok := exactReq(*req)
-	if !ok {
+	r := ruleOf(req)
+	if r == nil {
 		*d = core.Decision{}
 		return core.ErrForeignRule
 	}
-	if s.lim.Take(s.clock.Nanotime(), req, d) {
+	if r.inMemory && s.lim.take(s.clock.Nanotime(), req, &r.hot, d) {
 		return nil
 	}
+	er := *req
+	er.Rule = r.exact
 	if w, ok := s.exact.(interface {
 		TakeInto(context.Context, *core.Request, *core.Decision) error
 	}); ok {
@@ -290,11 +302,12 @@ func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch ui
 // holds back what the exact store decides, not a hot key's in-memory
 // share.
 func (s *Store) Penalize(ctx context.Context, req core.Request, d time.Duration) error {
-	er, ok := exactReq(req)
-	if !ok {
+	r := ruleOf(&req)
+	if r == nil {
 		return core.ErrForeignRule
 	}
-	return s.exact.Penalize(ctx, er, d)
+	req.Rule = r.exact
+	return s.exact.Penalize(ctx, req, d)
 }
 
 // Ping checks the exact store, when it can be pinged (the Redis store).

@@ -50,6 +50,26 @@ func startGateway(t *testing.T, srv *redistest.Server, o Options, manual bool) *
 	return &gateway{Store: s, client: c}
 }
 
+// prep returns c as a request to s, its limits prepared on s.
+func prep(t *testing.T, s core.Store, c core.Call) core.Request {
+	t.Helper()
+	r, err := s.Prepare(c.Limits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Request(r)
+}
+
+// prepAll returns c as a request to each gateway, prepared on each.
+func prepAll(t *testing.T, gws []*gateway, c core.Call) []core.Request {
+	t.Helper()
+	reqs := make([]core.Request, len(gws))
+	for i, g := range gws {
+		reqs[i] = prep(t, g, c)
+	}
+	return reqs
+}
+
 // waitFor polls cond every 2 ms for up to d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -221,11 +241,13 @@ func (m *manualCluster) tick() {
 // step: at(ms) first (when not nil; it may change the cluster), a tick
 // every 250 ms, then gateway g takes offered(ms)[g] requests per second of
 // req, fractions carried to the next step, each decision shown to each
-// (when not nil). It returns the units admitted in each millisecond.
-func (m *manualCluster) drive(req core.Request, seconds int, offered func(ms int) []float64, at func(ms int), each func(g, ms int, d core.Decision)) []int {
+// (when not nil); req is prepared on each gateway. It returns the units
+// admitted in each millisecond.
+func (m *manualCluster) drive(req core.Call, seconds int, offered func(ms int) []float64, at func(ms int), each func(g, ms int, d core.Decision)) []int {
 	m.t.Helper()
 	admitted := make([]int, seconds*1000)
 	var credit []float64
+	var reqs []core.Request
 	ctx := context.Background()
 	for ms := range admitted {
 		if at != nil {
@@ -238,11 +260,12 @@ func (m *manualCluster) drive(req core.Request, seconds int, offered func(ms int
 		for g, s := range m.gws {
 			if g == len(credit) {
 				credit = append(credit, 0)
+				reqs = append(reqs, prep(m.t, s, req))
 			}
 			credit[g] += rates[g] / 1000
 			for credit[g] >= 1 {
 				credit[g]--
-				d, err := s.Take(ctx, req)
+				d, err := s.Take(ctx, reqs[g])
 				if err != nil {
 					m.t.Fatal(err)
 				}
@@ -293,7 +316,7 @@ func TestBoundOnManualClock(t *testing.T) {
 	}
 	const R, B = 1000, 100
 	limit := core.Limit{Rate: R, Period: time.Second, Burst: B}
-	req := core.Request{Consumer: "hot", Scope: "api", Rate: limit, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Scope: "api", Rate: limit, Cost: 1, Distributed: true}
 	offered := []float64{1050, 300, 150} // per second
 	const seconds = 40
 	perGateway := make([]int, 3)
@@ -386,12 +409,13 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 	}
 	const R, B = 300, 30
 	floor := float64(R) / 6
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: R, Period: time.Second, Burst: B}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: R, Period: time.Second, Burst: B}, Cost: 1, Distributed: true}
 	l := &load{admitted: make([]atomic.Int64, 15000), start: time.Now()}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	reqs := prepAll(t, gws, req)
 	for i, rate := range []float64{400, 40, 40} {
-		l.run(t, gws[i].Store, req, rate, stop, &wg)
+		l.run(t, gws[i].Store, reqs[i], rate, stop, &wg)
 	}
 	defer func() { close(stop); wg.Wait() }()
 
@@ -410,8 +434,8 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 		return true
 	})
 	take := func() { // one decision on each gateway, counted with the load's
-		for _, g := range gws {
-			d, err := g.Take(context.Background(), req)
+		for i, g := range gws {
+			d, err := g.Take(context.Background(), reqs[i])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -471,8 +495,8 @@ func TestHotKeyMakesNoRedisCalls(t *testing.T) {
 	g := startGateway(t, srv, Options{Group: "calls", Interval: time.Second, Clock: clock}, true)
 	admin := srv.Client(t, nil)
 	ctx := context.Background()
-	hot := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1_000_000, Period: time.Second}, Cost: 1, Distributed: true}
-	coarse := core.Request{Consumer: "coarse", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1, Distributed: true}
+	hot := prep(t, g, core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1_000_000, Period: time.Second}, Cost: 1, Distributed: true})
+	coarse := prep(t, g, core.Call{Consumer: "coarse", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1, Distributed: true})
 	// Report, win the lease, publish after its hold (2H plus a call's
 	// timeout, as there is no table yet): the table is in force.
 	for range 16 {
@@ -531,10 +555,11 @@ func TestCoarseKeyExact(t *testing.T) {
 	for range 4 {
 		gws = append(gws, startGateway(t, srv, Options{Group: "coarse", Interval: 100 * time.Millisecond}, false))
 	}
-	req := core.Request{Consumer: "low", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Minute}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "low", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Minute}, Cost: 1, Distributed: true}
+	reqs := prepAll(t, gws, req)
 	allowed := 0
 	for i := range 20 {
-		d, err := gws[i%4].Take(context.Background(), req)
+		d, err := gws[i%4].Take(context.Background(), reqs[i%4])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -558,7 +583,7 @@ func TestStoreDelegates(t *testing.T) {
 	srv := redistest.Start(t)
 	g := startGateway(t, srv, Options{Group: "del", Interval: time.Second}, true)
 	ctx := context.Background()
-	req := core.Request{Consumer: "q", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1, Distributed: true}
+	req := prep(t, g, core.Call{Consumer: "q", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1, Distributed: true})
 	var got []bool
 	for range 3 {
 		d, err := g.Take(ctx, req)
@@ -570,14 +595,14 @@ func TestStoreDelegates(t *testing.T) {
 	if fmt.Sprint(got) != "[true true false]" {
 		t.Fatalf("a request with a quota: %v, want the Redis store's exact [true true false]", got)
 	}
-	if err := g.ResetQuotaEpoch(ctx, "q", "", 0); err != nil {
+	if err := g.ResetQuota(ctx, "q", "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := g.Take(ctx, req); err != nil || !d.Allowed {
 		t.Fatalf("after the reset: %+v, %v", d, err)
 	}
-	if !g.SupportsAlgorithm(core.SlidingLog) {
-		t.Error("sliding_log: the Redis store supports it")
+	if err := core.CheckSupport(g, core.Limit{Rate: 10, Period: time.Second, Algorithm: core.SlidingLog}); err != nil {
+		t.Errorf("sliding_log: %v, want the Redis store's support", err)
 	}
 	if err := g.Ping(ctx); err != nil {
 		t.Error(err)
@@ -602,7 +627,7 @@ func runShift(t *testing.T, unsafe bool) (worst int, rate float64) {
 		m.gws = append(m.gws, startGateway(t, srv, o, true))
 	}
 	m.gws[0].pubsub.Close()
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 30
 	admitted := m.drive(req, seconds, func(ms int) []float64 {
 		if ms >= 10000 {
@@ -658,7 +683,7 @@ func TestStoresOnCluster(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		stores = append(stores, s)
 	}
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+	req := prep(t, stores[0], core.Call{Consumer: "hot", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true})
 	waitFor(t, 5*time.Second, "the loaded gateway's share above its floor (100/s)", func() bool {
 		for range 5 {
 			if _, err := stores[0].Take(context.Background(), req); err != nil {
@@ -688,7 +713,7 @@ func TestBoundAcrossRedisDataLoss(t *testing.T) {
 	o := Options{Group: "loss", Interval: time.Second, Clock: clock}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "loss"}
 	m.gws = append(m.gws, startGateway(t, srv, o, true), startGateway(t, srv, o, true))
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 24
 	flush := func(ms int) {
 		if ms != 8000 {
@@ -783,12 +808,13 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 			for range 3 {
 				gws = append(gws, startGateway(t, srv, o, false))
 			}
-			req := core.Request{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+			req := core.Call{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+			reqs := prepAll(t, gws, req)
 			share := func(g *gateway) float64 { return g.Stats().ShareRate }
 			near := func(a, b float64) bool { return math.Abs(a-b) < 1e-3 }
 			waitFor(t, 10*h, "three gateways at 100/s", func() bool {
-				for _, g := range gws {
-					g.Take(context.Background(), req) // keeps the key reported
+				for i, g := range gws {
+					g.Take(context.Background(), reqs[i]) // keeps the key reported
 				}
 				return near(share(gws[0]), 100) && near(share(gws[1]), 100) && near(share(gws[2]), 100) && gws[0].Stats().Epoch > 0
 			})
@@ -796,7 +822,7 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 				if err := gws[2].Close(); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := gws[2].Take(context.Background(), req); !errors.Is(err, ErrClosed) {
+				if _, err := gws[2].Take(context.Background(), reqs[2]); !errors.Is(err, ErrClosed) {
 					t.Fatalf("Take after Close: %v, want ErrClosed", err)
 				}
 			} else {
@@ -804,8 +830,8 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 			}
 			deadline := time.Now().Add(6 * h) // past the killed one's report TTL (2H + H/2) and a step
 			for time.Now().Before(deadline) {
-				gws[0].Take(context.Background(), req)
-				gws[1].Take(context.Background(), req)
+				gws[0].Take(context.Background(), reqs[0])
+				gws[1].Take(context.Background(), reqs[1])
 				if clean && near(share(gws[0]), 150) && near(share(gws[1]), 150) {
 					return
 				}
@@ -816,5 +842,49 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 				t.Fatalf("after the %s: shares %.4f and %.4f, want %.0f each", t.Name(), got0, got1, want)
 			}
 		})
+	}
+}
+
+// TestPrepareDecidesEligibility: the Store decides once, in Prepare,
+// whether the Limiter takes a rule's requests (everything of
+// Limiter.Eligible but the cost), so Take checks only the cost: for each
+// limit set the prepared rule's flag equals Eligible, and its compiled
+// form is the key's global limit, floor and window.
+func TestPrepareDecidesEligibility(t *testing.T) {
+	srv := redistest.Start(t)
+	g := startGateway(t, srv, Options{Group: "prep", Interval: time.Second, MaxGateways: 4}, true)
+	sets := map[string]core.LimitSet{
+		"hot":              hotSet,
+		"not distributed":  {Scope: "api", Rate: hotSet.Rate},
+		"quota":            {Scope: "api", Rate: hotSet.Rate, Quota: core.Quota{Max: 10, Renewal: time.Hour}, Distributed: true},
+		"sliding window":   {Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100, Algorithm: core.SlidingWindow}, Distributed: true},
+		"unlimited":        {Rate: core.Limit{Rate: core.Unlimited}, Distributed: true},
+		"burst below 4":    {Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 3}, Distributed: true},
+		"rate floor < 1/s": {Rate: core.Limit{Rate: 3, Period: time.Second, Burst: 100}, Distributed: true},
+		"no limit":         {Distributed: true},
+	}
+	for name, ls := range sets {
+		r, err := g.Prepare(ls)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		req := core.Request{Consumer: "c", Rule: r, Cost: 1}
+		d := ruleOf(&req)
+		if want := name == "hot"; d.inMemory != want || g.lim.Eligible(&req) != want {
+			t.Errorf("%s: prepared in memory %v, Eligible %v; want %v", name, d.inMemory, g.lim.Eligible(&req), want)
+		}
+		if d.exact == nil || d.exact.Limits() != ls {
+			t.Errorf("%s: exact rule %+v, want one prepared from %+v", name, d.exact, ls)
+		}
+	}
+	r, _ := g.Prepare(hotSet)
+	want := hotRule{limit: hotSet.Rate, kl: KeyLimit{Rate: 1000, Burst: 100}, floor: Share{Rate: 250, Burst: 25}, window: 100 * time.Millisecond}
+	if got := r.Data().(*rule).hot; got != want {
+		t.Fatalf("compiled %+v, want %+v", got, want)
+	}
+	// A cost out of range is the one check left to Take: the exact store
+	// refuses it.
+	if _, err := g.Take(context.Background(), core.Request{Consumer: "c", Rule: r, Cost: -1}); !errors.Is(err, core.ErrInvalidCost) {
+		t.Fatalf("cost -1: %v, want ErrInvalidCost from the exact store", err)
 	}
 }
