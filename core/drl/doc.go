@@ -24,6 +24,11 @@
 //     wait until the shrinks they need are acknowledged (or the gateways
 //     that owe them have gone stale). Switching a key's share inside a
 //     gateway carries its tokens exactly.
+//   - A limit change keeps the tokens spent, not the time, as the other
+//     stores do: the units a key spent from its share stay spent from the
+//     share it runs under the new limit. The new limit is a new KeyID, so
+//     the key runs that name's share (its floor until the allocator lists
+//     it), and the shares of each limit stay within that limit.
 //   - A gateway whose table is older than 2H (measured from when it sent the
 //     call that returned it) runs every key at its floor, so a Redis outage
 //     or a partition keeps the total within the limit; a report lives 2H +

@@ -41,11 +41,10 @@ func withRate(req core.Request, rate core.Limit) core.Request {
 
 // lookup returns the key l holds for req, or nil.
 func lookup(l *Limiter, req *core.Request) *key {
-	hr, ok := l.compile(req.Rule)
-	if !ok {
+	if _, ok := l.compile(req.Rule); !ok {
 		return nil
 	}
-	sh, f := l.locate(req, &hr)
+	sh, f := l.locate(req)
 	return sh.tab.Load().find(f)
 }
 
@@ -515,5 +514,68 @@ func TestLimiterOlderTableRefreshes(t *testing.T) {
 	}
 	if st := l.Stats(); st.Epoch != 2 || st.Fallbacks != 0 {
 		t.Fatalf("stats %+v, want epoch 2 and no fallback", st)
+	}
+}
+
+// TestLimiterLimitChangeRenamesKey: a request under another limit switches
+// the key to it, keeping the units spent from the gateway's share as spent
+// from the share it runs under the new limit, which is the share the table
+// gives the new limit's KeyID: the floor until the allocator lists it (it
+// counts an unlisted gateway at its floor), never the old name's share.
+// The key is reported under the new name only; a table that then lists it
+// switches the key as any share change does (tokens held carried).
+func TestLimiterLimitChangeRenamesKey(t *testing.T) {
+	ms := int64(time.Millisecond)
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1"})
+	req := hot("c") // 1000/s, B 100
+	now := 10 * sec
+	l.Apply(now, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	var d core.Decision
+	for range 20 { // 20 of the share's 50 spent: 40 ms at T = 2 ms
+		if !l.Take(now, &req, &d) || !d.Allowed || d.Limit != 100 {
+			t.Fatalf("under 1000/s: %+v", d)
+		}
+	}
+	// Raised to 2000/s, B 200: floor 500/s, B 50 (T = 2 ms): 30 left.
+	up := withRate(req, core.Limit{Rate: 2000, Period: time.Second, Burst: 200})
+	if !l.Take(now, &up, &d) || !d.Allowed || d.Limit != 200 || d.Remaining != 29 || d.Rate.Window != 100*time.Millisecond {
+		t.Fatalf("first decision under 2000/s: %+v, want allowed, Limit 200, 29 left, window 100 ms", d)
+	}
+	if n := drain(t, l, now, &up); n != 29 {
+		t.Fatalf("under 2000/s: %d more at once, want 29 (20 of 50 spent before the change)", n)
+	}
+	newID := MakeKeyID("c", "api", up.Rule.Rate())
+	rep := l.Report(now, "g1")
+	if len(rep.Keys) != 1 || rep.Keys[newID].Limit != (KeyLimit{Rate: 2000, Burst: 200}) || rep.Keys[newID].Demand != 51 {
+		t.Fatalf("report %+v, want only %s, limit 2000/s B 200, demand 51 (20 + 30 admitted + 1 refused)", rep.Keys, newID)
+	}
+	if st := l.Stats(); st.HotKeys != 1 || st.ShareRate != 500 {
+		t.Fatalf("stats %+v, want one key at the new floor 500/s", st)
+	}
+	// The allocator lists the new name: a grow to 1000/s, B 100, carries
+	// the 0 tokens held; then 1 per ms.
+	l.Apply(now, tableFor(up, 2, "g1", Share{Rate: 1000, Burst: 100}))
+	if n := drain(t, l, now, &up); n != 0 {
+		t.Fatalf("right after the grow: %d, want 0", n)
+	}
+	if n := drain(t, l, now+10*ms, &up); n != 10 {
+		t.Fatalf("10 ms at 1000/s: %d, want 10", n)
+	}
+
+	// Lowered below what was spent: with the bucket empty (all 100 of the
+	// share spent) the limit drops to 400/s, B 40, whose floor is 100/s,
+	// B 10 (T = 10 ms): the 100 units stay spent, 1 s of debt against a
+	// 100 ms window, so the next one passes after 910 ms.
+	now += 10 * ms
+	if n := drain(t, l, now+30*ms, &up); n != 30 {
+		t.Fatalf("30 ms at 1000/s: %d, want 30", n)
+	}
+	now += 30 * ms
+	down := withRate(req, core.Limit{Rate: 400, Period: time.Second, Burst: 40})
+	if !l.Take(now, &down, &d) || d.Allowed || d.Limit != 40 || d.RetryAfter != 910*time.Millisecond {
+		t.Fatalf("first decision under 400/s: %+v, want refused, Limit 40, retry after 910 ms (100 spent at 10 ms each, τ 100 ms)", d)
+	}
+	if n := drain(t, l, now+910*ms, &down); n != 1 {
+		t.Fatalf("910 ms later: %d, want 1", n)
 	}
 }

@@ -888,3 +888,72 @@ func TestPrepareDecidesEligibility(t *testing.T) {
 		t.Fatalf("cost -1: %v, want ErrInvalidCost from the exact store", err)
 	}
 }
+
+// TestLimitChangeKeepsSpent is issue 20's "a limit change keeps the
+// tokens spent, not the time", decided in memory: one gateway holding the
+// whole limit (MaxGateways 1, a MinFloorRate low enough for 3/min), a
+// distributed rule, a manual clock. 3 of 3 spent per minute, raised to 6
+// per minute: exactly 3 more at once. 3 of 6 spent, lowered to 3 per
+// minute: none more, the next one after one new emission interval (20 s).
+// Every decision is the Limiter's (Limit is the global burst; no key goes
+// to the exact store), and the key is reported under its new limit's name
+// only.
+func TestLimitChangeKeepsSpent(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := core.NewManualClock(int64(time.Hour))
+	g := startGateway(t, srv, Options{Group: "change", Interval: time.Second, MaxGateways: 1, MinFloorRate: 0.01, Clock: clock}, true)
+	ctx := context.Background()
+	perMin := func(n int64) core.LimitSet {
+		return core.LimitSet{Scope: "api", Rate: core.Limit{Rate: n, Period: time.Minute}, Distributed: true}
+	}
+	take := func(req core.Request, allowed bool, remaining int64, retry time.Duration) {
+		t.Helper()
+		d, err := g.Take(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed != allowed || d.Remaining != remaining || d.RetryAfter != retry || d.Limit != req.Rule.Rate().Rate {
+			t.Fatalf("under %d/min: %+v, want allowed %v, remaining %d, retry after %v, limit %d", req.Rule.Rate().Rate, d, allowed, remaining, retry, req.Rule.Rate().Rate)
+		}
+	}
+	three := prep(t, g, core.Call{Consumer: "up", Scope: "api", Rate: perMin(3).Rate, Distributed: true, Cost: 1})
+	six := prep(t, g, core.Call{Consumer: "up", Scope: "api", Rate: perMin(6).Rate, Distributed: true, Cost: 1})
+	if !ruleOf(&three).inMemory || !ruleOf(&six).inMemory {
+		t.Fatal("3/min and 6/min over MaxGateways 1: want both decided in memory")
+	}
+	// Raised: 3 of 3 spent, then exactly 3 more at once.
+	take(three, true, 2, 0)
+	take(three, true, 1, 0)
+	take(three, true, 0, 0)
+	take(three, false, 0, 20*time.Second)
+	take(six, true, 2, 0)
+	take(six, true, 1, 0)
+	take(six, true, 0, 0)
+	take(six, false, 0, 10*time.Second)
+
+	// Lowered: 3 of 6 spent, then none more until 20 s have passed.
+	three.Consumer, six.Consumer = "down", "down"
+	take(six, true, 5, 0)
+	take(six, true, 4, 0)
+	take(six, true, 3, 0)
+	take(three, false, 0, 20*time.Second)
+	clock.Advance(20*time.Second - time.Nanosecond)
+	take(three, false, 0, time.Nanosecond)
+	clock.Advance(time.Nanosecond)
+	take(three, true, 0, 0)
+	take(three, false, 0, 20*time.Second)
+
+	rep := g.lim.Report(clock.Nanotime(), g.GatewayID())
+	up, down := MakeKeyID("up", "api", perMin(6).Rate), MakeKeyID("down", "api", perMin(3).Rate)
+	if len(rep.Keys) != 2 || rep.Keys[up].Limit != (KeyLimit{Rate: 0.1, Burst: 6}) || rep.Keys[down].Limit != (KeyLimit{Rate: 0.05, Burst: 3}) {
+		t.Fatalf("report %+v, want the two keys under their new limits' names only", rep.Keys)
+	}
+	// The first report (divided by H = 1 s): the units offered, 8 and 7,
+	// all under the new names.
+	if rep.Keys[up].Demand != 8 || rep.Keys[down].Demand != 7 {
+		t.Fatalf("demand %v and %v, want 8 and 7 (the units offered before the change count)", rep.Keys[up].Demand, rep.Keys[down].Demand)
+	}
+	if st := g.Stats(); st.HotKeys != 2 {
+		t.Fatalf("%d hot keys, want 2", st.HotKeys)
+	}
+}
