@@ -116,11 +116,13 @@ type AllocatorOptions struct {
 	// serving at its floor), and how long a key nobody reports is kept.
 	// Default 30×Interval.
 	Forget time.Duration
-	// UnsafeGrowsBeforeShrinks, for tests only, grants grows from the
-	// capacity the new table leaves, ignoring shares gateways may still be
-	// running until they acknowledge their shrinks. It breaks the bound; it
-	// exists to show that the bound's check catches it.
-	UnsafeGrowsBeforeShrinks bool
+
+	// unsafeGrowsBeforeShrinks, for this package's tests and the unsafe
+	// test build only (see unsafeBuild), grants grows from the capacity the
+	// new table leaves, ignoring shares gateways may still be running until
+	// they acknowledge their shrinks. It breaks the bound; it exists to show
+	// that the bound's check catches it.
+	unsafeGrowsBeforeShrinks bool
 }
 
 func (o AllocatorOptions) withDefaults() AllocatorOptions {
@@ -481,7 +483,7 @@ func (a *Allocator) allocate(k *allocKey, id KeyID, names []string, demand map[s
 
 	// Shrinks at once; grows from the slack the bounds leave.
 	next := make([]float64, n)
-	if o.UnsafeGrowsBeforeShrinks {
+	if o.unsafeGrowsBeforeShrinks {
 		copy(next, target)
 	} else {
 		slack := avail

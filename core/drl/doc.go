@@ -52,9 +52,10 @@
 // The simulator in sim_test.go checks this over 100 seeds per scenario
 // (skew, Tyk #1244, a load step, churn with partitions, allocator
 // failover, a Redis outage): every 1 s window and the sum of the shares
-// the gateways run, at every event. With
-// AllocatorOptions.UnsafeGrowsBeforeShrinks the shares run sum above R in
-// nearly every churn run; the admitted windows exceed R + B only where a
+// the gateways run, at every event. With the allocator's unsafe switch
+// (grows granted before the shrinks they need are in force: set by this
+// package's tests, or by a build with the tag limitplane_drl_unsafe, never
+// by an option) the shares run sum above R in nearly every churn run; the admitted windows exceed R + B only where a
 // shrink reaches its gateway late (a lost or slow delivery), since a
 // gateway cut off from Redis is at its floor (2H) before its report
 // expires (2H + H/2) and its share is handed out.

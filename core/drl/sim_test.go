@@ -122,7 +122,7 @@ func newSim(seed uint64, rate, burst int64, unsafe bool, duration time.Duration)
 		pubLoss:  0.05,
 		pubMax:   int64(200 * time.Millisecond),
 		slowMax:  int64(time.Second),
-		aopts:    AllocatorOptions{UnsafeGrowsBeforeShrinks: unsafe},
+		aopts:    AllocatorOptions{unsafeGrowsBeforeShrinks: unsafe},
 		redisUp:  true,
 		reports:  map[string]simReport{},
 		acks:     map[string]uint64{},

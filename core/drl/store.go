@@ -57,13 +57,22 @@ type Options struct {
 	// failing, one when it succeeds again) and lease changes; nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// UnsafeGrowsBeforeShrinks is for tests only: the allocator grants
-	// grows before the shrinks they need are in force, which breaks the
-	// bound (see AllocatorOptions).
-	UnsafeGrowsBeforeShrinks bool
-	// Clock is the monotonic clock of the hot path and the loop; nil
-	// means the system clock. A test seam.
-	Clock core.Clock
+}
+
+// seams are what this package's tests set and users cannot: a Store's
+// clock is the system clock, and its allocator keeps shrinks before grows,
+// unless a test (newStore) or a test build (unsafeBuild) says otherwise.
+type seams struct {
+	// manual: no loop is started (the subscriber is); the test drives the
+	// Store with tick.
+	manual bool
+	// clock is the monotonic clock of the hot path and the loop; nil
+	// means the system clock.
+	clock core.Clock
+	// unsafe: the allocator grants grows before the shrinks they need
+	// are in force, which breaks the bound (see
+	// AllocatorOptions.unsafeGrowsBeforeShrinks).
+	unsafe bool
 }
 
 // Store is limitplane's Distributed Rate Limiter as a core.Store, one per
@@ -128,12 +137,12 @@ type leader struct {
 // for the DRL's own keys and channels, and starts its loop; Close stops
 // it. client stays the caller's to close, after Close.
 func New(client redis.UniversalClient, exact core.Store, o Options) (*Store, error) {
-	return newStore(client, exact, o, false)
+	return newStore(client, exact, o, seams{unsafe: unsafeBuild})
 }
 
-// newStore is New; with manual set no loop is started (the subscriber
-// is) and the caller drives it with tick: tests on a manual clock.
-func newStore(client redis.UniversalClient, exact core.Store, o Options, manual bool) (*Store, error) {
+// newStore is New with the test seams sm: tests on a manual clock, a
+// manual loop, or the unsafe allocator.
+func newStore(client redis.UniversalClient, exact core.Store, o Options, sm seams) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("drl: New: nil Redis client")
 	}
@@ -169,8 +178,8 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, manual 
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.Clock == nil {
-		o.Clock = core.NewSystemClock()
+	if sm.clock == nil {
+		sm.clock = core.NewSystemClock()
 	}
 	forget := 30 * o.Interval
 	s := &Store{
@@ -179,11 +188,11 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, manual 
 			Interval: o.Interval, MaxKeys: o.MaxKeys}),
 		w:     wire{c: client, k: keysFor(o.Group), gateway: o.GatewayID, h: o.Interval, keep: forget},
 		o:     o,
-		clock: o.Clock,
+		clock: sm.clock,
 		log:   o.Logger.With("component", "drl", "group", o.Group, "gateway", o.GatewayID),
 		nonce: hex.EncodeToString(nonce[:]),
 		aopts: AllocatorOptions{MaxGateways: o.MaxGateways, JoinReserve: o.JoinReserve, Headroom: o.Headroom,
-			Interval: o.Interval, Forget: forget, UnsafeGrowsBeforeShrinks: o.UnsafeGrowsBeforeShrinks},
+			Interval: o.Interval, Forget: forget, unsafeGrowsBeforeShrinks: sm.unsafe},
 		ackCh:   make(chan struct{}, 1),
 		failing: map[string]bool{},
 		done:    make(chan struct{}),
@@ -193,7 +202,10 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, manual 
 	s.cancel = cancel
 	s.pubsub = client.Subscribe(ctx, s.w.k.tables, s.w.k.acks)
 	go s.subscribe(ctx)
-	if manual {
+	if sm.unsafe {
+		s.log.Warn("drl: the allocator grants grows before the shrinks they need are in force: the gateways may admit more than a distributed limit (a test build or test)")
+	}
+	if sm.manual {
 		close(s.done)
 		return s, nil
 	}

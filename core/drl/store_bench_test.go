@@ -81,7 +81,7 @@ func benchStore(b *testing.B, srv *redistest.Server, clock core.Clock, consumer 
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := newStore(c, exact, Options{Group: "bench", GatewayID: "g", Interval: time.Hour, Clock: clock, Logger: quiet}, true)
+	s, err := newStore(c, exact, Options{Group: "bench", GatewayID: "g", Interval: time.Hour, Logger: quiet}, seams{manual: true, clock: clock})
 	if err != nil {
 		b.Fatal(err)
 	}

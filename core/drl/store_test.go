@@ -30,9 +30,10 @@ type gateway struct {
 	client *redis.Client
 }
 
-// startGateway makes a Store on srv; manual stores run no loop (the test
-// calls tick). Close runs at cleanup (before the client closes).
-func startGateway(t *testing.T, srv *redistest.Server, o Options, manual bool) *gateway {
+// startGateway makes a Store on srv with the test seams sm; manual stores
+// run no loop (the test calls tick). Close runs at cleanup (before the
+// client closes).
+func startGateway(t *testing.T, srv *redistest.Server, o Options, sm seams) *gateway {
 	t.Helper()
 	c := srv.Client(t, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	exact, err := redisstore.New(c, redisstore.Options{})
@@ -42,7 +43,7 @@ func startGateway(t *testing.T, srv *redistest.Server, o Options, manual bool) *
 	if o.Logger == nil {
 		o.Logger = quiet
 	}
-	s, err := newStore(c, exact, o, manual)
+	s, err := newStore(c, exact, o, sm)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestTakeover(t *testing.T) {
 	o := Options{Group: "take", Interval: h}
 	var gws []*gateway
 	for range 3 {
-		gws = append(gws, startGateway(t, srv, o, false))
+		gws = append(gws, startGateway(t, srv, o, seams{}))
 	}
 	admin := srv.Client(t, nil)
 	// The first allocator publishes nothing for 2H + H/2 (no table yet).
@@ -174,7 +175,7 @@ func TestTakeover(t *testing.T) {
 func TestKilledGatewayReportExpires(t *testing.T) {
 	srv := redistest.Start(t)
 	const h = 200 * time.Millisecond
-	g := startGateway(t, srv, Options{Group: "ttl", Interval: h}, true)
+	g := startGateway(t, srv, Options{Group: "ttl", Interval: h}, seams{manual: true})
 	admin := srv.Client(t, nil)
 	report := keysFor("ttl").report + g.GatewayID()
 	g.tick(context.Background())
@@ -309,10 +310,11 @@ func TestBoundOnManualClock(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
 	const h = time.Second
-	o := Options{Group: "bound", Interval: h, Clock: clock}
+	o := Options{Group: "bound", Interval: h}
+	sm := seams{manual: true, clock: clock}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "bound"}
 	for range 3 {
-		m.gws = append(m.gws, startGateway(t, srv, o, true))
+		m.gws = append(m.gws, startGateway(t, srv, o, sm))
 	}
 	const R, B = 1000, 100
 	limit := core.Limit{Rate: R, Period: time.Second, Burst: B}
@@ -405,7 +407,7 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 	o := Options{Group: "down", Interval: h, MaxGateways: 6}
 	var gws []*gateway
 	for range 3 {
-		gws = append(gws, startGateway(t, srv, o, false))
+		gws = append(gws, startGateway(t, srv, o, seams{}))
 	}
 	const R, B = 300, 30
 	floor := float64(R) / 6
@@ -492,7 +494,7 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 func TestHotKeyMakesNoRedisCalls(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	g := startGateway(t, srv, Options{Group: "calls", Interval: time.Second, Clock: clock}, true)
+	g := startGateway(t, srv, Options{Group: "calls", Interval: time.Second}, seams{manual: true, clock: clock})
 	admin := srv.Client(t, nil)
 	ctx := context.Background()
 	hot := prep(t, g, core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1_000_000, Period: time.Second}, Cost: 1, Distributed: true})
@@ -553,7 +555,7 @@ func TestCoarseKeyExact(t *testing.T) {
 	srv := redistest.Start(t)
 	var gws []*gateway
 	for range 4 {
-		gws = append(gws, startGateway(t, srv, Options{Group: "coarse", Interval: 100 * time.Millisecond}, false))
+		gws = append(gws, startGateway(t, srv, Options{Group: "coarse", Interval: 100 * time.Millisecond}, seams{}))
 	}
 	req := core.Call{Consumer: "low", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Minute}, Cost: 1, Distributed: true}
 	reqs := prepAll(t, gws, req)
@@ -581,7 +583,7 @@ func TestCoarseKeyExact(t *testing.T) {
 // (quota resets, algorithm and limit checks, a request with a quota).
 func TestStoreDelegates(t *testing.T) {
 	srv := redistest.Start(t)
-	g := startGateway(t, srv, Options{Group: "del", Interval: time.Second}, true)
+	g := startGateway(t, srv, Options{Group: "del", Interval: time.Second}, seams{manual: true})
 	ctx := context.Background()
 	req := prep(t, g, core.Call{Consumer: "q", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1, Distributed: true})
 	var got []bool
@@ -621,10 +623,11 @@ func TestStoreDelegates(t *testing.T) {
 func runShift(t *testing.T, unsafe bool) (worst int, rate float64) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	o := Options{Group: "shift", Interval: time.Second, Clock: clock, UnsafeGrowsBeforeShrinks: unsafe}
+	o := Options{Group: "shift", Interval: time.Second}
+	sm := seams{manual: true, clock: clock, unsafe: unsafe}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "shift", deaf: map[int]bool{0: true}}
 	for range 3 {
-		m.gws = append(m.gws, startGateway(t, srv, o, true))
+		m.gws = append(m.gws, startGateway(t, srv, o, sm))
 	}
 	m.gws[0].pubsub.Close()
 	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
@@ -710,9 +713,10 @@ func TestStoresOnCluster(t *testing.T) {
 func TestBoundAcrossRedisDataLoss(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	o := Options{Group: "loss", Interval: time.Second, Clock: clock}
+	o := Options{Group: "loss", Interval: time.Second}
+	sm := seams{manual: true, clock: clock}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "loss"}
-	m.gws = append(m.gws, startGateway(t, srv, o, true), startGateway(t, srv, o, true))
+	m.gws = append(m.gws, startGateway(t, srv, o, sm), startGateway(t, srv, o, sm))
 	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 24
 	flush := func(ms int) {
@@ -725,7 +729,7 @@ func TestBoundAcrossRedisDataLoss(t *testing.T) {
 		if err := m.admin.FlushAll(context.Background()).Err(); err != nil {
 			t.Fatal(err)
 		}
-		m.gws = append(m.gws, startGateway(t, srv, o, true))
+		m.gws = append(m.gws, startGateway(t, srv, o, sm))
 	}
 	offered := func(ms int) []float64 {
 		if ms < 8000 && ms/1000%2 == 0 {
@@ -775,7 +779,7 @@ func (f *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func TestFailedReportRetriedNextTick(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	g := startGateway(t, srv, Options{Group: "retry", Interval: time.Second, Clock: clock}, true)
+	g := startGateway(t, srv, Options{Group: "retry", Interval: time.Second}, seams{manual: true, clock: clock})
 	report := keysFor("retry").report + g.GatewayID()
 	g.client.AddHook(&failOnce{match: report})
 	admin := srv.Client(t, nil)
@@ -806,7 +810,7 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 			o := Options{Group: "leave", Interval: h, MaxGateways: 4}
 			var gws []*gateway
 			for range 3 {
-				gws = append(gws, startGateway(t, srv, o, false))
+				gws = append(gws, startGateway(t, srv, o, seams{}))
 			}
 			req := core.Call{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
 			reqs := prepAll(t, gws, req)
@@ -852,7 +856,7 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 // form is the key's global limit, floor and window.
 func TestPrepareDecidesEligibility(t *testing.T) {
 	srv := redistest.Start(t)
-	g := startGateway(t, srv, Options{Group: "prep", Interval: time.Second, MaxGateways: 4}, true)
+	g := startGateway(t, srv, Options{Group: "prep", Interval: time.Second, MaxGateways: 4}, seams{manual: true})
 	sets := map[string]core.LimitSet{
 		"hot":              hotSet,
 		"not distributed":  {Scope: "api", Rate: hotSet.Rate},
@@ -901,7 +905,7 @@ func TestPrepareDecidesEligibility(t *testing.T) {
 func TestLimitChangeKeepsSpent(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	g := startGateway(t, srv, Options{Group: "change", Interval: time.Second, MaxGateways: 1, MinFloorRate: 0.01, Clock: clock}, true)
+	g := startGateway(t, srv, Options{Group: "change", Interval: time.Second, MaxGateways: 1, MinFloorRate: 0.01}, seams{manual: true, clock: clock})
 	ctx := context.Background()
 	perMin := func(n int64) core.LimitSet {
 		return core.LimitSet{Scope: "api", Rate: core.Limit{Rate: n, Period: time.Minute}, Distributed: true}
@@ -956,4 +960,43 @@ func TestLimitChangeKeepsSpent(t *testing.T) {
 	if st := g.Stats(); st.HotKeys != 2 {
 		t.Fatalf("%d hot keys, want 2", st.HotKeys)
 	}
+}
+
+// TestUnsafeOnlyInTheTestBuild: a Store from New keeps shrinks before
+// grows, unless the binary is the unsafe test build (-tags
+// limitplane_drl_unsafe, for the DRL harness), which New then says in a
+// warning; no option turns it on.
+func TestUnsafeOnlyInTheTestBuild(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	exact, err := redisstore.New(c, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	s, err := New(c, exact, Options{Group: "unsafe", Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.aopts.unsafeGrowsBeforeShrinks != unsafeBuild {
+		t.Fatalf("allocator unsafe %v in a build with unsafeBuild %v", s.aopts.unsafeGrowsBeforeShrinks, unsafeBuild)
+	}
+	if warned := strings.Contains(logs.String(), "grants grows before the shrinks"); warned != unsafeBuild {
+		t.Fatalf("warning logged %v, want %v; log:\n%s", warned, unsafeBuild, logs.String())
+	}
+}
+
+// syncWriter serialises writes to w (the loop and the test both log).
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
