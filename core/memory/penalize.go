@@ -16,7 +16,7 @@ import (
 // rule is refused with core.ErrForeignRule. A new key at Options.MaxKeys
 // is refused with an error wrapping ErrTooManyKeys.
 func (s *Store) Penalize(_ context.Context, req core.Request, d time.Duration) error {
-	r := ruleOf(&req)
+	r := s.ruleOf(&req)
 	if r == nil {
 		return core.ErrForeignRule
 	}
@@ -29,7 +29,7 @@ func (s *Store) Penalize(_ context.Context, req core.Request, d time.Duration) e
 	now := s.clock.now()
 	target := now + int64(d) + p.Tau - p.T
 	for {
-		tab, e := s.insert(sh, f, now)
+		tab, e := s.insert(sh, f, r, now) // in r's interval's units
 		if e == nil {
 			return s.tooMany()
 		}

@@ -47,7 +47,7 @@ const maxSeedReset = core.MaxTolerance + int64(core.MaxReservation)
 // Seeding a held key costs a lookup and one or two CASes; a key's first
 // seed takes the shard lock, and a quota period's first seed allocates it.
 func (s *Store) Seed(req core.Request, d core.Decision) {
-	r := ruleOf(&req)
+	r := s.ruleOf(&req)
 	if r == nil {
 		return
 	}
@@ -76,13 +76,18 @@ func (s *Store) Seed(req core.Request, d core.Decision) {
 	}
 	sh, f := s.locate(req.Consumer, req.Rule.Scope())
 	t := sh.tab.Load()
-	e := t.find(f) // lock-free for a key already held
+	var e *entry
+	// Lock-free for a key already held, in the units of r's interval when
+	// a TAT is seeded (else put converts it).
+	if sl := t.findSlot(f); sl != nil && (tat == 0 || sl.tag() == r.tag) {
+		e = &sl.entry
+	}
 	for {
 		if e == nil {
 			if c := &s.count; c.max > 0 && c.keys.Load() >= c.max {
 				return // at MaxKeys: spare the shard lock
 			}
-			if t, e = sh.put(f, now); e == nil {
+			if t, e = sh.put(f, r, now); e == nil {
 				return // at MaxKeys
 			}
 		}

@@ -110,6 +110,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("QuotaEpoch", func(t *testing.T) { runQuotaEpoch(t, s) })
 	t.Run("Errors", func(t *testing.T) { runErrors(t, s) })
 	t.Run("Counts", func(t *testing.T) { runCounts(t, s) })
+	t.Run("LimitChange", func(t *testing.T) { runLimitChange(t, s) })
 	for _, a := range s.Algorithms {
 		switch a {
 		case core.FixedWindow:
@@ -273,23 +274,6 @@ func runGCRA(t *testing.T, s Suite) {
 			check(t, "peek remaining", d.Remaining, int64(3))
 			check(t, "peek reset", d.ResetAfter, 200*time.Millisecond)
 		}
-	})
-
-	t.Run("RateChangeKeepsState", func(t *testing.T) {
-		e := newEnv(t, s)
-		for i := 0; i < 5; i++ {
-			e.take(core.Call{Rate: l, Cost: 1})
-		}
-		// Same key, now 20/s burst 10 (T = 50ms, τ = 500ms): the stored TAT
-		// (now+500ms) is kept, so the bucket is still full: denied.
-		l2 := core.Limit{Rate: 20, Period: time.Second, Burst: 10}
-		d := e.take(core.Call{Rate: l2, Cost: 1})
-		check(t, "denied under new limit", d.Allowed, false)
-		check(t, "retry after under new T", d.RetryAfter, 50*time.Millisecond)
-		e.clock.Advance(50 * time.Millisecond)
-		d = e.take(core.Call{Rate: l2, Cost: 1})
-		check(t, "allowed after new T", d.Allowed, true)
-		check(t, "remaining under new limit", d.Remaining, int64(0))
 	})
 
 	t.Run("OnePerHourAfterIdleHour", func(t *testing.T) {
