@@ -87,6 +87,76 @@ func BenchmarkDRLHotKey(b *testing.B) {
 				benchSinkMu.Unlock()
 			})
 		})
+		// drl-take is drl through the public Limiter.Take, which compiles
+		// the rule on every call (what drl.Store.Prepare does once): the
+		// cost of the per-request eligibility checks the Store skips.
+		b.Run(w.name+"/drl-take", func(b *testing.B) {
+			l := NewLimiter(LimiterOptions{Gateway: "g", Interval: time.Hour})
+			l.Apply(clock.Nanotime(), tableFor(req, 1, "g", Share(LimitOf(w.limit))))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				r := req
+				var d core.Decision
+				n := int64(0)
+				for pb.Next() {
+					l.Take(clock.Nanotime(), &r, &d)
+					if d.Allowed {
+						n++
+					}
+				}
+				benchSinkMu.Lock()
+				benchSink += n
+				benchSinkMu.Unlock()
+			})
+		})
+		// compile-paired alternates blocks of decisions through the rule
+		// compiled once (the Store's path) and through Limiter.Take, which
+		// compiles it per call, timing each block so both meet the same
+		// machine load: once/per-call is the ratio to read.
+		b.Run(w.name+"/compile-paired", func(b *testing.B) {
+			l := NewLimiter(LimiterOptions{Gateway: "g", Interval: time.Hour})
+			l.Apply(clock.Nanotime(), tableFor(req, 1, "g", Share(LimitOf(w.limit))))
+			hr := compiled(b, l, req)
+			const block = 256
+			var mu sync.Mutex
+			var tOnce, tEach time.Duration
+			var ops int64
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				r := req
+				var d core.Decision
+				var d1, d2 time.Duration
+				var n, k int64
+				for more := true; more; {
+					c := 0
+					for c < block && pb.Next() {
+						c++
+					}
+					more = c == block
+					t0 := time.Now()
+					for range c {
+						l.take(clock.Nanotime(), &r, &hr, &d)
+						k += d.Remaining
+					}
+					t1 := time.Now()
+					for range c {
+						l.Take(clock.Nanotime(), &r, &d)
+						k += d.Remaining
+					}
+					t2 := time.Now()
+					d1, d2, n = d1+t1.Sub(t0), d2+t2.Sub(t1), n+int64(c)
+				}
+				mu.Lock()
+				tOnce, tEach, ops = tOnce+d1, tEach+d2, ops+n
+				benchSink += k
+				mu.Unlock()
+			})
+			if ops > 0 {
+				b.ReportMetric(float64(tOnce)/float64(ops), "once-ns/op")
+				b.ReportMetric(float64(tEach)/float64(ops), "per-call-ns/op")
+				b.ReportMetric(float64(tOnce)/float64(tEach), "once/per-call")
+			}
+		})
 		// paired alternates blocks of DRL decisions, memory Takes and
 		// memory TakeIntos in each goroutine, timing each block, so the
 		// three meet the same machine load (the machine is shared):

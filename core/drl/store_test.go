@@ -171,25 +171,35 @@ func TestTakeover(t *testing.T) {
 }
 
 // TestKilledGatewayReportExpires: a killed gateway's report stays for
-// 2H + H/2 after its last report and is then gone.
+// 2H + H/2 after its last report and is then gone. Its TTL is read from
+// Redis (PTTL), bracketed by the times around the report call, so a
+// loaded machine's slow calls do not move the bound; H is 400 ms so the
+// report call's timeout (H/2) survives such a machine.
 func TestKilledGatewayReportExpires(t *testing.T) {
 	srv := redistest.Start(t)
-	const h = 200 * time.Millisecond
+	const h = 400 * time.Millisecond
+	const ttl = 2*h + h/2
 	g := startGateway(t, srv, Options{Group: "ttl", Interval: h}, seams{manual: true})
 	admin := srv.Client(t, nil)
+	ctx := context.Background()
 	report := keysFor("ttl").report + g.GatewayID()
-	g.tick(context.Background())
-	reported := time.Now()
+	before := time.Now()
+	g.tick(ctx)
 	g.halt()
-	if n, _ := admin.Exists(context.Background(), report).Result(); n != 1 {
-		t.Fatal("no report after the first tick")
+	left, err := admin.PTTL(ctx, report).Result()
+	if err != nil {
+		t.Fatal(err)
 	}
-	time.Sleep(2*h + h/2 - time.Since(reported) - 30*time.Millisecond)
-	if n, _ := admin.Exists(context.Background(), report).Result(); n != 1 {
-		t.Fatalf("the report went before 2H + H/2")
+	if left <= 0 {
+		t.Fatalf("no report after the first tick (PTTL %v)", left)
 	}
-	time.Sleep(60 * time.Millisecond)
-	if n, _ := admin.Exists(context.Background(), report).Result(); n != 0 {
+	// The TTL was set during the tick: it is at most 2H + H/2, and at
+	// least that less the time since the tick began.
+	if took := time.Since(before); left > ttl || left < ttl-took-time.Millisecond {
+		t.Fatalf("report TTL %v left %v after the tick began, want 2H + H/2 = %v from the report call", left, took, ttl)
+	}
+	time.Sleep(left + 20*time.Millisecond)
+	if n, _ := admin.Exists(ctx, report).Result(); n != 0 {
 		t.Fatalf("the report outlived 2H + H/2")
 	}
 }
