@@ -247,8 +247,11 @@ func (l *Limiter) compile(r *core.Rule) (hotRule, bool) {
 
 // Take decides req at now (ns) against this gateway's share, writing the
 // decision into *d, and returns true; it returns false, touching nothing,
-// when req is not eligible (see Eligible), its limit is invalid, or the
-// key would be one more than MaxKeys: the caller then asks the exact store.
+// when req is not eligible (see Eligible) or the key would be one more
+// than MaxKeys: the caller then asks the exact store. (A Rule's limits are
+// valid: core.NewRule checked them.) A request under another rate limit
+// than its key's switches the key to it, keeping the units spent (see
+// Limiter).
 //
 // The decision: Allowed, RetryAfter, Remaining and ResetAfter come from
 // the local share (Remaining is this gateway's, at most the global one);
