@@ -8,14 +8,13 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/dataplane"
-	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
-	"github.com/redis/go-redis/v9"
 )
 
 // open opens the store cfg names, makes the gateway over it, reporting
@@ -57,19 +56,8 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 		so.Redis.Seed = fallback
 	}
 	if d := cfg.DRL; d != nil && cfg.Redis != nil {
-		so.Wrap = func(c redis.UniversalClient, exact core.Store) (core.Store, func() error, error) {
-			s, err := drl.New(c, exact, drlOptions(d, o))
-			if err != nil {
-				return nil, nil, err
-			}
-			m.registerDRL(s)
-			log.Info("distributed rate limiter on", "group", d.Group, "gateway", s.GatewayID(), "interval", d.Interval,
-				"max_gateways", d.MaxGateways, "join_reserve", d.JoinReserve, "headroom", d.Headroom)
-			if d.UnsafeGrowsBeforeShrinks {
-				log.Warn("drl.unsafe_grows_before_shrinks is set: grows are published before shrinks, and the gateways may admit more than a distributed limit (a test switch)")
-			}
-			return s, s.Close, nil
-		}
+		do := drlOptions(d, o)
+		so.DRL = &do
 	} else if cfg.DRL == nil {
 		for _, p := range cfg.Policies {
 			if p.Distributed {
@@ -84,6 +72,12 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			fallback.Close()
 		}
 		return nil, nil, nil, err
+	}
+	if s, ok := store.(*drl.Store); ok {
+		d := cfg.DRL
+		m.registerDRL(s)
+		log.Info("distributed rate limiter on", "group", d.Group, "gateway", s.GatewayID(), "interval", d.Interval,
+			"max_gateways", d.MaxGateways, "join_reserve", d.JoinReserve, "headroom", d.Headroom)
 	}
 	if fallback != nil {
 		closeRedis := closeStore
@@ -290,20 +284,19 @@ func controlPlaneSettings(cp *config.ControlPlane) any {
 
 // drlOptions are the drl section as drl.Options. The file's 0 means none
 // for join_reserve and headroom; drl.Options' 0 means its default, and a
-// negative value none.
+// negative value none. The DRL reads the system clock, whatever o.Clock
+// says: its clock is no option (a test of the DRL on a manual clock is
+// core/drl's own).
 func drlOptions(d *config.DRL, o Options) drl.Options {
 	do := drl.Options{
 		Group: d.Group, Interval: d.Interval, MaxGateways: d.MaxGateways, JoinReserve: d.JoinReserve, Headroom: d.Headroom,
-		Logger: o.Logger, UnsafeGrowsBeforeShrinks: d.UnsafeGrowsBeforeShrinks,
+		Logger: o.Logger,
 	}
 	if do.JoinReserve == 0 {
 		do.JoinReserve = -1
 	}
 	if do.Headroom == 0 {
 		do.Headroom = -1
-	}
-	if o.Clock != nil {
-		do.Clock = o.Clock
 	}
 	return do
 }
