@@ -54,7 +54,11 @@ func TestOpenStoreWrap(t *testing.T) {
 	if s != core.Store(wrapped) || client == nil {
 		t.Fatalf("OpenStore returned %T, want the wrapper", s)
 	}
-	req := core.Request{Consumer: "c", Rate: core.Limit{Rate: 2, Period: time.Minute}, Cost: 1}
+	rule, err := s.Prepare(core.LimitSet{Rate: core.Limit{Rate: 2, Period: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := core.Request{Consumer: "c", Rule: rule, Cost: 1}
 	var allowed int
 	for range 3 {
 		d, err := s.Take(ctx, req)

@@ -107,7 +107,7 @@ func TestClientKeepsServerUnderItsLimit(t *testing.T) {
 // TestClientBacksOffOnRetryInfo: the server allows 1 a minute, so the
 // second call comes back ResourceExhausted with RetryInfo of exactly one
 // minute (its store reads a frozen ManualClock). That holds back the client
-// that got it and, through the shared store (a core.Penalizer), another
+// that got it and, through the shared store (Store.Penalize), another
 // client; each fails at once with DeadlineExceeded, without calling, when
 // its deadline is inside the hold. The hold ends when the test moves the
 // clock.

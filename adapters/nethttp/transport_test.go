@@ -95,7 +95,7 @@ func TestTransportKeepsThirdPartyUnderItsLimit(t *testing.T) {
 }
 
 // TestTransportBacksOffOnRetryAfter: a 429 with Retry-After holds back the
-// transport that got it and, through the shared store (a core.Penalizer),
+// transport that got it and, through the shared store (Store.Penalize),
 // another transport; each fails at once when its deadline is inside the
 // hold. The store reads a frozen ManualClock, so the hold ends only when
 // the test moves it.
