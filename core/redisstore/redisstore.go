@@ -387,12 +387,47 @@ func appendScope(b []byte, scope string) []byte {
 // maxExact is 2^53: Lua numbers are exact integers below it.
 const maxExact = int64(1) << 53
 
+// rule is the store's compiled form of a core.LimitSet (core.Rule.Data).
+type rule struct {
+	alg            core.Algorithm // the rate limit's; GCRA when there is none
+	limited, quota bool
+	p              core.GCRAParams
+	rate           core.Limit
+	qt             core.Quota
+	// seed is the rule of the same limits on Options.Seed; nil when there
+	// is no seeder or it cannot enforce them.
+	seed *core.Rule
+}
+
+// Prepare implements core.Store: it validates ls and compiles it. Errors
+// wrap core.ErrInvalidLimit, also for a sliding window or log whose Period
+// is not a whole number of microseconds, or a sliding window whose Rate ×
+// Period in µs reaches 2^53 (Lua numbers are doubles). With Options.Seed
+// set, the limits are prepared on the seeder too; when it refuses them
+// (an algorithm it lacks), decisions under this rule are not seeded.
+func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	if err := ls.Validate(); err != nil {
+		return nil, err
+	}
+	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota}
+	if r.limited {
+		if err := checkWindow(ls.Rate); err != nil {
+			return nil, err
+		}
+		r.alg, r.p = ls.Rate.Algorithm, ls.Rate.GCRA()
+	}
+	if s.seed != nil {
+		if sr, err := s.seed.Prepare(ls); err == nil {
+			r.seed = sr
+		}
+	}
+	return core.NewRule(ls, r)
+}
+
 // Take implements core.Store: it applies req in one script call. Errors:
-// core.ErrInvalidCost, core.ErrInvalidLimit (also for a sliding window or
-// log whose Period is not a whole number of microseconds, or a sliding
-// window whose Rate × Period in µs reaches 2^53), and otherwise a failure
-// to reach Redis (wrapping the go-redis error, context.DeadlineExceeded
-// after Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
+// core.ErrInvalidCost, core.ErrForeignRule, and otherwise a failure to
+// reach Redis (wrapping the go-redis error, context.DeadlineExceeded after
+// Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
 // connection it is unknown whether Redis ran the script, so the request may
 // have been counted; core.Engine's FailurePolicy decides the request.
 //
@@ -405,49 +440,37 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if n < 0 || n >= maxExact {
 		return core.Decision{}, core.ErrInvalidCost
 	}
-	limited := req.Rate.Enforced()
-	quota := req.Quota.Enforced()
-	var p core.GCRAParams
-	if limited {
-		var err error
-		if p, err = req.Rate.CheckedGCRA(); err != nil {
-			return core.Decision{}, err
-		}
-		if err := checkWindow(req.Rate); err != nil {
-			return core.Decision{}, err
-		}
+	if req.Rule == nil {
+		return core.Decision{}, core.ErrForeignRule
 	}
-	if quota {
-		if err := req.Quota.Validate(); err != nil {
-			return core.Decision{}, err
-		}
+	r, ok := req.Rule.Data().(*rule)
+	if !ok {
+		return core.Decision{}, core.ErrForeignRule
 	}
+	limited, quota, p, alg := r.limited, r.quota, r.p, r.alg
 	if !limited && !quota {
 		return core.Decision{Allowed: true}, nil
 	}
-	alg := req.Rate.Algorithm
-	if !limited {
-		alg = core.GCRA
-	}
+	scope := req.Rule.Scope()
 
 	if limited && !quota && alg == core.GCRA {
-		return s.takeGCRA(ctx, req, p)
+		return s.takeGCRA(ctx, req, r)
 	}
 
 	c := s.calls.Get().(*call)
 	c.reset(scripts[alg], 2)
 	var hx [32]byte
 	hx, c.keys[1].b = consumerHash(c.keys[1].b, req.Consumer)
-	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[alg], req.Scope)
-	c.keys[1].b = s.appendKey(c.keys[1].b, &hx, appendQuotaKind(c.kind[:0], req.QuotaEpoch), req.Scope)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[alg], scope)
+	c.keys[1].b = s.appendKey(c.keys[1].b, &hx, appendQuotaKind(c.kind[:0], req.QuotaEpoch), scope)
 	s.appendNow(c)
 	c.int(n)
 	if quota {
-		c.int(req.Quota.Max)
+		c.int(r.qt.Max)
 	} else {
 		c.args = append(c.args, "-1")
 	}
-	c.pair(int64(req.Quota.Renewal))
+	c.pair(int64(r.qt.Renewal))
 	c.int(s.margin)
 	if limited {
 		c.args = append(c.args, "1")
@@ -465,11 +488,11 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 			// reservation window (Request.MaxDelay).
 			c.pair(p.Tau + req.Reservation())
 		case core.FixedWindow:
-			c.int(req.Rate.Rate)
-			c.pair(int64(req.Rate.Period))
+			c.int(r.rate.Rate)
+			c.pair(int64(r.rate.Period))
 		default:
-			c.int(req.Rate.Rate)
-			c.int(req.Rate.Period.Microseconds())
+			c.int(r.rate.Rate)
+			c.int(r.rate.Period.Microseconds())
 		}
 	} else {
 		c.args = append(c.args, "0")
@@ -479,16 +502,23 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if err != nil {
 		return core.Decision{}, err
 	}
-	d, err := decision(req, p, alg, limited, quota, v)
-	if err == nil && s.seed != nil {
-		s.seed.Seed(req, d)
+	d, err := decision(req, r, v)
+	if err == nil && r.seed != nil {
+		s.seedWith(req, r, d)
 	}
 	return d, err
 }
 
+// seedWith gives d to Options.Seed under the seeder's rule.
+func (s *Store) seedWith(req core.Request, r *rule, d core.Decision) {
+	req.Rule = r.seed
+	s.seed.Seed(req, d)
+}
+
 // takeGCRA is Take for a GCRA rate limit without a quota, through the
 // smaller gcraOnly script: one key, seven arguments, a reply of three.
-func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParams) (core.Decision, error) {
+func (s *Store) takeGCRA(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
+	p := &r.p
 	// The script admits iff next − now ≤ its bound: τ, or τ plus the
 	// reservation window (Request.MaxDelay). A cost above the burst is
 	// denied whatever the offset: it is sent as bound + 1 ns.
@@ -501,7 +531,7 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 	c.reset(gcraOnlyScript, 1)
 	var hx [32]byte
 	hx, c.keys[0].b = consumerHash(c.keys[0].b, req.Consumer)
-	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[core.GCRA], req.Scope)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[core.GCRA], req.Rule.Scope())
 	s.appendNow(c)
 	c.pair(nt)
 	c.pair(bound)
@@ -510,9 +540,9 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 	if err != nil {
 		return core.Decision{}, err
 	}
-	d, err := decision(req, p, core.GCRA, true, false, v)
-	if err == nil && s.seed != nil {
-		s.seed.Seed(req, d)
+	d, err := decision(req, r, v)
+	if err == nil && r.seed != nil {
+		s.seedWith(req, r, d)
 	}
 	return d, err
 }
@@ -554,11 +584,6 @@ func (s *Store) run(ctx context.Context, c *call, want int) ([]int64, error) {
 	return v, nil
 }
 
-// CheckLimit implements core.LimitChecker: the sliding algorithms count in
-// whole microseconds, and a sliding window's Rate × Period in µs must stay
-// below 2^53 (Lua numbers are doubles). Errors wrap core.ErrInvalidLimit.
-func (s *Store) CheckLimit(l core.Limit) error { return checkWindow(l) }
-
 // checkWindow enforces the sliding algorithms' microsecond arithmetic.
 func checkWindow(l core.Limit) error {
 	if l.Algorithm != core.SlidingWindow && l.Algorithm != core.SlidingLog {
@@ -577,8 +602,9 @@ func pair(u, r int64) time.Duration { return time.Duration(u*1000 + r) }
 
 // decision turns the script's reply into a Decision (see scripts.go for
 // the reply layout).
-func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, quota bool, v []int64) (core.Decision, error) {
+func decision(req core.Request, rl *rule, v []int64) (core.Decision, error) {
 	code, n := v[0], req.Cost
+	p, alg, limited, quota := &rl.p, rl.alg, rl.limited, rl.quota
 	var d core.Decision
 	var rateRetry, rateDelay time.Duration
 	if limited {
@@ -594,18 +620,18 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 			d.Rate = core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
 			rateRetry, rateDelay = time.Duration(r.RetryAfter), time.Duration(r.Delay)
 		} else {
-			d.Rate = core.Status{Limit: req.Rate.Rate, Remaining: v[1], ResetAfter: pair(v[2], v[3]), Window: req.Rate.Period}
+			d.Rate = core.Status{Limit: rl.rate.Rate, Remaining: v[1], ResetAfter: pair(v[2], v[3]), Window: rl.rate.Period}
 			rateRetry = pair(v[4], v[5])
 			if alg != core.FixedWindow {
 				d.Rate.ResetAfter, rateRetry = time.Duration(v[2])*time.Microsecond, time.Duration(v[4])*time.Microsecond
 			}
-			if n > req.Rate.Rate {
+			if n > rl.rate.Rate {
 				rateRetry = -1
 			}
 		}
 	}
 	if quota {
-		d.Quota = core.Status{Limit: req.Quota.Max, Remaining: max(req.Quota.Max-v[6], 0), ResetAfter: pair(v[7], v[8]), Window: req.Quota.Renewal}
+		d.Quota = core.Status{Limit: rl.qt.Max, Remaining: max(rl.qt.Max-v[6], 0), ResetAfter: pair(v[7], v[8]), Window: rl.qt.Renewal}
 	}
 	var top core.Status
 	switch code {
@@ -620,7 +646,7 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 		d.DecidedBy, top, d.RetryAfter = core.KindRate, d.Rate, rateRetry
 	case 2:
 		d.DecidedBy, top, d.RetryAfter = core.KindQuota, d.Quota, d.Quota.ResetAfter
-		if n > req.Quota.Max {
+		if n > rl.qt.Max {
 			d.RetryAfter = -1
 		}
 	default:
@@ -631,18 +657,10 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 }
 
 // ResetQuota implements core.Store: it deletes the quota key of (consumer,
-// scope) at quota epoch 0, so the next request starts a new period.
-// Deleting a key that does not exist is not an error. Failures are
-// reported as for Take.
-func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
-	return s.ResetQuotaEpoch(ctx, consumer, scope, 0)
-}
-
-// ResetQuotaEpoch implements core.QuotaEpochResetter: it deletes the quota
-// key of (consumer, scope) at epoch, so the next request of that epoch
-// starts a new period; other epochs' keys are untouched. Deleting a key
-// that does not exist is not an error. Failures are reported as for Take.
-func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
+// scope) at epoch, so the next request of that epoch starts a new period;
+// other epochs' keys are untouched. Deleting a key that does not exist is
+// not an error. Failures are reported as for Take.
+func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch uint64) error {
 	key := s.key(consumer, appendQuotaKind(nil, epoch), scope)
 	_, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return nil, s.client.Del(ctx, key).Err()
@@ -653,7 +671,14 @@ func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epo
 	return nil
 }
 
-var (
-	_ core.Store              = (*Store)(nil)
-	_ core.QuotaEpochResetter = (*Store)(nil)
-)
+// ErrPenaltyUnsupported is returned by Penalize: the Redis store does not
+// yet hold a limit back for every process sharing it, so a Throttle's
+// Backoff holds back only its own process.
+var ErrPenaltyUnsupported = errors.New("redisstore: penalties are not supported")
+
+// Penalize implements core.Store; it returns ErrPenaltyUnsupported.
+func (s *Store) Penalize(context.Context, core.Request, time.Duration) error {
+	return ErrPenaltyUnsupported
+}
+
+var _ core.Store = (*Store)(nil)

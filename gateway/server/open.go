@@ -11,7 +11,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/dataplane"
-	"github.com/limitplane/limitplane/dataplane/drl"
+	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"

@@ -206,8 +206,12 @@ func NewLimiter(o LimiterOptions) *Limiter {
 // It depends on the request and the options only, so every gateway routes
 // a key the same way.
 func (l *Limiter) Eligible(req *core.Request) bool {
-	r := &req.Rate
-	return req.Distributed && r.Algorithm == core.GCRA && r.Enforced() && !req.Quota.Enforced() &&
+	if req.Rule == nil {
+		return false
+	}
+	rl := req.Rule.Rate()
+	r := &rl
+	return req.Rule.Distributed() && r.Algorithm == core.GCRA && req.Rule.RateEnforced() && !req.Rule.QuotaEnforced() &&
 		req.Cost >= 0 && req.Cost <= core.MaxCost &&
 		r.EffectiveBurst() >= int64(l.o.MaxGateways) && float64(r.Rate) >= l.minPerNs*float64(r.Period)
 }
@@ -303,7 +307,7 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 // their CAS loops.
 func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Request, k *key) (*key, *bucket, int64) {
 	if k == nil {
-		if k = sh.tab.Load().find(f); k == nil || k.limit != req.Rate {
+		if k = sh.tab.Load().find(f); k == nil || k.limit != req.Rule.Rate() {
 			if k = l.insert(sh, f, req, now); k == nil {
 				return nil, nil, 0
 			}
@@ -589,11 +593,12 @@ func (l *Limiter) Stats() LimiterStats {
 func (l *Limiter) locate(req *core.Request) (*lshard, fingerprint) {
 	hc := maphash.String(l.seeds[0], req.Consumer)
 	f := fingerprint{h: hc, check: maphash.String(l.seeds[1], req.Consumer)}
-	if req.Scope != "" {
-		f.h ^= maphash.String(l.seeds[2], req.Scope)
-		f.check ^= maphash.String(l.seeds[3], req.Scope)
+	if scope := req.Rule.Scope(); scope != "" {
+		f.h ^= maphash.String(l.seeds[2], scope)
+		f.check ^= maphash.String(l.seeds[3], scope)
 	}
-	r := &req.Rate
+	rl := req.Rule.Rate()
+	r := &rl
 	lh := uint64(r.Rate)*0x9e3779b97f4a7c15 ^ uint64(r.Period)*0xc2b2ae3d27d4eb4f ^ uint64(r.Burst)*0x165667b19e3779f9
 	f.h ^= lh
 	f.check ^= bits.RotateLeft64(lh, 29)
@@ -610,22 +615,20 @@ func (l *Limiter) insert(sh *lshard, f fingerprint, req *core.Request, now int64
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if k := sh.tab.Load().find(f); k != nil && k.b.Load().tat.Load() != deadTAT {
-		if k.limit != req.Rate {
+		if k.limit != req.Rule.Rate() {
 			return nil
 		}
 		return k
 	}
-	g, err := req.Rate.CheckedGCRA()
-	if err != nil {
-		return nil
-	}
+	g := req.Rule.GCRA()
+	rate := req.Rule.Rate()
 	if l.keys.Add(1) > int64(l.o.MaxKeys) {
 		l.keys.Add(-1)
 		l.refused.Add(1)
 		return nil
 	}
-	kl := LimitOf(req.Rate)
-	k := &key{limit: req.Rate, id: MakeKeyID(req.Consumer, req.Scope, req.Rate), kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(g.Tau)}
+	kl := LimitOf(rate)
+	k := &key{limit: rate, id: MakeKeyID(req.Consumer, req.Rule.Scope(), rate), kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(g.Tau)}
 	v := l.view.Load()
 	s, tag := shareOf(k, v, now)
 	b := &bucket{p: shareParams(s), share: s, since: now}

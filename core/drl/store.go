@@ -212,74 +212,89 @@ func (s *Store) Exact() core.Store { return s.exact }
 // is the caller's to use or close.
 var ErrClosed = errors.New("drl: store closed")
 
+// Prepare implements core.Store: ls is prepared on the exact store, and
+// the rule this store returns holds that rule for the requests it passes
+// on. Errors are the exact store's.
+func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	inner, err := s.exact.Prepare(ls)
+	if err != nil {
+		return nil, err
+	}
+	return core.NewRule(ls, &rule{exact: inner})
+}
+
+// rule is the store's compiled form of a LimitSet: the exact store's rule.
+type rule struct{ exact *core.Rule }
+
+// exactReq returns req with the exact store's rule, or false when req.Rule
+// is not this kind of store's.
+func exactReq(req core.Request) (core.Request, bool) {
+	if req.Rule == nil {
+		return req, false
+	}
+	r, ok := req.Rule.Data().(*rule)
+	if !ok {
+		return req, false
+	}
+	req.Rule = r.exact
+	return req, true
+}
+
 // Take implements core.Store: a request the Limiter takes is decided in
 // memory (no Redis call); any other goes to the exact store.
 func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
 	if s.closed.Load() {
 		return d, ErrClosed
 	}
+	er, ok := exactReq(req)
+	if !ok {
+		return d, core.ErrForeignRule
+	}
 	if s.lim.Take(s.clock.Nanotime(), &req, &d) {
 		return d, nil
 	}
-	return s.exact.Take(ctx, req)
+	return s.exact.Take(ctx, er)
 }
 
-// TakeInto implements core.DecisionWriter: Take writing into *d.
+// TakeInto is Take writing into *d, through the exact store's TakeInto
+// when it has one (memory.Store).
 func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error {
 	if s.closed.Load() {
 		*d = core.Decision{}
 		return ErrClosed
 	}
+	er, ok := exactReq(*req)
+	if !ok {
+		*d = core.Decision{}
+		return core.ErrForeignRule
+	}
 	if s.lim.Take(s.clock.Nanotime(), req, d) {
 		return nil
 	}
-	if w, ok := s.exact.(core.DecisionWriter); ok {
-		return w.TakeInto(ctx, req, d)
+	if w, ok := s.exact.(interface {
+		TakeInto(context.Context, *core.Request, *core.Decision) error
+	}); ok {
+		return w.TakeInto(ctx, &er, d)
 	}
 	var err error
-	*d, err = s.exact.Take(ctx, *req)
+	*d, err = s.exact.Take(ctx, er)
 	return err
 }
 
 // ResetQuota implements core.Store: quotas are the exact store's.
-func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
-	return s.exact.ResetQuota(ctx, consumer, scope)
+func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch uint64) error {
+	return s.exact.ResetQuota(ctx, consumer, scope, epoch)
 }
 
-// ResetQuotaEpoch implements core.QuotaEpochResetter through the exact
-// store, or its ResetQuota when it keeps no epochs.
-func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
-	if r, ok := s.exact.(core.QuotaEpochResetter); ok {
-		return r.ResetQuotaEpoch(ctx, consumer, scope, epoch)
-	}
-	return s.exact.ResetQuota(ctx, consumer, scope)
-}
-
-// SupportsAlgorithm implements core.AlgorithmSupporter: what the exact
-// store supports (a request DRL does not take goes there).
-func (s *Store) SupportsAlgorithm(a core.Algorithm) bool {
-	if as, ok := s.exact.(core.AlgorithmSupporter); ok {
-		return as.SupportsAlgorithm(a)
-	}
-	return true
-}
-
-// CheckLimit implements core.LimitChecker through the exact store.
-func (s *Store) CheckLimit(l core.Limit) error {
-	if lc, ok := s.exact.(core.LimitChecker); ok {
-		return lc.CheckLimit(l)
-	}
-	return nil
-}
-
-// Penalize implements core.Penalizer through the exact store: the penalty
+// Penalize implements core.Store through the exact store: the penalty
 // holds back what the exact store decides, not a hot key's in-memory
 // share.
-func (s *Store) Penalize(ctx context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
-	if p, ok := s.exact.(core.Penalizer); ok {
-		return p.Penalize(ctx, consumer, scope, l, d)
+func (s *Store) Penalize(ctx context.Context, req core.Request, d time.Duration) error {
+	er, ok := exactReq(req)
+	if !ok {
+		return core.ErrForeignRule
 	}
-	return errors.New("drl: the exact store cannot penalize")
+	return s.exact.Penalize(ctx, er, d)
 }
 
 // Ping checks the exact store, when it can be pinged (the Redis store).
@@ -635,11 +650,4 @@ func (s *Store) step(ctx context.Context) {
 	}
 }
 
-var (
-	_ core.Store              = (*Store)(nil)
-	_ core.DecisionWriter     = (*Store)(nil)
-	_ core.QuotaEpochResetter = (*Store)(nil)
-	_ core.AlgorithmSupporter = (*Store)(nil)
-	_ core.LimitChecker       = (*Store)(nil)
-	_ core.Penalizer          = (*Store)(nil)
-)
+var _ core.Store = (*Store)(nil)
