@@ -52,7 +52,7 @@ type StoreOptions struct {
 	// Wrap returns in its place, and the close function it returns runs
 	// first when the store is closed, while the client still works. The
 	// program uses it to put the Distributed Rate Limiter
-	// (dataplane/drl) in front of the Redis store without this package
+	// (core/drl) in front of the Redis store without this package
 	// importing it. An error from Wrap closes the store and fails
 	// OpenStore. It is not called for the in-process store.
 	Wrap func(client redis.UniversalClient, s core.Store) (core.Store, func() error, error)

@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// DRLState is a gateway's Distributed Rate Limiter (dataplane/drl) as DRL
+// DRLState is a gateway's Distributed Rate Limiter (core/drl) as DRL
 // exports it (drl.Store.Stats has it all).
 type DRLState struct {
 	// Epoch is the epoch of the allocation table in force (0: none yet).

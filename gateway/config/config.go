@@ -97,7 +97,7 @@ type Config struct {
 	// Snapshot are then empty (the file may not set them).
 	ControlPlane *ControlPlane
 	// DRL, when the file has a drl section, turns the Distributed Rate
-	// Limiter on (dataplane/drl): the policies marked distributed are
+	// Limiter on (core/drl): the policies marked distributed are
 	// enforced in memory against this gateway's share. nil when the file
 	// has none: such policies are then enforced exactly by the store.
 	DRL *DRL

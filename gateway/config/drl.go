@@ -35,7 +35,7 @@ const (
 )
 
 // DRL is the drl section: the Distributed Rate Limiter (package
-// dataplane/drl). The gateways of one data plane report their demand for
+// core/drl). The gateways of one data plane report their demand for
 // each distributed policy's hot keys to their shared Redis every Interval;
 // one of them, elected with a lease and a fencing token, publishes shares
 // that follow demand and never sum above the limit; each gateway enforces

@@ -6,8 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/core/drl"
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/metrics"
 )

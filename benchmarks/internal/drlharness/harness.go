@@ -446,7 +446,7 @@ func (r *run) startSlot(ctx context.Context, slot int) error {
 // tablePatterns mark what carries a table to a gateway: the Table's JSON
 // (in the answer of the report call or of a read of the table key) and a
 // message on the tables channel (limitplane:drl:{group}:tables), per
-// dataplane/drl's wire.
+// core/drl's wire.
 var tablePatterns = [][]byte{[]byte(`"epoch":`), []byte(`:tables`)}
 
 // slow starts the slow link of gateway 0.

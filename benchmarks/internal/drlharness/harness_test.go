@@ -104,7 +104,7 @@ func TestSkew(t *testing.T) {
 	}
 	// The DRL's steady state is 959.75/s (one join-reserve floor of
 	// 31.25/s and 2 % headroom on the three unsaturated gateways), and the
-	// 60 s run and the simulator (100 seeds, dataplane/drl TestSimSkew)
+	// 60 s run and the simulator (100 seeds, core/drl TestSimSkew)
 	// show the issue's >= 950/s. By answer time on a shared machine, a
 	// stall of the harness's own client costs a few percent (888–948/s
 	// were measured under load average 7–19), so this CI test asks for
