@@ -157,7 +157,7 @@ func TestNewClientValidates(t *testing.T) {
 	}{
 		{lpgrpc.ClientOptions{}, "grpc: NewClient: core: NewThrottle: Store and Key are required"},
 		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k"}, "grpc: NewClient: core: NewThrottle: a Limit is required"},
-		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "grpc: NewClient: core: NewThrottle: invalid limit: period 0s must be > 0"},
+		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "grpc: NewClient: core: NewThrottle: rate: invalid limit: period 0s must be > 0"},
 	} {
 		if _, err := lpgrpc.NewClient(c.o); err == nil || err.Error() != c.want {
 			t.Errorf("%+v: %v, want %s", c.o, err, c.want)
