@@ -63,7 +63,7 @@ type Options struct {
 	// Fallback is the store used under core.FailFallback; nil means an
 	// in-process store that the gateway creates, which enforces window
 	// algorithms as GCRA with the same requests per period (see
-	// WindowsAsGCRA) and starts from empty counters. To have it carry on
+	// NewFallback) and starts from empty counters. To have it carry on
 	// from the Redis store's counts (a quota spent before an outage stays
 	// spent), create it with NewFallback, set it here and give it to the
 	// Redis store as StoreOptions.Redis.Seed; the caller closes it, after

@@ -50,7 +50,7 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 	// Under failure_policy fallback the gateway decides in an in-process
 	// store while Redis fails; every Redis decision seeds it, so it
 	// carries on from the counts this gateway last saw.
-	var fallback *gateway.Fallback
+	var fallback *memory.Store
 	if cfg.FailurePolicy == core.FailFallback && cfg.Redis != nil {
 		fallback = gateway.NewFallback(o.Clock, cfg.Memory.MaxKeys)
 		so.Redis.Seed = fallback
