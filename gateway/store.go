@@ -217,19 +217,12 @@ func (r *RedisLogger) Printf(_ context.Context, format string, v ...any) {
 // Close writes the last interval's count, if any, and stops the timer.
 func (r *RedisLogger) Close() error { return r.f.Close() }
 
-// WindowsAsGCRA is live.WindowsAsGCRA: the fallback store for
-// failure_policy fallback over a store that has window algorithms.
-type WindowsAsGCRA = live.WindowsAsGCRA
-
-// NewWindowsAsGCRA returns mem as a fallback store enforcing every
-// algorithm (live.NewWindowsAsGCRA).
-func NewWindowsAsGCRA(mem *memory.Store) WindowsAsGCRA { return live.NewWindowsAsGCRA(mem) }
-
-// Fallback is live.Fallback: the in-process fallback store of
-// failure_policy fallback that the Redis store can seed.
-type Fallback = live.Fallback
-
-// NewFallback returns a fallback store on clock (nil: the system clock)
-// holding at most maxKeys keys (live.NewFallback). Give it to
-// Options.Fallback and, for a Redis store, to StoreOptions.Redis.Seed.
-func NewFallback(clock core.Clock, maxKeys int) *Fallback { return live.NewFallback(clock, maxKeys) }
+// NewFallback returns the in-process fallback store of failure_policy
+// fallback (live.NewFallback): a memory store on clock (nil: the system
+// clock) holding at most maxKeys keys (0: unbounded), enforcing window
+// limits as GCRA (memory.Options.WindowsAsGCRA), that the Redis store can
+// seed. Give it to Options.Fallback and, for a Redis store, to
+// StoreOptions.Redis.Seed; Close stops its sweeps.
+func NewFallback(clock core.Clock, maxKeys int) *memory.Store {
+	return live.NewFallback(clock, maxKeys)
+}
