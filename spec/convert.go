@@ -1,11 +1,11 @@
 package spec
 
 import (
-	"errors"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rsa"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
