@@ -57,6 +57,7 @@ import (
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/gateway/server"
+	"github.com/limitplane/limitplane/spec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -92,7 +93,7 @@ func main() {
 	}()
 	stopProfile, err := startCPUProfile(os.Getenv(cpuProfileEnv))
 	if err == nil {
-		err = run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload})
+		err = run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, reload: reload, unsafeDRL: os.Getenv(unsafeDRLEnv) == "1"})
 		stopProfile()
 	}
 	stop()
@@ -149,6 +150,9 @@ type env struct {
 	// startTimeout is the data-plane agent's StartTimeout; 0 means its
 	// default (5 s).
 	startTimeout time.Duration
+	// unsafeDRL is server.Options.UnsafeGrowsBeforeShrinks (see
+	// unsafeDRLEnv).
+	unsafeDRL bool
 }
 
 // run parses args, loads the configuration, serves until ctx is done, then
@@ -220,6 +224,8 @@ func run(ctx context.Context, args []string, e env) error {
 		Now:          e.now,
 		AfterFunc:    e.afterFunc,
 		StartTimeout: e.startTimeout,
+
+		UnsafeGrowsBeforeShrinks: e.unsafeDRL,
 	})
 	if err != nil {
 		return err
@@ -292,13 +298,13 @@ func printBanner(out io.Writer, base, admin string, cfg *config.Config, file, pe
 		fmt.Fprintf(w, "  distributed rate limiter: group %s, interval %v, max_gateways %d (policies marked distributed share their limit in memory)\n",
 			d.Group, d.Interval, d.MaxGateways)
 	}
-	for _, a := range cfg.APIs {
-		auth := a.Auth.String()
-		if a.Auth == config.AuthKeyless {
+	for _, a := range cfg.Snapshot.APIs {
+		auth := a.AuthOrDefault()
+		if a.Auth == spec.AuthKeyless {
 			auth += fmt.Sprintf(", policies %v per client IP", a.Policies)
 		}
-		if a.FailureLimit != "" {
-			auth += fmt.Sprintf(", failed attempts limited by policy %s per client IP", a.FailureLimit)
+		if a.FailureLimit != nil {
+			auth += fmt.Sprintf(", failed attempts limited by policy %s per client IP", a.FailureLimit.Policy)
 		}
 		fmt.Fprintf(w, "  %s -> %s (%s)\n", a.ListenPath, a.Target, auth)
 	}

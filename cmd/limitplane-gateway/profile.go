@@ -12,6 +12,14 @@ import (
 // measuring aid, not a setting.
 const cpuProfileEnv = "LP_GATEWAY_CPUPROFILE"
 
+// unsafeDRLEnv names the environment variable that, set to 1, turns on
+// the DRL's unsafe test switch (server.Options.UnsafeGrowsBeforeShrinks):
+// grows published before shrinks, which breaks the bound, so the DRL
+// harness (benchmarks/internal/drlharness) can show it catches the
+// overshoot. It is neither a flag nor a field of the file: it is a test
+// aid, not a setting.
+const unsafeDRLEnv = "LP_GATEWAY_TEST_UNSAFE_GROWS_BEFORE_SHRINKS"
+
 // startCPUProfile starts a CPU profile into the file path names, unless
 // path is "", and returns the function that ends it and closes the file.
 func startCPUProfile(path string) (stop func(), err error) {

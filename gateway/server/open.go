@@ -65,13 +65,13 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			m.registerDRL(s)
 			log.Info("distributed rate limiter on", "group", d.Group, "gateway", s.GatewayID(), "interval", d.Interval,
 				"max_gateways", d.MaxGateways, "join_reserve", d.JoinReserve, "headroom", d.Headroom)
-			if d.UnsafeGrowsBeforeShrinks {
-				log.Warn("drl.unsafe_grows_before_shrinks is set: grows are published before shrinks, and the gateways may admit more than a distributed limit (a test switch)")
+			if o.UnsafeGrowsBeforeShrinks {
+				log.Warn("the unsafe test switch is set: grows are published before shrinks, and the gateways may admit more than a distributed limit (a test switch)")
 			}
 			return s, s.Close, nil
 		}
 	} else if cfg.DRL == nil {
-		for _, p := range cfg.Policies {
+		for _, p := range cfg.Snapshot.Policies {
 			if p.Distributed {
 				log.Warn("policies marked distributed are enforced exactly by the store: the file has no drl section", "policy", p.ID)
 				break
@@ -294,7 +294,7 @@ func controlPlaneSettings(cp *config.ControlPlane) any {
 func drlOptions(d *config.DRL, o Options) drl.Options {
 	do := drl.Options{
 		Group: d.Group, Interval: d.Interval, MaxGateways: d.MaxGateways, JoinReserve: d.JoinReserve, Headroom: d.Headroom,
-		Logger: o.Logger, UnsafeGrowsBeforeShrinks: d.UnsafeGrowsBeforeShrinks,
+		Logger: o.Logger, UnsafeGrowsBeforeShrinks: o.UnsafeGrowsBeforeShrinks,
 	}
 	if do.JoinReserve == 0 {
 		do.JoinReserve = -1

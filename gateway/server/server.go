@@ -81,6 +81,13 @@ type Options struct {
 	// Version is sent to the control plane in the agent's Hello, for
 	// operators; "" means DefaultVersion.
 	Version string
+	// UnsafeGrowsBeforeShrinks is for tests only: the DRL (drl section)
+	// publishes grows before the matching shrinks are in force, which
+	// breaks the bound (the gateways together may admit more than a
+	// distributed limit), so a harness can show it catches the
+	// overshoot. No configuration file can set it. Never set it in
+	// production.
+	UnsafeGrowsBeforeShrinks bool
 }
 
 // Server is a gateway opened by Open: its store, gateway, data-plane

@@ -89,7 +89,9 @@ type Options struct {
 
 	// The drl: section of ModeDRL (0 leaves the gateway's default):
 	// Interval is H, MaxGateways, JoinReserve and Headroom as in the
-	// README; Unsafe sets unsafe_grows_before_shrinks (test only).
+	// README; Unsafe turns the gateways' unsafe test switch on (grows
+	// before shrinks: it breaks the bound), by the environment variable
+	// LP_GATEWAY_TEST_UNSAFE_GROWS_BEFORE_SHRINKS, which no file can set.
 	Interval    time.Duration
 	MaxGateways int
 	JoinReserve int
@@ -409,9 +411,6 @@ func (r *run) config(slot int) func(admin string) string {
 			if o.Headroom > 0 {
 				fmt.Fprintf(b, "  headroom: %g\n", o.Headroom)
 			}
-			if o.Unsafe {
-				fmt.Fprintf(b, "  unsafe_grows_before_shrinks: true\n")
-			}
 			if strings.HasSuffix(b.String(), "drl:\n") {
 				// No setting: the section must still be there (drl: {}).
 				s := strings.TrimSuffix(b.String(), "\n")
@@ -432,7 +431,7 @@ func (r *run) startSlot(ctx context.Context, slot int) error {
 	gen := r.gens[slot]
 	r.gens[slot]++
 	r.mu.Unlock()
-	g, err := startGateway(ctx, r.o.GatewayBin, r.dir, slot, gen, r.config(slot), &r.children)
+	g, err := startGateway(ctx, r.o.GatewayBin, r.dir, slot, gen, r.config(slot), r.o.Unsafe && r.mode == ModeDRL, &r.children)
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ type gateway struct {
 // startGateway writes yaml (with the admin address filled in) to a file
 // of its own and starts bin on it, then waits until the admin endpoint's
 // /readyz answers 200.
-func startGateway(ctx context.Context, bin, dir string, slot, gen int, yaml func(admin string) string, ps *procs.Set) (*gateway, error) {
+func startGateway(ctx context.Context, bin, dir string, slot, gen int, yaml func(admin string) string, unsafe bool, ps *procs.Set) (*gateway, error) {
 	name := fmt.Sprintf("gateway-%d.%d", slot, gen)
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a free port can be taken before the gateway binds it
@@ -115,7 +115,11 @@ func startGateway(ctx context.Context, bin, dir string, slot, gen int, yaml func
 		if err := os.WriteFile(cfg, []byte(yaml(admin)), 0o600); err != nil {
 			return nil, fmt.Errorf("drlharness: %w", err)
 		}
-		p, err := procs.Start(name, exec.Command(bin, "-config", cfg, "-listen", listen), filepath.Join(dir, name+".log"))
+		cmd := exec.Command(bin, "-config", cfg, "-listen", listen)
+		if unsafe {
+			cmd.Env = append(os.Environ(), "LP_GATEWAY_TEST_UNSAFE_GROWS_BEFORE_SHRINKS=1")
+		}
+		p, err := procs.Start(name, cmd, filepath.Join(dir, name+".log"))
 		if err != nil {
 			return nil, err
 		}
