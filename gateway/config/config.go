@@ -191,11 +191,11 @@ func Load(path string) (*Config, error) {
 // secret_env and password_env are read from the process environment, so a
 // missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
-	raw, ix, d := decode(name, data)
+	raw, d := decode(name, data)
 	if raw == nil {
 		return nil, d.errs
 	}
-	v := &validator{file: name, ix: ix, dec: d}
+	v := &validator{file: name, dec: d, seen: map[reported]bool{}}
 	cfg := v.config(raw)
 	if errs := append(d.errs, v.errs...); len(errs) > 0 {
 		slices.SortStableFunc(errs, func(a, b *Error) int {
@@ -204,15 +204,7 @@ func Parse(name string, data []byte) (*Config, error) {
 			}
 			return a.Column - b.Column
 		})
-		// A problem reached again through an alias is reported once.
-		type key struct{ field, problem string }
-		seen := map[key]bool{}
-		return nil, slices.DeleteFunc(errs, func(e *Error) bool {
-			k := key{ix.canon(e.Field), e.Problem}
-			dup := seen[k]
-			seen[k] = true
-			return dup
-		})
+		return nil, errs
 	}
 	return cfg, nil
 }

@@ -20,8 +20,8 @@ import (
 // those that echo the decoder's.
 type validator struct {
 	file   string
-	ix     *index
 	errs   Errors
+	seen   map[reported]bool
 	dec    *decoder
 	memory bool // the store is the in-process one (GCRA only), for sure
 }
@@ -39,10 +39,14 @@ func (v *validator) require(path, format string, args ...any) {
 // add records a problem unless it echoes one the decoder reported (see
 // decoder.echo).
 func (v *validator) add(path, problem string, missing bool, unknown string) {
-	if v.dec.echo(path, missing, unknown) {
+	// A problem reached again through an alias is reported once.
+	n, rest := v.dec.text(path)
+	k := reported{n, rest + ": " + problem}
+	if v.dec.echo(path, missing, unknown) || v.seen[k] {
 		return
 	}
-	line, col := v.ix.pos(path)
+	v.seen[k] = true
+	line, col := v.dec.pos(path)
 	v.errs = append(v.errs, &Error{File: v.file, Line: line, Column: col, Field: path, Problem: problem})
 }
 
@@ -52,7 +56,7 @@ func (v *validator) refused(path string) bool { return v.dec.covers(path) }
 
 // line returns the line a field's value is on, for "on line N".
 func (v *validator) line(path string) int {
-	l, _ := v.ix.pos(path)
+	l, _ := v.dec.pos(path)
 	return l
 }
 

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -154,9 +155,9 @@ var (
 	timeType     = reflect.TypeFor[time.Time]()
 )
 
-// maxNodes bounds the nodes a file decodes to, aliases followed: an alias
-// bomb would otherwise decode to more than memory holds.
-const maxNodes = 1 << 20
+// maxNodes bounds the nodes a file decodes through aliases: an alias bomb
+// would otherwise decode to more than memory holds.
+const maxNodes = 1 << 16
 
 // decoder walks a file's YAML nodes against the schema, collecting every
 // problem of shape (a value of the wrong type, an unknown or repeated
@@ -167,7 +168,11 @@ type decoder struct {
 	errs   Errors
 	seen   map[reported]bool
 	active map[*yaml.Node]bool // aliases being followed
-	nodes  int
+	outer  *yaml.Node          // the outermost of them
+	nodes  int                 // decoded through aliases
+	// at and texts map a field's path to where its problems are placed
+	// (see pos) and to the node it decoded from.
+	at, texts map[string]*yaml.Node
 	// refused are the paths of values that did not decode, left out of
 	// the JSON: what the validators say about them or below them is an
 	// echo. uncertain are the objects (by path) with a refused value or
@@ -203,6 +208,10 @@ func (d *decoder) refuse(n *yaml.Node, path, format string, args ...any) {
 // (left out) or refused.
 func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bool) {
 	at := n // where a problem of the value as a whole is reported: the alias
+	if d.outer == nil && n.Kind == yaml.AliasNode {
+		d.outer = n
+		defer func() { d.outer = nil }()
+	}
 	for n.Kind == yaml.AliasNode {
 		if d.active[n] {
 			d.refuse(at, path, "an alias inside its own anchor")
@@ -212,9 +221,14 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 		defer delete(d.active, n)
 		n = n.Alias
 	}
-	if d.nodes++; d.nodes > maxNodes {
-		d.refuse(at, path, "more than %d values, aliases followed", maxNodes)
-		return nil, false
+	if _, seen := d.at[path]; !seen {
+		d.at[path], d.texts[path] = cmp.Or(d.outer, at), n
+	}
+	if d.outer != nil {
+		if d.nodes++; d.nodes > maxNodes {
+			d.refuse(at, path, "more than %d values through aliases", maxNodes)
+			return nil, false
+		}
 	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -362,19 +376,18 @@ func durationExamples(path string) string {
 // for messages. It reports every problem of shape; raw holds what
 // decoded, for the validators to check. raw is nil when data is not YAML
 // at all.
-func decode(file string, data []byte) (raw *rawConfig, ix *index, d *decoder) {
-	d = &decoder{file: file, seen: map[reported]bool{}, active: map[*yaml.Node]bool{}, uncertain: map[string]bool{}}
+func decode(file string, data []byte) (raw *rawConfig, d *decoder) {
+	d = &decoder{file: file, seen: map[reported]bool{}, active: map[*yaml.Node]bool{}, uncertain: map[string]bool{},
+		at: map[string]*yaml.Node{}, texts: map[string]*yaml.Node{}}
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		d.errs = Errors{syntaxError(file, data, err)}
-		return nil, nil, d
+		return nil, d
 	}
 	if len(root.Content) == 0 {
 		d.errs = Errors{{File: file, Problem: "empty configuration"}}
-		return nil, nil, d
+		return nil, d
 	}
-	ix = &index{vals: map[string]*yaml.Node{"": root.Content[0]}, aliases: map[string]string{}, anchored: map[*yaml.Node]string{}}
-	ix.walk(root.Content[0], "")
 	v, _ := d.value(root.Content[0], reflect.TypeFor[rawConfig](), "")
 	raw = new(rawConfig)
 	if v != nil {
@@ -384,10 +397,10 @@ func decode(file string, data []byte) (raw *rawConfig, ix *index, d *decoder) {
 		}
 		if err != nil { // the decoder let through what spec's types refuse
 			d.errs = append(d.errs, &Error{File: file, Problem: err.Error()})
-			return nil, ix, d
+			return nil, d
 		}
 	}
-	return raw, ix, d
+	return raw, d
 }
 
 // echo reports whether a validator's problem is an echo of one the
@@ -417,79 +430,27 @@ func (d *decoder) covers(path string) bool {
 	return false
 }
 
-// index locates the nodes of a parsed file by field path, for messages.
-// Paths are as the file is written: an alias is indexed where it stands
-// but not followed, so a problem of a field an alias brings is placed at
-// the alias.
-type index struct {
-	vals map[string]*yaml.Node // path → value node (the first, if repeated)
-	// anchored maps an anchored node to its path; aliases maps an alias's
-	// path to its anchor's path.
-	anchored map[*yaml.Node]string
-	aliases  map[string]string
-}
-
-func (ix *index) walk(n *yaml.Node, path string) {
-	if n.Anchor != "" {
-		ix.anchored[n] = path
-	}
-	switch n.Kind {
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			p := n.Content[i].Value
-			if path != "" {
-				p = path + "." + p
-			}
-			if _, seen := ix.vals[p]; !seen {
-				ix.vals[p] = n.Content[i+1]
-			}
-			ix.walk(n.Content[i+1], p)
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := path + "[" + strconv.Itoa(i) + "]"
-			ix.vals[p] = c
-			ix.walk(c, p)
-		}
-	case yaml.AliasNode:
-		// yaml refuses an alias before its anchor.
-		if a, ok := ix.anchored[n.Alias]; ok {
-			ix.aliases[path] = a
-		}
-	}
-}
-
-// canon returns the path as the file writes it: a path that leads through
-// an alias (strictly: not the alias itself) continues from its anchor's
-// place, policies[1].rate.per for policies: [{rate: &r {...}}, {rate: *r}]
-// being policies[0].rate.per. Two paths with one canonical path hold the
-// same text.
-func (ix *index) canon(path string) string {
-	// Each step moves to an anchor written earlier in the file, so this
-	// ends; the bound only guards against surprises.
-	for step := 0; step < 100 && len(ix.aliases) > 0; step++ {
-		moved := false
-		for i := 1; i < len(path) && !moved; i++ {
-			if a, ok := ix.aliases[path[:i]]; ok && (path[i] == '.' || path[i] == '[') {
-				path, moved = a+path[i:], true
-			}
-		}
-		if !moved {
-			break
-		}
-	}
-	return path
-}
-
-// pos returns the position of path's value node, or of its nearest
-// ancestor that is in the file (for fields that are missing).
-func (ix *index) pos(path string) (line, col int) {
+// pos returns where a problem of the field at path is placed: its value
+// or, for a field that came through an alias, the alias; for a field that
+// is missing, its nearest ancestor in the file.
+func (d *decoder) pos(path string) (line, col int) {
 	for p := path; ; p = parent(p) {
-		if n := ix.vals[p]; n != nil {
+		if n := d.at[p]; n != nil {
 			return n.Line, n.Column
 		}
 		if p == "" {
 			return 0, 0
+		}
+	}
+}
+
+// text returns the node that holds the field at path, or its nearest
+// ancestor in the file, and the rest of the path below it: two paths
+// through aliases to one text give the same.
+func (d *decoder) text(path string) (*yaml.Node, string) {
+	for p := path; ; p = parent(p) {
+		if n := d.texts[p]; n != nil || p == "" {
+			return n, path[len(p):]
 		}
 	}
 }
