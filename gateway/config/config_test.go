@@ -693,3 +693,24 @@ func TestMemoryConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeKeys: a mapping takes the fields its merge keys (<<) bring and
+// may override them, and booleans may be YAML 1.1's words, as the YAML
+// library decodes them; a merge key that brings no mapping is refused.
+func TestMergeKeys(t *testing.T) {
+	cfg, err := config.Parse("t.yaml", []byte("policies:\n  - &base {id: a, rate: {requests: 5, per: 1s}}\n  - <<: *base\n    id: b\n    shadow: yes\n"+api))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cfg.Snapshot.Policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := `[{"id":"a","rate":{"requests":5,"per":"1s"}},{"id":"b","rate":{"requests":5,"per":"1s"},"shadow":true}]`; string(b) != w {
+		t.Errorf("policies:\n got %s\nwant %s", b, w)
+	}
+	_, err = config.Parse("t.yaml", []byte("policies:\n  - <<: [1]\n    id: b\n"+api))
+	if want := `t.yaml:2:10: policies[0]: want a mapping (or a list of them) to merge, got 1`; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+}

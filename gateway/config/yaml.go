@@ -281,7 +281,7 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 		}
 		return n.Value, true
 	}
-	want, tags := "true or false", []string{"!!bool"}
+	want, tags := "true or false", []string{"!!bool", "!!str"} // yaml's YAML 1.1 words: yes, off...
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		want, tags = "an integer", []string{"!!int"}
@@ -311,16 +311,19 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 	}
 	out := map[string]any{}
 	first := map[string]*yaml.Node{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, val := n.Content[i], n.Content[i+1]
+	own, merged := d.entries(n, path, 0)
+	for i, all := 0, append(own, merged...); i+1 < len(all); i += 2 {
+		k, val := all[i], all[i+1]
 		p := k.Value
 		if path != "" {
 			p = path + "." + p
 		}
 		if f := first[k.Value]; f != nil {
-			// The first is kept; what its object lacks may be the second.
-			d.refuse(k, p, "given twice (first at line %d)", f.Line)
-			d.uncertain[path] = true
+			if i < len(own) {
+				// The first is kept; what its object lacks may be the second.
+				d.refuse(k, p, "given twice (first at line %d)", f.Line)
+				d.uncertain[path] = true
+			}
 			continue
 		}
 		first[k.Value] = k
@@ -347,6 +350,40 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 		}
 	}
 	return out
+}
+
+// entries returns a mapping's keys and values, one after the other: its
+// own, and then those its merge keys (<<) bring, which it may override.
+func (d *decoder) entries(n *yaml.Node, path string, depth int) (own, merged []*yaml.Node) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		if k.ShortTag() != "!!merge" {
+			own = append(own, k, val)
+			continue
+		}
+		srcs := []*yaml.Node{val}
+		if r := resolve(val); r.Kind == yaml.SequenceNode {
+			srcs = r.Content
+		}
+		for _, src := range srcs {
+			m := resolve(src)
+			if d.nodes += len(m.Content); m.Kind != yaml.MappingNode || depth > 16 || d.nodes > maxNodes {
+				d.refuse(src, path, "want a mapping (or a list of them) to merge, got %s", describe(m))
+				continue
+			}
+			o, mm := d.entries(m, path, depth+1)
+			merged = append(append(merged, o...), mm...)
+		}
+	}
+	return own, merged
+}
+
+// resolve follows n's alias, if it is one.
+func resolve(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode {
+		return n.Alias
+	}
+	return n
 }
 
 // describe names what the file holds at n.
