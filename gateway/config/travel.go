@@ -67,7 +67,6 @@ func (v *validator) travelling(raw *rawConfig) spec.Snapshot {
 	if err := s.Validate(); err != nil && !errors.As(err, &errs) {
 		v.fail("", "%v", err)
 	}
-	jwtRefused := map[int]bool{}
 	for _, e := range errs {
 		path, ok := keyHashAt[e.Path]
 		if !ok {
@@ -78,21 +77,15 @@ func (v *validator) travelling(raw *rawConfig) spec.Snapshot {
 		}
 		problem := e.Problem
 		if e.First != "" {
-			first := e.First
-			if p, ok := keyHashAt[first+".key_hash"]; ok && p != "" {
-				first = parent(p)
-			}
-			problem = strings.Replace(problem, e.First, fmt.Sprintf("%s on line %d", e.First, v.line(first)), 1)
+			problem = strings.Replace(problem, e.First, fmt.Sprintf("%s on line %d", e.First, v.line(e.First)), 1)
 		}
 		v.add(path, problem, e.Missing, e.Unknown)
-		var i int
-		if n, _ := fmt.Sscanf(path, "apis[%d].jwt", &i); n == 1 {
-			jwtRefused[i] = true
-		}
 	}
 	for i, a := range s.APIs {
-		if a.JWT != nil && a.Auth == spec.AuthJWT && !jwtRefused[i] && !v.refused(fmt.Sprintf("apis[%d].jwt", i)) {
-			v.jwtKeys(fmt.Sprintf("apis[%d].jwt", i), &a)
+		at := fmt.Sprintf("apis[%d].jwt", i)
+		valid := !slices.ContainsFunc(errs, func(e *spec.Error) bool { return e.Path == at || strings.HasPrefix(e.Path, at+".") })
+		if a.JWT != nil && a.Auth == spec.AuthJWT && valid && !v.refused(at) {
+			v.jwtKeys(at, &a)
 		}
 		if lp, err := spec.CleanListenPath(a.ListenPath); err == nil {
 			s.APIs[i].ListenPath = lp
