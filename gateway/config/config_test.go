@@ -714,3 +714,12 @@ func TestMergeKeys(t *testing.T) {
 		t.Errorf("err = %v, want %s", err, want)
 	}
 }
+
+// TestMergedFieldsPlace: a problem of a field a merge key brings is placed
+// where the merge names its text, as one an alias brings is at the alias.
+func TestMergedFieldsPlace(t *testing.T) {
+	_, err := config.Parse("t.yaml", []byte("policies:\n  - &base {id: a, rate: {requests: 5, per: 1s}}\n  - {<<: *base}\n"+api))
+	if want := `t.yaml:3:10: policies[1].id: duplicate policy id "a" (first at policies[0].id on line 2)`; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+}

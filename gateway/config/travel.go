@@ -25,7 +25,10 @@ func JWTIDPrefix(issuer, apiID string) string { return spec.JWTIDPrefix(issuer, 
 // memory store's one algorithm) and loads the JWT keys it names, so a
 // missing secret is reported at its line.
 func (v *validator) travelling(raw *rawConfig) spec.Snapshot {
-	s := spec.Snapshot{Policies: raw.Policies, APIs: raw.APIs, Keys: make([]spec.Key, len(raw.Keys))}
+	s := spec.Snapshot{Policies: raw.Policies, APIs: raw.APIs}
+	if len(raw.Keys) > 0 {
+		s.Keys = make([]spec.Key, len(raw.Keys))
+	}
 	if len(s.APIs) == 0 {
 		v.require("apis", "at least one API is required")
 	}

@@ -311,8 +311,8 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 	}
 	out := map[string]any{}
 	first := map[string]*yaml.Node{}
-	own, merged := d.entries(n, path, 0)
-	for i, all := 0, append(own, merged...); i+1 < len(all); i += 2 {
+	own, merged := d.entries(n, path, 0, nil)
+	for i, all := 0, append(own, merged...); i+2 < len(all); i += 3 {
 		k, val := all[i], all[i+1]
 		p := k.Value
 		if path != "" {
@@ -345,33 +345,41 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 			d.refuse(k, p, "want a name, got %s", describe(k))
 			continue
 		}
+		placed := false
+		if src := all[i+2]; src != nil && d.outer == nil {
+			d.outer, placed = src, true // a merged field is placed where the merge names it
+		}
 		if x, ok := d.value(val, ft, p); ok {
 			out[k.Value] = x
+		}
+		if placed {
+			d.outer = nil
 		}
 	}
 	return out
 }
 
-// entries returns a mapping's keys and values, one after the other: its
+// entries returns a mapping's keys and values, each with the merge that
+// brought it (src, nil for the mapping's own), one after the other: its
 // own, and then those its merge keys (<<) bring, which it may override.
-func (d *decoder) entries(n *yaml.Node, path string, depth int) (own, merged []*yaml.Node) {
+func (d *decoder) entries(n *yaml.Node, path string, depth int, src *yaml.Node) (own, merged []*yaml.Node) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		if k.ShortTag() != "!!merge" {
-			own = append(own, k, val)
+			own = append(own, k, val, src)
 			continue
 		}
 		srcs := []*yaml.Node{val}
 		if r := resolve(val); r.Kind == yaml.SequenceNode {
 			srcs = r.Content
 		}
-		for _, src := range srcs {
-			m := resolve(src)
+		for _, from := range srcs {
+			m := resolve(from)
 			if d.nodes += len(m.Content); m.Kind != yaml.MappingNode || depth > 16 || d.nodes > maxNodes {
-				d.refuse(src, path, "want a mapping (or a list of them) to merge, got %s", describe(m))
+				d.refuse(from, path, "want a mapping (or a list of them) to merge, got %s", describe(m))
 				continue
 			}
-			o, mm := d.entries(m, path, depth+1)
+			o, mm := d.entries(m, path, depth+1, cmp.Or(src, from))
 			merged = append(append(merged, o...), mm...)
 		}
 	}
