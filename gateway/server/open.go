@@ -59,7 +59,7 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 		do := drlOptions(d, o)
 		so.DRL = &do
 	} else if cfg.DRL == nil {
-		for _, p := range cfg.Policies {
+		for _, p := range cfg.Snapshot.Policies {
 			if p.Distributed {
 				log.Warn("policies marked distributed are enforced exactly by the store: the file has no drl section", "policy", p.ID)
 				break

@@ -200,7 +200,7 @@ func TestRedisPause(t *testing.T) {
 // Redis), and at 12 s the load spreads to all four (1100/s on gateway 0,
 // 300/s on each other). The allocator shrinks gateway 0 to a quarter and
 // grows the others. Safe, the grows wait until gateway 0 has applied its
-// shrink: no window above R + B. With unsafe_grows_before_shrinks they
+// shrink: no window above R + B. From a gateway built with the unsafe test tag they
 // come at once, while gateway 0 still runs its old share for 1.2 s, and
 // the harness catches the overshoot.
 func TestUnsafeOvershootCaught(t *testing.T) {
