@@ -15,12 +15,13 @@
 //
 // # Batching
 //
-// By default (Options.Pipeline) Takes that come while another is on its
-// way to Redis wait for its reply and then go together in one pipeline of
-// EVALSHAs, sent by the first of them: one round trip and one read and
-// one write system call for the lot. A Take that finds nothing in flight
-// is sent at once; nothing waits on a timer. A negative Options.Pipeline
-// turns batching off. Each call's arguments are written into a pooled
+// By default (Options.Pipeline) a Take that finds fewer than
+// Options.PipelineInFlight calls on their way to Redis is sent at once,
+// on its own; Takes that come while that many are in flight wait for one
+// of them to be back and then go together in one pipeline of EVALSHAs,
+// sent by the first of them: one round trip and one read and one write
+// system call for the lot. Nothing waits on a timer. A negative
+// Options.Pipeline turns batching off. Each call's arguments are written into a pooled
 // buffer and its reply, an array of integers, read straight into an
 // []int64, so a batched Take allocates about twice.
 //
@@ -120,7 +121,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,16 +176,30 @@ type Options struct {
 	// EVALSHAs (one round trip for all; each script still runs atomically
 	// on its own, so decisions are unchanged); default DefaultPipeline.
 	// Batching never waits for a timer or for more Takes: a Take that
-	// finds no pipeline in flight is sent at once, on its own, from its
-	// own goroutine, as with batching off; the ones that come while one is
-	// in flight wait for its reply and go together in the next, sent by
-	// the first of them. A negative Pipeline turns batching off: each Take
+	// finds fewer than PipelineInFlight pipelines in flight is sent at
+	// once, on its own, from its own goroutine, as with batching off; the
+	// ones that come while that many are in flight wait for one of them to
+	// be back and go together in the next, sent by the first of them. A
+	// negative Pipeline turns batching off: each Take
 	// is its own EVALSHA on a connection of its own, as many in flight as
 	// the client's pool allows.
 	Pipeline int
+	// PipelineInFlight is how many pipelines (or lone Takes) batching
+	// keeps in flight before a Take waits: a Take that finds fewer in
+	// flight is sent at once, on its own, from its own goroutine, so up to
+	// PipelineInFlight concurrent callers each make one round trip of
+	// their own per Take, as with batching off; one that finds
+	// PipelineInFlight in flight waits, and the waiting Takes go as one
+	// pipeline (up to Pipeline of them) when one of those in flight is
+	// back. More in flight keeps Redis and the client busy at once; fewer
+	// make fuller pipelines under load. Default max(2, GOMAXPROCS), at most
+	// the client's PoolSize (per node for a Cluster client, per shard for
+	// a Ring); 1 keeps one in flight at a time.
+	PipelineInFlight int
 	// PipelineWorkers is the most pipelines in flight at once with
-	// batching on; a second one starts only while Pipeline Takes are
-	// already waiting. Default 4 × GOMAXPROCS.
+	// batching on: beyond PipelineInFlight, another starts only while
+	// Pipeline Takes are already waiting. Default 4 × GOMAXPROCS, and at
+	// least PipelineInFlight.
 	PipelineWorkers int
 	// Seed, if set, is given every decision Redis returns, with its
 	// request (core.Seeder), on the caller's goroutine before Take
@@ -262,14 +276,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		s.breaker = gobreaker.NewCircuitBreaker[[]int64](st)
 	}
 	if opts.Pipeline >= 0 {
-		b := &batcher{s: s, max: opts.Pipeline, workers: opts.PipelineWorkers}
-		if b.max == 0 {
-			b.max = DefaultPipeline
-		}
-		if b.workers <= 0 {
-			b.workers = 4 * runtime.GOMAXPROCS(0)
-		}
-		s.pipe = b
+		s.pipe = newBatcher(s, client, opts)
 	}
 	return s, nil
 }
