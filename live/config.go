@@ -914,7 +914,11 @@ func (g *Config) UpdateKeys(ctx context.Context, revision uint64, put []spec.Key
 	records := make([]identity.KeyRecord, 0, len(put))
 	for i := range put {
 		if err := spec.ValidateKey(fmt.Sprintf("put[%d]", i), &put[i], st.policies, st.apis); err != nil {
-			errs = append(errs, err.(spec.Errors)...)
+			var ve spec.Errors
+			if !errors.As(err, &ve) {
+				return fmt.Errorf("live: put[%d]: %w", i, err)
+			}
+			errs = append(errs, ve...)
 			continue
 		}
 		rec, err := put[i].Record()
