@@ -43,9 +43,6 @@ type StoreOptions struct {
 	// breaker changes, go-redis's own pool messages, at most one line per
 	// 5 s with counts as for store failures); nil means slog.Default().
 	Logger *slog.Logger
-	// AfterFunc times the go-redis log's intervals; nil means
-	// time.AfterFunc. A test seam.
-	AfterFunc AfterFunc
 	// Wrap, when set, is called by OpenStore for a Redis store with its
 	// client and the Redis store, once the store is open (after the
 	// startup PING, whatever it answered); OpenStore returns the store
