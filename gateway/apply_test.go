@@ -25,6 +25,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -287,7 +288,7 @@ func TestCloseStopsEverything(t *testing.T) {
 	clock := core.NewManualClock(int64(time.Hour))
 	store := memory.New(memory.Options{Clock: clock})
 	defer store.Close()
-	gw, err := gateway.New(gateway.Options{Store: store, Clock: clock, FailurePolicy: core.FailFallback})
+	gw, err := gateway.New(gateway.Options{Store: store, Seams: &seams.Seams{Clock: clock}, FailurePolicy: core.FailFallback})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,9 +44,6 @@ type StoreOptions struct {
 	// breaker changes, go-redis's own pool messages, at most one line per
 	// 5 s with counts as for store failures); nil means slog.Default().
 	Logger *slog.Logger
-	// AfterFunc times the go-redis log's intervals; nil means
-	// time.AfterFunc. A test seam.
-	AfterFunc AfterFunc
 	// DRL, when set, puts the Distributed Rate Limiter (core/drl) with
 	// these options in front of a Redis store: OpenStore returns the
 	// drl.Store, over the Redis store and on its client, once the store is

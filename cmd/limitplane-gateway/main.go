@@ -57,6 +57,7 @@ import (
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/gateway/server"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 	"github.com/redis/go-redis/v9"
 )
@@ -217,9 +218,7 @@ func run(ctx context.Context, args []string, e env) error {
 		Config:       cfg,
 		Listen:       listen,
 		Logger:       log,
-		Clock:        e.clock,
-		Now:          e.now,
-		AfterFunc:    e.afterFunc,
+		Seams:        &seams.Seams{Clock: e.clock, Now: e.now, AfterFunc: e.afterFunc},
 		StartTimeout: e.startTimeout,
 	})
 	if err != nil {

@@ -31,20 +31,20 @@ import (
 // Redis store (gateway.NewFallback), and closed last.
 func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
 	log := o.Logger
+	clock := o.Seams.Or().Clock // nil: the system clock
 	so := gateway.StoreOptions{
 		URL:           "memory",
-		Memory:        memory.Options{Clock: o.Clock, MaxKeys: cfg.Memory.MaxKeys},
+		Memory:        memory.Options{Clock: clock, MaxKeys: cfg.Memory.MaxKeys},
 		FailurePolicy: cfg.FailurePolicy,
 		Logger:        log,
-		AfterFunc:     o.AfterFunc,
 	}
 	if r := cfg.Redis; r != nil {
 		so.URL, so.Password, so.Name, so.Redis = r.URL, r.Password, cfg.RedactedStore(), r.Options
-		if o.Clock != nil {
+		if clock != nil {
 			// A test froze the clock: the scripts take its time instead
 			// of Redis TIME, and keys outlive the frozen instant in real
 			// time.
-			so.Redis.Clock, so.Redis.TTLMargin = o.Clock, time.Minute
+			so.Redis.Clock, so.Redis.TTLMargin = clock, time.Minute
 		}
 	}
 	// Under failure_policy fallback the gateway decides in an in-process
@@ -52,7 +52,7 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 	// carries on from the counts this gateway last saw.
 	var fallback *memory.Store
 	if cfg.FailurePolicy == core.FailFallback && cfg.Redis != nil {
-		fallback = gateway.NewFallback(o.Clock, cfg.Memory.MaxKeys)
+		fallback = gateway.NewFallback(clock, cfg.Memory.MaxKeys)
 		so.Redis.Seed = fallback
 	}
 	if d := cfg.DRL; d != nil && cfg.Redis != nil {
@@ -96,9 +96,7 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 		Response:        cfg.Response,
 		Resolver:        cfg.Resolver,
 		Logger:          log,
-		Clock:           o.Clock,
-		Now:             o.Now,
-		AfterFunc:       o.AfterFunc,
+		Seams:           o.Seams,
 	}
 	if fallback != nil {
 		opts.Fallback = fallback
@@ -150,7 +148,7 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, o Optio
 		MaxStale:     cp.MaxStale,
 		OnStale:      onStale,
 		StartTimeout: o.StartTimeout,
-		Now:          o.Now,
+		Now:          o.Seams.Or().Now,
 		Logger:       o.Logger,
 	})
 	if err != nil {
