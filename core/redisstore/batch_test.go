@@ -272,7 +272,7 @@ func TestCommandPrintsArguments(t *testing.T) {
 	// not compared.)
 	take(t, s, request(t, s, core.Call{Consumer: "printed", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: 11}, Cost: 1}))
 	sum := sha256.Sum256([]byte("printed"))
-	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0", gcraOnlyScript.sha, sum[:16])
+	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0 :3600000000000", gcraOnlyScript.sha, sum[:16])
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.seen) != 1 || h.seen[0][:max(strings.LastIndex(h.seen[0], ": "), 0)] != want {

@@ -101,13 +101,15 @@ func (v *validator) config(raw *rawConfig) *Config {
 	if raw.DRL != nil {
 		cfg.DRL = v.drl(raw, cfg)
 	}
+	// Secret files named in the snapshot, the file's or the control
+	// plane's, are read relative to the file.
+	cfg.Resolver = FileResolver{Dir: filepath.Dir(v.file)}
 	if raw.ControlPlane != nil {
 		cfg.ControlPlane = v.controlPlane(raw.ControlPlane, raw)
 		// The rest is the control plane's.
 		return cfg
 	}
 	cfg.Snapshot = v.travelling(raw)
-	cfg.Resolver = FileResolver{Dir: filepath.Dir(v.file)}
 	return cfg
 }
 
