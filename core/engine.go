@@ -255,8 +255,8 @@ type plan struct {
 	quotaShadow bool
 }
 
-func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
-	pl := plan{req: Request{Consumer: c.ID, Cost: cost, QuotaEpoch: c.QuotaEpoch}}
+func (e *Engine) resolve(c *Consumer, api string, cost int64, pl *plan) error {
+	*pl = plan{req: Request{Consumer: c.ID, Cost: cost, QuotaEpoch: c.QuotaEpoch}}
 	snap := e.snap.Load()
 	// The length check skips the map call for the common consumer
 	// without per-API limits.
@@ -264,10 +264,10 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 		if l, ok := c.APILimits[api]; ok {
 			pr, err := e.limitsRule(snap, LimitSet{Rate: l.Rate, Quota: l.Quota, Scope: api})
 			if err != nil {
-				return pl, err
+				return err
 			}
 			pl.req.Rule, pl.fallback, pl.req.QuotaEpoch = pr.rule, pr.fallback, l.QuotaEpoch
-			return pl, nil
+			return nil
 		}
 	}
 	var rate, quota *policyEntry
@@ -275,7 +275,7 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 	for _, id := range c.Policies {
 		p, ok := snap.policies[id]
 		if !ok {
-			return pl, fmt.Errorf("%w %q", ErrUnknownPolicy, id)
+			return fmt.Errorf("%w %q", ErrUnknownPolicy, id)
 		}
 		if !p.appliesTo(api) {
 			continue
@@ -291,14 +291,14 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 		}
 	}
 	if !found {
-		return pl, ErrNoPolicy
+		return ErrNoPolicy
 	}
 	pr := &snap.none
 	switch {
 	case rate != nil && quota != nil && rate != quota:
 		var err error
 		if pr, err = e.pairRule(snap, rate, quota); err != nil {
-			return pl, err
+			return err
 		}
 	case rate != nil:
 		pr = &rate.own // its quota is either the winner or left out
@@ -312,7 +312,7 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 		pl.quotaPolicy, pl.quotaShadow = quota.ID, quota.Shadow
 	}
 	pl.req.Rule, pl.fallback = pr.rule, pr.fallback
-	return pl, nil
+	return nil
 }
 
 // pairRule returns the rule of rate's rate limit with quota's quota,
@@ -352,42 +352,48 @@ func (e *Engine) limitsRule(snap *snapshot, ls LimitSet) (prepared, error) {
 // ErrInvalidCost for a cost outside [0, MaxCost], and under FailClosed an
 // error wrapping ErrStoreUnavailable. A denial by a shadow policy (or any
 // denial under Options.Shadow) is returned allowed, with Shadowed set.
-func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
+func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (d Decision, err error) {
+	// The decision is written in place, through every step, into the
+	// result: a Decision is 176 bytes, and each copy of it on the way out
+	// costs about as much as the steps that fill it.
 	if e.opts.Observer == nil {
-		return e.decide(ctx, c, api, cost)
+		err = e.decide(ctx, c, api, cost, &d)
+		return d, err
 	}
 	start := time.Now()
-	d, err := e.decide(ctx, c, api, cost)
+	err = e.decide(ctx, c, api, cost, &d)
 	e.opts.Observer.ObserveDecision(api, d, err, time.Since(start))
 	return d, err
 }
 
-func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
-	pl, err := e.plan(c, api, cost)
-	if err != nil {
-		return Decision{}, err
+// decide is Decide into *d (the zero Decision on errors).
+func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64, d *Decision) error {
+	var pl plan
+	if err := e.plan(c, api, cost, &pl); err != nil {
+		*d = Decision{}
+		return err
 	}
-	return e.apply(ctx, &pl, pl.req)
+	return e.apply(ctx, &pl, pl.req, d)
 }
 
-// plan checks a Decide or Wait call and resolves c's limits for api.
-func (e *Engine) plan(c *Consumer, api string, cost int64) (plan, error) {
+// plan checks a Decide or Wait call and resolves c's limits for api into
+// *pl.
+func (e *Engine) plan(c *Consumer, api string, cost int64, pl *plan) error {
 	if cost < 0 || cost > MaxCost {
-		return plan{}, ErrInvalidCost
+		return ErrInvalidCost
 	}
 	if c == nil {
-		return plan{}, ErrNoConsumer
+		return ErrNoConsumer
 	}
-	return e.resolve(c, api, cost)
+	return e.resolve(c, api, cost, pl)
 }
 
-// apply takes req (pl.req, with a MaxDelay when Wait reserves) and turns the
-// store's decision into the engine's: the policies the limits came from are
-// named, and a shadowed denial is allowed.
-func (e *Engine) apply(ctx context.Context, pl *plan, req Request) (Decision, error) {
-	d, err := e.take(ctx, req, pl.fallback)
-	if err != nil {
-		return d, err
+// apply takes req (pl.req, with a MaxDelay when Wait reserves) into *d and
+// turns the store's decision into the engine's: the policies the limits
+// came from are named, and a shadowed denial is allowed.
+func (e *Engine) apply(ctx context.Context, pl *plan, req Request, d *Decision) error {
+	if err := e.take(ctx, req, pl.fallback, d); err != nil {
+		return err
 	}
 	d.Rate.Policy, d.Quota.Policy = pl.ratePolicy, pl.quotaPolicy
 	switch d.DecidedBy {
@@ -402,7 +408,7 @@ func (e *Engine) apply(ctx context.Context, pl *plan, req Request) (Decision, er
 			d.Allowed, d.Shadowed, d.RetryAfter = true, true, 0
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // Wait is Decide that, while denied, sleeps and retries, as the package
@@ -421,13 +427,15 @@ func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) 
 // wait is Wait with the clock and timer seams of the package function wait.
 func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
 	start := time.Now()
-	pl, err := e.plan(c, api, cost)
+	var pl plan
+	err := e.plan(c, api, cost, &pl)
 	took := time.Since(start)
 	var d Decision
 	if err == nil {
 		take := func(ctx context.Context, req Request) (Decision, error) {
 			start := time.Now()
-			d, err := e.apply(ctx, &pl, req)
+			var d Decision
+			err := e.apply(ctx, &pl, req, &d)
 			took += time.Since(start)
 			return d, err
 		}
@@ -465,33 +473,43 @@ func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error 
 	return fbErr
 }
 
-// take applies req to the store under the failure policy; fallback is
-// req's rule on the fallback store.
-func (e *Engine) take(ctx context.Context, req Request, fallback *Rule) (Decision, error) {
+// take applies req to the store under the failure policy into *d (the
+// zero Decision on errors); fallback is req's rule on the fallback store.
+func (e *Engine) take(ctx context.Context, req Request, fallback *Rule, d *Decision) error {
 	if !req.Rule.Enforced() {
-		return Decision{Allowed: true}, nil
+		*d = Decision{Allowed: true}
+		return nil
 	}
-	sctx := ctx
+	var err error
 	if e.opts.StoreTimeout > 0 {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(ctx, e.opts.StoreTimeout)
-		defer cancel()
+		*d, err = e.takeWithin(ctx, req)
+	} else {
+		*d, err = e.store.Take(ctx, req)
 	}
-	d, err := e.store.Take(sctx, req)
 	if err == nil || errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrUnsupportedAlgorithm) || errors.Is(err, ErrForeignRule) {
-		return d, err
+		return err
 	}
 	if e.opts.OnStoreError != nil {
 		e.opts.OnStoreError(err)
 	}
 	switch e.opts.FailurePolicy {
 	case FailClosed:
-		return Decision{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+		*d = Decision{}
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	case FailFallback:
 		req.Rule = fallback
-		return e.opts.Fallback.Take(ctx, req)
+		*d, err = e.opts.Fallback.Take(ctx, req)
+		return err
 	}
-	return Decision{Allowed: true}, nil
+	*d = Decision{Allowed: true}
+	return nil
+}
+
+// takeWithin is the store's Take bounded by Options.StoreTimeout.
+func (e *Engine) takeWithin(ctx context.Context, req Request) (Decision, error) {
+	sctx, cancel := context.WithTimeout(ctx, e.opts.StoreTimeout)
+	defer cancel()
+	return e.store.Take(sctx, req)
 }
 
 // Decider decides requests; *Engine implements it. Adapters depend on this
