@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -67,9 +68,37 @@ type Config struct {
 	Policies []Policy
 }
 
-// snapshot is a validated Config indexed for lookup.
+// snapshot is a validated Config indexed for lookup, with every policy's
+// limits prepared on the engine's stores.
 type snapshot struct {
-	policies map[string]*Policy
+	policies map[string]*policyEntry
+	// none is the rule of a request no limit applies to.
+	none prepared
+	// pairs holds the rules of a rate limit from one policy with a quota
+	// from another ([2]*policyEntry{rate, quota} → *prepared), prepared on
+	// first use; at most (policies)² entries.
+	pairs sync.Map
+	// limits holds the rules of consumers' per-API Limits (LimitSet →
+	// *prepared), prepared on first use; at most maxCachedLimits entries,
+	// counted by nLimits. Beyond that, a Limits is prepared per request.
+	limits  sync.Map
+	nLimits atomic.Int64
+}
+
+// maxCachedLimits bounds snapshot.limits: distinct per-API limit sets are
+// usually a handful of plans, but keys may carry arbitrary ones.
+const maxCachedLimits = 1 << 16
+
+// policyEntry is a policy with its own limits prepared.
+type policyEntry struct {
+	Policy
+	own prepared // LimitSet{p.Rate, p.Quota, "", p.Distributed}
+}
+
+// prepared is one LimitSet's rule on the engine's store and, under
+// FailFallback, on the fallback store.
+type prepared struct {
+	rule, fallback *Rule
 }
 
 // FailurePolicy says what the engine does when its store fails.
@@ -142,52 +171,63 @@ func NewEngine(store Store, cfg Config, opts Options) (*Engine, error) {
 	return e, nil
 }
 
-// SetConfig validates cfg and swaps it in; requests already being decided
-// finish with the old config. Counters are kept: a changed rate takes effect
-// on the next request without resetting anyone.
+// SetConfig validates cfg, prepares every policy's limits on the store (and
+// the fallback store), and swaps it in; requests already being decided
+// finish with the old config. A policy a store cannot enforce (Prepare's
+// error) fails the whole call, naming the policy. Counters are kept: a
+// changed rate takes effect on the next request without resetting anyone.
 func (e *Engine) SetConfig(cfg Config) error {
-	s := &snapshot{policies: make(map[string]*Policy, len(cfg.Policies))}
+	s := &snapshot{policies: make(map[string]*policyEntry, len(cfg.Policies))}
+	var err error
+	if s.none, err = e.prepare(LimitSet{}); err != nil {
+		return err
+	}
 	for i := range cfg.Policies {
-		p := cfg.Policies[i]
+		p := &policyEntry{Policy: cfg.Policies[i]}
 		if err := p.Validate(); err != nil {
 			return err
 		}
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
-		for _, st := range []Store{e.store, e.opts.Fallback} {
-			if err := CheckSupport(st, p.Rate); err != nil {
-				return fmt.Errorf("policy %q: %w", p.ID, err)
-			}
+		if p.own, err = e.prepare(LimitSet{Rate: p.Rate, Quota: p.Quota, Distributed: p.Distributed}); err != nil {
+			return fmt.Errorf("policy %q: %w", p.ID, err)
 		}
 		p.APIs = append([]string(nil), p.APIs...)
-		s.policies[p.ID] = &p
+		s.policies[p.ID] = p
 	}
 	e.snap.Store(s)
 	return nil
 }
 
+// prepare prepares ls on the store and, under FailFallback, the fallback.
+func (e *Engine) prepare(ls LimitSet) (prepared, error) {
+	var pr prepared
+	var err error
+	if pr.rule, err = e.store.Prepare(ls); err != nil {
+		return prepared{}, err
+	}
+	if e.opts.FailurePolicy == FailFallback {
+		if pr.fallback, err = e.opts.Fallback.Prepare(ls); err != nil {
+			return prepared{}, fmt.Errorf("fallback store: %w", err)
+		}
+	}
+	return pr, nil
+}
+
 // CheckSupport returns nil when store (nil: none) can enforce the rate
-// limit l, or the error SetConfig refuses a policy with: one wrapping
-// ErrUnsupportedAlgorithm (an AlgorithmSupporter lacking l's algorithm) or
-// the store's CheckLimit error, which wraps ErrInvalidLimit. A limit that
-// is not enforced (zero or unlimited) is always supported. It depends on
-// the store alone, so a caller holding many stores' configurations (a
+// limit l (its Prepare accepts it), or the error SetConfig refuses a policy
+// with: one wrapping ErrUnsupportedAlgorithm or ErrInvalidLimit. A limit
+// that is not enforced (zero or unlimited) is always supported. It depends
+// on the store alone, so a caller holding many stores' configurations (a
 // gateway of a data plane) can leave out just the policies its own store
 // cannot enforce.
 func CheckSupport(store Store, l Limit) error {
 	if store == nil || !l.Enforced() {
 		return nil
 	}
-	if as, ok := store.(AlgorithmSupporter); ok && !as.SupportsAlgorithm(l.Algorithm) {
-		return fmt.Errorf("%w: %v", ErrUnsupportedAlgorithm, l.Algorithm)
-	}
-	if lc, ok := store.(LimitChecker); ok {
-		if err := lc.CheckLimit(l); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := store.Prepare(LimitSet{Rate: l})
+	return err
 }
 
 // Policy returns the current policy with the given ID.
@@ -196,7 +236,7 @@ func (e *Engine) Policy(id string) (Policy, bool) {
 	if !ok {
 		return Policy{}, false
 	}
-	return *p, true
+	return p.Policy, true
 }
 
 // Store returns the engine's store.
@@ -204,52 +244,106 @@ func (e *Engine) Store() Store { return e.store }
 
 // plan is what one request is checked against. ratePolicy and quotaPolicy
 // name the policies the limits came from ("" when no policy sets the limit,
-// or for a consumer's APILimits).
+// or for a consumer's APILimits); fallback is the rule on the fallback
+// store.
 type plan struct {
 	req         Request
+	fallback    *Rule
 	ratePolicy  string
 	quotaPolicy string
 	rateShadow  bool
 	quotaShadow bool
 }
 
-func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
-	pl := plan{req: Request{Consumer: c.ID, Cost: cost, QuotaEpoch: c.QuotaEpoch}}
+func (e *Engine) resolve(c *Consumer, api string, cost int64, pl *plan) error {
+	*pl = plan{req: Request{Consumer: c.ID, Cost: cost, QuotaEpoch: c.QuotaEpoch}}
+	snap := e.snap.Load()
 	// The length check skips the map call for the common consumer
 	// without per-API limits.
 	if len(c.APILimits) > 0 {
 		if l, ok := c.APILimits[api]; ok {
-			pl.req.Scope = api
-			pl.req.Rate, pl.req.Quota, pl.req.QuotaEpoch = l.Rate, l.Quota, l.QuotaEpoch
-			return pl, nil
+			pr, err := e.limitsRule(snap, LimitSet{Rate: l.Rate, Quota: l.Quota, Scope: api})
+			if err != nil {
+				return err
+			}
+			pl.req.Rule, pl.fallback, pl.req.QuotaEpoch = pr.rule, pr.fallback, l.QuotaEpoch
+			return nil
 		}
 	}
-	snap := e.snap.Load()
+	var rate, quota *policyEntry
 	found := false
 	for _, id := range c.Policies {
 		p, ok := snap.policies[id]
 		if !ok {
-			return pl, fmt.Errorf("%w %q", ErrUnknownPolicy, id)
+			return fmt.Errorf("%w %q", ErrUnknownPolicy, id)
 		}
 		if !p.appliesTo(api) {
 			continue
 		}
 		found = true
-		// A limit the policy leaves out takes no part; policy IDs are
-		// never empty, so "" means no policy has set the limit yet. On a
-		// tie the first policy keeps it.
-		if !p.Rate.IsZero() && (pl.ratePolicy == "" || ratePerNs(p.Rate) > ratePerNs(pl.req.Rate)) {
-			pl.req.Rate, pl.ratePolicy, pl.rateShadow = p.Rate, p.ID, p.Shadow
-			pl.req.Distributed = p.Distributed
+		// A limit the policy leaves out takes no part. On a tie the
+		// first policy keeps it.
+		if !p.Rate.IsZero() && (rate == nil || ratePerNs(p.Rate) > ratePerNs(rate.Rate)) {
+			rate = p
 		}
-		if !p.Quota.IsZero() && (pl.quotaPolicy == "" || quotaPerNs(p.Quota) > quotaPerNs(pl.req.Quota)) {
-			pl.req.Quota, pl.quotaPolicy, pl.quotaShadow = p.Quota, p.ID, p.Shadow
+		if !p.Quota.IsZero() && (quota == nil || quotaPerNs(p.Quota) > quotaPerNs(quota.Quota)) {
+			quota = p
 		}
 	}
 	if !found {
-		return pl, ErrNoPolicy
+		return ErrNoPolicy
 	}
-	return pl, nil
+	pr := &snap.none
+	switch {
+	case rate != nil && quota != nil && rate != quota:
+		var err error
+		if pr, err = e.pairRule(snap, rate, quota); err != nil {
+			return err
+		}
+	case rate != nil:
+		pr = &rate.own // its quota is either the winner or left out
+	case quota != nil:
+		pr = &quota.own // its rate is left out
+	}
+	if rate != nil {
+		pl.ratePolicy, pl.rateShadow = rate.ID, rate.Shadow
+	}
+	if quota != nil {
+		pl.quotaPolicy, pl.quotaShadow = quota.ID, quota.Shadow
+	}
+	pl.req.Rule, pl.fallback = pr.rule, pr.fallback
+	return nil
+}
+
+// pairRule returns the rule of rate's rate limit with quota's quota,
+// preparing it on first use.
+func (e *Engine) pairRule(snap *snapshot, rate, quota *policyEntry) (*prepared, error) {
+	k := [2]*policyEntry{rate, quota}
+	if v, ok := snap.pairs.Load(k); ok {
+		return v.(*prepared), nil
+	}
+	pr, err := e.prepare(LimitSet{Rate: rate.Rate, Quota: quota.Quota, Distributed: rate.Distributed})
+	if err != nil {
+		return nil, fmt.Errorf("policies %q and %q: %w", rate.ID, quota.ID, err)
+	}
+	v, _ := snap.pairs.LoadOrStore(k, &pr)
+	return v.(*prepared), nil
+}
+
+// limitsRule returns the rule of a consumer's per-API limits, prepared on
+// first use and kept while fewer than maxCachedLimits are.
+func (e *Engine) limitsRule(snap *snapshot, ls LimitSet) (prepared, error) {
+	if v, ok := snap.limits.Load(ls); ok {
+		return *v.(*prepared), nil
+	}
+	pr, err := e.prepare(ls)
+	if err != nil {
+		return prepared{}, err
+	}
+	if snap.nLimits.Add(1) <= maxCachedLimits {
+		snap.limits.Store(ls, &pr)
+	}
+	return pr, nil
 }
 
 // Decide spends cost units of c's limits for api and returns the decision.
@@ -258,42 +352,48 @@ func (e *Engine) resolve(c *Consumer, api string, cost int64) (plan, error) {
 // ErrInvalidCost for a cost outside [0, MaxCost], and under FailClosed an
 // error wrapping ErrStoreUnavailable. A denial by a shadow policy (or any
 // denial under Options.Shadow) is returned allowed, with Shadowed set.
-func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
+func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (d Decision, err error) {
+	// The decision is written in place, through every step, into the
+	// result: a Decision is 176 bytes, and each copy of it on the way out
+	// costs about as much as the steps that fill it.
 	if e.opts.Observer == nil {
-		return e.decide(ctx, c, api, cost)
+		err = e.decide(ctx, c, api, cost, &d)
+		return d, err
 	}
 	start := time.Now()
-	d, err := e.decide(ctx, c, api, cost)
+	err = e.decide(ctx, c, api, cost, &d)
 	e.opts.Observer.ObserveDecision(api, d, err, time.Since(start))
 	return d, err
 }
 
-func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
-	pl, err := e.prepare(c, api, cost)
-	if err != nil {
-		return Decision{}, err
+// decide is Decide into *d (the zero Decision on errors).
+func (e *Engine) decide(ctx context.Context, c *Consumer, api string, cost int64, d *Decision) error {
+	var pl plan
+	if err := e.plan(c, api, cost, &pl); err != nil {
+		*d = Decision{}
+		return err
 	}
-	return e.apply(ctx, &pl, pl.req)
+	return e.apply(ctx, &pl, pl.req, d)
 }
 
-// prepare checks a Decide or Wait call and resolves c's limits for api.
-func (e *Engine) prepare(c *Consumer, api string, cost int64) (plan, error) {
+// plan checks a Decide or Wait call and resolves c's limits for api into
+// *pl.
+func (e *Engine) plan(c *Consumer, api string, cost int64, pl *plan) error {
 	if cost < 0 || cost > MaxCost {
-		return plan{}, ErrInvalidCost
+		return ErrInvalidCost
 	}
 	if c == nil {
-		return plan{}, ErrNoConsumer
+		return ErrNoConsumer
 	}
-	return e.resolve(c, api, cost)
+	return e.resolve(c, api, cost, pl)
 }
 
-// apply takes req (pl.req, with a MaxDelay when Wait reserves) and turns the
-// store's decision into the engine's: the policies the limits came from are
-// named, and a shadowed denial is allowed.
-func (e *Engine) apply(ctx context.Context, pl *plan, req Request) (Decision, error) {
-	d, err := e.take(ctx, req)
-	if err != nil {
-		return d, err
+// apply takes req (pl.req, with a MaxDelay when Wait reserves) into *d and
+// turns the store's decision into the engine's: the policies the limits
+// came from are named, and a shadowed denial is allowed.
+func (e *Engine) apply(ctx context.Context, pl *plan, req Request, d *Decision) error {
+	if err := e.take(ctx, req, pl.fallback, d); err != nil {
+		return err
 	}
 	d.Rate.Policy, d.Quota.Policy = pl.ratePolicy, pl.quotaPolicy
 	switch d.DecidedBy {
@@ -308,7 +408,7 @@ func (e *Engine) apply(ctx context.Context, pl *plan, req Request) (Decision, er
 			d.Allowed, d.Shadowed, d.RetryAfter = true, true, 0
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // Wait is Decide that, while denied, sleeps and retries, as the package
@@ -327,13 +427,15 @@ func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) 
 // wait is Wait with the clock and timer seams of the package function wait.
 func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, now func() time.Time, newTimer func(time.Duration) timer) (Decision, error) {
 	start := time.Now()
-	pl, err := e.prepare(c, api, cost)
+	var pl plan
+	err := e.plan(c, api, cost, &pl)
 	took := time.Since(start)
 	var d Decision
 	if err == nil {
 		take := func(ctx context.Context, req Request) (Decision, error) {
 			start := time.Now()
-			d, err := e.apply(ctx, &pl, req)
+			var d Decision
+			err := e.apply(ctx, &pl, req, &d)
 			took += time.Since(start)
 			return d, err
 		}
@@ -347,8 +449,7 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 
 // ResetQuota deletes the quota counter c has for api (its key-wide counter,
 // or its per-API one when c has APILimits for api) at c's current quota
-// epoch (Consumer.QuotaEpoch or Limits.QuotaEpoch): through
-// QuotaEpochResetter when the store implements it, else Store.ResetQuota.
+// epoch (Consumer.QuotaEpoch or Limits.QuotaEpoch), with Store.ResetQuota.
 // Counters of other epochs are left to expire. Under FailFallback the
 // fallback's counter is reset first, the same way, so that a fallback
 // seeded with the store's counts (Seeder) does not keep the old count for
@@ -364,48 +465,51 @@ func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error 
 	}
 	var fbErr error
 	if e.opts.FailurePolicy == FailFallback {
-		fbErr = resetQuota(ctx, e.opts.Fallback, c.ID, scope, epoch)
+		fbErr = e.opts.Fallback.ResetQuota(ctx, c.ID, scope, epoch)
 	}
-	if err := resetQuota(ctx, e.store, c.ID, scope, epoch); err != nil {
+	if err := e.store.ResetQuota(ctx, c.ID, scope, epoch); err != nil {
 		return err
 	}
 	return fbErr
 }
 
-// resetQuota resets st's quota counter of (consumer, scope) at epoch:
-// through QuotaEpochResetter when st implements it, else ResetQuota.
-func resetQuota(ctx context.Context, st Store, consumer, scope string, epoch uint64) error {
-	if r, ok := st.(QuotaEpochResetter); ok {
-		return r.ResetQuotaEpoch(ctx, consumer, scope, epoch)
+// take applies req to the store under the failure policy into *d (the
+// zero Decision on errors); fallback is req's rule on the fallback store.
+func (e *Engine) take(ctx context.Context, req Request, fallback *Rule, d *Decision) error {
+	if !req.Rule.Enforced() {
+		*d = Decision{Allowed: true}
+		return nil
 	}
-	return st.ResetQuota(ctx, consumer, scope)
-}
-
-// take applies req to the store under the failure policy.
-func (e *Engine) take(ctx context.Context, req Request) (Decision, error) {
-	if !req.Rate.Enforced() && !req.Quota.Enforced() {
-		return Decision{Allowed: true}, nil
-	}
-	sctx := ctx
+	var err error
 	if e.opts.StoreTimeout > 0 {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(ctx, e.opts.StoreTimeout)
-		defer cancel()
+		*d, err = e.takeWithin(ctx, req)
+	} else {
+		*d, err = e.store.Take(ctx, req)
 	}
-	d, err := e.store.Take(sctx, req)
-	if err == nil || errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrUnsupportedAlgorithm) {
-		return d, err
+	if err == nil || errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrUnsupportedAlgorithm) || errors.Is(err, ErrForeignRule) {
+		return err
 	}
 	if e.opts.OnStoreError != nil {
 		e.opts.OnStoreError(err)
 	}
 	switch e.opts.FailurePolicy {
 	case FailClosed:
-		return Decision{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+		*d = Decision{}
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	case FailFallback:
-		return e.opts.Fallback.Take(ctx, req)
+		req.Rule = fallback
+		*d, err = e.opts.Fallback.Take(ctx, req)
+		return err
 	}
-	return Decision{Allowed: true}, nil
+	*d = Decision{Allowed: true}
+	return nil
+}
+
+// takeWithin is the store's Take bounded by Options.StoreTimeout.
+func (e *Engine) takeWithin(ctx context.Context, req Request) (Decision, error) {
+	sctx, cancel := context.WithTimeout(ctx, e.opts.StoreTimeout)
+	defer cancel()
+	return e.store.Take(sctx, req)
 }
 
 // Decider decides requests; *Engine implements it. Adapters depend on this

@@ -16,9 +16,17 @@ func TestMemoryStoreIgnoresDistributed(t *testing.T) {
 	clock := core.NewManualClock(int64(time.Hour))
 	s := memory.New(memory.Options{Clock: clock})
 	ctx := context.Background()
-	plain := core.Request{Consumer: "x", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 5}, Cost: 1}
-	drl := plain
-	drl.Consumer, drl.Distributed = "y", true
+	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
+	plainRule, err := s.Prepare(core.LimitSet{Rate: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drlRule, err := s.Prepare(core.LimitSet{Rate: l, Distributed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := core.Request{Consumer: "x", Rule: plainRule, Cost: 1}
+	drl := core.Request{Consumer: "y", Rule: drlRule, Cost: 1}
 	admitted := 0
 	for i := 0; i < 8; i++ {
 		dp, err1 := s.Take(ctx, plain)

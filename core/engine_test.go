@@ -90,12 +90,13 @@ func TestEngineRateChangeAtRuntimeKeepsState(t *testing.T) {
 	if d, _ := e.Decide(ctx, c, "", 1); d.Allowed {
 		t.Fatal("third request allowed at 2/s")
 	}
-	// Raise to 4/s burst 6 (T=250ms, τ=1.5s): the stored TAT (now+1s) is
-	// kept and leaves room for exactly 2 more.
+	// Raise to 4/s burst 6 (T=250ms, τ=1.5s): the 2 units spent carry
+	// over (the debt of 2 emission intervals becomes 500ms), leaving room
+	// for exactly 4 more.
 	if err := e.SetConfig(core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 4, Period: time.Second, Burst: 6}}}}); err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []bool{true, true, false} {
+	for i, want := range []bool{true, true, true, true, false} {
 		if d, _ := e.Decide(ctx, c, "", 1); d.Allowed != want {
 			t.Fatalf("after raise #%d: allowed %v, want %v", i, d.Allowed, want)
 		}
@@ -137,7 +138,11 @@ func (b *brokenStore) Take(context.Context, core.Request) (core.Decision, error)
 	b.calls.Add(1)
 	return core.Decision{}, errDown
 }
-func (b *brokenStore) ResetQuota(context.Context, string, string) error { return errDown }
+func (b *brokenStore) Prepare(ls core.LimitSet) (*core.Rule, error) { return core.NewRule(ls, nil) }
+func (b *brokenStore) ResetQuota(context.Context, string, string, uint64) error {
+	return errDown
+}
+func (b *brokenStore) Penalize(context.Context, core.Request, time.Duration) error { return errDown }
 
 func TestEngineFailurePolicies(t *testing.T) {
 	cfg := core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 1, Period: time.Minute}}}}
@@ -191,7 +196,9 @@ func (slowStore) Take(ctx context.Context, _ core.Request) (core.Decision, error
 	<-ctx.Done()
 	return core.Decision{}, ctx.Err()
 }
-func (slowStore) ResetQuota(context.Context, string, string) error { return nil }
+func (slowStore) Prepare(ls core.LimitSet) (*core.Rule, error)                { return core.NewRule(ls, nil) }
+func (slowStore) ResetQuota(context.Context, string, string, uint64) error    { return nil }
+func (slowStore) Penalize(context.Context, core.Request, time.Duration) error { return nil }
 
 func TestEngineResetQuota(t *testing.T) {
 	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "q", Quota: core.Quota{Max: 1, Renewal: time.Hour}}}}, core.Options{})
@@ -388,15 +395,21 @@ func TestEngineNoPolicySetsALimit(t *testing.T) {
 	}
 }
 
-// distributedStore records the Distributed flag of every request.
+// distributedStore records the Distributed flag of every request's rule.
 type distributedStore struct{ got []bool }
 
 func (s *distributedStore) Take(_ context.Context, r core.Request) (core.Decision, error) {
-	s.got = append(s.got, r.Distributed)
+	s.got = append(s.got, r.Rule.Distributed())
 	return core.Decision{Allowed: true, DecidedBy: core.KindRate}, nil
 }
 
-func (s *distributedStore) ResetQuota(context.Context, string, string) error { return nil }
+func (s *distributedStore) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	return core.NewRule(ls, nil)
+}
+func (s *distributedStore) ResetQuota(context.Context, string, string, uint64) error { return nil }
+func (s *distributedStore) Penalize(context.Context, core.Request, time.Duration) error {
+	return nil
+}
 
 func TestEngineDistributedFollowsTheRatePolicy(t *testing.T) {
 	s := &distributedStore{}
@@ -420,6 +433,6 @@ func TestEngineDistributedFollowsTheRatePolicy(t *testing.T) {
 		}
 	}
 	if want := []bool{true, false, false, false}; fmt.Sprint(s.got) != fmt.Sprint(want) {
-		t.Fatalf("Request.Distributed = %v, want %v", s.got, want)
+		t.Fatalf("Rule.Distributed() = %v, want %v", s.got, want)
 	}
 }

@@ -39,7 +39,12 @@ func ExampleEngine_Decide() {
 // allows it. With a Redis store, any number of processes share the rate.
 func ExampleWait() {
 	store := memory.New(memory.Options{})
-	job := core.Request{Consumer: "nightly-export", Rate: core.Limit{Rate: 50, Period: time.Second, Burst: 1}, Cost: 1}
+	// The limit is prepared once; every call reuses the rule.
+	rule, err := store.Prepare(core.LimitSet{Rate: core.Limit{Rate: 50, Period: time.Second, Burst: 1}})
+	if err != nil {
+		panic(err)
+	}
+	job := core.Request{Consumer: "nightly-export", Rule: rule, Cost: 1}
 	start := time.Now()
 	for i := 0; i < 6; i++ {
 		if _, err := core.Wait(context.Background(), store, job); err != nil {

@@ -270,7 +270,7 @@ type Policy struct {
 	// so a new limit can be tried on live traffic.
 	Shadow bool
 	// Distributed asks a store that splits limits across processes
-	// (dataplane/drl, limitplane's Distributed Rate Limiter after Tyk's DRL)
+	// (core/drl, limitplane's Distributed Rate Limiter after Tyk's DRL)
 	// to enforce this policy's rate limit against this process's share of
 	// it, in memory; other stores ignore it. Quotas are never split.
 	Distributed bool

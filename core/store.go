@@ -86,23 +86,27 @@ type Decision struct {
 	Delay time.Duration
 }
 
-// Request is one question put to a Store: spend Cost units against Rate and
-// Quota for the counters of (Consumer, Scope), atomically — the quota is
-// spent only when the rate limit allows, and a denied request changes no
-// counter.
+// Request is one question put to a Store: spend Cost units of Rule's rate
+// limit and quota for the counters of (Consumer, Rule.Scope()), atomically:
+// the quota is spent only when the rate limit allows, and a denied request
+// changes no counter.
+//
+// A Request is six machine words (48 bytes on 64-bit platforms), so that it
+// travels in registers through the Store interface call on amd64 and
+// arm64; everything about the limits is in the Rule, prepared once. A test
+// pins the size.
 type Request struct {
 	// Consumer identifies whose counters are used. Stores never need it to
 	// be secret-free, but callers pass hashes, not raw API keys.
 	Consumer string
-	// Scope separates counters of one consumer, e.g. per API ("" for
-	// key-wide counters).
-	Scope string
-	// Rate is the rate limit; the zero Limit (absent) or Unlimited skips
-	// it (see Limit.Enforced).
-	Rate Limit
-	// Quota is the quota; the zero Quota (absent) or Unlimited skips it
-	// (see Quota.Enforced).
-	Quota Quota
+	// Rule is the prepared limit set, from this store's Prepare. A nil
+	// Rule, or one another kind of store prepared, is refused with
+	// ErrForeignRule.
+	Rule *Rule
+	// Cost is the number of units, in [0, MaxCost]; 0 peeks without
+	// changing state. A cost outside that range is refused with
+	// ErrInvalidCost.
+	Cost int64
 	// QuotaEpoch is the epoch of the quota counter this request spends
 	// (Consumer.QuotaEpoch, or Limits.QuotaEpoch for a per-API scope).
 	// Quota counters are named with their epoch: a request with a higher
@@ -114,9 +118,6 @@ type Request struct {
 	// spends the lower epoch's own counter). 0 is the epoch of a key
 	// never reset. The rate limit's state does not depend on it.
 	QuotaEpoch uint64
-	// Cost is the number of units, in [0, MaxCost]; 0 peeks without
-	// changing state.
-	Cost int64
 	// MaxDelay lets a GCRA rate limit admit the request by reservation:
 	// when it does not conform now but will within MaxDelay, its units are
 	// taken at once and Decision.Delay says how long the caller must wait
@@ -125,11 +126,6 @@ type Request struct {
 	// no reservation; values above 2^61 ns are treated as 2^61 ns. Window
 	// algorithms ignore it. A quota is spent at reservation time.
 	MaxDelay time.Duration
-	// Distributed is set by the Engine from Policy.Distributed of the
-	// policy whose rate limit the request carries: a store that splits
-	// limits across processes (dataplane/drl) may decide the rate limit
-	// against this process's share. Other stores ignore it.
-	Distributed bool
 }
 
 // MaxReservation is the largest MaxDelay a store honours, 2^61 ns (about
@@ -146,40 +142,36 @@ func (r *Request) Reservation() int64 {
 // numbers, exact integers below 2^53, and the in-process store matches it).
 const MaxCost = MaxCount
 
-// Validate checks the request's limits and cost.
-func (r *Request) Validate() error {
-	if r.Cost < 0 || r.Cost > MaxCost {
-		return ErrInvalidCost
-	}
-	if err := r.Rate.Validate(); err != nil {
-		return err
-	}
-	return r.Quota.Validate()
-}
-
 // Store keeps counters and applies Requests to them. Implementations must be
 // safe for concurrent use and must pass core/storetest.
+//
+// Limits are bound once: Prepare validates a LimitSet and compiles it into a
+// Rule, refusing there what the store cannot enforce (an algorithm it
+// lacks: ErrUnsupportedAlgorithm; a limit it cannot count exactly: an error
+// wrapping ErrInvalidLimit), and Take checks nothing of the limits again.
 type Store interface {
+	// Prepare validates s and returns the Rule Requests to this store
+	// carry. Errors wrap ErrInvalidLimit or ErrUnsupportedAlgorithm.
+	Prepare(s LimitSet) (*Rule, error)
 	// Take applies req and returns the decision. An error means no
-	// decision could be made (the store is unreachable, req is invalid);
-	// the Decision is then the zero value.
+	// decision could be made (the store is unreachable, the cost is out of
+	// range, the rule is foreign); the Decision is then the zero value. A
+	// rule that limits nothing is allowed (DecidedBy KindNone).
 	Take(ctx context.Context, req Request) (Decision, error)
-	// ResetQuota deletes the quota counter of (consumer, scope): the next
-	// request starts a new period. A store that names quota counters by
-	// epoch deletes epoch 0's here and implements QuotaEpochResetter for
-	// the others.
-	ResetQuota(ctx context.Context, consumer, scope string) error
-}
-
-// QuotaEpochResetter is implemented by stores that keep one quota counter
-// per epoch (Request.QuotaEpoch), such as the Redis store, whose counters'
-// names include it. ResetQuotaEpoch deletes the counter of (consumer,
-// scope) at epoch, so the next request of that epoch starts a new period;
-// the counters of other epochs are untouched. Engine.ResetQuota calls it
-// with the consumer's current epoch; for a store that does not implement
-// it, Store.ResetQuota resets whichever period it holds.
-type QuotaEpochResetter interface {
-	ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error
+	// ResetQuota deletes the quota counter of (consumer, scope) at epoch
+	// (see Request.QuotaEpoch), so the next request of that epoch starts a
+	// new period; a store that keeps one period per key (core/memory)
+	// deletes whichever it holds. Counters of other epochs are left to
+	// expire.
+	ResetQuota(ctx context.Context, consumer, scope string, epoch uint64) error
+	// Penalize holds back req's rate limit: afterwards no request of cost 1
+	// under req.Rule passes for (req.Consumer, req.Rule.Scope()) before d
+	// has elapsed; later ones flow at the rule's rate again. Outbound
+	// clients call it when a third party answers 429 with Retry-After, so
+	// every caller sharing the store backs off together. req.Cost and
+	// req.MaxDelay are ignored. A rule without an enforced GCRA rate limit
+	// is left alone (nil); d ≤ 0 does nothing.
+	Penalize(ctx context.Context, req Request, d time.Duration) error
 }
 
 // Clock is a monotonic clock. Nanotime returns nanoseconds since an
@@ -189,56 +181,21 @@ type Clock interface {
 	Nanotime() int64
 }
 
-// DecisionWriter is implemented by stores that can write a Decision in
-// place: TakeInto(ctx, &req, &d) has exactly Take's semantics and
-// overwrites all of *d. Call it on the concrete store type (for example a
-// *memory.Store guarding a hot key): on a hot in-process key the Decision
-// copy it avoids is about a third of the cost. Through this interface the
-// pointers escape to the heap, which costs more than the copy, so the
-// Engine calls Take.
-type DecisionWriter interface {
-	TakeInto(ctx context.Context, req *Request, d *Decision) error
-}
-
-// AlgorithmSupporter is implemented by stores that enforce only some
-// algorithms (the in-process store enforces GCRA only). NewEngine and
-// SetConfig refuse policies a store cannot enforce, instead of failing
-// every request later with ErrUnsupportedAlgorithm.
-type AlgorithmSupporter interface {
-	SupportsAlgorithm(a Algorithm) bool
-}
-
-// LimitChecker is implemented by stores that can enforce only some limits
-// of an algorithm they support (the Redis store counts sliding windows in
-// whole microseconds, exactly below 2^53). NewEngine and SetConfig call
-// CheckLimit for every policy's rate limit and refuse the config with its
-// error, which wraps ErrInvalidLimit, instead of failing every request
-// later.
-type LimitChecker interface {
-	CheckLimit(l Limit) error
-}
-
-// Penalizer is implemented by stores that can hold a consumer's rate limit
-// back. After Penalize(ctx, consumer, scope, l, d) no request of cost 1
-// under l passes before d has elapsed; later ones flow at l's rate again.
-// Outbound clients call it when a third party answers 429 with
-// Retry-After, so every caller sharing the store backs off together.
-type Penalizer interface {
-	Penalize(ctx context.Context, consumer, scope string, l Limit, d time.Duration) error
-}
-
 // Seeder is implemented by stores that can carry on from another store's
 // counters: core/memory, as the fallback of the Redis store
 // (redisstore.Options.Seed), so that a spent quota stays spent while Redis
-// is down. Seed(req, d) records d, the decision another store made for req
-// a moment ago, as the state of req's key: for a GCRA rate limit the
-// theoretical arrival time now + d.Rate.ResetAfter, for a quota
-// d.Quota.Limit − d.Quota.Remaining units used in a period that ends
-// d.Quota.ResetAfter from now, with req.QuotaEpoch. State is never moved
-// back: a seeder that holds a later TAT or a higher count of the same
-// period keeps it. Seed reports nothing and must not block: it runs on the
-// other store's decision path, once per decision, and does what it can
-// (a bounded store at its cap skips a new key).
+// is down. The other store prepares its own rules on the seeder too (the
+// seeder's Prepare), and Seed(req, d) records d, the decision it made a
+// moment ago for req (whose Rule is the seeder's), as the state of req's
+// key: for a GCRA rate limit the theoretical arrival time now +
+// d.Rate.ResetAfter, for a quota d.Quota.Limit − d.Quota.Remaining units
+// used in a period that ends d.Quota.ResetAfter from now, with
+// req.QuotaEpoch. State is never moved back: a seeder that holds a later
+// TAT or a higher count of the same period keeps it. Seed reports nothing
+// and must not block: it runs on the other store's decision path, once per
+// decision, and does what it can (a bounded store at its cap skips a new
+// key).
 type Seeder interface {
+	Prepare(s LimitSet) (*Rule, error)
 	Seed(req Request, d Decision)
 }

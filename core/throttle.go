@@ -27,7 +27,7 @@ type ThrottleOptions struct {
 // a limit shared through a Store. Wait admits each call (a reservation, see
 // Wait); Backoff records the third party's own "slow down" (HTTP 429 with
 // Retry-After, gRPC RetryInfo), after which every Wait of this Throttle, and
-// of every process sharing the Store when it is a Penalizer, holds back
+// of every process sharing the Store (Store.Penalize), holds back
 // that long. nethttp.Transport and the gRPC client interceptors are built
 // on it. It is safe for concurrent use.
 type Throttle struct {
@@ -44,7 +44,8 @@ type Throttle struct {
 }
 
 // NewThrottle returns a Throttle for o. It fails when Store or Key is
-// missing or Limit is not a valid, limited Limit.
+// missing or Limit is not a valid, limited Limit the Store can enforce
+// (its Prepare's error).
 func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 	if o.Store == nil || o.Key == "" {
 		return nil, errors.New("core: NewThrottle: Store and Key are required")
@@ -52,13 +53,14 @@ func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 	if !o.Limit.Enforced() {
 		return nil, errors.New("core: NewThrottle: a Limit is required")
 	}
-	if err := o.Limit.Validate(); err != nil {
+	rule, err := o.Store.Prepare(LimitSet{Rate: o.Limit})
+	if err != nil {
 		return nil, fmt.Errorf("core: NewThrottle: %w", err)
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = time.Minute
 	}
-	return &Throttle{o: o, req: Request{Consumer: o.Key, Rate: o.Limit, Cost: 1}, now: time.Now, newTimer: newStdTimer}, nil
+	return &Throttle{o: o, req: Request{Consumer: o.Key, Rule: rule, Cost: 1}, now: time.Now, newTimer: newStdTimer}, nil
 }
 
 // Key returns the budget's name.
@@ -90,9 +92,9 @@ func (t *Throttle) Wait(ctx context.Context, cost int64) error {
 	return err
 }
 
-// Backoff holds every later Wait back for d (at most MaxBackoff), and, when
-// the Store is a Penalizer, every process sharing it (best effort: a store
-// error is ignored, the local hold stays).
+// Backoff holds every later Wait back for d (at most MaxBackoff), and,
+// through Store.Penalize, every process sharing the Store (best effort: a
+// store error is ignored, the local hold stays).
 func (t *Throttle) Backoff(ctx context.Context, d time.Duration) {
 	d = min(max(d, 0), t.o.MaxBackoff)
 	if d == 0 {
@@ -105,7 +107,5 @@ func (t *Throttle) Backoff(ctx context.Context, d time.Duration) {
 			break
 		}
 	}
-	if p, ok := t.o.Store.(Penalizer); ok {
-		_ = p.Penalize(ctx, t.o.Key, "", t.o.Limit, d)
-	}
+	_ = t.o.Store.Penalize(ctx, t.req, d)
 }

@@ -20,29 +20,35 @@ type reserveStore struct {
 func (s *reserveStore) Take(_ context.Context, r Request) (Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	res := r.Rate.GCRA().Reserve(s.tat, s.clock.Nanotime(), r.Cost, r.Reservation())
+	res := r.Rule.GCRA().Reserve(s.tat, s.clock.Nanotime(), r.Cost, r.Reservation())
 	if res.Store {
 		s.tat = res.TAT
 	}
 	return Decision{Allowed: res.Allowed, DecidedBy: KindRate, RetryAfter: time.Duration(res.RetryAfter), Delay: time.Duration(res.Delay)}, nil
 }
 
-func (s *reserveStore) ResetQuota(context.Context, string, string) error { return nil }
+func (s *reserveStore) Prepare(ls LimitSet) (*Rule, error) { return NewRule(ls, nil) }
+
+func (s *reserveStore) ResetQuota(context.Context, string, string, uint64) error { return nil }
 
 // Penalize moves the TAT as memory.Store.Penalize does.
-func (s *reserveStore) Penalize(_ context.Context, _, _ string, l Limit, d time.Duration) error {
+func (s *reserveStore) Penalize(_ context.Context, r Request, d time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := l.GCRA()
+	p := r.Rule.GCRA()
 	s.tat = max(s.tat, s.clock.Nanotime()+int64(d)+p.Tau-p.T)
 	return nil
 }
 
-// plainStore hides reserveStore's Penalize: a store that is no Penalizer.
+// plainStore hides reserveStore's Penalize: a store whose Penalize does
+// nothing (as for a rule it cannot hold back), so only the Throttle's own
+// hold applies.
 type plainStore struct{ s *reserveStore }
 
-func (p plainStore) Take(ctx context.Context, r Request) (Decision, error) { return p.s.Take(ctx, r) }
-func (p plainStore) ResetQuota(context.Context, string, string) error      { return nil }
+func (p plainStore) Prepare(ls LimitSet) (*Rule, error)                       { return p.s.Prepare(ls) }
+func (p plainStore) Take(ctx context.Context, r Request) (Decision, error)    { return p.s.Take(ctx, r) }
+func (p plainStore) ResetQuota(context.Context, string, string, uint64) error { return nil }
+func (p plainStore) Penalize(context.Context, Request, time.Duration) error   { return nil }
 
 // fakeTime is a stepped clock whose timers fire at once, moving the clock
 // by their duration, and record what they were asked to sleep.
@@ -118,7 +124,7 @@ func TestThrottlePacesAtTheLimit(t *testing.T) {
 
 // TestThrottleBackoffHoldsExactly: Backoff holds this Throttle's calls for
 // exactly d (capped at MaxBackoff), a deadline inside the hold fails at once
-// without sleeping, and a Penalizer store holds a second Throttle sharing it
+// without sleeping, and a store that penalizes holds a second Throttle sharing it
 // for the same time.
 func TestThrottleBackoffHoldsExactly(t *testing.T) {
 	ctx := context.Background()

@@ -19,13 +19,26 @@ type stepStore struct {
 func (s *stepStore) Take(_ context.Context, r Request) (Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	res := r.Rate.GCRA().Step(s.tat, s.clock.Nanotime(), r.Cost)
+	res := r.Rule.GCRA().Step(s.tat, s.clock.Nanotime(), r.Cost)
 	if res.Store {
 		s.tat = res.TAT
 	}
 	return Decision{Allowed: res.Allowed, DecidedBy: KindRate, RetryAfter: time.Duration(res.RetryAfter)}, nil
 }
-func (s *stepStore) ResetQuota(context.Context, string, string) error { return nil }
+func (s *stepStore) Prepare(ls LimitSet) (*Rule, error)                       { return NewRule(ls, nil) }
+func (s *stepStore) ResetQuota(context.Context, string, string, uint64) error { return nil }
+func (s *stepStore) Penalize(context.Context, Request, time.Duration) error   { return nil }
+
+// rateRule is the Rule of a rate limit alone, for the test stores of this
+// package (whose Prepare is NewRule).
+func rateRule(t *testing.T, l Limit) *Rule {
+	t.Helper()
+	r, err := NewRule(LimitSet{Rate: l}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
 
 // fakeTimer fires at once and advances the clock by its duration.
 type fakeTimer struct{ c chan time.Time }
@@ -44,7 +57,7 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 		c <- time.Time{}
 		return fakeTimer{c}
 	}
-	req := Request{Consumer: "w", Rate: Limit{Rate: 4, Period: time.Second, Burst: 1}, Cost: 1}
+	req := Request{Consumer: "w", Rule: rateRule(t, Limit{Rate: 4, Period: time.Second, Burst: 1}), Cost: 1}
 	for i := 0; i < 3; i++ {
 		if _, err := wait(context.Background(), s.Take, req, true, time.Now, newTimer); err != nil {
 			t.Fatal(err)
@@ -59,7 +72,7 @@ func TestWaitErrors(t *testing.T) {
 	clock := NewManualClock(int64(time.Hour))
 	s := &stepStore{clock: clock}
 	noTimer := func(time.Duration) timer { t.Fatal("Wait slept"); return nil }
-	req := Request{Consumer: "w", Rate: Limit{Rate: 1, Period: time.Minute, Burst: 2}, Cost: 3}
+	req := Request{Consumer: "w", Rule: rateRule(t, Limit{Rate: 1, Period: time.Minute, Burst: 2}), Cost: 3}
 	if _, err := wait(context.Background(), s.Take, req, true, time.Now, noTimer); !errors.Is(err, ErrCostExceedsBurst) {
 		t.Fatalf("cost > burst: %v", err)
 	}
@@ -85,7 +98,7 @@ func TestWaitRealClock(t *testing.T) {
 	// intervals (200ms); the bound below is generous for a loaded machine.
 	s := &stepStore{clock: NewManualClock(0)}
 	sys := NewSystemClock()
-	req := Request{Consumer: "w", Rate: Limit{Rate: 20, Period: time.Second, Burst: 1}, Cost: 1}
+	req := Request{Consumer: "w", Rule: rateRule(t, Limit{Rate: 20, Period: time.Second, Burst: 1}), Cost: 1}
 	stepped := &realClockStore{s, sys}
 	start := time.Now()
 	for i := 0; i < 5; i++ {
@@ -109,7 +122,11 @@ func (r *realClockStore) Take(ctx context.Context, q Request) (Decision, error) 
 	r.s.clock.Set(r.sys.Nanotime())
 	return r.s.Take(ctx, q)
 }
-func (r *realClockStore) ResetQuota(context.Context, string, string) error { return nil }
+func (r *realClockStore) Prepare(ls LimitSet) (*Rule, error) { return r.s.Prepare(ls) }
+func (r *realClockStore) ResetQuota(context.Context, string, string, uint64) error {
+	return nil
+}
+func (r *realClockStore) Penalize(context.Context, Request, time.Duration) error { return nil }
 
 func TestCoarseClock(t *testing.T) {
 	base := NewManualClock(5)

@@ -30,6 +30,7 @@ import (
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -137,7 +138,7 @@ func newGateway(t *testing.T) *testGateway {
 	clock := core.NewManualClock(int64(time.Hour))
 	store := memory.New(memory.Options{Clock: clock})
 	t.Cleanup(func() { store.Close() })
-	gw, err := gateway.New(gateway.Options{Store: store, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	gw, err := gateway.New(gateway.Options{Store: store, Seams: &seams.Seams{Clock: clock}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func newService(t *testing.T) *testGateway {
 	clock := core.NewManualClock(int64(time.Hour))
 	store := memory.New(memory.Options{Clock: clock})
 	t.Cleanup(func() { store.Close() })
-	cfg, err := live.New(live.Options{Store: store, Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	cfg, err := live.New(live.Options{Store: store, Seams: &seams.Seams{Clock: clock}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/metrics"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -93,7 +94,7 @@ func newRig(t *testing.T, o rigOptions) *adminRig {
 		Observer:      decisions,
 		OnStoreError:  decisions.ObserveStoreError,
 		OnApply:       gm.ObserveApply,
-		Now:           func() time.Time { return time.Unix(1_700_000_000, 0) },
+		Seams:         &seams.Seams{Now: func() time.Time { return time.Unix(1_700_000_000, 0) }},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -166,9 +167,9 @@ func TestApplyStaleRevision(t *testing.T) {
 // TestApplyKeepsCounters changes a key's policy under it. A quota of 5 an
 // hour, spent, raised to 10 an hour gives exactly 5 more: the count is
 // kept, not reset. A GCRA rate of 5 a minute, spent, raised to 10 a minute
-// keeps its theoretical arrival time (60 s ahead: the bucket is empty at
-// either rate), so nothing passes at once, and the new emission interval
-// of 6 s (the old one was 12 s) lets one more through 6 s later.
+// keeps the 5 units spent (issue 20: not the theoretical arrival time, which
+// would leave nothing for the old minute), so exactly 5 more pass at once,
+// and the new emission interval of 6 s lets one more through 6 s later.
 func TestApplyKeepsCounters(t *testing.T) {
 	up := upstream(t)
 	hour := spec.Duration(time.Hour)
@@ -185,9 +186,13 @@ func TestApplyKeepsCounters(t *testing.T) {
 		g.apply(t, basic(1, up.URL, perMinute(5), nil))
 		checkStatuses(t, "5 a minute", k1Statuses(t, g, 6), append(repeat(200, 5), 429))
 		g.apply(t, basic(2, up.URL, perMinute(10), nil))
+		// A limit change keeps the units spent, not the time: 5 of 10
+		// spent, so exactly 5 more at once, then one per new emission
+		// interval (6 s).
+		checkStatuses(t, "raised to 10 a minute", k1Statuses(t, g, 5), repeat(200, 5))
 		a := g.mustGet(t, "/api/x", "k1")
 		if a.status != 429 || a.header.Get("Retry-After") != "6" || a.header.Get("RateLimit-Policy") != `"p";q=10;w=60` {
-			t.Errorf("at once after the change: %d Retry-After %q RateLimit-Policy %q, want 429, 6 and the new policy",
+			t.Errorf("11th in the minute: %d Retry-After %q RateLimit-Policy %q, want 429, 6 and the new policy",
 				a.status, a.header.Get("Retry-After"), a.header.Get("RateLimit-Policy"))
 		}
 		g.clock.Advance(6 * time.Second)
@@ -287,7 +292,7 @@ func TestCloseStopsEverything(t *testing.T) {
 	clock := core.NewManualClock(int64(time.Hour))
 	store := memory.New(memory.Options{Clock: clock})
 	defer store.Close()
-	gw, err := gateway.New(gateway.Options{Store: store, Clock: clock, FailurePolicy: core.FailFallback})
+	gw, err := gateway.New(gateway.Options{Store: store, Seams: &seams.Seams{Clock: clock}, FailurePolicy: core.FailFallback})
 	if err != nil {
 		t.Fatal(err)
 	}

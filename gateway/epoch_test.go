@@ -16,6 +16,7 @@ import (
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 	"github.com/redis/go-redis/v9"
 )
@@ -89,7 +90,7 @@ func redisGateway(t *testing.T, c redis.UniversalClient) *testGateway {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	gw, err := gateway.New(gateway.Options{Store: store, FailurePolicy: core.FailClosed, Now: func() time.Time { return epoch }})
+	gw, err := gateway.New(gateway.Options{Store: store, FailurePolicy: core.FailClosed, Seams: &seams.Seams{Now: func() time.Time { return epoch }}})
 	if err != nil {
 		t.Fatal(err)
 	}

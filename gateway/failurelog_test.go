@@ -18,6 +18,7 @@ import (
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/metrics"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -62,14 +63,14 @@ func TestStoreFailuresCountedAndLogged(t *testing.T) {
 	log, out := textLog()
 	timers := &failurelog.ManualTimers{}
 	store, closeStore, err := OpenStore(context.Background(), StoreOptions{
-		URL: "redis://" + srv.Addr, Logger: log, AfterFunc: timers.After,
+		URL: "redis://" + srv.Addr, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeStore()
 	col := metrics.New(metrics.Options{})
-	g, err := New(Options{Store: store, OnStoreError: col.ObserveStoreError, Logger: log, AfterFunc: timers.After})
+	g, err := New(Options{Store: store, OnStoreError: col.ObserveStoreError, Logger: log, Seams: &seams.Seams{AfterFunc: timers.After}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -74,7 +75,7 @@ type Options struct {
 	ClientIP        identity.ClientIPOptions
 	Resolver        spec.Resolver
 	// Response configures status codes and header fields. Now is filled
-	// from Options.Now when nil.
+	// from Seams (time.Now outside tests) when nil.
 	Response response.Options
 	// Transport carries requests to http(s) upstreams; nil means a clone
 	// of http.DefaultTransport keeping up to 256 idle connections per
@@ -83,11 +84,10 @@ type Options struct {
 	// Logger receives the gateway's own log lines (upstream failures,
 	// JWKS refresh failures, store failures); nil means slog.Default().
 	Logger *slog.Logger
-	// Clock, Now and AfterFunc are test seams, as live.Options (Now is
-	// also the clock of X-RateLimit-Reset).
-	Clock     core.Clock
-	Now       func() time.Time
-	AfterFunc AfterFunc
+	// Seams freeze the clocks and timers in this module's tests, as
+	// live.Options.Seams (Now is also the clock of X-RateLimit-Reset when
+	// Response.Now is nil); nil means the system's.
+	Seams *seams.Seams
 	// RebuildInitial, RebuildMax, JWKSApplyTimeout and OnNotBuilt: as
 	// live.Options (the retries of APIs ApplyPartial could not build).
 	RebuildInitial, RebuildMax time.Duration
@@ -124,9 +124,6 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Store == nil {
 		return nil, errors.New("gateway: Options.Store is nil")
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -144,9 +141,7 @@ func New(opts Options) (*Gateway, error) {
 		ClientIP:         opts.ClientIP,
 		Resolver:         opts.Resolver,
 		Logger:           opts.Logger,
-		Clock:            opts.Clock,
-		Now:              opts.Now,
-		AfterFunc:        opts.AfterFunc,
+		Seams:            opts.Seams,
 		RebuildInitial:   opts.RebuildInitial,
 		RebuildMax:       opts.RebuildMax,
 		JWKSApplyTimeout: opts.JWKSApplyTimeout,
@@ -165,7 +160,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	ro := opts.Response
 	if ro.Now == nil {
-		ro.Now = opts.Now
+		ro.Now = opts.Seams.Or().Now
 	}
 	g.render = response.NewRenderer(ro)
 	return g, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -37,8 +38,7 @@ func newTestGateway(t *testing.T) *testGateway {
 	t.Cleanup(func() { store.Close() })
 	gw, err := gateway.New(gateway.Options{
 		Store: store,
-		Clock: clock,
-		Now:   func() time.Time { return epoch },
+		Seams: &seams.Seams{Clock: clock, Now: func() time.Time { return epoch }},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -127,7 +128,7 @@ func TestNotBuiltAPIRetried(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	var mu sync.Mutex
 	var told [][]gateway.NotBuilt
-	gw, err := gateway.New(gateway.Options{Store: store, Clock: clock, Now: func() time.Time { return epoch },
+	gw, err := gateway.New(gateway.Options{Store: store, Seams: &seams.Seams{Clock: clock, Now: func() time.Time { return epoch }},
 		RebuildInitial: 5 * time.Millisecond, RebuildMax: 20 * time.Millisecond,
 		OnNotBuilt: func(nb []gateway.NotBuilt) {
 			mu.Lock()
@@ -227,7 +228,7 @@ func TestUnresponsiveJWKSHoldsNothingUp(t *testing.T) {
 	clock := core.NewManualClock(int64(time.Hour))
 	store := memory.New(memory.Options{Clock: clock})
 	t.Cleanup(func() { store.Close() })
-	gw, err := gateway.New(gateway.Options{Store: store, Clock: clock, JWKSApplyTimeout: 100 * time.Millisecond,
+	gw, err := gateway.New(gateway.Options{Store: store, Seams: &seams.Seams{Clock: clock}, JWKSApplyTimeout: 100 * time.Millisecond,
 		RebuildInitial: 50 * time.Millisecond, RebuildMax: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

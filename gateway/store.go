@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/failurelog"
@@ -43,19 +44,14 @@ type StoreOptions struct {
 	// breaker changes, go-redis's own pool messages, at most one line per
 	// 5 s with counts as for store failures); nil means slog.Default().
 	Logger *slog.Logger
-	// AfterFunc times the go-redis log's intervals; nil means
-	// time.AfterFunc. A test seam.
-	AfterFunc AfterFunc
-	// Wrap, when set, is called by OpenStore for a Redis store with its
-	// client and the Redis store, once the store is open (after the
-	// startup PING, whatever it answered); OpenStore returns the store
-	// Wrap returns in its place, and the close function it returns runs
-	// first when the store is closed, while the client still works. The
-	// program uses it to put the Distributed Rate Limiter
-	// (dataplane/drl) in front of the Redis store without this package
-	// importing it. An error from Wrap closes the store and fails
-	// OpenStore. It is not called for the in-process store.
-	Wrap func(client redis.UniversalClient, s core.Store) (core.Store, func() error, error)
+	// DRL, when set, puts the Distributed Rate Limiter (core/drl) with
+	// these options in front of a Redis store: OpenStore returns the
+	// drl.Store, over the Redis store and on its client, once the store is
+	// open (after the startup PING, whatever it answered). Closing closes
+	// it first (it leaves its group), while the client still works. An
+	// error from drl.New closes the store and fails OpenStore. A nil
+	// Logger in it means Logger. It is not used for the in-process store.
+	DRL *drl.Options
 }
 
 // OpenStore opens the store o names and returns it with the function that
@@ -130,18 +126,19 @@ func OpenStore(ctx context.Context, o StoreOptions) (core.Store, func() error, e
 		log.Warn("redis is unreachable; starting degraded until it answers",
 			"store", name, "failure_policy", policyName(o.FailurePolicy), "err", msg)
 	}
-	if o.Wrap == nil {
+	if o.DRL == nil {
 		return s, closeAll, nil
 	}
-	w, closeW, err := o.Wrap(client, s)
+	do := *o.DRL
+	if do.Logger == nil {
+		do.Logger = log
+	}
+	d, err := drl.New(client, s, do)
 	if err != nil {
 		closeAll()
 		return nil, nil, fmt.Errorf("gateway: store %s: %w", name, err)
 	}
-	if closeW == nil {
-		closeW = func() error { return nil }
-	}
-	return w, func() error { return errors.Join(closeW(), closeAll()) }, nil
+	return d, func() error { return errors.Join(d.Close(), closeAll()) }, nil
 }
 
 // pingFailure words what a failed startup PING means, and reports whether
@@ -217,19 +214,12 @@ func (r *RedisLogger) Printf(_ context.Context, format string, v ...any) {
 // Close writes the last interval's count, if any, and stops the timer.
 func (r *RedisLogger) Close() error { return r.f.Close() }
 
-// WindowsAsGCRA is live.WindowsAsGCRA: the fallback store for
-// failure_policy fallback over a store that has window algorithms.
-type WindowsAsGCRA = live.WindowsAsGCRA
-
-// NewWindowsAsGCRA returns mem as a fallback store enforcing every
-// algorithm (live.NewWindowsAsGCRA).
-func NewWindowsAsGCRA(mem *memory.Store) WindowsAsGCRA { return live.NewWindowsAsGCRA(mem) }
-
-// Fallback is live.Fallback: the in-process fallback store of
-// failure_policy fallback that the Redis store can seed.
-type Fallback = live.Fallback
-
-// NewFallback returns a fallback store on clock (nil: the system clock)
-// holding at most maxKeys keys (live.NewFallback). Give it to
-// Options.Fallback and, for a Redis store, to StoreOptions.Redis.Seed.
-func NewFallback(clock core.Clock, maxKeys int) *Fallback { return live.NewFallback(clock, maxKeys) }
+// NewFallback returns the in-process fallback store of failure_policy
+// fallback (live.NewFallback): a memory store on clock (nil: the system
+// clock) holding at most maxKeys keys (0: unbounded), enforcing window
+// limits as GCRA (memory.Options.WindowsAsGCRA), that the Redis store can
+// seed. Give it to Options.Fallback and, for a Redis store, to
+// StoreOptions.Redis.Seed; Close stops its sweeps.
+func NewFallback(clock core.Clock, maxKeys int) *memory.Store {
+	return live.NewFallback(clock, maxKeys)
+}

@@ -1,8 +1,10 @@
 package identity
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"testing"
@@ -204,10 +206,33 @@ func TestAPIKeyQueryWithoutQueryValuer(t *testing.T) {
 }
 
 func TestParseKeyHashErrors(t *testing.T) {
-	for _, s := range []string{"", "SHA256:ab", "sha256:zz", "sha256:" + strings.Repeat("a", 62)} {
+	for _, s := range []string{"", "SHA256:ab", "sha256:zz", "sha256:" + strings.Repeat("a", 62),
+		"sha256:" + strings.Repeat("a", 65), "sha256:" + strings.Repeat("a", 63) + "g", "sha256:g" + strings.Repeat("a", 63)} {
 		want := `identity: key hash "` + s + `": want sha256:<64 hex digits>`
 		if _, err := ParseKeyHash(s); err == nil || err.Error() != want {
 			t.Errorf("ParseKeyHash(%q): %v, want %s", s, err, want)
+		}
+	}
+}
+
+// TestParseKeyHashDigits: both cases of every hex digit decode as
+// encoding/hex decodes them, and String gives the lower-case form back.
+func TestParseKeyHashDigits(t *testing.T) {
+	for _, hexpart := range []string{
+		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		"0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF",
+		"ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff00",
+	} {
+		h, err := ParseKeyHash("sha256:" + hexpart)
+		if err != nil {
+			t.Fatalf("ParseKeyHash(%s): %v", hexpart, err)
+		}
+		want, _ := hex.DecodeString(hexpart)
+		if !bytes.Equal(h[:], want) {
+			t.Errorf("ParseKeyHash(%s) = %x, want %x", hexpart, h[:], want)
+		}
+		if got := h.String(); got != "sha256:"+strings.ToLower(hexpart) {
+			t.Errorf("String() = %s, want sha256:%s", got, strings.ToLower(hexpart))
 		}
 	}
 }

@@ -9,11 +9,6 @@ import (
 	"github.com/limitplane/limitplane/core"
 )
 
-// Limiter decides requests; *core.Engine implements it.
-type Limiter interface {
-	Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error)
-}
-
 // ErrTooManyFailures is matched (errors.Is) by *LimitError.
 var ErrTooManyFailures = errors.New("too many failed authentication attempts")
 
@@ -68,9 +63,9 @@ const FailureIDPrefix = "authfail:ip:"
 type FailureLimited struct {
 	// Auth is the wrapped authenticator.
 	Auth Authenticator
-	// Limiter charges failures; normally the same *core.Engine that
-	// limits authenticated consumers.
-	Limiter Limiter
+	// Limiter charges failures; normally the same *core.Engine (or
+	// live.Config.Limiter) that limits authenticated consumers.
+	Limiter core.Decider
 	// Policy is the ID of the failure policy, e.g. a rate of 10 per
 	// minute.
 	Policy string

@@ -151,7 +151,7 @@ func engine(t testing.TB) (*core.Engine, *memory.Store, *core.ManualClock) {
 
 // serve is what every adapter does: authenticate, then (only on success)
 // decide.
-func serve(ctx context.Context, auth Authenticator, l Limiter, r Request) (*core.Consumer, core.Decision, error) {
+func serve(ctx context.Context, auth Authenticator, l core.Decider, r Request) (*core.Consumer, core.Decision, error) {
 	c, err := auth.Authenticate(ctx, r)
 	if err != nil {
 		return nil, core.Decision{}, err

@@ -34,12 +34,33 @@ func ParseKeyHash(s string) (KeyHash, error) {
 	if !ok {
 		return h, fmt.Errorf("identity: key hash %q: want sha256:<64 hex digits>", s)
 	}
-	b, err := hex.DecodeString(hexpart)
-	if err != nil || len(b) != len(h) {
+	if len(hexpart) != 2*len(h) {
 		return h, fmt.Errorf("identity: key hash %q: want sha256:<64 hex digits>", s)
 	}
-	copy(h[:], b)
+	// Decoded in place, as hex.DecodeString would (either case), without
+	// its allocation: UpdateKeys parses every hash it is given.
+	for i := range h {
+		hi, ok1 := unhex(hexpart[2*i])
+		lo, ok2 := unhex(hexpart[2*i+1])
+		if !ok1 || !ok2 {
+			return KeyHash{}, fmt.Errorf("identity: key hash %q: want sha256:<64 hex digits>", s)
+		}
+		h[i] = hi<<4 | lo
+	}
 	return h, nil
+}
+
+// unhex returns the value of hex digit c, either case.
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }
 
 // String returns "sha256:<hex>".
@@ -392,7 +413,11 @@ func (k *Keys) Update(put []KeyRecord, del []KeyHash) error {
 		s := t.shard(h)
 		rs, ok := touched[s]
 		if !ok {
-			for _, e := range t.top[s>>leafBits][s&(leafSize-1)] {
+			// A shard has more slots than records, so one key added
+			// fits without growing rs.
+			slots := t.top[s>>leafBits][s&(leafSize-1)]
+			rs = make([]*KeyRecord, 0, len(slots))
+			for _, e := range slots {
 				if e.rec != nil {
 					rs = append(rs, e.rec)
 				}

@@ -44,6 +44,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/internal/failurelog"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -63,7 +64,7 @@ type Options struct {
 	// Fallback is the store used under core.FailFallback; nil means an
 	// in-process store that the gateway creates, which enforces window
 	// algorithms as GCRA with the same requests per period (see
-	// WindowsAsGCRA) and starts from empty counters. To have it carry on
+	// NewFallback) and starts from empty counters. To have it carry on
 	// from the Redis store's counts (a quota spent before an outage stays
 	// spent), create it with NewFallback, set it here and give it to the
 	// Redis store as StoreOptions.Redis.Seed; the caller closes it, after
@@ -103,15 +104,10 @@ type Options struct {
 	// refresh failures, APIs and policies not built); nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// Clock is the in-process fallback store's clock; nil means the
-	// system clock. A test seam.
-	Clock core.Clock
-	// Now is the wall clock for key expiry, JWT validation and
-	// X-RateLimit-Reset; nil means time.Now. A test seam.
-	Now func() time.Time
-	// AfterFunc times the store-failure log's intervals; nil means
-	// time.AfterFunc. A test seam.
-	AfterFunc failurelog.AfterFunc
+	// Seams freeze the clocks and timers in this module's tests (see
+	// internal/seams; only this module can make one); nil means the system
+	// clock, time.Now and time.AfterFunc.
+	Seams *seams.Seams
 	// RebuildInitial and RebuildMax bound the retries of APIs that
 	// ApplyPartial could not build (see NotBuilt): the first retry comes after
 	// RebuildInitial, each next one after twice as long (with ±20%
@@ -185,6 +181,7 @@ type NotBuilt struct {
 type Config struct {
 	opts     Options
 	log      *slog.Logger
+	now      func() time.Time // the wall clock (Options.Seams)
 	fallback core.Store
 	closers  []func() error
 	onStore  func(error) // the engines' OnStoreError
@@ -255,9 +252,7 @@ func New(opts Options) (*Config, error) {
 	if opts.Store == nil {
 		return nil, errors.New("live: Options.Store is nil")
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
+	sm := opts.Seams.Or()
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -267,9 +262,9 @@ func New(opts Options) (*Config, error) {
 	if opts.Member == "" {
 		opts.Member = "service"
 	}
-	g := &Config{opts: opts, log: opts.Logger, jwks: map[spec.JWKS]*identity.JWKS{}}
+	g := &Config{opts: opts, log: opts.Logger, now: sm.Now, jwks: map[spec.JWKS]*identity.JWKS{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
-	failures := failurelog.New(g.log, failurelog.Options{Msg: "limit store failed", AfterFunc: opts.AfterFunc})
+	failures := failurelog.New(g.log, failurelog.Options{Msg: "limit store failed", AfterFunc: sm.AfterFunc})
 	g.closers = append(g.closers, failures.Close)
 	g.onStore = func(err error) {
 		if opts.OnStoreError != nil {
@@ -279,7 +274,7 @@ func New(opts Options) (*Config, error) {
 	}
 	g.fallback = opts.Fallback
 	if opts.FailurePolicy == core.FailFallback && g.fallback == nil {
-		fb := NewFallback(opts.Clock, opts.FallbackMaxKeys)
+		fb := NewFallback(sm.Clock, opts.FallbackMaxKeys)
 		g.closers = append(g.closers, fb.Close)
 		g.fallback = fb
 	}
@@ -722,7 +717,7 @@ func (g *Config) build(ctx context.Context, snap *spec.Snapshot, running map[spe
 		}
 		st.limiter, st.unenforced = pg, unenforced
 	}
-	st.apiKey = identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.opts.Now})
+	st.apiKey = identity.NewAPIKey(keys, identity.APIKeyOptions{Now: g.now})
 	// A JWKS the running configuration could not fetch is not fetched
 	// again here: its retry goes on in the background, so a host that
 	// does not answer delays no later revision.
@@ -817,7 +812,7 @@ func (g *Config) newJWT(ctx context.Context, a *spec.API, jwks, running map[spec
 	if err != nil {
 		return nil, err
 	}
-	o.Now = g.opts.Now
+	o.Now = g.now
 	if jo != nil {
 		k := *a.JWT.JWKS
 		set := jwks[k]
@@ -914,7 +909,11 @@ func (g *Config) UpdateKeys(ctx context.Context, revision uint64, put []spec.Key
 	records := make([]identity.KeyRecord, 0, len(put))
 	for i := range put {
 		if err := spec.ValidateKey(fmt.Sprintf("put[%d]", i), &put[i], st.policies, st.apis); err != nil {
-			errs = append(errs, err.(spec.Errors)...)
+			var ve spec.Errors
+			if !errors.As(err, &ve) {
+				return fmt.Errorf("live: put[%d]: %w", i, err)
+			}
+			errs = append(errs, ve...)
 			continue
 		}
 		rec, err := put[i].Record()

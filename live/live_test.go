@@ -21,6 +21,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -35,7 +36,7 @@ func newConfig(t *testing.T) *live.Config {
 	t.Helper()
 	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
 	t.Cleanup(func() { store.Close() })
-	cfg, err := live.New(live.Options{Store: store, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
+	cfg, err := live.New(live.Options{Store: store, Seams: &seams.Seams{Now: func() time.Time { return now }}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

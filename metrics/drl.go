@@ -2,30 +2,13 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limitplane/limitplane/core/drl"
 )
 
-// DRLState is a gateway's Distributed Rate Limiter (dataplane/drl) as DRL
-// exports it (drl.Store.Stats has it all).
-type DRLState struct {
-	// Epoch is the epoch of the allocation table in force (0: none yet).
-	Epoch uint64
-	// HotKeys is the number of keys this gateway decides in memory.
-	HotKeys int
-	// ShareRate is the sum over the hot keys of this gateway's rate share,
-	// in requests per second.
-	ShareRate float64
-	// Allocator: this gateway holds the allocator's lease.
-	Allocator bool
-	// Fallbacks counts, since start, the times a key fell back to its
-	// floor (its table went stale: Redis or the allocator silent for 2H).
-	Fallbacks uint64
-	// Tables counts the allocation tables this gateway applied since
-	// start.
-	Tables uint64
-}
-
-// DRL exports a gateway's Distributed Rate Limiter state, read from a
-// function at every scrape (the pattern of Sync). It is a
+// DRL exports a gateway's Distributed Rate Limiter (core/drl) state, its
+// drl.Stats read from a function at every scrape (the pattern of Sync;
+// drl.Store.Stats is the function). It is a
 // prometheus.Collector exporting, under Options.Namespace (default
 // "limitplane"):
 //
@@ -36,19 +19,19 @@ type DRLState struct {
 //   - <namespace>_drl_allocator: 1 while this gateway holds the
 //     allocator's lease, else 0.
 //   - <namespace>_drl_fallbacks_total: keys that fell back to their floor
-//     (a stale table: Redis down, the allocator gone).
-//   - <namespace>_drl_tables_total: tables applied.
+//     (a stale table: Redis down, the allocator gone), since start.
+//   - <namespace>_drl_tables_total: tables applied since start.
 //
 // Options.Keys, KeyCap and Buckets are not used.
 type DRL struct {
-	read                                 func() DRLState
+	read                                 func() drl.Stats
 	epoch, hotKeys, shareRate, allocator *prometheus.Desc
 	fallbacks, tables                    *prometheus.Desc
 }
 
 // NewDRL returns a DRL collector that calls read at every scrape; read
 // must be safe for concurrent use.
-func NewDRL(o Options, read func() DRLState) *DRL {
+func NewDRL(o Options, read func() drl.Stats) *DRL {
 	if o.Namespace == "" {
 		o.Namespace = "limitplane"
 	}

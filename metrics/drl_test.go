@@ -7,14 +7,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/metrics"
 )
 
 // TestDRLExportsTheState: every scrape reads the DRL state afresh, under
 // the names the README documents.
 func TestDRLExportsTheState(t *testing.T) {
-	st := metrics.DRLState{Epoch: 17, HotKeys: 3, ShareRate: 612.5, Allocator: true, Fallbacks: 2, Tables: 16}
-	d := metrics.NewDRL(metrics.Options{}, func() metrics.DRLState { return st })
+	st := drl.Stats{LimiterStats: drl.LimiterStats{Epoch: 17, HotKeys: 3, ShareRate: 612.5, Fallbacks: 2, Tables: 16, KeysRefused: 5}, Allocator: true}
+	d := metrics.NewDRL(metrics.Options{}, func() drl.Stats { return st })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(d)
 	want := `# HELP limitplane_drl_allocator 1 while this gateway holds the allocator's lease, else 0.
@@ -39,7 +40,7 @@ limitplane_drl_tables_total 16
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Fatal(err)
 	}
-	st = metrics.DRLState{Epoch: 18}
+	st = drl.Stats{LimiterStats: drl.LimiterStats{Epoch: 18}}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`# HELP limitplane_drl_allocator 1 while this gateway holds the allocator's lease, else 0.
 # TYPE limitplane_drl_allocator gauge
 limitplane_drl_allocator 0

@@ -18,12 +18,18 @@ import (
 	"github.com/limitplane/limitplane/metrics"
 )
 
+// downStore accepts every limit set and fails every request, as an
+// unreachable store does.
 type downStore struct{}
 
+func (downStore) Prepare(s core.LimitSet) (*core.Rule, error) { return core.NewRule(s, nil) }
 func (downStore) Take(context.Context, core.Request) (core.Decision, error) {
 	return core.Decision{}, errors.New("down")
 }
-func (downStore) ResetQuota(context.Context, string, string) error { return nil }
+func (downStore) ResetQuota(context.Context, string, string, uint64) error { return nil }
+func (downStore) Penalize(context.Context, core.Request, time.Duration) error {
+	return errors.New("down")
+}
 
 func TestMetricsEndpointShowsExactCounts(t *testing.T) {
 	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
@@ -81,9 +87,12 @@ func TestKeyCapMetrics(t *testing.T) {
 	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour)), MaxKeys: 2})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.New(metrics.Options{Keys: store, KeyCap: store}))
-	l := core.Limit{Rate: 1, Period: time.Minute}
+	rule, err := store.Prepare(core.LimitSet{Rate: core.Limit{Rate: 1, Period: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []string{"a", "b", "c", "d", "e"} {
-		store.Take(context.Background(), core.Request{Consumer: c, Rate: l, Cost: 1})
+		store.Take(context.Background(), core.Request{Consumer: c, Rule: rule, Cost: 1})
 	}
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rsa"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -274,7 +275,10 @@ func (j *JWT) Options(apiID string, r Resolver) (identity.JWTOptions, *identity.
 		at := fmt.Sprintf("keys[%d]", i)
 		key, err := j.Keys[i].Resolve(r)
 		if err != nil {
-			e := err.(*Error)
+			var e *Error
+			if !errors.As(err, &e) {
+				e = &Error{Problem: err.Error()}
+			}
 			if e.Path != "" {
 				e.Path = at + "." + e.Path
 			} else {

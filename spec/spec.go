@@ -88,7 +88,7 @@ type Policy struct {
 	// denies.
 	Shadow bool `json:"shadow,omitempty"`
 	// Distributed splits the policy's rate limit among the gateways of a
-	// data plane that run the Distributed Rate Limiter (dataplane/drl):
+	// data plane that run the Distributed Rate Limiter (core/drl):
 	// each enforces its demand-weighted share in memory, with no Redis
 	// call per request (core.Policy.Distributed). A gateway without DRL
 	// enforces the limit exactly, as if it were false. Quotas are never

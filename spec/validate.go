@@ -21,6 +21,16 @@ type Error struct {
 	Path string
 	// Problem says what is wrong, without the path.
 	Problem string
+	// Missing marks a problem that something required is left out (a
+	// field, an entry or one of several alternatives).
+	Missing bool
+	// Unknown is set on a reference to an id that names nothing: the
+	// list the id was looked up in, "policies" or "apis".
+	Unknown string
+	// First is set on a problem that repeats an earlier field (a
+	// duplicate id, key or listen path): that field's path, which
+	// Problem names too.
+	First string
 }
 
 // Error returns "spec: path: problem".
@@ -81,8 +91,26 @@ type validator struct {
 	sharded bool
 }
 
-func (v *validator) fail(path, format string, args ...any) {
-	v.errs = append(v.errs, &Error{Path: path, Problem: fmt.Sprintf(format, args...)})
+func (v *validator) fail(path, format string, args ...any) *Error {
+	e := &Error{Path: path, Problem: fmt.Sprintf(format, args...)}
+	v.errs = append(v.errs, e)
+	return e
+}
+
+// missing records that something required at path is left out.
+func (v *validator) missing(path, format string, args ...any) {
+	v.fail(path, format, args...).Missing = true
+}
+
+// unknown records a reference at path to an id that is not in list
+// ("policies" or "apis").
+func (v *validator) unknown(path, list, format string, args ...any) {
+	v.fail(path, format, args...).Unknown = list
+}
+
+// repeats records that path repeats the field first.
+func (v *validator) repeats(path, first, format string, args ...any) {
+	v.fail(path, format, args...).First = first
 }
 
 func (v *validator) snapshot(s *Snapshot) {
@@ -93,11 +121,11 @@ func (v *validator) snapshot(s *Snapshot) {
 		at := fmt.Sprintf("policies[%d]", i)
 		switch f, dup := first[p.ID]; {
 		case p.ID == "":
-			v.fail(at+".id", "missing")
+			v.missing(at+".id", "missing")
 		case !validID(p.ID):
 			v.fail(at+".id", "%q: %s", p.ID, idRule)
 		case dup:
-			v.fail(at+".id", "duplicate policy id %q (first at %s)", p.ID, f)
+			v.repeats(at+".id", f, "duplicate policy id %q (first at %s)", p.ID, f)
 		default:
 			first[p.ID] = at + ".id"
 			policies[p.ID] = p
@@ -114,11 +142,11 @@ func (v *validator) snapshot(s *Snapshot) {
 		at := fmt.Sprintf("apis[%d]", i)
 		switch f, dup := firstAPI[a.ID]; {
 		case a.ID == "":
-			v.fail(at+".id", "missing")
+			v.missing(at+".id", "missing")
 		case !validID(a.ID):
 			v.fail(at+".id", "%q: %s", a.ID, idRule)
 		case dup:
-			v.fail(at+".id", "duplicate API id %q (first at %s)", a.ID, f)
+			v.repeats(at+".id", f, "duplicate API id %q (first at %s)", a.ID, f)
 		default:
 			firstAPI[a.ID] = at + ".id"
 			apis[a.ID] = a
@@ -130,11 +158,11 @@ func (v *validator) snapshot(s *Snapshot) {
 			if a.Target == "" {
 				field, other = "target", "listen_path"
 			}
-			v.fail(at+"."+field, "missing: an API served by a gateway has both listen_path and target; one served by a service (dataplane.Follow) has neither (%s is set)", other)
+			v.missing(at+"."+field, "missing: an API served by a gateway has both listen_path and target; one served by a service (dataplane.Follow) has neither (%s is set)", other)
 		} else if lp, err := CleanListenPath(a.ListenPath); err != nil {
 			v.fail(at+".listen_path", "%s", problem(err))
 		} else if j, dup := v.samePath(s.APIs, paths[lp], a); dup {
-			v.fail(at+".listen_path", "%q is the same path as apis[%d].listen_path", a.ListenPath, j)
+			v.repeats(at+".listen_path", fmt.Sprintf("apis[%d].listen_path", j), "%q is the same path as apis[%d].listen_path", a.ListenPath, j)
 		} else {
 			paths[lp] = append(paths[lp], i)
 		}
@@ -143,7 +171,7 @@ func (v *validator) snapshot(s *Snapshot) {
 	for i, p := range s.Policies {
 		for j, id := range p.APIs {
 			if apis[id] == nil {
-				v.fail(fmt.Sprintf("policies[%d].apis[%d]", i, j), "unknown API %q", id)
+				v.unknown(fmt.Sprintf("policies[%d].apis[%d]", i, j), "apis", "unknown API %q", id)
 			}
 		}
 	}
@@ -154,7 +182,7 @@ func (v *validator) snapshot(s *Snapshot) {
 		at := fmt.Sprintf("keys[%d]", i)
 		if h, ok := v.keyHash(at, k); ok {
 			if f, dup := firstKey[h]; dup {
-				v.fail(at+".key_hash", "same key as %s", f)
+				v.repeats(at+".key_hash", f, "same key as %s", f)
 			} else {
 				firstKey[h] = at
 			}
@@ -233,7 +261,7 @@ func (v *validator) keyHash(at string, k *Key) (identity.KeyHash, bool) {
 	h, err := identity.ParseKeyHash(k.KeyHash)
 	switch {
 	case k.KeyHash == "":
-		v.fail(at+".key_hash", "missing (sha256:<64 hex digits>)")
+		v.missing(at+".key_hash", "missing (sha256:<64 hex digits>)")
 	case err != nil:
 		v.fail(at+".key_hash", "%q is not sha256:<64 hex digits>", k.KeyHash)
 	}
@@ -244,11 +272,11 @@ func (v *validator) keyHash(at string, k *Key) (identity.KeyHash, bool) {
 func (v *validator) key(at string, k *Key, policies map[string]*Policy, apis map[string]*API) {
 	for j, id := range k.Policies {
 		if policies[id] == nil {
-			v.fail(fmt.Sprintf("%s.policies[%d]", at, j), "unknown policy %q", id)
+			v.unknown(fmt.Sprintf("%s.policies[%d]", at, j), "policies", "unknown policy %q", id)
 		}
 	}
 	if len(k.Policies) == 0 && len(k.APILimits) == 0 {
-		v.fail(at+".policies", "a key needs at least one policy (or api_limits)")
+		v.missing(at+".policies", "a key needs at least one policy (or api_limits)")
 	}
 	ids := make([]string, 0, len(k.APILimits))
 	for id := range k.APILimits {
@@ -260,12 +288,12 @@ func (v *validator) key(at string, k *Key, policies map[string]*Policy, apis map
 		l := k.APILimits[id]
 		switch a := apis[id]; {
 		case a == nil:
-			v.fail(lat, "unknown API %q", id)
+			v.unknown(lat, "apis", "unknown API %q", id)
 		case a.Auth == AuthKeyless:
 			v.fail(lat, "API %q is keyless; api_limits only apply to api_key APIs", id)
 		}
 		if l.Rate == nil && l.Quota == nil {
-			v.fail(lat, "needs rate or quota")
+			v.missing(lat, "needs rate or quota")
 		}
 		v.rate(lat+".rate", l.Rate)
 		v.quota(lat+".quota", l.Quota)
@@ -285,13 +313,13 @@ func (v *validator) rate(at string, r *Rate) {
 			v.fail(at+".per", "%s must be > 0", r.Per)
 		}
 	case r.noRequests:
-		v.fail(at+".requests", "missing (requests per period, or -1 for unlimited)")
+		v.missing(at+".requests", "missing (requests per period, or -1 for unlimited)")
 	case r.Requests <= 0:
 		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
 	case r.Per == 0 && r.zeroPer:
 		v.fail(at+".per", "%s must be > 0", r.Per)
 	case r.Per == 0:
-		v.fail(at+".per", "missing (the period, like 1s, 1m or 24h)")
+		v.missing(at+".per", "missing (the period, like 1s, 1m or 24h)")
 	case r.Per < 0:
 		v.fail(at+".per", "%s must be > 0", r.Per)
 	}
@@ -325,7 +353,7 @@ func (v *validator) quota(at string, q *Quota) {
 		}
 		return
 	case q.noMax:
-		v.fail(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
+		v.missing(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
 		return
 	case q.Max <= 0:
 		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", q.Max)
@@ -334,7 +362,7 @@ func (v *validator) quota(at string, q *Quota) {
 		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
 		return
 	case q.Renewal == 0:
-		v.fail(at+".renewal", "missing (the period, like 1h or 720h)")
+		v.missing(at+".renewal", "missing (the period, like 1h or 720h)")
 		return
 	case q.Renewal < 0:
 		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
@@ -369,7 +397,7 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 	case !keyless && len(a.Policies) > 0:
 		v.fail(at+".policies", "only keyless APIs take policies; an api_key API applies each key's own policies")
 	case keyless && len(a.Policies) == 0:
-		v.fail(at+".policies", "a keyless API needs at least one policy (applied per client IP)")
+		v.missing(at+".policies", "a keyless API needs at least one policy (applied per client IP)")
 	}
 	if keyless {
 		for j, id := range a.Policies {
@@ -378,7 +406,7 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 	}
 	switch {
 	case a.Auth == AuthJWT && a.JWT == nil:
-		v.fail(at+".jwt", "missing (auth: jwt needs algorithms, and keys or jwks)")
+		v.missing(at+".jwt", "missing (auth: jwt needs algorithms, and keys or jwks)")
 	case a.Auth == AuthJWT:
 		v.jwt(at+".jwt", a.ID, a.JWT, policies)
 	case a.JWT != nil && knownAuth:
@@ -391,9 +419,9 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 		case keyless:
 			v.fail(fat, "a keyless API asks for no credentials, so no attempt can fail")
 		case fl.Policy == "":
-			v.fail(fat+".policy", "missing (the policy failed attempts are charged to, per client IP)")
+			v.missing(fat+".policy", "missing (the policy failed attempts are charged to, per client IP)")
 		case p == nil:
-			v.fail(fat+".policy", "unknown policy %q", fl.Policy)
+			v.unknown(fat+".policy", "policies", "unknown policy %q", fl.Policy)
 		case len(p.APIs) > 0:
 			v.fail(fat+".policy", "policy %q has an apis list; failures are charged outside any API, so a failure_limit policy must leave apis out", fl.Policy)
 		case p.Idle():
@@ -419,7 +447,7 @@ func (v *validator) policyFor(path, id, apiID string, policies map[string]*Polic
 	p := policies[id]
 	switch {
 	case p == nil:
-		v.fail(path, "unknown policy %q", id)
+		v.unknown(path, "policies", "unknown policy %q", id)
 	case len(p.APIs) > 0 && apiID != "" && !slices.Contains(p.APIs, apiID):
 		v.fail(path, "policy %q does not cover API %q (its apis list leaves it out)", id, apiID)
 	}
@@ -427,7 +455,7 @@ func (v *validator) policyFor(path, id, apiID string, policies map[string]*Polic
 
 func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 	if len(j.Algorithms) == 0 {
-		v.fail(at+".algorithms", "missing (pin the accepted algorithms, like [RS256])")
+		v.missing(at+".algorithms", "missing (pin the accepted algorithms, like [RS256])")
 	}
 	var algs []string
 	for i, alg := range j.Algorithms {
@@ -442,7 +470,7 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 	case len(j.Keys) > 0 && j.JWKS != nil:
 		v.fail(at, "set keys or jwks, not both")
 	case len(j.Keys) == 0 && j.JWKS == nil:
-		v.fail(at, "needs keys (pem_file, secret_env or secret_file) or jwks (url)")
+		v.missing(at, "needs keys (pem_file, secret_env or secret_file) or jwks (url)")
 	case j.JWKS != nil:
 		if err := CheckJWKSURL(j.JWKS.URL); err != nil {
 			v.fail(at+".jwks.url", "%s", problem(err))
@@ -462,7 +490,7 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 			}
 			switch {
 			case n == 0:
-				v.fail(kat, "needs pem_file, secret_env or secret_file")
+				v.missing(kat, "needs pem_file, secret_env or secret_file")
 			case n > 1:
 				v.fail(kat, "set one of pem_file, secret_env or secret_file")
 			case k.Secret != "" && len(k.Secret) < identity.MinHMACKeySize:
@@ -481,9 +509,9 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 			}
 			switch f, dup := first[k.ID]; {
 			case k.ID == "" && len(j.Keys) > 1:
-				v.fail(kat+".id", "missing (with several keys each needs an id, matched against the token's kid)")
+				v.missing(kat+".id", "missing (with several keys each needs an id, matched against the token's kid)")
 			case dup && k.ID != "":
-				v.fail(kat+".id", "duplicate key id %q (first at %s)", k.ID, f)
+				v.repeats(kat+".id", f, "duplicate key id %q (first at %s)", k.ID, f)
 			default:
 				first[k.ID] = kat + ".id"
 			}
@@ -493,7 +521,7 @@ func (v *validator) jwt(at, apiID string, j *JWT, policies map[string]*Policy) {
 		v.fail(at+".leeway", "%s must be >= 0", j.Leeway)
 	}
 	if j.PolicyClaim == "" && len(j.DefaultPolicies) == 0 {
-		v.fail(at, "needs policy_claim or default_policies (a token without policies would be refused with 403)")
+		v.missing(at, "needs policy_claim or default_policies (a token without policies would be refused with 403)")
 	}
 	for i, id := range j.DefaultPolicies {
 		v.policyFor(fmt.Sprintf("%s.default_policies[%d]", at, i), id, apiID, policies)

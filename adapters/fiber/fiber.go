@@ -18,13 +18,11 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
-
-// Limiter decides requests; *core.Engine implements it.
-type Limiter = core.Decider
 
 // Options configure the middleware. The zero value limits every request at
 // cost 1 under API "" with the default Renderer.
@@ -51,7 +49,10 @@ type Options struct {
 //
 // The engine is asked with c.UserContext(), which is context.Background
 // unless an earlier handler set one.
-func Middleware(l Limiter, auth identity.Authenticator, opts Options) fiber.Handler {
+//
+// l is any core.Decider: a *core.Engine, or the Limiter(api) of a
+// data-plane member (live.Config, dataplane.Follower).
+func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber.Handler {
 	rend := opts.Renderer
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
@@ -62,7 +63,7 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) fiber.Hand
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		_, d, err := response.Check(ctx, l, auth, Request{c}, opts.API, cost)
+		_, d, err := admit.Check(ctx, l, auth, Request{c}, opts.API, cost)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}

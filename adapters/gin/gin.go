@@ -13,14 +13,12 @@ package gin
 import (
 	"github.com/gin-gonic/gin"
 
+	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
-
-// Limiter decides requests; *core.Engine implements it.
-type Limiter = core.Decider
 
 // Options configure the middleware. The zero value limits every request at
 // cost 1 under API "" with the default Renderer.
@@ -44,7 +42,10 @@ type Options struct {
 // (429, 401, 403, 503) is written with its JSON body and the chain is
 // aborted. Requests that fail authentication never reach the engine, so they
 // create no limiter state.
-func Middleware(l Limiter, auth identity.Authenticator, opts Options) gin.HandlerFunc {
+//
+// l is any core.Decider: a *core.Engine, or the Limiter(api) of a
+// data-plane member (live.Config, dataplane.Follower).
+func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.HandlerFunc {
 	rend := opts.Renderer
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
@@ -55,7 +56,7 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) gin.Handle
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		_, d, err := response.Check(ctx, l, auth, nethttp.Request{R: c.Request}, opts.API, cost)
+		_, d, err := admit.Check(ctx, l, auth, nethttp.Request{R: c.Request}, opts.API, cost)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}

@@ -36,7 +36,7 @@ type ClientOptions struct {
 // DeadlineExceeded when the wait would pass its deadline. When the server
 // still ends a call with ResourceExhausted carrying errdetails.RetryInfo,
 // later calls are held back that long — in every process sharing the Store
-// when it is a core.Penalizer. It is the gRPC twin of nethttp.Transport.
+// (core.Store.Penalize). It is the gRPC twin of nethttp.Transport.
 type Client struct {
 	cost     func(ctx context.Context, fullMethod string) int64
 	throttle *core.Throttle

@@ -107,7 +107,7 @@ func TestClientKeepsServerUnderItsLimit(t *testing.T) {
 // TestClientBacksOffOnRetryInfo: the server allows 1 a minute, so the
 // second call comes back ResourceExhausted with RetryInfo of exactly one
 // minute (its store reads a frozen ManualClock). That holds back the client
-// that got it and, through the shared store (a core.Penalizer), another
+// that got it and, through the shared store (Store.Penalize), another
 // client; each fails at once with DeadlineExceeded, without calling, when
 // its deadline is inside the hold. The hold ends when the test moves the
 // clock.
@@ -157,7 +157,7 @@ func TestNewClientValidates(t *testing.T) {
 	}{
 		{lpgrpc.ClientOptions{}, "grpc: NewClient: core: NewThrottle: Store and Key are required"},
 		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k"}, "grpc: NewClient: core: NewThrottle: a Limit is required"},
-		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "grpc: NewClient: core: NewThrottle: invalid limit: period 0s must be > 0"},
+		{lpgrpc.ClientOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "grpc: NewClient: core: NewThrottle: rate: invalid limit: period 0s must be > 0"},
 	} {
 		if _, err := lpgrpc.NewClient(c.o); err == nil || err.Error() != c.want {
 			t.Errorf("%+v: %v, want %s", c.o, err, c.want)

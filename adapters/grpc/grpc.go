@@ -50,13 +50,11 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
-
-// Limiter decides requests; *core.Engine implements it.
-type Limiter = core.Decider
 
 // Options configure the interceptors. The zero value limits every call (and
 // every stream when it opens) at cost 1 under its full method name, does not
@@ -91,13 +89,13 @@ type Options struct {
 
 // interceptor holds what both interceptors share.
 type interceptor struct {
-	l    Limiter
+	l    core.Decider
 	auth identity.Authenticator
 	rend *response.Renderer
 	o    Options
 }
 
-func newInterceptor(l Limiter, auth identity.Authenticator, o Options) *interceptor {
+func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *interceptor {
 	if o.Renderer == nil {
 		o.Renderer = response.NewRenderer(response.Options{})
 	}
@@ -116,7 +114,10 @@ func newInterceptor(l Limiter, auth identity.Authenticator, o Options) *intercep
 // UnaryServerInterceptor returns an interceptor that authenticates each
 // unary call with auth and limits it with l (see the package comment for
 // the answers).
-func UnaryServerInterceptor(l Limiter, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
+//
+// l is any core.Decider: a *core.Engine, or the Limiter(api) of a
+// data-plane member (live.Config, dataplane.Follower).
+func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		_, md, err := in.admit(ctx, info.FullMethod)
@@ -133,7 +134,7 @@ func UnaryServerInterceptor(l Limiter, auth identity.Authenticator, opts Options
 // StreamServerInterceptor returns an interceptor that authenticates each
 // stream with auth and limits its opening with l and, with
 // Options.PerMessage, each message it receives.
-func StreamServerInterceptor(l Limiter, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
+func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		c, md, err := in.admit(ss.Context(), info.FullMethod)
@@ -163,7 +164,7 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
 	}
-	c, d, err := response.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), cost)
+	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), cost)
 	md, st := in.answer(ctx, method, c, d, err, true)
 	if st != nil {
 		return c, md, st.Err()

@@ -510,12 +510,18 @@ func TestMetadata(t *testing.T) {
 	}
 }
 
+// failingStore accepts every limit set and fails every request, as an
+// unreachable store does.
 type failingStore struct{}
 
+func (failingStore) Prepare(s core.LimitSet) (*core.Rule, error) { return core.NewRule(s, nil) }
 func (failingStore) Take(context.Context, core.Request) (core.Decision, error) {
 	return core.Decision{}, errors.New("connection refused")
 }
-func (failingStore) ResetQuota(context.Context, string, string) error { return nil }
+func (failingStore) ResetQuota(context.Context, string, string, uint64) error { return nil }
+func (failingStore) Penalize(context.Context, core.Request, time.Duration) error {
+	return errors.New("connection refused")
+}
 
 // TestRequestHeaderCase: identity asks for canonical HTTP names; the
 // incoming metadata keys are lower-case. Each lookup finds its value, for

@@ -8,13 +8,11 @@ import (
 	"bytes"
 	"net/http"
 
+	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
 )
-
-// Limiter decides requests; *core.Engine implements it.
-type Limiter = core.Decider
 
 // Options configure the middleware. The zero value limits every request at
 // cost 1 under API "" with the default Renderer.
@@ -36,7 +34,10 @@ type Options struct {
 // with auth and limits it with l. Requests that fail authentication are
 // answered (401/403) before the engine is asked, so they create no limiter
 // state.
-func Middleware(l Limiter, auth identity.Authenticator, opts Options) func(http.Handler) http.Handler {
+//
+// l is any core.Decider: a *core.Engine, or the Limiter(api) of a
+// data-plane member (live.Config, dataplane.Follower).
+func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(http.Handler) http.Handler {
 	rend := opts.Renderer
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
@@ -47,7 +48,7 @@ func Middleware(l Limiter, auth identity.Authenticator, opts Options) func(http.
 			if opts.Cost != nil {
 				cost = func() int64 { return opts.Cost(r) }
 			}
-			_, d, err := response.Check(r.Context(), l, auth, Request{r}, opts.API, cost)
+			_, d, err := admit.Check(r.Context(), l, auth, Request{r}, opts.API, cost)
 			if opts.OnDecision != nil {
 				opts.OnDecision(r, d, err)
 			}

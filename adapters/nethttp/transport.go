@@ -34,8 +34,8 @@ type TransportOptions struct {
 // limit allows it, and fails fast with an error matching
 // core.ErrWaitExceedsDeadline when the wait would pass the context's
 // deadline. When the third party still answers 429 with Retry-After, the
-// Transport holds back every later call for that long, and, when the Store
-// is a core.Penalizer, so does every other process sharing the Store.
+// Transport holds back every later call for that long, and so does every
+// other process sharing the Store (core.Store.Penalize).
 type Transport struct {
 	base     http.RoundTripper
 	cost     func(*http.Request) int64

@@ -95,7 +95,7 @@ func TestTransportKeepsThirdPartyUnderItsLimit(t *testing.T) {
 }
 
 // TestTransportBacksOffOnRetryAfter: a 429 with Retry-After holds back the
-// transport that got it and, through the shared store (a core.Penalizer),
+// transport that got it and, through the shared store (Store.Penalize),
 // another transport; each fails at once when its deadline is inside the
 // hold. The store reads a frozen ManualClock, so the hold ends only when
 // the test moves it.
@@ -266,7 +266,7 @@ func TestNewTransportValidates(t *testing.T) {
 	}{
 		{nethttp.TransportOptions{}, "nethttp: NewTransport: core: NewThrottle: Store and Key are required"},
 		{nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "k"}, "nethttp: NewTransport: core: NewThrottle: a Limit is required"},
-		{nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "nethttp: NewTransport: core: NewThrottle: invalid limit: period 0s must be > 0"},
+		{nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "k", Limit: core.Limit{Rate: 5}}, "nethttp: NewTransport: core: NewThrottle: rate: invalid limit: period 0s must be > 0"},
 	} {
 		if _, err := nethttp.NewTransport(c.o); err == nil || err.Error() != c.want {
 			t.Errorf("%+v: %v, want %s", c.o, err, c.want)

@@ -14,7 +14,7 @@ import (
 )
 
 // concurrency is the number of goroutines calling at once in the
-// overshoot test and the Keys10k workload.
+// overshoot test.
 const concurrency = 64
 
 // concurrencies are the HotKey workload's numbers of goroutines calling at
@@ -32,7 +32,7 @@ var benchLimit = limit{perSec: 1_000_000, burst: 1_000_000}
 // each with its own client of poolSize connections.
 //
 //	HotKey/c=N:  all calls on one key, N goroutines calling at once.
-//	Keys10k/c=64: 10,000 keys, each goroutine walking them from its own
+//	Keys10k/c=N: 10,000 keys, N goroutines, each walking them from its own
 //	             offset.
 //
 // decisions/s is b.N over the timed wall-clock time; p50-µs and p99-µs are
@@ -49,7 +49,9 @@ func BenchmarkRedis(b *testing.B) {
 	for _, c := range concurrencies {
 		ws = append(ws, workload{"HotKey/c=" + strconv.Itoa(c), 1, c})
 	}
-	ws = append(ws, workload{"Keys10k/c=64", 10_000, concurrency})
+	for _, c := range concurrencies {
+		ws = append(ws, workload{"Keys10k/c=" + strconv.Itoa(c), 10_000, c})
+	}
 	for _, w := range ws {
 		keys := make([]string, w.keys)
 		for i := range keys {

@@ -86,9 +86,12 @@ func limitplane(tb testing.TB, srv *redistest.Server, l limit, opts redisstore.O
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { s.Close() })
-	lim := core.Limit{Rate: l.perSec, Period: time.Second, Burst: l.burst}
+	rule, err := s.Prepare(core.LimitSet{Rate: core.Limit{Rate: l.perSec, Period: time.Second, Burst: l.burst}})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	return func(ctx context.Context, key string) (bool, error) {
-		d, err := s.Take(ctx, core.Request{Consumer: key, Rate: lim, Cost: 1})
+		d, err := s.Take(ctx, core.Request{Consumer: key, Rule: rule, Cost: 1})
 		return d.Allowed, err
 	}
 }

@@ -235,12 +235,13 @@ func TestAdminEndpoint(t *testing.T) {
 	if r := send(t, "POST", admin+"/reload", withToken...); r.status != 200 || strings.TrimSpace(r.body) != `{"reloaded":true,"revision":0}` {
 		t.Errorf("good reload: %d %s", r.status, r.body)
 	}
-	// The new policy runs: 9 a minute, whose burst of 9 the 5 requests
-	// k-ops made in the frozen minute used up (GCRA keeps the TAT: the
-	// bucket is full again a minute later).
+	// The new policy runs: 9 a minute, of whose burst of 9 the 5 requests
+	// k-ops made in the frozen minute are spent (a limit change keeps the
+	// units spent, not the time: 4 left, full again after 5 of the new
+	// emission intervals, 5 × 6.667 s).
 	k := identity.HashKey("k-ops")
 	r = send(t, "GET", admin+"/consumers/"+k.String())
-	if want := fmt.Sprintf(`{"consumer":%q,"key_hash":%q,"policies":["default"],"rate":{"limit":9,"remaining":0,"reset_after_ms":60000,"window_ms":60000,"policy":"default"},"quota":null}`, k.ConsumerID(), k.String()); r.status != 200 || strings.TrimSpace(r.body) != want {
+	if want := fmt.Sprintf(`{"consumer":%q,"key_hash":%q,"policies":["default"],"rate":{"limit":9,"remaining":4,"reset_after_ms":33334,"window_ms":60000,"policy":"default"},"quota":null}`, k.ConsumerID(), k.String()); r.status != 200 || strings.TrimSpace(r.body) != want {
 		t.Errorf("k-ops after the reload: %d %s\nwant %s", r.status, r.body, want)
 	}
 	mf = metricValues(t, admin)

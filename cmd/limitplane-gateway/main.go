@@ -57,6 +57,8 @@ import (
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/gateway/server"
+	"github.com/limitplane/limitplane/internal/seams"
+	"github.com/limitplane/limitplane/spec"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -216,9 +218,7 @@ func run(ctx context.Context, args []string, e env) error {
 		Config:       cfg,
 		Listen:       listen,
 		Logger:       log,
-		Clock:        e.clock,
-		Now:          e.now,
-		AfterFunc:    e.afterFunc,
+		Seams:        &seams.Seams{Clock: e.clock, Now: e.now, AfterFunc: e.afterFunc},
 		StartTimeout: e.startTimeout,
 	})
 	if err != nil {
@@ -292,13 +292,13 @@ func printBanner(out io.Writer, base, admin string, cfg *config.Config, file, pe
 		fmt.Fprintf(w, "  distributed rate limiter: group %s, interval %v, max_gateways %d (policies marked distributed share their limit in memory)\n",
 			d.Group, d.Interval, d.MaxGateways)
 	}
-	for _, a := range cfg.APIs {
-		auth := a.Auth.String()
-		if a.Auth == config.AuthKeyless {
+	for _, a := range cfg.Snapshot.APIs {
+		auth := a.AuthOrDefault()
+		if a.Auth == spec.AuthKeyless {
 			auth += fmt.Sprintf(", policies %v per client IP", a.Policies)
 		}
-		if a.FailureLimit != "" {
-			auth += fmt.Sprintf(", failed attempts limited by policy %s per client IP", a.FailureLimit)
+		if a.FailureLimit != nil {
+			auth += fmt.Sprintf(", failed attempts limited by policy %s per client IP", a.FailureLimit.Policy)
 		}
 		fmt.Fprintf(w, "  %s -> %s (%s)\n", a.ListenPath, a.Target, auth)
 	}

@@ -153,8 +153,9 @@ func BenchmarkStoreHotKey(b *testing.B) {
 			newStore := func(b *testing.B) (*memory.Store, core.Request) {
 				s := memory.New(memory.Options{Clock: c.clock})
 				b.Cleanup(func() { s.Close() })
-				// Scope "" as for the engine's key-wide counters.
-				req := core.Request{Consumer: hotKey, Rate: w.limit, Cost: 1}
+				// Scope "" as for the engine's key-wide counters; the
+				// limit prepared once, as a caller reuses its rule.
+				req := core.Request{Consumer: hotKey, Rule: prepare(b, s, core.LimitSet{Rate: w.limit}), Cost: 1}
 				if _, err := s.Take(ctx, req); err != nil {
 					b.Fatal(err)
 				}
@@ -247,8 +248,9 @@ func randomKeys(b *testing.B) *keyFixture {
 		runtime.ReadMemStats(&before)
 		fill := func(s *memory.Store) {
 			ctx := context.Background()
+			rule := prepare(b, s, core.LimitSet{Rate: manyLimit})
 			for _, k := range keys {
-				d, err := s.Take(ctx, core.Request{Consumer: k, Rate: manyLimit, Cost: firstCost})
+				d, err := s.Take(ctx, core.Request{Consumer: k, Rule: rule, Cost: firstCost})
 				if err != nil || !d.Allowed {
 					panic("fixture: first request of a key not admitted")
 				}
@@ -339,7 +341,7 @@ func BenchmarkStoreRandomKeys(b *testing.B) {
 
 func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 	ctx := context.Background()
-	// serial-into is serial through TakeInto (core.DecisionWriter), which
+	// serial-into is serial through TakeInto, which
 	// writes the Decision in place instead of returning it; serial is
 	// through Take. serial-into-copied is serial-into on a copy of the
 	// request made after its Consumer was set, as passing it to Take by
@@ -352,6 +354,7 @@ func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 		reportBytes(b, f)
 	})
 	b.Run("parallel", func(b *testing.B) {
+		rule := prepare(b, store, core.LimitSet{Rate: manyLimit})
 		var next sync.Mutex
 		start := 0
 		b.ResetTimer()
@@ -360,7 +363,7 @@ func benchmarkRandomKeys(b *testing.B, f *keyFixture, store *memory.Store) {
 			i := start
 			start += manyKeys / 7 // goroutines start far apart in the key list
 			next.Unlock()
-			req := core.Request{Rate: manyLimit, Cost: 1}
+			req := core.Request{Rule: rule, Cost: 1}
 			n := int64(0)
 			for pb.Next() {
 				req.Consumer = f.keys[i]
@@ -407,7 +410,7 @@ const (
 // caller does not.
 func serialRandomKeys(b *testing.B, f *keyFixture, store *memory.Store, via int) {
 	ctx := context.Background()
-	req := core.Request{Rate: manyLimit, Cost: 1}
+	req := core.Request{Rule: prepare(b, store, core.LimitSet{Rate: manyLimit}), Cost: 1}
 	var d core.Decision
 	b.ResetTimer()
 	n, i := int64(0), 0
@@ -552,7 +555,7 @@ func BenchmarkStoreHotKeyInto(b *testing.B) {
 			b.Run(w.name+"/"+c.name+"/serial", func(b *testing.B) {
 				s := memory.New(memory.Options{Clock: c.clock})
 				b.Cleanup(func() { s.Close() })
-				req := core.Request{Consumer: hotKey, Rate: w.limit, Cost: 1}
+				req := core.Request{Consumer: hotKey, Rule: prepare(b, s, core.LimitSet{Rate: w.limit}), Cost: 1}
 				var d core.Decision
 				if err := s.TakeInto(ctx, &req, &d); err != nil {
 					b.Fatal(err)
@@ -598,4 +601,78 @@ func BenchmarkEngineRandomKeys(b *testing.B) {
 		}
 	}
 	sink = n
+}
+
+// BenchmarkEngineHotKey is core.Engine.Decide for one consumer over a store
+// on the coarse clock: one policy with the limit of BenchmarkStoreHotKey's
+// workloads, so it pairs with BenchmarkStoreHotKeyInto's coarse rows (the
+// engine's cost over the store's bare TakeInto).
+func BenchmarkEngineHotKey(b *testing.B) {
+	ctx := context.Background()
+	coarse := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	for _, w := range workloads {
+		b.Run(w.name+"/coarse/serial", func(b *testing.B) {
+			s := memory.New(memory.Options{Clock: coarse})
+			b.Cleanup(func() { s.Close() })
+			e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "p", Rate: w.limit}}}, core.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := &core.Consumer{ID: hotKey, Policies: []string{"p"}}
+			if _, err := e.Decide(ctx, c, "api", 1); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			n := int64(0)
+			for range b.N {
+				if d, _ := e.Decide(ctx, c, "api", 1); d.Allowed {
+					n++
+				}
+			}
+			sink = n
+		})
+	}
+}
+
+// BenchmarkStoreAlternatingRules is the cost of a key whose requests
+// alternate between two rules of different emission intervals (two
+// policies of different rates on one key-wide counter, or a limit change
+// with requests of both in flight): every request converts the key's TAT
+// to its own rule's units (see the package comment, "Limit changes").
+// "same" sends the same two rules' worth of requests under one rule, for
+// comparison. Coarse clock, TakeInto, one goroutine.
+func BenchmarkStoreAlternatingRules(b *testing.B) {
+	ctx := context.Background()
+	coarse := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	for _, alternate := range []bool{false, true} {
+		name := "same"
+		if alternate {
+			name = "alternating"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := memory.New(memory.Options{Clock: coarse})
+			b.Cleanup(func() { s.Close() })
+			reqs := [2]core.Request{
+				{Consumer: hotKey, Rule: prepare(b, s, core.LimitSet{Rate: admitAll}), Cost: 1},
+				{Consumer: hotKey, Rule: prepare(b, s, core.LimitSet{Rate: core.Limit{Rate: 500_000_000, Period: time.Second}}), Cost: 1},
+			}
+			if !alternate {
+				reqs[1] = reqs[0]
+			}
+			var d core.Decision
+			b.ReportAllocs()
+			b.ResetTimer()
+			n := int64(0)
+			for i := range b.N {
+				s.TakeInto(ctx, &reqs[i&1], &d)
+				if d.Allowed {
+					n++
+				}
+			}
+			sink = n
+		})
+	}
 }

@@ -18,7 +18,7 @@ func TestQuotaEpochLowerSpendsNewerPeriod(t *testing.T) {
 	clock := core.NewManualClock(int64(time.Hour))
 	s := memory.New(memory.Options{Clock: clock})
 	q := core.Quota{Max: 3, Renewal: time.Hour}
-	old := core.Request{Consumer: "c", Quota: q, Cost: 1, QuotaEpoch: 1}
+	old := request(t, s, core.Call{Consumer: "c", Quota: q, Cost: 1, QuotaEpoch: 1})
 	raised := old
 	raised.QuotaEpoch = 2
 	want := func(r core.Request, allowed bool, remaining int64) {
@@ -50,7 +50,7 @@ func TestResetQuotaKeepsEpoch(t *testing.T) {
 	s := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
 	ctx := context.Background()
 	q := core.Quota{Max: 3, Renewal: time.Hour}
-	cur := core.Request{Consumer: "c", Scope: "api", Quota: q, Cost: 1, QuotaEpoch: 5}
+	cur := request(t, s, core.Call{Consumer: "c", Scope: "api", Quota: q, Cost: 1, QuotaEpoch: 5})
 	stale := cur
 	stale.QuotaEpoch = 4
 	for range 3 {
@@ -58,7 +58,7 @@ func TestResetQuotaKeepsEpoch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.ResetQuota(ctx, "c", "api"); err != nil {
+	if err := s.ResetQuota(ctx, "c", "api", 5); err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range []core.Request{stale, cur, cur, stale} {

@@ -15,7 +15,12 @@ func ExampleStore_Take() {
 	clock := core.NewManualClock(int64(time.Hour))
 	store := memory.New(memory.Options{Clock: clock})
 	defer store.Close()
-	req := core.Request{Consumer: "alice", Rate: core.Limit{Rate: 3, Period: time.Second}, Cost: 1}
+	// The limit is prepared once; requests carry the rule.
+	rule, err := store.Prepare(core.LimitSet{Rate: core.Limit{Rate: 3, Period: time.Second}})
+	if err != nil {
+		panic(err)
+	}
+	req := core.Request{Consumer: "alice", Rule: rule, Cost: 1}
 	for i := 0; i < 4; i++ {
 		d, _ := store.Take(context.Background(), req)
 		fmt.Printf("allowed=%v remaining=%d retry_after=%v\n", d.Allowed, d.Remaining, d.RetryAfter)

@@ -7,9 +7,28 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
+
+// TestSlotLayout: a slot is 32 bytes, two to a cache line (mapped tables
+// hold no Go pointer but the tombstone), and its check word packs the
+// fingerprint's 32-bit check with the tag of the interval its TAT is in.
+func TestSlotLayout(t *testing.T) {
+	if n := unsafe.Sizeof(slot{}); n != 32 {
+		t.Fatalf("unsafe.Sizeof(slot{}) = %d, want 32", n)
+	}
+	f := fingerprint{h: 5, check: 0xdeadbeef}
+	if w := f.word(7); w != 7<<32|0xdeadbeef {
+		t.Fatalf("word(7) = %#x, want 0x7deadbeef", w)
+	}
+	var sl slot
+	sl.check.Store(f.word(0xffff))
+	if sl.tag() != 0xffff || uint32(sl.check.Load()) != f.check {
+		t.Fatalf("slot tag %#x, check %#x", sl.tag(), uint32(sl.check.Load()))
+	}
+}
 
 // TestProbeStartsAtLine: a key's probe starts at the first slot of its
 // cache line (two slots of 32 bytes), so keys whose hashes differ only in
@@ -33,7 +52,7 @@ func TestProbeStartsAtLine(t *testing.T) {
 		return 99
 	}
 	for i, f := range fs {
-		tab, e := sh.put(f, now)
+		tab, e := sh.put(f, nil, now)
 		if got := slotOf(tab, e); got != want[i] {
 			t.Errorf("key %d (hash %d) in slot %d, want %d", i, f.h, got, want[i])
 		}
@@ -57,7 +76,7 @@ func TestLargeTablesOffHeap(t *testing.T) {
 	rate := core.Limit{Rate: 1, Period: time.Hour, Burst: 5}
 	const n = 1500 // 1500 keys: 2048 slots, 64 KiB
 	for i := range n {
-		if d, err := s.Take(ctx, core.Request{Consumer: "k" + strconv.Itoa(i), Rate: rate, Cost: 2}); err != nil || !d.Allowed {
+		if d, err := s.Take(ctx, request(t, s, core.Call{Consumer: "k" + strconv.Itoa(i), Rate: rate, Cost: 2})); err != nil || !d.Allowed {
 			t.Fatalf("key %d: %+v, %v", i, d, err)
 		}
 	}
@@ -67,7 +86,7 @@ func TestLargeTablesOffHeap(t *testing.T) {
 		t.Fatalf("table of %d slots, periods %v (shard %v), mapped %v; want 2048 slots off the heap", len(tab.slots), tab.periods, sh.periods, tab.mapped)
 	}
 	remaining := func(i int) int64 {
-		d, err := s.Take(ctx, core.Request{Consumer: "k" + strconv.Itoa(i), Rate: rate, Cost: 0})
+		d, err := s.Take(ctx, request(t, s, core.Call{Consumer: "k" + strconv.Itoa(i), Rate: rate, Cost: 0}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,7 +97,7 @@ func TestLargeTablesOffHeap(t *testing.T) {
 			t.Fatalf("key %d remaining %d, want 3", i, got)
 		}
 	}
-	q := core.Request{Consumer: "quota", Rate: rate, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1}
+	q := request(t, s, core.Call{Consumer: "quota", Rate: rate, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1})
 	for i, want := range []bool{true, true, false} {
 		d, err := s.Take(ctx, q)
 		if err != nil || d.Allowed != want {
@@ -86,7 +105,7 @@ func TestLargeTablesOffHeap(t *testing.T) {
 		}
 	}
 	// The denied third request's rate step was refunded: 5 - 2 = 3 left.
-	if d, _ := s.Take(ctx, core.Request{Consumer: "quota", Rate: rate}); d.Remaining != 3 {
+	if d, _ := s.Take(ctx, request(t, s, core.Call{Consumer: "quota", Rate: rate})); d.Remaining != 3 {
 		t.Fatalf("quota key's rate remaining %d, want 3", d.Remaining)
 	}
 	if tab := sh.tab.Load(); !tab.periods || !sh.periods || tab.mapped {
@@ -98,7 +117,7 @@ func TestLargeTablesOffHeap(t *testing.T) {
 		}
 	}
 	for i := n; i < 2*n; i++ {
-		if _, err := s.Take(ctx, core.Request{Consumer: "k" + strconv.Itoa(i), Rate: rate, Cost: 2}); err != nil {
+		if _, err := s.Take(ctx, request(t, s, core.Call{Consumer: "k" + strconv.Itoa(i), Rate: rate, Cost: 2})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -122,8 +141,8 @@ func TestExactUnderConcurrentGrowth(t *testing.T) {
 		s := New(Options{Clock: clock, Shards: 1})
 		ctx := context.Background()
 		const hot, burst, workers, per = 40, 50, 16, 400
-		rate := core.Limit{Rate: 1, Period: time.Hour, Burst: burst}
-		quota := core.Request{Consumer: "quota", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 100, Renewal: time.Hour}, Cost: 1}
+		rate := prepare(t, s, core.LimitSet{Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: burst}})
+		quota := request(t, s, core.Call{Consumer: "quota", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 100, Renewal: time.Hour}, Cost: 1})
 		admitted := make([]atomic.Int64, hot)
 		var quotaAdmitted atomic.Int64
 		var flooded atomic.Bool
@@ -133,7 +152,7 @@ func TestExactUnderConcurrentGrowth(t *testing.T) {
 			defer flood.Done()
 			defer flooded.Store(true)
 			for i := range 20000 {
-				r := core.Request{Consumer: "new" + strconv.Itoa(i), Rate: rate, Cost: 1}
+				r := core.Request{Consumer: "new" + strconv.Itoa(i), Rule: rate, Cost: 1}
 				if _, err := s.Take(ctx, r); err != nil {
 					t.Error(err)
 					return
@@ -150,7 +169,7 @@ func TestExactUnderConcurrentGrowth(t *testing.T) {
 				// so resizes happen under them.
 				for i := 0; i < per || !flooded.Load(); i++ {
 					k := (w*7 + i) % hot
-					r := core.Request{Consumer: "hot" + strconv.Itoa(k), Rate: rate, Cost: 1}
+					r := core.Request{Consumer: "hot" + strconv.Itoa(k), Rule: rate, Cost: 1}
 					var err error
 					if i%2 == 0 {
 						d, err = s.Take(ctx, r)

@@ -17,7 +17,7 @@ import (
 func TestMaxKeysCountFollowsSweepsAndResizes(t *testing.T) {
 	clock := core.NewManualClock(start)
 	s := New(Options{Clock: clock, MaxKeys: 300, Shards: 4})
-	short := core.Limit{Rate: 1000, Period: time.Second}
+	short := prepare(t, s, core.LimitSet{Rate: core.Limit{Rate: 1000, Period: time.Second}})
 	stop := make(chan struct{})
 	var sweeper sync.WaitGroup
 	sweeper.Add(1)
@@ -39,7 +39,7 @@ func TestMaxKeysCountFollowsSweepsAndResizes(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 3000 {
-				s.Take(context.Background(), core.Request{Consumer: fmt.Sprintf("%d-%d", w, i), Rate: short, Cost: 1})
+				s.Take(context.Background(), core.Request{Consumer: fmt.Sprintf("%d-%d", w, i), Rule: short, Cost: 1})
 			}
 		}()
 	}

@@ -23,6 +23,7 @@ func TestMaxKeysExactUnderConcurrency(t *testing.T) {
 	clock := core.NewManualClock(int64(1000 * time.Hour))
 	s := memory.New(memory.Options{Clock: clock, MaxKeys: 1000})
 	const workers, each = 16, 500
+	rule := prepare(t, s, core.LimitSet{Rate: keyLimit})
 	var admitted, refused, other atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -30,7 +31,7 @@ func TestMaxKeysExactUnderConcurrency(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				_, err := s.Take(context.Background(), core.Request{Consumer: fmt.Sprintf("c%d-%d", w, i), Rate: keyLimit, Cost: 1})
+				_, err := s.Take(context.Background(), core.Request{Consumer: fmt.Sprintf("c%d-%d", w, i), Rule: rule, Cost: 1})
 				switch {
 				case err == nil:
 					admitted.Add(1)
@@ -68,44 +69,44 @@ func TestMaxKeysDecision(t *testing.T) {
 		}
 		return d
 	}
-	take(core.Request{Consumer: "a", Rate: keyLimit, Cost: 1})
-	take(core.Request{Consumer: "b", Quota: q, Cost: 1})
+	take(request(t, s, core.Call{Consumer: "a", Rate: keyLimit, Cost: 1}))
+	take(request(t, s, core.Call{Consumer: "b", Quota: q, Cost: 1}))
 
-	d, err := s.Take(ctx, core.Request{Consumer: "new", Rate: keyLimit, Cost: 1})
+	d, err := s.Take(ctx, request(t, s, core.Call{Consumer: "new", Rate: keyLimit, Cost: 1}))
 	const want = "memory: too many keys: the store holds its MaxKeys 2; a new key was refused"
 	if !errors.Is(err, memory.ErrTooManyKeys) || err.Error() != want || d != (core.Decision{}) {
 		t.Fatalf("new key at the cap: %+v, %v; want the zero Decision and %q", d, err, want)
 	}
 	// A new scope of a held consumer is a new key too.
-	if _, err := s.Take(ctx, core.Request{Consumer: "a", Scope: "api", Rate: keyLimit, Cost: 1}); !errors.Is(err, memory.ErrTooManyKeys) {
+	if _, err := s.Take(ctx, request(t, s, core.Call{Consumer: "a", Scope: "api", Rate: keyLimit, Cost: 1})); !errors.Is(err, memory.ErrTooManyKeys) {
 		t.Fatalf("new scope at the cap: %v, want ErrTooManyKeys", err)
 	}
 	// A peek and a cost above the burst create no key: answered.
-	if d := take(core.Request{Consumer: "new", Rate: keyLimit, Cost: 0}); !d.Allowed || d.Remaining != 10 {
+	if d := take(request(t, s, core.Call{Consumer: "new", Rate: keyLimit, Cost: 0})); !d.Allowed || d.Remaining != 10 {
 		t.Fatalf("peek of a new key: %+v", d)
 	}
-	if d := take(core.Request{Consumer: "new", Rate: keyLimit, Cost: 11}); d.Allowed || d.RetryAfter != -1 {
+	if d := take(request(t, s, core.Call{Consumer: "new", Rate: keyLimit, Cost: 11})); d.Allowed || d.RetryAfter != -1 {
 		t.Fatalf("cost above burst: %+v", d)
 	}
 	// Held keys go on exactly.
 	for i := int64(8); i >= 0; i-- {
-		if d := take(core.Request{Consumer: "a", Rate: keyLimit, Cost: 1}); !d.Allowed || d.Remaining != i {
+		if d := take(request(t, s, core.Call{Consumer: "a", Rate: keyLimit, Cost: 1})); !d.Allowed || d.Remaining != i {
 			t.Fatalf("held key a: %+v, want allowed with %d remaining", d, i)
 		}
 	}
-	if d := take(core.Request{Consumer: "a", Rate: keyLimit, Cost: 1}); d.Allowed || d.RetryAfter != 6*time.Second {
+	if d := take(request(t, s, core.Call{Consumer: "a", Rate: keyLimit, Cost: 1})); d.Allowed || d.RetryAfter != 6*time.Second {
 		t.Fatalf("held key a, 11th: %+v", d)
 	}
 	for i := int64(1); i >= 0; i-- {
-		if d := take(core.Request{Consumer: "b", Quota: q, Cost: 1}); !d.Allowed || d.Remaining != i {
+		if d := take(request(t, s, core.Call{Consumer: "b", Quota: q, Cost: 1})); !d.Allowed || d.Remaining != i {
 			t.Fatalf("held key b: %+v, want allowed with %d remaining", d, i)
 		}
 	}
-	if d := take(core.Request{Consumer: "b", Quota: q, Cost: 1}); d.Allowed || d.DecidedBy != core.KindQuota {
+	if d := take(request(t, s, core.Call{Consumer: "b", Quota: q, Cost: 1})); d.Allowed || d.DecidedBy != core.KindQuota {
 		t.Fatalf("held key b past its quota: %+v", d)
 	}
 	// Penalize of a new key is refused alike.
-	if err := s.Penalize(ctx, "new", "", keyLimit, time.Second); !errors.Is(err, memory.ErrTooManyKeys) {
+	if err := s.Penalize(ctx, request(t, s, core.Call{Consumer: "new", Rate: keyLimit}), time.Second); !errors.Is(err, memory.ErrTooManyKeys) {
 		t.Fatalf("Penalize of a new key at the cap: %v", err)
 	}
 	if s.Len() != 2 || s.KeysRefused() != 3 {
@@ -123,7 +124,7 @@ func TestMaxKeysSweepsMakeRoom(t *testing.T) {
 	ctx := context.Background()
 	short := core.Limit{Rate: 1000, Period: time.Second} // idle 1ms after one unit
 	try := func(consumer string, l core.Limit, q core.Quota) error {
-		_, err := s.Take(ctx, core.Request{Consumer: consumer, Rate: l, Quota: q, Cost: 1})
+		_, err := s.Take(ctx, request(t, s, core.Call{Consumer: consumer, Rate: l, Quota: q, Cost: 1}))
 		return err
 	}
 	for _, c := range []string{"a", "b", "c"} {
@@ -170,7 +171,7 @@ func TestMaxKeysSweepsMakeRoom(t *testing.T) {
 			t.Fatalf("%s after Sweep: %v", c, err)
 		}
 	}
-	if d, err := s.Take(ctx, core.Request{Consumer: "e", Quota: q, Cost: 0}); err != nil || d.Quota.Remaining != 4 {
+	if d, err := s.Take(ctx, request(t, s, core.Call{Consumer: "e", Quota: q, Cost: 0})); err != nil || d.Quota.Remaining != 4 {
 		t.Fatalf("e's quota after the sweeps: %+v, %v; want 4 remaining", d, err)
 	}
 	if s.KeysRefused() != 3 {
@@ -225,7 +226,7 @@ func TestMaxKeysSweepReachesOtherShards(t *testing.T) {
 	ctx := context.Background()
 	short := core.Limit{Rate: 1000, Period: time.Second} // idle 1ms after one unit
 	try := func(consumer string) error {
-		_, err := s.Take(ctx, core.Request{Consumer: consumer, Rate: short, Cost: 1})
+		_, err := s.Take(ctx, request(t, s, core.Call{Consumer: consumer, Rate: short, Cost: 1}))
 		return err
 	}
 	for i := range 5 {

@@ -5,8 +5,9 @@
 // with a compare-and-swap loop, and, when a quota applies, a pointer to its
 // current quota period whose used count is likewise a CAS-updated atomic.
 // A key's state lives in its slot of an open-addressing table (32 bytes:
-// fingerprint, TAT, quota pointer; two to a cache line, and a key's probe
-// starts at its line's first slot), so deciding for a key that is not in
+// fingerprint with the tag of its TAT's emission interval, TAT, quota
+// pointer; two to a cache line, and a key's probe starts at its line's
+// first slot), so deciding for a key that is not in
 // the CPU's caches costs one cache miss, not one for the table and another
 // for a separately allocated entry. That is what keeps a store of millions
 // of keys fast, since each such miss costs 100–170 ns.
@@ -18,13 +19,15 @@
 // rate-limited keys is about 64 MB larger, not 130. A replaced table is
 // unmapped once no goroutine holds it (runtime.AddCleanup).
 //
-// A key is identified by a 128-bit fingerprint of (consumer, scope): two
-// 64-bit hash/maphash values under independent seeds, random per process.
-// The store keeps no copy of the key itself (so it holds no credential and
-// pins no caller memory). Two distinct keys share state only if both hashes
-// collide, which for n keys has probability below n²/2¹²⁹ (about 10⁻²⁷ for
-// a million keys); keys cannot be chosen to collide without the seeds.
-// Tyk's hash_keys likewise identifies keys by a 128-bit hash.
+// A key is identified by a 96-bit fingerprint of (consumer, scope): two
+// hash/maphash values under independent seeds, random per process, one of
+// 64 bits and one cut to 32 (the other half of its word holds the interval
+// tag, see below). The store keeps no copy of the key itself (so it holds
+// no credential and pins no caller memory). Two distinct keys share state
+// only if both hashes collide, which for n keys has probability below
+// n²/2⁹⁷ (about 6×10⁻¹⁸ for a million keys); keys cannot be chosen to
+// collide without the seeds. (Tyk's hash_keys identifies keys by a 128-bit
+// hash.)
 //
 // The consumer's hash picks the shard (so all of a consumer's keys share
 // one), and the key's first hash indexes the shard's table. Lookups read the
@@ -44,6 +47,34 @@
 // doubled since its last sweep, which keeps memory proportional to the keys
 // that are still limited. Sweep and Options.SweepInterval add explicit and
 // periodic sweeps. An exhausted key is never dropped while still limited.
+//
+// # Limit changes
+//
+// A key keeps the units it spent when its limit changes, not the time
+// (DESIGN.md, GCRA): a TAT is a debt in emission intervals of the limit it
+// was stored under, and a request under a limit of another interval
+// converts it first, TAT' = now + ⌈(TAT − now) × T_new / T_old⌉ (128-bit
+// integer arithmetic; a TAT that has passed is kept). So a slot records
+// the interval its TAT is in: Prepare numbers each distinct interval with
+// a 32-bit tag (store-wide, up to 65,536 of them; a rule prepared after
+// that gets tag 0, unknown, and carries nothing over), and the tag is the
+// high half of the slot's check word. The fast path compares the whole
+// word, so a key under its rule's tag costs nothing more, and a key held
+// under another tag goes to the general path. There the key moves, under
+// its shard's lock, to a new slot with the rule's tag and the rescaled TAT
+// (the quota period moves with it), and the old slot is frozen for good
+// and deleted, as a resize freezes the slots it copies. A slot's check
+// word is written once, before the slot is published, and never changes,
+// so a request that matched the old tag and read the old TAT either
+// stepped it before the freeze (its step is rescaled with the rest) or
+// fails its CAS and looks the key up again: it can never step the
+// converted TAT in the old units, even when that TAT later comes back to
+// the value it read. A key whose requests keep alternating between
+// intervals (two policies of different rates on one key-wide counter)
+// moves at each alternation: exact, but each such request takes the shard
+// lock and a slot (reclaimed by the next resize), some 10× the cost of a
+// request under one rule (BenchmarkStoreAlternatingRules). Quota counts need no
+// conversion: a changed Max applies to the units already used.
 //
 // # Quota epochs
 //
@@ -89,7 +120,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
-	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -116,6 +146,15 @@ type Options struct {
 	// comment). Requests that create no key (peeks, costs that can never
 	// pass) are answered as usual. Default 0: unbounded.
 	MaxKeys int
+	// WindowsAsGCRA makes Prepare accept the window algorithms
+	// (core.FixedWindow, core.SlidingWindow, core.SlidingLog) and enforce a
+	// window limit of Rate per Period as GCRA with the same Rate per
+	// Period and a burst of Rate: the same long-run rate, without a fixed
+	// window's 2× burst at a boundary. It is for a fallback store standing
+	// in for one that has window algorithms (the Redis store under
+	// failure_policy fallback). Default false: Prepare refuses them with
+	// core.ErrUnsupportedAlgorithm.
+	WindowsAsGCRA bool
 }
 
 // ErrTooManyKeys is wrapped by the error of a request that would add a key
@@ -168,6 +207,10 @@ const (
 	// movedTo+i marks the TAT of an entry a resize moved to slot i of the
 	// old table's next table.
 	movedTo = math.MinInt64 + 1
+	// retagTo+i marks the TAT of an entry moved to slot i of the same
+	// table, to hold its TAT in another emission interval's units: a
+	// request of a changed limit found it (see shard.put).
+	retagTo = math.MinInt64 + 1<<61
 	// frozen is the bound below which a TAT is a mark.
 	frozen = -1 << 62
 )
@@ -204,20 +247,32 @@ func (q *period) current(now int64, epoch uint64) bool {
 // tombstone is the quota pointer of a frozen entry. It is never written to.
 var tombstone = &period{}
 
-// fingerprint identifies a key: two hashes under independent seeds. h,
-// at least firstHash, also indexes the table.
-type fingerprint struct{ h, check uint64 }
+// fingerprint identifies a key: two hashes under independent seeds, the
+// second cut to 32 bits. h, at least firstHash, also indexes the table.
+type fingerprint struct {
+	h     uint64
+	check uint32
+}
+
+// word returns f's check word with tag: the check in the low half, the tag
+// of the emission interval the slot's TAT is stored in in the high half.
+func (f fingerprint) word(tag uint32) uint64 { return uint64(tag)<<32 | uint64(f.check) }
 
 // slot is one cell of a table: a key's fingerprint and its state, 32 bytes
 // (two to a cache line, never straddling one, as large slices are
-// page-aligned). An empty slot is filled once (check first, then hash,
-// which publishes it) and can then only change to deleted; deleted slots
-// are reused only by a resize, which builds a new table.
+// page-aligned). An empty slot is filled once (check word first, then
+// hash, which publishes it) and can then only change to deleted; deleted
+// slots are reused only by a resize, which builds a new table. So a slot's
+// check word, and with it the units of its TAT, never change while it is
+// live: a key whose TAT must change units moves to another slot (put).
 type slot struct {
 	hash  atomic.Uint64 // fingerprint.h, emptyHash or deletedHash
-	check atomic.Uint64 // fingerprint.check
+	check atomic.Uint64 // fingerprint.word: check, and the TAT's interval tag
 	entry
 }
+
+// tag returns the tag of the emission interval sl's TAT is stored in.
+func (sl *slot) tag() uint32 { return uint32(sl.check.Load() >> 32) }
 
 // table is an open-addressing hash table with linear probing. Its size is a
 // power of two and at least a quarter of it stays empty, so probes end. A
@@ -267,10 +322,11 @@ type shard struct {
 	tab *atomic.Pointer[table] // the shard's entry of Store.tabs
 	mu  sync.Mutex             // serialises writers: inserts, sweeps, resizes
 	// Guarded by mu:
-	live      int       // entries in tab
-	used      int       // live plus deleted slots in tab
-	nextSweep int       // live count at which an insert sweeps first
-	count     *keyCount // the store's, shared by all shards
+	live      int        // entries in tab
+	used      int        // live plus deleted slots in tab
+	nextSweep int        // live count at which an insert sweeps first
+	count     *keyCount  // the store's, shared by all shards
+	tags      *intervals // the store's, for converting TATs (retag)
 	// periods is set, for good, when one of the shard's keys first gets a
 	// quota period: its tables are from then on on the Go heap.
 	periods bool
@@ -291,6 +347,10 @@ type Store struct {
 	stop   chan struct{}
 	done   chan struct{}
 	closed sync.Once
+	// windows is Options.WindowsAsGCRA.
+	windows bool
+	// tags numbers the emission intervals of the rules prepared.
+	tags intervals
 }
 
 // New returns a Store configured by opts.
@@ -302,7 +362,7 @@ func New(opts Options) *Store {
 			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n)}
+	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n), windows: opts.WindowsAsGCRA}
 	s.count.max = int64(max(opts.MaxKeys, 0))
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -310,6 +370,7 @@ func New(opts Options) *Store {
 		sh.tab.Store(newTable(minSlots, false))
 		sh.nextSweep = minSweepAt
 		sh.count = &s.count
+		sh.tags = &s.tags
 	}
 	if opts.SweepInterval > 0 {
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
@@ -356,11 +417,12 @@ var (
 // fingerprint in line, with the same calls: keep the two alike.
 func (s *Store) locate(consumer, scope string) (*shard, fingerprint) {
 	hc := maphash.Comparable(consumerSeed, consumer)
-	f := fingerprint{h: hc, check: maphash.Comparable(consumerCheckSeed, consumer)}
+	h, check := hc, maphash.Comparable(consumerCheckSeed, consumer)
 	if scope != "" {
-		f.h ^= maphash.Comparable(scopeSeed, scope)
-		f.check ^= maphash.Comparable(scopeCheckSeed, scope)
+		h ^= maphash.Comparable(scopeSeed, scope)
+		check ^= maphash.Comparable(scopeCheckSeed, scope)
 	}
+	f := fingerprint{h: h, check: uint32(check)}
 	if f.h < firstHash {
 		f.h += firstHash
 	}
@@ -377,26 +439,60 @@ func (sh *shard) get(f fingerprint) *entry {
 
 // find returns the entry for f in t, or nil.
 func (t *table) find(f fingerprint) *entry {
+	if sl := t.findSlot(f); sl != nil {
+		return &sl.entry
+	}
+	return nil
+}
+
+// findSlot returns the slot of f's key in t, whatever the interval its TAT
+// is in, or nil.
+func (t *table) findSlot(f fingerprint) *slot {
 	for i := f.h & t.mask &^ 1; ; i = (i + 1) & t.mask {
 		sl := &t.slots[i]
 		switch h := sl.hash.Load(); {
 		case h == emptyHash:
 			return nil
-		case h == f.h && sl.check.Load() == f.check:
+		case h == f.h && uint32(sl.check.Load()) == f.check:
+			return sl
+		}
+	}
+}
+
+// findWord returns the entry of the key of hash h whose slot has check
+// word word (its check, and the tag of the interval its TAT is in) in t,
+// or nil, also when the key is held under another tag.
+func (t *table) findWord(h, word uint64) *entry {
+	for i := h & t.mask &^ 1; ; i = (i + 1) & t.mask {
+		sl := &t.slots[i]
+		switch sh := sl.hash.Load(); {
+		case sh == emptyHash:
+			return nil
+		case sh == h && sl.check.Load() == word:
 			return &sl.entry
 		}
 	}
 }
 
-// put returns the entry for f and its table, inserting one if needed. At
-// the store's MaxKeys it inserts nothing and returns nil, nil (see
-// Store.insert).
-func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
+// put returns the entry for f and its table, inserting one if needed. When
+// r has a rate limit, the entry's TAT is in the units of r's emission
+// interval: a key held in another's is moved to a slot of r's (retag). r
+// nil takes the key in whatever units it is (tests). At the store's
+// MaxKeys it inserts nothing and returns nil, nil (see Store.insert).
+func (sh *shard) put(f fingerprint, r *rule, now int64) (*table, *entry) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	var tag uint32
+	retag := r != nil && r.limited
+	if retag {
+		tag = r.tag
+	}
 	t := sh.tab.Load()
-	if e := t.find(f); e != nil {
-		return t, e
+	if sl := t.findSlot(f); sl != nil {
+		if !retag || sl.tag() == tag {
+			return t, &sl.entry
+		}
+		return sh.retag(t, sl, f, tag, now)
 	}
 	if sh.live >= sh.nextSweep {
 		sh.sweepLocked(now)
@@ -409,10 +505,36 @@ func (sh *shard) put(f fingerprint, now int64) (*table, *entry) {
 		t = sh.resize(sh.live + 1)
 	}
 	_, sl := t.claim(f)
-	t.publish(sl, f)
+	t.publish(sl, f.h, f.word(tag))
 	sh.live++
 	sh.used++
 	return t, &sl.entry
+}
+
+// retag moves the key of sl, a live slot of t holding f, to a new slot
+// whose TAT is in the units of tag's emission interval, rescaled (see
+// rescale), and returns the new entry and its table. The old slot is
+// frozen for good (its TAT a retagTo mark, its quota the tombstone) and
+// then deleted: an update made through it before the freeze is in the
+// rescaled TAT, one after fails its CAS, and its maker looks the key up
+// again under the lock. A slot's check word never changes, so a request
+// that matched the old tag can never step the new TAT in the old units,
+// even when that TAT later comes back to a value it read. The caller holds
+// sh.mu.
+func (sh *shard) retag(t *table, sl *slot, f fingerprint, tag uint32, now int64) (*table, *entry) {
+	if 4*(sh.used+1) > 3*len(t.slots) {
+		t = sh.resize(sh.live)
+		sl = t.findSlot(f)
+	}
+	i, to := t.claim(f)
+	from := sh.tags.interval(sl.tag())
+	tat := sl.tat.Swap(retagTo + int64(i))
+	to.tat.Store(rescale(tat, now, from, sh.tags.interval(tag)))
+	to.quota.Store(sl.quota.Swap(tombstone))
+	t.publish(to, f.h, f.word(tag))
+	sl.hash.Store(deletedHash) // after the new slot: a reader finds one of them
+	sh.used++
+	return t, &to.entry
 }
 
 // claim returns the first empty slot of f's probe sequence and its index.
@@ -426,11 +548,12 @@ func (t *table) claim(f fingerprint) (uint64, *slot) {
 	}
 }
 
-// publish makes the claimed slot sl visible as f's. The check is stored
-// before the hash, so a reader that sees the hash sees the check.
-func (t *table) publish(sl *slot, f fingerprint) {
-	sl.check.Store(f.check)
-	sl.hash.Store(f.h)
+// publish makes the claimed slot sl visible as the key of hash h and check
+// word word. The check word is stored before the hash, so a reader that
+// sees the hash sees the check word.
+func (t *table) publish(sl *slot, h, word uint64) {
+	sl.check.Store(word)
+	sl.hash.Store(h)
 }
 
 // resize publishes a new table for the live entries, the smallest that n
@@ -454,11 +577,11 @@ func (sh *shard) resize(n int) *table {
 		if h < firstHash {
 			continue
 		}
-		f := fingerprint{h: h, check: sl.check.Load()}
-		j, to := t.claim(f)
+		w := sl.check.Load()
+		j, to := t.claim(fingerprint{h: h, check: uint32(w)})
 		to.tat.Store(sl.tat.Swap(movedTo + int64(j)))
 		to.quota.Store(sl.quota.Swap(tombstone))
-		t.publish(to, f)
+		t.publish(to, h, w)
 	}
 	sh.tab.Store(t)
 	sh.used = sh.live
@@ -548,37 +671,112 @@ func (s *Store) Len() int {
 // errRetry tells take that an entry was swept or moved under it.
 var errRetry = errors.New("entry removed; retry")
 
+// rule is the store's compiled form of a core.LimitSet (core.Rule.Data).
+type rule struct {
+	// The fields TakeInto reads come first, on one cache line.
+	//
+	// p are the GCRA constants the rate limit is enforced with (a window
+	// limit's under Options.WindowsAsGCRA).
+	p core.GCRAParams
+	// tagWord is tag shifted into a check word's high half: a slot holds
+	// a TAT this rule may step iff its check word's high half is tagWord.
+	tagWord uint64
+	// owner is the store that prepared the rule: tags are its own.
+	owner *Store
+	// limited and quota: the rate limit and the quota are enforced.
+	limited, quota bool
+	// fast: a GCRA rate limit alone, which TakeInto decides in line.
+	fast bool
+	// tag is the tag of p.T in the store's intervals (0 without a rate
+	// limit, or unknown).
+	tag uint32
+	// window is the window limit enforced as GCRA, for Seed; zero for a
+	// GCRA limit.
+	window core.Limit
+	qt     core.Quota
+}
+
+// Prepare implements core.Store: it validates ls and compiles it. A rate
+// limit of a window algorithm is refused with core.ErrUnsupportedAlgorithm
+// unless Options.WindowsAsGCRA is set. The rule is this store's alone:
+// another store, another memory.Store included, refuses it with
+// core.ErrForeignRule.
+//
+// A key keeps what it spent when its limit changes: a request under a rule
+// whose emission interval T differs from the one the key's TAT was stored
+// under carries the debt TAT − now over in emission intervals, to
+// ⌈(TAT − now) × T_new / T_old⌉. A key that spent 3 of 3 per minute and
+// is raised to 6 per minute has exactly 3 more at once; one that spent 3
+// of 6 and is lowered to 3 has none, and its next after one new emission
+// interval (20 s). A change of burst alone keeps T and the TAT, which
+// likewise keeps the units spent; quota counts are kept as they are. The
+// store tags up to 65,536 distinct emission intervals; a rule prepared
+// after that many carries nothing over, and its keys keep their TAT as it
+// is (the behaviour of stores that keep time, not units). A key whose
+// requests alternate between rules of different intervals (two policies
+// of different rates sharing a key-wide counter) is converted at each
+// alternation, under its shard's lock: exact, but slower than a request
+// under one rule.
+func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	if err := ls.Validate(); err != nil {
+		return nil, err
+	}
+	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), qt: ls.Quota, owner: s}
+	if r.limited {
+		l := ls.Rate
+		if l.Algorithm != core.GCRA {
+			if !s.windows {
+				return nil, fmt.Errorf("%w: %v", core.ErrUnsupportedAlgorithm, l.Algorithm)
+			}
+			r.window = l
+			l.Algorithm, l.Burst = core.GCRA, 0
+		}
+		r.p = l.GCRA()
+		r.tag = s.tags.tagOf(r.p.T)
+		r.tagWord = uint64(r.tag) << 32
+	}
+	r.fast = r.limited && !r.quota
+	return core.NewRule(ls, r)
+}
+
+// ruleOf returns req's compiled rule, or nil when req.Rule is not one s
+// prepared.
+func (s *Store) ruleOf(req *core.Request) *rule {
+	if req.Rule == nil {
+		return nil
+	}
+	if r, _ := req.Rule.Data().(*rule); r != nil && r.owner == s {
+		return r
+	}
+	return nil
+}
+
 // Take implements core.Store: it spends req.Cost units of the rate limit
-// (req.Rate) and the quota (req.Quota) of the key (req.Consumer,
-// req.Scope) and reports whether the request may go ahead. A cost of 0 only asks (nothing is spent or
-// stored), so a request that should count sets Cost, usually to 1. Only
-// GCRA is supported; other algorithms return core.ErrUnsupportedAlgorithm.
-// An invalid limit or cost returns an error wrapping core.ErrInvalidLimit
-// or core.ErrInvalidCost. A request that would add a key to a store at
+// and the quota of req.Rule for the key (req.Consumer, req.Rule.Scope())
+// and reports whether the request may go ahead. A cost of 0 only asks
+// (nothing is spent or stored), so a request that should count sets Cost,
+// usually to 1. A cost outside [0, core.MaxCost] returns
+// core.ErrInvalidCost, a rule this store did not prepare
+// core.ErrForeignRule. A request that would add a key to a store at
 // Options.MaxKeys returns an error wrapping ErrTooManyKeys and changes
 // nothing.
 //
 // Take is TakeInto on a copy of req and on its own result; it inlines.
-// The copy has a cost a tight loop over keys not in the CPU's caches can
-// see: copying a Request whose fields were just written (a new Consumer)
-// waits until those writes leave the store buffer, which they do only
-// after the previous call's cache miss, so consecutive calls no longer
-// overlap their misses (benchmarks/README.md). A caller that keeps a
-// Request and changes it per call should use TakeInto.
 func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
 	err = s.TakeInto(ctx, &req, &d)
 	return
 }
 
-// TakeInto is Take writing the decision into *d instead of returning it
-// (core.DecisionWriter): every field of *d is overwritten, on errors too
-// (with the zero Decision), so d can be reused from call to call. req is
-// only read. With a Request kept by the caller it avoids Take's copies;
-// on a store of a million keys it costs about half what Take does in a
-// tight loop (benchmarks/README.md).
+// TakeInto is Take writing the decision into *d instead of returning it:
+// every field of *d is overwritten, on errors too (with the zero
+// Decision), so d can be reused from call to call. req is only read. Call
+// it on the concrete store (for example a *memory.Store guarding a hot
+// key): on a hot in-process key the Decision copy it avoids is about a
+// third of the cost; on a store of a million keys it costs about half what
+// Take does in a tight loop (benchmarks/README.md).
 func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
-	// The common case is decided here: a valid GCRA rate limit alone, on
-	// a key already held whose state is not being moved. Everything else
+	// The common case is decided here: a GCRA rate limit alone, on a key
+	// already held whose state is not being moved. Everything else
 	// (errors included) goes to take.
 	//
 	// A key not in the CPU's caches costs a cache miss of 100–170 ns, the
@@ -587,15 +785,10 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// few hundred instructions and a few dozen stores, so this path is
 	// written for few of both: no calls but the clock and the two hashes,
 	// which come first while little is live (nothing to spill around
-	// them); the limit's constants computed in line (what
-	// core.Limit.CheckedGCRA computes); *d written once, field by field,
-	// not zeroed and then filled.
-	l, n := &req.Rate, req.Cost
-	// Rate in [1, MaxCount], Burst in [0, MaxCount], cost in [0, MaxCost],
-	// one comparison each; no enforced quota. A zero or Unlimited rate
-	// fails here too, and take answers it.
-	if l.Algorithm != core.GCRA || uint64(l.Rate-1) >= core.MaxCount || l.Period <= 0 || uint64(l.Burst) > core.MaxCount ||
-		uint64(n) > core.MaxCost || (req.Quota.Max != core.Unlimited && req.Quota.Max|int64(req.Quota.Renewal) != 0) {
+	// them); the limit's constants prepared once (Prepare); *d written
+	// once, field by field, not zeroed and then filled.
+	r, n := s.ruleOf(req), req.Cost
+	if r == nil || !r.fast || uint64(n) > core.MaxCost {
 		return s.slow(req, d)
 	}
 	var now int64 // s.clock.now(), inlined by hand
@@ -610,9 +803,9 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	h := maphash.Comparable(consumerSeed, req.Consumer)
 	check := maphash.Comparable(consumerCheckSeed, req.Consumer)
 	sh := h >> s.shift
-	if req.Scope != "" {
-		h ^= maphash.Comparable(scopeSeed, req.Scope)
-		check ^= maphash.Comparable(scopeCheckSeed, req.Scope)
+	if scope := req.Rule.Scope(); scope != "" {
+		h ^= maphash.Comparable(scopeSeed, scope)
+		check ^= maphash.Comparable(scopeCheckSeed, scope)
 	}
 	if h < firstHash {
 		h += firstHash
@@ -620,19 +813,15 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	t := s.tabs[sh].Load()
 	home := &t.slots[h&t.mask&^1]
 	atHome := home.hash.Load() // the miss starts here
-	T, b := int64(l.Period)/l.Rate, l.Burst
-	if b == 0 {
-		b = l.Rate
-	}
-	hi, tau := bits.Mul64(uint64(b), uint64(T))
-	if T == 0 || hi != 0 || tau > uint64(core.MaxTolerance) {
-		return s.slow(req, d) // take reports the invalid limit
-	}
-	p := core.GCRAParams{T: T, Tau: int64(tau), Burst: b}
+	p := r.p
+	// The check word holds the key's check and the tag of the interval
+	// its TAT is in: one comparison matches both. A key held under
+	// another interval (its limit changed) goes to take, which converts it.
+	word := uint64(uint32(check)) | r.tagWord
 	var e *entry
-	if atHome == h && home.check.Load() == check {
+	if atHome == h && home.check.Load() == word {
 		e = &home.entry
-	} else if e = t.find(fingerprint{h, check}); e == nil {
+	} else if e = t.findWord(h, word); e == nil {
 		return s.slow(req, d)
 	}
 	md := req.Reservation()
@@ -677,49 +866,44 @@ func (s *Store) slow(req *core.Request, d *core.Decision) (err error) {
 	return err
 }
 
-// take is Take's general path: validation, new keys, quotas, and entries
+// take is Take's general path: errors, new keys, quotas, and entries
 // being swept.
 func (s *Store) take(req core.Request) (core.Decision, error) {
 	if req.Cost < 0 || req.Cost > core.MaxCost {
 		return core.Decision{}, core.ErrInvalidCost
 	}
-	var p core.GCRAParams
-	limited := req.Rate.Enforced()
-	if limited {
-		var err error
-		if p, err = req.Rate.CheckedGCRA(); err != nil {
-			return core.Decision{}, err
-		}
-		if req.Rate.Algorithm != core.GCRA {
-			return core.Decision{}, core.ErrUnsupportedAlgorithm
-		}
+	r := s.ruleOf(&req)
+	if r == nil {
+		return core.Decision{}, core.ErrForeignRule
 	}
-	quota := req.Quota.Enforced()
-	if quota {
-		if err := req.Quota.Validate(); err != nil {
-			return core.Decision{}, err
-		}
+	if !r.limited && !r.quota {
+		return core.Decision{Allowed: true}, nil
 	}
-	sh, f := s.locate(req.Consumer, req.Scope)
+	sh, f := s.locate(req.Consumer, req.Rule.Scope())
 	now := s.clock.now()
 	t := sh.tab.Load()
-	e := t.find(f)
-	if e == nil {
-		if req.Cost == 0 || (!limited && !quota) || (limited && req.Cost > p.Burst) || (quota && req.Cost > req.Quota.Max) {
-			// Cannot change state: answer from the empty state, create nothing.
-			return sh.decide(nil, nil, p, limited, req, now)
-		}
-		if t, e = s.insert(sh, f, now); e == nil {
+	var e *entry
+	sl := t.findSlot(f)
+	switch {
+	case sl != nil && (!r.limited || sl.tag() == r.tag):
+		e = &sl.entry
+	case sl == nil && (req.Cost == 0 || (r.limited && req.Cost > r.p.Burst) || (r.quota && req.Cost > r.qt.Max)):
+		// Cannot change state: answer from the empty state, create nothing.
+		return sh.decide(nil, nil, r, req, now)
+	default:
+		// A new key, or one whose TAT is in another interval's units:
+		// put inserts or converts it.
+		if t, e = s.insert(sh, f, r, now); e == nil {
 			return core.Decision{}, s.tooMany()
 		}
 	}
 	for {
-		d, err := sh.decide(t, e, p, limited, req, now)
+		d, err := sh.decide(t, e, r, req, now)
 		runtime.KeepAlive(t) // e is in t
 		if err != errRetry {
 			return d, err
 		}
-		if t, e = s.insert(sh, f, now); e == nil {
+		if t, e = s.insert(sh, f, r, now); e == nil {
 			return core.Decision{}, s.tooMany()
 		}
 	}
@@ -728,13 +912,13 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 // insert is sh.put that, at Options.MaxKeys, sweeps the whole store for
 // room (at most once a capSweepGap) and tries once more; it counts a
 // refusal when that finds none.
-func (s *Store) insert(sh *shard, f fingerprint, now int64) (*table, *entry) {
-	if t, e := sh.put(f, now); e != nil {
+func (s *Store) insert(sh *shard, f fingerprint, r *rule, now int64) (*table, *entry) {
+	if t, e := sh.put(f, r, now); e != nil {
 		return t, e
 	}
 	if last := s.count.swept.Load(); (last == 0 || now-(last-1) >= capSweepGap) && s.count.swept.CompareAndSwap(last, now+1) {
 		s.sweepAt(now)
-		if t, e := sh.put(f, now); e != nil {
+		if t, e := sh.put(f, r, now); e != nil {
 			return t, e
 		}
 	}
@@ -749,10 +933,10 @@ func (s *Store) tooMany() error {
 
 // decide applies req to e, an entry of table t (nil means the empty state,
 // read-only).
-func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req core.Request, now int64) (core.Decision, error) {
+func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int64) (core.Decision, error) {
 	var d core.Decision
 	n := req.Cost
-	quota := req.Quota.Enforced()
+	p, limited, quota, qt := cr.p, cr.limited, cr.quota, cr.qt
 
 	// 1. Quota peek: an exhausted quota denies without touching the rate.
 	var q *period
@@ -769,10 +953,10 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 		if q != nil {
 			used = q.used.Load()
 		}
-		if n > req.Quota.Max-used { // used+n > Max, without overflow
-			setQuota(&d, req.Quota, q, used, now)
+		if n > qt.Max-used { // used+n > Max, without overflow
+			setQuota(&d, qt, q, used, now)
 			d.DecidedBy, d.RetryAfter = core.KindQuota, d.Quota.ResetAfter
-			if n > req.Quota.Max {
+			if n > qt.Max {
 				d.RetryAfter = -1
 			}
 			if limited {
@@ -812,7 +996,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				if q != nil {
 					used = q.used.Load()
 				}
-				setQuota(&d, req.Quota, q, used, now)
+				setQuota(&d, qt, q, used, now)
 			}
 			d.Limit, d.Remaining, d.ResetAfter = d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter
 			return d, nil
@@ -824,7 +1008,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 		for n > 0 {
 			q = e.quota.Load()
 			if q == tombstone {
-				sh.refund(t, e, p, limited && r.Store, n)
+				sh.refund(t, e, cr.tag, p, limited && r.Store, n)
 				return core.Decision{}, errRetry
 			}
 			if q == nil || !q.current(now, req.QuotaEpoch) {
@@ -835,7 +1019,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 					sh.holdPeriods()
 					continue
 				}
-				np := &period{end: now + int64(req.Quota.Renewal), epoch: req.QuotaEpoch}
+				np := &period{end: now + int64(qt.Renewal), epoch: req.QuotaEpoch}
 				if q != nil {
 					// A period that ended keeps the newer epoch: a stale
 					// request's period must not be reset again by the next
@@ -850,14 +1034,14 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 				continue
 			}
 			used := q.used.Load()
-			if n > req.Quota.Max-used {
+			if n > qt.Max-used {
 				// Lost a race for the last units: undo the rate step.
-				sh.refund(t, e, p, limited && r.Store, n)
+				sh.refund(t, e, cr.tag, p, limited && r.Store, n)
 				d = core.Decision{}
 				if limited {
 					setRate(&d, p, p.Step(oldTAT, now, 0))
 				}
-				setQuota(&d, req.Quota, q, used, now)
+				setQuota(&d, qt, q, used, now)
 				d.DecidedBy, d.RetryAfter = core.KindQuota, d.Quota.ResetAfter
 				d.Limit, d.Remaining, d.ResetAfter = d.Quota.Limit, d.Quota.Remaining, d.Quota.ResetAfter
 				return d, nil
@@ -872,7 +1056,7 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 		} else {
 			q = nil
 		}
-		setQuota(&d, req.Quota, q, used, now)
+		setQuota(&d, qt, q, used, now)
 	}
 
 	d.Allowed = true
@@ -887,33 +1071,48 @@ func (sh *shard) decide(t *table, e *entry, p core.GCRAParams, limited bool, req
 }
 
 // refund gives back n×T of TAT after the quota denied a request whose rate
-// step was already stored in e, an entry of table t. Subtracting commutes
-// with the other requests' steps, so the TAT ends as if this request had
-// never happened. Until the refund lands, though, its step is visible: a
-// concurrent request on the same key may be denied by the rate limit where
-// the final state would have admitted it (fewer admitted, never more). That
-// can happen only on a key with both a rate limit and a quota, while
-// concurrent requests race for the quota's last units; the Redis store,
-// which decides both in one script, has no such window.
+// step was already stored in e, an entry of table t whose TAT is in the
+// units of interval tag. Subtracting commutes with the other requests'
+// steps, so the TAT ends as if this request had never happened. Until the
+// refund lands, though, its step is visible: a concurrent request on the
+// same key may be denied by the rate limit where the final state would
+// have admitted it (fewer admitted, never more). That can happen only on a
+// key with both a rate limit and a quota, while concurrent requests race
+// for the quota's last units; the Redis store, which decides both in one
+// script, has no such window.
 //
 // If a resize moved the entry meanwhile, the step was moved with it, and
 // refund follows it to its new slot (waiting on the shard lock for the
-// resize to finish). If a sweep removed it, its TAT had passed, which made
-// the step void: there is nothing to give back.
-func (sh *shard) refund(t *table, e *entry, p core.GCRAParams, stored bool, n int64) {
+// resize to finish); if a retag moved it to another interval's units, the
+// step was rescaled with the rest of the TAT, and refund gives back the
+// rescaled step (to the nanosecond: both are rounded up). If a sweep
+// removed it, its TAT had passed, which made the step void: there is
+// nothing to give back.
+func (sh *shard) refund(t *table, e *entry, tag uint32, p core.GCRAParams, stored bool, n int64) {
 	if !stored {
 		return
 	}
+	step := n * p.T
 	for {
 		switch tat := e.tat.Load(); {
 		case tat >= frozen:
-			if e.tat.CompareAndSwap(tat, tat-n*p.T) {
+			if e.tat.CompareAndSwap(tat, tat-step) {
 				runtime.KeepAlive(t) // e is in t
 				return
 			}
 		case tat == dead:
 			runtime.KeepAlive(t)
 			return
+		case tat >= retagTo:
+			sh.mu.Lock() // the retag publishes the new slot before unlocking
+			sl := &t.slots[tat-retagTo]
+			to := sl.tag()
+			from, into := sh.tags.interval(tag), sh.tags.interval(to)
+			sh.mu.Unlock()
+			if from > 0 && into > 0 && from != into {
+				step = int64(scaleDebt(uint64(step), from, into))
+			}
+			tag, e = to, &sl.entry
 		default:
 			sh.mu.Lock()
 			t = t.next.Load()
@@ -939,10 +1138,11 @@ func setQuota(d *core.Decision, qt core.Quota, q *period, used, now int64) {
 	d.Quota = core.Status{Limit: qt.Max, Remaining: max(qt.Max-used, 0), ResetAfter: time.Duration(reset), Window: qt.Renewal}
 }
 
-// ResetQuota deletes the quota period of (consumer, scope), whatever its
-// epoch: the next request starts a new period. The store keeps one period
-// per key, so it needs no core.QuotaEpochResetter.
-func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
+// ResetQuota implements core.Store: it deletes the quota period of
+// (consumer, scope), whatever its epoch (the store keeps one period per
+// key, so epoch is not needed to find it): the next request starts a new
+// period.
+func (s *Store) ResetQuota(_ context.Context, consumer, scope string, _ uint64) error {
 	sh, f := s.locate(consumer, scope)
 	t := sh.tab.Load()
 	e := t.find(f)
@@ -970,12 +1170,3 @@ func (s *Store) ResetQuota(_ context.Context, consumer, scope string) error {
 }
 
 var _ core.Store = (*Store)(nil)
-
-// SupportsAlgorithm implements core.AlgorithmSupporter: the in-process
-// store enforces GCRA only.
-func (s *Store) SupportsAlgorithm(a core.Algorithm) bool { return a == core.GCRA }
-
-var (
-	_ core.AlgorithmSupporter = (*Store)(nil)
-	_ core.DecisionWriter     = (*Store)(nil)
-)

@@ -23,6 +23,27 @@ import (
 // "never" to the store.
 const start = int64(1_000_000 * time.Hour)
 
+// request prepares c's limits on s and returns c as a Request under that
+// rule (core.Call's fields are Request's and LimitSet's).
+func request(tb testing.TB, s *Store, c core.Call) core.Request {
+	tb.Helper()
+	r, err := s.Prepare(c.Limits())
+	if err != nil {
+		tb.Fatalf("Prepare(%+v): %v", c.Limits(), err)
+	}
+	return c.Request(r)
+}
+
+// prepare returns ls's rule on s.
+func prepare(tb testing.TB, s *Store, ls core.LimitSet) *core.Rule {
+	tb.Helper()
+	r, err := s.Prepare(ls)
+	if err != nil {
+		tb.Fatalf("Prepare(%+v): %v", ls, err)
+	}
+	return r
+}
+
 func take(t *testing.T, s *Store, r core.Request) core.Decision {
 	t.Helper()
 	d, err := s.Take(context.Background(), r)
@@ -46,11 +67,12 @@ func TestMillionOneOffKeysSweptToZero(t *testing.T) {
 	clock := core.NewManualClock(start)
 	s := New(Options{Clock: clock})
 	l := core.Limit{Rate: 10, Period: time.Second} // T = 100ms
+	rule := prepare(t, s, core.LimitSet{Rate: l})
 	ctx := context.Background()
 	buf := []byte("one-off-")
 	for i := range keys {
 		consumer := string(strconv.AppendInt(buf[:8], int64(i), 10))
-		d, err := s.Take(ctx, core.Request{Consumer: consumer, Rate: l, Cost: 1})
+		d, err := s.Take(ctx, core.Request{Consumer: consumer, Rule: rule, Cost: 1})
 		if err != nil || !d.Allowed || d.Remaining != 9 {
 			t.Fatalf("key %d: %+v, %v; want allowed with 9 remaining", i, d, err)
 		}
@@ -75,7 +97,7 @@ func TestMillionOneOffKeysSweptToZero(t *testing.T) {
 		t.Fatalf("table slots after Sweep = %d, want %d", got, want)
 	}
 	// A dropped key starts over with a full bucket (lossless).
-	if d := take(t, s, core.Request{Consumer: "one-off-0", Rate: l, Cost: 1}); !d.Allowed || d.Remaining != 9 {
+	if d := take(t, s, request(t, s, core.Call{Consumer: "one-off-0", Rate: l, Cost: 1})); !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("dropped key after sweep: %+v, want allowed with 9 remaining", d)
 	}
 }
@@ -86,20 +108,20 @@ func TestMillionOneOffKeysSweptToZero(t *testing.T) {
 func flood(t *testing.T, s *Store, clock *core.ManualClock) {
 	t.Helper()
 	kl := core.Limit{Rate: 1, Period: time.Hour}
-	if d := take(t, s, core.Request{Consumer: "K", Rate: kl, Cost: 1}); !d.Allowed {
+	if d := take(t, s, request(t, s, core.Call{Consumer: "K", Rate: kl, Cost: 1})); !d.Allowed {
 		t.Fatalf("K first request denied: %+v", d)
 	}
-	if d := take(t, s, core.Request{Consumer: "K", Rate: kl, Cost: 1}); d.Allowed {
+	if d := take(t, s, request(t, s, core.Call{Consumer: "K", Rate: kl, Cost: 1})); d.Allowed {
 		t.Fatalf("K not exhausted: %+v", d)
 	}
-	fl := core.Limit{Rate: 1000, Period: time.Second, Burst: 1}
+	fl := prepare(t, s, core.LimitSet{Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 1}})
 	for i := range 20_000 {
 		clock.Advance(time.Millisecond)
-		if d := take(t, s, core.Request{Consumer: "flood-" + strconv.Itoa(i), Rate: fl, Cost: 1}); !d.Allowed {
+		if d := take(t, s, core.Request{Consumer: "flood-" + strconv.Itoa(i), Rule: fl, Cost: 1}); !d.Allowed {
 			t.Fatalf("flood key %d denied: %+v", i, d)
 		}
 	}
-	d := take(t, s, core.Request{Consumer: "K", Rate: kl, Cost: 1})
+	d := take(t, s, request(t, s, core.Call{Consumer: "K", Rate: kl, Cost: 1}))
 	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Hour-20*time.Second || d.DecidedBy != core.KindRate {
 		t.Fatalf("K after the flood: %+v; want denied, 0 remaining, retry after 59m40s", d)
 	}
@@ -189,7 +211,7 @@ func TestRealClockNeverExceedsBound(t *testing.T) {
 	t.Run("Store", func(t *testing.T) {
 		clock := core.NewSystemClock()
 		s := New(Options{Clock: clock})
-		req := core.Request{Consumer: "real", Scope: "api", Rate: l, Cost: 1}
+		req := request(t, s, core.Call{Consumer: "real", Scope: "api", Rate: l, Cost: 1})
 		check(t, clock, func() (bool, error) {
 			d, err := s.Take(context.Background(), req)
 			return d.Allowed, err
@@ -216,16 +238,16 @@ func TestHashCollisions(t *testing.T) {
 	const h = 12345
 	fa, fb, fc, fd := fingerprint{h, 1}, fingerprint{h, 2}, fingerprint{h, 3}, fingerprint{h, 4}
 	now := clock.Nanotime()
-	_, a := sh.put(fa, now)
-	_, b := sh.put(fb, now)
-	_, c := sh.put(fc, now)
+	_, a := sh.put(fa, nil, now)
+	_, b := sh.put(fb, nil, now)
+	_, c := sh.put(fc, nil, now)
 	if a == b || a == c || b == c {
 		t.Fatal("colliding keys share an entry")
 	}
 	if sh.get(fa) != a || sh.get(fb) != b || sh.get(fc) != c || sh.get(fd) != nil {
 		t.Fatal("lookup under a shared hash returned the wrong entry")
 	}
-	if _, e := sh.put(fb, now); e != b {
+	if _, e := sh.put(fb, nil, now); e != b {
 		t.Fatal("put of a present key made a new entry")
 	}
 	// Keep b and c limited; a's zero TAT is idle and is swept.
@@ -241,7 +263,7 @@ func TestHashCollisions(t *testing.T) {
 	// Grow the table past several resizes; the colliding pair stays, with
 	// its state, and the entries left behind are frozen.
 	for i := range 1000 {
-		_, e := sh.put(fingerprint{uint64(i) + firstHash, 7}, now)
+		_, e := sh.put(fingerprint{uint64(i) + firstHash, 7}, nil, now)
 		e.tat.Store(now + 1)
 	}
 	// Growth at 3/4 doubles: 8, 16, ..., 1024 holds 768, 2048 holds 1536.
@@ -270,14 +292,14 @@ func TestRefundFollowsMove(t *testing.T) {
 	now := clock.Nanotime()
 	p := core.GCRAParams{T: 10, Tau: 100, Burst: 10}
 	f := fingerprint{firstHash + 99, 5}
-	t0, e := sh.put(f, now)
+	t0, e := sh.put(f, nil, now)
 	e.tat.Store(now + 40) // as if this request's step of 1×T had been stored
 	// Two resizes move the key twice.
 	sh.mu.Lock()
 	sh.resize(100)
 	sh.resize(1000)
 	sh.mu.Unlock()
-	sh.refund(t0, e, p, true, 1)
+	sh.refund(t0, e, 0, p, true, 1)
 	if got := sh.get(f).tat.Load(); got != now+30 {
 		t.Fatalf("TAT after refund = now%+d, want now+30", got-now)
 	}
@@ -287,7 +309,7 @@ func TestRefundFollowsMove(t *testing.T) {
 	if s.Len() != 0 {
 		t.Fatalf("Len = %d after the sweep, want 0", s.Len())
 	}
-	sh.refund(t0, e, p, true, 1) // follows both moves to the dead slot
+	sh.refund(t0, e, 0, p, true, 1) // follows both moves to the dead slot
 }
 
 // TestQuotaExactUnderResizes spends one quota from 8 goroutines while
@@ -299,12 +321,13 @@ func TestQuotaExactUnderResizes(t *testing.T) {
 		s := New(Options{Clock: clock, Shards: 1})
 		ctx := context.Background()
 		const max = 300
-		req := core.Request{
+		req := request(t, s, core.Call{
 			Consumer: "q",
 			Rate:     core.Limit{Rate: 1000, Period: time.Millisecond, Burst: 1000},
 			Quota:    core.Quota{Max: max, Renewal: time.Hour},
 			Cost:     1,
-		}
+		})
+		flRule := prepare(t, s, core.LimitSet{Rate: core.Limit{Rate: 1, Period: time.Hour}})
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		var stop atomic.Bool
@@ -312,7 +335,7 @@ func TestQuotaExactUnderResizes(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; !stop.Load(); i++ {
-				fl := core.Request{Consumer: "f" + strconv.Itoa(round) + "-" + strconv.Itoa(i), Rate: core.Limit{Rate: 1, Period: time.Hour}, Cost: 1}
+				fl := core.Request{Consumer: "f" + strconv.Itoa(round) + "-" + strconv.Itoa(i), Rule: flRule, Cost: 1}
 				if _, err := s.Take(ctx, fl); err != nil {
 					t.Error(err)
 					return
@@ -366,8 +389,9 @@ func TestConcurrentSweepsAndResizes(t *testing.T) {
 	const hot, steps = 8, 500
 	var admitted [hot]atomic.Int64
 	ctx := context.Background()
+	hotRule := prepare(t, s, core.LimitSet{Rate: l})
 	hotReq := func(k int) core.Request {
-		return core.Request{Consumer: "hot-" + strconv.Itoa(k), Rate: l, Cost: 1}
+		return core.Request{Consumer: "hot-" + strconv.Itoa(k), Rule: hotRule, Cost: 1}
 	}
 	drain := func() {
 		for k := range hot {
@@ -384,6 +408,7 @@ func TestConcurrentSweepsAndResizes(t *testing.T) {
 			}
 		}
 	}
+	floodRule := prepare(t, s, core.LimitSet{Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 1}})
 	var stopped atomic.Bool
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -408,10 +433,9 @@ func TestConcurrentSweepsAndResizes(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		defer stopped.Store(true)
-		fl := core.Limit{Rate: 1000, Period: time.Second, Burst: 1}
 		for i := range steps {
 			for j := range 10 {
-				if _, err := s.Take(ctx, core.Request{Consumer: "flood-" + strconv.Itoa(i*10+j), Rate: fl, Cost: 1}); err != nil {
+				if _, err := s.Take(ctx, core.Request{Consumer: "flood-" + strconv.Itoa(i*10+j), Rule: floodRule, Cost: 1}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -508,10 +532,10 @@ func TestPenalizeHugeDuration(t *testing.T) {
 	clock := core.NewManualClock(start)
 	s := New(Options{Clock: clock})
 	l := core.Limit{Rate: 10, Period: time.Second, Burst: 1} // T = τ = 100ms
-	if err := s.Penalize(context.Background(), "k", "", l, time.Duration(math.MaxInt64)); err != nil {
+	if err := s.Penalize(context.Background(), request(t, s, core.Call{Consumer: "k", Rate: l}), time.Duration(math.MaxInt64)); err != nil {
 		t.Fatal(err)
 	}
-	d := take(t, s, core.Request{Consumer: "k", Rate: l, Cost: 1})
+	d := take(t, s, request(t, s, core.Call{Consumer: "k", Rate: l, Cost: 1}))
 	if d.Allowed || d.RetryAfter != core.MaxReservation {
 		t.Fatalf("after a huge penalty: allowed %v, RetryAfter %v; want denied for %v", d.Allowed, d.RetryAfter, core.MaxReservation)
 	}
@@ -522,7 +546,7 @@ func TestPenalizeHugeDuration(t *testing.T) {
 func TestNoLimitsNoState(t *testing.T) {
 	s := New(Options{Clock: core.NewManualClock(start)})
 	for i := range 1000 {
-		d := take(t, s, core.Request{Consumer: "c" + strconv.Itoa(i), Cost: 1})
+		d := take(t, s, request(t, s, core.Call{Consumer: "c" + strconv.Itoa(i), Cost: 1}))
 		if !d.Allowed {
 			t.Fatal("unlimited request denied")
 		}

@@ -20,11 +20,15 @@ const SeedSlack = time.Second
 const maxSeedReset = core.MaxTolerance + int64(core.MaxReservation)
 
 // Seed implements core.Seeder: it makes d, another store's decision for
-// req (the Redis store's, when this store is its fallback), the state of
-// req's key, so that requests decided here carry on from it:
+// req (the Redis store's, when this store is its fallback; req.Rule is this
+// store's rule for the same limits), the state of req's key, so that
+// requests decided here carry on from it:
 //
-//   - a GCRA rate limit (req.Rate enforced with Algorithm GCRA) gets the
-//     TAT now + d.Rate.ResetAfter, unless the key holds a later one;
+//   - a rate limit gets the TAT now + d.Rate.ResetAfter, unless the key
+//     holds a later one; a window limit enforced as GCRA
+//     (Options.WindowsAsGCRA) with Remaining r of Rate becomes a GCRA
+//     bucket with r left, Rate − r emission intervals (Period / Rate) from
+//     full;
 //   - an enforced quota that d reports d.Quota.Limit − d.Quota.Remaining
 //     > 0 units used of gets a period of req.QuotaEpoch ending
 //     d.Quota.ResetAfter from now (the remaining time carries over, not a
@@ -43,29 +47,47 @@ const maxSeedReset = core.MaxTolerance + int64(core.MaxReservation)
 // Seeding a held key costs a lookup and one or two CASes; a key's first
 // seed takes the shard lock, and a quota period's first seed allocates it.
 func (s *Store) Seed(req core.Request, d core.Decision) {
+	r := s.ruleOf(&req)
+	if r == nil {
+		return
+	}
 	now := s.clock.now()
 	var tat int64
-	if req.Rate.Enforced() && req.Rate.Algorithm == core.GCRA && d.Rate.ResetAfter > 0 {
-		tat = now + min(int64(d.Rate.ResetAfter), maxSeedReset)
+	if r.limited {
+		reset := int64(d.Rate.ResetAfter)
+		if l := &r.window; l.Rate > 0 {
+			reset = 0
+			if d.Rate.Remaining < l.Rate {
+				reset = (l.Rate - max(d.Rate.Remaining, 0)) * r.p.T
+			}
+		}
+		if reset > 0 {
+			tat = now + min(reset, maxSeedReset)
+		}
 	}
 	var used, end int64
-	if req.Quota.Enforced() && d.Quota.Limit == req.Quota.Max && d.Quota.ResetAfter > 0 {
+	if r.quota && d.Quota.Limit == r.qt.Max && d.Quota.ResetAfter > 0 {
 		if u := d.Quota.Limit - d.Quota.Remaining; u > 0 {
-			used, end = u, now+int64(min(d.Quota.ResetAfter, req.Quota.Renewal))
+			used, end = u, now+int64(min(d.Quota.ResetAfter, r.qt.Renewal))
 		}
 	}
 	if tat == 0 && used == 0 {
 		return
 	}
-	sh, f := s.locate(req.Consumer, req.Scope)
+	sh, f := s.locate(req.Consumer, req.Rule.Scope())
 	t := sh.tab.Load()
-	e := t.find(f) // lock-free for a key already held
+	var e *entry
+	// Lock-free for a key already held, in the units of r's interval when
+	// a TAT is seeded (else put converts it).
+	if sl := t.findSlot(f); sl != nil && (tat == 0 || sl.tag() == r.tag) {
+		e = &sl.entry
+	}
 	for {
 		if e == nil {
 			if c := &s.count; c.max > 0 && c.keys.Load() >= c.max {
 				return // at MaxKeys: spare the shard lock
 			}
-			if t, e = sh.put(f, now); e == nil {
+			if t, e = sh.put(f, r, now); e == nil {
 				return // at MaxKeys
 			}
 		}

@@ -28,20 +28,22 @@ func newSeedPair(t *testing.T) *seedPair {
 
 func (p *seedPair) advance(d time.Duration) { p.clock.Advance(d); p.fbClock.Advance(d) }
 
-// take decides req in the primary and seeds the fallback with it.
-func (p *seedPair) take(req core.Request) core.Decision {
+// take decides c in the primary and seeds the fallback with it (c's
+// limits prepared on each store).
+func (p *seedPair) take(c core.Call) core.Decision {
 	p.t.Helper()
-	d, err := p.primary.Take(context.Background(), req)
+	d, err := p.primary.Take(context.Background(), request(p.t, p.primary, c))
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	p.fallback.Seed(req, d)
+	p.fallback.Seed(request(p.t, p.fallback, c), d)
 	return d
 }
 
-// count sends n requests to s and returns how many were allowed.
-func count(t *testing.T, s *memory.Store, req core.Request, n int) int {
+// count sends n requests c to s and returns how many were allowed.
+func count(t *testing.T, s *memory.Store, c core.Call, n int) int {
 	t.Helper()
+	req := request(t, s, c)
 	allowed := 0
 	for range n {
 		d, err := s.Take(context.Background(), req)
@@ -64,8 +66,8 @@ func count(t *testing.T, s *memory.Store, req core.Request, n int) int {
 func TestSeedQuotaCarriesOn(t *testing.T) {
 	p := newSeedPair(t)
 	q := core.Quota{Max: 300, Renewal: time.Hour}
-	spent := core.Request{Consumer: "spent", Quota: q, Cost: 1, QuotaEpoch: 3}
-	part := core.Request{Consumer: "part", Quota: q, Cost: 1, QuotaEpoch: 3}
+	spent := core.Call{Consumer: "spent", Quota: q, Cost: 1, QuotaEpoch: 3}
+	part := core.Call{Consumer: "part", Quota: q, Cost: 1, QuotaEpoch: 3}
 	for range 300 {
 		p.take(spent)
 	}
@@ -80,7 +82,7 @@ func TestSeedQuotaCarriesOn(t *testing.T) {
 	if n := count(t, p.fallback, spent, 50); n != 0 {
 		t.Errorf("fallback allowed %d more of a spent quota, want 0", n)
 	}
-	d, _ := p.fallback.Take(context.Background(), spent)
+	d, _ := p.fallback.Take(context.Background(), request(t, p.fallback, spent))
 	if d.DecidedBy != core.KindQuota || d.RetryAfter != 40*time.Minute || d.Quota.Remaining != 0 {
 		t.Errorf("spent key in the fallback: %+v; want denied by the quota, retry after 40m", d)
 	}
@@ -112,7 +114,7 @@ func TestSeedQuotaCarriesOn(t *testing.T) {
 		t.Errorf("raised epoch: %d allowed, want a fresh 300", n)
 	}
 	// A later seed of the old epoch does not revive its count.
-	p2.fallback.Seed(spent, core.Decision{Quota: core.Status{Limit: 300, Remaining: 0, ResetAfter: time.Hour}})
+	p2.fallback.Seed(request(t, p2.fallback, spent), core.Decision{Quota: core.Status{Limit: 300, Remaining: 0, ResetAfter: time.Hour}})
 	if n := count(t, p2.fallback, raised, 1); n != 0 {
 		t.Errorf("raised epoch after an old-epoch seed: %d allowed, want 0 (its 300 are spent)", n)
 	}
@@ -124,23 +126,23 @@ func TestSeedQuotaCarriesOn(t *testing.T) {
 func TestSeedNeverLowers(t *testing.T) {
 	p := newSeedPair(t)
 	q := core.Quota{Max: 10, Renewal: time.Hour}
-	req := core.Request{Consumer: "c", Quota: q, Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1}
+	req := core.Call{Consumer: "c", Quota: q, Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1}
 	var ds []core.Decision
 	for range 6 {
-		d, err := p.primary.Take(context.Background(), req)
+		d, err := p.primary.Take(context.Background(), request(t, p.primary, req))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ds = append(ds, d)
 	}
-	p.fallback.Seed(req, ds[5])
-	p.fallback.Seed(req, ds[2]) // an older reply, later
+	p.fallback.Seed(request(t, p.fallback, req), ds[5])
+	p.fallback.Seed(request(t, p.fallback, req), ds[2]) // an older reply, later
 	if n := count(t, p.fallback, req, 10); n != 4 {
 		t.Errorf("after an out-of-order seed: %d allowed, want 4 (of 10, 6 seen spent)", n)
 	}
 	// A counter reset in the primary: its next period ends elsewhere.
 	p.advance(30 * time.Minute)
-	if err := p.primary.ResetQuota(context.Background(), "c", ""); err != nil {
+	if err := p.primary.ResetQuota(context.Background(), "c", "", 0); err != nil {
 		t.Fatal(err)
 	}
 	p.take(req)
@@ -154,7 +156,7 @@ func TestSeedNeverLowers(t *testing.T) {
 // every emission interval (100 ms).
 func TestSeedGCRAContinuesFromTAT(t *testing.T) {
 	p := newSeedPair(t)
-	req := core.Request{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1}
+	req := core.Call{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1}
 	for range 6 {
 		p.take(req)
 	}
@@ -167,15 +169,15 @@ func TestSeedGCRAContinuesFromTAT(t *testing.T) {
 	}
 	// A full bucket carries nothing and adds no key; nor does an unspent
 	// quota.
-	p.fallback.Seed(core.Request{Consumer: "idle", Rate: req.Rate, Cost: 1}, core.Decision{Rate: core.Status{Limit: 10, Remaining: 10}})
-	p.fallback.Seed(core.Request{Consumer: "idle", Quota: core.Quota{Max: 5, Renewal: time.Hour}, Cost: 0},
+	p.fallback.Seed(request(t, p.fallback, core.Call{Consumer: "idle", Rate: req.Rate, Cost: 1}), core.Decision{Rate: core.Status{Limit: 10, Remaining: 10}})
+	p.fallback.Seed(request(t, p.fallback, core.Call{Consumer: "idle", Quota: core.Quota{Max: 5, Renewal: time.Hour}, Cost: 0}),
 		core.Decision{Quota: core.Status{Limit: 5, Remaining: 5, ResetAfter: time.Hour}})
 	if n := p.fallback.Len(); n != 1 {
 		t.Errorf("fallback holds %d keys, want 1", n)
 	}
 	// At MaxKeys (2) a new key is skipped, not counted as refused.
 	for _, c := range []string{"x", "y"} {
-		p.fallback.Seed(core.Request{Consumer: c, Rate: req.Rate, Cost: 1}, core.Decision{Rate: core.Status{Limit: 10, Remaining: 9, ResetAfter: 100 * time.Millisecond}})
+		p.fallback.Seed(request(t, p.fallback, core.Call{Consumer: c, Rate: req.Rate, Cost: 1}), core.Decision{Rate: core.Status{Limit: 10, Remaining: 9, ResetAfter: 100 * time.Millisecond}})
 	}
 	if n, r := p.fallback.Len(), p.fallback.KeysRefused(); n != 2 || r != 0 {
 		t.Errorf("at the cap: %d keys, %d refused; want 2, 0", n, r)
@@ -196,12 +198,13 @@ func BenchmarkSeed(b *testing.B) {
 	}{{"Rate", false}, {"RateQuota", true}} {
 		b.Run(m.name, func(b *testing.B) {
 			s := memory.New(memory.Options{})
-			req := core.Request{Rate: core.Limit{Rate: 1000, Period: time.Second}, Cost: 1}
+			ls := core.LimitSet{Rate: core.Limit{Rate: 1000, Period: time.Second}}
 			d := core.Decision{Rate: core.Status{Limit: 1000, Remaining: 990, ResetAfter: 10 * time.Millisecond}}
 			if m.quota {
-				req.Quota = core.Quota{Max: 1 << 40, Renewal: time.Hour}
+				ls.Quota = core.Quota{Max: 1 << 40, Renewal: time.Hour}
 				d.Quota = core.Status{Limit: 1 << 40, Remaining: 1<<40 - 5, ResetAfter: time.Hour}
 			}
+			req := core.Request{Rule: prepare(b, s, ls), Cost: 1}
 			for _, id := range ids {
 				req.Consumer = id
 				s.Seed(req, d)

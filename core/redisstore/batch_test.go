@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -39,7 +40,7 @@ func TestLoneTakeNotDelayed(t *testing.T) {
 	if direct.pipe != nil || batched.pipe == nil {
 		t.Fatalf("batching: direct store %v, default store %v; want off, on", direct.pipe != nil, batched.pipe != nil)
 	}
-	req := core.Request{Consumer: "lone", Rate: core.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, Cost: 1}
+	req := request(t, direct, core.Call{Consumer: "lone", Rate: core.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}, Cost: 1})
 	lat := map[*Store][]time.Duration{}
 	for i := -20; i < rounds; i++ { // the first 20 of each are warm-up
 		for _, s := range []*Store{direct, batched} {
@@ -67,15 +68,19 @@ func TestLoneTakeNotDelayed(t *testing.T) {
 	}
 }
 
-// gateHook holds the first EVALSHA go-redis processes on its own (not in
-// a pipeline) until release is closed, and records the number of EVALSHAs
-// in every pipeline.
+// gateHook holds the first hold EVALSHAs go-redis processes on their own
+// (not in a pipeline) until release is closed, telling entered as each
+// arrives, and records the number of EVALSHAs in every pipeline.
 type gateHook struct {
+	hold             int
 	entered, release chan struct{}
-	once             sync.Once
 	mu               sync.Mutex
 	singles          int
 	pipelines        []int
+}
+
+func newGateHook(hold int) *gateHook {
+	return &gateHook{hold: hold, entered: make(chan struct{}, hold), release: make(chan struct{})}
 }
 
 func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -84,8 +89,12 @@ func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if cmd.Name() == "evalsha" {
 			h.mu.Lock()
 			h.singles++
+			held := h.singles <= h.hold
 			h.mu.Unlock()
-			h.once.Do(func() { close(h.entered); <-h.release })
+			if held {
+				h.entered <- struct{}{}
+				<-h.release
+			}
 		}
 		return next(ctx, cmd)
 	}
@@ -107,73 +116,112 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// TestBatchSendsQueuedTakesTogether holds the first Take's round trip,
-// queues 10 more behind it, and checks that those 10 go to Redis as one
-// pipeline sent as soon as the first is back, each with its own exact
-// decision.
+// counts returns the lone EVALSHAs and the pipelines' sizes seen so far.
+func (h *gateHook) counts() (int, []int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.singles, slices.Clone(h.pipelines)
+}
+
+// waitQueued waits up to 10 s for s's batcher to hold n queued Takes.
+func waitQueued(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.pipe.mu.Lock()
+		q := len(s.pipe.queue)
+		s.pipe.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Takes queued after 10 s, want %d", q, n)
+		}
+	}
+}
+
+// TestBatchSendsQueuedTakesTogether holds the round trips of the first
+// PipelineInFlight Takes (each sent at once, on its own, while fewer were
+// in flight), queues 10 more behind them, and checks that those 10 go to
+// Redis as one pipeline sent as soon as one of the first is back, each
+// with its own exact decision: with one in flight (the behaviour before
+// issue 20), three, and the default (2 on a client of 4 connections and
+// 2 CPUs: max(2, GOMAXPROCS), at most PoolSize).
 func TestBatchSendsQueuedTakesTogether(t *testing.T) {
 	const queued = 10
 	srv := redistest.Start(t)
-	c := srv.Client(t, &redis.Options{PoolSize: 4})
-	h := &gateHook{entered: make(chan struct{}), release: make(chan struct{})}
-	c.AddHook(h)
-	s, err := New(c, Options{Timeout: 10 * time.Second})
+	for _, inFlight := range []int{1, 3, 0} {
+		t.Run(fmt.Sprintf("PipelineInFlight=%d", inFlight), func(t *testing.T) {
+			c := srv.Client(t, &redis.Options{PoolSize: 4})
+			want := inFlight
+			if want == 0 {
+				want = min(max(2, runtime.GOMAXPROCS(0)), 4)
+			}
+			h := newGateHook(want)
+			c.AddHook(h)
+			s, err := New(c, Options{Timeout: 10 * time.Second, PipelineInFlight: inFlight})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			if s.pipe.eager != want {
+				t.Fatalf("PipelineInFlight %d: batcher keeps %d in flight, want %d", inFlight, s.pipe.eager, want)
+			}
+			// Burst want+10 at 1 per hour: the Takes leave want+9, ..., 0
+			// remaining.
+			total := want + queued
+			req := request(t, s, core.Call{Consumer: fmt.Sprint("batch-", inFlight), Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: int64(total)}, Cost: 1})
+			ctx := context.Background()
+			type result struct {
+				d   core.Decision
+				err error
+			}
+			results := make(chan result, total)
+			takeAsync := func() {
+				go func() {
+					d, err := s.Take(ctx, req)
+					results <- result{d, err}
+				}()
+			}
+			for range want { // each sent at once: all of them reach go-redis
+				takeAsync()
+				<-h.entered
+			}
+			for range queued {
+				takeAsync()
+			}
+			waitQueued(t, s, queued)
+			close(h.release)
+			var remaining []int64
+			for range total {
+				r := <-results
+				if r.err != nil || !r.d.Allowed {
+					t.Fatalf("Take: %+v, %v; want allowed", r.d, r.err)
+				}
+				remaining = append(remaining, r.d.Remaining)
+			}
+			slices.Sort(remaining)
+			for i, r := range remaining {
+				if r != int64(i) {
+					t.Fatalf("remaining %v, want 0 to %d once each", remaining, total-1)
+				}
+			}
+			if singles, pipelines := h.counts(); singles != want || !slices.Equal(pipelines, []int{queued}) {
+				t.Errorf("go-redis saw %d lone EVALSHAs and pipelines of %v EVALSHAs; want %d and [%d]", singles, pipelines, want, queued)
+			}
+			if d := take(t, s, req); d.Allowed {
+				t.Errorf("Take %d: %+v, want denied", total+1, d)
+			}
+		})
+	}
+}
+
+func request(t *testing.T, s *Store, c core.Call) core.Request {
+	t.Helper()
+	r, err := s.Prepare(c.Limits())
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Prepare(%+v): %v", c.Limits(), err)
 	}
-	t.Cleanup(func() { s.Close() })
-	// Burst 11 at 1 per hour: the 11 Takes leave 10, 9, ..., 0 remaining.
-	req := core.Request{Consumer: "batch", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: queued + 1}, Cost: 1}
-	ctx := context.Background()
-	type result struct {
-		d   core.Decision
-		err error
-	}
-	results := make(chan result, queued+1)
-	takeAsync := func() {
-		go func() {
-			d, err := s.Take(ctx, req)
-			results <- result{d, err}
-		}()
-	}
-	takeAsync()
-	<-h.entered
-	for range queued {
-		takeAsync()
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		s.pipe.mu.Lock()
-		n := len(s.pipe.queue)
-		s.pipe.mu.Unlock()
-		if n == queued {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d Takes queued after 10 s, want %d", n, queued)
-		}
-	}
-	close(h.release)
-	var remaining []int64
-	for range queued + 1 {
-		r := <-results
-		if r.err != nil || !r.d.Allowed {
-			t.Fatalf("Take: %+v, %v; want allowed", r.d, r.err)
-		}
-		remaining = append(remaining, r.d.Remaining)
-	}
-	slices.Sort(remaining)
-	if want := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}; !slices.Equal(remaining, want) {
-		t.Errorf("remaining %v, want %v", remaining, want)
-	}
-	h.mu.Lock()
-	singles, pipelines := h.singles, h.pipelines
-	h.mu.Unlock()
-	if singles != 1 || !slices.Equal(pipelines, []int{queued}) {
-		t.Errorf("go-redis saw %d lone EVALSHAs and pipelines of %v EVALSHAs; want 1 and [%d]", singles, pipelines, queued)
-	}
-	if d := take(t, s, req); d.Allowed {
-		t.Errorf("12th Take: %+v, want denied", d)
-	}
+	return c.Request(r)
 }
 
 func take(t *testing.T, s *Store, r core.Request) core.Decision {
@@ -222,9 +270,9 @@ func TestCommandPrintsArguments(t *testing.T) {
 	// 1 per hour, burst 11: n×T = 3,600 s and the bound τ = 39,600 s, as
 	// (µs, ns) pairs. (The first EVALSHA meets NOSCRIPT, so its reply is
 	// not compared.)
-	take(t, s, core.Request{Consumer: "printed", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: 11}, Cost: 1})
+	take(t, s, request(t, s, core.Call{Consumer: "printed", Rate: core.Limit{Rate: 1, Period: time.Hour, Burst: 11}, Cost: 1}))
 	sum := sha256.Sum256([]byte("printed"))
-	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0", gcraOnlyScript.sha, sum[:16])
+	want := fmt.Sprintf("evalsha %s 1 limitplane:{%x}:gcra:  0 3600000000 0 39600000000 0 0 :3600000000000", gcraOnlyScript.sha, sum[:16])
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.seen) != 1 || h.seen[0][:max(strings.LastIndex(h.seen[0], ": "), 0)] != want {

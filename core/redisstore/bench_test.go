@@ -74,10 +74,15 @@ func BenchmarkTake(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer s.Close()
-			req := core.Request{Rate: l, Cost: 1}
+			ls := core.LimitSet{Rate: l}
 			if m.quota {
-				req.Quota = q
+				ls.Quota = q
 			}
+			rule, err := s.Prepare(ls) // once, as the Engine does per policy
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := core.Request{Rule: rule, Cost: 1}
 			run(b, func(ctx context.Context, i int64) error {
 				r := req
 				r.Consumer = consumers[i%1000]

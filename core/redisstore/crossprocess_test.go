@@ -57,6 +57,10 @@ func worker(addr string) {
 	if err != nil {
 		panic(err)
 	}
+	rule, err := s.Prepare(core.LimitSet{Rate: crossLimit})
+	if err != nil {
+		panic(err)
+	}
 	in := bufio.NewScanner(os.Stdin)
 	out := json.NewEncoder(os.Stdout)
 	for in.Scan() {
@@ -67,7 +71,7 @@ func worker(addr string) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := s.Take(context.Background(), core.Request{Consumer: id, Rate: crossLimit, Cost: 1})
+				d, err := s.Take(context.Background(), core.Request{Consumer: id, Rule: rule, Cost: 1})
 				res[i] = workerResult{Allowed: d.Allowed, Remaining: d.Remaining, Retry: d.RetryAfter}
 				if err != nil {
 					res[i].Err = err.Error()

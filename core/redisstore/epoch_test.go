@@ -14,14 +14,14 @@ import (
 // TestQuotaEpochKeys: quota epoch 0 keeps the quota key's name from before
 // epochs (so counters survive an upgrade); epoch N is "quota.N", with the
 // renewal as its TTL like any quota key; the rate key is one for all
-// epochs. ResetQuotaEpoch deletes the named epoch's key only.
+// epochs. ResetQuota deletes the named epoch's key only.
 func TestQuotaEpochKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t, nil)
 	ctx := context.Background()
 	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:"})
 	const tag = "2bb80d537b1da3e38bd30361aa855686" // first 32 hex digits of SHA-256("secret")
-	r := core.Request{Consumer: "secret", Scope: "orders", Rate: core.Limit{Rate: 10, Period: time.Second}, Quota: core.Quota{Max: 5, Renewal: time.Hour}, Cost: 1}
+	r := core.Call{Consumer: "secret", Scope: "orders", Rate: core.Limit{Rate: 10, Period: time.Second}, Quota: core.Quota{Max: 5, Renewal: time.Hour}, Cost: 1}
 	take(t, s, r)
 	r.QuotaEpoch = 12
 	take(t, s, r)
@@ -43,20 +43,20 @@ func TestQuotaEpochKeys(t *testing.T) {
 			t.Fatalf("%s count = %q, %v; want 1", k, used, err)
 		}
 	}
-	if err := s.ResetQuotaEpoch(ctx, "secret", "orders", 12); err != nil {
+	if err := s.ResetQuota(ctx, "secret", "orders", 12); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := c.Exists(ctx, want[1]).Result(); n != 0 {
-		t.Fatal("ResetQuotaEpoch(12) left epoch 12's key")
+		t.Fatal("ResetQuota(12) left epoch 12's key")
 	}
 	if n, _ := c.Exists(ctx, want[2]).Result(); n != 1 {
-		t.Fatal("ResetQuotaEpoch(12) deleted epoch 0's key")
+		t.Fatal("ResetQuota(12) deleted epoch 0's key")
 	}
-	if err := s.ResetQuota(ctx, "secret", "orders"); err != nil {
+	if err := s.ResetQuota(ctx, "secret", "orders", 0); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := c.Exists(ctx, want[2]).Result(); n != 0 {
-		t.Fatal("ResetQuota left epoch 0's key")
+		t.Fatal("ResetQuota(0) left epoch 0's key")
 	}
 }
 
@@ -68,7 +68,7 @@ func TestQuotaEpochLowerSpendsItsOwnCounter(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, srv.Client(t, nil), redisstore.Options{})
 	q := core.Quota{Max: 3, Renewal: time.Hour}
-	old := core.Request{Consumer: "c", Quota: q, Cost: 1, QuotaEpoch: 1}
+	old := core.Call{Consumer: "c", Quota: q, Cost: 1, QuotaEpoch: 1}
 	raised := old
 	raised.QuotaEpoch = 2
 	take(t, s, old)

@@ -25,7 +25,12 @@ func ExampleNew() {
 	}
 	defer store.Close()
 
-	call := core.Request{Consumer: "api.example.com", Rate: core.Limit{Rate: 100, Period: time.Minute}, Cost: 1}
+	// The limit is prepared once; every call carries the rule.
+	rule, err := store.Prepare(core.LimitSet{Rate: core.Limit{Rate: 100, Period: time.Minute}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	call := core.Request{Consumer: "api.example.com", Rule: rule, Cost: 1}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := core.Wait(ctx, store, call); err != nil {

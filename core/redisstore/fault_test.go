@@ -120,7 +120,7 @@ func faultRun(t *testing.T, pol core.FailurePolicy) {
 			}
 		}
 	}
-	if _, err := store.Take(ctx, core.Request{Consumer: "warm-up", Rate: core.PerSecond(1), Cost: 1}); err != nil {
+	if _, err := core.TakeCall(ctx, store, core.Call{Consumer: "warm-up", Rate: core.PerSecond(1), Cost: 1}); err != nil {
 		t.Fatal(err) // loads the script
 	}
 	exact("before the kill", "before")
@@ -203,7 +203,7 @@ func faultRun(t *testing.T, pol core.FailurePolicy) {
 	backAt.Store(back.UnixNano())
 	deadline = back.Add(5 * time.Second)
 	for {
-		_, err := store.Take(ctx, core.Request{Consumer: "probe", Rate: core.PerSecond(1000), Cost: 1})
+		_, err := core.TakeCall(ctx, store, core.Call{Consumer: "probe", Rate: core.PerSecond(1000), Cost: 1})
 		if err == nil {
 			break
 		}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -18,27 +19,65 @@ var ErrClosed = errors.New("redisstore: store closed")
 // on its own, so results are the same as unbatched.
 //
 // It has no goroutines and no timer: the callers send. A Take that finds
-// no pipeline in flight sends its own EVALSHA at once, from its own
-// goroutine, exactly as the direct mode does (a lone request waits for
-// nothing). Takes that come while a pipeline is in flight queue up; when
-// that pipeline's reply is in, its sender hands the queue (up to max) to
-// the first queued Take, which sends it as the next pipeline and passes
-// each Take its result. So one pipeline is in flight at a time and the
-// batch is whatever came during the previous round trip; a second one
-// starts early only when max Takes are queued and fewer than workers are
-// in flight. Under load this sends few, full pipelines instead of many
-// small ones racing each other, which is what saves Redis's and the
-// client's per-request work (one read and one write system call per
-// pipeline, not per Take).
+// fewer than eager pipelines (or lone calls) in flight sends its own
+// EVALSHA at once, from its own goroutine, exactly as the direct mode does
+// (a lone request waits for nothing, and below eager concurrent callers
+// every Take is one round trip of its own). Takes that come while eager
+// are in flight queue up; when one of those is back, its sender hands the
+// queue (up to max) to the first queued Take, which sends it as the next
+// pipeline and passes each Take its result. So eager are in flight at a
+// time and each batch is whatever queued while they were; one more starts
+// early only when max Takes are queued and fewer than workers are in
+// flight. Several in flight keep Redis and the client busy at once (one
+// alone leaves Redis idle while the client reads its reply and wakes its
+// callers); few, not one per caller, keep the pipelines full under load,
+// which is what saves Redis's and the client's per-request work (one read
+// and one write system call per pipeline, not per Take).
 type batcher struct {
 	s       *Store
-	max     int
-	workers int
+	max     int // Takes per pipeline (Options.Pipeline)
+	eager   int // in flight below which a Take is sent at once (Options.PipelineInFlight)
+	workers int // most in flight, for full pipelines (Options.PipelineWorkers)
 
 	mu       sync.Mutex
 	queue    []*call // queued, not yet handed to a sender
 	inflight int     // pipelines (or lone calls) being sent
 	closed   bool
+}
+
+// newBatcher returns the batcher of s for opts (opts.Pipeline ≥ 0), with
+// Options' defaults applied; client is s's, whose pool bounds the default
+// PipelineInFlight.
+func newBatcher(s *Store, client redis.UniversalClient, opts Options) *batcher {
+	b := &batcher{s: s, max: opts.Pipeline, eager: opts.PipelineInFlight, workers: opts.PipelineWorkers}
+	if b.max == 0 {
+		b.max = DefaultPipeline
+	}
+	if b.eager <= 0 {
+		b.eager = max(2, runtime.GOMAXPROCS(0))
+		if n := poolSize(client); n > 0 {
+			b.eager = min(b.eager, n)
+		}
+	}
+	if b.workers <= 0 {
+		b.workers = 4 * runtime.GOMAXPROCS(0)
+	}
+	b.workers = max(b.workers, b.eager)
+	return b
+}
+
+// poolSize returns the connection pool size of client (per node for a
+// Cluster, per shard for a Ring), or 0 for a client of another type.
+func poolSize(client redis.UniversalClient) int {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().PoolSize
+	case *redis.ClusterClient:
+		return c.Options().PoolSize
+	case *redis.Ring:
+		return c.Options().PoolSize
+	}
+	return 0
 }
 
 // do runs c, alone or in a pipeline with others, and returns its reply or
@@ -52,7 +91,7 @@ func (b *batcher) do(ctx context.Context, c *call) ([]int64, error) {
 		b.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if b.inflight == 0 {
+	if b.inflight < b.eager {
 		b.inflight++
 		b.mu.Unlock()
 		v, err := b.s.direct(ctx, c)

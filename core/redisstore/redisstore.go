@@ -15,12 +15,13 @@
 //
 // # Batching
 //
-// By default (Options.Pipeline) Takes that come while another is on its
-// way to Redis wait for its reply and then go together in one pipeline of
-// EVALSHAs, sent by the first of them: one round trip and one read and
-// one write system call for the lot. A Take that finds nothing in flight
-// is sent at once; nothing waits on a timer. A negative Options.Pipeline
-// turns batching off. Each call's arguments are written into a pooled
+// By default (Options.Pipeline) a Take that finds fewer than
+// Options.PipelineInFlight calls on their way to Redis is sent at once,
+// on its own; Takes that come while that many are in flight wait for one
+// of them to be back and then go together in one pipeline of EVALSHAs,
+// sent by the first of them: one round trip and one read and one write
+// system call for the lot. Nothing waits on a timer. A negative
+// Options.Pipeline turns batching off. Each call's arguments are written into a pooled
 // buffer and its reply, an array of integers, read straight into an
 // []int64, so a batched Take allocates about twice.
 //
@@ -37,6 +38,35 @@
 // a TTL: GCRA's is ceil(TAT − now); a window's and a quota's is the time
 // until its period ends; a sliding window's covers two periods; a sliding
 // log's is one period after its newest entry (plus Options.TTLMargin).
+//
+// A GCRA key holds the string "<TAT>:<T>", the theoretical arrival time
+// and the emission interval of the limit that wrote it, in decimal ns.
+//
+// # Limit changes
+//
+// A limit change keeps the units spent, not the time (DESIGN.md): a
+// request under a limit whose emission interval T differs from the one its
+// key was written under converts the key in the same script, TAT' = now +
+// ⌈(TAT − now) × T_new / T_old⌉ (exact integer arithmetic, at most 2^62
+// ns), writes it, and decides against it. So 3 of 3 per minute spent,
+// raised to 6 per minute, leaves exactly 3 more. The conversion costs
+// Redis some tens of µs of Lua once per key and change; a key used under
+// two limits at once (gateways on two configurations during a rollout) is
+// converted back and forth, each time rounding its debt up to the next ns.
+// Quota and window counts are kept as they are.
+//
+// A GCRA key written by an earlier release holds the TAT alone: it is read
+// as it is (its T unknown, so not converted), and the next write adds T.
+// An earlier release's script cannot read a key in the new form and fails
+// on it (the request fails and the FailurePolicy decides): during a
+// rolling upgrade, requests of one consumer to old and new gateways meet
+// such failures until every gateway runs this release.
+//
+// # Penalties
+//
+// Penalize moves a GCRA key's TAT forward in one script, so a third
+// party's "slow down" (a Throttle's Backoff) holds back every process
+// sharing the Redis, not only the one that heard it.
 //
 // # Quota epochs
 //
@@ -91,7 +121,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,16 +176,30 @@ type Options struct {
 	// EVALSHAs (one round trip for all; each script still runs atomically
 	// on its own, so decisions are unchanged); default DefaultPipeline.
 	// Batching never waits for a timer or for more Takes: a Take that
-	// finds no pipeline in flight is sent at once, on its own, from its
-	// own goroutine, as with batching off; the ones that come while one is
-	// in flight wait for its reply and go together in the next, sent by
-	// the first of them. A negative Pipeline turns batching off: each Take
+	// finds fewer than PipelineInFlight pipelines in flight is sent at
+	// once, on its own, from its own goroutine, as with batching off; the
+	// ones that come while that many are in flight wait for one of them to
+	// be back and go together in the next, sent by the first of them. A
+	// negative Pipeline turns batching off: each Take
 	// is its own EVALSHA on a connection of its own, as many in flight as
 	// the client's pool allows.
 	Pipeline int
+	// PipelineInFlight is how many pipelines (or lone Takes) batching
+	// keeps in flight before a Take waits: a Take that finds fewer in
+	// flight is sent at once, on its own, from its own goroutine, so up to
+	// PipelineInFlight concurrent callers each make one round trip of
+	// their own per Take, as with batching off; one that finds
+	// PipelineInFlight in flight waits, and the waiting Takes go as one
+	// pipeline (up to Pipeline of them) when one of those in flight is
+	// back. More in flight keeps Redis and the client busy at once; fewer
+	// make fuller pipelines under load. Default max(2, GOMAXPROCS), at most
+	// the client's PoolSize (per node for a Cluster client, per shard for
+	// a Ring); 1 keeps one in flight at a time.
+	PipelineInFlight int
 	// PipelineWorkers is the most pipelines in flight at once with
-	// batching on; a second one starts only while Pipeline Takes are
-	// already waiting. Default 4 × GOMAXPROCS.
+	// batching on: beyond PipelineInFlight, another starts only while
+	// Pipeline Takes are already waiting. Default 4 × GOMAXPROCS, and at
+	// least PipelineInFlight.
 	PipelineWorkers int
 	// Seed, if set, is given every decision Redis returns, with its
 	// request (core.Seeder), on the caller's goroutine before Take
@@ -233,14 +276,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		s.breaker = gobreaker.NewCircuitBreaker[[]int64](st)
 	}
 	if opts.Pipeline >= 0 {
-		b := &batcher{s: s, max: opts.Pipeline, workers: opts.PipelineWorkers}
-		if b.max == 0 {
-			b.max = DefaultPipeline
-		}
-		if b.workers <= 0 {
-			b.workers = 4 * runtime.GOMAXPROCS(0)
-		}
-		s.pipe = b
+		s.pipe = newBatcher(s, client, opts)
 	}
 	return s, nil
 }
@@ -387,12 +423,54 @@ func appendScope(b []byte, scope string) []byte {
 // maxExact is 2^53: Lua numbers are exact integers below it.
 const maxExact = int64(1) << 53
 
+// rule is the store's compiled form of a core.LimitSet (core.Rule.Data).
+type rule struct {
+	alg            core.Algorithm // the rate limit's; GCRA when there is none
+	limited, quota bool
+	p              core.GCRAParams
+	rate           core.Limit
+	qt             core.Quota
+	// tsuf is ":" and the GCRA emission interval T in decimal ns, boxed
+	// once: the suffix of the rate key's value (see gcraValue in
+	// scripts.go) and the scripts' argument naming T.
+	tsuf any
+	// seed is the rule of the same limits on Options.Seed; nil when there
+	// is no seeder or it cannot enforce them.
+	seed *core.Rule
+}
+
+// Prepare implements core.Store: it validates ls and compiles it. Errors
+// wrap core.ErrInvalidLimit, also for a sliding window or log whose Period
+// is not a whole number of microseconds, or a sliding window whose Rate ×
+// Period in µs reaches 2^53 (Lua numbers are doubles). With Options.Seed
+// set, the limits are prepared on the seeder too; when it refuses them
+// (an algorithm it lacks), decisions under this rule are not seeded.
+func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	if err := ls.Validate(); err != nil {
+		return nil, err
+	}
+	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota}
+	if r.limited {
+		if err := checkWindow(ls.Rate); err != nil {
+			return nil, err
+		}
+		r.alg, r.p = ls.Rate.Algorithm, ls.Rate.GCRA()
+		if r.alg == core.GCRA {
+			r.tsuf = ":" + strconv.FormatInt(r.p.T, 10)
+		}
+	}
+	if s.seed != nil {
+		if sr, err := s.seed.Prepare(ls); err == nil {
+			r.seed = sr
+		}
+	}
+	return core.NewRule(ls, r)
+}
+
 // Take implements core.Store: it applies req in one script call. Errors:
-// core.ErrInvalidCost, core.ErrInvalidLimit (also for a sliding window or
-// log whose Period is not a whole number of microseconds, or a sliding
-// window whose Rate × Period in µs reaches 2^53), and otherwise a failure
-// to reach Redis (wrapping the go-redis error, context.DeadlineExceeded
-// after Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
+// core.ErrInvalidCost, core.ErrForeignRule, and otherwise a failure to
+// reach Redis (wrapping the go-redis error, context.DeadlineExceeded after
+// Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
 // connection it is unknown whether Redis ran the script, so the request may
 // have been counted; core.Engine's FailurePolicy decides the request.
 //
@@ -405,71 +483,59 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if n < 0 || n >= maxExact {
 		return core.Decision{}, core.ErrInvalidCost
 	}
-	limited := req.Rate.Enforced()
-	quota := req.Quota.Enforced()
-	var p core.GCRAParams
-	if limited {
-		var err error
-		if p, err = req.Rate.CheckedGCRA(); err != nil {
-			return core.Decision{}, err
-		}
-		if err := checkWindow(req.Rate); err != nil {
-			return core.Decision{}, err
-		}
+	if req.Rule == nil {
+		return core.Decision{}, core.ErrForeignRule
 	}
-	if quota {
-		if err := req.Quota.Validate(); err != nil {
-			return core.Decision{}, err
-		}
+	r, ok := req.Rule.Data().(*rule)
+	if !ok {
+		return core.Decision{}, core.ErrForeignRule
 	}
+	limited, quota, p, alg := r.limited, r.quota, r.p, r.alg
 	if !limited && !quota {
 		return core.Decision{Allowed: true}, nil
 	}
-	alg := req.Rate.Algorithm
-	if !limited {
-		alg = core.GCRA
-	}
+	scope := req.Rule.Scope()
 
 	if limited && !quota && alg == core.GCRA {
-		return s.takeGCRA(ctx, req, p)
+		return s.takeGCRA(ctx, req, r)
 	}
 
 	c := s.calls.Get().(*call)
 	c.reset(scripts[alg], 2)
 	var hx [32]byte
 	hx, c.keys[1].b = consumerHash(c.keys[1].b, req.Consumer)
-	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[alg], req.Scope)
-	c.keys[1].b = s.appendKey(c.keys[1].b, &hx, appendQuotaKind(c.kind[:0], req.QuotaEpoch), req.Scope)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[alg], scope)
+	c.keys[1].b = s.appendKey(c.keys[1].b, &hx, appendQuotaKind(c.kind[:0], req.QuotaEpoch), scope)
 	s.appendNow(c)
 	c.int(n)
 	if quota {
-		c.int(req.Quota.Max)
+		c.int(r.qt.Max)
 	} else {
 		c.args = append(c.args, "-1")
 	}
-	c.pair(int64(req.Quota.Renewal))
+	c.pair(int64(r.qt.Renewal))
 	c.int(s.margin)
 	if limited {
 		c.args = append(c.args, "1")
 		switch alg {
 		case core.GCRA:
-			over, nt := "0", int64(0)
-			if n > p.Burst {
-				over = "1"
-			} else {
+			// The script admits iff next − now ≤ its bound: τ, or τ plus the
+			// reservation window (Request.MaxDelay). A cost above the burst
+			// is denied whatever the offset: it is sent as bound + 1 ns.
+			bound := p.Tau + req.Reservation()
+			nt := bound + 1
+			if n <= p.Burst {
 				nt = n * p.T
 			}
-			c.args = append(c.args, over)
+			c.args = append(c.args, r.tsuf)
 			c.pair(nt)
-			// The script admits iff next − now ≤ its bound: τ, or τ plus the
-			// reservation window (Request.MaxDelay).
-			c.pair(p.Tau + req.Reservation())
+			c.pair(bound)
 		case core.FixedWindow:
-			c.int(req.Rate.Rate)
-			c.pair(int64(req.Rate.Period))
+			c.int(r.rate.Rate)
+			c.pair(int64(r.rate.Period))
 		default:
-			c.int(req.Rate.Rate)
-			c.int(req.Rate.Period.Microseconds())
+			c.int(r.rate.Rate)
+			c.int(r.rate.Period.Microseconds())
 		}
 	} else {
 		c.args = append(c.args, "0")
@@ -479,16 +545,23 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if err != nil {
 		return core.Decision{}, err
 	}
-	d, err := decision(req, p, alg, limited, quota, v)
-	if err == nil && s.seed != nil {
-		s.seed.Seed(req, d)
+	d, err := decision(req, r, v)
+	if err == nil && r.seed != nil {
+		s.seedWith(req, r, d)
 	}
 	return d, err
 }
 
+// seedWith gives d to Options.Seed under the seeder's rule.
+func (s *Store) seedWith(req core.Request, r *rule, d core.Decision) {
+	req.Rule = r.seed
+	s.seed.Seed(req, d)
+}
+
 // takeGCRA is Take for a GCRA rate limit without a quota, through the
 // smaller gcraOnly script: one key, seven arguments, a reply of three.
-func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParams) (core.Decision, error) {
+func (s *Store) takeGCRA(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
+	p := &r.p
 	// The script admits iff next − now ≤ its bound: τ, or τ plus the
 	// reservation window (Request.MaxDelay). A cost above the burst is
 	// denied whatever the offset: it is sent as bound + 1 ns.
@@ -501,18 +574,19 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, p core.GCRAParam
 	c.reset(gcraOnlyScript, 1)
 	var hx [32]byte
 	hx, c.keys[0].b = consumerHash(c.keys[0].b, req.Consumer)
-	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[core.GCRA], req.Scope)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[core.GCRA], req.Rule.Scope())
 	s.appendNow(c)
 	c.pair(nt)
 	c.pair(bound)
 	c.int(s.margin)
+	c.args = append(c.args, r.tsuf)
 	v, err := s.run(ctx, c, 3)
 	if err != nil {
 		return core.Decision{}, err
 	}
-	d, err := decision(req, p, core.GCRA, true, false, v)
-	if err == nil && s.seed != nil {
-		s.seed.Seed(req, d)
+	d, err := decision(req, r, v)
+	if err == nil && r.seed != nil {
+		s.seedWith(req, r, d)
 	}
 	return d, err
 }
@@ -554,11 +628,6 @@ func (s *Store) run(ctx context.Context, c *call, want int) ([]int64, error) {
 	return v, nil
 }
 
-// CheckLimit implements core.LimitChecker: the sliding algorithms count in
-// whole microseconds, and a sliding window's Rate × Period in µs must stay
-// below 2^53 (Lua numbers are doubles). Errors wrap core.ErrInvalidLimit.
-func (s *Store) CheckLimit(l core.Limit) error { return checkWindow(l) }
-
 // checkWindow enforces the sliding algorithms' microsecond arithmetic.
 func checkWindow(l core.Limit) error {
 	if l.Algorithm != core.SlidingWindow && l.Algorithm != core.SlidingLog {
@@ -577,8 +646,9 @@ func pair(u, r int64) time.Duration { return time.Duration(u*1000 + r) }
 
 // decision turns the script's reply into a Decision (see scripts.go for
 // the reply layout).
-func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, quota bool, v []int64) (core.Decision, error) {
+func decision(req core.Request, rl *rule, v []int64) (core.Decision, error) {
 	code, n := v[0], req.Cost
+	p, alg, limited, quota := &rl.p, rl.alg, rl.limited, rl.quota
 	var d core.Decision
 	var rateRetry, rateDelay time.Duration
 	if limited {
@@ -594,18 +664,18 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 			d.Rate = core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
 			rateRetry, rateDelay = time.Duration(r.RetryAfter), time.Duration(r.Delay)
 		} else {
-			d.Rate = core.Status{Limit: req.Rate.Rate, Remaining: v[1], ResetAfter: pair(v[2], v[3]), Window: req.Rate.Period}
+			d.Rate = core.Status{Limit: rl.rate.Rate, Remaining: v[1], ResetAfter: pair(v[2], v[3]), Window: rl.rate.Period}
 			rateRetry = pair(v[4], v[5])
 			if alg != core.FixedWindow {
 				d.Rate.ResetAfter, rateRetry = time.Duration(v[2])*time.Microsecond, time.Duration(v[4])*time.Microsecond
 			}
-			if n > req.Rate.Rate {
+			if n > rl.rate.Rate {
 				rateRetry = -1
 			}
 		}
 	}
 	if quota {
-		d.Quota = core.Status{Limit: req.Quota.Max, Remaining: max(req.Quota.Max-v[6], 0), ResetAfter: pair(v[7], v[8]), Window: req.Quota.Renewal}
+		d.Quota = core.Status{Limit: rl.qt.Max, Remaining: max(rl.qt.Max-v[6], 0), ResetAfter: pair(v[7], v[8]), Window: rl.qt.Renewal}
 	}
 	var top core.Status
 	switch code {
@@ -620,7 +690,7 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 		d.DecidedBy, top, d.RetryAfter = core.KindRate, d.Rate, rateRetry
 	case 2:
 		d.DecidedBy, top, d.RetryAfter = core.KindQuota, d.Quota, d.Quota.ResetAfter
-		if n > req.Quota.Max {
+		if n > rl.qt.Max {
 			d.RetryAfter = -1
 		}
 	default:
@@ -631,18 +701,10 @@ func decision(req core.Request, p core.GCRAParams, alg core.Algorithm, limited, 
 }
 
 // ResetQuota implements core.Store: it deletes the quota key of (consumer,
-// scope) at quota epoch 0, so the next request starts a new period.
-// Deleting a key that does not exist is not an error. Failures are
-// reported as for Take.
-func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
-	return s.ResetQuotaEpoch(ctx, consumer, scope, 0)
-}
-
-// ResetQuotaEpoch implements core.QuotaEpochResetter: it deletes the quota
-// key of (consumer, scope) at epoch, so the next request of that epoch
-// starts a new period; other epochs' keys are untouched. Deleting a key
-// that does not exist is not an error. Failures are reported as for Take.
-func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
+// scope) at epoch, so the next request of that epoch starts a new period;
+// other epochs' keys are untouched. Deleting a key that does not exist is
+// not an error. Failures are reported as for Take.
+func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch uint64) error {
 	key := s.key(consumer, appendQuotaKind(nil, epoch), scope)
 	_, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return nil, s.client.Del(ctx, key).Err()
@@ -653,7 +715,56 @@ func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epo
 	return nil
 }
 
-var (
-	_ core.Store              = (*Store)(nil)
-	_ core.QuotaEpochResetter = (*Store)(nil)
-)
+// Penalize implements core.Store: it moves the TAT of (req.Consumer,
+// req.Rule.Scope()) to at least now + d + τ − T, the earliest state in
+// which a unit request conforms exactly d from now, in one script call,
+// so every process sharing the Redis holds back together (a Throttle's
+// Backoff). It never moves the TAT backwards; the key gets the TTL a GCRA
+// Take would give it (ceil(TAT − now) plus Options.TTLMargin). d above
+// core.MaxReservation (2^61 ns, about 73 years) is treated as that. Time
+// is Redis TIME (Options.Clock in tests), as for Take. A rule without an
+// enforced GCRA rate limit (none, or a window algorithm) changes nothing
+// and Redis is not called; nor for d ≤ 0. A nil or foreign rule is
+// refused with core.ErrForeignRule. With Options.Seed set, the TAT the
+// key has afterwards is given to the seeder too (a decision with only the
+// rate limit's ResetAfter set), so a fallback holds back as well.
+// Failures are reported as for Take.
+func (s *Store) Penalize(ctx context.Context, req core.Request, d time.Duration) error {
+	if req.Rule == nil {
+		return core.ErrForeignRule
+	}
+	r, ok := req.Rule.Data().(*rule)
+	if !ok {
+		return core.ErrForeignRule
+	}
+	if d <= 0 || !r.limited || r.alg != core.GCRA {
+		return nil
+	}
+	d = min(d, core.MaxReservation) // keeps d + τ below 2^62
+	off := int64(d) + r.p.Tau - r.p.T
+	key := s.key(req.Consumer, kindNames[core.GCRA], req.Rule.Scope())
+	args := make([]any, 0, 6)
+	if s.clock != nil {
+		now := s.clock.Nanotime()
+		args = append(args, now/1000, now%1000)
+	} else {
+		args = append(args, "", 0)
+	}
+	args = append(args, off/1000, off%1000, r.tsuf, s.margin)
+	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return penalizeScript.Run(ctx, s.client, []string{key}, args...).Int64Slice()
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: penalize: %w", err)
+	}
+	if len(v) != 3 {
+		return fmt.Errorf("redisstore: penalize: script replied %d values, want 3", len(v))
+	}
+	if r.seed != nil {
+		req.Rule = r.seed
+		s.seed.Seed(req, core.Decision{Rate: core.Status{ResetAfter: pair(v[1], v[2])}})
+	}
+	return nil
+}
+
+var _ core.Store = (*Store)(nil)

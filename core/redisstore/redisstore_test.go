@@ -26,13 +26,25 @@ func newStore(t *testing.T, c redis.UniversalClient, o redisstore.Options) *redi
 	return s
 }
 
-func take(t *testing.T, s core.Store, r core.Request) core.Decision {
+// take prepares c's limits on s and takes c (core.TakeCall), failing the
+// test on an error.
+func take(t *testing.T, s core.Store, c core.Call) core.Decision {
 	t.Helper()
-	d, err := s.Take(context.Background(), r)
+	d, err := core.TakeCall(context.Background(), s, c)
 	if err != nil {
-		t.Fatalf("Take(%+v): %v", r, err)
+		t.Fatalf("TakeCall(%+v): %v", c, err)
 	}
 	return d
+}
+
+// prepare returns c as a Request under its limits prepared on s.
+func prepare(t testing.TB, s core.Store, c core.Call) core.Request {
+	t.Helper()
+	r, err := s.Prepare(c.Limits())
+	if err != nil {
+		t.Fatalf("Prepare(%+v): %v", c.Limits(), err)
+	}
+	return c.Request(r)
 }
 
 // TestOracleNonMicrosecondT checks GCRA against core.GCRAParams.Step where
@@ -76,7 +88,7 @@ func TestOracleNonMicrosecondT(t *testing.T) {
 			if r.Store {
 				tat = r.TAT
 			}
-			d := take(t, s, core.Request{Consumer: id, Rate: l, Cost: n})
+			d := take(t, s, core.Call{Consumer: id, Rate: l, Cost: n})
 			want := core.Status{Limit: p.Burst, Remaining: r.Remaining, ResetAfter: time.Duration(r.ResetAfter), Window: time.Duration(p.Tau)}
 			if d.Allowed != r.Allowed || d.Rate != want || d.RetryAfter != time.Duration(r.RetryAfter) {
 				t.Fatalf("limit %+v step %d (n=%d): got allowed=%v %+v retry=%d; oracle allowed=%v %+v retry=%d",
@@ -105,12 +117,12 @@ func TestKeysAndTTLs(t *testing.T) {
 	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
 	q := core.Quota{Max: 100, Renewal: time.Hour}
 	t0 := time.Now()
-	d := take(t, s, core.Request{Consumer: consumer, Scope: scope, Rate: l, Quota: q, Cost: 3})
+	d := take(t, s, core.Call{Consumer: consumer, Scope: scope, Rate: l, Quota: q, Cost: 3})
 	if !d.Allowed || d.Rate.Remaining != 2 || d.Quota.Remaining != 97 {
 		t.Fatalf("decision %+v", d)
 	}
 	for _, a := range []core.Algorithm{core.FixedWindow, core.SlidingWindow, core.SlidingLog} {
-		take(t, s, core.Request{Consumer: consumer, Scope: scope, Rate: core.Limit{Rate: 10, Period: time.Minute, Algorithm: a}, Cost: 1})
+		take(t, s, core.Call{Consumer: consumer, Scope: scope, Rate: core.Limit{Rate: 10, Period: time.Minute, Algorithm: a}, Cost: 1})
 	}
 	keys, err := c.Keys(ctx, "*").Result()
 	if err != nil {
@@ -155,12 +167,12 @@ func TestKeysAndTTLs(t *testing.T) {
 	}
 	// A denied request writes nothing: TTLs do not move.
 	before, _ := c.PTTL(ctx, keys[0]).Result()
-	take(t, s, core.Request{Consumer: consumer, Scope: scope, Rate: l, Quota: q, Cost: 6})
+	take(t, s, core.Call{Consumer: consumer, Scope: scope, Rate: l, Quota: q, Cost: 6})
 	after, _ := c.PTTL(ctx, keys[0]).Result()
 	if after > before {
 		t.Fatalf("denied request refreshed a TTL: %v -> %v", before, after)
 	}
-	if err := s.ResetQuota(ctx, consumer, scope); err != nil {
+	if err := s.ResetQuota(ctx, consumer, scope, 0); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := c.Exists(ctx, "lp:{"+tag+"}:quota:api%3Av1/%7Bx%7D%0A").Result(); n != 0 {
@@ -181,16 +193,18 @@ func TestUsesRedisTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := take(t, s, core.Request{Consumer: "c", Rate: l, Cost: 1})
+	d := take(t, s, core.Call{Consumer: "c", Rate: l, Cost: 1})
 	after, _ := c.Time(ctx).Result()
 	keys, _ := c.Keys(ctx, "t:*:gcra:").Result()
 	if len(keys) != 1 {
 		t.Fatalf("keys %q", keys)
 	}
+	// The value is "<TAT>:<T>" in ns (T = 1h).
 	v, _ := c.Get(ctx, keys[0]).Result()
-	tat, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		t.Fatalf("stored TAT %q: %v", v, err)
+	tv, tsuf, _ := strings.Cut(v, ":")
+	tat, err := strconv.ParseInt(tv, 10, 64)
+	if err != nil || tsuf != "3600000000000" {
+		t.Fatalf("stored value %q (%v), want <TAT>:3600000000000", v, err)
 	}
 	if d.ResetAfter != time.Hour {
 		t.Fatalf("ResetAfter %v, want 1h", d.ResetAfter)
@@ -212,10 +226,10 @@ func TestScriptReload(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		for _, tc := range []struct {
 			name string
-			req  core.Request
+			req  core.Call
 		}{
-			{"gcra", core.Request{Rate: l, Cost: 1}},                 // the GCRA-only script
-			{"gcra+quota", core.Request{Rate: l, Quota: q, Cost: 1}}, // the general one
+			{"gcra", core.Call{Rate: l, Cost: 1}},                 // the GCRA-only script
+			{"gcra+quota", core.Call{Rate: l, Quota: q, Cost: 1}}, // the general one
 		} {
 			tc.req.Consumer = tc.name + "-" + strconv.Itoa(pipeline)
 			take(t, s, tc.req)
@@ -247,8 +261,13 @@ func TestWindowLimitsRejected(t *testing.T) {
 		{Rate: 3, Period: time.Second + 1, Algorithm: core.SlidingLog},
 		{Rate: 1 << 30, Period: 1 << 40, Algorithm: core.SlidingWindow},
 	} {
-		if _, err := s.Take(context.Background(), core.Request{Consumer: "x", Rate: l, Cost: 1}); !errors.Is(err, core.ErrInvalidLimit) {
-			t.Errorf("%+v: err %v, want ErrInvalidLimit", l, err)
+		// Prepare refuses it, and so does a one-off call (through
+		// Prepare), with the same error.
+		if r, err := s.Prepare(core.LimitSet{Rate: l}); r != nil || err == nil || err.Error() != checkErr(l) || !errors.Is(err, core.ErrInvalidLimit) {
+			t.Errorf("%+v: Prepare = %v, %v; want ErrInvalidLimit %q", l, r, err, checkErr(l))
+		}
+		if _, err := core.TakeCall(context.Background(), s, core.Call{Consumer: "x", Rate: l, Cost: 1}); err == nil || err.Error() != checkErr(l) || !errors.Is(err, core.ErrInvalidLimit) {
+			t.Errorf("%+v: TakeCall err %v, want ErrInvalidLimit %q", l, err, checkErr(l))
 		}
 		// The engine refuses such a policy up front, as the gateway's
 		// Apply does, instead of failing every request later.
@@ -273,9 +292,10 @@ func TestWaitAcrossClients(t *testing.T) {
 	errs := make(chan error, 15)
 	for i := 0; i < 3; i++ {
 		s := newStore(t, srv.Client(t, nil), redisstore.Options{})
+		req := prepare(t, s, core.Call{Consumer: "waiter", Rate: l, Cost: 1})
 		for j := 0; j < 5; j++ {
 			go func() {
-				d, err := core.Wait(ctx, s, core.Request{Consumer: "waiter", Rate: l, Cost: 1})
+				d, err := core.Wait(ctx, s, req)
 				if err == nil && !d.Allowed {
 					err = errors.New("Wait returned a denial")
 				}
@@ -309,7 +329,7 @@ func TestPing(t *testing.T) {
 		t.Fatalf("Ping with the server down = %v, want a redisstore: ping: error", err)
 	}
 	// One failed Take opens the breaker for an hour.
-	req := core.Request{Consumer: "c", Rate: core.Limit{Rate: 1, Period: time.Second}, Cost: 1}
+	req := prepare(t, s, core.Call{Consumer: "c", Rate: core.Limit{Rate: 1, Period: time.Second}, Cost: 1})
 	if _, err := s.Take(ctx, req); err == nil {
 		t.Fatal("Take with the server down succeeded")
 	}

@@ -108,40 +108,55 @@ local function win_spend(key, used, eu, er, m, lu, lr)
 end
 `
 
-// gcraChunk: ARGV[9] "1" when n > Burst, ARGV[10..11] n×T, ARGV[12..13] τ,
-// all pairs. The rate key is a string: the TAT in decimal ns. Reply a, b:
-// the effective TAT before the call minus now, as a pair; Go derives the
-// Decision from it with core.GCRAParams.Step, the one GCRA oracle, and
-// checks that Step agrees with the script's verdict.
+// gcraChunk: ARGV[9] ":" and the emission interval T in decimal ns (see
+// gcraValue), ARGV[10..11] n×T, or for a cost above the burst the bound
+// plus 1 ns (no offset ≥ 0 fits under it), ARGV[12..13] the bound: τ plus
+// the reservation window; all pairs. The rate key is a string, gcraValue.
+// Reply a, b: the effective TAT before the call minus now, as a pair,
+// after a rescale (see gcraDecode); Go derives the Decision from it with
+// core.GCRAParams.Step, the one GCRA oracle, and checks that Step agrees
+// with the script's verdict. A key rescaled and not otherwise written (a
+// denial, a peek) is written with its rescaled TAT under the new T.
 const gcraChunk = `
-local over = ARGV[9] == '1'
+local ts = ARGV[9]
 local nt_u, nt_r = tonumber(ARGV[10]), tonumber(ARGV[11])
 local tau_u, tau_r = tonumber(ARGV[12]), tonumber(ARGV[13])
+local g_conv = false
 local function g_offset()
-  local tu, tr = dec(redis.call('GET', KEYS[1]))
-  if not tu or lt(tu, tr, now_u, now_r) then return now_u, now_r, 0, 0 end
-  local du, dr = sub(tu, tr, now_u, now_r)
+  local s = redis.call('GET', KEYS[1])
+` + gcraDecode + `
+  g_conv = conv
+  local tu, tr = add(now_u, now_r, du, dr)
   return tu, tr, du, dr
 end
+-- writes a rescaled key that the call does not otherwise write
+local function g_keep(tu, tr, du, dr)
+  if g_conv then redis.call('SET', KEYS[1], enc(tu, tr) .. ts, 'PX', ttl(du, dr)) end
+end
 local function rate_peek()
-  local _, _, du, dr = g_offset()
+  local tu, tr, du, dr = g_offset()
+  g_keep(tu, tr, du, dr)
   return du, dr, 0, 0, 0
 end
 local function rate_take()
   local tu, tr, du, dr = g_offset()
-  if over then return false, du, dr, 0, 0, 0 end
   local xu, xr = add(du, dr, nt_u, nt_r)
-  if lt(tau_u, tau_r, xu, xr) then return false, du, dr, 0, 0, 0 end
+  if lt(tau_u, tau_r, xu, xr) then
+    g_keep(tu, tr, du, dr)
+    return false, du, dr, 0, 0, 0
+  end
   if n > 0 then
     local su, sr = add(tu, tr, nt_u, nt_r)
-    redis.call('SET', KEYS[1], enc(su, sr), 'PX', ttl(xu, xr))
+    redis.call('SET', KEYS[1], enc(su, sr) .. ts, 'PX', ttl(xu, xr))
+  else
+    g_keep(tu, tr, du, dr)
   end
   return true, du, dr, 0, 0, 0
 end
 `
 
 // fixedChunk: ARGV[9] Rate, ARGV[10..11] Period as a pair. The rate key is
-// a window hash like the quota's. Reply: a remaining, (b, c) time until the
+// a window hash like the quota's. Reply: a remaining (≥ 0), (b, c) time until the
 // window closes (0 when none is open), (d, e) the same when denied.
 const fixedChunk = `
 local R = tonumber(ARGV[9])
@@ -149,8 +164,11 @@ local pu, pr = tonumber(ARGV[10]), tonumber(ARGV[11])
 local function fw_reply(used, eu, er, denied)
   local ru, rr = 0, 0
   if eu then ru, rr = sub(eu, er, now_u, now_r) end
-  if denied then return R - used, ru, rr, ru, rr end
-  return R - used, ru, rr, 0, 0
+  -- (used exceeds R when R was lowered within the window)
+  local rem = R - used
+  if rem < 0 then rem = 0 end
+  if denied then return rem, ru, rr, ru, rr end
+  return rem, ru, rr, 0, 0
 end
 local function rate_peek()
   local used, eu, er = win_load(KEYS[1])
@@ -348,10 +366,11 @@ return reply(0, a, b, c, d, e)
 //	                  bound plus 1 ns, which no offset ≥ 0 fits under
 //	ARGV[5], ARGV[6]  the bound: τ plus the reservation window, as a pair
 //	ARGV[7]           TTL margin in ms
+//	ARGV[8]           ":" and the emission interval T in decimal ns
 //
 // and replies {code, a, b}: code 0 allowed or 1 denied, (a, b) the
-// effective TAT before the call minus now, as gcraChunk's. It writes only
-// when allowed with n×T > 0.
+// effective TAT before the call minus now, as gcraChunk's. It writes when
+// allowed with n×T > 0, and otherwise only a key it rescaled.
 const gcraOnly = `
 local now_u, now_r
 if ARGV[1] == '' then
@@ -360,29 +379,221 @@ if ARGV[1] == '' then
 else
   now_u, now_r = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
-local tu, tr, du, dr = now_u, now_r, 0, 0
+local ts = ARGV[8]
 local s = redis.call('GET', KEYS[1])
-if s then
-  local u, r = 0, tonumber(s)
-  if #s > 3 then u, r = tonumber(string.sub(s, 1, -4)), tonumber(string.sub(s, -3)) end
-  if u > now_u or (u == now_u and r > now_r) then
-    tu, tr, du, dr = u, r, u - now_u, r - now_r
-    if dr < 0 then du, dr = du - 1, dr + 1000 end
-  end
-end
+` + gcraDecode + `
+local tu, tr = now_u + du, now_r + dr
+if tr >= 1000 then tu, tr = tu + 1, tr - 1000 end
 local nt_u, nt_r = tonumber(ARGV[3]), tonumber(ARGV[4])
 local xu, xr = du + nt_u, dr + nt_r
 if xr >= 1000 then xu, xr = xu + 1, xr - 1000 end
 local bu, br = tonumber(ARGV[5]), tonumber(ARGV[6])
-if xu > bu or (xu == bu and xr > br) then return {1, du, dr} end
-if nt_u > 0 or nt_r > 0 then
+local code = 0
+if xu > bu or (xu == bu and xr > br) then
+  code = 1
+elseif nt_u > 0 or nt_r > 0 then
   local su, sr = tu + nt_u, tr + nt_r
   if sr >= 1000 then su, sr = su + 1, sr - 1000 end
   local ms = math.floor(xu / 1000)
   if xu % 1000 > 0 or xr > 0 or ms < 1 then ms = ms + 1 end
-  redis.call('SET', KEYS[1], string.format('%d%03d', su, sr), 'PX', ms + tonumber(ARGV[7]))
+  redis.call('SET', KEYS[1], string.format('%d%03d%s', su, sr, ts), 'PX', ms + tonumber(ARGV[7]))
+  return {0, du, dr}
 end
-return {0, du, dr}
+if conv then
+  local ms = math.floor(du / 1000)
+  if du % 1000 > 0 or dr > 0 or ms < 1 then ms = ms + 1 end
+  redis.call('SET', KEYS[1], string.format('%d%03d%s', tu, tr, ts), 'PX', ms + tonumber(ARGV[7]))
+end
+return {code, du, dr}
+`
+
+// penalize is Store.Penalize's script: it moves the TAT of KEYS[1], a
+// GCRA rate key, to at least now + (ARGV[3], ARGV[4]), never back, in one
+// step with the rescale of gcraDecode. ARGV[1], ARGV[2] are now as in the
+// other scripts, ARGV[5] is ":" and T (gcraValue), ARGV[6] the TTL margin
+// in ms. The key is written, with the TTL the GCRA scripts give it
+// (ceil(TAT − now) in ms plus the margin), when its TAT moves or it was
+// rescaled. Reply {moved, a, b}: moved 1 when the TAT moved, (a, b) the
+// TAT afterwards minus now, as a pair.
+const penalize = `
+local now_u, now_r
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now_u, now_r = t[1] * 1000000 + t[2], 0
+else
+  now_u, now_r = tonumber(ARGV[1]), tonumber(ARGV[2])
+end
+local ts = ARGV[5]
+local s = redis.call('GET', KEYS[1])
+` + gcraDecode + `
+local pu, pr = tonumber(ARGV[3]), tonumber(ARGV[4])
+local moved = 0
+if du < pu or (du == pu and dr < pr) then du, dr, moved = pu, pr, 1 end
+if moved == 1 or conv then
+  local tu, tr = now_u + du, now_r + dr
+  if tr >= 1000 then tu, tr = tu + 1, tr - 1000 end
+  local ms = math.floor(du / 1000)
+  if du % 1000 > 0 or dr > 0 or ms < 1 then ms = ms + 1 end
+  redis.call('SET', KEYS[1], string.format('%d%03d%s', tu, tr, ts), 'PX', ms + tonumber(ARGV[6]))
+end
+return {moved, du, dr}
+`
+
+// gcraValue: a GCRA rate key holds the string "<TAT>:<T>", the
+// theoretical arrival time and the emission interval of the limit that
+// wrote it, both in decimal ns, so that a request under another T (the
+// limit was changed) can carry the key's spent amount over (gcraDecode).
+// A key written by an earlier release holds "<TAT>" alone: its T is
+// unknown and its TAT is taken as it is. (An earlier release cannot read
+// the new value: its script fails on it; see the package comment.)
+//
+// gcraDecode is inlined where a script reads a GCRA key. In: s (the key's
+// value, or false), ts (":" and the request's T), now_u, now_r. Out:
+// locals du, dr, the debt TAT − now as a pair (0 when the TAT has passed
+// or there is none), and conv, true when the key was written under
+// another, known T and the debt has been rescaled to this one: the same
+// number of emission intervals, ⌈(TAT − now) × T_new / T_old⌉ ns, at most
+// 2^62 ns (core.MaxTolerance plus core.MaxReservation), as core/memory
+// rescales. That is exact integer arithmetic: Lua numbers are doubles, so
+// the product (up to 2^124) is computed in base-2^24 limbs (every limb
+// product and sum below 2^53) and divided by T_old limb by limb, each
+// quotient limb estimated in doubles and corrected exactly; it runs only
+// when a key's T changes, the common path pays one string comparison. A stored T that is
+// not a decimal of at most 19 digits without leading zeros counts as
+// unknown.
+const gcraDecode = `
+local du, dr, conv = 0, 0, false
+if s then
+  local L, told = #s - #ts, false
+  if string.sub(s, L + 1) ~= ts then
+    local c = string.find(s, ':', 1, true)
+    if c then L, told = c - 1, string.sub(s, c + 1) else L = #s end
+  end
+  local u, r = 0, tonumber(string.sub(s, 1, L))
+  if L > 3 then u, r = tonumber(string.sub(s, 1, L - 3)), tonumber(string.sub(s, L - 2, L)) end
+  if u > now_u or (u == now_u and r > now_r) then
+    du, dr = u - now_u, r - now_r
+    if dr < 0 then du, dr = du - 1, dr + 1000 end
+    if told and #told <= 19 and string.find(told, '^[1-9]%d*$') then
+` + rescaleFn + `
+      du, dr = rescale(du, dr, told, string.sub(ts, 2))
+      conv = true
+    end
+  end
+end
+`
+
+// rescaleFn defines rescale(du, dr, from, to): ⌈(du µs + dr ns) × to /
+// from⌉ as a pair, at most 2^62 ns, for a debt below 2^63 ns and from,
+// to decimal strings of integers in [1, 10^19) (see gcraDecode). It is
+// defined where it is called, so a call that does not rescale creates no
+// closures for it.
+const rescaleFn = `
+local function rescale(du, dr, from, to)
+  -- (x % y and (x - x % y) / y are exact for the integers below 2^53
+  -- here, and cheaper in Redis's Lua than math.floor and tonumber)
+  local B = 16777216
+  -- base-2^24 limbs, least significant first, of x·k + y for integers
+  -- 0 ≤ x < 2^53, 0 < k ≤ 10^6, 0 ≤ y < k
+  local function limbs(x, k, y)
+    local l0 = x % B
+    x = (x - l0) / B
+    local l1 = x % B
+    local L, carry = {l0, l1, (x - l1) / B}, y
+    for i = 1, 3 do
+      local v = L[i] * k + carry
+      L[i] = v % B
+      carry = (v - L[i]) / B
+    end
+    if carry > 0 then L[4] = carry end
+    while #L > 1 and L[#L] == 0 do L[#L] = nil end
+    return L
+  end
+  -- of a decimal string of at most 19 digits: (its head) × 10^6 + its
+  -- last 6 digits
+  local function dlimbs(x)
+    local n = #x
+    if n <= 6 then return limbs(0, 1000000, x + 0) end
+    return limbs(string.sub(x, 1, n - 6) + 0, 1000000, string.sub(x, n - 5) + 0)
+  end
+  local a, b, d = limbs(du, 1000, dr), dlimbs(to), dlimbs(from)
+  -- p = a × b
+  local p = {}
+  for k = 1, #a + #b do p[k] = 0 end
+  for i = 1, #a do
+    for j = 1, #b do p[i + j - 1] = p[i + j - 1] + a[i] * b[j] end
+  end
+  local carry = 0
+  for k = 1, #p do
+    local v = p[k] + carry
+    p[k] = v % B
+    carry = (v - p[k]) / B
+  end
+  -- q = p div d, one limb at a time (schoolbook): rem < d before each
+  -- step; a quotient limb is estimated in doubles and corrected exactly
+  local nd = #d
+  local rem, q, m = {}, {}, {}
+  for k = 1, nd + 1 do rem[k] = 0 end
+  for k = 1, #p do q[k] = 0 end
+  local df = 0
+  for i = nd, 1, -1 do df = df * B + d[i] end
+  -- x >= y, x -= y, both of nd + 1 limbs (d's top limb is nil: 0)
+  local function ge(x, y)
+    for i = nd + 1, 1, -1 do
+      local a, b = x[i], y[i] or 0
+      if a ~= b then return a > b end
+    end
+    return true
+  end
+  local function subi(x, y)
+    local br = 0
+    for i = 1, nd + 1 do
+      local v = x[i] - (y[i] or 0) - br
+      if v < 0 then x[i], br = v + B, 1 else x[i], br = v, 0 end
+    end
+  end
+  local top = #p
+  while top > 1 and p[top] == 0 do top = top - 1 end
+  for k = top, 1, -1 do
+    for i = nd + 1, 2, -1 do rem[i] = rem[i - 1] end
+    rem[1] = p[k]
+    local rf = 0
+    for i = nd + 1, 1, -1 do rf = rf * B + rem[i] end
+    local qd = math.floor(rf / df)
+    if qd > B - 1 then qd = B - 1 end
+    -- m = qd × d, then down to at most rem
+    local c = 0
+    for i = 1, nd do
+      local v = qd * d[i] + c
+      m[i] = v % B
+      c = (v - m[i]) / B
+    end
+    m[nd + 1] = c
+    while not ge(rem, m) do subi(m, d); qd = qd - 1 end
+    subi(rem, m)
+    while ge(rem, d) do subi(rem, d); qd = qd + 1 end
+    q[k] = qd
+  end
+  local exact = true
+  for i = 1, nd + 1 do if rem[i] ~= 0 then exact = false end end
+  -- at most 2^62 = 2^14 × B^2 = (4611686018427387 µs, 904 ns)
+  local q3 = q[3] or 0
+  local big = q3 > 16384 or (q3 == 16384 and (q[2] > 0 or q[1] > 0 or not exact))
+  for k = 4, #q do if q[k] > 0 then big = true end end
+  if big then return 4611686018427387, 904 end
+  -- (q div 1000, q mod 1000), rounded up
+  local u, r = 0, 0
+  for k = 3, 1, -1 do
+    local v = r * B + (q[k] or 0)
+    r = v % 1000
+    u = u * B + (v - r) / 1000
+  end
+  if not exact then
+    r = r + 1
+    if r == 1000 then u, r = u + 1, 0 end
+  end
+  return u, r
+end
 `
 
 // script is a Lua script with its SHA-1 already boxed as an EVALSHA
@@ -398,6 +609,10 @@ func newScript(src string) script {
 
 // gcraOnlyScript runs gcraOnly.
 var gcraOnlyScript = newScript(gcraOnly)
+
+// penalizeScript runs penalize (through go-redis, which reloads it after
+// NOSCRIPT; Penalize is rare and need not avoid allocations).
+var penalizeScript = redis.NewScript(penalize)
 
 // scripts holds one script per algorithm, indexed by core.Algorithm.
 var scripts = [...]script{

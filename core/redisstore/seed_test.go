@@ -63,7 +63,7 @@ func waitAnswers(t *testing.T, store *redisstore.Store) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := store.Take(context.Background(), core.Request{Consumer: "probe", Rate: core.Limit{Rate: 1, Period: time.Hour}})
+		_, err := core.TakeCall(context.Background(), store, core.Call{Consumer: "probe", Rate: core.Limit{Rate: 1, Period: time.Hour}})
 		if err == nil {
 			return
 		}
@@ -130,7 +130,7 @@ func TestFallbackCarriesOnFromRedis(t *testing.T) {
 	waitAnswers(t, store)
 	// Redis's own count: 100, plus any request that tried the paused
 	// Redis (a breaker probe), which Redis ran when it resumed.
-	peek, err := store.Take(context.Background(), core.Request{Consumer: "part", Quota: core.Quota{Max: 300, Renewal: time.Hour}})
+	peek, err := core.TakeCall(context.Background(), store, core.Call{Consumer: "part", Quota: core.Quota{Max: 300, Renewal: time.Hour}})
 	if err != nil || peek.Quota.Remaining > 200 || peek.Quota.Remaining < 190 {
 		t.Fatalf("Redis's state of the key that spent 100: %+v, %v; want about 200 left", peek, err)
 	}

@@ -64,7 +64,7 @@ func TestSlidingLogWorkBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := core.Limit{Rate: tc.rate, Period: time.Duration(1e16), Algorithm: core.SlidingLog}
-			d := take(t, s, core.Request{Consumer: "big", Rate: l, Cost: tc.cost})
+			d := take(t, s, core.Call{Consumer: "big", Rate: l, Cost: tc.cost})
 			if !d.Allowed || d.Remaining != tc.rate-tc.cost {
 				t.Fatalf("decision %+v, want allowed with %d remaining", d, tc.rate-tc.cost)
 			}
@@ -86,7 +86,7 @@ func TestSlidingLogWorkBounded(t *testing.T) {
 		c.FlushAll(ctx)
 		l := core.Limit{Rate: 1_000_000, Period: time.Second, Algorithm: core.SlidingLog}
 		for i := int64(1); i <= 100; i++ {
-			if d := take(t, s, core.Request{Consumer: "burst", Rate: l, Cost: 1000}); !d.Allowed || d.Remaining != 1_000_000-1000*i {
+			if d := take(t, s, core.Call{Consumer: "burst", Rate: l, Cost: 1000}); !d.Allowed || d.Remaining != 1_000_000-1000*i {
 				t.Fatalf("request %d: %+v", i, d)
 			}
 		}
@@ -98,7 +98,7 @@ func TestSlidingLogWorkBounded(t *testing.T) {
 	t.Run("expired members removed 16 per request", func(t *testing.T) {
 		c.FlushAll(ctx)
 		l := core.Limit{Rate: 1000, Period: time.Second, Algorithm: core.SlidingLog}
-		r := core.Request{Consumer: "many", Rate: l, Cost: 1}
+		r := core.Call{Consumer: "many", Rate: l, Cost: 1}
 		for range 40 {
 			take(t, s, r)
 			clock.Advance(time.Microsecond)
@@ -111,10 +111,10 @@ func TestSlidingLogWorkBounded(t *testing.T) {
 		clock.Advance(time.Second)
 		// A denied request and a peek change nothing, expired members
 		// included.
-		if d := take(t, s, core.Request{Consumer: "many", Rate: l, Cost: 1001}); d.Allowed {
+		if d := take(t, s, core.Call{Consumer: "many", Rate: l, Cost: 1001}); d.Allowed {
 			t.Fatalf("cost above rate allowed: %+v", d)
 		}
-		take(t, s, core.Request{Consumer: "many", Rate: l, Cost: 0})
+		take(t, s, core.Call{Consumer: "many", Rate: l, Cost: 0})
 		if n := card(); n != 40 {
 			t.Fatalf("ZCARD %d after a denial and a peek, want 40", n)
 		}

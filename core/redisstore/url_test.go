@@ -46,7 +46,7 @@ func TestNewClientFromURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ResetQuota(ctx, "c", ""); err != nil {
+	if err := s.ResetQuota(ctx, "c", "", 0); err != nil {
 		t.Fatal(err)
 	}
 
@@ -131,7 +131,7 @@ func TestRefusedConnectionFailsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	req := core.Request{Consumer: "c", Rate: core.PerSecond(10), Cost: 1}
+	req := request(t, s, core.Call{Consumer: "c", Rate: core.PerSecond(10), Cost: 1})
 	if _, err := s.Take(ctx, req); err != nil {
 		t.Fatal(err) // a pooled connection, now to be found dead
 	}

@@ -17,7 +17,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	q := core.Quota{Max: 3, Renewal: time.Hour}
 
 	// spend takes n unit requests at epoch and checks each is admitted.
-	spend := func(e *env, r core.Request, n int) {
+	spend := func(e *env, r core.Call, n int) {
 		e.t.Helper()
 		for i := 0; i < n; i++ {
 			if d := e.take(r); !d.Allowed {
@@ -31,7 +31,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	// the whole renewal ahead), which then admits exactly Max.
 	t.Run("RaiseResetsExactly", func(t *testing.T) {
 		e := newEnv(t, s)
-		r := core.Request{Quota: q, Cost: 1}
+		r := core.Call{Quota: q, Cost: 1}
 		spend(e, r, 3)
 		e.clock.Advance(10 * time.Minute)
 		d := e.take(r)
@@ -54,7 +54,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	// it after requests, is not a reset.
 	t.Run("SameEpochChangesNothing", func(t *testing.T) {
 		e := newEnv(t, s)
-		r := core.Request{Quota: q, Cost: 1, QuotaEpoch: 7}
+		r := core.Call{Quota: q, Cost: 1, QuotaEpoch: 7}
 		d := e.take(r)
 		check(t, "first at epoch 7 remaining", d.Remaining, int64(2))
 		e.clock.Advance(time.Minute)
@@ -67,7 +67,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 			check(t, "epoch 7 again", d.Allowed, false)
 			check(t, "epoch 7 again retry after", d.RetryAfter, 59*time.Minute)
 		}
-		d = e.take(core.Request{Quota: q, Cost: 0, QuotaEpoch: 7})
+		d = e.take(core.Call{Quota: q, Cost: 0, QuotaEpoch: 7})
 		check(t, "peek at epoch 7 remaining", d.Quota.Remaining, int64(0))
 	})
 
@@ -75,13 +75,13 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	// without starting it; the reset happens with the next spend.
 	t.Run("PeekAtRaisedEpoch", func(t *testing.T) {
 		e := newEnv(t, s)
-		spend(e, core.Request{Quota: q, Cost: 1}, 3)
-		d := e.take(core.Request{Quota: q, Cost: 0, QuotaEpoch: 1})
+		spend(e, core.Call{Quota: q, Cost: 1}, 3)
+		d := e.take(core.Call{Quota: q, Cost: 0, QuotaEpoch: 1})
 		check(t, "peek allowed", d.Allowed, true)
 		check(t, "peek remaining", d.Quota.Remaining, int64(3))
 		check(t, "peek reset after", d.Quota.ResetAfter, time.Hour)
 		e.clock.Advance(time.Minute)
-		d = e.take(core.Request{Quota: q, Cost: 1, QuotaEpoch: 1})
+		d = e.take(core.Call{Quota: q, Cost: 1, QuotaEpoch: 1})
 		check(t, "spend after peek remaining", d.Remaining, int64(2))
 		check(t, "spend after peek period", d.ResetAfter, time.Hour)
 	})
@@ -91,7 +91,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	t.Run("RateUntouched", func(t *testing.T) {
 		e := newEnv(t, s)
 		l := core.Limit{Rate: 10, Period: time.Second}
-		r := core.Request{Rate: l, Quota: q, Cost: 1}
+		r := core.Call{Rate: l, Quota: q, Cost: 1}
 		spend(e, r, 3)
 		d := e.take(r)
 		check(t, "quota denial", d.DecidedBy, core.KindQuota)
@@ -103,7 +103,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 		check(t, "rate remaining after 4", d.Rate.Remaining, int64(6))
 		check(t, "quota remaining at epoch 1", d.Quota.Remaining, int64(2))
 		// A rate limit alone: the same state whatever the epoch says.
-		rr := core.Request{Scope: "rate-only", Rate: core.Limit{Rate: 2, Period: time.Second}, Cost: 1}
+		rr := core.Call{Scope: "rate-only", Rate: core.Limit{Rate: 2, Period: time.Second}, Cost: 1}
 		check(t, "rate-only first", e.take(rr).Rate.Remaining, int64(1))
 		rr.QuotaEpoch = 9
 		check(t, "rate-only second at epoch 9", e.take(rr).Rate.Remaining, int64(0))
@@ -118,9 +118,9 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	// scope's leaves the key-wide one and other scopes.
 	t.Run("ScopesIndependent", func(t *testing.T) {
 		e := newEnv(t, s)
-		wide := core.Request{Quota: q, Cost: 1}
-		a := core.Request{Scope: "orders", Quota: q, Cost: 1}
-		b := core.Request{Scope: "billing", Quota: q, Cost: 1}
+		wide := core.Call{Quota: q, Cost: 1}
+		a := core.Call{Scope: "orders", Quota: q, Cost: 1}
+		b := core.Call{Scope: "billing", Quota: q, Cost: 1}
 		spend(e, wide, 3)
 		spend(e, a, 3)
 		spend(e, b, 3)
@@ -139,7 +139,7 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	// RenewalWithinEpoch: a period at a raised epoch renews like any other.
 	t.Run("RenewalWithinEpoch", func(t *testing.T) {
 		e := newEnv(t, s)
-		r := core.Request{Quota: q, Cost: 1, QuotaEpoch: 3}
+		r := core.Call{Quota: q, Cost: 1, QuotaEpoch: 3}
 		spend(e, r, 3)
 		e.clock.Advance(time.Hour - s.Granularity)
 		check(t, "just before renewal", e.take(r).Allowed, false)
@@ -192,11 +192,11 @@ func runQuotaEpoch(t *testing.T, s Suite) {
 	t.Run("ConcurrentRaiseExact", func(t *testing.T) {
 		e := newEnv(t, s)
 		q := core.Quota{Max: 41, Renewal: time.Hour}
-		r := core.Request{Rate: core.Limit{Rate: 1000, Period: time.Minute, Burst: 200}, Quota: q, Cost: 1}
+		r := core.Call{Rate: core.Limit{Rate: 1000, Period: time.Minute, Burst: 200}, Quota: q, Cost: 1}
 		check(t, "admitted at epoch 0", hammer(t, e, s.Concurrency, 2, r), int64(41))
 		r.QuotaEpoch = 1
 		check(t, "admitted at epoch 1", hammer(t, e, s.Concurrency, 2, r), int64(41))
-		d := e.take(core.Request{Rate: r.Rate, Quota: q, Cost: 0, QuotaEpoch: 1})
+		d := e.take(core.Call{Rate: r.Rate, Quota: q, Cost: 0, QuotaEpoch: 1})
 		check(t, "rate spent only for admitted", d.Rate.Remaining, int64(200-82))
 	})
 }

@@ -35,13 +35,14 @@ type Suite struct {
 	// (default 64).
 	Concurrency int
 
-	viaTakeInto bool // set for the rerun through core.DecisionWriter
+	viaTakeInto bool // set for the rerun through TakeInto
 }
 
-// dwStore is a Store that also writes decisions in place.
+// dwStore is a Store that also writes decisions in place, as
+// memory.Store.TakeInto does: every vector runs through it too.
 type dwStore interface {
 	core.Store
-	core.DecisionWriter
+	TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error
 }
 
 // intoStore answers Take through TakeInto, into a Decision filled with
@@ -93,7 +94,7 @@ func Run(t *testing.T, s Suite) {
 	}
 	if !s.viaTakeInto {
 		probe := s.New(t, core.NewManualClock(start))
-		if _, ok := probe.(core.DecisionWriter); ok {
+		if _, ok := probe.(dwStore); ok {
 			// Every vector again through TakeInto, starting from a dirty
 			// Decision each time: it must equal Take's answer in full.
 			into := s
@@ -109,6 +110,7 @@ func Run(t *testing.T, s Suite) {
 	t.Run("QuotaEpoch", func(t *testing.T) { runQuotaEpoch(t, s) })
 	t.Run("Errors", func(t *testing.T) { runErrors(t, s) })
 	t.Run("Counts", func(t *testing.T) { runCounts(t, s) })
+	t.Run("LimitChange", func(t *testing.T) { runLimitChange(t, s) })
 	for _, a := range s.Algorithms {
 		switch a {
 		case core.FixedWindow:
@@ -137,12 +139,12 @@ func newEnv(t *testing.T, s Suite) *env {
 	return &env{t: t, store: s.New(t, c), clock: c, id: fmt.Sprintf("consumer-%s-%d", t.Name(), rand.Int64())}
 }
 
-func (e *env) take(r core.Request) core.Decision {
+func (e *env) take(r core.Call) core.Decision {
 	e.t.Helper()
 	if r.Consumer == "" {
 		r.Consumer = e.id
 	}
-	d, err := e.store.Take(context.Background(), r)
+	d, err := core.TakeCall(context.Background(), e.store, r)
 	if err != nil {
 		e.t.Fatalf("Take(%+v): %v", r, err)
 	}
@@ -154,7 +156,7 @@ func (e *env) take(r core.Request) core.Decision {
 // policy names or shadowing (those are the engine's), no quota status
 // without a quota, no rate status without a rate limit, no delay without a
 // reservation, and no retry time on an allowed request.
-func invariants(t *testing.T, r core.Request, d core.Decision) {
+func invariants(t *testing.T, r core.Call, d core.Decision) {
 	t.Helper()
 	bad := func(what string) { t.Fatalf("decision %+v for %+v: %s", d, r, what) }
 	switch {
@@ -202,7 +204,7 @@ func runGCRA(t *testing.T, s Suite) {
 	t.Run("BurstThenDeny", func(t *testing.T) {
 		e := newEnv(t, s)
 		for i := int64(0); i < 5; i++ {
-			d := e.take(core.Request{Rate: l, Cost: 1})
+			d := e.take(core.Call{Rate: l, Cost: 1})
 			check(t, "allowed", d.Allowed, true)
 			check(t, "remaining", d.Remaining, 4-i)
 			check(t, "reset after", d.ResetAfter, time.Duration(i+1)*100*time.Millisecond)
@@ -210,7 +212,7 @@ func runGCRA(t *testing.T, s Suite) {
 			check(t, "limit", d.Limit, int64(5))
 			check(t, "window", d.Rate.Window, 500*time.Millisecond)
 		}
-		d := e.take(core.Request{Rate: l, Cost: 1})
+		d := e.take(core.Call{Rate: l, Cost: 1})
 		check(t, "6th allowed", d.Allowed, false)
 		check(t, "6th decided by", d.DecidedBy, core.KindRate)
 		check(t, "6th remaining", d.Remaining, int64(0))
@@ -218,90 +220,73 @@ func runGCRA(t *testing.T, s Suite) {
 		check(t, "6th reset after", d.ResetAfter, 500*time.Millisecond)
 		// One emission interval later exactly one more passes.
 		e.clock.Advance(100 * time.Millisecond)
-		check(t, "after T", e.take(core.Request{Rate: l, Cost: 1}).Allowed, true)
-		check(t, "after T, again", e.take(core.Request{Rate: l, Cost: 1}).Allowed, false)
+		check(t, "after T", e.take(core.Call{Rate: l, Cost: 1}).Allowed, true)
+		check(t, "after T, again", e.take(core.Call{Rate: l, Cost: 1}).Allowed, false)
 	})
 
 	t.Run("DeniedChangesNoState", func(t *testing.T) {
 		e := newEnv(t, s)
 		for i := 0; i < 5; i++ {
-			e.take(core.Request{Rate: l, Cost: 1})
+			e.take(core.Call{Rate: l, Cost: 1})
 		}
 		for i := 0; i < 20; i++ { // a client that keeps retrying is not locked out
-			check(t, "denied", e.take(core.Request{Rate: l, Cost: 1}).Allowed, false)
+			check(t, "denied", e.take(core.Call{Rate: l, Cost: 1}).Allowed, false)
 		}
 		e.clock.Advance(100 * time.Millisecond)
-		d := e.take(core.Request{Rate: l, Cost: 1})
+		d := e.take(core.Call{Rate: l, Cost: 1})
 		check(t, "allowed after T", d.Allowed, true)
 		check(t, "remaining", d.Remaining, int64(0))
 	})
 
 	t.Run("CostExceedsBurst", func(t *testing.T) {
 		e := newEnv(t, s)
-		d := e.take(core.Request{Rate: l, Cost: 6})
+		d := e.take(core.Call{Rate: l, Cost: 6})
 		check(t, "allowed", d.Allowed, false)
 		check(t, "retry after", d.RetryAfter, time.Duration(-1))
 		check(t, "remaining", d.Remaining, int64(5))
-		d = e.take(core.Request{Rate: l, Cost: 5})
+		d = e.take(core.Call{Rate: l, Cost: 5})
 		check(t, "full burst still there", d.Allowed, true)
 		check(t, "remaining", d.Remaining, int64(0))
-		d = e.take(core.Request{Rate: l, Cost: 6})
+		d = e.take(core.Call{Rate: l, Cost: 6})
 		check(t, "retry after when empty", d.RetryAfter, time.Duration(-1))
 	})
 
 	t.Run("CostN", func(t *testing.T) {
 		e := newEnv(t, s)
-		d := e.take(core.Request{Rate: l, Cost: 3})
+		d := e.take(core.Call{Rate: l, Cost: 3})
 		check(t, "allowed", d.Allowed, true)
 		check(t, "remaining", d.Remaining, int64(2))
-		d = e.take(core.Request{Rate: l, Cost: 3})
+		d = e.take(core.Call{Rate: l, Cost: 3})
 		check(t, "denied", d.Allowed, false)
 		check(t, "retry after", d.RetryAfter, 100*time.Millisecond)
 		e.clock.Advance(100 * time.Millisecond)
-		check(t, "allowed after", e.take(core.Request{Rate: l, Cost: 3}).Allowed, true)
+		check(t, "allowed after", e.take(core.Call{Rate: l, Cost: 3}).Allowed, true)
 	})
 
 	t.Run("PeekChangesNothing", func(t *testing.T) {
 		e := newEnv(t, s)
-		d := e.take(core.Request{Rate: l, Cost: 0})
+		d := e.take(core.Call{Rate: l, Cost: 0})
 		check(t, "peek empty allowed", d.Allowed, true)
 		check(t, "peek empty remaining", d.Remaining, int64(5))
-		e.take(core.Request{Rate: l, Cost: 2})
+		e.take(core.Call{Rate: l, Cost: 2})
 		for i := 0; i < 3; i++ {
-			d = e.take(core.Request{Rate: l, Cost: 0})
+			d = e.take(core.Call{Rate: l, Cost: 0})
 			check(t, "peek remaining", d.Remaining, int64(3))
 			check(t, "peek reset", d.ResetAfter, 200*time.Millisecond)
 		}
 	})
 
-	t.Run("RateChangeKeepsState", func(t *testing.T) {
-		e := newEnv(t, s)
-		for i := 0; i < 5; i++ {
-			e.take(core.Request{Rate: l, Cost: 1})
-		}
-		// Same key, now 20/s burst 10 (T = 50ms, τ = 500ms): the stored TAT
-		// (now+500ms) is kept, so the bucket is still full: denied.
-		l2 := core.Limit{Rate: 20, Period: time.Second, Burst: 10}
-		d := e.take(core.Request{Rate: l2, Cost: 1})
-		check(t, "denied under new limit", d.Allowed, false)
-		check(t, "retry after under new T", d.RetryAfter, 50*time.Millisecond)
-		e.clock.Advance(50 * time.Millisecond)
-		d = e.take(core.Request{Rate: l2, Cost: 1})
-		check(t, "allowed after new T", d.Allowed, true)
-		check(t, "remaining under new limit", d.Remaining, int64(0))
-	})
-
 	t.Run("OnePerHourAfterIdleHour", func(t *testing.T) {
 		e := newEnv(t, s)
 		h := core.Limit{Rate: 1, Period: time.Hour}
-		check(t, "first", e.take(core.Request{Rate: h, Cost: 1}).Allowed, true)
-		d := e.take(core.Request{Rate: h, Cost: 1})
+		check(t, "first", e.take(core.Call{Rate: h, Cost: 1}).Allowed, true)
+		d := e.take(core.Call{Rate: h, Cost: 1})
 		check(t, "second", d.Allowed, false)
 		check(t, "retry after", d.RetryAfter, time.Hour)
 		e.clock.Advance(time.Hour - g)
-		check(t, "one granule early", e.take(core.Request{Rate: h, Cost: 1}).Allowed, false)
+		check(t, "one granule early", e.take(core.Call{Rate: h, Cost: 1}).Allowed, false)
 		e.clock.Advance(g)
-		check(t, "after exactly one hour", e.take(core.Request{Rate: h, Cost: 1}).Allowed, true)
+		check(t, "after exactly one hour", e.take(core.Call{Rate: h, Cost: 1}).Allowed, true)
 	})
 
 	t.Run("KeysAreIndependent", func(t *testing.T) {
@@ -309,7 +294,7 @@ func runGCRA(t *testing.T, s Suite) {
 		ids := []string{e.id, e.id + "x", e.id + "{x}", e.id + ":rate:", e.id + "\n", e.id + "\x00"}
 		for _, id := range ids {
 			for _, scope := range []string{"", "a", "a:b", "{a}"} {
-				d := e.take(core.Request{Consumer: id, Scope: scope, Rate: l, Cost: 5})
+				d := e.take(core.Call{Consumer: id, Scope: scope, Rate: l, Cost: 5})
 				check(t, fmt.Sprintf("first burst of %q/%q", id, scope), d.Allowed, true)
 			}
 		}
@@ -328,7 +313,7 @@ func runGCRA(t *testing.T, s Suite) {
 			if r.Store {
 				tat = r.TAT
 			}
-			expectRate(t, i, e.take(core.Request{Rate: l, Cost: n}), l, r)
+			expectRate(t, i, e.take(core.Call{Rate: l, Cost: n}), l, r)
 		}
 	})
 
@@ -339,23 +324,23 @@ func runGCRA(t *testing.T, s Suite) {
 		e := newEnv(t, s)
 		l := core.Limit{Rate: 10, Period: time.Second, Burst: 1}
 		for i := 0; i <= 10; i++ {
-			d := e.take(core.Request{Rate: l, Cost: 1, MaxDelay: time.Second})
+			d := e.take(core.Call{Rate: l, Cost: 1, MaxDelay: time.Second})
 			check(t, fmt.Sprintf("#%d allowed", i), d.Allowed, true)
 			check(t, fmt.Sprintf("#%d delay", i), d.Delay, time.Duration(i)*100*time.Millisecond)
 			check(t, fmt.Sprintf("#%d retry after", i), d.RetryAfter, time.Duration(0))
 			check(t, fmt.Sprintf("#%d remaining", i), d.Remaining, int64(0))
 			check(t, fmt.Sprintf("#%d reset after", i), d.ResetAfter, time.Duration(i+1)*100*time.Millisecond)
 		}
-		d := e.take(core.Request{Rate: l, Cost: 1, MaxDelay: time.Second})
+		d := e.take(core.Call{Rate: l, Cost: 1, MaxDelay: time.Second})
 		check(t, "12th allowed", d.Allowed, false)
 		check(t, "12th retry after", d.RetryAfter, 1100*time.Millisecond)
 		check(t, "12th delay", d.Delay, time.Duration(0))
-		d = e.take(core.Request{Rate: l, Cost: 1})
+		d = e.take(core.Call{Rate: l, Cost: 1})
 		check(t, "without reservation", d.Allowed, false)
 		check(t, "reset after unchanged", d.ResetAfter, 1100*time.Millisecond)
 		// Time passes: the schedule drains at exactly T.
 		e.clock.Advance(1050 * time.Millisecond)
-		d = e.take(core.Request{Rate: l, Cost: 1, MaxDelay: 100 * time.Millisecond})
+		d = e.take(core.Call{Rate: l, Cost: 1, MaxDelay: 100 * time.Millisecond})
 		check(t, "after 1.05s allowed", d.Allowed, true)
 		check(t, "after 1.05s delay", d.Delay, 50*time.Millisecond)
 	})
@@ -366,20 +351,20 @@ func runGCRA(t *testing.T, s Suite) {
 		// τ + 1s), every delay distinct.
 		e := newEnv(t, s)
 		l := core.Limit{Rate: 10, Period: time.Second, Burst: 2}
-		admitted := hammer(t, e, s.Concurrency, 3, core.Request{Rate: l, Cost: 1, MaxDelay: time.Second})
+		admitted := hammer(t, e, s.Concurrency, 3, core.Call{Rate: l, Cost: 1, MaxDelay: time.Second})
 		check(t, "admitted", admitted, int64(12))
 	})
 
 	t.Run("ConcurrentFrozenClock", func(t *testing.T) {
 		e := newEnv(t, s)
 		cl := core.Limit{Rate: 100, Period: time.Minute, Burst: 37}
-		admitted := hammer(t, e, s.Concurrency, 20, core.Request{Rate: cl, Cost: 1})
+		admitted := hammer(t, e, s.Concurrency, 20, core.Call{Rate: cl, Cost: 1})
 		check(t, "admitted", admitted, int64(37))
 	})
 }
 
 // hammer sends per requests from each of g goroutines and counts admissions.
-func hammer(t *testing.T, e *env, g, per int, r core.Request) int64 {
+func hammer(t *testing.T, e *env, g, per int, r core.Call) int64 {
 	t.Helper()
 	if r.Consumer == "" {
 		r.Consumer = e.id
@@ -394,7 +379,7 @@ func hammer(t *testing.T, e *env, g, per int, r core.Request) int64 {
 			defer wg.Done()
 			<-startGun
 			for j := 0; j < per; j++ {
-				d, err := e.store.Take(context.Background(), r)
+				d, err := core.TakeCall(context.Background(), e.store, r)
 				if err != nil {
 					failed.Store(err)
 					return
@@ -420,7 +405,7 @@ func runQuota(t *testing.T, s Suite) {
 		e := newEnv(t, s)
 		e.clock.Advance(17 * time.Minute) // not on any calendar boundary
 		for i := int64(0); i < 3; i++ {
-			d := e.take(core.Request{Quota: q, Cost: 1})
+			d := e.take(core.Call{Quota: q, Cost: 1})
 			check(t, "allowed", d.Allowed, true)
 			check(t, "decided by", d.DecidedBy, core.KindQuota)
 			check(t, "remaining", d.Remaining, 2-i)
@@ -428,15 +413,15 @@ func runQuota(t *testing.T, s Suite) {
 			check(t, "reset after", d.ResetAfter, time.Hour-time.Duration(i)*time.Minute)
 			e.clock.Advance(time.Minute)
 		}
-		d := e.take(core.Request{Quota: q, Cost: 1})
+		d := e.take(core.Call{Quota: q, Cost: 1})
 		check(t, "4th allowed", d.Allowed, false)
 		check(t, "4th decided by", d.DecidedBy, core.KindQuota)
 		check(t, "4th retry after", d.RetryAfter, 57*time.Minute)
 		check(t, "4th window", d.Quota.Window, time.Hour)
 		e.clock.Advance(57*time.Minute - s.Granularity)
-		check(t, "just before renewal", e.take(core.Request{Quota: q, Cost: 1}).Allowed, false)
+		check(t, "just before renewal", e.take(core.Call{Quota: q, Cost: 1}).Allowed, false)
 		e.clock.Advance(s.Granularity)
-		d = e.take(core.Request{Quota: q, Cost: 1})
+		d = e.take(core.Call{Quota: q, Cost: 1})
 		check(t, "after renewal", d.Allowed, true)
 		check(t, "after renewal remaining", d.Remaining, int64(2))
 		check(t, "new period reset", d.ResetAfter, time.Hour)
@@ -449,48 +434,48 @@ func runQuota(t *testing.T, s Suite) {
 	t.Run("HugeCost", func(t *testing.T) {
 		e := newEnv(t, s)
 		q := core.Quota{Max: 10, Renewal: time.Hour}
-		check(t, "first", e.take(core.Request{Quota: q, Cost: 1}).Allowed, true)
-		d := e.take(core.Request{Quota: q, Cost: core.MaxCost})
+		check(t, "first", e.take(core.Call{Quota: q, Cost: 1}).Allowed, true)
+		d := e.take(core.Call{Quota: q, Cost: core.MaxCost})
 		check(t, "huge allowed", d.Allowed, false)
 		check(t, "huge retry after", d.RetryAfter, time.Duration(-1))
 		check(t, "huge remaining", d.Remaining, int64(9))
 		for i := int64(8); i >= 0; i-- {
-			d = e.take(core.Request{Quota: q, Cost: 1})
+			d = e.take(core.Call{Quota: q, Cost: 1})
 			check(t, "allowed", d.Allowed, true)
 			check(t, "remaining", d.Remaining, i)
 		}
-		check(t, "11th", e.take(core.Request{Quota: q, Cost: 1}).Allowed, false)
+		check(t, "11th", e.take(core.Call{Quota: q, Cost: 1}).Allowed, false)
 	})
 
 	t.Run("Unlimited", func(t *testing.T) {
 		e := newEnv(t, s)
 		for i := 0; i < 50; i++ {
-			check(t, "allowed", e.take(core.Request{Quota: core.Quota{Max: core.Unlimited}, Cost: 1}).Allowed, true)
+			check(t, "allowed", e.take(core.Call{Quota: core.Quota{Max: core.Unlimited}, Cost: 1}).Allowed, true)
 		}
 	})
 
 	t.Run("Reset", func(t *testing.T) {
 		e := newEnv(t, s)
 		for i := 0; i < 3; i++ {
-			e.take(core.Request{Quota: q, Cost: 1})
+			e.take(core.Call{Quota: q, Cost: 1})
 		}
-		check(t, "exhausted", e.take(core.Request{Quota: q, Cost: 1}).Allowed, false)
-		if err := e.store.ResetQuota(context.Background(), e.id, ""); err != nil {
+		check(t, "exhausted", e.take(core.Call{Quota: q, Cost: 1}).Allowed, false)
+		if err := e.store.ResetQuota(context.Background(), e.id, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		d := e.take(core.Request{Quota: q, Cost: 1})
+		d := e.take(core.Call{Quota: q, Cost: 1})
 		check(t, "after reset", d.Allowed, true)
 		check(t, "after reset remaining", d.Remaining, int64(2))
 		check(t, "after reset period", d.ResetAfter, time.Hour)
 		// Resetting one scope leaves the others.
 		for i := 0; i < 3; i++ {
-			e.take(core.Request{Scope: "api", Quota: q, Cost: 1})
+			e.take(core.Call{Scope: "api", Quota: q, Cost: 1})
 		}
-		if err := e.store.ResetQuota(context.Background(), e.id, ""); err != nil {
+		if err := e.store.ResetQuota(context.Background(), e.id, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		check(t, "other scope untouched", e.take(core.Request{Scope: "api", Quota: q, Cost: 1}).Allowed, false)
-		if err := e.store.ResetQuota(context.Background(), "never-seen", ""); err != nil {
+		check(t, "other scope untouched", e.take(core.Call{Scope: "api", Quota: q, Cost: 1}).Allowed, false)
+		if err := e.store.ResetQuota(context.Background(), "never-seen", "", 0); err != nil {
 			t.Fatalf("reset of unknown consumer: %v", err)
 		}
 	})
@@ -500,11 +485,11 @@ func runQuota(t *testing.T, s Suite) {
 		l := core.Limit{Rate: 2, Period: time.Second}
 		q := core.Quota{Max: 5, Renewal: time.Hour}
 		for i := 0; i < 10; i++ {
-			e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+			e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 		}
-		d := e.take(core.Request{Rate: l, Quota: q, Cost: 0})
+		d := e.take(core.Call{Rate: l, Quota: q, Cost: 0})
 		check(t, "quota remaining after 2 allowed of 10", d.Quota.Remaining, int64(3))
-		d = e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		d = e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 		check(t, "rate denial", d.DecidedBy, core.KindRate)
 		check(t, "rate retry", d.RetryAfter, 500*time.Millisecond)
 		check(t, "quota status on rate denial", d.Quota.Remaining, int64(3))
@@ -514,10 +499,10 @@ func runQuota(t *testing.T, s Suite) {
 		e := newEnv(t, s)
 		l := core.Limit{Rate: 10, Period: time.Second}
 		q := core.Quota{Max: 2, Renewal: time.Hour}
-		e.take(core.Request{Rate: l, Quota: q, Cost: 1})
-		e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		e.take(core.Call{Rate: l, Quota: q, Cost: 1})
+		e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 		for i := 0; i < 5; i++ {
-			d := e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+			d := e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 			check(t, "denied", d.Allowed, false)
 			check(t, "by quota", d.DecidedBy, core.KindQuota)
 			check(t, "rate remaining untouched", d.Rate.Remaining, int64(8))
@@ -526,16 +511,16 @@ func runQuota(t *testing.T, s Suite) {
 
 	t.Run("ConcurrentExact", func(t *testing.T) {
 		e := newEnv(t, s)
-		r := core.Request{Rate: core.Limit{Rate: 1000, Period: time.Minute, Burst: 100}, Quota: core.Quota{Max: 41, Renewal: time.Hour}, Cost: 1}
+		r := core.Call{Rate: core.Limit{Rate: 1000, Period: time.Minute, Burst: 100}, Quota: core.Quota{Max: 41, Renewal: time.Hour}, Cost: 1}
 		check(t, "admitted", hammer(t, e, s.Concurrency, 10, r), int64(41))
-		d := e.take(core.Request{Rate: r.Rate, Quota: r.Quota, Cost: 0})
+		d := e.take(core.Call{Rate: r.Rate, Quota: r.Quota, Cost: 0})
 		check(t, "rate spent only for admitted", d.Rate.Remaining, int64(100-41))
 	})
 }
 
 func runErrors(t *testing.T, s Suite) {
 	e := newEnv(t, s)
-	bad := []core.Request{
+	bad := []core.Call{
 		{Consumer: "x", Rate: core.Limit{Rate: 0, Period: time.Second, Burst: 1}, Cost: 1},
 		{Consumer: "x", Rate: core.Limit{Rate: -5, Period: time.Second}, Cost: 1},
 		{Consumer: "x", Rate: core.Limit{Rate: 1, Period: -time.Second}, Cost: 1},
@@ -547,18 +532,18 @@ func runErrors(t *testing.T, s Suite) {
 		{Consumer: "x", Rate: core.PerSecond(1), Cost: -1},
 	}
 	for i, r := range bad {
-		if _, err := e.store.Take(context.Background(), r); err == nil {
+		if _, err := core.TakeCall(context.Background(), e.store, r); err == nil {
 			t.Errorf("bad request %d (%+v): no error", i, r)
 		}
 	}
 	// Costs outside [0, MaxCost] are refused as such, whatever the limits.
 	for _, n := range []int64{-1, core.MaxCost + 1, math.MaxInt64, math.MinInt64} {
-		for _, r := range []core.Request{
+		for _, r := range []core.Call{
 			{Consumer: "x", Rate: core.PerSecond(1), Cost: n},
 			{Consumer: "x", Quota: core.Quota{Max: 10, Renewal: time.Hour}, Cost: n},
 			{Consumer: "x", Cost: n},
 		} {
-			if _, err := e.store.Take(context.Background(), r); !errors.Is(err, core.ErrInvalidCost) {
+			if _, err := core.TakeCall(context.Background(), e.store, r); !errors.Is(err, core.ErrInvalidCost) {
 				t.Errorf("cost %d (%+v): error %v, want ErrInvalidCost", n, r, err)
 			}
 		}
@@ -568,17 +553,17 @@ func runErrors(t *testing.T, s Suite) {
 	// keys on a faster path, which must refuse exactly what the general
 	// path refuses), and limits at the edges of core.Limit.Validate.
 	ctx := context.Background()
-	if d, err := e.store.Take(ctx, core.Request{Consumer: "held", Rate: core.PerSecond(1000), Cost: 1}); err != nil || !d.Allowed {
+	if d, err := core.TakeCall(ctx, e.store, core.Call{Consumer: "held", Rate: core.PerSecond(1000), Cost: 1}); err != nil || !d.Allowed {
 		t.Fatalf("first request of the held key: %+v, %v; want allowed", d, err)
 	}
 	for i, r := range bad {
 		r.Consumer = "held"
-		if _, err := e.store.Take(ctx, r); err == nil {
+		if _, err := core.TakeCall(ctx, e.store, r); err == nil {
 			t.Errorf("bad request %d on a held key (%+v): no error", i, r)
 		}
 	}
 	for _, n := range []int64{-1, core.MaxCost + 1, math.MaxInt64, math.MinInt64} {
-		if _, err := e.store.Take(ctx, core.Request{Consumer: "held", Rate: core.PerSecond(1000), Cost: n}); !errors.Is(err, core.ErrInvalidCost) {
+		if _, err := core.TakeCall(ctx, e.store, core.Call{Consumer: "held", Rate: core.PerSecond(1000), Cost: n}); !errors.Is(err, core.ErrInvalidCost) {
 			t.Errorf("cost %d on a held key: error %v, want ErrInvalidCost", n, err)
 		}
 	}
@@ -594,7 +579,7 @@ func runErrors(t *testing.T, s Suite) {
 		{Rate: 3, Period: 2}, // T = 0
 	} {
 		want := l.Validate()
-		_, err := e.store.Take(ctx, core.Request{Consumer: "held", Rate: l, Cost: 0})
+		_, err := core.TakeCall(ctx, e.store, core.Call{Consumer: "held", Rate: l, Cost: 0})
 		if (err != nil) != (want != nil) || (want != nil && !errors.Is(err, core.ErrInvalidLimit)) {
 			t.Errorf("limit %+v on a held key: error %v; Validate says %v", l, err, want)
 		}

@@ -65,34 +65,34 @@ func runWindowCommon(t *testing.T, s Suite, a core.Algorithm) {
 
 	t.Run("PeekEmpty", func(t *testing.T) {
 		e := newEnv(t, s)
-		expectWin(t, "peek", e.take(core.Request{Rate: l, Cost: 0}), l, true, 10, 0, 0)
-		expectWin(t, "peek again", e.take(core.Request{Rate: l, Cost: 0}), l, true, 10, 0, 0)
+		expectWin(t, "peek", e.take(core.Call{Rate: l, Cost: 0}), l, true, 10, 0, 0)
+		expectWin(t, "peek again", e.take(core.Call{Rate: l, Cost: 0}), l, true, 10, 0, 0)
 	})
 
 	t.Run("CostExceedsRate", func(t *testing.T) {
 		e := newEnv(t, s)
-		expectWin(t, "cost 11", e.take(core.Request{Rate: l, Cost: 11}), l, false, 10, 0, -1)
-		d := e.take(core.Request{Rate: l, Cost: 10})
+		expectWin(t, "cost 11", e.take(core.Call{Rate: l, Cost: 11}), l, false, 10, 0, -1)
+		d := e.take(core.Call{Rate: l, Cost: 10})
 		check(t, "full rate still there", d.Allowed, true)
 		check(t, "remaining", d.Remaining, int64(0))
 	})
 
 	t.Run("DeniedChangesNoState", func(t *testing.T) {
 		e := newEnv(t, s)
-		first := e.take(core.Request{Rate: l, Cost: 10})
+		first := e.take(core.Call{Rate: l, Cost: 10})
 		check(t, "burst allowed", first.Allowed, true)
-		d := e.take(core.Request{Rate: l, Cost: 1})
+		d := e.take(core.Call{Rate: l, Cost: 1})
 		check(t, "denied", d.Allowed, false)
 		for i := 0; i < 20; i++ {
-			again := e.take(core.Request{Rate: l, Cost: 1})
+			again := e.take(core.Call{Rate: l, Cost: 1})
 			if again != d {
 				t.Fatalf("retry %d: %+v, want the same decision %+v", i, again, d)
 			}
 		}
 		e.clock.Advance(d.RetryAfter - s.Granularity)
-		check(t, "one granule before retry-after", e.take(core.Request{Rate: l, Cost: 1}).Allowed, false)
+		check(t, "one granule before retry-after", e.take(core.Call{Rate: l, Cost: 1}).Allowed, false)
 		e.clock.Advance(s.Granularity)
-		check(t, "at retry-after", e.take(core.Request{Rate: l, Cost: 1}).Allowed, true)
+		check(t, "at retry-after", e.take(core.Call{Rate: l, Cost: 1}).Allowed, true)
 	})
 
 	t.Run("QuotaSpentOnlyWhenRateAllows", func(t *testing.T) {
@@ -100,18 +100,18 @@ func runWindowCommon(t *testing.T, s Suite, a core.Algorithm) {
 		l := windowLimit(a, 2, time.Second)
 		q := core.Quota{Max: 5, Renewal: time.Hour}
 		for i := 0; i < 10; i++ {
-			e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+			e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 		}
-		d := e.take(core.Request{Rate: l, Quota: q, Cost: 0})
+		d := e.take(core.Call{Rate: l, Quota: q, Cost: 0})
 		check(t, "quota remaining after 2 allowed of 10", d.Quota.Remaining, int64(3))
 		check(t, "rate remaining", d.Rate.Remaining, int64(0))
 		e.clock.Advance(time.Hour / 2)
 		for i := 0; i < 10; i++ {
-			e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+			e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 		}
 		e.clock.Advance(2 * time.Second)
-		check(t, "5th unit", e.take(core.Request{Rate: l, Quota: q, Cost: 1}).Allowed, true)
-		d = e.take(core.Request{Rate: l, Quota: q, Cost: 1})
+		check(t, "5th unit", e.take(core.Call{Rate: l, Quota: q, Cost: 1}).Allowed, true)
+		d = e.take(core.Call{Rate: l, Quota: q, Cost: 1})
 		check(t, "quota denial", d.DecidedBy, core.KindQuota)
 		check(t, "quota retry", d.RetryAfter, time.Hour/2-2*time.Second)
 		check(t, "rate untouched by quota denial", d.Rate.Remaining, int64(1))
@@ -121,7 +121,7 @@ func runWindowCommon(t *testing.T, s Suite, a core.Algorithm) {
 		e := newEnv(t, s)
 		for _, id := range []string{e.id, e.id + "{x}", e.id + ":sw:", e.id + "\n"} {
 			for _, scope := range []string{"", "a:b", "{a}"} {
-				d := e.take(core.Request{Consumer: id, Scope: scope, Rate: l, Cost: 10})
+				d := e.take(core.Call{Consumer: id, Scope: scope, Rate: l, Cost: 10})
 				check(t, fmt.Sprintf("first burst of %q/%q", id, scope), d.Allowed, true)
 			}
 		}
@@ -130,8 +130,8 @@ func runWindowCommon(t *testing.T, s Suite, a core.Algorithm) {
 	t.Run("ConcurrentFrozenClock", func(t *testing.T) {
 		e := newEnv(t, s)
 		cl := windowLimit(a, 37, time.Minute)
-		check(t, "admitted", hammer(t, e, s.Concurrency, 20, core.Request{Rate: cl, Cost: 1}), int64(37))
-		d := e.take(core.Request{Rate: cl, Cost: 0})
+		check(t, "admitted", hammer(t, e, s.Concurrency, 20, core.Call{Rate: cl, Cost: 1}), int64(37))
+		d := e.take(core.Call{Rate: cl, Cost: 0})
 		check(t, "remaining", d.Remaining, int64(0))
 	})
 }
@@ -147,34 +147,34 @@ func runFixedWindow(t *testing.T, s Suite) {
 		e.clock.Advance(5 * time.Second)
 		for k := int64(1); k <= 10; k++ {
 			at := 5*time.Second + time.Duration(k-1)*5*time.Second
-			expectWin(t, fmt.Sprintf("request %d at %v", k, at), e.take(core.Request{Rate: l, Cost: 1}), l, true, 10-k, 65*time.Second-at, 0)
+			expectWin(t, fmt.Sprintf("request %d at %v", k, at), e.take(core.Call{Rate: l, Cost: 1}), l, true, 10-k, 65*time.Second-at, 0)
 			if k < 10 {
 				e.clock.Advance(5 * time.Second)
 			}
 		}
-		expectWin(t, "11th at 50s", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, 15*time.Second, 15*time.Second)
+		expectWin(t, "11th at 50s", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, 15*time.Second, 15*time.Second)
 		e.clock.Advance(15*time.Second - s.Granularity)
-		expectWin(t, "one granule before 65s", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, s.Granularity, s.Granularity)
+		expectWin(t, "one granule before 65s", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, s.Granularity, s.Granularity)
 		e.clock.Advance(s.Granularity)
-		expectWin(t, "at 65s a new window opens", e.take(core.Request{Rate: l, Cost: 1}), l, true, 9, time.Minute, 0)
+		expectWin(t, "at 65s a new window opens", e.take(core.Call{Rate: l, Cost: 1}), l, true, 9, time.Minute, 0)
 	})
 
 	t.Run("BoundaryBurst", func(t *testing.T) {
 		e := newEnv(t, s)
-		expectWin(t, "1 at 0", e.take(core.Request{Rate: l, Cost: 1}), l, true, 9, time.Minute, 0)
+		expectWin(t, "1 at 0", e.take(core.Call{Rate: l, Cost: 1}), l, true, 9, time.Minute, 0)
 		e.clock.Advance(time.Minute - time.Second)
-		expectWin(t, "9 at 59s", e.take(core.Request{Rate: l, Cost: 9}), l, true, 0, time.Second, 0)
+		expectWin(t, "9 at 59s", e.take(core.Call{Rate: l, Cost: 9}), l, true, 0, time.Second, 0)
 		e.clock.Advance(time.Second)
-		expectWin(t, "10 at 60s", e.take(core.Request{Rate: l, Cost: 10}), l, true, 0, time.Minute, 0)
+		expectWin(t, "10 at 60s", e.take(core.Call{Rate: l, Cost: 10}), l, true, 0, time.Minute, 0)
 	})
 
 	t.Run("IdleThenNewWindow", func(t *testing.T) {
 		e := newEnv(t, s)
-		e.take(core.Request{Rate: l, Cost: 4})
+		e.take(core.Call{Rate: l, Cost: 4})
 		e.clock.Advance(200*time.Second + 7*time.Millisecond)
-		expectWin(t, "after idle", e.take(core.Request{Rate: l, Cost: 2}), l, true, 8, time.Minute, 0)
+		expectWin(t, "after idle", e.take(core.Call{Rate: l, Cost: 2}), l, true, 8, time.Minute, 0)
 		e.clock.Advance(time.Second)
-		expectWin(t, "peek", e.take(core.Request{Rate: l, Cost: 0}), l, true, 8, 59*time.Second, 0)
+		expectWin(t, "peek", e.take(core.Call{Rate: l, Cost: 0}), l, true, 8, 59*time.Second, 0)
 	})
 }
 
@@ -185,43 +185,43 @@ func runSlidingWindow(t *testing.T, s Suite) {
 	t.Run("PreviousWindowWeighted", func(t *testing.T) {
 		e := newEnv(t, s)
 		for k := int64(1); k <= 10; k++ {
-			expectWin(t, fmt.Sprintf("request %d", k), e.take(core.Request{Rate: l, Cost: 1}), l, true, 10-k, 2*time.Minute, 0)
+			expectWin(t, fmt.Sprintf("request %d", k), e.take(core.Call{Rate: l, Cost: 1}), l, true, 10-k, 2*time.Minute, 0)
 		}
 		// 11th: it passes once 10×(60s−e)/60s + 1 ≤ 10 in the next
 		// window, i.e. e ≥ 6s: at 66s.
-		expectWin(t, "11th", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, 2*time.Minute, 66*time.Second)
+		expectWin(t, "11th", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, 2*time.Minute, 66*time.Second)
 		e.clock.Advance(66*time.Second - time.Microsecond)
 		// previous weight ceil(10×(54s+1µs)/60s) = 10
-		expectWin(t, "1µs early", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, 54*time.Second+time.Microsecond, time.Microsecond)
+		expectWin(t, "1µs early", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, 54*time.Second+time.Microsecond, time.Microsecond)
 		e.clock.Advance(time.Microsecond)
 		// weight 9, current 1: remaining 0; full again 2 periods after 60s
-		expectWin(t, "at 66s", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, 114*time.Second, 0)
+		expectWin(t, "at 66s", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, 114*time.Second, 0)
 		// next: 10×(60s−e)/60s + 2 ≤ 10 at e = 12s
-		expectWin(t, "again", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, 114*time.Second, 6*time.Second)
+		expectWin(t, "again", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, 114*time.Second, 6*time.Second)
 	})
 
 	t.Run("FractionalWeight", func(t *testing.T) {
 		e := newEnv(t, s)
 		l := windowLimit(core.SlidingWindow, 3, time.Second)
-		e.take(core.Request{Rate: l, Cost: 3})
+		e.take(core.Call{Rate: l, Cost: 3})
 		e.clock.Advance(1400 * time.Millisecond)
 		// previous 3 weighted 0.6 = 1.8 → 2 units unavailable
-		expectWin(t, "peek", e.take(core.Request{Rate: l, Cost: 0}), l, true, 1, 600*time.Millisecond, 0)
+		expectWin(t, "peek", e.take(core.Call{Rate: l, Cost: 0}), l, true, 1, 600*time.Millisecond, 0)
 		// 1.8 + 1 ≤ 3 passes; remaining 3 − 1 − 2 = 0
-		expectWin(t, "take", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, 1600*time.Millisecond, 0)
+		expectWin(t, "take", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, 1600*time.Millisecond, 0)
 		// 3×(1s−e)/1s + 2 ≤ 3 from e = 666667µs: 266667µs from now
-		expectWin(t, "denied", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, 1600*time.Millisecond, 266667*time.Microsecond)
+		expectWin(t, "denied", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, 1600*time.Millisecond, 266667*time.Microsecond)
 		e.clock.Advance(266666 * time.Microsecond)
-		check(t, "1µs early", e.take(core.Request{Rate: l, Cost: 1}).Allowed, false)
+		check(t, "1µs early", e.take(core.Call{Rate: l, Cost: 1}).Allowed, false)
 		e.clock.Advance(time.Microsecond)
-		check(t, "on time", e.take(core.Request{Rate: l, Cost: 1}).Allowed, true)
+		check(t, "on time", e.take(core.Call{Rate: l, Cost: 1}).Allowed, true)
 	})
 
 	t.Run("TwoIdlePeriodsForget", func(t *testing.T) {
 		e := newEnv(t, s)
-		e.take(core.Request{Rate: l, Cost: 10})
+		e.take(core.Call{Rate: l, Cost: 10})
 		e.clock.Advance(2 * time.Minute)
-		expectWin(t, "fresh", e.take(core.Request{Rate: l, Cost: 1}), l, true, 9, 2*time.Minute, 0)
+		expectWin(t, "fresh", e.take(core.Call{Rate: l, Cost: 1}), l, true, 9, 2*time.Minute, 0)
 	})
 }
 
@@ -231,19 +231,19 @@ func runSlidingLog(t *testing.T, s Suite) {
 
 	t.Run("ExactLog", func(t *testing.T) {
 		e := newEnv(t, s)
-		expectWin(t, "at 0", e.take(core.Request{Rate: l, Cost: 1}), l, true, 2, time.Second, 0)
+		expectWin(t, "at 0", e.take(core.Call{Rate: l, Cost: 1}), l, true, 2, time.Second, 0)
 		e.clock.Advance(200 * time.Millisecond)
-		expectWin(t, "at 200ms", e.take(core.Request{Rate: l, Cost: 1}), l, true, 1, time.Second, 0)
+		expectWin(t, "at 200ms", e.take(core.Call{Rate: l, Cost: 1}), l, true, 1, time.Second, 0)
 		e.clock.Advance(300 * time.Millisecond)
-		expectWin(t, "at 500ms", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
-		expectWin(t, "4th waits for the 0ms entry", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, time.Second, 500*time.Millisecond)
-		expectWin(t, "cost 2 waits for the 200ms entry", e.take(core.Request{Rate: l, Cost: 2}), l, false, 0, time.Second, 700*time.Millisecond)
+		expectWin(t, "at 500ms", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
+		expectWin(t, "4th waits for the 0ms entry", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, time.Second, 500*time.Millisecond)
+		expectWin(t, "cost 2 waits for the 200ms entry", e.take(core.Call{Rate: l, Cost: 2}), l, false, 0, time.Second, 700*time.Millisecond)
 		e.clock.Advance(500*time.Millisecond - time.Microsecond)
-		expectWin(t, "1µs early", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, 500*time.Millisecond+time.Microsecond, time.Microsecond)
+		expectWin(t, "1µs early", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, 500*time.Millisecond+time.Microsecond, time.Microsecond)
 		e.clock.Advance(time.Microsecond)
-		expectWin(t, "at 1s", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
+		expectWin(t, "at 1s", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
 		e.clock.Advance(time.Second)
-		expectWin(t, "all expired", e.take(core.Request{Rate: l, Cost: 0}), l, true, 3, 0, 0)
+		expectWin(t, "all expired", e.take(core.Call{Rate: l, Cost: 0}), l, true, 3, 0, 0)
 	})
 
 	// CostlyRequests: requests of several units are logged as their
@@ -252,18 +252,18 @@ func runSlidingLog(t *testing.T, s Suite) {
 	t.Run("CostlyRequests", func(t *testing.T) {
 		e := newEnv(t, s)
 		l := windowLimit(core.SlidingLog, 10, time.Second)
-		expectWin(t, "3 at 0", e.take(core.Request{Rate: l, Cost: 3}), l, true, 7, time.Second, 0)
+		expectWin(t, "3 at 0", e.take(core.Call{Rate: l, Cost: 3}), l, true, 7, time.Second, 0)
 		e.clock.Advance(100 * time.Millisecond)
-		expectWin(t, "4 at 100ms", e.take(core.Request{Rate: l, Cost: 4}), l, true, 3, time.Second, 0)
+		expectWin(t, "4 at 100ms", e.take(core.Call{Rate: l, Cost: 4}), l, true, 3, time.Second, 0)
 		e.clock.Advance(100 * time.Millisecond)
-		expectWin(t, "2 at 200ms", e.take(core.Request{Rate: l, Cost: 2}), l, true, 1, time.Second, 0)
-		expectWin(t, "3 waits for the 0ms request", e.take(core.Request{Rate: l, Cost: 3}), l, false, 1, time.Second, 800*time.Millisecond)
-		expectWin(t, "5 waits for the 100ms request", e.take(core.Request{Rate: l, Cost: 5}), l, false, 1, time.Second, 900*time.Millisecond)
-		expectWin(t, "10 waits for all", e.take(core.Request{Rate: l, Cost: 10}), l, false, 1, time.Second, time.Second)
+		expectWin(t, "2 at 200ms", e.take(core.Call{Rate: l, Cost: 2}), l, true, 1, time.Second, 0)
+		expectWin(t, "3 waits for the 0ms request", e.take(core.Call{Rate: l, Cost: 3}), l, false, 1, time.Second, 800*time.Millisecond)
+		expectWin(t, "5 waits for the 100ms request", e.take(core.Call{Rate: l, Cost: 5}), l, false, 1, time.Second, 900*time.Millisecond)
+		expectWin(t, "10 waits for all", e.take(core.Call{Rate: l, Cost: 10}), l, false, 1, time.Second, time.Second)
 		e.clock.Advance(800 * time.Millisecond)
-		expectWin(t, "3 at 1s", e.take(core.Request{Rate: l, Cost: 3}), l, true, 1, time.Second, 0)
+		expectWin(t, "3 at 1s", e.take(core.Call{Rate: l, Cost: 3}), l, true, 1, time.Second, 0)
 		e.clock.Advance(900 * time.Millisecond)
-		expectWin(t, "peek at 1.9s", e.take(core.Request{Rate: l, Cost: 0}), l, true, 7, 100*time.Millisecond, 0)
+		expectWin(t, "peek at 1.9s", e.take(core.Call{Rate: l, Cost: 0}), l, true, 7, 100*time.Millisecond, 0)
 	})
 
 	// AtMaxCount: a log of Rate 2^53 − 1 admits whole costs exactly across
@@ -275,28 +275,28 @@ func runSlidingLog(t *testing.T, s Suite) {
 		// (about 116 days), stepped in tenths.
 		const p = time.Duration(1e16)
 		l := windowLimit(core.SlidingLog, r, p)
-		expectWin(t, "r−1 at 0", e.take(core.Request{Rate: l, Cost: r - 1}), l, true, 1, p, 0)
+		expectWin(t, "r−1 at 0", e.take(core.Call{Rate: l, Cost: r - 1}), l, true, 1, p, 0)
 		e.clock.Advance(p)
-		expectWin(t, "r−1 at P", e.take(core.Request{Rate: l, Cost: r - 1}), l, true, 1, p, 0)
+		expectWin(t, "r−1 at P", e.take(core.Call{Rate: l, Cost: r - 1}), l, true, 1, p, 0)
 		e.clock.Advance(p / 10)
-		expectWin(t, "1 at 1.1P", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, p, 0)
-		expectWin(t, "1 more waits for P", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, p, 9*p/10)
+		expectWin(t, "1 at 1.1P", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, p, 0)
+		expectWin(t, "1 more waits for P", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, p, 9*p/10)
 		e.clock.Advance(9 * p / 10)
-		expectWin(t, "2 at 2P", e.take(core.Request{Rate: l, Cost: 2}), l, true, r-3, p, 0)
-		expectWin(t, "r−3 at 2P", e.take(core.Request{Rate: l, Cost: r - 3}), l, true, 0, p, 0)
-		expectWin(t, "1 more waits for 1.1P", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, p, p/10)
-		expectWin(t, "2 more wait for 2P", e.take(core.Request{Rate: l, Cost: 2}), l, false, 0, p, p)
+		expectWin(t, "2 at 2P", e.take(core.Call{Rate: l, Cost: 2}), l, true, r-3, p, 0)
+		expectWin(t, "r−3 at 2P", e.take(core.Call{Rate: l, Cost: r - 3}), l, true, 0, p, 0)
+		expectWin(t, "1 more waits for 1.1P", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, p, p/10)
+		expectWin(t, "2 more wait for 2P", e.take(core.Call{Rate: l, Cost: 2}), l, false, 0, p, p)
 		e.clock.Advance(p / 10)
-		expectWin(t, "1 at 2.1P", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, p, 0)
+		expectWin(t, "1 at 2.1P", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, p, 0)
 	})
 
 	t.Run("SameInstantUnits", func(t *testing.T) {
 		e := newEnv(t, s)
 		l := windowLimit(core.SlidingLog, 5, time.Second)
-		expectWin(t, "2", e.take(core.Request{Rate: l, Cost: 2}), l, true, 3, time.Second, 0)
-		expectWin(t, "2 more", e.take(core.Request{Rate: l, Cost: 2}), l, true, 1, time.Second, 0)
-		expectWin(t, "1 more", e.take(core.Request{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
-		expectWin(t, "full", e.take(core.Request{Rate: l, Cost: 1}), l, false, 0, time.Second, time.Second)
+		expectWin(t, "2", e.take(core.Call{Rate: l, Cost: 2}), l, true, 3, time.Second, 0)
+		expectWin(t, "2 more", e.take(core.Call{Rate: l, Cost: 2}), l, true, 1, time.Second, 0)
+		expectWin(t, "1 more", e.take(core.Call{Rate: l, Cost: 1}), l, true, 0, time.Second, 0)
+		expectWin(t, "full", e.take(core.Call{Rate: l, Cost: 1}), l, false, 0, time.Second, time.Second)
 	})
 }
 
@@ -310,18 +310,18 @@ func runCounts(t *testing.T, s Suite) {
 
 	t.Run("AboveMaxCountRefused", func(t *testing.T) {
 		e := newEnv(t, s)
-		bad := []core.Request{
+		bad := []core.Call{
 			{Rate: core.Limit{Rate: over, Period: long}, Cost: 1},
 			{Rate: core.Limit{Rate: 1, Period: 1, Burst: over}, Cost: 1},
 			{Quota: core.Quota{Max: over, Renewal: time.Hour}, Cost: 1},
 			{Rate: core.PerSecond(5), Quota: core.Quota{Max: over, Renewal: time.Hour}, Cost: 1},
 		}
 		for _, a := range s.Algorithms {
-			bad = append(bad, core.Request{Rate: windowLimit(a, over, long), Cost: 1})
+			bad = append(bad, core.Call{Rate: windowLimit(a, over, long), Cost: 1})
 		}
 		for _, r := range bad {
 			r.Consumer = e.id
-			_, err := e.store.Take(context.Background(), r)
+			_, err := core.TakeCall(context.Background(), e.store, r)
 			if !errors.Is(err, core.ErrInvalidLimit) || !strings.Contains(err.Error(), "above 9007199254740991 (2^53 − 1)") {
 				t.Errorf("%+v: error %v, want ErrInvalidLimit naming the bound 2^53 − 1", r, err)
 			}
@@ -330,7 +330,7 @@ func runCounts(t *testing.T, s Suite) {
 
 	// exact spends MaxCount − 1, then 2 (denied), 1 and 1 (denied) against
 	// a limit of MaxCount, checking every Remaining.
-	exact := func(t *testing.T, r core.Request, kind core.Kind) {
+	exact := func(t *testing.T, r core.Call, kind core.Kind) {
 		e := newEnv(t, s)
 		steps := []struct {
 			cost      int64
@@ -347,18 +347,18 @@ func runCounts(t *testing.T, s Suite) {
 		}
 	}
 	t.Run("QuotaAtMaxCount", func(t *testing.T) {
-		exact(t, core.Request{Quota: core.Quota{Max: core.MaxCount, Renewal: time.Hour}}, core.KindQuota)
+		exact(t, core.Call{Quota: core.Quota{Max: core.MaxCount, Renewal: time.Hour}}, core.KindQuota)
 	})
 	t.Run("GCRABurstAtMaxCount", func(t *testing.T) {
 		// T = 1 ns; the clock stands still, so nothing refills.
-		exact(t, core.Request{Rate: core.Limit{Rate: 1, Period: 1, Burst: core.MaxCount}}, core.KindRate)
+		exact(t, core.Call{Rate: core.Limit{Rate: 1, Period: 1, Burst: core.MaxCount}}, core.KindRate)
 	})
 	for _, a := range s.Algorithms {
 		if a == core.SlidingWindow {
 			continue // its Rate × Period bound (in the store) is tighter
 		}
 		t.Run(a.String()+"AtMaxCount", func(t *testing.T) {
-			exact(t, core.Request{Rate: windowLimit(a, core.MaxCount, long)}, core.KindRate)
+			exact(t, core.Call{Rate: windowLimit(a, core.MaxCount, long)}, core.KindRate)
 		})
 	}
 }

@@ -201,11 +201,15 @@ func work(c config, out, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rule, err := store.Prepare(core.LimitSet{Rate: jobLimit(c.rate)})
+	if err != nil {
+		return err
+	}
 	start := time.Unix(0, c.startAt)
 	time.Sleep(time.Until(start))
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(c.duration))
 	defer cancel()
-	job := core.Request{Consumer: c.key, Rate: jobLimit(c.rate), Cost: 1}
+	job := core.Request{Consumer: c.key, Rule: rule, Cost: 1}
 	retry := newRetryBackOff()
 	var n, retries int64
 	var lastErr error

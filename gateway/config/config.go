@@ -1,29 +1,28 @@
 // Package config loads and validates the limitplane gateway's YAML
 // configuration.
 //
-// A file is decoded strictly (go.yaml.in/yaml/v3 with KnownFields), then
-// checked as a whole: what decoded is checked even when other values did
-// not, so one run reports every problem of a file, decoding and semantic
-// alike, each naming the file, line and column, the field (as a path such
-// as policies[1].rate.per) and what is wrong with it; the gateway refuses
-// to start on any of them. The
-// README's "Gateway configuration reference" documents every field.
+// A file is decoded strictly, by walking its YAML nodes against the
+// schema, then checked as a whole: what decoded is checked even when
+// other values did not, so one run reports every problem of a file,
+// decoding and semantic alike, each naming the file, line and column, the
+// field (as a path such as policies[1].rate.per) and what is wrong with
+// it; the gateway refuses to start on any of them. The README's "Gateway
+// configuration reference" documents every field.
 //
-// Parse returns domain values (core.Policy, identity.KeyRecord,
-// response.Options) ready to hand to the engine, the key registry and the
-// renderer; plaintext API keys are hashed with identity.HashKey while
-// loading and are not kept. The policies, keys and APIs are also returned
-// as a spec.Snapshot, the model a control plane sends: the file's names
-// are the snapshot's JSON names, a file is checked by spec's Validate too,
-// and the rest of the file (listen address, store, Redis, failure policy,
-// timeouts, response format, client_ip) is local to the gateway.
+// The file's travelling part, its policies, keys and APIs, is decoded into
+// spec's types and judged by spec's Validate, as a control plane's
+// snapshot is (Config.Snapshot); plaintext API keys are hashed with
+// identity.HashKey while loading and are not kept. This package adds what
+// only a file has and places spec's problems at their line and column.
+// The rest of the file (listen address, store, Redis, failure policy,
+// timeouts, response format, client_ip, admin, control_plane, drl) is
+// local to the gateway and checked here.
 package config
 
 import (
 	"fmt"
-	"net/url"
 	"os"
-	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -93,24 +92,19 @@ type Config struct {
 	// nil when the file has no admin section, and then there is none.
 	Admin *Admin
 	// ControlPlane, when the file has a control_plane section, says where
-	// the policies, keys and APIs come from; Policies, Keys, APIs and
-	// Snapshot are then empty (the file may not set them).
+	// the policies, keys and APIs come from; Snapshot is then empty (the
+	// file may not set them).
 	ControlPlane *ControlPlane
 	// DRL, when the file has a drl section, turns the Distributed Rate
-	// Limiter on (dataplane/drl): the policies marked distributed are
+	// Limiter on (core/drl): the policies marked distributed are
 	// enforced in memory against this gateway's share. nil when the file
 	// has none: such policies are then enforced exactly by the store.
 	DRL *DRL
-	// Policies are the rate limits and quotas keys and keyless APIs use.
-	Policies []core.Policy
-	// Keys are the API keys, hashed.
-	Keys []identity.KeyRecord
-	// APIs are the routes, in file order.
-	APIs []API
 	// Snapshot is the file's travelling part (package spec): its
-	// policies, keys (by hash) and APIs, as a control plane would send
-	// them, with Revision 0. Policies, Keys and APIs above are the same
-	// data converted for the gateway; the rest of Config stays local.
+	// policies, keys (by hash: a plaintext key is hashed while loading
+	// and not kept) and APIs (listen paths clean), as a control plane
+	// would send them, with Revision 0. The rest of Config stays local.
+	// Empty with a control_plane section.
 	Snapshot spec.Snapshot
 	// Resolver resolves the snapshot's secret references as the file
 	// does: files relative to its directory, the process environment.
@@ -174,88 +168,6 @@ type Admin struct {
 	Token string
 }
 
-// AuthMode says how an API identifies its consumers.
-type AuthMode uint8
-
-const (
-	// AuthAPIKey requires an API key from the key list; each key's
-	// policies apply. The default.
-	AuthAPIKey AuthMode = iota
-	// AuthKeyless admits anyone; the API's own policies apply per client
-	// IP address.
-	AuthKeyless
-	// AuthJWT requires a signed JSON Web Token; its consumer claim is the
-	// consumer and its policy claim (or the default policies) apply.
-	AuthJWT
-)
-
-// String returns "api_key", "keyless" or "jwt".
-func (m AuthMode) String() string {
-	switch m {
-	case AuthKeyless:
-		return "keyless"
-	case AuthJWT:
-		return "jwt"
-	}
-	return "api_key"
-}
-
-// API is one protected upstream and the path prefix it is served under.
-type API struct {
-	// ID names the API; policies' apis lists and keys' api_limits refer
-	// to it, and it is the API the engine decides for.
-	ID string
-	// ListenPath is the path prefix, always ending in "/". A request
-	// matches when its path starts with ListenPath or equals ListenPath
-	// without its final slash; the longest matching prefix wins.
-	ListenPath string
-	// Target is where matching requests go.
-	Target Target
-	// Auth says how consumers are identified.
-	Auth AuthMode
-	// Policies apply per client IP on a keyless API; empty for api_key
-	// and jwt APIs.
-	Policies []string
-	// JWT configures a jwt API's authenticator; nil for other APIs. Its
-	// Keys are loaded (PEM files read, secrets taken from the environment
-	// or files) unless JWKS is set; Now and JWKS are left for the gateway
-	// to fill in.
-	JWT *identity.JWTOptions
-	// JWKS, when set, is where a jwt API's keys come from: the gateway
-	// starts it with identity.NewJWKS and passes it as JWT.JWKS.
-	JWKS *identity.JWKSOptions
-	// FailureLimit is the ID of the policy that failed authentications
-	// are charged to, per client address (identity.FailureLimited); ""
-	// means none.
-	FailureLimit string
-	// StripListenPath removes ListenPath from the request path before it
-	// goes upstream ("/echo/a" reaches the upstream as "/a").
-	StripListenPath bool
-	// StripAuthData removes the credential from a request before it goes
-	// upstream: every header, query parameter and cookie the API's
-	// authenticator reads it from (Tyk's strip_auth_data). True by default
-	// for api_key and jwt APIs; always false for keyless ones.
-	StripAuthData bool
-}
-
-// Target is an API's upstream: either a builtin (BuiltinEcho) or an
-// http(s) URL. Exactly one of the fields is set.
-type Target struct {
-	// Builtin is BuiltinEcho, or "".
-	Builtin string
-	// URL is the upstream's base URL (scheme, host and an optional path
-	// prefix), or nil.
-	URL *url.URL
-}
-
-// String returns the target as written in a file.
-func (t Target) String() string {
-	if t.URL != nil {
-		return t.URL.String()
-	}
-	return t.Builtin
-}
-
 // RedactedStore returns Store for messages and banners, as the file wrote
 // it except that a URL's password (in its user information or a password
 // query parameter) is replaced by "xxxxx".
@@ -279,25 +191,20 @@ func Load(path string) (*Config, error) {
 // secret_env and password_env are read from the process environment, so a
 // missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
-	raw, ix, errs, d := decode(name, data)
+	raw, d := decode(name, data)
 	if raw == nil {
-		return nil, dedup(errs, ix)
+		return nil, d.errs
 	}
-	v := &validator{file: name, ix: ix, decoding: d}
+	v := &validator{file: name, dec: d, seen: map[reported]bool{}}
 	cfg := v.config(raw)
-	for _, e := range v.errs {
-		if !d.echo(e) {
-			errs = append(errs, e)
-		}
-	}
-	if len(errs) == 0 {
-		cfg.Snapshot = v.snapshot(raw, cfg)
-		cfg.Resolver = FileResolver{Dir: filepath.Dir(name)}
-		errs = append(errs, v.errs...)
-	}
-	if len(errs) > 0 {
-		sortErrors(errs)
-		return nil, dedup(errs, ix)
+	if errs := append(d.errs, v.errs...); len(errs) > 0 {
+		slices.SortStableFunc(errs, func(a, b *Error) int {
+			if a.Line != b.Line {
+				return a.Line - b.Line
+			}
+			return a.Column - b.Column
+		})
+		return nil, errs
 	}
 	return cfg, nil
 }
@@ -313,10 +220,6 @@ type Error struct {
 	Field string
 	// Problem says what is wrong.
 	Problem string
-
-	// requires marks a validator's "missing" and "needs" problems (see
-	// decoding.echo).
-	requires bool
 }
 
 // Error formats the problem as "file:line:column: field: problem".

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -129,7 +128,7 @@ func TestRefusals(t *testing.T) {
 		// Policies.
 		{"policy without id", "policies:\n  - rate: {requests: 5, per: 1s}\n" + api, `t.yaml:2:5: policies[0].id: missing`},
 		{"duplicate policy id", "policies:\n  - id: p\n  - id: q\n  - id: p\n" + api,
-			`t.yaml:4:9: policies[2].id: duplicate policy id "p" (first at line 2)`},
+			`t.yaml:4:9: policies[2].id: duplicate policy id "p" (first at policies[0].id on line 2)`},
 		{"requests missing", "policies:\n  - id: p\n    rate: {per: 1s}\n" + api,
 			`t.yaml:3:11: policies[0].rate.requests: missing (requests per period, or -1 for unlimited)`},
 		{"zero requests", "policies:\n  - id: p\n    rate: {requests: 0, per: 1s}\n" + api,
@@ -199,9 +198,9 @@ func TestRefusals(t *testing.T) {
 		{"short key_hash", "keys:\n  - {key_hash: \"sha256:abcd\", policies: [p]}\npolicies:\n  - id: p\n" + api,
 			`t.yaml:2:16: keys[0].key_hash: "sha256:abcd" is not sha256:<64 hex digits>`},
 		{"duplicate plaintext key", "keys:\n  - {key: k, policies: [p]}\n  - {key: j, policies: [p]}\n  - {key: k, policies: [p]}\npolicies:\n  - id: p\n" + api,
-			`t.yaml:4:11: keys[2].key: same key as keys[0] (line 2)`},
+			`t.yaml:4:11: keys[2].key: same key as keys[0] on line 2`},
 		{"key given as plaintext and hash", "keys:\n  - {key: k, policies: [p]}\n  - {key_hash: \"" + identity.HashKey("k").String() + "\", policies: [p]}\npolicies:\n  - id: p\n" + api,
-			`t.yaml:3:16: keys[1].key_hash: same key as keys[0] (line 2)`},
+			`t.yaml:3:16: keys[1].key_hash: same key as keys[0] on line 2`},
 		{"over-long key", "keys:\n  - {key: " + strings.Repeat("x", 513) + ", policies: [p]}\npolicies:\n  - id: p\n" + api,
 			`t.yaml:2:11: keys[0].key: longer than 512 bytes; the gateway refuses such keys`},
 		{"key with CR LF", "keys:\n  - {key: \"a\\r\\nb\", policies: [p]}\npolicies:\n  - id: p\n" + api,
@@ -226,15 +225,15 @@ func TestRefusals(t *testing.T) {
 		{"empty api_limits", "keys:\n  - key: k\n    api_limits:\n      a: {}\n" + api,
 			`t.yaml:4:10: keys[0].api_limits.a: needs rate or quota`},
 		{"bad api_limits rate", "keys:\n  - key: k\n    api_limits:\n      a: {rate: {requests: 1, per: -1m}}\n" + api,
-			`t.yaml:4:36: keys[0].api_limits.a.rate.per: -1m must be > 0`},
+			`t.yaml:4:36: keys[0].api_limits.a.rate.per: -1m0s must be > 0`},
 
 		// APIs.
 		{"no apis", "listen: 127.0.0.1:1\n", `t.yaml:1:1: apis: at least one API is required`},
 		{"api without id", "apis:\n  - {listen_path: /a/, target: \"builtin:echo\"}\n", `t.yaml:2:5: apis[0].id: missing`},
 		{"duplicate api id", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\"}\n  - {id: a, listen_path: /b/, target: \"builtin:echo\"}\n",
-			`t.yaml:3:10: apis[1].id: duplicate API id "a" (first at line 2)`},
+			`t.yaml:3:10: apis[1].id: duplicate API id "a" (first at apis[0].id on line 2)`},
 		{"duplicate listen path", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\"}\n  - {id: b, listen_path: /a, target: \"builtin:echo\"}\n",
-			`t.yaml:3:26: apis[1].listen_path: "/a" is the same path as apis[0].listen_path (line 2)`},
+			`t.yaml:3:26: apis[1].listen_path: "/a" is the same path as apis[0].listen_path on line 2`},
 		{"listen path missing", "apis:\n  - {id: a, target: \"builtin:echo\"}\n",
 			`t.yaml:2:5: apis[0].listen_path: missing (a path prefix like "/orders/")`},
 		{"relative listen path", "apis:\n  - {id: a, listen_path: a/, target: \"builtin:echo\"}\n",
@@ -286,7 +285,7 @@ func TestRefusals(t *testing.T) {
 			"t.yaml:1:9: listen: want a string, got a list\n" +
 				"t.yaml:2:16: store_timeout: \"50\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
 				"t.yaml:5:22: policies[0].rate.requests: want an integer, got 1.5\n" +
-				"t.yaml:6:9: policies[1].id: duplicate policy id \"p\" (first at line 4)\n" +
+				"t.yaml:6:9: policies[1].id: duplicate policy id \"p\" (first at policies[0].id on line 4)\n" +
 				"t.yaml:7:22: policies[1].rate.requests: want an integer, got \"five\"\n" +
 				"t.yaml:7:33: policies[1].rate.per: \"5 mins\" is not a duration (like 500ms, 10s, 1m or 24h)\n" +
 				"t.yaml:8:18: policies[1].quota.max: -3 must be > 0 (or -1 for unlimited)\n" +
@@ -340,7 +339,7 @@ func TestRefusals(t *testing.T) {
 			"t.yaml:5:26: keys[1].policies[0]: want a string, got a list\n" +
 				"t.yaml:5:30: keys[1].policies[1]: want a string, got a list"},
 		{"a policy given twice through an alias", "policies:\n  - &q {id: q, quota: {max: 2, renewal: 1h}}\n  - *q\n" + api,
-			`t.yaml:3:5: policies[1].id: duplicate policy id "q" (first at line 2)`},
+			`t.yaml:3:5: policies[1].id: duplicate policy id "q" (first at policies[0].id on line 2)`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -384,19 +383,6 @@ func TestDemoConfig(t *testing.T) {
 			IdleTimeout: 120 * time.Second, ShutdownTimeout: 10 * time.Second, MaxHeaderBytes: 65536,
 		},
 		Response: response.Options{XRateLimit: true, XRateLimitReset: response.ResetEpoch, QuotaExceededStatus: 429, StoreFailureStatus: 503},
-		Policies: []core.Policy{
-			{ID: "default", Rate: core.Limit{Rate: 5, Period: time.Minute, Burst: 5}, Quota: core.Quota{Max: 100, Renewal: 24 * time.Hour}},
-			{ID: "gold", Rate: core.Limit{Rate: core.Unlimited}, Quota: core.Quota{Max: 10000, Renewal: 24 * time.Hour}},
-			{ID: "anon", Rate: core.Limit{Rate: 10, Period: time.Minute}},
-		},
-		Keys: []identity.KeyRecord{
-			{Hash: identity.HashKey("demo-key-1"), Policies: []string{"default"}},
-			{Hash: gold, Policies: []string{"gold"}},
-		},
-		APIs: []config.API{
-			{ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthAPIKey, StripListenPath: true, StripAuthData: true},
-			{ID: "open", ListenPath: "/open/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthKeyless, Policies: []string{"anon"}, StripListenPath: true},
-		},
 		Snapshot: spec.Snapshot{
 			Policies: []spec.Policy{
 				{ID: "default", Rate: &spec.Rate{Requests: 5, Per: spec.Duration(time.Minute), Burst: 5}, Quota: &spec.Quota{Max: 100, Renewal: spec.Duration(24 * time.Hour)}},
@@ -416,6 +402,46 @@ func TestDemoConfig(t *testing.T) {
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("demo config:\n got %+v\nwant %+v", cfg, want)
+	}
+	wantPolicies := []core.Policy{
+		{ID: "default", Rate: core.Limit{Rate: 5, Period: time.Minute, Burst: 5}, Quota: core.Quota{Max: 100, Renewal: 24 * time.Hour}},
+		{ID: "gold", Rate: core.Limit{Rate: core.Unlimited}, Quota: core.Quota{Max: 10000, Renewal: 24 * time.Hour}},
+		{ID: "anon", Rate: core.Limit{Rate: 10, Period: time.Minute}},
+	}
+	wantKeys := []identity.KeyRecord{
+		{Hash: identity.HashKey("demo-key-1"), Policies: []string{"default"}},
+		{Hash: gold, Policies: []string{"gold"}},
+	}
+	wantAPIs := []route{
+		{ID: "echo", ListenPath: "/echo/", Target: config.BuiltinEcho, Auth: "api_key", StripListenPath: true, StripAuthData: true},
+		{ID: "open", ListenPath: "/open/", Target: config.BuiltinEcho, Auth: "keyless", Policies: []string{"anon"}, StripListenPath: true},
+	}
+	checkTravelling(t, cfg.Snapshot, wantPolicies, wantKeys, wantAPIs)
+}
+
+// route is what a gateway makes of a spec.API.
+type route struct {
+	ID, ListenPath, Target, Auth   string
+	Policies                       []string
+	StripListenPath, StripAuthData bool
+}
+
+// checkTravelling checks what the engine, the key registry and the router
+// take from a snapshot: its policies, keys and APIs as spec converts them.
+func checkTravelling(t *testing.T, s spec.Snapshot, policies []core.Policy, keys []identity.KeyRecord, apis []route) {
+	t.Helper()
+	if got := s.CorePolicies(); !reflect.DeepEqual(got, policies) {
+		t.Errorf("policies:\n got %+v\nwant %+v", got, policies)
+	}
+	if got, err := s.KeyRecords(); err != nil || !reflect.DeepEqual(got, keys) {
+		t.Errorf("keys:\n got %+v, %v\nwant %+v", got, err, keys)
+	}
+	var got []route
+	for _, a := range s.APIs {
+		got = append(got, route{a.ID, a.ListenPath, a.Target, a.AuthOrDefault(), a.Policies, a.StripsListenPath(), a.StripsAuthData()})
+	}
+	if !reflect.DeepEqual(got, apis) {
+		t.Errorf("APIs:\n got %+v\nwant %+v", got, apis)
 	}
 }
 
@@ -494,8 +520,6 @@ apis:
 	if err != nil {
 		t.Fatal(err)
 	}
-	u1, _ := url.Parse("https://api.internal:8443/v1")
-	u2, _ := url.Parse("http://127.0.0.1:9001")
 	want := &config.Config{
 		Listen:        ":9000",
 		Store:         "memory",
@@ -508,31 +532,33 @@ apis:
 		},
 		Server:   config.Server{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
 		Response: response.Options{NoRateLimitFields: true, XRateLimit: true, XRateLimitReset: response.ResetSeconds, QuotaExceededStatus: 403, StoreFailureStatus: 500},
-		Policies: []core.Policy{
-			{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 20}, Quota: core.Quota{Max: core.Unlimited}, APIs: []string{"svc"}, Shadow: true, Distributed: true},
-			{ID: "free", Rate: core.Limit{Rate: core.Unlimited}},
-		},
-		Keys: []identity.KeyRecord{
-			{
-				Hash: identity.HashKey("k1"), Policies: []string{"p"}, Inactive: true, QuotaEpoch: 2,
-				Expires: time.Date(2027, 1, 31, 11, 0, 0, 0, time.UTC),
-				APILimits: map[string]core.Limits{"svc": {
-					Rate:       core.Limit{Rate: 3, Period: time.Minute},
-					Quota:      core.Quota{Max: 1000, Renewal: 720 * time.Hour},
-					QuotaEpoch: 7,
-				}},
-			},
-			{Hash: h, Policies: []string{"free"}},
-		},
-		APIs: []config.API{
-			{ID: "svc", ListenPath: "/svc/", Target: config.Target{URL: u1}, Auth: config.AuthAPIKey},
-			{ID: "all", ListenPath: "/", Target: config.Target{URL: u2}, Auth: config.AuthKeyless, Policies: []string{"free"}, StripListenPath: true},
-		},
 	}
-	if !cfg.Keys[0].Expires.Equal(want.Keys[0].Expires) {
-		t.Errorf("expires = %v, want %v", cfg.Keys[0].Expires, want.Keys[0].Expires)
+	wantPolicies := []core.Policy{
+		{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Second, Burst: 20}, Quota: core.Quota{Max: core.Unlimited}, APIs: []string{"svc"}, Shadow: true, Distributed: true},
+		{ID: "free", Rate: core.Limit{Rate: core.Unlimited}},
 	}
-	cfg.Keys[0].Expires = want.Keys[0].Expires
+	wantKeys := []identity.KeyRecord{
+		{
+			Hash: identity.HashKey("k1"), Policies: []string{"p"}, Inactive: true, QuotaEpoch: 2,
+			Expires: time.Date(2027, 1, 31, 11, 0, 0, 0, time.UTC),
+			APILimits: map[string]core.Limits{"svc": {
+				Rate:       core.Limit{Rate: 3, Period: time.Minute},
+				Quota:      core.Quota{Max: 1000, Renewal: 720 * time.Hour},
+				QuotaEpoch: 7,
+			}},
+		},
+		{Hash: h, Policies: []string{"free"}},
+	}
+	wantAPIs := []route{
+		{ID: "svc", ListenPath: "/svc/", Target: "https://api.internal:8443/v1", Auth: "api_key"},
+		{ID: "all", ListenPath: "/", Target: "http://127.0.0.1:9001", Auth: "keyless", Policies: []string{"free"}, StripListenPath: true},
+	}
+	if got := *cfg.Snapshot.Keys[0].Expires; !got.Equal(wantKeys[0].Expires) {
+		t.Errorf("expires = %v, want %v", got, wantKeys[0].Expires)
+	}
+	keys, _ := cfg.Snapshot.KeyRecords()
+	wantKeys[0].Expires = keys[0].Expires
+	checkTravelling(t, cfg.Snapshot, wantPolicies, wantKeys, wantAPIs)
 	// The travelling part, as a control plane would send it: the file's
 	// names, the key by its hash, the listen path normalised.
 	snap, err := json.Marshal(cfg.Snapshot)
@@ -618,7 +644,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := config.Parse("f.yaml", data)
 		if err == nil {
-			if cfg == nil || len(cfg.APIs) == 0 {
+			if cfg == nil || len(cfg.Snapshot.APIs) == 0 {
 				t.Fatalf("accepted without APIs: %+v", cfg)
 			}
 			return
@@ -665,5 +691,35 @@ func TestMemoryConfig(t *testing.T) {
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("%s: error %v, want %s", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestMergeKeys: a mapping takes the fields its merge keys (<<) bring and
+// may override them, and booleans may be YAML 1.1's words, as the YAML
+// library decodes them; a merge key that brings no mapping is refused.
+func TestMergeKeys(t *testing.T) {
+	cfg, err := config.Parse("t.yaml", []byte("policies:\n  - &base {id: a, rate: {requests: 5, per: 1s}}\n  - <<: *base\n    id: b\n    shadow: yes\n"+api))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cfg.Snapshot.Policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := `[{"id":"a","rate":{"requests":5,"per":"1s"}},{"id":"b","rate":{"requests":5,"per":"1s"},"shadow":true}]`; string(b) != w {
+		t.Errorf("policies:\n got %s\nwant %s", b, w)
+	}
+	_, err = config.Parse("t.yaml", []byte("policies:\n  - <<: [1]\n    id: b\n"+api))
+	if want := `t.yaml:2:10: policies[0]: want a mapping (or a list of them) to merge, got 1`; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+}
+
+// TestMergedFieldsPlace: a problem of a field a merge key brings is placed
+// where the merge names its text, as one an alias brings is at the alias.
+func TestMergedFieldsPlace(t *testing.T) {
+	_, err := config.Parse("t.yaml", []byte("policies:\n  - &base {id: a, rate: {requests: 5, per: 1s}}\n  - {<<: *base}\n"+api))
+	if want := `t.yaml:3:10: policies[1].id: duplicate policy id "a" (first at policies[0].id on line 2)`; err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
 	}
 }

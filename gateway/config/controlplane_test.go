@@ -70,8 +70,12 @@ func TestControlPlane(t *testing.T) {
 	if !reflect.DeepEqual(cfg.ControlPlane, want) {
 		t.Errorf("minimal section: %+v\nwant %+v", cfg.ControlPlane, want)
 	}
-	if len(cfg.APIs) != 0 || len(cfg.Snapshot.APIs)+len(cfg.Snapshot.Keys)+len(cfg.Snapshot.Policies) != 0 || cfg.Snapshot.Revision != 0 {
+	if len(cfg.Snapshot.APIs)+len(cfg.Snapshot.Keys)+len(cfg.Snapshot.Policies) != 0 || cfg.Snapshot.Revision != 0 {
 		t.Errorf("a control-plane file has a configuration of its own: %+v", cfg.Snapshot)
+	}
+	// The control plane's secret files are read beside the file too.
+	if cfg.Resolver != (config.FileResolver{Dir: dir}) {
+		t.Errorf("Resolver = %+v, want the file's directory %s", cfg.Resolver, dir)
 	}
 
 	cfg, err = parse(`control_plane:

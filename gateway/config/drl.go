@@ -35,7 +35,7 @@ const (
 )
 
 // DRL is the drl section: the Distributed Rate Limiter (package
-// dataplane/drl). The gateways of one data plane report their demand for
+// core/drl). The gateways of one data plane report their demand for
 // each distributed policy's hot keys to their shared Redis every Interval;
 // one of them, elected with a lease and a fencing token, publishes shares
 // that follow demand and never sum above the limit; each gateway enforces
@@ -61,12 +61,6 @@ type DRL struct {
 	// Headroom is the share above its smoothed demand a gateway that is
 	// not saturated gets, as a fraction of that demand.
 	Headroom float64
-	// UnsafeGrowsBeforeShrinks is for tests only: it publishes grows
-	// before the matching shrinks are in force, which breaks the bound
-	// (the sum of what gateways enforce may exceed the limit), so a
-	// harness can show it catches the overshoot. Never set it in
-	// production.
-	UnsafeGrowsBeforeShrinks bool
 }
 
 // drl validates the drl section. It needs a Redis store: the gateways
@@ -74,12 +68,11 @@ type DRL struct {
 func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
 	r := raw.DRL
 	d := &DRL{
-		Group:                    DefaultDRLGroup,
-		Interval:                 DefaultDRLInterval,
-		MaxGateways:              DefaultDRLMaxGateways,
-		JoinReserve:              DefaultDRLJoinReserve,
-		Headroom:                 DefaultDRLHeadroom,
-		UnsafeGrowsBeforeShrinks: r.UnsafeGrowsBeforeShrinks,
+		Group:       DefaultDRLGroup,
+		Interval:    DefaultDRLInterval,
+		MaxGateways: DefaultDRLMaxGateways,
+		JoinReserve: DefaultDRLJoinReserve,
+		Headroom:    DefaultDRLHeadroom,
 	}
 	if cfg.Redis == nil && !v.refused("store") && !v.failed("store") {
 		v.fail("drl", "needs a redis store (store: redis://host:port/db): the gateways of a data plane share their demand and shares through it")

@@ -141,7 +141,7 @@ func TestJWTRefusals(t *testing.T) {
 		{"two keys without ids", jwtAPI("algorithms: [RS256, HS256], keys: [{pem_file: " + dir + "/rsa.pem}, {id: h, secret_env: LP_GOOD}]" + pol),
 			at(35) + `apis[0].jwt.keys[0].id: missing (with several keys each needs an id, matched against the token's kid)`},
 		{"duplicate key id", jwtAPI("algorithms: [RS256, HS256], keys: [{id: k, pem_file: " + dir + "/rsa.pem}, {id: k, secret_env: LP_GOOD}]" + pol),
-			at(len("algorithms: [RS256, HS256], keys: [{id: k, pem_file: "+dir+"/rsa.pem}, {id: ")) + `apis[0].jwt.keys[1].id: duplicate key id "k" (first at line 6)`},
+			at(len("algorithms: [RS256, HS256], keys: [{id: k, pem_file: "+dir+"/rsa.pem}, {id: ")) + `apis[0].jwt.keys[1].id: duplicate key id "k" (first at apis[0].jwt.keys[0].id on line 6)`},
 		{"jwks url missing", jwtAPI("algorithms: [RS256], jwks: {refresh_interval: 1h}" + pol),
 			at(27) + `apis[0].jwt.jwks.url: missing (the identity provider's JWK Set, like https://idp.example/.well-known/jwks.json)`},
 		{"jwks url plain http", jwtAPI("algorithms: [RS256], jwks: {url: \"http://idp.example/jwks\"}" + pol),
@@ -254,9 +254,16 @@ apis:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []config.API{
+	// What the gateway builds each API's authenticator from.
+	type jwtAPI struct {
+		route
+		JWT          *identity.JWTOptions
+		JWKS         *identity.JWKSOptions
+		FailureLimit string
+	}
+	want := []jwtAPI{
 		{
-			ID: "echo", ListenPath: "/echo/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true, StripAuthData: true,
+			route: route{ID: "echo", ListenPath: "/echo/", Target: config.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"RS256", "HS256", "HS512"},
 				Keys: []identity.JWTKey{rsaKey,
@@ -269,29 +276,41 @@ apis:
 			FailureLimit: "authfail",
 		},
 		{
-			ID: "ext", ListenPath: "/ext/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true, StripAuthData: true,
+			route: route{ID: "ext", ListenPath: "/ext/", Target: config.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"ES256"}, ConsumerClaim: "sub", PolicyClaim: "plan", IDPrefix: `jwt:api="ext":`,
 			},
 			JWKS: &identity.JWKSOptions{URL: "https://idp.example/.well-known/jwks.json", RefreshInterval: 10 * time.Minute},
 		},
 		{
-			ID: "local", ListenPath: "/local/", Target: config.Target{Builtin: config.BuiltinEcho}, Auth: config.AuthJWT, StripListenPath: true, StripAuthData: true,
+			route: route{ID: "local", ListenPath: "/local/", Target: config.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"EdDSA"}, ConsumerClaim: "sub", DefaultPolicies: []string{"gold"}, IDPrefix: `jwt:api="local":`,
 			},
 			JWKS: &identity.JWKSOptions{URL: "http://127.0.0.1:9999/jwks", RefreshInterval: time.Hour},
 		},
 	}
-	if !reflect.DeepEqual(cfg.APIs, want) {
-		t.Errorf("APIs:\n got %+v\nwant %+v", cfg.APIs, want)
+	var got []jwtAPI
+	for _, a := range cfg.Snapshot.APIs {
+		o, jwks, err := a.JWT.Options(a.ID, cfg.Resolver)
+		if err != nil {
+			t.Fatalf("API %s: %v", a.ID, err)
+		}
+		g := jwtAPI{route: route{a.ID, a.ListenPath, a.Target, a.AuthOrDefault(), a.Policies, a.StripsListenPath(), a.StripsAuthData()}, JWT: &o, JWKS: jwks}
+		if a.FailureLimit != nil {
+			g.FailureLimit = a.FailureLimit.Policy
+		}
+		got = append(got, g)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("APIs:\n got %+v\nwant %+v", got, want)
 		for i := range want {
-			if i < len(cfg.APIs) && !reflect.DeepEqual(cfg.APIs[i].JWT, want[i].JWT) {
-				t.Errorf("API %d JWT:\n got %+v\nwant %+v", i, cfg.APIs[i].JWT, want[i].JWT)
+			if i < len(got) && !reflect.DeepEqual(got[i].JWT, want[i].JWT) {
+				t.Errorf("API %d JWT:\n got %+v\nwant %+v", i, got[i].JWT, want[i].JWT)
 			}
 		}
 	}
-	if _, err := identity.NewJWT(*cfg.APIs[0].JWT); err != nil {
+	if _, err := identity.NewJWT(*got[0].JWT); err != nil {
 		t.Errorf("identity refuses the loaded options: %v", err)
 	}
 }

@@ -23,11 +23,10 @@ func readme(t *testing.T) string {
 // The rate and quota blocks are listed in full once, under policies.
 func schemaPaths(t reflect.Type, prefix string, seen map[reflect.Type]bool) []string {
 	var out []string
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		p := prefix + strings.Split(f.Tag.Get("yaml"), ",")[0]
+	for _, f := range fields(t) {
+		p := prefix + f.name
 		out = append(out, p)
-		ft := f.Type
+		ft := f.t
 		for ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
@@ -36,7 +35,7 @@ func schemaPaths(t reflect.Type, prefix string, seen map[reflect.Type]bool) []st
 			out = append(out, schemaPaths(ft.Elem(), p+"[].", seen)...)
 		case ft.Kind() == reflect.Map:
 			out = append(out, schemaPaths(ft.Elem(), p+".<api id>.", seen)...)
-		case ft.Kind() == reflect.Struct && !seen[ft]:
+		case ft.Kind() == reflect.Struct && ft != timeType && !seen[ft]:
 			seen[ft] = true
 			out = append(out, schemaPaths(ft, p+".", seen)...)
 		}

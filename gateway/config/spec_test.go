@@ -9,12 +9,11 @@ import (
 	"github.com/limitplane/limitplane/spec"
 )
 
-// TestSpecNamesAreTheFileNames checks that each spec type's JSON names are
-// the YAML names of the file section it models, so a file, an admin API and
-// a control plane speak one vocabulary. The differences are deliberate:
-// a file may give a key in plaintext (hashed at load, never in a snapshot),
-// a snapshot has a revision, quota epochs are set by a control plane only
-// (a file's keys have none), and a snapshot may carry an inline PEM public
+// TestSpecNamesAreTheFileNames checks that the file's travelling part is
+// spec's types with spec's JSON names, so a file, an admin API and a
+// control plane speak one vocabulary. The differences are deliberate: a
+// file may give a key in plaintext (hashed at load, never in a snapshot),
+// a snapshot has a revision, and a snapshot may carry an inline PEM public
 // key or an inline HMAC secret that the file does not offer.
 func TestSpecNamesAreTheFileNames(t *testing.T) {
 	for _, tc := range []struct {
@@ -24,18 +23,18 @@ func TestSpecNamesAreTheFileNames(t *testing.T) {
 	}{
 		{file: rawConfig{}, spec: spec.Snapshot{}, onlySpec: []string{"revision"},
 			onlyFile: []string{"listen", "store", "failure_policy", "store_timeout", "redis", "memory", "shadow", "client_ip", "server", "response", "admin", "control_plane", "drl"}},
-		{file: rawPolicy{}, spec: spec.Policy{}},
-		{file: rawRate{}, spec: spec.Rate{}},
-		{file: rawQuota{}, spec: spec.Quota{}},
+		{file: spec.Policy{}, spec: spec.Policy{}},
+		{file: spec.Rate{}, spec: spec.Rate{}},
 		{file: rawKey{}, spec: spec.Key{}, onlyFile: []string{"key"}},
-		{file: rawLimits{}, spec: spec.Limits{}},
-		{file: rawAPI{}, spec: spec.API{}},
-		{file: rawJWT{}, spec: spec.JWT{}},
-		{file: rawJWTKey{}, spec: spec.JWTKey{}, onlySpec: []string{"pem", "secret"}},
-		{file: rawJWKS{}, spec: spec.JWKS{}},
-		{file: rawFailureLimit{}, spec: spec.FailureLimit{}},
+		{file: spec.API{}, spec: spec.API{}},
+		{file: spec.JWT{}, spec: spec.JWT{}},
+		{file: spec.JWTKey{}, spec: spec.JWTKey{}, onlySpec: []string{"pem", "secret"}},
+		{file: spec.JWKS{}, spec: spec.JWKS{}},
 	} {
-		fileNames := tagNames(reflect.TypeOf(tc.file), "yaml")
+		var fileNames []string
+		for _, f := range fields(reflect.TypeOf(tc.file)) {
+			fileNames = append(fileNames, f.name)
+		}
 		specNames := tagNames(reflect.TypeOf(tc.spec), "json")
 		var onlyFile, onlySpec []string
 		for _, n := range fileNames {

@@ -249,16 +249,6 @@ func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
 	return out
 }
 
-// failed reports whether a problem was already reported at path.
-func (v *validator) failed(path string) bool {
-	for _, e := range v.errs {
-		if e.Field == path {
-			return true
-		}
-	}
-	return false
-}
-
 // hostPort returns the port of one host of a store URL's host list
 // ("host:port", "[v6]:port"), and whether it names one. An IPv6 address
 // without brackets names none. An empty port ("host:") is go-redis's

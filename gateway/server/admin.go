@@ -6,8 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/dataplane"
-	"github.com/limitplane/limitplane/dataplane/drl"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/metrics"
 )
@@ -76,9 +76,5 @@ func (m *opsMetrics) registerSync(agent *dataplane.Agent) {
 
 // registerDRL adds the Distributed Rate Limiter's metrics to m.
 func (m *opsMetrics) registerDRL(s *drl.Store) {
-	m.registry.MustRegister(metrics.NewDRL(metrics.Options{}, func() metrics.DRLState {
-		st := s.Stats()
-		return metrics.DRLState{Epoch: st.Epoch, HotKeys: st.HotKeys, ShareRate: st.ShareRate, Allocator: st.Allocator,
-			Fallbacks: st.Fallbacks, Tables: st.Tables}
-	}))
+	m.registry.MustRegister(metrics.NewDRL(metrics.Options{}, s.Stats))
 }

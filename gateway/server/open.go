@@ -8,14 +8,13 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/dataplane"
-	"github.com/limitplane/limitplane/dataplane/drl"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/metrics"
-	"github.com/redis/go-redis/v9"
 )
 
 // open opens the store cfg names, makes the gateway over it, reporting
@@ -32,46 +31,35 @@ import (
 // Redis store (gateway.NewFallback), and closed last.
 func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*gateway.Gateway, core.Store, func() error, error) {
 	log := o.Logger
+	clock := o.Seams.Or().Clock // nil: the system clock
 	so := gateway.StoreOptions{
 		URL:           "memory",
-		Memory:        memory.Options{Clock: o.Clock, MaxKeys: cfg.Memory.MaxKeys},
+		Memory:        memory.Options{Clock: clock, MaxKeys: cfg.Memory.MaxKeys},
 		FailurePolicy: cfg.FailurePolicy,
 		Logger:        log,
-		AfterFunc:     o.AfterFunc,
 	}
 	if r := cfg.Redis; r != nil {
 		so.URL, so.Password, so.Name, so.Redis = r.URL, r.Password, cfg.RedactedStore(), r.Options
-		if o.Clock != nil {
+		if clock != nil {
 			// A test froze the clock: the scripts take its time instead
 			// of Redis TIME, and keys outlive the frozen instant in real
 			// time.
-			so.Redis.Clock, so.Redis.TTLMargin = o.Clock, time.Minute
+			so.Redis.Clock, so.Redis.TTLMargin = clock, time.Minute
 		}
 	}
 	// Under failure_policy fallback the gateway decides in an in-process
 	// store while Redis fails; every Redis decision seeds it, so it
 	// carries on from the counts this gateway last saw.
-	var fallback *gateway.Fallback
+	var fallback *memory.Store
 	if cfg.FailurePolicy == core.FailFallback && cfg.Redis != nil {
-		fallback = gateway.NewFallback(o.Clock, cfg.Memory.MaxKeys)
+		fallback = gateway.NewFallback(clock, cfg.Memory.MaxKeys)
 		so.Redis.Seed = fallback
 	}
 	if d := cfg.DRL; d != nil && cfg.Redis != nil {
-		so.Wrap = func(c redis.UniversalClient, exact core.Store) (core.Store, func() error, error) {
-			s, err := drl.New(c, exact, drlOptions(d, o))
-			if err != nil {
-				return nil, nil, err
-			}
-			m.registerDRL(s)
-			log.Info("distributed rate limiter on", "group", d.Group, "gateway", s.GatewayID(), "interval", d.Interval,
-				"max_gateways", d.MaxGateways, "join_reserve", d.JoinReserve, "headroom", d.Headroom)
-			if d.UnsafeGrowsBeforeShrinks {
-				log.Warn("drl.unsafe_grows_before_shrinks is set: grows are published before shrinks, and the gateways may admit more than a distributed limit (a test switch)")
-			}
-			return s, s.Close, nil
-		}
+		do := drlOptions(d, o)
+		so.DRL = &do
 	} else if cfg.DRL == nil {
-		for _, p := range cfg.Policies {
+		for _, p := range cfg.Snapshot.Policies {
 			if p.Distributed {
 				log.Warn("policies marked distributed are enforced exactly by the store: the file has no drl section", "policy", p.ID)
 				break
@@ -84,6 +72,12 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			fallback.Close()
 		}
 		return nil, nil, nil, err
+	}
+	if s, ok := store.(*drl.Store); ok {
+		d := cfg.DRL
+		m.registerDRL(s)
+		log.Info("distributed rate limiter on", "group", d.Group, "gateway", s.GatewayID(), "interval", d.Interval,
+			"max_gateways", d.MaxGateways, "join_reserve", d.JoinReserve, "headroom", d.Headroom)
 	}
 	if fallback != nil {
 		closeRedis := closeStore
@@ -102,9 +96,7 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 		Response:        cfg.Response,
 		Resolver:        cfg.Resolver,
 		Logger:          log,
-		Clock:           o.Clock,
-		Now:             o.Now,
-		AfterFunc:       o.AfterFunc,
+		Seams:           o.Seams,
 	}
 	if fallback != nil {
 		opts.Fallback = fallback
@@ -156,7 +148,7 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, o Optio
 		MaxStale:     cp.MaxStale,
 		OnStale:      onStale,
 		StartTimeout: o.StartTimeout,
-		Now:          o.Now,
+		Now:          o.Seams.Or().Now,
 		Logger:       o.Logger,
 	})
 	if err != nil {
@@ -290,20 +282,19 @@ func controlPlaneSettings(cp *config.ControlPlane) any {
 
 // drlOptions are the drl section as drl.Options. The file's 0 means none
 // for join_reserve and headroom; drl.Options' 0 means its default, and a
-// negative value none.
+// negative value none. The DRL reads the system clock, whatever o.Clock
+// says: its clock is no option (a test of the DRL on a manual clock is
+// core/drl's own).
 func drlOptions(d *config.DRL, o Options) drl.Options {
 	do := drl.Options{
 		Group: d.Group, Interval: d.Interval, MaxGateways: d.MaxGateways, JoinReserve: d.JoinReserve, Headroom: d.Headroom,
-		Logger: o.Logger, UnsafeGrowsBeforeShrinks: d.UnsafeGrowsBeforeShrinks,
+		Logger: o.Logger,
 	}
 	if do.JoinReserve == 0 {
 		do.JoinReserve = -1
 	}
 	if do.Headroom == 0 {
 		do.Headroom = -1
-	}
-	if o.Clock != nil {
-		do.Clock = o.Clock
 	}
 	return do
 }

@@ -30,10 +30,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
+	"github.com/limitplane/limitplane/internal/seams"
 )
 
 // DefaultVersion is what a data-plane gateway tells its control plane it
@@ -62,17 +62,14 @@ type Options struct {
 	// (rate-limited), reloads, the data-plane agent's events, shutdown.
 	// nil means slog.Default().
 	Logger *slog.Logger
-	// Clock is the limit store's monotonic clock (also the Redis
-	// scripts' and the DRL's, instead of Redis TIME, and Redis keys then
-	// live a minute longer than their limits need); nil means the system
-	// clock. For tests.
-	Clock core.Clock
-	// Now is the wall clock for X-RateLimit-Reset, key expiry and the
-	// agent's staleness; nil means time.Now.
-	Now func() time.Time
-	// AfterFunc times the intervals of the store-failure log; nil means
-	// time.AfterFunc. For tests.
-	AfterFunc gateway.AfterFunc
+	// Seams freeze the clocks and timers in this module's tests
+	// (internal/seams; only this module can make one); nil means the
+	// system's. Seams.Clock is the limit store's monotonic clock (also the
+	// Redis scripts' and the DRL's, instead of Redis TIME, and Redis keys
+	// then live a minute longer than their limits need); Seams.Now the
+	// wall clock for X-RateLimit-Reset, key expiry and the agent's
+	// staleness; Seams.AfterFunc times the store-failure log's intervals.
+	Seams *seams.Seams
 	// StartTimeout is how long a data-plane gateway waits for its control
 	// plane before it starts from its persisted configuration
 	// (dataplane.AgentOptions.StartTimeout); 0 means the agent's default,
@@ -146,9 +143,6 @@ func Open(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	if o.Version == "" {
 		o.Version = DefaultVersion

@@ -22,6 +22,7 @@ import (
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/gateway/server"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 )
 
 // logBuffer is a goroutine-safe log destination.
@@ -63,8 +64,8 @@ func serve(t *testing.T, o server.Options) (*server.Server, *logBuffer) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(log, nil))
 	}
-	if o.Clock == nil {
-		o.Clock = core.NewManualClock(int64(time.Hour))
+	if o.Seams == nil {
+		o.Seams = &seams.Seams{Clock: core.NewManualClock(int64(time.Hour))}
 	}
 	srv, err := server.Open(context.Background(), o)
 	if err != nil {

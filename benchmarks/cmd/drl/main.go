@@ -53,7 +53,7 @@ func main() {
 	flag.IntVar(&o.MaxGateways, "max-gateways", 0, "drl.max_gateways (default: the gateway's)")
 	flag.IntVar(&o.JoinReserve, "join-reserve", 0, "drl.join_reserve (default: the gateway's)")
 	flag.Float64Var(&o.Headroom, "headroom", 0, "drl.headroom (default: the gateway's)")
-	flag.BoolVar(&o.Unsafe, "unsafe", false, "drl.unsafe_grows_before_shrinks: true (TEST ONLY: breaks the bound)")
+	flag.BoolVar(&o.Unsafe, "unsafe", false, "gateways built with -tags limitplane_drl_unsafe: grows before shrinks (TEST ONLY: breaks the bound)")
 	flag.BoolVar(&o.Churn, "churn", false, "a gateway leaves (SIGKILL) or joins every 20-30s")
 	flag.BoolVar(&o.Step, "step", false, "gateway 0 offered 200/s, then 5000/s from -step-at; -offered/-split apply to the others")
 	flag.DurationVar(&o.StepAt, "step-at", 0, "when -step jumps (default a third into the run)")

@@ -82,7 +82,11 @@ var Limiters = []Limiter{
 	{Name: "limitplane Store (precise)", Ours: true, New: func(w Workload) Instance {
 		c := core.NewSystemClock()
 		s := memory.New(memory.Options{Clock: c})
-		req := core.Request{Consumer: "accuracy", Rate: limit(w), Cost: 1}
+		rule, err := s.Prepare(core.LimitSet{Rate: limit(w)})
+		if err != nil {
+			panic(err)
+		}
+		req := core.Request{Consumer: "accuracy", Rule: rule, Cost: 1}
 		return Instance{
 			Allow: func() bool {
 				d, err := s.Take(context.Background(), req)

@@ -89,7 +89,10 @@ type Options struct {
 
 	// The drl: section of ModeDRL (0 leaves the gateway's default):
 	// Interval is H, MaxGateways, JoinReserve and Headroom as in the
-	// README; Unsafe sets unsafe_grows_before_shrinks (test only).
+	// README; Unsafe runs the DRL mode's gateways from a build with the
+	// test-only tag limitplane_drl_unsafe (UnsafeGatewayBin), whose
+	// allocator publishes grows before shrinks and so breaks the bound:
+	// no file, flag or variable of a normal build can turn that on.
 	Interval    time.Duration
 	MaxGateways int
 	JoinReserve int
@@ -135,6 +138,9 @@ type Options struct {
 
 	// GatewayBin is a built cmd/limitplane-gateway; empty builds one.
 	GatewayBin string
+	// UnsafeGatewayBin is cmd/limitplane-gateway built with
+	// -tags limitplane_drl_unsafe, for Unsafe; empty builds one.
+	UnsafeGatewayBin string
 	// Dir holds the run's files (configurations, logs); empty uses a
 	// temporary directory, removed at the end.
 	Dir string
@@ -333,6 +339,12 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			return nil, err
 		}
 	}
+	if o.Unsafe && o.UnsafeGatewayBin == "" {
+		fmt.Fprintln(o.Log, "building cmd/limitplane-gateway -tags limitplane_drl_unsafe")
+		if o.UnsafeGatewayBin, err = procs.BuildGateway(ctx, dir, "limitplane_drl_unsafe"); err != nil {
+			return nil, err
+		}
+	}
 	var rs []Result
 	for _, m := range o.Modes {
 		fmt.Fprintf(o.Log, "mode %s: %d gateways, R=%d/s B=%d, offered %.0f/s split %v, %v\n", m, o.Gateways, o.Rate, o.Burst, o.Offered, o.Split, o.Duration)
@@ -409,9 +421,6 @@ func (r *run) config(slot int) func(admin string) string {
 			if o.Headroom > 0 {
 				fmt.Fprintf(b, "  headroom: %g\n", o.Headroom)
 			}
-			if o.Unsafe {
-				fmt.Fprintf(b, "  unsafe_grows_before_shrinks: true\n")
-			}
 			if strings.HasSuffix(b.String(), "drl:\n") {
 				// No setting: the section must still be there (drl: {}).
 				s := strings.TrimSuffix(b.String(), "\n")
@@ -432,7 +441,11 @@ func (r *run) startSlot(ctx context.Context, slot int) error {
 	gen := r.gens[slot]
 	r.gens[slot]++
 	r.mu.Unlock()
-	g, err := startGateway(ctx, r.o.GatewayBin, r.dir, slot, gen, r.config(slot), &r.children)
+	bin := r.o.GatewayBin
+	if r.o.Unsafe && r.mode == ModeDRL {
+		bin = r.o.UnsafeGatewayBin
+	}
+	g, err := startGateway(ctx, bin, r.dir, slot, gen, r.config(slot), &r.children)
 	if err != nil {
 		return err
 	}
@@ -446,7 +459,7 @@ func (r *run) startSlot(ctx context.Context, slot int) error {
 // tablePatterns mark what carries a table to a gateway: the Table's JSON
 // (in the answer of the report call or of a read of the table key) and a
 // message on the tables channel (limitplane:drl:{group}:tables), per
-// dataplane/drl's wire.
+// core/drl's wire.
 var tablePatterns = [][]byte{[]byte(`"epoch":`), []byte(`:tables`)}
 
 // slow starts the slow link of gateway 0.

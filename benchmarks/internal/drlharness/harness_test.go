@@ -104,7 +104,7 @@ func TestSkew(t *testing.T) {
 	}
 	// The DRL's steady state is 959.75/s (one join-reserve floor of
 	// 31.25/s and 2 % headroom on the three unsaturated gateways), and the
-	// 60 s run and the simulator (100 seeds, dataplane/drl TestSimSkew)
+	// 60 s run and the simulator (100 seeds, core/drl TestSimSkew)
 	// show the issue's >= 950/s. By answer time on a shared machine, a
 	// stall of the harness's own client costs a few percent (888–948/s
 	// were measured under load average 7–19), so this CI test asks for
@@ -200,7 +200,7 @@ func TestRedisPause(t *testing.T) {
 // Redis), and at 12 s the load spreads to all four (1100/s on gateway 0,
 // 300/s on each other). The allocator shrinks gateway 0 to a quarter and
 // grows the others. Safe, the grows wait until gateway 0 has applied its
-// shrink: no window above R + B. With unsafe_grows_before_shrinks they
+// shrink: no window above R + B. From a gateway built with the unsafe test tag they
 // come at once, while gateway 0 still runs its old share for 1.2 s, and
 // the harness catches the overshoot.
 func TestUnsafeOvershootCaught(t *testing.T) {

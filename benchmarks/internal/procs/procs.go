@@ -151,14 +151,19 @@ func FreeAddr() (string, error) {
 // BuildGateway builds cmd/limitplane-gateway of the main module (found with
 // `go list -m`, so through the benchmarks module's replace directive) into
 // dir and returns the binary's path.
-func BuildGateway(ctx context.Context, dir string) (string, error) {
+func BuildGateway(ctx context.Context, dir string, tags ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/limitplane/limitplane").Output()
 	if err != nil {
 		return "", fmt.Errorf("procs: find the limitplane module (run from the benchmarks module): %w", err)
 	}
 	root := strings.TrimSpace(string(out))
 	bin := filepath.Join(dir, "gateway")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/limitplane-gateway")
+	args := []string{"build", "-o", bin}
+	if len(tags) > 0 {
+		bin += "-" + strings.Join(tags, "-")
+		args = []string{"build", "-tags", strings.Join(tags, ","), "-o", bin}
+	}
+	build := exec.CommandContext(ctx, "go", append(args, "./cmd/limitplane-gateway")...)
 	build.Dir = root
 	if b, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("procs: build cmd/limitplane-gateway: %w\n%s", err, b)

@@ -116,21 +116,21 @@ type simPublish struct {
 func newSim(seed uint64, rate, burst int64, unsafe bool, duration time.Duration) *sim {
 	s := &sim{
 		rng:      rand.New(rand.NewPCG(seed, 0x5eed)),
-		req:      core.Request{Consumer: "consumer", Scope: "api", Rate: core.Limit{Rate: rate, Period: time.Second, Burst: burst}, Cost: 1, Distributed: true},
+		req:      request("consumer", core.LimitSet{Scope: "api", Rate: core.Limit{Rate: rate, Period: time.Second, Burst: burst}, Distributed: true}),
 		h:        int64(time.Second),
 		loss:     0.01,
 		pubLoss:  0.05,
 		pubMax:   int64(200 * time.Millisecond),
 		slowMax:  int64(time.Second),
-		aopts:    AllocatorOptions{UnsafeGrowsBeforeShrinks: unsafe},
+		aopts:    AllocatorOptions{unsafeGrowsBeforeShrinks: unsafe},
 		redisUp:  true,
 		reports:  map[string]simReport{},
 		acks:     map[string]uint64{},
 		admitted: make([]int64, int64(duration)/simTick),
 	}
 	s.lopts = LimiterOptions{Interval: time.Duration(s.h)}
-	s.kid = MakeKeyID(s.req.Consumer, s.req.Scope, s.req.Rate)
-	s.floor = LimitOf(s.req.Rate).Floor(32)
+	s.kid = MakeKeyID(s.req.Consumer, s.req.Rule.Scope(), s.req.Rule.Rate())
+	s.floor = LimitOf(s.req.Rule.Rate()).Floor(32)
 	return s
 }
 
@@ -395,8 +395,7 @@ func ratePerS(adm []int64, from, to float64) float64 {
 // shareOfKey returns the share g's Limiter runs the key at, after a
 // request at tick.
 func (s *sim) shareOfKey(g *simGW) Share {
-	sh, f := g.lim.locate(&s.req)
-	if k := sh.tab.Load().find(f); k != nil {
+	if k := lookup(g.lim, &s.req); k != nil {
 		return k.b.Load().share
 	}
 	return Share{}
@@ -462,7 +461,7 @@ var simHook func(s *sim, tick int)
 // simBound checks one run: every 1 s window within R + B, and the rate
 // shares the live gateways run never summing above R.
 func simBound(s *sim) string {
-	r, b := LimitOf(s.req.Rate).Rate, s.req.Rate.Burst
+	r, b := LimitOf(s.req.Rule.Rate()).Rate, s.req.Rule.Rate().Burst
 	if ww := worstWindow(s.admitted); float64(ww) > r+float64(b) {
 		return fmt.Sprintf("a 1 s window admitted %d, above R + B = %.0f", ww, r+float64(b))
 	}

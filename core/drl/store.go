@@ -57,13 +57,22 @@ type Options struct {
 	// failing, one when it succeeds again) and lease changes; nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// UnsafeGrowsBeforeShrinks is for tests only: the allocator grants
-	// grows before the shrinks they need are in force, which breaks the
-	// bound (see AllocatorOptions).
-	UnsafeGrowsBeforeShrinks bool
-	// Clock is the monotonic clock of the hot path and the loop; nil
-	// means the system clock. A test seam.
-	Clock core.Clock
+}
+
+// seams are what this package's tests set and users cannot: a Store's
+// clock is the system clock, and its allocator keeps shrinks before grows,
+// unless a test (newStore) or a test build (unsafeBuild) says otherwise.
+type seams struct {
+	// manual: no loop is started (the subscriber is); the test drives the
+	// Store with tick.
+	manual bool
+	// clock is the monotonic clock of the hot path and the loop; nil
+	// means the system clock.
+	clock core.Clock
+	// unsafe: the allocator grants grows before the shrinks they need
+	// are in force, which breaks the bound (see
+	// AllocatorOptions.unsafeGrowsBeforeShrinks).
+	unsafe bool
 }
 
 // Store is limitplane's Distributed Rate Limiter as a core.Store, one per
@@ -128,12 +137,12 @@ type leader struct {
 // for the DRL's own keys and channels, and starts its loop; Close stops
 // it. client stays the caller's to close, after Close.
 func New(client redis.UniversalClient, exact core.Store, o Options) (*Store, error) {
-	return newStore(client, exact, o, false)
+	return newStore(client, exact, o, seams{unsafe: unsafeBuild})
 }
 
-// newStore is New; with manual set no loop is started (the subscriber
-// is) and the caller drives it with tick: tests on a manual clock.
-func newStore(client redis.UniversalClient, exact core.Store, o Options, manual bool) (*Store, error) {
+// newStore is New with the test seams sm: tests on a manual clock, a
+// manual loop, or the unsafe allocator.
+func newStore(client redis.UniversalClient, exact core.Store, o Options, sm seams) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("drl: New: nil Redis client")
 	}
@@ -169,8 +178,8 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, manual 
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.Clock == nil {
-		o.Clock = core.NewSystemClock()
+	if sm.clock == nil {
+		sm.clock = core.NewSystemClock()
 	}
 	forget := 30 * o.Interval
 	s := &Store{
@@ -179,11 +188,11 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, manual 
 			Interval: o.Interval, MaxKeys: o.MaxKeys}),
 		w:     wire{c: client, k: keysFor(o.Group), gateway: o.GatewayID, h: o.Interval, keep: forget},
 		o:     o,
-		clock: o.Clock,
+		clock: sm.clock,
 		log:   o.Logger.With("component", "drl", "group", o.Group, "gateway", o.GatewayID),
 		nonce: hex.EncodeToString(nonce[:]),
 		aopts: AllocatorOptions{MaxGateways: o.MaxGateways, JoinReserve: o.JoinReserve, Headroom: o.Headroom,
-			Interval: o.Interval, Forget: forget, UnsafeGrowsBeforeShrinks: o.UnsafeGrowsBeforeShrinks},
+			Interval: o.Interval, Forget: forget, unsafeGrowsBeforeShrinks: sm.unsafe},
 		ackCh:   make(chan struct{}, 1),
 		failing: map[string]bool{},
 		done:    make(chan struct{}),
@@ -193,7 +202,10 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, manual 
 	s.cancel = cancel
 	s.pubsub = client.Subscribe(ctx, s.w.k.tables, s.w.k.acks)
 	go s.subscribe(ctx)
-	if manual {
+	if sm.unsafe {
+		s.log.Warn("drl: the allocator grants grows before the shrinks they need are in force: the gateways may admit more than a distributed limit (a test build or test)")
+	}
+	if sm.manual {
 		close(s.done)
 		return s, nil
 	}
@@ -212,74 +224,102 @@ func (s *Store) Exact() core.Store { return s.exact }
 // is the caller's to use or close.
 var ErrClosed = errors.New("drl: store closed")
 
+// Prepare implements core.Store: ls is prepared on the exact store, and
+// the rule this store returns holds that rule for the requests it passes
+// on, and whether (and how) the Limiter decides requests under ls, decided
+// here once (see Limiter.Eligible) so that Take checks only the cost.
+// Errors are the exact store's, or core.NewRule's.
+func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
+	inner, err := s.exact.Prepare(ls)
+	if err != nil {
+		return nil, err
+	}
+	data := &rule{exact: inner}
+	r, err := core.NewRule(ls, data)
+	if err != nil {
+		return nil, err
+	}
+	data.hot, data.inMemory = s.lim.compile(r)
+	return r, nil
+}
+
+// rule is the store's compiled form of a LimitSet: the exact store's rule
+// and, when inMemory, the rule compiled for this store's Limiter.
+type rule struct {
+	exact    *core.Rule
+	hot      hotRule
+	inMemory bool
+}
+
+// ruleOf returns req's rule data, or nil when req.Rule is not this kind of
+// store's.
+func ruleOf(req *core.Request) *rule {
+	if req.Rule == nil {
+		return nil
+	}
+	r, _ := req.Rule.Data().(*rule)
+	return r
+}
+
 // Take implements core.Store: a request the Limiter takes is decided in
 // memory (no Redis call); any other goes to the exact store.
 func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, err error) {
 	if s.closed.Load() {
 		return d, ErrClosed
 	}
-	if s.lim.Take(s.clock.Nanotime(), &req, &d) {
+	r := ruleOf(&req)
+	if r == nil {
+		return d, core.ErrForeignRule
+	}
+	if r.inMemory && s.lim.take(s.clock.Nanotime(), &req, &r.hot, &d) {
 		return d, nil
 	}
+	req.Rule = r.exact
 	return s.exact.Take(ctx, req)
 }
 
-// TakeInto implements core.DecisionWriter: Take writing into *d.
+// TakeInto is Take writing into *d, through the exact store's TakeInto
+// when it has one (memory.Store).
 func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error {
 	if s.closed.Load() {
 		*d = core.Decision{}
 		return ErrClosed
 	}
-	if s.lim.Take(s.clock.Nanotime(), req, d) {
+	r := ruleOf(req)
+	if r == nil {
+		*d = core.Decision{}
+		return core.ErrForeignRule
+	}
+	if r.inMemory && s.lim.take(s.clock.Nanotime(), req, &r.hot, d) {
 		return nil
 	}
-	if w, ok := s.exact.(core.DecisionWriter); ok {
-		return w.TakeInto(ctx, req, d)
+	er := *req
+	er.Rule = r.exact
+	if w, ok := s.exact.(interface {
+		TakeInto(context.Context, *core.Request, *core.Decision) error
+	}); ok {
+		return w.TakeInto(ctx, &er, d)
 	}
 	var err error
-	*d, err = s.exact.Take(ctx, *req)
+	*d, err = s.exact.Take(ctx, er)
 	return err
 }
 
 // ResetQuota implements core.Store: quotas are the exact store's.
-func (s *Store) ResetQuota(ctx context.Context, consumer, scope string) error {
-	return s.exact.ResetQuota(ctx, consumer, scope)
+func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch uint64) error {
+	return s.exact.ResetQuota(ctx, consumer, scope, epoch)
 }
 
-// ResetQuotaEpoch implements core.QuotaEpochResetter through the exact
-// store, or its ResetQuota when it keeps no epochs.
-func (s *Store) ResetQuotaEpoch(ctx context.Context, consumer, scope string, epoch uint64) error {
-	if r, ok := s.exact.(core.QuotaEpochResetter); ok {
-		return r.ResetQuotaEpoch(ctx, consumer, scope, epoch)
-	}
-	return s.exact.ResetQuota(ctx, consumer, scope)
-}
-
-// SupportsAlgorithm implements core.AlgorithmSupporter: what the exact
-// store supports (a request DRL does not take goes there).
-func (s *Store) SupportsAlgorithm(a core.Algorithm) bool {
-	if as, ok := s.exact.(core.AlgorithmSupporter); ok {
-		return as.SupportsAlgorithm(a)
-	}
-	return true
-}
-
-// CheckLimit implements core.LimitChecker through the exact store.
-func (s *Store) CheckLimit(l core.Limit) error {
-	if lc, ok := s.exact.(core.LimitChecker); ok {
-		return lc.CheckLimit(l)
-	}
-	return nil
-}
-
-// Penalize implements core.Penalizer through the exact store: the penalty
+// Penalize implements core.Store through the exact store: the penalty
 // holds back what the exact store decides, not a hot key's in-memory
 // share.
-func (s *Store) Penalize(ctx context.Context, consumer, scope string, l core.Limit, d time.Duration) error {
-	if p, ok := s.exact.(core.Penalizer); ok {
-		return p.Penalize(ctx, consumer, scope, l, d)
+func (s *Store) Penalize(ctx context.Context, req core.Request, d time.Duration) error {
+	r := ruleOf(&req)
+	if r == nil {
+		return core.ErrForeignRule
 	}
-	return errors.New("drl: the exact store cannot penalize")
+	req.Rule = r.exact
+	return s.exact.Penalize(ctx, req, d)
 }
 
 // Ping checks the exact store, when it can be pinged (the Redis store).
@@ -635,11 +675,4 @@ func (s *Store) step(ctx context.Context) {
 	}
 }
 
-var (
-	_ core.Store              = (*Store)(nil)
-	_ core.DecisionWriter     = (*Store)(nil)
-	_ core.QuotaEpochResetter = (*Store)(nil)
-	_ core.AlgorithmSupporter = (*Store)(nil)
-	_ core.LimitChecker       = (*Store)(nil)
-	_ core.Penalizer          = (*Store)(nil)
-)
+var _ core.Store = (*Store)(nil)

@@ -40,7 +40,7 @@ func wantShares(t *testing.T, tb *Table, want map[string]Share) {
 // gateways (floor 31.25/s, burst 3), one floor reserved for joiners.
 func TestAllocatorSkewAndShrinkBeforeGrow(t *testing.T) {
 	for _, unsafe := range []bool{false, true} {
-		a := NewAllocator(AllocatorOptions{UnsafeGrowsBeforeShrinks: unsafe}, 7, nil)
+		a := NewAllocator(AllocatorOptions{unsafeGrowsBeforeShrinks: unsafe}, 7, nil)
 		// Offered 1500/s split 70/10/10/10: wants 1071, 153, 153, 153;
 		// water-filling gives "a" 968.75 − 3×153.
 		tb, pub := a.Step(0, reports(0, map[string]float64{"a": 1050, "b": 150, "c": 150, "d": 150}), nil)
@@ -138,7 +138,7 @@ func TestAllocatorBoundProperty(t *testing.T) {
 func boundProperty(seed uint64, unsafe bool) string {
 	{
 		rng := rand.New(rand.NewPCG(seed, 1))
-		o := AllocatorOptions{MaxGateways: 8, Forget: 1 << 62, UnsafeGrowsBeforeShrinks: unsafe}
+		o := AllocatorOptions{MaxGateways: 8, Forget: 1 << 62, unsafeGrowsBeforeShrinks: unsafe}
 		a := NewAllocator(o, 1, nil)
 		floor := lim1000.Floor(8)
 		var tables []*Table

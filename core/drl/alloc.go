@@ -116,11 +116,13 @@ type AllocatorOptions struct {
 	// serving at its floor), and how long a key nobody reports is kept.
 	// Default 30×Interval.
 	Forget time.Duration
-	// UnsafeGrowsBeforeShrinks, for tests only, grants grows from the
-	// capacity the new table leaves, ignoring shares gateways may still be
-	// running until they acknowledge their shrinks. It breaks the bound; it
-	// exists to show that the bound's check catches it.
-	UnsafeGrowsBeforeShrinks bool
+
+	// unsafeGrowsBeforeShrinks, for this package's tests and the unsafe
+	// test build only (see unsafeBuild), grants grows from the capacity the
+	// new table leaves, ignoring shares gateways may still be running until
+	// they acknowledge their shrinks. It breaks the bound; it exists to show
+	// that the bound's check catches it.
+	unsafeGrowsBeforeShrinks bool
 }
 
 func (o AllocatorOptions) withDefaults() AllocatorOptions {
@@ -254,77 +256,98 @@ func (a *Allocator) Epoch() uint64 { return a.epoch }
 // and, once it holds the lease again, start a new one from the stored
 // table.
 func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Table, bool) {
+	g := a.gateways(now, live, acks)
+	demand, ids := a.keysAt(now, g)
+	t, unsettled := a.nextTable(g, demand, ids)
+	return a.publish(t, unsettled)
+}
+
+// stepGateways are the gateways of one Step.
+type stepGateways struct {
+	reports  map[string]*Report // the live gateways' reports
+	names    []string           // their IDs, sorted
+	departed int                // gateways not live but not forgotten: a floor kept for each
+	acked    map[string]uint64  // live gateway → the epoch it acknowledged (0: unknown)
+}
+
+// gateways is Step's first phase: live gateways are seen now; the others
+// count as departed (possibly partitioned, at their floor) until Forget,
+// unless they left cleanly; a gateway live again after it was not starts
+// again from its floor; and each live gateway's acknowledged epoch.
+func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) stepGateways {
 	o := a.o
-	reports := make(map[string]*Report, len(live))
+	g := stepGateways{reports: make(map[string]*Report, len(live))}
 	for i := range live {
 		if live[i].Gateway != "" {
-			reports[live[i].Gateway] = &live[i]
+			g.reports[live[i].Gateway] = &live[i]
 		}
 	}
-	names := make([]string, 0, len(reports))
-	for g := range reports {
-		names = append(names, g)
+	g.names = make([]string, 0, len(g.reports))
+	for id := range g.reports {
+		g.names = append(g.names, id)
 	}
-	slices.Sort(names)
+	slices.Sort(g.names)
 
-	// Gateways: live ones are seen now; the others count as departed
-	// (possibly partitioned, at their floor) until Forget.
 	if a.seen == nil {
 		a.seen = map[string]int64{}
 		if a.last != nil {
 			for _, ks := range a.last.Keys {
-				for g := range ks.Bounds {
-					a.seen[g] = now
+				for id := range ks.Bounds {
+					a.seen[id] = now
 				}
 			}
 		}
 	}
-	for _, g := range names {
-		a.seen[g] = now
+	for _, id := range g.names {
+		a.seen[id] = now
 	}
 	// A gateway that left cleanly decides nothing any more: no floor is
 	// kept for it (one that reports again is live again).
-	for g := range a.left {
-		if _, ok := reports[g]; !ok {
-			delete(a.seen, g)
+	for id := range a.left {
+		if _, ok := g.reports[id]; !ok {
+			delete(a.seen, id)
 		}
 	}
 	a.left = nil
-	departed := 0
-	for g, t := range a.seen {
-		if _, ok := reports[g]; ok {
+	for id, t := range a.seen {
+		if _, ok := g.reports[id]; ok {
 			continue
 		}
 		if now-t >= int64(o.Forget) {
-			delete(a.seen, g)
+			delete(a.seen, id)
 		} else {
-			departed++
+			g.departed++
 		}
 	}
 	// A gateway that was not live (its report expired: it is at its floor
 	// by its own 2H rule) starts again from its floor, whatever it
 	// acknowledged before: it runs only tables published from now on.
-	for _, g := range names {
-		if !a.wasLive[g] {
+	for _, id := range g.names {
+		if !a.wasLive[id] {
 			for _, k := range a.keys {
-				delete(k.hist, g)
+				delete(k.hist, id)
 			}
 		}
 	}
-	a.wasLive = make(map[string]bool, len(names))
-	for _, g := range names {
-		a.wasLive[g] = true
+	a.wasLive = make(map[string]bool, len(g.names))
+	for _, id := range g.names {
+		a.wasLive[id] = true
 	}
-	acked := make(map[string]uint64, len(names))
-	for _, g := range names {
-		e := max(validEpoch(acks[g], a.epoch), validEpoch(reports[g].Applied, a.epoch))
-		acked[g] = e
+	g.acked = make(map[string]uint64, len(g.names))
+	for _, id := range g.names {
+		g.acked[id] = max(validEpoch(acks[id], a.epoch), validEpoch(g.reports[id].Applied, a.epoch))
 	}
+	return g
+}
 
-	// Keys: every key some live gateway reports; forgotten after Forget.
+// keysAt is Step's second phase: every key some live gateway reports (with
+// the limit its KeyID names) is held, with each gateway's demand on it; a
+// key nobody reported for Forget is forgotten. It returns the demand per
+// key and the keys held, sorted.
+func (a *Allocator) keysAt(now int64, g stepGateways) (map[KeyID]map[string]float64, []KeyID) {
 	demand := map[KeyID]map[string]float64{}
-	for _, g := range names {
-		for id, kd := range reports[g].Keys {
+	for _, gw := range g.names {
+		for id, kd := range g.reports[gw].Keys {
 			if !validLimit(kd.Limit) {
 				continue
 			}
@@ -344,7 +367,7 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 			if !(d >= 0) || math.IsInf(d, 1) {
 				d = math.MaxFloat64
 			}
-			demand[id][g] = d
+			demand[id][gw] = d
 		}
 	}
 	ids := make([]KeyID, 0, len(a.keys))
@@ -352,36 +375,48 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 		if k.lastReported == math.MinInt64 {
 			k.lastReported = now // taken over: kept Forget from now
 		}
-		if now-k.lastReported >= int64(o.Forget) {
+		if now-k.lastReported >= int64(a.o.Forget) {
 			delete(a.keys, id)
 			continue
 		}
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	return demand, ids
+}
 
-	t := &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids))}
-	unsettled := false
+// nextTable is Step's third phase: the table of the keys ids (sorted)
+// for the live gateways, each key allocated on its own (see allocate),
+// its forgotten gateways' history dropped. unsettled reports that some
+// share is off its target by more than publishTolerance.
+func (a *Allocator) nextTable(g stepGateways, demand map[KeyID]map[string]float64, ids []KeyID) (t *Table, unsettled bool) {
+	t = &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids))}
 	for _, id := range ids {
 		k := a.keys[id]
-		for g := range k.hist { // forget the history of forgotten gateways
-			if _, ok := a.seen[g]; !ok {
-				delete(k.hist, g)
+		for gw := range k.hist { // forget the history of forgotten gateways
+			if _, ok := a.seen[gw]; !ok {
+				delete(k.hist, gw)
 			}
 		}
-		if len(names) == 0 {
+		if len(g.names) == 0 {
 			continue
 		}
-		ks, ok, off := a.allocate(k, id, names, demand[id], acked, departed)
+		ks, ok, off := a.allocate(k, id, g.names, demand[id], g.acked, g.departed)
 		if ok {
 			t.Keys[id] = ks
 			unsettled = unsettled || off
 		}
 	}
+	return t, unsettled
+}
 
-	// Publish a change beyond the tolerance, or a fifth of it while some
-	// share is still off its target by more than the tolerance (shrinks
-	// that are small one by one may be what a grow waits for).
+// publish is Step's last phase: t is published when it changes a share
+// beyond the tolerance, or a fifth of it while some share is still off its
+// target by more than the tolerance (shrinks that are small one by one may
+// be what a grow waits for), or when this allocator has published nothing
+// yet; it then counts as published (its shares enter the history, hence
+// the bounds). Otherwise Step returns the last table, unchanged.
+func (a *Allocator) publish(t *Table, unsettled bool) (*Table, bool) {
 	if a.published && a.last != nil && sameShares(a.last, t, publishTolerance) && (!unsettled || sameShares(a.last, t, publishTolerance/5)) {
 		return a.last, false
 	}
@@ -390,8 +425,8 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 	a.last = t
 	for id, ks := range t.Keys {
 		k := a.keys[id]
-		for g, s := range ks.Shares {
-			h := k.hist[g]
+		for gw, s := range ks.Shares {
+			h := k.hist[gw]
 			if n := len(h); n > 0 && h[n-1].share == s {
 				continue
 			}
@@ -400,7 +435,7 @@ func (a *Allocator) Step(now int64, live []Report, acks map[string]uint64) (*Tab
 				h[1] = histEntry{h[0].epoch, maxShare(h[0].share, h[1].share)}
 				h = h[1:]
 			}
-			k.hist[g] = h
+			k.hist[gw] = h
 		}
 	}
 	return t, true
@@ -481,7 +516,7 @@ func (a *Allocator) allocate(k *allocKey, id KeyID, names []string, demand map[s
 
 	// Shrinks at once; grows from the slack the bounds leave.
 	next := make([]float64, n)
-	if o.UnsafeGrowsBeforeShrinks {
+	if o.unsafeGrowsBeforeShrinks {
 		copy(next, target)
 	} else {
 		slack := avail

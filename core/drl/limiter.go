@@ -80,15 +80,18 @@ const (
 // staleTag is a bucket's tag while the table is stale (floor share).
 const staleTag = 1
 
-// bucket is a key's local GCRA state at one share. Its share never
-// changes: a switch freezes it (TAT movedTAT) and publishes a new one.
+// bucket is a key's local GCRA state at one share of one limit. Its share
+// and limit never change: a switch freezes it (TAT movedTAT) and publishes
+// a new one.
 type bucket struct {
 	tat      atomic.Int64  // GCRA TAT on the caller's clock; deadTAT/movedTAT once frozen
 	admitted atomic.Int64  // units admitted since the last Report (and carried counts)
 	tag      atomic.Uint64 // view generation<<1 the share was checked against, or staleTag
 	p        core.GCRAParams
 	share    Share
-	since    int64 // when the share took effect
+	since    int64   // when the share took effect
+	lim      hotRule // the rate limit the share is of
+	id       KeyID   // the key's name under lim
 	_        [64]byte
 	// refused counts the units refused since the last Report, striped
 	// over cache lines of their own: a refusal then writes nothing the
@@ -125,15 +128,11 @@ func (b *bucket) takeOffered() int64 {
 	return n
 }
 
-// key is one hot key.
+// key is one hot key: a consumer's counters of one scope. Its limit is
+// its bucket's (a limit change switches the bucket, see switchKey).
 type key struct {
-	b      atomic.Pointer[bucket]
-	limit  core.Limit // the request's rate limit (part of the key's identity)
-	id     KeyID
-	kl     KeyLimit
-	floor  Share
-	window time.Duration // the global τ = B×T
-	mu     sync.Mutex    // serialises switches and sweeps
+	b  atomic.Pointer[bucket]
+	mu sync.Mutex // serialises switches and sweeps
 	// Guarded by Limiter.mu (Report):
 	demand float64
 	idle   int
@@ -155,7 +154,7 @@ type view struct {
 // (ns on a monotonic clock). Safe for concurrent use.
 //
 // A key is found without locks (a sharded open-addressing table of keys
-// indexed by maphash fingerprints of consumer, scope and limit, as in
+// indexed by maphash fingerprints of consumer and scope, as in
 // core/memory); its state is an atomic TAT updated by a CAS. When the share
 // a key must run changes (a new table, the table going stale), the next
 // request on it switches the key exactly: it freezes the old state,
@@ -164,6 +163,15 @@ type view struct {
 // A shrink takes effect from the moment the table was sent (or went
 // stale), a grow from the switch, so no admission is ever counted against
 // a larger share than the allocator accounts for.
+//
+// A request under another rate limit than the key's (a policy changed)
+// switches the key to that limit the same way, keeping the tokens spent,
+// not the time: the units spent from the old share are spent from the new
+// limit's share too (3 of 3 spent per minute, raised to 6 per minute,
+// leaves 3 at once), as the memory and Redis stores keep them. The key
+// takes the new limit's name (KeyID names one limit), so it runs the share
+// the table gives that name, its floor until the allocator lists it, and
+// its demand is reported under that name from then on (see KeyID).
 type Limiter struct {
 	o         LimiterOptions
 	minPerNs  float64 // MinFloorRate×MaxGateways per ns: Rate ≥ minPerNs×Period
@@ -204,18 +212,46 @@ func NewLimiter(o LimiterOptions) *Limiter {
 // together, atomically), a valid cost, and a floor that is not too coarse
 // (R/MaxGateways ≥ MinFloorRate per second, floor(B/MaxGateways) ≥ 1).
 // It depends on the request and the options only, so every gateway routes
-// a key the same way.
+// a key the same way. A Store decides the part that depends on the rule
+// alone once, when it prepares the rule.
 func (l *Limiter) Eligible(req *core.Request) bool {
-	r := &req.Rate
-	return req.Distributed && r.Algorithm == core.GCRA && r.Enforced() && !req.Quota.Enforced() &&
-		req.Cost >= 0 && req.Cost <= core.MaxCost &&
-		r.EffectiveBurst() >= int64(l.o.MaxGateways) && float64(r.Rate) >= l.minPerNs*float64(r.Period)
+	_, ok := l.compile(req.Rule)
+	return ok && validCost(req.Cost)
+}
+
+// validCost reports whether n is a cost a request may carry.
+func validCost(n int64) bool { return uint64(n) <= core.MaxCost }
+
+// hotRule is what the Limiter needs of a rule it decides, computed once
+// per rule (drl.Store.Prepare; Limiter.Take for a direct caller).
+type hotRule struct {
+	limit  core.Limit    // the rate limit
+	kl     KeyLimit      // its global rate and burst
+	floor  Share         // kl.Floor(MaxGateways)
+	window time.Duration // the global τ = B×T
+}
+
+// compile returns r's hotRule, or false when the Limiter does not decide
+// requests under r (see Eligible: everything but the cost).
+func (l *Limiter) compile(r *core.Rule) (hotRule, bool) {
+	if r == nil || !r.Distributed() || !r.RateEnforced() || r.QuotaEnforced() {
+		return hotRule{}, false
+	}
+	rate := r.Rate()
+	if rate.Algorithm != core.GCRA || rate.EffectiveBurst() < int64(l.o.MaxGateways) || float64(rate.Rate) < l.minPerNs*float64(rate.Period) {
+		return hotRule{}, false
+	}
+	kl := LimitOf(rate)
+	return hotRule{limit: rate, kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(r.GCRA().Tau)}, true
 }
 
 // Take decides req at now (ns) against this gateway's share, writing the
 // decision into *d, and returns true; it returns false, touching nothing,
-// when req is not eligible (see Eligible), its limit is invalid, or the
-// key would be one more than MaxKeys: the caller then asks the exact store.
+// when req is not eligible (see Eligible) or the key would be one more
+// than MaxKeys: the caller then asks the exact store. (A Rule's limits are
+// valid: core.NewRule checked them.) A request under another rate limit
+// than its key's switches the key to it, keeping the units spent (see
+// Limiter).
 //
 // The decision: Allowed, RetryAfter, Remaining and ResetAfter come from
 // the local share (Remaining is this gateway's, at most the global one);
@@ -224,8 +260,20 @@ func (l *Limiter) Eligible(req *core.Request) bool {
 // local burst but within B is refused with RetryAfter H (a later table may
 // grant more); above B, with RetryAfter -1. MaxDelay reservations are
 // honoured against the local share.
+//
+// Take compiles req's rule on every call; a Store compiles each rule once,
+// in Prepare, and takes through the compiled form.
 func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled bool) {
-	if !l.Eligible(req) {
+	hr, ok := l.compile(req.Rule)
+	if !ok {
+		return false
+	}
+	return l.take(now, req, &hr, d)
+}
+
+// take is Take under hr, req's rule compiled by this Limiter.
+func (l *Limiter) take(now int64, req *core.Request, hr *hotRule, d *core.Decision) bool {
+	if !validCost(req.Cost) {
 		return false
 	}
 	sh, f := l.locate(req)
@@ -234,7 +282,7 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 	for {
 		var b *bucket
 		var tat int64
-		if k, b, tat = l.current(now, sh, f, req, k); k == nil {
+		if k, b, tat = l.current(now, sh, f, req, hr, k); k == nil {
 			return false
 		}
 		p := &b.p
@@ -253,15 +301,15 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 		retry := int64(0)
 		if !ok {
 			retry = p.RetryAfter(tat, now, n)
-			if retry < 0 && n <= k.kl.Burst {
+			if retry < 0 && n <= hr.kl.Burst {
 				retry = int64(l.o.Interval)
 			}
 		} else if wait := next - p.Tau - now; wait > 0 {
 			d.Delay = time.Duration(wait)
 		}
 		reset := time.Duration(after - now)
-		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = k.kl.Burst, rem, reset, time.Duration(retry)
-		d.Rate = core.Status{Limit: k.kl.Burst, Remaining: rem, ResetAfter: reset, Window: k.window}
+		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = hr.kl.Burst, rem, reset, time.Duration(retry)
+		d.Rate = core.Status{Limit: hr.kl.Burst, Remaining: rem, ResetAfter: reset, Window: hr.window}
 		return true
 	}
 }
@@ -274,7 +322,8 @@ func (l *Limiter) Take(now int64, req *core.Request, d *core.Decision) (handled 
 func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 	one := *req
 	one.Cost = 1
-	if !l.Eligible(&one) || n < 0 {
+	hr, ok := l.compile(one.Rule)
+	if !ok || n < 0 {
 		return -1
 	}
 	sh, f := l.locate(&one)
@@ -282,7 +331,7 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 	for {
 		var b *bucket
 		var tat int64
-		if k, b, tat = l.current(now, sh, f, &one, k); k == nil {
+		if k, b, tat = l.current(now, sh, f, &one, &hr, k); k == nil {
 			return -1
 		}
 		a := min(n, b.p.Remaining(tat, now))
@@ -301,10 +350,10 @@ func (l *Limiter) takeUpTo(now int64, req *core.Request, n int64) int64 {
 // key swept meanwhile is inserted again. It returns a nil key when the key
 // cannot be held (MaxKeys). Take and takeUpTo call it once per round of
 // their CAS loops.
-func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Request, k *key) (*key, *bucket, int64) {
+func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Request, hr *hotRule, k *key) (*key, *bucket, int64) {
 	if k == nil {
-		if k = sh.tab.Load().find(f); k == nil || k.limit != req.Rate {
-			if k = l.insert(sh, f, req, now); k == nil {
+		if k = sh.tab.Load().find(f); k == nil {
+			if k = l.insert(sh, f, req, hr, now); k == nil {
 				return nil, nil, 0
 			}
 		}
@@ -316,9 +365,9 @@ func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Reques
 			want = staleTag
 		}
 		b := k.b.Load()
-		if b.tag.Load() != want {
-			if b = l.switchKey(k, v, now); b == nil {
-				if k = l.insert(sh, f, req, now); k == nil {
+		if b.tag.Load() != want || b.lim.limit != hr.limit {
+			if b = l.switchKey(k, req, hr, v, now); b == nil {
+				if k = l.insert(sh, f, req, hr, now); k == nil {
 					return nil, nil, 0
 				}
 				continue
@@ -327,7 +376,7 @@ func (l *Limiter) current(now int64, sh *lshard, f fingerprint, req *core.Reques
 		if tat := b.tat.Load(); tat >= frozen {
 			return k, b, tat
 		} else if tat == deadTAT {
-			if k = l.insert(sh, f, req, now); k == nil {
+			if k = l.insert(sh, f, req, hr, now); k == nil {
 				return nil, nil, 0
 			}
 		}
@@ -348,21 +397,23 @@ func shareParams(s Share) core.GCRAParams {
 	return core.GCRAParams{T: t, Tau: b * t, Burst: b}
 }
 
-// shareOf returns the share key k must run under view v at now.
-func shareOf(k *key, v *view, now int64) (Share, uint64) {
+// shareOf returns the share the key named id, of floor floor, must run
+// under view v at now.
+func shareOf(floor Share, id KeyID, v *view, now int64) (Share, uint64) {
 	if now >= v.freshUntil {
-		return k.floor, staleTag
+		return floor, staleTag
 	}
-	s, ok := v.shares[k.id]
+	s, ok := v.shares[id]
 	if !ok {
-		s = k.floor
+		s = floor
 	}
 	return s, v.gen << 1
 }
 
-// switchKey makes k's bucket run the share the latest view gives it at
-// now and returns the bucket, or nil when k was swept.
-func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
+// switchKey makes k's bucket run hr's limit (req's, whose key k is) at the
+// share the latest view gives it at now and returns the bucket, or nil
+// when k was swept.
+func (l *Limiter) switchKey(k *key, req *core.Request, hr *hotRule, v *view, now int64) *bucket {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if nv := l.view.Load(); nv.gen >= v.gen {
@@ -372,7 +423,10 @@ func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
 	if b.tat.Load() == deadTAT {
 		return nil
 	}
-	s, tag := shareOf(k, v, now)
+	if b.lim.limit != hr.limit {
+		return l.changeLimit(k, b, req, hr, v, now)
+	}
+	s, tag := shareOf(b.lim.floor, b.id, v, now)
 	if tag == staleTag && b.tag.Load() != staleTag && b.tag.Load() != 0 {
 		l.fallbacks.Add(1)
 	}
@@ -391,7 +445,7 @@ func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
 		at = min(now, max(due, b.since))
 	}
 	old := b.tat.Swap(movedTAT)
-	nb := &bucket{p: shareParams(s), share: s, since: at}
+	nb := &bucket{p: shareParams(s), share: s, since: at, lim: b.lim, id: b.id}
 	nb.tat.Store(at + carry(b.p, nb.p, max(old, at)-at))
 	nb.admitted.Store(b.takeOffered())
 	nb.tag.Store(tag)
@@ -399,24 +453,54 @@ func (l *Limiter) switchKey(k *key, v *view, now int64) *bucket {
 	return nb
 }
 
+// changeLimit switches k from bucket b, of another limit, to hr's limit,
+// named for req's consumer and scope, at the share the view v gives that
+// name at now (its floor until a table lists it: the allocator counts an
+// unlisted gateway at its floor). The units spent from b's share (its
+// deficit at now) are spent from the new share: tokens spent, not time,
+// are kept. The units offered since the last Report and the key's smoothed
+// demand go with it, reported under the new name. Caller holds k.mu.
+//
+// The old name is not reported again by this gateway: the allocator keeps
+// allocating it while other gateways (not yet on the new limit) report it,
+// then forgets it (AllocatorOptions.Forget); no gateway on the new limit
+// runs its shares, so the bound holds for each limit apart.
+func (l *Limiter) changeLimit(k *key, b *bucket, req *core.Request, hr *hotRule, v *view, now int64) *bucket {
+	nb := &bucket{lim: *hr, id: MakeKeyID(req.Consumer, req.Rule.Scope(), hr.limit), since: now}
+	s, tag := shareOf(hr.floor, nb.id, v, now)
+	nb.p, nb.share = shareParams(s), s
+	old := b.tat.Swap(movedTAT)
+	nb.tat.Store(now + convert(b.p, nb.p, max(old, now)-now))
+	nb.admitted.Store(b.takeOffered())
+	nb.tag.Store(tag)
+	k.b.Store(nb)
+	return nb
+}
+
+// convert converts a deficit of d ns under params from (the time until
+// that bucket is full again: d/from.T units spent) into the deficit under
+// to with the same units spent, d×to.T/from.T, rounded up (never fewer
+// spent) and at most MaxTolerance. A limit change keeps this much spent.
+func convert(from, to core.GCRAParams, d int64) int64 {
+	// In 128 bits.
+	hi, lo := bits.Mul64(uint64(d), uint64(to.T))
+	if hi >= uint64(from.T) {
+		return core.MaxTolerance
+	}
+	q, r := bits.Div64(hi, lo, uint64(from.T))
+	if r > 0 {
+		q++
+	}
+	return int64(min(q, uint64(core.MaxTolerance)))
+}
+
 // carry converts a deficit of d ns under params from (the time until that
 // bucket is full again) into the deficit under to: the tokens held,
 // Burst − d/T, carried over and clamped to the new burst, rounded so the
-// new state never holds more than the old.
+// new state never holds more than the old. A share switch keeps this much
+// held: the spent units converted, less the difference of the bursts.
 func carry(from, to core.GCRAParams, d int64) int64 {
-	// d×to.T/from.T, rounded up, in 128 bits.
-	hi, lo := bits.Mul64(uint64(d), uint64(to.T))
-	var conv int64
-	if hi >= uint64(from.T) {
-		conv = core.MaxTolerance
-	} else {
-		q, r := bits.Div64(hi, lo, uint64(from.T))
-		if r > 0 {
-			q++
-		}
-		conv = int64(min(q, uint64(core.MaxTolerance)))
-	}
-	nd := conv + (to.Burst-from.Burst)*to.T
+	nd := convert(from, to, d) + (to.Burst-from.Burst)*to.T
 	return min(max(nd, 0), core.MaxTolerance)
 }
 
@@ -552,7 +636,7 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 				continue
 			}
 			k.mu.Unlock()
-			rep.Keys[k.id] = KeyDemand{Limit: k.kl, Demand: k.demand}
+			rep.Keys[b.id] = KeyDemand{Limit: b.lim.kl, Demand: k.demand}
 		}
 		if len(t.slots) > 8 && 8*sh.live < len(t.slots) {
 			sh.resize(sh.live)
@@ -584,51 +668,40 @@ func (l *Limiter) Stats() LimiterStats {
 	return st
 }
 
-// locate returns the shard and fingerprint of req's key: consumer, scope
-// and rate limit (a limit change makes a new key, as KeyID does).
+// locate returns the shard and fingerprint of req's key: consumer and
+// scope (the counters the other stores keep; the limit is the key's state,
+// see switchKey).
 func (l *Limiter) locate(req *core.Request) (*lshard, fingerprint) {
 	hc := maphash.String(l.seeds[0], req.Consumer)
 	f := fingerprint{h: hc, check: maphash.String(l.seeds[1], req.Consumer)}
-	if req.Scope != "" {
-		f.h ^= maphash.String(l.seeds[2], req.Scope)
-		f.check ^= maphash.String(l.seeds[3], req.Scope)
+	if scope := req.Rule.Scope(); scope != "" {
+		f.h ^= maphash.String(l.seeds[2], scope)
+		f.check ^= maphash.String(l.seeds[3], scope)
 	}
-	r := &req.Rate
-	lh := uint64(r.Rate)*0x9e3779b97f4a7c15 ^ uint64(r.Period)*0xc2b2ae3d27d4eb4f ^ uint64(r.Burst)*0x165667b19e3779f9
-	f.h ^= lh
-	f.check ^= bits.RotateLeft64(lh, 29)
 	if f.h < firstHash {
 		f.h += firstHash
 	}
 	return &l.shards[hc>>l.shift], f
 }
 
-// insert returns the live key for f under req's limit, adding it (at its
-// share in the current view, with a full bucket) if needed; nil when the
-// limit is invalid, another limit holds the fingerprint, or at MaxKeys.
-func (l *Limiter) insert(sh *lshard, f fingerprint, req *core.Request, now int64) *key {
+// insert returns the live key for f, adding it under hr's limit (at its
+// share in the current view, with a full bucket) if needed; nil at
+// MaxKeys. A live key may hold another limit: the caller switches it.
+func (l *Limiter) insert(sh *lshard, f fingerprint, req *core.Request, hr *hotRule, now int64) *key {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if k := sh.tab.Load().find(f); k != nil && k.b.Load().tat.Load() != deadTAT {
-		if k.limit != req.Rate {
-			return nil
-		}
 		return k
-	}
-	g, err := req.Rate.CheckedGCRA()
-	if err != nil {
-		return nil
 	}
 	if l.keys.Add(1) > int64(l.o.MaxKeys) {
 		l.keys.Add(-1)
 		l.refused.Add(1)
 		return nil
 	}
-	kl := LimitOf(req.Rate)
-	k := &key{limit: req.Rate, id: MakeKeyID(req.Consumer, req.Scope, req.Rate), kl: kl, floor: kl.Floor(l.o.MaxGateways), window: time.Duration(g.Tau)}
-	v := l.view.Load()
-	s, tag := shareOf(k, v, now)
-	b := &bucket{p: shareParams(s), share: s, since: now}
+	k := &key{}
+	b := &bucket{lim: *hr, id: MakeKeyID(req.Consumer, req.Rule.Scope(), hr.limit), since: now}
+	s, tag := shareOf(hr.floor, b.id, l.view.Load(), now)
+	b.p, b.share = shareParams(s), s
 	b.tat.Store(now)
 	b.tag.Store(tag)
 	k.b.Store(b)

@@ -30,9 +30,10 @@ type gateway struct {
 	client *redis.Client
 }
 
-// startGateway makes a Store on srv; manual stores run no loop (the test
-// calls tick). Close runs at cleanup (before the client closes).
-func startGateway(t *testing.T, srv *redistest.Server, o Options, manual bool) *gateway {
+// startGateway makes a Store on srv with the test seams sm; manual stores
+// run no loop (the test calls tick). Close runs at cleanup (before the
+// client closes).
+func startGateway(t *testing.T, srv *redistest.Server, o Options, sm seams) *gateway {
 	t.Helper()
 	c := srv.Client(t, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	exact, err := redisstore.New(c, redisstore.Options{})
@@ -42,12 +43,32 @@ func startGateway(t *testing.T, srv *redistest.Server, o Options, manual bool) *
 	if o.Logger == nil {
 		o.Logger = quiet
 	}
-	s, err := newStore(c, exact, o, manual)
+	s, err := newStore(c, exact, o, sm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return &gateway{Store: s, client: c}
+}
+
+// prep returns c as a request to s, its limits prepared on s.
+func prep(t *testing.T, s core.Store, c core.Call) core.Request {
+	t.Helper()
+	r, err := s.Prepare(c.Limits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Request(r)
+}
+
+// prepAll returns c as a request to each gateway, prepared on each.
+func prepAll(t *testing.T, gws []*gateway, c core.Call) []core.Request {
+	t.Helper()
+	reqs := make([]core.Request, len(gws))
+	for i, g := range gws {
+		reqs[i] = prep(t, g, c)
+	}
+	return reqs
 }
 
 // waitFor polls cond every 2 ms for up to d.
@@ -105,7 +126,7 @@ func TestTakeover(t *testing.T) {
 	o := Options{Group: "take", Interval: h}
 	var gws []*gateway
 	for range 3 {
-		gws = append(gws, startGateway(t, srv, o, false))
+		gws = append(gws, startGateway(t, srv, o, seams{}))
 	}
 	admin := srv.Client(t, nil)
 	// The first allocator publishes nothing for 2H + H/2 (no table yet).
@@ -150,25 +171,35 @@ func TestTakeover(t *testing.T) {
 }
 
 // TestKilledGatewayReportExpires: a killed gateway's report stays for
-// 2H + H/2 after its last report and is then gone.
+// 2H + H/2 after its last report and is then gone. Its TTL is read from
+// Redis (PTTL), bracketed by the times around the report call, so a
+// loaded machine's slow calls do not move the bound; H is 400 ms so the
+// report call's timeout (H/2) survives such a machine.
 func TestKilledGatewayReportExpires(t *testing.T) {
 	srv := redistest.Start(t)
-	const h = 200 * time.Millisecond
-	g := startGateway(t, srv, Options{Group: "ttl", Interval: h}, true)
+	const h = 400 * time.Millisecond
+	const ttl = 2*h + h/2
+	g := startGateway(t, srv, Options{Group: "ttl", Interval: h}, seams{manual: true})
 	admin := srv.Client(t, nil)
+	ctx := context.Background()
 	report := keysFor("ttl").report + g.GatewayID()
-	g.tick(context.Background())
-	reported := time.Now()
+	before := time.Now()
+	g.tick(ctx)
 	g.halt()
-	if n, _ := admin.Exists(context.Background(), report).Result(); n != 1 {
-		t.Fatal("no report after the first tick")
+	left, err := admin.PTTL(ctx, report).Result()
+	if err != nil {
+		t.Fatal(err)
 	}
-	time.Sleep(2*h + h/2 - time.Since(reported) - 30*time.Millisecond)
-	if n, _ := admin.Exists(context.Background(), report).Result(); n != 1 {
-		t.Fatalf("the report went before 2H + H/2")
+	if left <= 0 {
+		t.Fatalf("no report after the first tick (PTTL %v)", left)
 	}
-	time.Sleep(60 * time.Millisecond)
-	if n, _ := admin.Exists(context.Background(), report).Result(); n != 0 {
+	// The TTL was set during the tick: it is at most 2H + H/2, and at
+	// least that less the time since the tick began.
+	if took := time.Since(before); left > ttl || left < ttl-took-time.Millisecond {
+		t.Fatalf("report TTL %v left %v after the tick began, want 2H + H/2 = %v from the report call", left, took, ttl)
+	}
+	time.Sleep(left + 20*time.Millisecond)
+	if n, _ := admin.Exists(ctx, report).Result(); n != 0 {
 		t.Fatalf("the report outlived 2H + H/2")
 	}
 }
@@ -221,11 +252,13 @@ func (m *manualCluster) tick() {
 // step: at(ms) first (when not nil; it may change the cluster), a tick
 // every 250 ms, then gateway g takes offered(ms)[g] requests per second of
 // req, fractions carried to the next step, each decision shown to each
-// (when not nil). It returns the units admitted in each millisecond.
-func (m *manualCluster) drive(req core.Request, seconds int, offered func(ms int) []float64, at func(ms int), each func(g, ms int, d core.Decision)) []int {
+// (when not nil); req is prepared on each gateway. It returns the units
+// admitted in each millisecond.
+func (m *manualCluster) drive(req core.Call, seconds int, offered func(ms int) []float64, at func(ms int), each func(g, ms int, d core.Decision)) []int {
 	m.t.Helper()
 	admitted := make([]int, seconds*1000)
 	var credit []float64
+	var reqs []core.Request
 	ctx := context.Background()
 	for ms := range admitted {
 		if at != nil {
@@ -238,11 +271,12 @@ func (m *manualCluster) drive(req core.Request, seconds int, offered func(ms int
 		for g, s := range m.gws {
 			if g == len(credit) {
 				credit = append(credit, 0)
+				reqs = append(reqs, prep(m.t, s, req))
 			}
 			credit[g] += rates[g] / 1000
 			for credit[g] >= 1 {
 				credit[g]--
-				d, err := s.Take(ctx, req)
+				d, err := s.Take(ctx, reqs[g])
 				if err != nil {
 					m.t.Fatal(err)
 				}
@@ -286,14 +320,15 @@ func TestBoundOnManualClock(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
 	const h = time.Second
-	o := Options{Group: "bound", Interval: h, Clock: clock}
+	o := Options{Group: "bound", Interval: h}
+	sm := seams{manual: true, clock: clock}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "bound"}
 	for range 3 {
-		m.gws = append(m.gws, startGateway(t, srv, o, true))
+		m.gws = append(m.gws, startGateway(t, srv, o, sm))
 	}
 	const R, B = 1000, 100
 	limit := core.Limit{Rate: R, Period: time.Second, Burst: B}
-	req := core.Request{Consumer: "hot", Scope: "api", Rate: limit, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Scope: "api", Rate: limit, Cost: 1, Distributed: true}
 	offered := []float64{1050, 300, 150} // per second
 	const seconds = 40
 	perGateway := make([]int, 3)
@@ -382,16 +417,17 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 	o := Options{Group: "down", Interval: h, MaxGateways: 6}
 	var gws []*gateway
 	for range 3 {
-		gws = append(gws, startGateway(t, srv, o, false))
+		gws = append(gws, startGateway(t, srv, o, seams{}))
 	}
 	const R, B = 300, 30
 	floor := float64(R) / 6
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: R, Period: time.Second, Burst: B}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: R, Period: time.Second, Burst: B}, Cost: 1, Distributed: true}
 	l := &load{admitted: make([]atomic.Int64, 15000), start: time.Now()}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	reqs := prepAll(t, gws, req)
 	for i, rate := range []float64{400, 40, 40} {
-		l.run(t, gws[i].Store, req, rate, stop, &wg)
+		l.run(t, gws[i].Store, reqs[i], rate, stop, &wg)
 	}
 	defer func() { close(stop); wg.Wait() }()
 
@@ -410,8 +446,8 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 		return true
 	})
 	take := func() { // one decision on each gateway, counted with the load's
-		for _, g := range gws {
-			d, err := g.Take(context.Background(), req)
+		for i, g := range gws {
+			d, err := g.Take(context.Background(), reqs[i])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -468,11 +504,11 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 func TestHotKeyMakesNoRedisCalls(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	g := startGateway(t, srv, Options{Group: "calls", Interval: time.Second, Clock: clock}, true)
+	g := startGateway(t, srv, Options{Group: "calls", Interval: time.Second}, seams{manual: true, clock: clock})
 	admin := srv.Client(t, nil)
 	ctx := context.Background()
-	hot := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1_000_000, Period: time.Second}, Cost: 1, Distributed: true}
-	coarse := core.Request{Consumer: "coarse", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1, Distributed: true}
+	hot := prep(t, g, core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1_000_000, Period: time.Second}, Cost: 1, Distributed: true})
+	coarse := prep(t, g, core.Call{Consumer: "coarse", Rate: core.Limit{Rate: 10, Period: time.Second}, Cost: 1, Distributed: true})
 	// Report, win the lease, publish after its hold (2H plus a call's
 	// timeout, as there is no table yet): the table is in force.
 	for range 16 {
@@ -529,12 +565,13 @@ func TestCoarseKeyExact(t *testing.T) {
 	srv := redistest.Start(t)
 	var gws []*gateway
 	for range 4 {
-		gws = append(gws, startGateway(t, srv, Options{Group: "coarse", Interval: 100 * time.Millisecond}, false))
+		gws = append(gws, startGateway(t, srv, Options{Group: "coarse", Interval: 100 * time.Millisecond}, seams{}))
 	}
-	req := core.Request{Consumer: "low", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Minute}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "low", Scope: "api", Rate: core.Limit{Rate: 10, Period: time.Minute}, Cost: 1, Distributed: true}
+	reqs := prepAll(t, gws, req)
 	allowed := 0
 	for i := range 20 {
-		d, err := gws[i%4].Take(context.Background(), req)
+		d, err := gws[i%4].Take(context.Background(), reqs[i%4])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -556,9 +593,9 @@ func TestCoarseKeyExact(t *testing.T) {
 // (quota resets, algorithm and limit checks, a request with a quota).
 func TestStoreDelegates(t *testing.T) {
 	srv := redistest.Start(t)
-	g := startGateway(t, srv, Options{Group: "del", Interval: time.Second}, true)
+	g := startGateway(t, srv, Options{Group: "del", Interval: time.Second}, seams{manual: true})
 	ctx := context.Background()
-	req := core.Request{Consumer: "q", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1, Distributed: true}
+	req := prep(t, g, core.Call{Consumer: "q", Rate: core.Limit{Rate: 1000, Period: time.Second}, Quota: core.Quota{Max: 2, Renewal: time.Hour}, Cost: 1, Distributed: true})
 	var got []bool
 	for range 3 {
 		d, err := g.Take(ctx, req)
@@ -570,14 +607,14 @@ func TestStoreDelegates(t *testing.T) {
 	if fmt.Sprint(got) != "[true true false]" {
 		t.Fatalf("a request with a quota: %v, want the Redis store's exact [true true false]", got)
 	}
-	if err := g.ResetQuotaEpoch(ctx, "q", "", 0); err != nil {
+	if err := g.ResetQuota(ctx, "q", "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := g.Take(ctx, req); err != nil || !d.Allowed {
 		t.Fatalf("after the reset: %+v, %v", d, err)
 	}
-	if !g.SupportsAlgorithm(core.SlidingLog) {
-		t.Error("sliding_log: the Redis store supports it")
+	if err := core.CheckSupport(g, core.Limit{Rate: 10, Period: time.Second, Algorithm: core.SlidingLog}); err != nil {
+		t.Errorf("sliding_log: %v, want the Redis store's support", err)
 	}
 	if err := g.Ping(ctx); err != nil {
 		t.Error(err)
@@ -596,13 +633,14 @@ func TestStoreDelegates(t *testing.T) {
 func runShift(t *testing.T, unsafe bool) (worst int, rate float64) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	o := Options{Group: "shift", Interval: time.Second, Clock: clock, UnsafeGrowsBeforeShrinks: unsafe}
+	o := Options{Group: "shift", Interval: time.Second}
+	sm := seams{manual: true, clock: clock, unsafe: unsafe}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "shift", deaf: map[int]bool{0: true}}
 	for range 3 {
-		m.gws = append(m.gws, startGateway(t, srv, o, true))
+		m.gws = append(m.gws, startGateway(t, srv, o, sm))
 	}
 	m.gws[0].pubsub.Close()
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 30
 	admitted := m.drive(req, seconds, func(ms int) []float64 {
 		if ms >= 10000 {
@@ -658,7 +696,7 @@ func TestStoresOnCluster(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		stores = append(stores, s)
 	}
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+	req := prep(t, stores[0], core.Call{Consumer: "hot", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true})
 	waitFor(t, 5*time.Second, "the loaded gateway's share above its floor (100/s)", func() bool {
 		for range 5 {
 			if _, err := stores[0].Take(context.Background(), req); err != nil {
@@ -685,10 +723,11 @@ func TestStoresOnCluster(t *testing.T) {
 func TestBoundAcrossRedisDataLoss(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	o := Options{Group: "loss", Interval: time.Second, Clock: clock}
+	o := Options{Group: "loss", Interval: time.Second}
+	sm := seams{manual: true, clock: clock}
 	m := &manualCluster{t: t, clock: clock, admin: srv.Client(t, nil), group: "loss"}
-	m.gws = append(m.gws, startGateway(t, srv, o, true), startGateway(t, srv, o, true))
-	req := core.Request{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+	m.gws = append(m.gws, startGateway(t, srv, o, sm), startGateway(t, srv, o, sm))
+	req := core.Call{Consumer: "hot", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
 	const seconds = 24
 	flush := func(ms int) {
 		if ms != 8000 {
@@ -700,7 +739,7 @@ func TestBoundAcrossRedisDataLoss(t *testing.T) {
 		if err := m.admin.FlushAll(context.Background()).Err(); err != nil {
 			t.Fatal(err)
 		}
-		m.gws = append(m.gws, startGateway(t, srv, o, true))
+		m.gws = append(m.gws, startGateway(t, srv, o, sm))
 	}
 	offered := func(ms int) []float64 {
 		if ms < 8000 && ms/1000%2 == 0 {
@@ -750,7 +789,7 @@ func (f *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func TestFailedReportRetriedNextTick(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
-	g := startGateway(t, srv, Options{Group: "retry", Interval: time.Second, Clock: clock}, true)
+	g := startGateway(t, srv, Options{Group: "retry", Interval: time.Second}, seams{manual: true, clock: clock})
 	report := keysFor("retry").report + g.GatewayID()
 	g.client.AddHook(&failOnce{match: report})
 	admin := srv.Client(t, nil)
@@ -781,14 +820,15 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 			o := Options{Group: "leave", Interval: h, MaxGateways: 4}
 			var gws []*gateway
 			for range 3 {
-				gws = append(gws, startGateway(t, srv, o, false))
+				gws = append(gws, startGateway(t, srv, o, seams{}))
 			}
-			req := core.Request{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+			req := core.Call{Consumer: "c", Scope: "api", Rate: core.Limit{Rate: 400, Period: time.Second, Burst: 40}, Cost: 1, Distributed: true}
+			reqs := prepAll(t, gws, req)
 			share := func(g *gateway) float64 { return g.Stats().ShareRate }
 			near := func(a, b float64) bool { return math.Abs(a-b) < 1e-3 }
 			waitFor(t, 10*h, "three gateways at 100/s", func() bool {
-				for _, g := range gws {
-					g.Take(context.Background(), req) // keeps the key reported
+				for i, g := range gws {
+					g.Take(context.Background(), reqs[i]) // keeps the key reported
 				}
 				return near(share(gws[0]), 100) && near(share(gws[1]), 100) && near(share(gws[2]), 100) && gws[0].Stats().Epoch > 0
 			})
@@ -796,7 +836,7 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 				if err := gws[2].Close(); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := gws[2].Take(context.Background(), req); !errors.Is(err, ErrClosed) {
+				if _, err := gws[2].Take(context.Background(), reqs[2]); !errors.Is(err, ErrClosed) {
 					t.Fatalf("Take after Close: %v, want ErrClosed", err)
 				}
 			} else {
@@ -804,8 +844,8 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 			}
 			deadline := time.Now().Add(6 * h) // past the killed one's report TTL (2H + H/2) and a step
 			for time.Now().Before(deadline) {
-				gws[0].Take(context.Background(), req)
-				gws[1].Take(context.Background(), req)
+				gws[0].Take(context.Background(), reqs[0])
+				gws[1].Take(context.Background(), reqs[1])
 				if clean && near(share(gws[0]), 150) && near(share(gws[1]), 150) {
 					return
 				}
@@ -817,4 +857,156 @@ func TestCleanLeaveFreesItsFloor(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPrepareDecidesEligibility: the Store decides once, in Prepare,
+// whether the Limiter takes a rule's requests (everything of
+// Limiter.Eligible but the cost), so Take checks only the cost: for each
+// limit set the prepared rule's flag equals Eligible, and its compiled
+// form is the key's global limit, floor and window.
+func TestPrepareDecidesEligibility(t *testing.T) {
+	srv := redistest.Start(t)
+	g := startGateway(t, srv, Options{Group: "prep", Interval: time.Second, MaxGateways: 4}, seams{manual: true})
+	sets := map[string]core.LimitSet{
+		"hot":              hotSet,
+		"not distributed":  {Scope: "api", Rate: hotSet.Rate},
+		"quota":            {Scope: "api", Rate: hotSet.Rate, Quota: core.Quota{Max: 10, Renewal: time.Hour}, Distributed: true},
+		"sliding window":   {Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100, Algorithm: core.SlidingWindow}, Distributed: true},
+		"unlimited":        {Rate: core.Limit{Rate: core.Unlimited}, Distributed: true},
+		"burst below 4":    {Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 3}, Distributed: true},
+		"rate floor < 1/s": {Rate: core.Limit{Rate: 3, Period: time.Second, Burst: 100}, Distributed: true},
+		"no limit":         {Distributed: true},
+	}
+	for name, ls := range sets {
+		r, err := g.Prepare(ls)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		req := core.Request{Consumer: "c", Rule: r, Cost: 1}
+		d := ruleOf(&req)
+		if want := name == "hot"; d.inMemory != want || g.lim.Eligible(&req) != want {
+			t.Errorf("%s: prepared in memory %v, Eligible %v; want %v", name, d.inMemory, g.lim.Eligible(&req), want)
+		}
+		if d.exact == nil || d.exact.Limits() != ls {
+			t.Errorf("%s: exact rule %+v, want one prepared from %+v", name, d.exact, ls)
+		}
+	}
+	r, _ := g.Prepare(hotSet)
+	want := hotRule{limit: hotSet.Rate, kl: KeyLimit{Rate: 1000, Burst: 100}, floor: Share{Rate: 250, Burst: 25}, window: 100 * time.Millisecond}
+	if got := r.Data().(*rule).hot; got != want {
+		t.Fatalf("compiled %+v, want %+v", got, want)
+	}
+	// A cost out of range is the one check left to Take: the exact store
+	// refuses it.
+	if _, err := g.Take(context.Background(), core.Request{Consumer: "c", Rule: r, Cost: -1}); !errors.Is(err, core.ErrInvalidCost) {
+		t.Fatalf("cost -1: %v, want ErrInvalidCost from the exact store", err)
+	}
+}
+
+// TestLimitChangeKeepsSpent is issue 20's "a limit change keeps the
+// tokens spent, not the time", decided in memory: one gateway holding the
+// whole limit (MaxGateways 1, a MinFloorRate low enough for 3/min), a
+// distributed rule, a manual clock. 3 of 3 spent per minute, raised to 6
+// per minute: exactly 3 more at once. 3 of 6 spent, lowered to 3 per
+// minute: none more, the next one after one new emission interval (20 s).
+// Every decision is the Limiter's (Limit is the global burst; no key goes
+// to the exact store), and the key is reported under its new limit's name
+// only.
+func TestLimitChangeKeepsSpent(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := core.NewManualClock(int64(time.Hour))
+	g := startGateway(t, srv, Options{Group: "change", Interval: time.Second, MaxGateways: 1, MinFloorRate: 0.01}, seams{manual: true, clock: clock})
+	ctx := context.Background()
+	perMin := func(n int64) core.LimitSet {
+		return core.LimitSet{Scope: "api", Rate: core.Limit{Rate: n, Period: time.Minute}, Distributed: true}
+	}
+	take := func(req core.Request, allowed bool, remaining int64, retry time.Duration) {
+		t.Helper()
+		d, err := g.Take(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed != allowed || d.Remaining != remaining || d.RetryAfter != retry || d.Limit != req.Rule.Rate().Rate {
+			t.Fatalf("under %d/min: %+v, want allowed %v, remaining %d, retry after %v, limit %d", req.Rule.Rate().Rate, d, allowed, remaining, retry, req.Rule.Rate().Rate)
+		}
+	}
+	three := prep(t, g, core.Call{Consumer: "up", Scope: "api", Rate: perMin(3).Rate, Distributed: true, Cost: 1})
+	six := prep(t, g, core.Call{Consumer: "up", Scope: "api", Rate: perMin(6).Rate, Distributed: true, Cost: 1})
+	if !ruleOf(&three).inMemory || !ruleOf(&six).inMemory {
+		t.Fatal("3/min and 6/min over MaxGateways 1: want both decided in memory")
+	}
+	// Raised: 3 of 3 spent, then exactly 3 more at once.
+	take(three, true, 2, 0)
+	take(three, true, 1, 0)
+	take(three, true, 0, 0)
+	take(three, false, 0, 20*time.Second)
+	take(six, true, 2, 0)
+	take(six, true, 1, 0)
+	take(six, true, 0, 0)
+	take(six, false, 0, 10*time.Second)
+
+	// Lowered: 3 of 6 spent, then none more until 20 s have passed.
+	three.Consumer, six.Consumer = "down", "down"
+	take(six, true, 5, 0)
+	take(six, true, 4, 0)
+	take(six, true, 3, 0)
+	take(three, false, 0, 20*time.Second)
+	clock.Advance(20*time.Second - time.Nanosecond)
+	take(three, false, 0, time.Nanosecond)
+	clock.Advance(time.Nanosecond)
+	take(three, true, 0, 0)
+	take(three, false, 0, 20*time.Second)
+
+	rep := g.lim.Report(clock.Nanotime(), g.GatewayID())
+	up, down := MakeKeyID("up", "api", perMin(6).Rate), MakeKeyID("down", "api", perMin(3).Rate)
+	if len(rep.Keys) != 2 || rep.Keys[up].Limit != (KeyLimit{Rate: 0.1, Burst: 6}) || rep.Keys[down].Limit != (KeyLimit{Rate: 0.05, Burst: 3}) {
+		t.Fatalf("report %+v, want the two keys under their new limits' names only", rep.Keys)
+	}
+	// The first report (divided by H = 1 s): the units offered, 8 and 7,
+	// all under the new names.
+	if rep.Keys[up].Demand != 8 || rep.Keys[down].Demand != 7 {
+		t.Fatalf("demand %v and %v, want 8 and 7 (the units offered before the change count)", rep.Keys[up].Demand, rep.Keys[down].Demand)
+	}
+	if st := g.Stats(); st.HotKeys != 2 {
+		t.Fatalf("%d hot keys, want 2", st.HotKeys)
+	}
+}
+
+// TestUnsafeOnlyInTheTestBuild: a Store from New keeps shrinks before
+// grows, unless the binary is the unsafe test build (-tags
+// limitplane_drl_unsafe, for the DRL harness), which New then says in a
+// warning; no option turns it on.
+func TestUnsafeOnlyInTheTestBuild(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, nil)
+	exact, err := redisstore.New(c, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	s, err := New(c, exact, Options{Group: "unsafe", Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.aopts.unsafeGrowsBeforeShrinks != unsafeBuild {
+		t.Fatalf("allocator unsafe %v in a build with unsafeBuild %v", s.aopts.unsafeGrowsBeforeShrinks, unsafeBuild)
+	}
+	if warned := strings.Contains(logs.String(), "grants grows before the shrinks"); warned != unsafeBuild {
+		t.Fatalf("warning logged %v, want %v; log:\n%s", warned, unsafeBuild, logs.String())
+	}
+}
+
+// syncWriter serialises writes to w (the loop and the test both log).
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -15,10 +15,13 @@ import (
 //	SHA-256(consumer ‖ 0x00 ‖ scope ‖ 0x00 ‖ Rate ‖ 0x00 ‖ Period ‖ 0x00 ‖ Burst)
 //
 // with Rate, Period (in nanoseconds) and Burst (the effective burst: Rate
-// when Burst is 0) written in decimal. The limit is part of the name, so a
-// policy change makes a new key and no table mixes two limits. The
-// consumer is hashed: the name reaches Redis and never carries a raw
-// credential. A Limiter computes it once, when it first sees a key.
+// when Burst is 0) written in decimal. The limit is part of the name, so
+// no table mixes two limits: when a policy changes a key's limit, the
+// Limiter keeps the key (its units spent carry over) under the new name,
+// which the allocator sees as a new key, and stops reporting the old one,
+// which the allocator forgets once no gateway reports it (see
+// Limiter). The consumer is hashed: the name reaches Redis and never
+// carries a raw credential. A Limiter computes it once per key and limit.
 type KeyID string
 
 // MakeKeyID returns the KeyID of (consumer, scope) under the rate limit l.

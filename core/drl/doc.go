@@ -24,6 +24,11 @@
 //     wait until the shrinks they need are acknowledged (or the gateways
 //     that owe them have gone stale). Switching a key's share inside a
 //     gateway carries its tokens exactly.
+//   - A limit change keeps the tokens spent, not the time, as the other
+//     stores do: the units a key spent from its share stay spent from the
+//     share it runs under the new limit. The new limit is a new KeyID, so
+//     the key runs that name's share (its floor until the allocator lists
+//     it), and the shares of each limit stay within that limit.
 //   - A gateway whose table is older than 2H (measured from when it sent the
 //     call that returned it) runs every key at its floor, so a Redis outage
 //     or a partition keeps the total within the limit; a report lives 2H +
@@ -47,9 +52,10 @@
 // The simulator in sim_test.go checks this over 100 seeds per scenario
 // (skew, Tyk #1244, a load step, churn with partitions, allocator
 // failover, a Redis outage): every 1 s window and the sum of the shares
-// the gateways run, at every event. With
-// AllocatorOptions.UnsafeGrowsBeforeShrinks the shares run sum above R in
-// nearly every churn run; the admitted windows exceed R + B only where a
+// the gateways run, at every event. With the allocator's unsafe switch
+// (grows granted before the shrinks they need are in force: set by this
+// package's tests, or by a build with the tag limitplane_drl_unsafe, never
+// by an option) the shares run sum above R in nearly every churn run; the admitted windows exceed R + B only where a
 // shrink reaches its gateway late (a lost or slow delivery), since a
 // gateway cut off from Redis is at its floor (2H) before its report
 // expires (2H + H/2) and its share is handed out.

@@ -1,6 +1,7 @@
 package drl
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,15 +12,46 @@ import (
 
 const sec = int64(time.Second)
 
-// hot is a distributed request: 1000/s with burst 100.
-func hot(consumer string) core.Request {
-	return core.Request{Consumer: consumer, Scope: "api", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Cost: 1, Distributed: true}
+// hotSet is a distributed rate limit of 1000/s with burst 100, scope "api".
+var hotSet = core.LimitSet{Scope: "api", Rate: core.Limit{Rate: 1000, Period: time.Second, Burst: 100}, Distributed: true}
+
+// hot is a distributed request of cost 1 under hotSet.
+func hot(consumer string) core.Request { return request(consumer, hotSet) }
+
+// request is a request of cost 1 from consumer under ls, its rule made by
+// core.NewRule: the Limiter reads the rule's limits only, so a Limiter is
+// driven without a Store. It panics on an invalid ls.
+func request(consumer string, ls core.LimitSet) core.Request {
+	r, err := core.NewRule(ls, nil)
+	if err != nil {
+		panic(err)
+	}
+	return core.Request{Consumer: consumer, Rule: r, Cost: 1}
+}
+
+// withRate returns req with its rule's rate limit replaced by rate (a new
+// rule, its other limits the same).
+func withRate(req core.Request, rate core.Limit) core.Request {
+	ls := req.Rule.Limits()
+	ls.Rate = rate
+	r := request(req.Consumer, ls)
+	r.Cost = req.Cost
+	return r
+}
+
+// lookup returns the key l holds for req, or nil.
+func lookup(l *Limiter, req *core.Request) *key {
+	if _, ok := l.compile(req.Rule); !ok {
+		return nil
+	}
+	sh, f := l.locate(req)
+	return sh.tab.Load().find(f)
 }
 
 // tableFor gives gateway g share s of req's key at epoch e.
 func tableFor(req core.Request, e uint64, g string, s Share) *Table {
-	id := MakeKeyID(req.Consumer, req.Scope, req.Rate)
-	return &Table{Epoch: e, Token: 1, Keys: map[KeyID]KeyShares{id: {Limit: LimitOf(req.Rate), Shares: map[string]Share{g: s}}}}
+	id := MakeKeyID(req.Consumer, req.Rule.Scope(), req.Rule.Rate())
+	return &Table{Epoch: e, Token: 1, Keys: map[KeyID]KeyShares{id: {Limit: LimitOf(req.Rule.Rate()), Shares: map[string]Share{g: s}}}}
 }
 
 // drain takes until refused at now and returns how many were admitted.
@@ -79,33 +111,44 @@ func TestLimiterEligibility(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxGateways: 4})
 	var d core.Decision
 	base := hot("c")
-	cases := map[string]func(r *core.Request){
-		"not distributed":  func(r *core.Request) { r.Distributed = false },
-		"quota":            func(r *core.Request) { r.Quota = core.Quota{Max: 10, Renewal: time.Hour} },
-		"sliding window":   func(r *core.Request) { r.Rate.Algorithm = core.SlidingWindow },
-		"unlimited":        func(r *core.Request) { r.Rate = core.Limit{Rate: core.Unlimited} },
-		"burst below 4":    func(r *core.Request) { r.Rate.Burst = 3 },
-		"rate floor < 1/s": func(r *core.Request) { r.Rate = core.Limit{Rate: 3, Period: time.Second, Burst: 100} },
-		"negative cost":    func(r *core.Request) { r.Cost = -1 },
-		"invalid period":   func(r *core.Request) { r.Rate = core.Limit{Rate: 1 << 40, Period: time.Nanosecond, Burst: 100} },
+	cases := map[string]func(ls *core.LimitSet, r *core.Request){
+		"not distributed": func(ls *core.LimitSet, r *core.Request) { ls.Distributed = false },
+		"quota":           func(ls *core.LimitSet, r *core.Request) { ls.Quota = core.Quota{Max: 10, Renewal: time.Hour} },
+		"sliding window":  func(ls *core.LimitSet, r *core.Request) { ls.Rate.Algorithm = core.SlidingWindow },
+		"unlimited":       func(ls *core.LimitSet, r *core.Request) { ls.Rate = core.Limit{Rate: core.Unlimited} },
+		"burst below 4":   func(ls *core.LimitSet, r *core.Request) { ls.Rate.Burst = 3 },
+		"rate floor < 1/s": func(ls *core.LimitSet, r *core.Request) {
+			ls.Rate = core.Limit{Rate: 3, Period: time.Second, Burst: 100}
+		},
+		"negative cost":  func(ls *core.LimitSet, r *core.Request) { r.Cost = -1 },
+		"cost above max": func(ls *core.LimitSet, r *core.Request) { r.Cost = core.MaxCost + 1 },
 	}
 	for name, f := range cases {
+		ls := hotSet
 		r := base
-		f(&r)
-		if l.Take(sec, &r, &d) {
+		f(&ls, &r)
+		cost := r.Cost
+		r = request("c", ls)
+		r.Cost = cost
+		if l.Take(sec, &r, &d) || l.Eligible(&r) {
 			t.Errorf("%s: handled by DRL, want the exact store", name)
 		}
 	}
 	if st := l.Stats(); st.HotKeys != 0 {
 		t.Fatalf("%d keys held after ineligible requests, want 0", st.HotKeys)
 	}
+	// An invalid limit never reaches the Limiter: no rule holds it.
+	ls := hotSet
+	ls.Rate = core.Limit{Rate: 1 << 40, Period: time.Nanosecond, Burst: 100}
+	if _, err := core.NewRule(ls, nil); !errors.Is(err, core.ErrInvalidLimit) {
+		t.Errorf("invalid period: NewRule error %v, want ErrInvalidLimit", err)
+	}
 	// Tyk #1287: 10/s over the default 32 gateways: floor 0.3125/s.
-	r := base
-	r.Rate = core.PerSecond(10)
+	r := withRate(base, core.PerSecond(10))
 	if NewLimiter(LimiterOptions{}).Take(sec, &r, &d) {
 		t.Error("10/s over 32 gateways: handled by DRL, want the exact store")
 	}
-	r.Rate = core.Limit{Rate: 4, Period: time.Second, Burst: 4} // floor exactly 1/s, burst 1
+	r = withRate(base, core.Limit{Rate: 4, Period: time.Second, Burst: 4}) // floor exactly 1/s, burst 1
 	if !l.Take(sec, &r, &d) || !l.Eligible(&r) {
 		t.Fatal("4/s burst 4 over 4 gateways: want DRL")
 	}
@@ -365,7 +408,7 @@ func TestLimiterMaxKeysAndSweep(t *testing.T) {
 	}
 	// Keys stay while used; idle for 3 reports with full buckets, they go.
 	rep := l.Report(now+sec, "g1")
-	if len(rep.Keys) != 3 || rep.Keys[MakeKeyID("a", "api", hot("a").Rate)].Demand != 1 {
+	if len(rep.Keys) != 3 || rep.Keys[MakeKeyID("a", "api", hotSet.Rate)].Demand != 1 {
 		t.Fatalf("report %+v", rep)
 	}
 	a := hot("a")
@@ -384,12 +427,12 @@ func TestLimiterMaxKeysAndSweep(t *testing.T) {
 func TestLimiterDemandSmoothing(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxGateways: 4})
 	req := hot("c")
-	req.Rate.Burst = 1000
+	req = withRate(req, core.Limit{Rate: 1000, Period: time.Second, Burst: 1000})
 	var d core.Decision
 	now := 10 * sec
 	l.Take(now, &req, &d)
 	l.Report(now, "g")
-	id := MakeKeyID("c", "api", req.Rate)
+	id := MakeKeyID("c", "api", req.Rule.Rate())
 	step := func(n int, want float64) {
 		t.Helper()
 		now += sec
@@ -434,7 +477,7 @@ func TestTakeUpToIsTakes(t *testing.T) {
 			t.Fatalf("step %d: takeUpTo(%d) admitted %d, Take %d", i, n, got, want)
 		}
 	}
-	if ra, rb := a.Report(now, "g"), b.Report(now, "g"); ra.Keys[MakeKeyID("c", "api", req.Rate)] != rb.Keys[MakeKeyID("c", "api", req.Rate)] {
+	if ra, rb := a.Report(now, "g"), b.Report(now, "g"); ra.Keys[MakeKeyID("c", "api", req.Rule.Rate())] != rb.Keys[MakeKeyID("c", "api", req.Rule.Rate())] {
 		t.Fatalf("demand %v vs %v", ra, rb)
 	}
 }
@@ -471,5 +514,68 @@ func TestLimiterOlderTableRefreshes(t *testing.T) {
 	}
 	if st := l.Stats(); st.Epoch != 2 || st.Fallbacks != 0 {
 		t.Fatalf("stats %+v, want epoch 2 and no fallback", st)
+	}
+}
+
+// TestLimiterLimitChangeRenamesKey: a request under another limit switches
+// the key to it, keeping the units spent from the gateway's share as spent
+// from the share it runs under the new limit, which is the share the table
+// gives the new limit's KeyID: the floor until the allocator lists it (it
+// counts an unlisted gateway at its floor), never the old name's share.
+// The key is reported under the new name only; a table that then lists it
+// switches the key as any share change does (tokens held carried).
+func TestLimiterLimitChangeRenamesKey(t *testing.T) {
+	ms := int64(time.Millisecond)
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1"})
+	req := hot("c") // 1000/s, B 100
+	now := 10 * sec
+	l.Apply(now, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	var d core.Decision
+	for range 20 { // 20 of the share's 50 spent: 40 ms at T = 2 ms
+		if !l.Take(now, &req, &d) || !d.Allowed || d.Limit != 100 {
+			t.Fatalf("under 1000/s: %+v", d)
+		}
+	}
+	// Raised to 2000/s, B 200: floor 500/s, B 50 (T = 2 ms): 30 left.
+	up := withRate(req, core.Limit{Rate: 2000, Period: time.Second, Burst: 200})
+	if !l.Take(now, &up, &d) || !d.Allowed || d.Limit != 200 || d.Remaining != 29 || d.Rate.Window != 100*time.Millisecond {
+		t.Fatalf("first decision under 2000/s: %+v, want allowed, Limit 200, 29 left, window 100 ms", d)
+	}
+	if n := drain(t, l, now, &up); n != 29 {
+		t.Fatalf("under 2000/s: %d more at once, want 29 (20 of 50 spent before the change)", n)
+	}
+	newID := MakeKeyID("c", "api", up.Rule.Rate())
+	rep := l.Report(now, "g1")
+	if len(rep.Keys) != 1 || rep.Keys[newID].Limit != (KeyLimit{Rate: 2000, Burst: 200}) || rep.Keys[newID].Demand != 51 {
+		t.Fatalf("report %+v, want only %s, limit 2000/s B 200, demand 51 (20 + 30 admitted + 1 refused)", rep.Keys, newID)
+	}
+	if st := l.Stats(); st.HotKeys != 1 || st.ShareRate != 500 {
+		t.Fatalf("stats %+v, want one key at the new floor 500/s", st)
+	}
+	// The allocator lists the new name: a grow to 1000/s, B 100, carries
+	// the 0 tokens held; then 1 per ms.
+	l.Apply(now, tableFor(up, 2, "g1", Share{Rate: 1000, Burst: 100}))
+	if n := drain(t, l, now, &up); n != 0 {
+		t.Fatalf("right after the grow: %d, want 0", n)
+	}
+	if n := drain(t, l, now+10*ms, &up); n != 10 {
+		t.Fatalf("10 ms at 1000/s: %d, want 10", n)
+	}
+
+	// Lowered below what was spent: with the bucket empty (all 100 of the
+	// share spent) the limit drops to 400/s, B 40, whose floor is 100/s,
+	// B 10 (T = 10 ms): the 100 units stay spent, 1 s of debt against a
+	// 100 ms window, so the next one passes after 910 ms.
+	now += 10 * ms
+	if n := drain(t, l, now+30*ms, &up); n != 30 {
+		t.Fatalf("30 ms at 1000/s: %d, want 30", n)
+	}
+	now += 30 * ms
+	down := withRate(req, core.Limit{Rate: 400, Period: time.Second, Burst: 40})
+	if !l.Take(now, &down, &d) || d.Allowed || d.Limit != 40 || d.RetryAfter != 910*time.Millisecond {
+		t.Fatalf("first decision under 400/s: %+v, want refused, Limit 40, retry after 910 ms (100 spent at 10 ms each, τ 100 ms)", d)
+	}
+	if n := drain(t, l, now+910*ms, &down); n != 1 {
+		t.Fatalf("910 ms later: %d, want 1", n)
 	}
 }

@@ -1,0 +1,150 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// LimitSet is what one request is checked against: a rate limit, a quota,
+// and the scope that names their counters. It is the input of
+// Store.Prepare; the Engine builds one per policy (or pair of policies) and
+// per consumer's per-API Limits.
+type LimitSet struct {
+	// Rate is the rate limit; the zero Limit (absent) or Unlimited skips
+	// it (see Limit.Enforced).
+	Rate Limit
+	// Quota is the quota; the zero Quota (absent) or Unlimited skips it
+	// (see Quota.Enforced).
+	Quota Quota
+	// Scope separates counters of one consumer, e.g. per API ("" for
+	// key-wide counters, the counters policies share).
+	Scope string
+	// Distributed asks a store that splits limits across processes
+	// (core/drl) to decide the rate limit against this process's share of
+	// it (Policy.Distributed). Other stores ignore it.
+	Distributed bool
+}
+
+// Validate reports why s's rate limit or quota cannot be enforced, wrapping
+// ErrInvalidLimit, or nil.
+func (s LimitSet) Validate() error {
+	if err := s.Rate.Validate(); err != nil {
+		return fmt.Errorf("rate: %w", err)
+	}
+	if err := s.Quota.Validate(); err != nil {
+		return fmt.Errorf("quota: %w", err)
+	}
+	return nil
+}
+
+// Rule is a LimitSet bound to one store: validated once by Store.Prepare,
+// with what the store needs per request computed once (the GCRA constants,
+// a store's own compiled form in Data). A Rule is immutable and safe for
+// concurrent use; Requests point to it, as x/time/rate's Limiter holds its
+// limit and envoy ratelimit's RateLimit is built once per configuration.
+//
+// A Rule is only meaningful to the store that prepared it (and to the
+// stores that store wraps); passing it to another store is a programming
+// error that a store reports with ErrForeignRule when it can tell.
+//
+// Kinds of limit are kinds of Rule: a store that learns a new kind (a
+// lease, an in-flight cap, a cost settled after the response) recognises
+// it in Prepare, compiles it into its Data, and answers it in Take; no new
+// Store method or optional interface is needed (DESIGN.md, "Prepared
+// rules").
+type Rule struct {
+	set   LimitSet
+	gcra  GCRAParams // valid when rate is set
+	rate  bool       // set.Rate.Enforced()
+	quota bool       // set.Quota.Enforced()
+	data  any
+}
+
+// ErrForeignRule is returned by a store handed a nil Rule or one another
+// kind of store prepared.
+var ErrForeignRule = errors.New("rule not prepared by this store")
+
+// NewRule validates s and returns its Rule with data, a store's own compiled
+// form of it (nil for none). Stores call it from Prepare; errors wrap
+// ErrInvalidLimit.
+func NewRule(s LimitSet, data any) (*Rule, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Rule{set: s, rate: s.Rate.Enforced(), quota: s.Quota.Enforced(), data: data}
+	if r.rate {
+		r.gcra = s.Rate.GCRA()
+	}
+	return r, nil
+}
+
+// Limits returns the LimitSet r was prepared from.
+func (r *Rule) Limits() LimitSet { return r.set }
+
+// Rate returns the rule's rate limit.
+func (r *Rule) Rate() Limit { return r.set.Rate }
+
+// Quota returns the rule's quota.
+func (r *Rule) Quota() Quota { return r.set.Quota }
+
+// Scope returns the scope of the rule's counters.
+func (r *Rule) Scope() string { return r.set.Scope }
+
+// Distributed reports LimitSet.Distributed.
+func (r *Rule) Distributed() bool { return r.set.Distributed }
+
+// RateEnforced reports whether the rule has a rate limit to count (set and
+// not Unlimited).
+func (r *Rule) RateEnforced() bool { return r.rate }
+
+// QuotaEnforced reports whether the rule has a quota to count.
+func (r *Rule) QuotaEnforced() bool { return r.quota }
+
+// Enforced reports whether the rule limits anything: a request under a rule
+// that does not is allowed without asking a store.
+func (r *Rule) Enforced() bool { return r.rate || r.quota }
+
+// GCRA returns the rate limit's GCRA constants, computed once by NewRule;
+// the zero GCRAParams when the rate limit is not enforced. For a window
+// algorithm they are the constants of the same Limit read as GCRA.
+func (r *Rule) GCRA() GCRAParams { return r.gcra }
+
+// Data returns the store's compiled form given to NewRule.
+func (r *Rule) Data() any { return r.data }
+
+// Call is a Request spelled out with its limits, for callers that ask a
+// store once per limit set (tests, tools, one-off outbound calls): TakeCall
+// prepares its rule and takes it. Callers that ask many times prepare once
+// and reuse the Rule. The fields mean what LimitSet's and Request's do.
+type Call struct {
+	Consumer    string
+	Scope       string
+	Rate        Limit
+	Quota       Quota
+	Distributed bool
+	QuotaEpoch  uint64
+	Cost        int64
+	MaxDelay    time.Duration
+}
+
+// Limits returns c's LimitSet.
+func (c Call) Limits() LimitSet {
+	return LimitSet{Rate: c.Rate, Quota: c.Quota, Scope: c.Scope, Distributed: c.Distributed}
+}
+
+// Request returns c as a Request under rule.
+func (c Call) Request(rule *Rule) Request {
+	return Request{Consumer: c.Consumer, Rule: rule, Cost: c.Cost, QuotaEpoch: c.QuotaEpoch, MaxDelay: c.MaxDelay}
+}
+
+// TakeCall prepares c's limits on s and takes c: Prepare's error, else
+// Take's. It costs a Prepare (a validation and an allocation) per call.
+func TakeCall(ctx context.Context, s Store, c Call) (Decision, error) {
+	r, err := s.Prepare(c.Limits())
+	if err != nil {
+		return Decision{}, err
+	}
+	return s.Take(ctx, c.Request(r))
+}
