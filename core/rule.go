@@ -46,8 +46,12 @@ func (s LimitSet) Validate() error {
 // limit and envoy ratelimit's RateLimit is built once per configuration.
 //
 // A Rule is only meaningful to the store that prepared it (and to the
-// stores that store wraps); passing it to another store is a programming
-// error that a store reports with ErrForeignRule when it can tell.
+// stores that store wraps). A store refuses a nil Rule, and a Rule another
+// kind of store prepared, with ErrForeignRule; core/memory also refuses a
+// Rule another memory.Store prepared (its interval tags are per store),
+// while the Redis stores of one process accept each other's (their rules
+// hold no per-store state). The accessors of a nil *Rule return zero
+// values, so a wrapper may read them before the store answers.
 //
 // Kinds of limit are kinds of Rule: a store that learns a new kind (a
 // lease, an in-flight cap, a cost settled after the response) recognises
@@ -81,38 +85,58 @@ func NewRule(s LimitSet, data any) (*Rule, error) {
 }
 
 // Limits returns the LimitSet r was prepared from.
-func (r *Rule) Limits() LimitSet { return r.set }
+func (r *Rule) Limits() LimitSet {
+	if r == nil {
+		return LimitSet{}
+	}
+	return r.set
+}
 
 // Rate returns the rule's rate limit.
-func (r *Rule) Rate() Limit { return r.set.Rate }
+func (r *Rule) Rate() Limit { return r.Limits().Rate }
 
 // Quota returns the rule's quota.
-func (r *Rule) Quota() Quota { return r.set.Quota }
+func (r *Rule) Quota() Quota { return r.Limits().Quota }
 
 // Scope returns the scope of the rule's counters.
-func (r *Rule) Scope() string { return r.set.Scope }
+func (r *Rule) Scope() string {
+	if r == nil {
+		return ""
+	}
+	return r.set.Scope
+}
 
 // Distributed reports LimitSet.Distributed.
-func (r *Rule) Distributed() bool { return r.set.Distributed }
+func (r *Rule) Distributed() bool { return r != nil && r.set.Distributed }
 
 // RateEnforced reports whether the rule has a rate limit to count (set and
 // not Unlimited).
-func (r *Rule) RateEnforced() bool { return r.rate }
+func (r *Rule) RateEnforced() bool { return r != nil && r.rate }
 
 // QuotaEnforced reports whether the rule has a quota to count.
-func (r *Rule) QuotaEnforced() bool { return r.quota }
+func (r *Rule) QuotaEnforced() bool { return r != nil && r.quota }
 
 // Enforced reports whether the rule limits anything: a request under a rule
 // that does not is allowed without asking a store.
-func (r *Rule) Enforced() bool { return r.rate || r.quota }
+func (r *Rule) Enforced() bool { return r != nil && (r.rate || r.quota) }
 
 // GCRA returns the rate limit's GCRA constants, computed once by NewRule;
 // the zero GCRAParams when the rate limit is not enforced. For a window
 // algorithm they are the constants of the same Limit read as GCRA.
-func (r *Rule) GCRA() GCRAParams { return r.gcra }
+func (r *Rule) GCRA() GCRAParams {
+	if r == nil {
+		return GCRAParams{}
+	}
+	return r.gcra
+}
 
 // Data returns the store's compiled form given to NewRule.
-func (r *Rule) Data() any { return r.data }
+func (r *Rule) Data() any {
+	if r == nil {
+		return nil
+	}
+	return r.data
+}
 
 // Call is a Request spelled out with its limits, for callers that ask a
 // store once per limit set (tests, tools, one-off outbound calls): TakeCall

@@ -100,7 +100,7 @@ type Request struct {
 	// be secret-free, but callers pass hashes, not raw API keys.
 	Consumer string
 	// Rule is the prepared limit set, from this store's Prepare. A nil
-	// Rule, or one another kind of store prepared, is refused with
+	// Rule, or one another kind of store prepared (see Rule), is refused with
 	// ErrForeignRule.
 	Rule *Rule
 	// Cost is the number of units, in [0, MaxCost]; 0 peeks without

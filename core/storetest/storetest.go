@@ -549,6 +549,19 @@ func runErrors(t *testing.T, s Suite) {
 		}
 	}
 
+	// A request without a rule, or with a rule only core.NewRule made (no
+	// store prepared it), is refused as foreign, never decided or panicked
+	// on; so is a penalty under one.
+	for _, r := range []*core.Rule{nil, mustRule(t, core.LimitSet{Rate: core.PerSecond(1)})} {
+		req := core.Request{Consumer: "x", Rule: r, Cost: 1}
+		if _, err := e.store.Take(context.Background(), req); !errors.Is(err, core.ErrForeignRule) {
+			t.Errorf("Take with rule %v: error %v, want ErrForeignRule", r, err)
+		}
+		if err := e.store.Penalize(context.Background(), req, time.Second); !errors.Is(err, core.ErrForeignRule) {
+			t.Errorf("Penalize with rule %v: error %v, want ErrForeignRule", r, err)
+		}
+	}
+
 	// The same on a key the store already holds (a store may decide held
 	// keys on a faster path, which must refuse exactly what the general
 	// path refuses), and limits at the edges of core.Limit.Validate.
@@ -584,4 +597,14 @@ func runErrors(t *testing.T, s Suite) {
 			t.Errorf("limit %+v on a held key: error %v; Validate says %v", l, err, want)
 		}
 	}
+}
+
+// mustRule is core.NewRule(ls, nil): a rule no store prepared.
+func mustRule(t *testing.T, ls core.LimitSet) *core.Rule {
+	t.Helper()
+	r, err := core.NewRule(ls, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
