@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"syscall"
 	"testing"
@@ -49,42 +46,8 @@ func statuses(t *testing.T, url, key string, n int) string {
 // alone would keep it throttled for the old minute); lowered back to 3 a
 // minute with 6 of 6 spent, it gets none.
 func TestSIGHUPRateChangeKeepsSpent(t *testing.T) {
-	bin := buildGateway(t)
-	file := filepath.Join(t.TempDir(), "gateway.yaml")
-	write := func(s string) {
-		t.Helper()
-		if err := os.WriteFile(file+".tmp", []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(file+".tmp", file); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(rateChangeConfig(3))
-	cmd := exec.Command(bin, "-config", file)
-	stdout, stderr := newOutput(), newLogWatch()
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan struct{})
-	go func() { cmd.Wait(); close(waited) }()
-	defer func() {
-		select {
-		case <-waited:
-		default:
-			cmd.Process.Kill()
-			<-waited
-		}
-	}()
-	var base string
-	select {
-	case base = <-stdout.addr:
-	case <-waited:
-		t.Fatalf("exited before listening; stderr: %s", stderr)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no banner within 30s; stderr: %s", stderr)
-	}
+	g := startReloadable(t, rateChangeConfig(3))
+	cmd, stderr, base, write := g.cmd, g.stderr, g.base, g.write
 	url := base + "/echo/x"
 	if got := statuses(t, url, "k1", 4); got != "[200 200 200 429]" {
 		t.Fatalf("3 a minute: %s, want 3 of 4", got)

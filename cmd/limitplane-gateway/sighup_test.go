@@ -103,44 +103,8 @@ apis:
 // listen address reported as taking effect only at a restart. SIGTERM
 // ends the process with status 0.
 func TestSIGHUP(t *testing.T) {
-	bin := buildGateway(t)
-	file := filepath.Join(t.TempDir(), "gateway.yaml")
-	write := func(s string) {
-		t.Helper()
-		// Written whole and renamed, so a reload never reads half a file.
-		if err := os.WriteFile(file+".tmp", []byte(s), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(file+".tmp", file); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(sighupConfig("127.0.0.1:0", 5, ""))
-
-	cmd := exec.Command(bin, "-config", file)
-	stdout, stderr := newOutput(), newLogWatch()
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited, waited := make(chan error, 1), make(chan struct{})
-	go func() { exited <- cmd.Wait(); close(waited) }()
-	defer func() {
-		select {
-		case <-waited:
-		default:
-			cmd.Process.Kill()
-			<-waited
-		}
-	}()
-	var base string
-	select {
-	case base = <-stdout.addr:
-	case err := <-exited:
-		t.Fatalf("exited before listening: %v\nstderr: %s", err, stderr)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no banner within 30s; stderr: %s", stderr)
-	}
+	g := startReloadable(t, sighupConfig("127.0.0.1:0", 5, ""))
+	cmd, file, stdout, stderr, exited, base, write := g.cmd, g.file, g.stdout, g.stderr, g.exited, g.base, g.write
 	spend := func(what, key string, want []int) {
 		t.Helper()
 		var got []int
@@ -213,5 +177,62 @@ func TestSIGHUP(t *testing.T) {
 	}
 	if !strings.HasSuffix(stdout.String(), "shutting down\n") {
 		t.Errorf("stdout does not end with \"shutting down\": %q", stdout.String())
+	}
+}
+
+// reloadable is a gateway process the test started on a file it rewrites
+// (write) and reloads with SIGHUP.
+type reloadable struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	file   string
+	stdout *output
+	stderr *logWatch
+	exited chan error // cmd.Wait's result, once
+	base   string     // the proxy's URL from the banner
+}
+
+// startReloadable builds the command, writes config to a file of its own,
+// starts the gateway on it and waits for its banner. The process is killed
+// at the end of the test unless it has exited.
+func startReloadable(t *testing.T, config string) *reloadable {
+	t.Helper()
+	bin := buildGateway(t)
+	g := &reloadable{t: t, file: filepath.Join(t.TempDir(), "gateway.yaml"), stdout: newOutput(), stderr: newLogWatch(), exited: make(chan error, 1)}
+	g.write(config)
+	g.cmd = exec.Command(bin, "-config", g.file)
+	g.cmd.Stdout, g.cmd.Stderr = g.stdout, g.stderr
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	go func() { g.exited <- g.cmd.Wait(); close(waited) }()
+	t.Cleanup(func() {
+		select {
+		case <-waited:
+		default:
+			g.cmd.Process.Kill()
+			<-waited
+		}
+	})
+	select {
+	case g.base = <-g.stdout.addr:
+	case err := <-g.exited:
+		t.Fatalf("exited before listening: %v\nstderr: %s", err, g.stderr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no banner within 30s; stderr: %s", g.stderr)
+	}
+	return g
+}
+
+// write replaces the gateway's file with s, whole and renamed, so a
+// reload never reads half a file. Call it from the test's goroutine.
+func (g *reloadable) write(s string) {
+	g.t.Helper()
+	if err := os.WriteFile(g.file+".tmp", []byte(s), 0o600); err != nil {
+		g.t.Fatal(err)
+	}
+	if err := os.Rename(g.file+".tmp", g.file); err != nil {
+		g.t.Fatal(err)
 	}
 }
