@@ -254,10 +254,7 @@ type rule struct {
 // ruleOf returns req's rule data, or nil when req.Rule is not this kind of
 // store's.
 func ruleOf(req *core.Request) *rule {
-	if req.Rule == nil {
-		return nil
-	}
-	r, _ := req.Rule.Data().(*rule)
+	r, _ := req.Rule.Data().(*rule) // Data is nil for a nil Rule
 	return r
 }
 

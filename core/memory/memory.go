@@ -742,9 +742,7 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 // ruleOf returns req's compiled rule, or nil when req.Rule is not one s
 // prepared.
 func (s *Store) ruleOf(req *core.Request) *rule {
-	if req.Rule == nil {
-		return nil
-	}
+	// Data is nil for a nil Rule.
 	if r, _ := req.Rule.Data().(*rule); r != nil && r.owner == s {
 		return r
 	}

@@ -483,10 +483,7 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if n < 0 || n >= maxExact {
 		return core.Decision{}, core.ErrInvalidCost
 	}
-	if req.Rule == nil {
-		return core.Decision{}, core.ErrForeignRule
-	}
-	r, ok := req.Rule.Data().(*rule)
+	r, ok := req.Rule.Data().(*rule) // Data is nil for a nil Rule
 	if !ok {
 		return core.Decision{}, core.ErrForeignRule
 	}
@@ -730,10 +727,7 @@ func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch ui
 // rate limit's ResetAfter set), so a fallback holds back as well.
 // Failures are reported as for Take.
 func (s *Store) Penalize(ctx context.Context, req core.Request, d time.Duration) error {
-	if req.Rule == nil {
-		return core.ErrForeignRule
-	}
-	r, ok := req.Rule.Data().(*rule)
+	r, ok := req.Rule.Data().(*rule) // Data is nil for a nil Rule
 	if !ok {
 		return core.ErrForeignRule
 	}
