@@ -381,7 +381,7 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, he.status, he.msg, nil)
 	case errors.As(err, &errs):
 		writeError(w, http.StatusUnprocessableEntity, "the change would leave an invalid configuration; nothing was changed", errs)
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrStoreUnavailable):
 		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
 	default:
 		a.o.Log.Error("controlplane: admin call failed", "method", r.Method, "path", r.URL.Path, "err", err)

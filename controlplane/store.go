@@ -176,6 +176,11 @@ var (
 	ErrRevisionAhead = errors.New("controlplane: revision is ahead of the control plane's; a snapshot is needed")
 	// ErrClosed is returned by a store used after Close.
 	ErrClosed = errors.New("controlplane: store closed")
+	// ErrStoreUnavailable is wrapped by a store's errors when its database
+	// cannot be reached (down, failing over, the connection lost
+	// mid-transaction): nothing was written, and the call may be retried
+	// once it is back. The admin API answers such a write 503.
+	ErrStoreUnavailable = errors.New("controlplane: the store's database is unavailable")
 )
 
 // Selects reports whether an API with apiTags goes to a data plane with
