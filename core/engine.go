@@ -412,7 +412,7 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 // plan checks a Decide or Wait call and resolves c's limits for api.
 func (e *Engine) plan(c *Consumer, api string, cost int64) (*resolved, uint64, error) {
 	if cost < 0 || cost > MaxCost {
-		return nil, 0, ErrInvalidCost
+		return nil, 0, fmt.Errorf("%w: got %d", ErrInvalidCost, cost)
 	}
 	if c == nil {
 		return nil, 0, ErrNoConsumer
