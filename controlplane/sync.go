@@ -183,6 +183,14 @@ type SyncOptions struct {
 // snapshot. DigestReport refreshes LastSeen and NotBuilt (its digest is
 // of the revision as delivered, APIs not built included), and a digest that differs
 // from the one sent for that revision brings a fresh snapshot.
+//
+// When the store's database is unavailable (a read fails with
+// ErrStoreUnavailable), open streams stay open: the gateways keep what
+// they were sent, the failed delivery is tried again every PollInterval
+// (and on every write announced), and the failures are logged a line per
+// failurelog interval. A stream that opens meanwhile is ended with
+// Unavailable when its Hello cannot be answered (the history or the
+// revision cannot be read), and its gateway retries with backoff.
 type SyncServer struct {
 	syncpb.UnimplementedSyncServiceServer
 	o      SyncOptions
@@ -190,6 +198,7 @@ type SyncServer struct {
 	cache  *digestCache
 
 	refusals *failurelog.Log // refused streams, rate-limited
+	outages  *failurelog.Log // reads failed by ErrStoreUnavailable, rate-limited
 	open     atomic.Int64    // open streams
 	pending  atomic.Int64    // streams waiting for their Hello
 
@@ -216,6 +225,7 @@ func (s *SyncServer) Shutdown() {
 	s.shutdownOnce.Do(func() {
 		close(s.shutdown)
 		s.refusals.Close()
+		s.outages.Close()
 	})
 }
 
@@ -278,7 +288,8 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 		o.Log = slog.Default()
 	}
 	s := &SyncServer{o: o, warn: map[uint64]chan string{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries), flights: map[string]*flight{},
-		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"})}
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"}),
+		outages:  failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync: the store's database is unavailable; open streams keep what they were sent"})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -744,8 +755,7 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			// Its revisions from now on must not be taken for the lost
 			// ones: a new history.
 			if hist, err = s.o.Store.ForkHistory(ctx, hist); err != nil {
-				s.o.Log.Error("controlplane: sync: fork the history", "err", err)
-				return status.Errorf(codes.Unavailable, "controlplane: fork the history: %v", err)
+				return s.storeFailed("fork the history", err)
 			}
 			s.o.Log.Warn("controlplane: a data plane runs or persisted a revision above the store's in the same history (was the store restored from a copy?); the store takes a new history and sends every data plane a snapshot of it",
 				"gateway", id, "revision", r, "persisted_revision", pr, "store_revision", cur, "history", hist)
@@ -773,18 +783,26 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		poll = t.C
 	}
 	var changed <-chan struct{}
+	// retry fires after a delivery failed for ErrStoreUnavailable: the
+	// stream stays open (the gateway keeps what it runs) and tries again.
+	var retry <-chan time.Time
 	stale := true // the data plane may lack the current revision
 	for first := true; ; first = false {
 		if stale {
 			if watcher != nil {
 				changed = watcher.RevisionChanged()
 			}
-			if err := st.deliver(ctx); err != nil {
+			err := st.deliver(ctx)
+			switch {
+			case errors.Is(err, ErrStoreUnavailable):
+				retry = time.After(s.o.PollInterval)
+			case err != nil:
 				return err
+			default:
+				stale = false
 			}
-			stale = false
 		}
-		if first && len(st.deliveries) == 0 {
+		if first && !stale && len(st.deliveries) == 0 {
 			// The gateway runs the current revision: nothing to send. A
 			// DigestRequest tells it the control plane answered, and its
 			// report confirms the digest.
@@ -799,10 +817,15 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			// Reading the revision is cheap; the state is read only
 			// when it has risen.
 			rev, err := s.revision(ctx)
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrStoreUnavailable):
+				// Keep the stream; the next tick reads again.
+			case err != nil:
 				return err
+			default:
+				stale = rev != st.latest()
 			}
-			stale = rev != st.latest()
+		case <-retry:
 		case m := <-msgs:
 			stale = st.receive(m)
 		case w := <-warnings:
@@ -864,8 +887,7 @@ func (st *syncStream) latest() uint64 {
 func (s *SyncServer) history(ctx context.Context) (string, error) {
 	h, err := s.o.Store.History(ctx)
 	if err != nil {
-		s.o.Log.Error("controlplane: sync: read the history", "err", err)
-		return "", status.Errorf(codes.Unavailable, "controlplane: read the history: %v", err)
+		return "", s.storeFailed("read the history", err)
 	}
 	return h, nil
 }
@@ -875,10 +897,32 @@ func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
 	var rev uint64
 	err := s.o.Store.View(ctx, func(r Reader) error { rev = r.Revision(); return nil })
 	if err != nil {
-		s.o.Log.Error("controlplane: sync: read revision", "err", err)
-		return 0, status.Errorf(codes.Unavailable, "controlplane: read revision: %v", err)
+		return 0, s.storeFailed("read revision", err)
 	}
 	return rev, nil
+}
+
+// storeError is the Unavailable status a stream ends with when the store
+// fails, keeping the store's error for errors.Is (ErrStoreUnavailable).
+type storeError struct {
+	st  *status.Status
+	err error
+}
+
+func (e *storeError) Error() string              { return e.st.Err().Error() }
+func (e *storeError) GRPCStatus() *status.Status { return e.st }
+func (e *storeError) Unwrap() error              { return e.err }
+
+// storeFailed logs a failed store read (rate-limited when the store's
+// database is unavailable: every open stream meets it) and returns it as
+// an Unavailable status.
+func (s *SyncServer) storeFailed(what string, err error) error {
+	if errors.Is(err, ErrStoreUnavailable) {
+		s.outages.Failed(fmt.Errorf("%s: %w", what, err))
+	} else {
+		s.o.Log.Error("controlplane: sync: "+what, "err", err)
+	}
+	return &storeError{status.Newf(codes.Unavailable, "controlplane: %s: %v", what, err), err}
 }
 
 // deliver brings the gateway to the store's revision: Changes when it
@@ -897,8 +941,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 	if st.base != nil && !force {
 		ch, next, why, err := s.planChanges(ctx, st.tags, *st.base)
 		if err != nil {
-			s.o.Log.Error("controlplane: sync: read changes", "err", err)
-			return status.Errorf(codes.Unavailable, "controlplane: read changes: %v", err)
+			return s.storeFailed("read changes", err)
 		}
 		if why == "" {
 			if ch != nil {
@@ -934,8 +977,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 		return status.Errorf(codes.Internal, "%v", err)
 	}
 	if err != nil {
-		s.o.Log.Error("controlplane: sync: read snapshot", "err", err)
-		return status.Errorf(codes.Unavailable, "controlplane: read snapshot: %v", err)
+		return s.storeFailed("read snapshot", err)
 	}
 	chunks[len(chunks)-1].History = hist
 	for _, c := range chunks {
