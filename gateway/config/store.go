@@ -4,16 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // redisSchemes are the URL schemes redisstore.NewClientFromURL accepts.
@@ -31,11 +28,10 @@ func redisScheme(s string) string {
 	return ""
 }
 
-// redis validates a Redis store URL and the redis section. The URL is
-// checked here as far as that needs no client: its shape, go-redis's own
-// option parsing for the one-server forms, and pool_size (which go-redis
-// would panic on); redisstore.NewClientFromURL checks the rest when the
-// gateway starts.
+// redis validates a Redis store URL and the redis section. The URL must
+// carry no password (the file gives it apart) and is checked by
+// redisstore.CheckURL as far as that needs no client;
+// redisstore.NewClientFromURL checks the rest when the gateway starts.
 func (v *validator) redis(store string, r *rawRedis) *Redis {
 	if r == nil {
 		r = &rawRedis{}
@@ -79,56 +75,18 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	}
 
 	u, err := url.Parse(client)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		if shown := redisstore.RedactURL(store); shown != store {
-			// The parser's reason may quote part of the password.
-			v.fail("store", "%q is not a URL", shown)
-		} else {
-			v.fail("store", "%q is not a URL: %v", store, err)
-		}
-		return out
-	}
-	q := u.Query()
-	pw, pwSet := u.User.Password()
-	switch {
-	case pwSet || q.Has("password"):
-		v.fail("store", "the URL carries a password; give it with redis.password_env or redis.password_file instead")
-		return out
-	case scheme == "unix" && u.Path == "":
-		v.fail("store", "%q names no socket path (like unix:///run/redis.sock)", store)
-		return out
-	case scheme != "unix" && strings.Trim(u.Host, ",") == "":
-		v.fail("store", "%q names no host", store)
-		return out
-	case strings.HasSuffix(scheme, "+sentinel") && u.User.Username() == "":
-		v.fail("store", "%q needs the master's name: redis+sentinel://master@host:26379,...", store)
-		return out
-	}
-	if scheme != "unix" {
-		for _, h := range strings.Split(u.Host, ",") {
-			if port, ok := hostPort(h); ok && !validPort(port) {
-				v.fail("store", "host %q: port %q is not a number from 1 to 65535", h, port)
-				return out
-			}
-		}
-	}
-	if ps, ok := q["pool_size"]; ok {
-		if n, err := strconv.Atoi(ps[0]); err != nil || n < 0 || n > math.MaxInt32 {
-			v.fail("store", "pool_size=%s: want 0 (go-redis's default) to %d", ps[0], math.MaxInt32)
+	if err == nil {
+		if _, set := u.User.Password(); set || u.Query().Has("password") {
+			v.fail("store", "the URL carries a password; give it with redis.password_env or redis.password_file instead")
 			return out
 		}
 	}
-	if scheme == "redis" || scheme == "rediss" || scheme == "unix" {
-		if _, err := redis.ParseURL(client); err != nil {
-			v.fail("store", "%s", strings.TrimPrefix(err.Error(), "redis: "))
-			return out
-		}
+	var ue *redisstore.URLError
+	if err := redisstore.CheckURL(store); errors.As(err, &ue) {
+		v.fail("store", "%s", ue.Problem)
+		return out
 	}
-
+	q, pw := u.Query(), ""
 	switch {
 	case r.PasswordEnv != "" && r.PasswordFile != "":
 		v.fail("redis", "set password_env or password_file, not both")
@@ -247,26 +205,4 @@ func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
 		}
 	}
 	return out
-}
-
-// hostPort returns the port of one host of a store URL's host list
-// ("host:port", "[v6]:port"), and whether it names one. An IPv6 address
-// without brackets names none. An empty port ("host:") is go-redis's
-// default port and passes.
-func hostPort(h string) (string, bool) {
-	if strings.HasPrefix(h, "[") {
-		_, port, ok := strings.Cut(h, "]:")
-		return port, ok && port != ""
-	}
-	if strings.Count(h, ":") != 1 {
-		return "", false
-	}
-	_, port, _ := strings.Cut(h, ":")
-	return port, port != ""
-}
-
-// validPort reports whether port is a decimal TCP port, 1 to 65535.
-func validPort(port string) bool {
-	n, err := strconv.Atoi(port)
-	return err == nil && n >= 1 && n <= 65535 && strings.TrimLeft(port, "0123456789") == ""
 }
