@@ -81,14 +81,8 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 		a, err := netip.ParseAddr(host)
 		loopback = strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback()
 	}
-	switch {
-	case r.TokenEnv != "" && r.TokenFile != "":
-		v.fail("control_plane", "set token_env or token_file, not both")
-	case r.TokenEnv != "":
-		cp.Token = v.env("control_plane.token_env", r.TokenEnv)
-	case r.TokenFile != "":
-		cp.Token = v.secretFile("control_plane.token_file", r.TokenFile)
-	default:
+	token, set := v.secret("control_plane", "token", r.TokenEnv, r.TokenFile)
+	if cp.Token = token; !set {
 		v.require("control_plane.token_env", "the data-plane token is required: set token_env or token_file")
 	}
 	if r.Group == "" {
@@ -106,24 +100,8 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	} else if cp.Address != "" && !loopback {
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
-	if r.MaxStale != "" {
-		d, problem := parseDuration(r.MaxStale, "30m, 1h or 24h")
-		switch {
-		case problem != "":
-			v.fail("control_plane.max_stale", "%s", problem)
-		case d < 0:
-			v.fail("control_plane.max_stale", "%s must be >= 0 (0: never stale)", r.MaxStale)
-		default:
-			cp.MaxStale = d
-		}
-	}
-	switch r.OnStale {
-	case "", OnStaleKeep:
-	case OnStaleFailClosed:
-		cp.OnStale = OnStaleFailClosed
-	default:
-		v.fail("control_plane.on_stale", "unknown policy %q (want keep or fail_closed)", r.OnStale)
-	}
+	cp.MaxStale = duration(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
+	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {

@@ -1,7 +1,7 @@
 package config
 
 import (
-	"math"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -67,13 +67,7 @@ type DRL struct {
 // share their demand and the allocation through it.
 func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
 	r := raw.DRL
-	d := &DRL{
-		Group:       DefaultDRLGroup,
-		Interval:    DefaultDRLInterval,
-		MaxGateways: DefaultDRLMaxGateways,
-		JoinReserve: DefaultDRLJoinReserve,
-		Headroom:    DefaultDRLHeadroom,
-	}
+	d := &DRL{Group: DefaultDRLGroup}
 	if cfg.Redis == nil && !v.refused("store") && !v.failed("store") {
 		v.fail("drl", "needs a redis store (store: redis://host:port/db): the gateways of a data plane share their demand and shares through it")
 	}
@@ -87,40 +81,15 @@ func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
 	case raw.ControlPlane != nil && raw.ControlPlane.Group != "":
 		d.Group = raw.ControlPlane.Group
 	}
-	if r.Interval != "" {
-		iv, problem := parseDuration(r.Interval, "500ms, 1s or 2s")
-		switch {
-		case problem != "":
-			v.fail("drl.interval", "%s", problem)
-		case iv < MinDRLInterval || iv > MaxDRLInterval:
-			v.fail("drl.interval", "%s: want %v to %v", r.Interval, MinDRLInterval, MaxDRLInterval)
-		default:
-			d.Interval = iv
-		}
+	d.Interval = duration(v, "drl.interval", r.Interval, DefaultDRLInterval,
+		func(iv time.Duration) bool { return iv >= MinDRLInterval && iv <= MaxDRLInterval },
+		fmt.Sprintf(": want %v to %v", MinDRLInterval, MaxDRLInterval))
+	d.MaxGateways = number(v, "drl.max_gateways", r.MaxGateways, DefaultDRLMaxGateways, within(1, MaxDRLGateways), wantWithin(1, MaxDRLGateways))
+	d.JoinReserve = number(v, "drl.join_reserve", r.JoinReserve, DefaultDRLJoinReserve, nonNegative, " must be >= 0")
+	if r.JoinReserve != nil && d.JoinReserve >= d.MaxGateways && !v.failed("drl.max_gateways") {
+		v.fail("drl.join_reserve", "%d must be below max_gateways (%d): the reserved floors would leave nothing to share", d.JoinReserve, d.MaxGateways)
 	}
-	if n := r.MaxGateways; n != nil {
-		if *n < 1 || *n > MaxDRLGateways {
-			v.fail("drl.max_gateways", "%d: want 1 to %d", *n, MaxDRLGateways)
-		} else {
-			d.MaxGateways = *n
-		}
-	}
-	if n := r.JoinReserve; n != nil {
-		switch {
-		case *n < 0:
-			v.fail("drl.join_reserve", "%d must be >= 0", *n)
-		case *n >= d.MaxGateways && !v.failed("drl.max_gateways"):
-			v.fail("drl.join_reserve", "%d must be below max_gateways (%d): the reserved floors would leave nothing to share", *n, d.MaxGateways)
-		default:
-			d.JoinReserve = *n
-		}
-	}
-	if h := r.Headroom; h != nil {
-		if math.IsNaN(*h) || *h < 0 || *h > MaxDRLHeadroom {
-			v.fail("drl.headroom", "%v: want 0 to %v (a fraction of demand: 0.02 is 2%%)", *h, MaxDRLHeadroom)
-		} else {
-			d.Headroom = *h
-		}
-	}
+	d.Headroom = number(v, "drl.headroom", r.Headroom, DefaultDRLHeadroom, func(h float64) bool { return h >= 0 && h <= MaxDRLHeadroom },
+		fmt.Sprintf(": want 0 to %v (a fraction of demand: 0.02 is 2%%)", MaxDRLHeadroom))
 	return d
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -41,37 +42,18 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	// file.
 	client := scheme + store[len(scheme):]
 	out := &Redis{URL: client, Options: redisstore.Options{
-		KeyPrefix:       redisstore.DefaultKeyPrefix,
-		Timeout:         v.duration("redis.timeout", r.Timeout, redisstore.DefaultTimeout),
-		Pipeline:        redisstore.DefaultPipeline,
-		BreakerFailures: redisstore.DefaultBreakerFailures,
-		BreakerCooldown: v.duration("redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown),
+		KeyPrefix: redisstore.DefaultKeyPrefix,
+		Timeout:   duration(v, "redis.timeout", r.Timeout, redisstore.DefaultTimeout, positive, mustBePositive),
+		// 0 turns batching or the breaker off: the store's -1.
+		Pipeline:        cmp.Or(number(v, "redis.pipeline", r.Pipeline, redisstore.DefaultPipeline, nonNegative, " must be >= 0 (0 turns batching off)"), -1),
+		BreakerFailures: cmp.Or(number(v, "redis.breaker_failures", r.BreakerFailures, redisstore.DefaultBreakerFailures, nonNegative, " must be >= 0 (0 turns the breaker off)"), -1),
+		BreakerCooldown: duration(v, "redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown, positive, mustBePositive),
 	}}
 	if r.KeyPrefix != "" {
 		if strings.ContainsAny(r.KeyPrefix, "{}") {
 			v.fail("redis.key_prefix", "%q must not contain \"{\" or \"}\" (they would move the Cluster hash tag)", r.KeyPrefix)
 		}
 		out.Options.KeyPrefix = r.KeyPrefix
-	}
-	if n := r.Pipeline; n != nil {
-		switch {
-		case *n < 0:
-			v.fail("redis.pipeline", "%d must be >= 0 (0 turns batching off)", *n)
-		case *n == 0:
-			out.Options.Pipeline = -1 // the store's "off"
-		default:
-			out.Options.Pipeline = *n
-		}
-	}
-	if n := r.BreakerFailures; n != nil {
-		switch {
-		case *n < 0:
-			v.fail("redis.breaker_failures", "%d must be >= 0 (0 turns the breaker off)", *n)
-		case *n == 0:
-			out.Options.BreakerFailures = -1
-		default:
-			out.Options.BreakerFailures = *n
-		}
 	}
 
 	u, err := url.Parse(client)
@@ -86,15 +68,8 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		v.fail("store", "%s", ue.Problem)
 		return out
 	}
-	q, pw := u.Query(), ""
-	switch {
-	case r.PasswordEnv != "" && r.PasswordFile != "":
-		v.fail("redis", "set password_env or password_file, not both")
-	case r.PasswordEnv != "":
-		pw = v.env("redis.password_env", r.PasswordEnv)
-	case r.PasswordFile != "":
-		pw = v.secretFile("redis.password_file", r.PasswordFile)
-	}
+	q := u.Query()
+	pw, _ := v.secret("redis", "password", r.PasswordEnv, r.PasswordFile)
 	if pw != "" {
 		if strings.HasSuffix(scheme, "+sentinel") {
 			q.Set("password", pw) // the master's; the user part is its name
@@ -105,6 +80,22 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		out.URL, out.Password = u.String(), pw
 	}
 	return out
+}
+
+// secret returns the secret the section at path gives with <kind>_env
+// or <kind>_file, and whether it gives one; it may not give both.
+func (v *validator) secret(path, kind, env, file string) (string, bool) {
+	switch {
+	case env != "" && file != "":
+		v.fail(path, "set %s_env or %s_file, not both", kind, kind)
+	case env != "":
+		return v.env(path+"."+kind+"_env", env), true
+	case file != "":
+		return v.secretFile(path+"."+kind+"_file", file), true
+	default:
+		return "", false
+	}
+	return "", true
 }
 
 // env returns the environment variable name, which must be set and not
@@ -197,12 +188,6 @@ func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
 	if cfg.Redis != nil && cfg.FailurePolicy != core.FailFallback && !v.failed("failure_policy") {
 		v.fail("memory", "only used with the memory store or failure_policy: fallback")
 	}
-	if n := r.MaxKeys; n != nil {
-		if *n < 0 {
-			v.fail("memory.max_keys", "%d must be >= 0 (0 means unbounded)", *n)
-		} else {
-			out.MaxKeys = *n
-		}
-	}
+	out.MaxKeys = number(v, "memory.max_keys", r.MaxKeys, 0, nonNegative, " must be >= 0 (0 means unbounded)")
 	return out
 }
