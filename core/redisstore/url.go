@@ -49,10 +49,7 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 	if err := CheckURL(rawURL); err != nil {
 		return nil, err
 	}
-	scheme, rest, ok := strings.Cut(rawURL, "://")
-	if !ok {
-		return nil, fmt.Errorf("redisstore: store URL %q has no scheme", RedactURL(rawURL))
-	}
+	scheme, rest, _ := strings.Cut(rawURL, "://") // CheckURL found one
 	// Schemes are case-insensitive (RFC 3986 §3.1); go-redis wants them
 	// lower-case.
 	scheme = strings.ToLower(scheme)
@@ -130,17 +127,15 @@ func urlProblem(format string, args ...any) error {
 // before anything starts.
 func CheckURL(rawURL string) error {
 	shown := RedactURL(rawURL)
-	scheme, rest, ok := strings.Cut(rawURL, "://")
-	scheme = strings.ToLower(scheme)
-	switch scheme {
-	case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
-	default:
+	scheme := Scheme(rawURL)
+	if scheme == "" {
+		given, _, ok := strings.Cut(rawURL, "://")
 		if !ok {
 			return urlProblem("store URL %q has no scheme", shown)
 		}
-		return urlProblem("store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", shown, scheme)
+		return urlProblem("store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", shown, strings.ToLower(given))
 	}
-	client := scheme + "://" + rest
+	client := scheme + rawURL[len(scheme):]
 	u, err := url.Parse(client)
 	if err != nil {
 		var ue *url.Error
@@ -179,6 +174,22 @@ func CheckURL(rawURL string) error {
 		}
 	}
 	return nil
+}
+
+// schemes are the URL schemes NewClientFromURL takes.
+var schemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
+
+// Scheme returns rawURL's scheme in lower case when it is one of a store
+// URL (see NewClientFromURL), else "". Schemes are case-insensitive
+// (RFC 3986 §3.1).
+func Scheme(rawURL string) string {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	for _, s := range schemes {
+		if ok && strings.EqualFold(scheme, s) {
+			return s
+		}
+	}
+	return ""
 }
 
 // hostPort returns the port of one host of a store URL's host list

@@ -198,6 +198,11 @@ func TestCheckURL(t *testing.T) {
 		"redis+cluster://a,b?pool_size=-1": `pool_size=-1: want 0 (go-redis's default) to 2147483647`,
 		"redis://:secret@r:6379?pool=3":    `unexpected option: pool`,
 	}
+	for in, want := range map[string]string{"REDIS+Cluster://a": "redis+cluster", "rediss://a": "rediss", "http://a": "", "redis:a": ""} {
+		if got := Scheme(in); got != want {
+			t.Errorf("Scheme(%q) = %q, want %q", in, got, want)
+		}
+	}
 	for in, want := range cases {
 		err := CheckURL(in)
 		var ue *URLError

@@ -14,21 +14,6 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 )
 
-// redisSchemes are the URL schemes redisstore.NewClientFromURL accepts.
-var redisSchemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
-
-// redisScheme returns s's scheme in lower case when s is a Redis store
-// URL, else "". Schemes are case-insensitive (RFC 3986 §3.1).
-func redisScheme(s string) string {
-	scheme, _, ok := strings.Cut(s, "://")
-	for _, r := range redisSchemes {
-		if ok && strings.EqualFold(scheme, r) {
-			return r
-		}
-	}
-	return ""
-}
-
 // redis validates a Redis store URL and the redis section. The URL must
 // carry no password (the file gives it apart) and is checked by
 // redisstore.CheckURL as far as that needs no client;
@@ -37,7 +22,7 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	if r == nil {
 		r = &rawRedis{}
 	}
-	scheme := redisScheme(store)
+	scheme := redisstore.Scheme(store)
 	// The client is given the scheme in lower case; messages quote the
 	// file.
 	client := scheme + store[len(scheme):]

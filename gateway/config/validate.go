@@ -75,7 +75,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 		if raw.Redis != nil && v.memory {
 			v.fail("redis", "only used with a redis store (store: redis://host:port/db)")
 		}
-	case redisScheme(s) != "":
+	case redisstore.Scheme(s) != "":
 		cfg.Store = s
 		cfg.Redis = v.redis(s, raw.Redis)
 	default:
