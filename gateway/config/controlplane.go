@@ -118,10 +118,7 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.ServerName}
 	if r.CAFile != "" {
-		pem, err := v.readFile(r.CAFile)
-		if err != nil {
-			v.fail("control_plane.tls.ca_file", "%v", err)
-		} else {
+		if pem, ok := v.read("control_plane.tls.ca_file", r.CAFile); ok {
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
 				v.fail("control_plane.tls.ca_file", "%s holds no PEM certificate", r.CAFile)
@@ -131,15 +128,9 @@ func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	}
 	switch {
 	case r.CertFile != "" && r.KeyFile != "":
-		cert, cerr := v.readFile(r.CertFile)
-		if cerr != nil {
-			v.fail("control_plane.tls.cert_file", "%v", cerr)
-		}
-		key, kerr := v.readFile(r.KeyFile)
-		if kerr != nil {
-			v.fail("control_plane.tls.key_file", "%v", kerr)
-		}
-		if cerr == nil && kerr == nil {
+		cert, certOK := v.read("control_plane.tls.cert_file", r.CertFile)
+		key, keyOK := v.read("control_plane.tls.key_file", r.KeyFile)
+		if certOK && keyOK {
 			pair, err := tls.X509KeyPair(cert, key)
 			if err != nil {
 				v.fail("control_plane.tls.cert_file", "%s and %s: %v", r.CertFile, r.KeyFile, err)

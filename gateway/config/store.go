@@ -100,13 +100,9 @@ func (v *validator) env(path, name string) string {
 // ending (files written by echo or editors have one); path is the field
 // naming it.
 func (v *validator) secretFile(path, p string) string {
-	b, err := v.readFile(p)
-	if err != nil {
-		v.fail(path, "%v", err)
-		return ""
-	}
+	b, ok := v.read(path, p)
 	s := strings.TrimRight(string(b), "\r\n")
-	if s == "" {
+	if ok && s == "" {
 		v.fail(path, "%s is empty", p)
 	}
 	return s
@@ -115,10 +111,14 @@ func (v *validator) secretFile(path, p string) string {
 // maxFileSize bounds the files a config refers to (keys and secrets).
 const maxFileSize = 1 << 20
 
-// readFile reads a small regular file named in the config (see
-// FileResolver.ReadFile).
-func (v *validator) readFile(p string) ([]byte, error) {
-	return FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
+// read reads a small regular file named in the config (see
+// FileResolver.ReadFile), reporting at path why it cannot.
+func (v *validator) read(path, p string) ([]byte, bool) {
+	b, err := FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
+	if err != nil {
+		v.fail(path, "%v", err)
+	}
+	return b, err == nil
 }
 
 // FileResolver resolves a snapshot's secret references as the file they
