@@ -104,14 +104,8 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 			loopback = false
 		}
 	}
-	switch {
-	case r.TokenEnv != "" && r.TokenFile != "":
-		v.fail("control_plane", "set token_env or token_file, not both")
-	case r.TokenEnv != "":
-		cp.Token = v.env("control_plane.token_env", r.TokenEnv)
-	case r.TokenFile != "":
-		cp.Token = v.secretFile("control_plane.token_file", r.TokenFile)
-	default:
+	token, set := v.secret("control_plane", "token", r.TokenEnv, r.TokenFile)
+	if cp.Token = token; !set {
 		v.require("control_plane.token_env", "the data-plane token is required: set token_env or token_file")
 	}
 	if r.Group == "" {
@@ -129,24 +123,8 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	} else if cp.Address != "" && !loopback {
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
-	if r.MaxStale != "" {
-		d, problem := parseDuration(r.MaxStale, "30m, 1h or 24h")
-		switch {
-		case problem != "":
-			v.fail("control_plane.max_stale", "%s", problem)
-		case d < 0:
-			v.fail("control_plane.max_stale", "%s must be >= 0 (0: never stale)", r.MaxStale)
-		default:
-			cp.MaxStale = d
-		}
-	}
-	switch r.OnStale {
-	case "", OnStaleKeep:
-	case OnStaleFailClosed:
-		cp.OnStale = OnStaleFailClosed
-	default:
-		v.fail("control_plane.on_stale", "unknown policy %q (want keep or fail_closed)", r.OnStale)
-	}
+	cp.MaxStale = duration(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
+	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {
@@ -163,10 +141,7 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.ServerName}
 	if r.CAFile != "" {
-		pem, err := v.readFile(r.CAFile)
-		if err != nil {
-			v.fail("control_plane.tls.ca_file", "%v", err)
-		} else {
+		if pem, ok := v.read("control_plane.tls.ca_file", r.CAFile); ok {
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
 				v.fail("control_plane.tls.ca_file", "%s holds no PEM certificate", r.CAFile)
@@ -176,15 +151,9 @@ func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	}
 	switch {
 	case r.CertFile != "" && r.KeyFile != "":
-		cert, cerr := v.readFile(r.CertFile)
-		if cerr != nil {
-			v.fail("control_plane.tls.cert_file", "%v", cerr)
-		}
-		key, kerr := v.readFile(r.KeyFile)
-		if kerr != nil {
-			v.fail("control_plane.tls.key_file", "%v", kerr)
-		}
-		if cerr == nil && kerr == nil {
+		cert, certOK := v.read("control_plane.tls.cert_file", r.CertFile)
+		key, keyOK := v.read("control_plane.tls.key_file", r.KeyFile)
+		if certOK && keyOK {
 			pair, err := tls.X509KeyPair(cert, key)
 			if err != nil {
 				v.fail("control_plane.tls.cert_file", "%s and %s: %v", r.CertFile, r.KeyFile, err)
