@@ -487,3 +487,17 @@ func TestFailoverBetweenReplicas(t *testing.T) {
 		})
 	}
 }
+
+// New refuses an Address list with an empty part, naming it.
+func TestAgentAddressList(t *testing.T) {
+	g := newGateway(t)
+	for _, c := range []struct{ address, want string }{
+		{"127.0.0.1:1,,127.0.0.1:2", `dataplane: AgentOptions.Address "127.0.0.1:1,,127.0.0.1:2": part 2 is empty (want host:port, or host:port,host:port,…)`},
+		{"127.0.0.1:1, ", `dataplane: AgentOptions.Address "127.0.0.1:1, ": part 2 is empty (want host:port, or host:port,host:port,…)`},
+	} {
+		_, err := dataplane.New(agentOptions(g.tg, c.address, io.Discard))
+		if err == nil || err.Error() != c.want {
+			t.Errorf("New(%q): %v, want %s", c.address, err, c.want)
+		}
+	}
+}
