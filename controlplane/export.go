@@ -217,7 +217,7 @@ func readFailure(err error) error {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than %d bytes (AdminOptions.MaxBulkBytes, -max-bulk-bytes); nothing was changed", mbe.Limit)}
+		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than %d bytes (AdminOptions.MaxBulkBytes); nothing was changed", mbe.Limit)}
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return badDocument("body ends before the document does (truncated?); nothing was changed")
 	}
