@@ -600,3 +600,41 @@ func peakHeap() func() float64 {
 		return float64(top - base)
 	}
 }
+
+// slowStore is a Bolt store whose reads and writes start delay late, as
+// a large state's take long.
+type slowStore struct {
+	*controlplane.Bolt
+	delay time.Duration
+}
+
+func (s slowStore) Update(ctx context.Context, fn func(tx controlplane.Tx) error) (uint64, error) {
+	time.Sleep(s.delay)
+	return s.Bolt.Update(ctx, fn)
+}
+
+func (s slowStore) View(ctx context.Context, fn func(r controlplane.Reader) error) error {
+	time.Sleep(s.delay)
+	return s.Bolt.View(ctx, fn)
+}
+
+// TestExportImportOutlastServerTimeouts: an export and an import that
+// take longer than the HTTP server's ReadTimeout and WriteTimeout (as
+// cmd/limitplane-controlplane sets them: a million keys outlast them)
+// complete: the handlers move their deadlines, and the server's read of
+// the idle connection does not cancel them.
+func TestExportImportOutlastServerTimeouts(t *testing.T) {
+	b, _ := open(t, controlplane.BoltOptions{})
+	s := slowStore{Bolt: b, delay: 1500 * time.Millisecond}
+	h, err := controlplane.Admin(controlplane.AdminOptions{Store: s, Token: token, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = 300*time.Millisecond, 300*time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+	doc := `{"format_version":1,"revision":7,"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}}],"apis":[],"keys":[{"key_hash":"` + hash("x") + `","policies":["p"],"quota_epoch":3}]}`
+	expect(t, call(t, "POST", srv.URL+"/api/import", doc), 200, `{"revision":1}`)
+	expect(t, call(t, "GET", srv.URL+"/api/export", ""), 200, strings.Replace(doc, `"revision":7`, `"revision":1`, 1))
+}
