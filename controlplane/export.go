@@ -177,6 +177,11 @@ func (a *admin) importState(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	// The body is read. net/http cleared the read deadline for its read
+	// of the idle connection (which cancels the request when it fails),
+	// but a read of the decoder after the body's end set it again: clear
+	// it, or a write longer than ioDeadline would be canceled.
+	_ = rc.SetReadDeadline(time.Time{})
 	rev, err := a.write(r, func(tx Tx) error { return replaceState(tx, s) })
 	_ = rc.SetWriteDeadline(time.Now().Add(ioDeadline))
 	if err != nil {
@@ -217,7 +222,7 @@ func readFailure(err error) error {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than %d bytes (AdminOptions.MaxBulkBytes, -max-bulk-bytes); nothing was changed", mbe.Limit)}
+		return &httpError{http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than %d bytes (AdminOptions.MaxBulkBytes); nothing was changed", mbe.Limit)}
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return badDocument("body ends before the document does (truncated?); nothing was changed")
 	}
