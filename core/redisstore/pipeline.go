@@ -41,7 +41,9 @@ type batcher struct {
 
 	mu       sync.Mutex
 	queue    []*call // queued, not yet handed to a sender
-	inflight int     // pipelines (or lone calls) being sent
+	inflight int     // pipelines (or lone calls) being sent, or forming
+	forming  bool    // a Take that is to be sent next is letting others join it
+	lastSize int     // Takes in the send that was back last
 	closed   bool
 }
 
@@ -91,17 +93,40 @@ func (b *batcher) do(ctx context.Context, c *call) ([]int64, error) {
 		b.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if b.inflight < b.eager {
+	if !b.forming && b.inflight < b.eager {
+		// This Take is the next one sent. When the last send back carried
+		// several Takes, their callers are likely runnable now, coming
+		// back for their next Take: it yields once first, so that they
+		// can join it (they queue while forming is set) instead of
+		// following it one round trip later. After a lone Take (one
+		// caller), or with no one else runnable, it is sent at once and
+		// alone, as with batching off.
 		b.inflight++
+		if b.lastSize > 1 {
+			b.forming = true
+			b.mu.Unlock()
+			runtime.Gosched()
+			b.mu.Lock()
+			b.forming = false
+		}
+		if len(b.queue) == 0 {
+			b.mu.Unlock()
+			v, err := b.s.direct(ctx, c)
+			b.next(1)
+			return v, err
+		}
+		batch := b.take(c)
 		b.mu.Unlock()
-		v, err := b.s.direct(ctx, c)
-		b.next()
-		return v, err
+		b.lead(batch, c)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return c.v, c.err
 	}
 	b.queue = append(b.queue, c)
 	c.queued = true
 	if len(b.queue) >= b.max && b.inflight < b.workers {
-		batch := b.take()
+		batch := b.take(nil)
 		b.inflight++
 		mine := !c.queued
 		b.mu.Unlock()
@@ -138,11 +163,20 @@ func (b *batcher) do(ctx context.Context, c *call) ([]int64, error) {
 	return c.v, c.err
 }
 
-// take removes up to max calls from the front of the queue; b.mu is held.
-func (b *batcher) take() []*call {
-	n := min(len(b.queue), b.max)
-	batch := make([]*call, n)
-	copy(batch, b.queue)
+// take removes up to max calls from the front of the queue and returns
+// them, after first if first is not nil (then up to max − 1 are taken);
+// b.mu is held.
+func (b *batcher) take(first *call) []*call {
+	room, lead := b.max, 0
+	if first != nil {
+		room, lead = room-1, 1
+	}
+	n := min(len(b.queue), room)
+	batch := make([]*call, lead, lead+n)
+	if first != nil {
+		batch[0] = first
+	}
+	batch = append(batch, b.queue[:n]...)
 	b.queue = append(b.queue[:0], b.queue[n:]...)
 	for _, q := range batch {
 		q.queued = false
@@ -150,17 +184,18 @@ func (b *batcher) take() []*call {
 	return batch
 }
 
-// next is called by a sender whose pipeline is done: it hands the queue to
-// its first call, which sends it, or, with nothing queued, ends the
-// sender's turn.
-func (b *batcher) next() {
+// next is called by a sender whose pipeline of size Takes is done: it
+// hands the queue to its first call, which sends it, or, with nothing
+// queued, ends the sender's turn.
+func (b *batcher) next(size int) {
 	b.mu.Lock()
+	b.lastSize = size
 	if len(b.queue) == 0 {
 		b.inflight--
 		b.mu.Unlock()
 		return
 	}
-	batch := b.take()
+	batch := b.take(nil)
 	batch[0].batch = batch
 	b.mu.Unlock()
 	batch[0].ready <- struct{}{}
@@ -175,7 +210,7 @@ func (b *batcher) lead(batch []*call, self *call) {
 			q.ready <- struct{}{}
 		}
 	}
-	b.next()
+	b.next(len(batch))
 }
 
 // close makes later Takes fail with ErrClosed; queued ones are still sent.

@@ -384,10 +384,10 @@ local s = redis.call('GET', KEYS[1])
 ` + gcraDecode + `
 local tu, tr = now_u + du, now_r + dr
 if tr >= 1000 then tu, tr = tu + 1, tr - 1000 end
-local nt_u, nt_r = tonumber(ARGV[3]), tonumber(ARGV[4])
+local nt_u, nt_r = ARGV[3] + 0, ARGV[4] + 0
 local xu, xr = du + nt_u, dr + nt_r
 if xr >= 1000 then xu, xr = xu + 1, xr - 1000 end
-local bu, br = tonumber(ARGV[5]), tonumber(ARGV[6])
+local bu, br = ARGV[5] + 0, ARGV[6] + 0
 local code = 0
 if xu > bu or (xu == bu and xr > br) then
   code = 1
@@ -458,19 +458,24 @@ return {moved, du, dr}
 // the product (up to 2^124) is computed in base-2^24 limbs (every limb
 // product and sum below 2^53) and divided by T_old limb by limb, each
 // quotient limb estimated in doubles and corrected exactly; it runs only
-// when a key's T changes, the common path pays one string comparison. A stored T that is
+// when a key's T changes, the common path pays one plain string.find (no
+// substring made) and reads the TAT's last three digits from their bytes. A stored T that is
 // not a decimal of at most 19 digits without leading zeros counts as
 // unknown.
 const gcraDecode = `
 local du, dr, conv = 0, 0, false
 if s then
   local L, told = #s - #ts, false
-  if string.sub(s, L + 1) ~= ts then
+  if string.find(s, ts, L + 1, true) ~= L + 1 then
     local c = string.find(s, ':', 1, true)
     if c then L, told = c - 1, string.sub(s, c + 1) else L = #s end
   end
   local u, r = 0, tonumber(string.sub(s, 1, L))
-  if L > 3 then u, r = tonumber(string.sub(s, 1, L - 3)), tonumber(string.sub(s, L - 2, L)) end
+  if L > 3 then
+    -- the last three digits from their bytes ('0' is 48; 48 × 111 = 5328)
+    local a, b, c = string.byte(s, L - 2, L)
+    u, r = tonumber(string.sub(s, 1, L - 3)), a * 100 + b * 10 + c - 5328
+  end
   if u > now_u or (u == now_u and r > now_r) then
     du, dr = u - now_u, r - now_r
     if dr < 0 then du, dr = du - 1, dr + 1000 end
