@@ -21,8 +21,11 @@ var ErrClosed = errors.New("redisstore: store closed")
 // It has no goroutines and no timer: the callers send. A Take that finds
 // fewer than eager pipelines (or lone calls) in flight sends its own
 // EVALSHA at once, from its own goroutine, exactly as the direct mode does
-// (a lone request waits for nothing, and below eager concurrent callers
-// every Take is one round trip of its own). Takes that come while eager
+// (a lone request waits for nothing). Only when the send back last carried
+// several Takes does it first yield once (runtime.Gosched): the callers of
+// that send, runnable again and coming back for their next Take, then
+// join it as one pipeline (flat combining) instead of one going alone and
+// the rest a round trip later. Takes that come while eager
 // are in flight queue up; when one of those is back, its sender hands the
 // queue (up to max) to the first queued Take, which sends it as the next
 // pipeline and passes each Take its result. So eager are in flight at a

@@ -17,7 +17,8 @@
 //
 // By default (Options.Pipeline) a Take that finds fewer than
 // Options.PipelineInFlight calls on their way to Redis is sent at once,
-// on its own; Takes that come while that many are in flight wait for one
+// on its own (after yielding once to the scheduler when the last send
+// carried several Takes, so that their callers, coming back, go with it); Takes that come while that many are in flight wait for one
 // of them to be back and then go together in one pipeline of EVALSHAs,
 // sent by the first of them: one round trip and one read and one write
 // system call for the lot. Nothing waits on a timer. A negative
