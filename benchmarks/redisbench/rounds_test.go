@@ -9,16 +9,22 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // roundSlice is how long each limiter runs in each round of
 // BenchmarkRedisRounds.
 var roundSlice = flag.Duration("redisbench.slice", 250*time.Millisecond, "BenchmarkRedisRounds: time each limiter runs per round")
+
+// roundInFlight adds limitplane with other Options.PipelineInFlight
+// values to BenchmarkRedisRounds.
+var roundInFlight = flag.String("redisbench.inflight", "", "BenchmarkRedisRounds: comma-separated Options.PipelineInFlight values to add as limiters limitplane-inflight=N")
 
 // roundContenders are the limiters BenchmarkRedisRounds interleaves: PING
 // (the one-round-trip ceiling), the two peers and limitplane as
@@ -33,9 +39,14 @@ var roundContenders = []string{"PING", "redis_rate", "ulule", "limitplane"}
 // measured within about a second of each other. Run it with
 // -test.benchtime=Nx for N rounds. It reports, per workload (as
 // BenchmarkRedis's), each limiter's decisions/s over all rounds
-// (<name>-dps) and the median, min and max over the rounds of
-// limitplane's decisions/s divided by redis_rate's and by PING's; every
-// round's numbers are logged (-test.v shows them).
+// (<name>-dps) and, for limitplane (and each variant that
+// -redisbench.inflight adds), the median, min and max over the rounds of
+// its decisions/s divided by redis_rate's and by PING's; every round's
+// numbers are logged (-test.v shows them). <name>-cpu-µs and
+// <name>-redis-cpu-µs are the CPU time (user + system) of this process
+// (the limiter's client side, with the benchmark's own loop) and of the
+// redis-server per decision: unlike decisions/s, what other work on the
+// machine changes little.
 func BenchmarkRedisRounds(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, wl := range []struct {
@@ -48,48 +59,71 @@ func BenchmarkRedisRounds(b *testing.B) {
 		}
 		for _, procs := range concurrencies {
 			b.Run(wl.name+"/c="+strconv.Itoa(procs), func(b *testing.B) {
-				allows := make([]allowFunc, len(roundContenders))
-				for i, name := range roundContenders {
+				names := roundContenders
+				for _, f := range strings.Split(*roundInFlight, ",") {
+					if f != "" {
+						names = append(slices.Clip(names), "limitplane-inflight="+f)
+					}
+				}
+				allows := make([]allowFunc, len(names))
+				for i, name := range names {
 					allows[i] = roundLimiter(b, srv, name)
 				}
 				// Untimed: dial every connection and load every script.
 				for _, allow := range allows {
 					runSlice(b, procs, keys, allow, 50*time.Millisecond)
 				}
+				admin := srv.Client(b, &redis.Options{PoolSize: 1})
 				calls := make([]int64, len(allows))
 				spent := make([]time.Duration, len(allows))
-				var toRate, toPing []float64
+				cpu := make([]float64, len(allows))  // this process's CPU time, µs
+				rcpu := make([]float64, len(allows)) // redis-server's, µs
+				rate, ping := slices.Index(names, "redis_rate"), slices.Index(names, "PING")
+				toRate := make([][]float64, len(allows)) // per limitplane variant
+				toPing := make([][]float64, len(allows))
 				b.ResetTimer()
 				for r := range b.N {
 					dps := make([]float64, len(allows))
 					for k := range allows {
 						i := (r + k) % len(allows)
+						c0, r0 := processCPU(b), serverStats(b, admin)
 						n, d := runSlice(b, procs, keys, allows[i], *roundSlice)
+						cpu[i] += processCPU(b) - c0
+						rcpu[i] += serverStats(b, admin).cpu - r0.cpu
 						calls[i] += n
 						spent[i] += d
 						dps[i] = float64(n) / d.Seconds()
 					}
-					lp := dps[slices.Index(roundContenders, "limitplane")]
-					toRate = append(toRate, lp/dps[slices.Index(roundContenders, "redis_rate")])
-					toPing = append(toPing, lp/dps[slices.Index(roundContenders, "PING")])
 					var line strings.Builder
-					for i, name := range roundContenders {
+					for i, name := range names {
 						fmt.Fprintf(&line, " %s %.0f", name, dps[i])
 					}
-					b.Logf("round %d of %d: decisions/s%s; limitplane ÷ redis_rate %.3f, ÷ PING %.3f", r+1, b.N, line.String(), toRate[r], toPing[r])
+					for i, name := range names {
+						if strings.HasPrefix(name, "limitplane") {
+							toRate[i] = append(toRate[i], dps[i]/dps[rate])
+							toPing[i] = append(toPing[i], dps[i]/dps[ping])
+							fmt.Fprintf(&line, "; %s ÷ redis_rate %.3f, ÷ PING %.3f", name, dps[i]/dps[rate], dps[i]/dps[ping])
+						}
+					}
+					b.Logf("round %d of %d: decisions/s%s", r+1, b.N, line.String())
 				}
 				b.StopTimer()
-				for i, name := range roundContenders {
+				for i, name := range names {
 					b.ReportMetric(float64(calls[i])/spent[i].Seconds(), name+"-dps")
-				}
-				for _, m := range []struct {
-					name string
-					v    []float64
-				}{{"÷redis_rate", toRate}, {"÷PING", toPing}} {
-					slices.Sort(m.v)
-					b.ReportMetric(median(m.v), m.name+"-median")
-					b.ReportMetric(m.v[0], m.name+"-min")
-					b.ReportMetric(m.v[len(m.v)-1], m.name+"-max")
+					b.ReportMetric(cpu[i]/float64(calls[i]), name+"-cpu-µs")
+					b.ReportMetric(rcpu[i]/float64(calls[i]), name+"-redis-cpu-µs")
+					if toRate[i] == nil {
+						continue
+					}
+					for _, m := range []struct {
+						name string
+						v    []float64
+					}{{"÷redis_rate", toRate[i]}, {"÷PING", toPing[i]}} {
+						slices.Sort(m.v)
+						b.ReportMetric(median(m.v), name+m.name+"-median")
+						b.ReportMetric(m.v[0], name+m.name+"-min")
+						b.ReportMetric(m.v[len(m.v)-1], name+m.name+"-max")
+					}
 				}
 			})
 		}
@@ -109,6 +143,13 @@ func median(v []float64) float64 {
 // roundLimiter returns the named limiter of roundContenders on a fresh
 // client of srv.
 func roundLimiter(tb testing.TB, srv *redistest.Server, name string) allowFunc {
+	if f, ok := strings.CutPrefix(name, "limitplane-inflight="); ok {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			tb.Fatalf("-redisbench.inflight: %q is not a positive number", f)
+		}
+		return limitplane(tb, srv, benchLimit, redisstore.Options{PipelineInFlight: n})
+	}
 	if name == "PING" {
 		c := client(tb, srv)
 		return func(ctx context.Context, _ string) (bool, error) { return true, c.Ping(ctx).Err() }
@@ -159,4 +200,14 @@ func runSlice(b *testing.B, procs int, keys []string, allow allowFunc, d time.Du
 		b.Fatalf("%d of %d calls denied; the benchmark limit must admit all", x, n.Load())
 	}
 	return n.Load(), el
+}
+
+// processCPU returns this process's CPU time so far (user + system), in
+// µs.
+func processCPU(tb testing.TB) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatalf("getrusage: %v", err)
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e3
 }
