@@ -41,9 +41,12 @@ type PostgresOptions struct {
 	// use the same value.
 	ChangeLogRevisions int
 	// BatchSize is the most Updates sharing one transaction (and one
-	// commit); 0 means 64. Updates that arrive while a transaction runs
-	// wait for the next one, so there is no delay to configure.
+	// commit); 0 means 64.
 	BatchSize int
+	// BatchDelay is how long a write waits for others to share its
+	// transaction and commit, as BoltOptions.BatchDelay; 0 means 2ms,
+	// negative means no wait (only the writes already waiting share it).
+	BatchDelay time.Duration
 	// PollInterval is how often the revision is read as a backstop for
 	// a lost notification or a broken LISTEN connection; 0 means one
 	// second.
@@ -160,6 +163,9 @@ func OpenPostgres(ctx context.Context, connString string, o PostgresOptions) (*P
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 64
+	}
+	if o.BatchDelay == 0 {
+		o.BatchDelay = 2 * time.Millisecond
 	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = time.Second
@@ -468,15 +474,22 @@ func (p *Postgres) writer() {
 		case c := <-p.calls:
 			batch = append(batch, c)
 		}
+		// Wait up to BatchDelay for more writers to share the
+		// transaction and its commit (writers just answered are on their
+		// way back).
+		timer := time.NewTimer(p.o.BatchDelay)
 	more:
 		for len(batch) < p.o.BatchSize {
 			select {
 			case c := <-p.calls:
 				batch = append(batch, c)
-			default:
+			case <-timer.C:
+				break more
+			case <-p.ctx.Done():
 				break more
 			}
 		}
+		timer.Stop()
 		for todo := batch; len(todo) > 0; {
 			todo = p.runBatch(todo)
 		}
