@@ -90,7 +90,11 @@ const listenAppName = "limitplane-controlplane-listen"
 // appends their changes, so revisions are gap-free and totally ordered
 // across processes; it is durable when Update returns (as the server's
 // synchronous_commit makes commits). Concurrent Updates of one process
-// share one transaction, each under a savepoint.
+// share one transaction (waiting up to BatchDelay for each other): their
+// writes are kept in memory and written, with the change log, the
+// revision and the NOTIFY, in one round trip at its end; an Update that
+// lists keys first writes the batch's so far, and its own under a
+// savepoint of its own, so that it can fail alone.
 //
 // It is a RevisionWatcher for writes of every process on the database: a
 // write NOTIFYs, a dedicated connection LISTENs (reconnected with
@@ -440,9 +444,11 @@ func (p *Postgres) poll() {
 	}
 }
 
-// Update implements Store. fn runs in the writer's transaction, under a
-// savepoint when other Updates share it: a failing fn is rolled back
-// alone, and fn is called once.
+// Update implements Store. fn runs in the writer's transaction, which
+// other Updates may share: a failing fn is dropped alone and the others
+// are kept. fn is called again (in a new transaction) only when a read of
+// another fn in its transaction failed in the database, which aborts the
+// transaction.
 func (p *Postgres) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error) {
 	if p.closed.Load() {
 		return 0, ErrClosed
