@@ -207,9 +207,18 @@ func OpenPostgres(ctx context.Context, connString string, o PostgresOptions) (*P
 		pool.Close()
 		return nil, err
 	}
+	// The poll's first reading is taken now, so that a write after
+	// OpenPostgres returns is a change to it however late the first tick.
+	var rev int64
+	var hist string
+	if err := pool.QueryRow(ctx, "SELECT revision, history FROM lp_meta").Scan(&rev, &hist); err != nil {
+		cancel()
+		pool.Close()
+		return nil, dbErr("read the revision", err)
+	}
 	p.wg.Add(2)
 	go p.writer()
-	go p.poll()
+	go p.poll(rev, hist)
 	if !o.DisableListen {
 		p.wg.Add(1)
 		go p.listen()
@@ -413,16 +422,16 @@ func (p *Postgres) listenOnce(b *backoff.ExponentialBackOff) bool {
 }
 
 // poll reads the revision and history every PollInterval and announces
-// when either changed: the backstop for a lost notification.
-func (p *Postgres) poll() {
+// when either changed from the last reading (at first rev and hist): the
+// backstop for a lost notification.
+func (p *Postgres) poll(rev int64, hist string) {
 	defer p.wg.Done()
 	t := time.NewTicker(p.o.PollInterval)
 	defer t.Stop()
-	var last struct {
+	last := struct {
 		rev  int64
 		hist string
-		ok   bool
-	}
+	}{rev, hist}
 	for {
 		select {
 		case <-p.ctx.Done():
@@ -437,10 +446,10 @@ func (p *Postgres) poll() {
 		if err != nil {
 			continue
 		}
-		if last.ok && (rev != last.rev || hist != last.hist) {
+		if rev != last.rev || hist != last.hist {
 			p.announce()
 		}
-		last.rev, last.hist, last.ok = rev, hist, true
+		last.rev, last.hist = rev, hist
 	}
 }
 
