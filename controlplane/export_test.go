@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/limitplane/limitplane/internal/pgtest"
 	"io"
 	"log/slog"
 	"net"
@@ -31,13 +32,16 @@ import (
 type openStore func(t *testing.T) controlplane.Store
 
 // importTargets are the stores a state is moved into by export and
-// import. The PostgreSQL store joins them when it lands (a test
-// PostgreSQL of its own, as its tests start one).
+// import: another bbolt file, and PostgreSQL (a server of its own,
+// pgtest), the move from the embedded store to a highly available one.
 var importTargets = []struct {
 	name string
 	open openStore
 }{
 	{"bolt", func(t *testing.T) controlplane.Store { s, _ := open(t, controlplane.BoltOptions{}); return s }},
+	{"postgres", func(t *testing.T) controlplane.Store {
+		return openPostgres(t, pgtest.Start(t, pgtest.Options{}).ConnString(), controlplane.PostgresOptions{})
+	}},
 }
 
 // adminOver serves the admin API over s on a real HTTP server and returns
