@@ -24,7 +24,11 @@ const (
 // policies, keys and APIs from a control plane (package dataplane's
 // Agent) instead of the file, which then holds only local settings.
 type ControlPlane struct {
-	// Address is the control plane's sync address, "host:port".
+	// Address is the control plane's sync address, "host:port", or
+	// several replicas' as a comma-separated list
+	// ("cp1.example:7071,cp2.example:7071"); a host may be a DNS name
+	// with several records. It is passed to dataplane.AgentOptions.Address
+	// as it is.
 	Address string
 	// Token is the data-plane token read from token_env or token_file. It
 	// is a secret: never print it.
@@ -74,12 +78,31 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	loopback := false
 	if r.Address == "" {
 		v.require("control_plane.address", "the control plane's sync address is required (host:port, like cp.example:7071)")
-	} else if host, port, err := net.SplitHostPort(r.Address); err != nil || host == "" || port == "" {
-		v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
 	} else {
-		cp.Address = r.Address
-		a, err := netip.ParseAddr(host)
-		loopback = strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback()
+		// A comma-separated list of replicas, each host:port; plaintext
+		// only when every one is a loopback address.
+		ok := true
+		loopback = true
+		for i, part := range strings.Split(r.Address, ",") {
+			part = strings.TrimSpace(part)
+			host, port, err := net.SplitHostPort(part)
+			if err != nil || host == "" || port == "" {
+				if strings.Contains(r.Address, ",") {
+					v.fail("control_plane.address", "%q: part %d, %q, is not host:port (like cp1.example:7071,cp2.example:7071)", r.Address, i+1, part)
+				} else {
+					v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
+				}
+				ok = false
+				break
+			}
+			a, err := netip.ParseAddr(host)
+			loopback = loopback && (strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback())
+		}
+		if ok {
+			cp.Address = r.Address
+		} else {
+			loopback = false
+		}
 	}
 	switch {
 	case r.TokenEnv != "" && r.TokenFile != "":
