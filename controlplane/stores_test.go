@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 
@@ -66,4 +67,74 @@ func eachStore(t *testing.T, test func(t *testing.T, sc storeCase)) {
 	for _, sc := range storeCases {
 		t.Run(sc.name, func(t *testing.T) { test(t, sc) })
 	}
+}
+
+// TestStoreHistory: a new store has a random history id (26 base32
+// characters) that a reopen keeps; ForkHistory replaces the id only when
+// it is still the one named and leaves the revision alone; History with a
+// canceled context fails.
+func TestStoreHistory(t *testing.T) {
+	eachStore(t, func(t *testing.T, sc storeCase) {
+		ctx := context.Background()
+		s, reopen := sc.open(t, 0)
+		history := func(s controlplane.Store) string {
+			t.Helper()
+			h, err := s.History(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return h
+		}
+		h1 := history(s)
+		if len(h1) != 26 {
+			t.Fatalf("history %q, want 26 base32 characters", h1)
+		}
+		update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("p", 1)) })
+		s.Close()
+		s = reopen()
+		if h := history(s); h != h1 {
+			t.Fatalf("reopened: history %q, want %q", h, h1)
+		}
+		if h, err := s.ForkHistory(ctx, "another"); err != nil || h != h1 {
+			t.Fatalf("ForkHistory of another history: %q, %v; want %q unchanged", h, err, h1)
+		}
+		h2, err := s.ForkHistory(ctx, h1)
+		if err != nil || h2 == h1 || len(h2) != 26 {
+			t.Fatalf("ForkHistory(%q) = %q, %v; want a new id", h1, h2, err)
+		}
+		if h, err := s.ForkHistory(ctx, h1); err != nil || h != h2 {
+			t.Fatalf("ForkHistory of the old id again: %q, %v; want %q", h, err, h2)
+		}
+		if got := revision(t, s); got != 1 {
+			t.Fatalf("revision after forks %d, want 1", got)
+		}
+		s.Close()
+		s = reopen()
+		if h := history(s); h != h2 {
+			t.Fatalf("reopened after a fork: history %q, want %q", h, h2)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := s.History(cctx); err == nil {
+			t.Fatal("History with a canceled context: no error")
+		}
+	})
+}
+
+// TestStoreClosed: every call after Close fails with ErrClosed.
+func TestStoreClosed(t *testing.T) {
+	eachStore(t, func(t *testing.T, sc storeCase) {
+		ctx := context.Background()
+		s, _ := sc.open(t, 0)
+		s.Close()
+		if _, err := s.Update(ctx, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("p", 1)) }); !errors.Is(err, controlplane.ErrClosed) {
+			t.Fatalf("Update after Close: %v, want ErrClosed", err)
+		}
+		if err := s.View(ctx, func(controlplane.Reader) error { return nil }); !errors.Is(err, controlplane.ErrClosed) {
+			t.Fatalf("View after Close: %v, want ErrClosed", err)
+		}
+		if _, err := s.ChangesSince(ctx, 0); !errors.Is(err, controlplane.ErrClosed) {
+			t.Fatalf("ChangesSince after Close: %v, want ErrClosed", err)
+		}
+	})
 }
