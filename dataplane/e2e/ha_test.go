@@ -62,6 +62,15 @@ func TestHAPropagation(t *testing.T) {
 		t.Fatalf("gateway %s follows only %s, its /readyz names %s", dp.gws[1].id, h.replicas[1].syncAddr, got)
 	}
 
+	snapsBefore := make([]uint64, len(dp.gws))
+	for j, g := range dp.gws {
+		r, err := g.readyz()
+		if err != nil {
+			t.Fatal(err)
+		}
+		snapsBefore[j] = r.ControlPlane.Deliveries.SnapshotsApplied
+	}
+
 	tr := &http.Transport{MaxIdleConnsPerHost: 4}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
@@ -121,6 +130,13 @@ func TestHAPropagation(t *testing.T) {
 		slices.Sort(l)
 		p50, p99 := quantile(l, 0.5), quantile(l, 0.99)
 		t.Logf("gateway %s (follows %s): admitted the new key after p50 %v p99 %v max %v", g.id, follow[j].name, p50, p99, l[len(l)-1])
+		r, err := g.readyz()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := r.ControlPlane.Deliveries; d.SnapshotsApplied != snapsBefore[j] || d.ChangesRejected != 0 {
+			t.Errorf("gateway %s: deliveries %+v, %d snapshots before the changes: key changes must come as Changes, none rejected", g.id, d, snapsBefore[j])
+		}
 		if p99 > goal {
 			t.Errorf("gateway %s (follows %s): p99 %v, the goal is ≤ %v", g.id, follow[j].name, p99, goal)
 		}
@@ -335,8 +351,11 @@ func (w *haWriter) run(ctx context.Context, n int) error {
 //     chaos (a lost answer is checked before a second attempt), and the
 //     change log has exactly one change of each after the setup, the
 //     third none; the two admit exactly 3 again on each data plane, the
-//     third 0; after another kill and restart of a replica and a restart
-//     of one gateway per data plane, all three admit 0.
+//     third 0; after another kill and restart of a replica (the one
+//     dp1-gw2 follows), a restart of one gateway per data plane and a key
+//     changed through another replica, all gateways run the database's
+//     revision and digest, the two not restarted got it without a
+//     snapshot, and all three reset keys admit 0.
 func TestHAChaos(t *testing.T) {
 	t.Parallel()
 	const changes, kills, writers, keysPerWriter = 5000, 10, 8, 24
@@ -540,7 +559,23 @@ func TestHAChaos(t *testing.T) {
 	spendEach(t, "reset-a, reset during the chaos", dp1, dp2, "reset-a", 5, 3)
 	spendEach(t, "reset-b, reset during the chaos", dp1, dp2, "reset-b", 5, 3)
 	spendEach(t, "reset-c, never reset", dp1, dp2, "reset-c", 5, 0)
-	r := h.replicas[rng.IntN(3)]
+	// A failover continues with changes: the replica dp1-gw2 follows is
+	// killed and restarted, a key is changed through another, and the
+	// gateways not restarted get it without a snapshot.
+	on := replicaOf(dp1.gws[1])
+	i := slices.IndexFunc(h.replicas, func(r *replica) bool { return r.syncAddr == on })
+	if i < 0 {
+		t.Fatalf("gateway %s follows %q, none of the replicas", dp1.gws[1].id, on)
+	}
+	r := h.replicas[i]
+	deliveries := map[string]uint64{}
+	for _, g := range gws {
+		rd, err := g.readyz()
+		if err != nil {
+			t.Fatal(err)
+		}
+		deliveries[g.id] = rd.ControlPlane.Deliveries.SnapshotsApplied
+	}
 	r.kill()
 	r.start(t)
 	for _, dp := range []*dataPlane{dp1, dp2} {
@@ -549,9 +584,22 @@ func TestHAChaos(t *testing.T) {
 		}
 		dp.gws[0].start(t)
 	}
+	m := live[0]
+	rev = h.replicas[(i+1)%3].putKey(t, m.hash(), m.spec(), true)
 	waitApplied(t, rev, gws...)
 	h.waitConnected(t, rev, gws...)
 	checkGatewaysAt(t, store, rev, dp1, dp2)
+	for _, dp := range []*dataPlane{dp1, dp2} {
+		g := dp.gws[1]
+		rd, err := g.readyz()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("gateway %s after %s was killed: on %s, deliveries %+v", g.id, r.name, replicaOf(g), rd.ControlPlane.Deliveries)
+		if rd.ControlPlane.Deliveries.SnapshotsApplied != deliveries[g.id] {
+			t.Errorf("gateway %s applied %d snapshots after its replica's kill and a key change, want none (changes only)", g.id, rd.ControlPlane.Deliveries.SnapshotsApplied-deliveries[g.id])
+		}
+	}
 	for _, k := range resetKeys {
 		spendEach(t, k+" after the configuration was delivered again", dp1, dp2, k, 5, 0)
 	}
