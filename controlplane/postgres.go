@@ -41,9 +41,12 @@ type PostgresOptions struct {
 	// use the same value.
 	ChangeLogRevisions int
 	// BatchSize is the most Updates sharing one transaction (and one
-	// commit); 0 means 64. Updates that arrive while a transaction runs
-	// wait for the next one, so there is no delay to configure.
+	// commit); 0 means 64.
 	BatchSize int
+	// BatchDelay is how long a write waits for others to share its
+	// transaction and commit, as BoltOptions.BatchDelay; 0 means 2ms,
+	// negative means no wait (only the writes already waiting share it).
+	BatchDelay time.Duration
 	// PollInterval is how often the revision is read as a backstop for
 	// a lost notification or a broken LISTEN connection; 0 means one
 	// second.
@@ -87,7 +90,11 @@ const listenAppName = "limitplane-controlplane-listen"
 // appends their changes, so revisions are gap-free and totally ordered
 // across processes; it is durable when Update returns (as the server's
 // synchronous_commit makes commits). Concurrent Updates of one process
-// share one transaction, each under a savepoint.
+// share one transaction (waiting up to BatchDelay for each other): their
+// writes are kept in memory and written, with the change log, the
+// revision and the NOTIFY, in one round trip at its end; an Update that
+// lists keys first writes the batch's so far, and its own under a
+// savepoint of its own, so that it can fail alone.
 //
 // It is a RevisionWatcher for writes of every process on the database: a
 // write NOTIFYs, a dedicated connection LISTENs (reconnected with
@@ -160,6 +167,9 @@ func OpenPostgres(ctx context.Context, connString string, o PostgresOptions) (*P
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 64
+	}
+	if o.BatchDelay == 0 {
+		o.BatchDelay = 2 * time.Millisecond
 	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = time.Second
@@ -434,9 +444,11 @@ func (p *Postgres) poll() {
 	}
 }
 
-// Update implements Store. fn runs in the writer's transaction, under a
-// savepoint when other Updates share it: a failing fn is rolled back
-// alone, and fn is called once.
+// Update implements Store. fn runs in the writer's transaction, which
+// other Updates may share: a failing fn is dropped alone and the others
+// are kept. fn is called again (in a new transaction) only when a read of
+// another fn in its transaction failed in the database, which aborts the
+// transaction.
 func (p *Postgres) Update(ctx context.Context, fn func(tx Tx) error) (uint64, error) {
 	if p.closed.Load() {
 		return 0, ErrClosed
@@ -468,15 +480,22 @@ func (p *Postgres) writer() {
 		case c := <-p.calls:
 			batch = append(batch, c)
 		}
+		// Wait up to BatchDelay for more writers to share the
+		// transaction and its commit (writers just answered are on their
+		// way back).
+		timer := time.NewTimer(p.o.BatchDelay)
 	more:
 		for len(batch) < p.o.BatchSize {
 			select {
 			case c := <-p.calls:
 				batch = append(batch, c)
-			default:
+			case <-timer.C:
+				break more
+			case <-p.ctx.Done():
 				break more
 			}
 		}
+		timer.Stop()
 		for todo := batch; len(todo) > 0; {
 			todo = p.runBatch(todo)
 		}
@@ -497,14 +516,109 @@ type pgBatch struct {
 	// Updates that succeeded so far left them; loaded at the start (they
 	// are few, and every write's validation reads them all).
 	policies, apis map[string][]byte
-	// rows of the change log to append.
-	changes []changeRow
+	// pend holds, per object kind, the writes of the Updates that
+	// succeeded and are not in the database yet (JSON; nil: deleted):
+	// written at the end, in the round trip that logs the changes, or
+	// before an Update lists keys.
+	pend map[Object]map[string][]byte
+	// unresolved are the key puts of those Updates whose Old is still to
+	// be read; read before pend is written.
+	unresolved []oldRef
+	// done are the Updates that succeeded, in order: their changes are
+	// logged at the end.
+	done []*pgTx
 }
 
-type changeRow struct {
-	rev uint64
-	seq int32
-	v   []byte
+// pendWrite records a write of a successful Update for the end.
+func (b *pgBatch) pendWrite(obj Object, id string, v []byte) {
+	if b.pend == nil {
+		b.pend = map[Object]map[string][]byte{}
+	}
+	m := b.pend[obj]
+	if m == nil {
+		m = map[string][]byte{}
+		b.pend[obj] = m
+	}
+	m[id] = v
+}
+
+// queueOlds queues the reads of refs' Old values (the keys as the
+// database holds them before anything queued after) and returns the
+// function that sets them, to call once pb's results are read.
+func queueOlds(pb *pgx.Batch, refs []oldRef) func() {
+	if len(refs) == 0 {
+		return func() {}
+	}
+	const chunk = 10000
+	ids := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i] = r.id
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	olds := make(map[string][]byte, len(ids))
+	for lo := 0; lo < len(ids); lo += chunk {
+		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", ids[lo:min(lo+chunk, len(ids))]).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id string
+				var v []byte
+				if err := rows.Scan(&id, &v); err != nil {
+					return err
+				}
+				olds[id] = v
+			}
+			return rows.Err()
+		})
+	}
+	return func() {
+		for _, r := range refs {
+			r.l.blocks[r.block][r.i].Old = olds[r.id]
+		}
+	}
+}
+
+// queueWrites queues the writes of ids (per kind; repeats allowed) with
+// their values in writes (nil: delete), each kind in ID order.
+func queueWrites(pb *pgx.Batch, writes map[Object]map[string][]byte, ids map[Object][]string) {
+	const chunk = 10000
+	for obj, ids := range ids {
+		m := writes[obj]
+		slices.Sort(ids)
+		var putIDs, delIDs []string
+		var putVs [][]byte
+		for _, id := range slices.Compact(ids) {
+			if v := m[id]; v != nil {
+				putIDs, putVs = append(putIDs, id), append(putVs, v)
+			} else {
+				delIDs = append(delIDs, id)
+			}
+		}
+		table := pgTables[obj]
+		for lo := 0; lo < len(putIDs); lo += chunk {
+			hi := min(lo+chunk, len(putIDs))
+			pb.Queue("INSERT INTO "+table+" (id, value) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value",
+				putIDs[lo:hi], putVs[lo:hi])
+		}
+		for lo := 0; lo < len(delIDs); lo += chunk {
+			pb.Queue("DELETE FROM "+table+" WHERE id = ANY($1)", delIDs[lo:min(lo+chunk, len(delIDs))])
+		}
+	}
+}
+
+// queuePend queues the reads of the unresolved Old values, then the
+// pending writes, and empties both; the function returned sets the Old
+// values once pb's results are read.
+func (b *pgBatch) queuePend(pb *pgx.Batch) func() {
+	set := queueOlds(pb, b.unresolved)
+	ids := map[Object][]string{}
+	for obj, m := range b.pend {
+		for id := range m {
+			ids[obj] = append(ids[obj], id)
+		}
+	}
+	queueWrites(pb, b.pend, ids)
+	b.unresolved, b.pend = nil, nil
+	return set
 }
 
 // runBatch runs batch in one transaction and sets each call's result. It
@@ -537,12 +651,12 @@ func (p *Postgres) runBatch(batch []*pgCall) (again []*pgCall) {
 		return nil
 	}
 	start := cur
-	for _, c := range batch {
+	for i, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err
 			continue
 		}
-		t := &pgTx{pgReader: pgReader{ctx: ctx, q: tx, rev: cur + 1}, b: b}
+		t := &pgTx{pgReader: pgReader{ctx: ctx, q: tx, rev: cur + 1}, b: b, savepoint: "u" + strconv.Itoa(i)}
 		err := t.run(c.fn)
 		if err != nil {
 			if unavailable(err) || ctx.Err() != nil {
@@ -564,7 +678,7 @@ func (p *Postgres) runBatch(batch []*pgCall) (again []*pgCall) {
 				return again
 			}
 			if t.saved {
-				if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT u"); rerr != nil {
+				if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+t.savepoint); rerr != nil {
 					c.err = err
 					fail(dbErr("roll back to a savepoint", rerr))
 					return nil
@@ -629,17 +743,38 @@ func (b *pgBatch) load(cur *uint64) error {
 	return nil
 }
 
-// finish appends the batch's changes, trims the change log, records the
-// revision rev and notifies, in one round trip.
+// finish writes the pending writes, appends the batch's changes, trims
+// the change log, records the revision rev and notifies: in one round
+// trip, or two when Old values are still to be read.
 func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	var pb pgx.Batch
-	const chunk = 10000
-	for lo := 0; lo < len(b.changes); lo += chunk {
-		rows := b.changes[lo:min(lo+chunk, len(b.changes))]
-		revs, seqs, vs := make([]int64, len(rows)), make([]int32, len(rows)), make([][]byte, len(rows))
-		for i, r := range rows {
-			revs[i], seqs[i], vs[i] = int64(r.rev), r.seq, r.v
+	if len(b.unresolved) > 0 {
+		set := b.queuePend(&pb)
+		if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
+			return dbErr("write", err)
 		}
+		set()
+		pb = pgx.Batch{}
+	} else {
+		b.queuePend(&pb)
+	}
+	var revs []int64
+	var seqs []int32
+	var vs [][]byte
+	for _, t := range b.done {
+		for i, c := range t.changes.all() {
+			c.Revision = t.rev
+			v, err := encodeChange(c)
+			if err != nil {
+				return fmt.Errorf("controlplane: encode change: %w", err)
+			}
+			revs, seqs, vs = append(revs, int64(t.rev)), append(seqs, int32(i)), append(vs, v)
+		}
+	}
+	const chunk = 10000
+	for lo := 0; lo < len(vs); lo += chunk {
+		hi := min(lo+chunk, len(vs))
+		revs, seqs, vs := revs[lo:hi], seqs[lo:hi], vs[lo:hi]
 		pb.Queue("INSERT INTO lp_changes (revision, seq, change) SELECT * FROM unnest($1::bigint[], $2::int[], $3::bytea[])", revs, seqs, vs)
 	}
 	if rev > p.logRevs {
@@ -917,8 +1052,10 @@ func (r *pgReader) allKeys() ([]spec.Key, error) {
 }
 
 // pgTx is one Update's write, within a batch. Its writes are kept in
-// memory (writes) and reach the database when it lists keys or ends
-// (flush); policies and APIs are read from the batch's copy.
+// memory (writes) and reach the database with the batch's at its end, or
+// when it lists keys (flush); policies and APIs are read from the
+// batch's copy, keys from its writes, the batch's pending writes, then
+// the database.
 type pgTx struct {
 	pgReader
 	b       *pgBatch
@@ -928,48 +1065,50 @@ type pgTx struct {
 	writes map[Object]map[string][]byte
 	// unflushed are the IDs written since the last flush, per kind.
 	unflushed map[Object][]string
+	// seen are the keys read from the database (nil: absent), so a put
+	// after a read knows its Old.
+	seen map[string][]byte
 	// unknownOld are the key puts whose Old is still to be read (the
-	// key was not read or written before): read in bulk at the flush.
+	// key was not read or written before): read in bulk later.
 	unknownOld []oldRef
-	// saved: the savepoint of this Update is set (a shared batch sets it
-	// before the first flush).
-	saved bool
+	// savepoint is the name of this Update's savepoint in a shared
+	// batch, unique in it (so that rolling back to one never reaches an
+	// earlier Update's); saved: it is set (before the first flush).
+	savepoint string
+	saved     bool
 }
 
-// oldRef locates a change in changes.blocks.
+// oldRef locates a change in a changeList.
 type oldRef struct {
+	l        *changeList
 	block, i int
 	id       string
 }
 
-// run calls fn, flushes, validates and records the changes in the batch.
+// run calls fn and validates what it wrote.
 func (t *pgTx) run(fn func(Tx) error) error {
 	if err := fn(t); err != nil {
-		return err
-	}
-	if err := t.flush(); err != nil {
 		return err
 	}
 	if t.changes.n == 0 {
 		return nil
 	}
-	if err := validateWrite(t, &t.changes); err != nil {
-		return err
-	}
-	return nil
+	return validateWrite(t, &t.changes)
 }
 
-// commitTo adds the successful write's changes to the batch and its
-// policies and APIs to the batch's copy.
+// commitTo hands the successful write's unflushed writes, unknown Old
+// values and changes to the batch, and its policies and APIs to the
+// batch's copy.
 func (t *pgTx) commitTo(b *pgBatch) {
-	for i, c := range t.changes.all() {
-		c.Revision = t.rev
-		v, err := encodeChange(c)
-		if err != nil { // only for an ID json.Marshal refuses, which it does not
-			v, _ = json.Marshal(c)
+	for obj, ids := range t.unflushed {
+		for _, id := range ids {
+			b.pendWrite(obj, id, t.writes[obj][id])
 		}
-		b.changes = append(b.changes, changeRow{rev: t.rev, seq: int32(i), v: v})
 	}
+	t.unflushed = nil
+	b.unresolved = append(b.unresolved, t.unknownOld...)
+	t.unknownOld = nil
+	b.done = append(b.done, t)
 	for obj, m := range map[Object]map[string][]byte{ObjectPolicy: b.policies, ObjectAPI: b.apis} {
 		for id, v := range t.writes[obj] {
 			if v == nil {
@@ -988,23 +1127,47 @@ func (t *pgTx) written(obj Object, id string) ([]byte, bool) {
 	return v, ok
 }
 
-// current returns the value of id as the write sees it, nil when absent.
-func (t *pgTx) current(obj Object, id string) ([]byte, error) {
+// known returns the value of id when the write knows it without asking
+// the database.
+func (t *pgTx) known(obj Object, id string) ([]byte, bool) {
 	if v, ok := t.written(obj, id); ok {
-		return v, nil
+		return v, true
 	}
 	switch obj {
 	case ObjectPolicy:
-		return t.b.policies[id], nil
+		return t.b.policies[id], true
 	case ObjectAPI:
-		return t.b.apis[id], nil
+		return t.b.apis[id], true
 	}
-	return t.value(obj, id)
+	if v, ok := t.b.pend[obj][id]; ok {
+		return v, true
+	}
+	v, ok := t.seen[id]
+	return v, ok
+}
+
+// current returns the value of id as the write sees it, nil when absent.
+func (t *pgTx) current(obj Object, id string) ([]byte, error) {
+	if v, ok := t.known(obj, id); ok {
+		return v, nil
+	}
+	v, err := t.value(obj, id)
+	if err != nil {
+		return nil, err
+	}
+	if t.seen == nil {
+		t.seen = map[string][]byte{}
+	}
+	t.seen[id] = v
+	return v, nil
 }
 
 func (t *pgTx) set(obj Object, id string, v []byte) {
 	if t.writes == nil {
 		t.writes, t.unflushed = map[Object]map[string][]byte{}, map[Object][]string{}
+	}
+	if t.unflushed == nil {
+		t.unflushed = map[Object][]string{}
 	}
 	m := t.writes[obj]
 	if m == nil {
@@ -1020,18 +1183,12 @@ func (t *pgTx) put(obj Object, id string, v any) error {
 	if err != nil {
 		return fmt.Errorf("controlplane: encode %s %q: %w", obj, id, err)
 	}
-	var old []byte
-	_, known := t.written(obj, id)
-	if known || obj != ObjectKey {
-		if old, err = t.current(obj, id); err != nil {
-			return err
-		}
-	}
+	old, known := t.known(obj, id)
 	t.set(obj, id, b)
 	t.changes.add(Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
-	if !known && obj == ObjectKey {
+	if !known {
 		last := len(t.changes.blocks) - 1
-		t.unknownOld = append(t.unknownOld, oldRef{block: last, i: len(t.changes.blocks[last]) - 1, id: id})
+		t.unknownOld = append(t.unknownOld, oldRef{l: &t.changes, block: last, i: len(t.changes.blocks[last]) - 1, id: id})
 	}
 	return nil
 }
@@ -1046,72 +1203,31 @@ func (t *pgTx) delete(obj Object, id string) (bool, error) {
 	return true, nil
 }
 
-// flush reads the Old values still unknown, then writes the values
-// written since the last flush, in one round trip (after the savepoint,
-// in a shared batch).
+// flush brings the database to the state the write sees, in one round
+// trip: the batch's pending writes (after reading the Old values still
+// unknown), then, after the savepoint in a shared batch, the write's
+// own.
 func (t *pgTx) flush() error {
-	if len(t.unflushed) == 0 {
-		return nil
-	}
 	var pb pgx.Batch
-	const chunk = 10000
-	if n := len(t.unknownOld); n > 0 {
-		ids := make([]string, n)
-		for i, r := range t.unknownOld {
-			ids[i] = r.id
+	setBatch := t.b.queuePend(&pb)
+	setOwn := queueOlds(&pb, t.unknownOld)
+	t.unknownOld = nil
+	if len(t.unflushed) > 0 {
+		if t.b.shared && !t.saved {
+			pb.Queue("SAVEPOINT " + t.savepoint)
+			t.saved = true
 		}
-		olds := make(map[string][]byte, n)
-		for lo := 0; lo < n; lo += chunk {
-			pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", ids[lo:min(lo+chunk, n)]).Query(func(rows pgx.Rows) error {
-				for rows.Next() {
-					var id string
-					var v []byte
-					if err := rows.Scan(&id, &v); err != nil {
-						return err
-					}
-					olds[id] = v
-				}
-				return rows.Err()
-			})
-		}
-		refs := t.unknownOld
-		t.unknownOld = nil
-		defer func() {
-			for _, r := range refs {
-				t.changes.blocks[r.block][r.i].Old = olds[r.id]
-			}
-		}()
+		queueWrites(&pb, t.writes, t.unflushed)
+		t.unflushed = nil
 	}
-	if t.b.shared && !t.saved {
-		pb.Queue("SAVEPOINT u")
-		t.saved = true
-	}
-	for obj, ids := range t.unflushed {
-		m := t.writes[obj]
-		slices.Sort(ids)
-		var putIDs, delIDs []string
-		var putVs [][]byte
-		for _, id := range slices.Compact(ids) {
-			if v := m[id]; v != nil {
-				putIDs, putVs = append(putIDs, id), append(putVs, v)
-			} else {
-				delIDs = append(delIDs, id)
-			}
-		}
-		table := pgTables[obj]
-		for lo := 0; lo < len(putIDs); lo += chunk {
-			hi := min(lo+chunk, len(putIDs))
-			pb.Queue("INSERT INTO "+table+" (id, value) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value",
-				putIDs[lo:hi], putVs[lo:hi])
-		}
-		for lo := 0; lo < len(delIDs); lo += chunk {
-			pb.Queue("DELETE FROM "+table+" WHERE id = ANY($1)", delIDs[lo:min(lo+chunk, len(delIDs))])
-		}
-		delete(t.unflushed, obj)
+	if pb.Len() == 0 {
+		return nil
 	}
 	if err := t.q.SendBatch(t.ctx, &pb).Close(); err != nil {
 		return dbErr("write", err)
 	}
+	setBatch()
+	setOwn()
 	return nil
 }
 

@@ -3,11 +3,15 @@ package controlplane_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/limitplane/limitplane/controlplane"
 	"github.com/limitplane/limitplane/internal/pgtest"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // storeCase is one Store implementation the conformance suite runs
@@ -135,6 +139,102 @@ func TestStoreClosed(t *testing.T) {
 		}
 		if _, err := s.ChangesSince(ctx, 0); !errors.Is(err, controlplane.ErrClosed) {
 			t.Fatalf("ChangesSince after Close: %v, want ErrClosed", err)
+		}
+	})
+}
+
+// TestConcurrentWritesSomeFail: 16 writers make 20 writes each, sharing
+// transactions: a third fail in fn after a put, a third are refused by
+// validation (a key of an unknown policy), a third put a key, list keys
+// (which writes it to a database store mid-transaction) and put a second
+// key. Exactly the last third are kept, each with its own revision, 2 to
+// 108 (the policy at 1), and the change log holds exactly their changes
+// (two each, Old empty: every key is new).
+func TestConcurrentWritesSomeFail(t *testing.T) {
+	eachStore(t, func(t *testing.T, sc storeCase) {
+		s, _ := sc.open(t, 0)
+		ctx := context.Background()
+		update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
+		const writers, each = 16, 20
+		boom := errors.New("boom")
+		var mu sync.Mutex
+		var revs []int
+		var kept []string
+		var wg sync.WaitGroup
+		for w := range writers {
+			wg.Go(func() {
+				for i := range each {
+					k1, k2 := hash(fmt.Sprint(w, "-", i, "-a")), hash(fmt.Sprint(w, "-", i, "-b"))
+					var want error
+					rev, err := s.Update(ctx, func(tx controlplane.Tx) error {
+						switch i % 3 {
+						case 0:
+							want = boom
+							if err := tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"gold"}}); err != nil {
+								return err
+							}
+							return boom
+						case 1:
+							return tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"missing"}})
+						}
+						if err := tx.PutKey(spec.Key{KeyHash: k1, Policies: []string{"gold"}}); err != nil {
+							return err
+						}
+						if ks, err := tx.Keys("", 1); err != nil || len(ks) != 1 {
+							return fmt.Errorf("Keys in the write: %v, %v", ks, err)
+						}
+						return tx.PutKey(spec.Key{KeyHash: k2, Policies: []string{"gold"}})
+					})
+					var errs spec.Errors
+					switch {
+					case i%3 == 0 && !errors.Is(err, want):
+						t.Errorf("failing write: %v, want boom", err)
+					case i%3 == 1 && !errors.As(err, &errs):
+						t.Errorf("invalid write: %v, want spec.Errors", err)
+					case i%3 == 2 && err != nil:
+						t.Errorf("good write: %v", err)
+					case i%3 == 2:
+						mu.Lock()
+						revs, kept = append(revs, int(rev)), append(kept, k1, k2)
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		good := writers * (each / 3)
+		slices.Sort(revs)
+		for i, r := range revs {
+			if r != i+2 || len(revs) != good {
+				t.Fatalf("revisions %v: want 2..%d, each once", revs, good+1)
+			}
+		}
+		snap, err := s.Snapshot(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, k := range snap.Keys {
+			got = append(got, k.KeyHash)
+		}
+		slices.Sort(kept)
+		if !slices.Equal(got, kept) || snap.Revision != uint64(good+1) {
+			t.Fatalf("%d keys at revision %d, want the %d kept at %d", len(got), snap.Revision, len(kept), good+1)
+		}
+		cs, err := s.ChangesSince(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cs) != 2*good {
+			t.Fatalf("%d changes since 1, want %d", len(cs), 2*good)
+		}
+		for i, c := range cs {
+			if c.Revision != uint64(i/2+2) || c.Op != controlplane.OpPut || c.Object != controlplane.ObjectKey || c.Old != nil {
+				t.Fatalf("change %d: %+v, want a put of a new key at revision %d", i, c, i/2+2)
+			}
 		}
 	})
 }

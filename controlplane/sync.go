@@ -518,6 +518,14 @@ func (s *SyncServer) viewAt(ctx context.Context, tags []string, tkey string, rev
 		s.o.Log.Error("controlplane: sync: read the current view", "err", err)
 		return view{}, false, status.Errorf(codes.Unavailable, "%v", err)
 	}
+	if rev > cur.revision {
+		// A shared computation that started before the data plane got
+		// rev (from another replica): read again.
+		if cur, err = s.computeCurrentView(ctx, tags, tkey); err != nil {
+			s.o.Log.Error("controlplane: sync: read the current view", "err", err)
+			return view{}, false, status.Errorf(codes.Unavailable, "%v", err)
+		}
+	}
 	if rev == cur.revision {
 		return cur, true, nil
 	}
