@@ -46,7 +46,7 @@ var importTargets = []struct {
 
 // adminOver serves the admin API over s on a real HTTP server and returns
 // its URL.
-func adminOver(t *testing.T, s controlplane.Store, o controlplane.AdminOptions) string {
+func adminOver(t testing.TB, s controlplane.Store, o controlplane.AdminOptions) string {
 	t.Helper()
 	o.Store, o.Token = s, token
 	if o.Log == nil {
