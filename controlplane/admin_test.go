@@ -524,3 +524,13 @@ func TestAdminHostileBodies(t *testing.T) {
 		t.Fatalf("revision %d, %v; want 1 (nothing written)", rev, err)
 	}
 }
+
+// TestAdminRefusesDeepBody: a 200 KB body nested 100,000 deep ran the
+// control plane out of memory (found by a fresh user); it is 400 at once,
+// and nothing is written.
+func TestAdminRefusesDeepBody(t *testing.T) {
+	_, base := server(t, controlplane.BoltOptions{}, nil)
+	deep := `{"rate":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`
+	expect(t, call(t, "PUT", base+"/api/policies/deep", deep), 400, `{"error":"body is JSON nested more than 64 deep; nothing was changed"}`)
+	expect(t, call(t, "GET", base+"/api/policies/deep", ""), 404, `{"error":"no policy \"deep\""}`)
+}

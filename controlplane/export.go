@@ -365,7 +365,11 @@ func eachElement(dec *json.Decoder, member string, problems *spec.Errors, fn fun
 			// key hash or a secret other than the one sent.
 			return badDocument("body is not valid UTF-8 (in %s)", at)
 		}
-		if dup, err := duplicateMember(raw); err == nil && dup != "" {
+		dup, err := duplicateMember(raw)
+		switch {
+		case errors.Is(err, errTooDeep):
+			return badDocument("%s is %v", at, err)
+		case err == nil && dup != "":
 			return badDocument("body names member %s twice", at+"."+dup)
 		}
 		if e := fn(at, raw); e != nil {
