@@ -125,24 +125,27 @@ func TokenID(token string) string { return HashToken(token)[:len("sha256:")+12] 
 //	                            ?suppress_reset=1
 //	                            → {"revision", "key_hashes": [...]}, the
 //	                            hashes in the order given
-//	GET    /api/export          the whole state as one spec.Snapshot
-//	                            document {"revision", "policies", "apis",
-//	                            "keys"}: every API whatever its tags, keys
-//	                            by hash with their quota epochs, secrets as
-//	                            spec keeps them (references; an inline
-//	                            secret only if an operator wrote one, and
-//	                            then the export is a secret too); streamed
-//	                            in one read view
+//	GET    /api/export          the whole state as one document of
+//	                            ExportFormatVersion {"format_version",
+//	                            "revision", "policies", "apis", "keys"}:
+//	                            every API whatever its tags, keys by hash
+//	                            with their quota epochs, secrets as spec
+//	                            keeps them (references; an inline secret
+//	                            only if an operator wrote one, and then
+//	                            the export is a secret too); streamed
+//	                            from one read view
 //	POST   /api/import          replace the whole state with an export
 //	                            document in one write (one revision
-//	                            raise): validated whole (422, paths by
-//	                            position in the document), objects it
-//	                            lacks deleted, the rest put as given,
-//	                            quota epochs included; its revision is
-//	                            ignored → {"revision"}. Export, import
-//	                            into an empty control plane and export
-//	                            again gives the same document but for
-//	                            "revision".
+//	                            raise), read as a stream: validated whole
+//	                            (422, paths by position in the document;
+//	                            an unknown format_version is 422 too),
+//	                            objects it lacks deleted, the rest put as
+//	                            given, quota epochs included; its
+//	                            revision is not taken → {"revision"}.
+//	                            Export, import into an empty control
+//	                            plane and export again gives the same
+//	                            document but for "revision". See
+//	                            importState for epochs and history.
 //	GET    /api/revision        → {"revision"}
 //	GET    /api/dataplanes      → {"dataplanes": [DataPlane...]}: one
 //	                            entry per open sync stream (two with one
@@ -159,7 +162,10 @@ func TokenID(token string) string { return HashToken(token)[:len("sha256:")+12] 
 // plane's: values in bodies are ignored (see withEpochs for the rule).
 // GET answers carry the revision read in the Limitplane-Revision header.
 // Bodies are bounded by MaxBodyBytes, those of :batch and import by
-// MaxBulkBytes (413 beyond).
+// MaxBulkBytes (413 beyond). While the store's database is unavailable
+// (ErrStoreUnavailable), every call that reads or writes the state
+// answers 503 with Retry-After: UnavailableRetryAfter, and a write has
+// changed nothing.
 // A body of JSON null is refused (400) like an empty one; a policy with
 // neither rate nor quota is valid (spec.Policy: it limits nothing, and
 // may still restrict a key to its apis). A method an existing path does
@@ -192,7 +198,8 @@ func Admin(o AdminOptions) (http.Handler, error) {
 		o.DataPlanes = &DataPlanes{}
 	}
 	a := &admin{o: o, token: sha256.Sum256([]byte(o.Token)), tokenID: TokenID(o.Token),
-		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: admin call refused: missing or wrong bearer token"})}
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: admin call refused: missing or wrong bearer token"}),
+		outages:  failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: admin call failed: the store's database is unavailable"})}
 	mux := http.NewServeMux()
 	routes := []struct {
 		method, pattern string
@@ -303,6 +310,8 @@ type admin struct {
 	// refusals logs refused calls. Its timer runs only for an interval
 	// after a line, so it needs no stopping.
 	refusals *failurelog.Log
+	// outages logs calls failed by ErrStoreUnavailable, like refusals.
+	outages *failurelog.Log
 }
 
 // authenticate refuses calls without the bearer token with 401: no
@@ -371,8 +380,18 @@ func (a *admin) write(r *http.Request, fn func(tx Tx) error) (uint64, error) {
 	return rev, nil
 }
 
+// UnavailableRetryAfter is the Retry-After, in seconds, of the 503 the
+// admin API answers while the store's database is unavailable
+// (ErrStoreUnavailable): a database failover takes seconds, and a client
+// that retries sooner only adds load to one coming back.
+const UnavailableRetryAfter = 2
+
 // fail answers err: its own status for an httpError, 422 with the
-// problems for spec.Errors, 500 (logged) otherwise.
+// problems for spec.Errors, 503 with Retry-After (UnavailableRetryAfter)
+// for ErrStoreUnavailable, whatever the call (a write changed nothing
+// and may be retried; a read may be retried), 503 for a call its client
+// gave up, 500 (logged) otherwise. Store outages are logged a line per
+// failurelog interval, not one per call.
 func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var he *httpError
 	var errs spec.Errors
@@ -381,7 +400,15 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, he.status, he.msg, nil)
 	case errors.As(err, &errs):
 		writeError(w, http.StatusUnprocessableEntity, "the change would leave an invalid configuration; nothing was changed", errs)
-	case errors.Is(err, context.Canceled), errors.Is(err, ErrStoreUnavailable):
+	case errors.Is(err, ErrStoreUnavailable):
+		a.outages.Failed(fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, err))
+		what := "nothing was read"
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			what = "nothing was changed"
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(UnavailableRetryAfter))
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the control plane's database is unavailable; %s; retry in a few seconds (%v)", what, err), nil)
+	case errors.Is(err, context.Canceled):
 		writeError(w, http.StatusServiceUnavailable, err.Error(), nil)
 	default:
 		a.o.Log.Error("controlplane: admin call failed", "method", r.Method, "path", r.URL.Path, "err", err)

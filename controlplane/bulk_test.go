@@ -154,12 +154,12 @@ func TestAdminExportImportRoundTrip(t *testing.T) {
 	_, baseB := server(t, controlplane.BoltOptions{}, nil)
 	expect(t, call(t, "POST", baseB+"/api/import", exportA.body), 200, `{"revision":1}`)
 	exportB := call(t, "GET", baseB+"/api/export", "")
-	if want := strings.Replace(exportA.body, `{"revision":10,`, `{"revision":1,`, 1); exportB.body != want {
+	if want := strings.Replace(exportA.body, `{"format_version":1,"revision":10,`, `{"format_version":1,"revision":1,`, 1); exportB.body != want {
 		t.Fatalf("export B differs from export A but for the revision:\n%.600s\nwant\n%.600s", exportB.body, want)
 	}
 
 	// An import replaces everything: what the document lacks is deleted.
-	small := `{"revision":77,"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}}],"apis":[],"keys":[{"key_hash":"` + hash("x") + `","policies":["p"],"quota_epoch":3}]}`
+	small := `{"format_version":1,"revision":77,"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}}],"apis":[],"keys":[{"key_hash":"` + hash("x") + `","policies":["p"],"quota_epoch":3}]}`
 	expect(t, call(t, "POST", baseB+"/api/import", small), 200, `{"revision":2}`)
 	expect(t, call(t, "GET", baseB+"/api/export", ""), 200, strings.Replace(small, `"revision":77`, `"revision":2`, 1))
 	// An invalid document changes nothing, and says where, by position.
@@ -168,11 +168,11 @@ func TestAdminExportImportRoundTrip(t *testing.T) {
 			`{"path":"policies[1].id","problem":"duplicate policy id \"p\" (first at policies[0].id)"},`+
 			`{"path":"keys[0].policies[0]","problem":"unknown policy \"q\""}]}`)
 	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}},{"id":"q","quota":{"max":1,"renewal":"1h"},"rate":{"requests":1,"per":1}}]}`), 422,
-		`{"error":"body has a duration that is not a string; nothing was changed","problems":[{"path":"policies[1].rate.per","problem":"number 1: a duration is a string with its unit, like \"1h\" or \"500ms\""}]}`)
+		`{"error":"the document has objects that cannot be read; nothing was changed","problems":[{"path":"policies[1].rate.per","problem":"number 1: a duration is a string with its unit, like \"1h\" or \"500ms\""}]}`)
 	expect(t, call(t, "GET", baseB+"/api/revision", ""), 200, `{"revision":2}`)
 	// Importing an empty document empties the state.
 	expect(t, call(t, "POST", baseB+"/api/import", `{}`), 200, `{"revision":3}`)
-	expect(t, call(t, "GET", baseB+"/api/export", ""), 200, `{"revision":3,"policies":[],"apis":[],"keys":[]}`)
+	expect(t, call(t, "GET", baseB+"/api/export", ""), 200, `{"format_version":1,"revision":3,"policies":[],"apis":[],"keys":[]}`)
 }
 
 // BenchmarkAdminKeys100k measures 100,000 keys into a new store through

@@ -28,7 +28,17 @@ type HealthOptions struct {
 //	GET /healthz  200 {"ok":true}: the process answers (liveness)
 //	GET /readyz   200 {"ready":true,"revision":N} when the store is open
 //	              and a write transaction commits within Timeout;
-//	              503 {"ready":false,"error":"..."} otherwise
+//	              503 {"ready":false,"error":"..."} otherwise, the error
+//	              saying why: "the store's database is unavailable ..."
+//	              when the store fails with ErrStoreUnavailable (its
+//	              database is down or failing over), "the store does
+//	              not take writes: ..." for any other failure
+//
+// A replica whose database is unavailable is not ready for admin calls,
+// but its sync streams stay open and serve what they were sent: take
+// /readyz out of rotation for the admin port only, not the sync port (a
+// load balancer that drops every replica's sync port during a database
+// outage only makes data planes reconnect, with nothing new to get).
 //
 // The readiness check is an empty Store.Update: it writes nothing and
 // leaves the revision alone, but goes through the store's write path (a
@@ -90,7 +100,10 @@ func (h *health) check(ctx context.Context) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.o.Timeout)
 	defer cancel()
 	h.rev, h.err = h.o.Store.Update(ctx, func(Tx) error { return nil })
-	if h.err != nil {
+	switch {
+	case errors.Is(h.err, ErrStoreUnavailable):
+		h.err = fmt.Errorf("controlplane: the store's database is unavailable (admin calls answer 503 until it returns; open sync streams keep serving what they have): %w", h.err)
+	case h.err != nil:
 		h.err = fmt.Errorf("controlplane: the store does not take writes: %w", h.err)
 	}
 	h.checked = time.Now()

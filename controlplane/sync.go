@@ -155,10 +155,17 @@ type SyncOptions struct {
 //
 //   - the server knows what the gateway runs: the revision of its last
 //     delivery on this stream, or, on connect, the Hello's
-//     last_applied_revision when the server has the digest of that
-//     revision for these tags in its cache (filled by every delivery it
-//     made, on any stream; bounded by DigestCacheEntries; empty after a
-//     restart) and it equals the Hello's digest;
+//     last_applied_revision when the digest of the view of that
+//     revision for these tags equals the Hello's digest. The server
+//     takes that view from its cache (filled by every delivery it made,
+//     on any stream; bounded by DigestCacheEntries) or, when it is not
+//     there (a replica the gateway moved to from another replica of the
+//     same store, or a restarted control plane), computes it from the
+//     store: Select of the current state, digested (once for all the
+//     streams with the same tags that connect meanwhile, and cached),
+//     with the changes after that revision undone. So a gateway that
+//     fails over between replicas gets changes, and its digest is the
+//     same whichever replica it talks to;
 //   - Store.ChangesSince still has the changes after that revision;
 //   - they can be filtered exactly: changes of policies and APIs only
 //     when the tags select every API before, after and in between (the
@@ -176,6 +183,14 @@ type SyncOptions struct {
 // snapshot. DigestReport refreshes LastSeen and NotBuilt (its digest is
 // of the revision as delivered, APIs not built included), and a digest that differs
 // from the one sent for that revision brings a fresh snapshot.
+//
+// When the store's database is unavailable (a read fails with
+// ErrStoreUnavailable), open streams stay open: the gateways keep what
+// they were sent, the failed delivery is tried again every PollInterval
+// (and on every write announced), and the failures are logged a line per
+// failurelog interval. A stream that opens meanwhile is ended with
+// Unavailable when its Hello cannot be answered (the history or the
+// revision cannot be read), and its gateway retries with backoff.
 type SyncServer struct {
 	syncpb.UnimplementedSyncServiceServer
 	o      SyncOptions
@@ -183,6 +198,7 @@ type SyncServer struct {
 	cache  *digestCache
 
 	refusals *failurelog.Log // refused streams, rate-limited
+	outages  *failurelog.Log // reads failed by ErrStoreUnavailable, rate-limited
 	open     atomic.Int64    // open streams
 	pending  atomic.Int64    // streams waiting for their Hello
 
@@ -192,6 +208,9 @@ type SyncServer struct {
 
 	shutdown     chan struct{} // closed by Shutdown
 	shutdownOnce sync.Once
+
+	flightMu sync.Mutex
+	flights  map[string]*flight // current views being computed, by tags
 }
 
 // errShutdown ends streams once Shutdown was called.
@@ -206,6 +225,7 @@ func (s *SyncServer) Shutdown() {
 	s.shutdownOnce.Do(func() {
 		close(s.shutdown)
 		s.refusals.Close()
+		s.outages.Close()
 	})
 }
 
@@ -267,8 +287,9 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &SyncServer{o: o, warn: map[uint64]chan string{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries),
-		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"})}
+	s := &SyncServer{o: o, warn: map[uint64]chan string{}, shutdown: make(chan struct{}), cache: newDigestCache(o.DigestCacheEntries), flights: map[string]*flight{},
+		refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync stream refused"}),
+		outages:  failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: sync: the store's database is unavailable; open streams keep what they were sent"})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -411,6 +432,227 @@ func (c *digestCache) put(tags string, v view) {
 	}
 }
 
+// flight is one computation of a current view (see currentView) that
+// callers wait for.
+type flight struct {
+	done chan struct{}
+	v    view
+	err  error
+}
+
+// currentView returns the view of the store's state at its current
+// revision for tags (named tkey), from the cache or computed from
+// Store.Snapshot: streams with the same tags that need it at once share
+// one computation, and the view is cached.
+func (s *SyncServer) currentView(ctx context.Context, tags []string, tkey string) (view, error) {
+	s.flightMu.Lock()
+	f, ok := s.flights[tkey]
+	if !ok {
+		f = &flight{done: make(chan struct{})}
+		s.flights[tkey] = f
+		s.flightMu.Unlock()
+		// Waiters share the result: a stream that ends does not end it.
+		f.v, f.err = s.computeCurrentView(context.WithoutCancel(ctx), tags, tkey)
+		s.flightMu.Lock()
+		delete(s.flights, tkey)
+		close(f.done)
+	}
+	s.flightMu.Unlock()
+	select {
+	case <-f.done:
+		return f.v, f.err
+	case <-ctx.Done():
+		return view{}, ctx.Err()
+	}
+}
+
+// computeCurrentView reads and digests Select of the state for tags and
+// the rule of that Select, at one revision (read again when a write came
+// in between, up to 3 times).
+func (s *SyncServer) computeCurrentView(ctx context.Context, tags []string, tkey string) (view, error) {
+	for range 3 {
+		rev, err := s.revision(ctx)
+		if err != nil {
+			return view{}, err
+		}
+		if v, ok := s.cache.get(tkey, rev); ok && v.filter != nil {
+			return v, nil
+		}
+		snap, err := s.o.Store.Snapshot(ctx, tags)
+		if err != nil {
+			return view{}, fmt.Errorf("controlplane: sync: read snapshot: %w", err)
+		}
+		var rule *filter
+		err = s.o.Store.View(ctx, func(r Reader) error {
+			if r.Revision() != snap.Revision {
+				return nil
+			}
+			pols, err := r.Policies()
+			if err != nil {
+				return err
+			}
+			apis, err := r.APIs()
+			if err != nil {
+				return err
+			}
+			rule = newFilter(pols, apis, tags)
+			return nil
+		})
+		if err != nil {
+			return view{}, fmt.Errorf("controlplane: sync: read policies and APIs: %w", err)
+		}
+		if rule == nil {
+			continue // written meanwhile
+		}
+		v := view{revision: snap.Revision, digest: protocol.DigesterOf(snap), filter: rule}
+		s.cache.put(tkey, v)
+		return v, nil
+	}
+	return view{}, errors.New("controlplane: sync: the state kept changing while it was read")
+}
+
+// viewAt returns the view of revision rev for tags (named tkey) when the
+// store still can tell it: the current view (currentView) with the
+// changes after rev undone. That is how a replica that did not make a
+// data plane's deliveries (or a restarted control plane) knows what the
+// data plane runs, so a data plane that moves between replicas of one
+// store gets changes, not a snapshot; the data plane's digest must equal
+// the view's for it to be used. It reports false when the view cannot be
+// told: rev is above the store's revision, more than MaxChanges
+// revisions behind, its changes are no longer in the change log, or a
+// policy or API changed since in a view that leaves APIs out (those
+// would bring a snapshot anyway). The view is cached. Errors are the
+// store's, as status errors.
+func (s *SyncServer) viewAt(ctx context.Context, tags []string, tkey string, rev uint64) (view, bool, error) {
+	cur, err := s.currentView(ctx, tags, tkey)
+	if err != nil {
+		s.o.Log.Error("controlplane: sync: read the current view", "err", err)
+		return view{}, false, status.Errorf(codes.Unavailable, "%v", err)
+	}
+	if rev > cur.revision {
+		// A shared computation that started before the data plane got
+		// rev (from another replica): read again.
+		if cur, err = s.computeCurrentView(ctx, tags, tkey); err != nil {
+			s.o.Log.Error("controlplane: sync: read the current view", "err", err)
+			return view{}, false, status.Errorf(codes.Unavailable, "%v", err)
+		}
+	}
+	if rev == cur.revision {
+		return cur, true, nil
+	}
+	if rev > cur.revision || cur.revision-rev > uint64(s.o.MaxChanges) {
+		return view{}, false, nil
+	}
+	changes, err := s.o.Store.ChangesSince(ctx, rev)
+	if errors.Is(err, ErrTooFarBehind) || errors.Is(err, ErrRevisionAhead) {
+		return view{}, false, nil
+	}
+	if err != nil {
+		s.o.Log.Error("controlplane: sync: read changes", "err", err)
+		return view{}, false, status.Errorf(codes.Unavailable, "controlplane: read changes: %v", err)
+	}
+	n := len(changes)
+	for n > 0 && changes[n-1].Revision > cur.revision {
+		n-- // written after the current view was read
+	}
+	changes = changes[:n]
+	if n == 0 || changes[0].Revision != rev+1 || changes[n-1].Revision != cur.revision {
+		return view{}, false, nil
+	}
+	d, ok, err := undoChanges(changes, tags, cur.filter, cur.digest)
+	if err != nil {
+		s.o.Log.Error("controlplane: sync: undo changes", "err", err)
+		return view{}, false, status.Errorf(codes.Internal, "%v", err)
+	}
+	if !ok {
+		return view{}, false, nil
+	}
+	// With policy or API changes the rule is the identity all along
+	// (undoChanges checked every API changed was selected); with key
+	// changes only, the policies and APIs at rev are those now.
+	v := view{revision: rev, digest: d, filter: cur.filter}
+	s.cache.put(tkey, v)
+	return v, true, nil
+}
+
+// undoChanges takes the changes (in order) out of d, the digest state of
+// the view after them, and returns the digest state before them. rule is
+// Select's rule after them. It reports false when the view before them
+// cannot be told from them: a policy or API changed and the tags do not
+// select every API then.
+func undoChanges(changes []Change, tags []string, rule *filter, d protocol.Digester) (protocol.Digester, bool, error) {
+	for i := len(changes) - 1; i >= 0; i-- {
+		c := changes[i]
+		if c.Object != ObjectKey && !rule.identity {
+			return d, false, nil
+		}
+		var err error
+		switch c.Object {
+		case ObjectPolicy:
+			err = undoAsIs(c, d.RemovePolicy, d.AddPolicy)
+		case ObjectAPI:
+			var o, n *spec.API
+			if o, err = decodeOpt[spec.API](c.Old); err == nil {
+				n, err = decodeOpt[spec.API](c.Value)
+			}
+			if err == nil && (o != nil && !Selects(o.Tags, tags) || n != nil && !Selects(n.Tags, tags)) {
+				return d, false, nil
+			}
+			if err == nil {
+				err = undoAsIs(c, d.RemoveAPI, d.AddAPI)
+			}
+		case ObjectKey:
+			if rule.identity {
+				err = undoAsIs(c, d.RemoveKey, d.AddKey)
+				break
+			}
+			var o, n *spec.Key
+			if o, err = decodeOpt[spec.Key](c.Old); err == nil {
+				n, err = decodeOpt[spec.Key](c.Value)
+			}
+			if err != nil {
+				break
+			}
+			if n != nil {
+				if fn, has := rule.key(*n); has {
+					d.RemoveKey(&fn)
+				}
+			}
+			if o != nil {
+				if fo, had := rule.key(*o); had {
+					d.AddKey(&fo)
+				}
+			}
+		default:
+			err = fmt.Errorf("unknown object %q", c.Object)
+		}
+		if err != nil {
+			return d, false, fmt.Errorf("controlplane: sync: undo the change of %s %q at revision %d: %w", c.Object, c.ID, c.Revision, err)
+		}
+	}
+	return d, true, nil
+}
+
+// undoAsIs takes change c out of a digest: removes its new object and
+// adds back its old one.
+func undoAsIs[T any](c Change, remove, add func(*T)) error {
+	o, err := decodeOpt[T](c.Old)
+	if err != nil {
+		return err
+	}
+	n, err := decodeOpt[T](c.Value)
+	if err != nil {
+		return err
+	}
+	if n != nil && c.Op != OpDelete {
+		remove(n)
+	}
+	if o != nil {
+		add(o)
+	}
+	return nil
+}
+
 // sent is a delivery made on a stream.
 type sent struct {
 	seq      uint64 // numbers the stream's deliveries from 1
@@ -521,15 +763,22 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			// Its revisions from now on must not be taken for the lost
 			// ones: a new history.
 			if hist, err = s.o.Store.ForkHistory(ctx, hist); err != nil {
-				s.o.Log.Error("controlplane: sync: fork the history", "err", err)
-				return status.Errorf(codes.Unavailable, "controlplane: fork the history: %v", err)
+				return s.storeFailed("fork the history", err)
 			}
 			s.o.Log.Warn("controlplane: a data plane runs or persisted a revision above the store's in the same history (was the store restored from a copy?); the store takes a new history and sends every data plane a snapshot of it",
 				"gateway", id, "revision", r, "persisted_revision", pr, "store_revision", cur, "history", hist)
 		}
 	}
 	if r > 0 && h.GetDigest() != "" && (st.history == "" || st.history == hist) {
-		if v, ok := s.cache.get(st.tkey, r); ok && v.digest.Digest() == h.GetDigest() {
+		v, ok := s.cache.get(st.tkey, r)
+		if !ok {
+			// Not delivered by this process (a replica the data plane
+			// moved to, or a restart): the view of r from the store.
+			if v, ok, err = s.viewAt(ctx, tags, st.tkey, r); err != nil {
+				return err
+			}
+		}
+		if ok && v.digest.Digest() == h.GetDigest() {
 			st.base = &v
 		}
 	}
@@ -542,18 +791,26 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		poll = t.C
 	}
 	var changed <-chan struct{}
+	// retry fires after a delivery failed for ErrStoreUnavailable: the
+	// stream stays open (the gateway keeps what it runs) and tries again.
+	var retry <-chan time.Time
 	stale := true // the data plane may lack the current revision
 	for first := true; ; first = false {
 		if stale {
 			if watcher != nil {
 				changed = watcher.RevisionChanged()
 			}
-			if err := st.deliver(ctx); err != nil {
+			err := st.deliver(ctx)
+			switch {
+			case errors.Is(err, ErrStoreUnavailable):
+				retry = time.After(s.o.PollInterval)
+			case err != nil:
 				return err
+			default:
+				stale = false
 			}
-			stale = false
 		}
-		if first && len(st.deliveries) == 0 {
+		if first && !stale && len(st.deliveries) == 0 {
 			// The gateway runs the current revision: nothing to send. A
 			// DigestRequest tells it the control plane answered, and its
 			// report confirms the digest.
@@ -568,10 +825,15 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			// Reading the revision is cheap; the state is read only
 			// when it has risen.
 			rev, err := s.revision(ctx)
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrStoreUnavailable):
+				// Keep the stream; the next tick reads again.
+			case err != nil:
 				return err
+			default:
+				stale = rev != st.latest()
 			}
-			stale = rev != st.latest()
+		case <-retry:
 		case m := <-msgs:
 			stale = st.receive(m)
 		case w := <-warnings:
@@ -633,8 +895,7 @@ func (st *syncStream) latest() uint64 {
 func (s *SyncServer) history(ctx context.Context) (string, error) {
 	h, err := s.o.Store.History(ctx)
 	if err != nil {
-		s.o.Log.Error("controlplane: sync: read the history", "err", err)
-		return "", status.Errorf(codes.Unavailable, "controlplane: read the history: %v", err)
+		return "", s.storeFailed("read the history", err)
 	}
 	return h, nil
 }
@@ -644,10 +905,32 @@ func (s *SyncServer) revision(ctx context.Context) (uint64, error) {
 	var rev uint64
 	err := s.o.Store.View(ctx, func(r Reader) error { rev = r.Revision(); return nil })
 	if err != nil {
-		s.o.Log.Error("controlplane: sync: read revision", "err", err)
-		return 0, status.Errorf(codes.Unavailable, "controlplane: read revision: %v", err)
+		return 0, s.storeFailed("read revision", err)
 	}
 	return rev, nil
+}
+
+// storeError is the Unavailable status a stream ends with when the store
+// fails, keeping the store's error for errors.Is (ErrStoreUnavailable).
+type storeError struct {
+	st  *status.Status
+	err error
+}
+
+func (e *storeError) Error() string              { return e.st.Err().Error() }
+func (e *storeError) GRPCStatus() *status.Status { return e.st }
+func (e *storeError) Unwrap() error              { return e.err }
+
+// storeFailed logs a failed store read (rate-limited when the store's
+// database is unavailable: every open stream meets it) and returns it as
+// an Unavailable status.
+func (s *SyncServer) storeFailed(what string, err error) error {
+	if errors.Is(err, ErrStoreUnavailable) {
+		s.outages.Failed(fmt.Errorf("%s: %w", what, err))
+	} else {
+		s.o.Log.Error("controlplane: sync: "+what, "err", err)
+	}
+	return &storeError{status.Newf(codes.Unavailable, "controlplane: %s: %v", what, err), err}
 }
 
 // deliver brings the gateway to the store's revision: Changes when it
@@ -666,8 +949,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 	if st.base != nil && !force {
 		ch, next, why, err := s.planChanges(ctx, st.tags, *st.base)
 		if err != nil {
-			s.o.Log.Error("controlplane: sync: read changes", "err", err)
-			return status.Errorf(codes.Unavailable, "controlplane: read changes: %v", err)
+			return s.storeFailed("read changes", err)
 		}
 		if why == "" {
 			if ch != nil {
@@ -703,8 +985,7 @@ func (st *syncStream) deliver(ctx context.Context) error {
 		return status.Errorf(codes.Internal, "%v", err)
 	}
 	if err != nil {
-		s.o.Log.Error("controlplane: sync: read snapshot", "err", err)
-		return status.Errorf(codes.Unavailable, "controlplane: read snapshot: %v", err)
+		return s.storeFailed("read snapshot", err)
 	}
 	chunks[len(chunks)-1].History = hist
 	for _, c := range chunks {

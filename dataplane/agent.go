@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -122,7 +123,24 @@ type AgentOptions struct {
 	// meanwhile.
 	Target Target
 	// Address is the control plane's sync address, "host:port" (a gRPC
-	// target); required unless Conn is set.
+	// target; a host name is resolved by gRPC's dns resolver), or the
+	// addresses of several replicas of one control plane (processes on
+	// one shared store) as a comma-separated list,
+	// "cp1.example:7071,cp2.example:7071" (spaces around the commas are
+	// ignored; an empty part is an error). Required unless Conn is set.
+	//
+	// Failover: each attempt dials one address of the list, the first
+	// chosen at random (gateways spread over the replicas), then the
+	// next one after each stream that ends, whatever ended it (the
+	// replica shut down, refused the connection, was killed, or stopped
+	// answering keepalive pings): the delay between attempts is the
+	// Backoff, as with one address. A host name with several A/AAAA
+	// records is one address whose records gRPC tries in a shuffled
+	// order (pick_first with shuffleAddressList), moving to the next
+	// record when one refuses or does not answer within the connect
+	// timeout. The agent's Hello carries the revision and digest it runs,
+	// and a replica of the same store continues from them with changes
+	// (see controlplane.SyncServer), so a failover costs no snapshot.
 	Address string
 	// TLS, when set, secures the connection (a client certificate in it
 	// makes it mutual TLS); nil means plaintext, which the gateway's
@@ -243,6 +261,10 @@ type Status struct {
 	Reconnects uint64 `json:"reconnects"`
 	// Deliveries counts deliveries by kind and outcome.
 	Deliveries Deliveries `json:"deliveries"`
+	// Address is the part of AgentOptions.Address the latest stream was
+	// opened to (with several replicas: the one the agent is on, or
+	// trying); "" before the first attempt and with AgentOptions.Conn.
+	Address string `json:"address,omitempty"`
 }
 
 // NotReady returns why the gateway must not be taken as ready because of
@@ -273,6 +295,10 @@ type Agent struct {
 	o   AgentOptions
 	g   Target
 	log *slog.Logger
+	// addrs are the parts of AgentOptions.Address, in order; next is
+	// the index of the one the next attempt dials (connectLoop's only).
+	addrs []string
+	next  int
 
 	// applyMu serialises every change the agent makes to the gateway
 	// and to cur.
@@ -314,8 +340,8 @@ type running struct {
 }
 
 // New checks opts and returns an Agent. It fails when Gateway is nil,
-// neither Address nor Conn is set, or Group or Token is empty, or
-// OnStale is unknown.
+// neither Address nor Conn is set, a part of a comma-separated Address
+// is empty, or Group or Token is empty, or OnStale is unknown.
 func New(opts AgentOptions) (*Agent, error) {
 	switch {
 	case opts.Target == nil:
@@ -336,6 +362,10 @@ func New(opts AgentOptions) (*Agent, error) {
 	}
 	if opts.MaxStale < 0 {
 		return nil, fmt.Errorf("dataplane: MaxStale %v is negative", opts.MaxStale)
+	}
+	addrs, err := splitAddresses(opts.Address)
+	if err != nil && opts.Conn == nil {
+		return nil, err
 	}
 	if opts.GatewayID == "" {
 		host, _ := os.Hostname()
@@ -388,7 +418,24 @@ func New(opts AgentOptions) (*Agent, error) {
 		applied: make(chan struct{}), saveNext: make(chan struct{}, 1), accepted: make(chan struct{}, 1), contactKick: make(chan struct{}, 1)}
 	a.cur.source = "none"
 	a.st = Status{State: "connecting", Source: "none", Digest: protocol.Digest(nil)}
+	a.addrs = addrs
+	if len(addrs) > 1 {
+		a.next = rand.IntN(len(addrs))
+	}
 	return a, nil
+}
+
+// splitAddresses returns the parts of a comma-separated Address, spaces
+// around them trimmed; it fails on an empty part.
+func splitAddresses(address string) ([]string, error) {
+	parts := strings.Split(address, ",")
+	for i, p := range parts {
+		parts[i] = strings.TrimSpace(p)
+		if parts[i] == "" {
+			return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d is empty (want host:port, or host:port,host:port,…)", address, i+1)
+		}
+	}
+	return parts, nil
 }
 
 // GatewayID returns the gateway's id as sent in Hello.
@@ -428,9 +475,9 @@ func (a *Agent) statusLocked(now time.Time) Status {
 // persists each applied configuration in the background, applies the
 // persisted one when nothing came within StartTimeout, and enforces
 // OnStale. It returns nil once ctx is done and every goroutine it started
-// has ended. It fails at once when called a second time or when Address
-// cannot be dialled (a malformed target; an unreachable control plane is
-// retried, never an error).
+// has ended. It fails at once when called a second time or when a part
+// of Address cannot be dialled (a malformed target; an unreachable
+// control plane is retried, never an error).
 func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	if a.running {
@@ -444,13 +491,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	connect := func() (grpc.ClientConnInterface, func(), error) { return a.o.Conn, func() {}, nil }
 	if a.o.Conn == nil {
 		// A malformed target fails now; each attempt dials anew.
-		cc, err := a.dial()
-		if err != nil {
+		if err := a.checkAddresses(); err != nil {
 			return err
 		}
-		cc.Close()
 		connect = func() (grpc.ClientConnInterface, func(), error) {
-			cc, err := a.dial()
+			// One address per attempt, the next one each time: a lost
+			// replica is left for another.
+			addr := a.addrs[a.next]
+			a.next = (a.next + 1) % len(a.addrs)
+			a.mu.Lock()
+			a.st.Address = addr
+			a.mu.Unlock()
+			cc, err := a.dial(addr)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -477,8 +529,27 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// dial makes the client connection to Address.
-func (a *Agent) dial() (*grpc.ClientConn, error) {
+// checkAddresses fails when a part of Address is not a target gRPC can
+// dial (it connects to none).
+func (a *Agent) checkAddresses() error {
+	for _, addr := range a.addrs {
+		cc, err := a.dial(addr)
+		if err != nil {
+			return err
+		}
+		cc.Close()
+	}
+	return nil
+}
+
+// pickFirstShuffled is the connection's service config: a target that
+// resolves to several addresses (a DNS name with several records) is
+// tried in a random order, so gateways spread over its replicas and a
+// lost one is not always tried first.
+const pickFirstShuffled = `{"loadBalancingConfig":[{"pick_first":{"shuffleAddressList":true}}]}`
+
+// dial makes the client connection to addr, one part of Address.
+func (a *Agent) dial(addr string) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if a.o.TLS != nil {
 		creds = credentials.NewTLS(a.o.TLS)
@@ -497,11 +568,12 @@ func (a *Agent) dial() (*grpc.ClientConn, error) {
 			// bounds a hanging one.
 			MinConnectTimeout: 5 * time.Second,
 		}),
+		grpc.WithDefaultServiceConfig(pickFirstShuffled),
 	}
 	opts = append(opts, a.o.DialOptions...)
-	cc, err := grpc.NewClient(a.o.Address, opts...)
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("dataplane: dial %s: %w", a.o.Address, err)
+		return nil, fmt.Errorf("dataplane: dial %s: %w", addr, err)
 	}
 	return cc, nil
 }

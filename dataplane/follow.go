@@ -29,7 +29,9 @@ import (
 // data-plane member is (as AgentOptions), and how the member enforces
 // (as live.Options).
 type FollowOptions struct {
-	// Address is the control plane's sync address, "host:port";
+	// Address is the control plane's sync address, "host:port", or
+	// several replicas' as a comma-separated list (AgentOptions.Address
+	// says how the member fails over between them);
 	// required.
 	Address string
 	// TLS secures the connection (AgentOptions.TLS); nil means
@@ -203,12 +205,10 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 		return nil, err // New's errors name the option
 	}
 	f.agent = a
-	if cc, err := a.dial(); err != nil {
+	if err := a.checkAddresses(); err != nil {
 		// A malformed target (Run would stop at once).
 		f.closeAll()
 		return nil, fmt.Errorf("dataplane: FollowOptions.Address %q: %w", opts.Address, err)
-	} else {
-		cc.Close()
 	}
 	if !opts.DisableDecisionMetrics {
 		f.registry.MustRegister(decisions)

@@ -192,12 +192,12 @@ func TestAgentStatusJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "connected", func() bool { return a.Status().State == "connected" })
-	if got, want := js(), `{"state":"connected","applied_revision":0,"digest":"`+empty+`","history":"","source":"none","last_contact":"2026-01-02T03:04:05Z","staleness_seconds":0,"stale":false,"last_error":"","persisted_revision":0,"reconnects":2,`+deliveries+`}`; got != want {
+	if got, want := js(), `{"state":"connected","applied_revision":0,"digest":"`+empty+`","history":"","source":"none","last_contact":"2026-01-02T03:04:05Z","staleness_seconds":0,"stale":false,"last_error":"","persisted_revision":0,"reconnects":2,`+deliveries+`,"address":"`+addr+`"}`; got != want {
 		t.Fatalf("connected, nothing applied:\n got %s\nwant %s", got, want)
 	}
 	s.sendSnapshot(t, snapshot(1), "snap-1")
 	s.wantAck(t, 1, "snap-1")
-	want := `{"state":"connected","applied_revision":1,"digest":"` + protocol.Digest(snapshot(1)) + `","history":"","source":"control_plane","last_contact":"2026-01-02T03:04:05Z","staleness_seconds":0,"stale":false,"last_error":"","persisted_revision":0,"reconnects":2,"deliveries":{"snapshots_applied":1,"snapshots_rejected":0,"changes_applied":0,"changes_rejected":0}}`
+	want := `{"state":"connected","applied_revision":1,"digest":"` + protocol.Digest(snapshot(1)) + `","history":"","source":"control_plane","last_contact":"2026-01-02T03:04:05Z","staleness_seconds":0,"stale":false,"last_error":"","persisted_revision":0,"reconnects":2,"deliveries":{"snapshots_applied":1,"snapshots_rejected":0,"changes_applied":0,"changes_rejected":0},"address":"` + addr + `"}`
 	if got := js(); got != want {
 		t.Fatalf("connected:\n got %s\nwant %s", got, want)
 	}

@@ -3,7 +3,9 @@ package redisbench
 import (
 	"context"
 	"math/bits"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // concurrency is the number of goroutines calling at once in the
@@ -38,7 +41,13 @@ var benchLimit = limit{perSec: 1_000_000, burst: 1_000_000}
 // decisions/s is b.N over the timed wall-clock time; p50-µs and p99-µs are
 // the median and 99th percentile of one call's latency (from a histogram
 // with 1/32-octave buckets, so within 3 %); B/op and allocs/op are the
-// whole process's (the batching included), divided by b.N.
+// whole process's (the batching included), divided by b.N. redis-cpu-µs
+// is the redis-server process's CPU time (user + system, from INFO cpu)
+// per decision over the timed part, and redis-cmd-µs the time Redis
+// itself reports for the commands the limiter sent (INFO commandstats:
+// PING, EVAL, EVALSHA and the like, each with the Redis calls of its
+// script inside; without reading, parsing and replying), per decision: the
+// script's own cost.
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b) // one server for every limiter in this run
 	type workload struct {
@@ -60,13 +69,13 @@ func BenchmarkRedis(b *testing.B) {
 		b.Run(w.name, func(b *testing.B) {
 			b.Run("PING", func(b *testing.B) {
 				c := client(b, srv)
-				runConcurrent(b, w.procs, keys, func(ctx context.Context, _ string) (bool, error) {
+				runConcurrent(b, srv, w.procs, keys, func(ctx context.Context, _ string) (bool, error) {
 					return true, c.Ping(ctx).Err()
 				})
 			})
 			for _, ct := range contenders {
 				b.Run(ct.name, func(b *testing.B) {
-					runConcurrent(b, w.procs, keys, ct.build(b, srv, benchLimit, redisstore.Options{}))
+					runConcurrent(b, srv, w.procs, keys, ct.build(b, srv, benchLimit, redisstore.Options{}))
 				})
 			}
 		})
@@ -119,7 +128,7 @@ func (h *histogram) quantile(q float64) time.Duration {
 // work. The goroutines, their histograms and the client's connections
 // exist before the timer starts, so they count in neither the time nor the
 // allocations.
-func runConcurrent(b *testing.B, procs int, keys []string, allow allowFunc) {
+func runConcurrent(b *testing.B, srv *redistest.Server, procs int, keys []string, allow allowFunc) {
 	var next, denied, failed, warmFailed atomic.Int64
 	var firstErr atomic.Value
 	hists := make([]histogram, procs)
@@ -156,11 +165,14 @@ func runConcurrent(b *testing.B, procs int, keys []string, allow allowFunc) {
 		}()
 	}
 	ready.Wait()
+	admin := srv.Client(b, &redis.Options{PoolSize: 1})
+	before := serverStats(b, admin)
 	b.ReportAllocs()
 	b.ResetTimer()
 	close(start)
 	wg.Wait()
 	b.StopTimer()
+	after := serverStats(b, admin)
 	var all histogram
 	for i := range hists {
 		for j, c := range hists[i] {
@@ -170,10 +182,61 @@ func runConcurrent(b *testing.B, procs int, keys []string, allow allowFunc) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	b.ReportMetric(float64(all.quantile(0.50))/1e3, "p50-µs")
 	b.ReportMetric(float64(all.quantile(0.99))/1e3, "p99-µs")
+	b.ReportMetric((after.cpu-before.cpu)/float64(b.N), "redis-cpu-µs")
+	b.ReportMetric((after.cmd-before.cmd)/float64(b.N), "redis-cmd-µs")
 	if n, w := failed.Load(), warmFailed.Load(); n+w > 0 {
 		b.Fatalf("%d of %d calls and %d of %d untimed first calls failed, first: %v", n, b.N, w, procs, firstErr.Load())
 	}
 	if n := denied.Load(); n > 0 {
 		b.Fatalf("%d of %d calls denied; the benchmark limit must admit all", n, b.N)
 	}
+}
+
+// redisStats is what serverStats reads: the server's CPU time so far and
+// the time its limiter commands took, both in µs.
+type redisStats struct{ cpu, cmd float64 }
+
+// limiterCommands are the commands a limiter's call sends (INFO
+// commandstats names); the Redis calls inside a script are counted in
+// its EVAL or EVALSHA (and again under their own names, left out here).
+var limiterCommands = []string{"ping", "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
+
+// serverStats reads INFO cpu and commandstats from c's server.
+func serverStats(tb testing.TB, c *redis.Client) redisStats {
+	tb.Helper()
+	info, err := c.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("INFO: %v", err)
+	}
+	var st redisStats
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		name, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_sys", "used_cpu_user":
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				tb.Fatalf("INFO %s: %v", line, err)
+			}
+			st.cpu += f * 1e6
+			continue
+		}
+		cmd, ok := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !slices.Contains(limiterCommands, cmd) {
+			continue
+		}
+		for _, f := range strings.Split(val, ",") {
+			if u, ok := strings.CutPrefix(f, "usec="); ok {
+				x, err := strconv.ParseFloat(u, 64)
+				if err != nil {
+					tb.Fatalf("INFO %s: %v", line, err)
+				}
+				st.cmd += x
+			}
+		}
+	}
+	return st
 }

@@ -4,6 +4,8 @@
 // store, against one throwaway redis-server started by the tests, next to a
 // plain PING loop: the one-round-trip ceiling. Everything is in the _test.go
 // files: server_test.go starts and stops the server, bench_test.go has the
-// throughput benchmarks and overshoot_test.go the accuracy test. The numbers
+// throughput benchmarks, rounds_test.go the same workloads interleaved in
+// short slices per round for a noisy machine (BenchmarkRedisRounds), and
+// overshoot_test.go the accuracy test. The numbers
 // and how to reproduce them are in ../README.md, "Redis store vs peers".
 package redisbench

@@ -15,7 +15,9 @@
 //	-admin-tls-cert FILE   LP_CP_ADMIN_TLS_CERT TLS on the admin API (with -admin-tls-key)
 //	-admin-tls-key FILE    LP_CP_ADMIN_TLS_KEY
 //	-admin-insecure        LP_CP_ADMIN_INSECURE plaintext admin API on an address other than loopback
-//	-data FILE             LP_CP_DATA          (controlplane.db)
+//	-data FILE             LP_CP_DATA          (controlplane.db) the bbolt file of the state
+//	-store URL             LP_CP_STORE         a postgres:// or postgresql:// URL: the state in PostgreSQL instead
+//	-store-password-file FILE LP_CP_STORE_PASSWORD_FILE; or the password itself in LP_CP_STORE_PASSWORD
 //	-admin-token-file FILE LP_CP_ADMIN_TOKEN_FILE; or the token itself in LP_CP_ADMIN_TOKEN
 //	-change-log N          revisions kept in the change log (10000)
 //	-sync-listen ADDR      LP_CP_SYNC_LISTEN   (127.0.0.1:7071)
@@ -82,6 +84,18 @@
 // sync streams are ended with Unavailable (gateways reconnect with
 // backoff), the gRPC server stops (at most 5s), admin calls in flight
 // finish (at most 10s), and the file is closed.
+//
+// PostgreSQL: with -store postgres://user@host:5432/db (or postgresql://)
+// the state lives in that database instead of the -data file
+// (controlplane.Postgres), and any number of control planes may share it:
+// each serves the admin API and the sync port, a write through one
+// reaches the data planes of every other within milliseconds
+// (LISTEN/NOTIFY, with a poll every second as a backstop). The program
+// creates and migrates the schema, and refuses a database whose schema is
+// newer than it knows. Give the password in -store-password-file or
+// LP_CP_STORE_PASSWORD rather than in the URL; the URL is shown (banner,
+// errors) without its password either way. While the database is
+// unreachable, admin writes answer 503 and the sync streams stay open.
 package main
 
 import (
@@ -364,7 +378,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	fs.BoolVar(&ac.insecure, "admin-insecure", adminInsecureDefault, "serve the admin API in plaintext on an address other than loopback (env LP_CP_ADMIN_INSECURE)")
-	data := fs.String("data", or("LP_CP_DATA", "controlplane.db"), "bbolt data `file` (env LP_CP_DATA)")
+	data := fs.String("data", or("LP_CP_DATA", "controlplane.db"), "bbolt data `file` (env LP_CP_DATA); unused with a PostgreSQL -store")
+	storeURL := fs.String("store", getenv("LP_CP_STORE"), "PostgreSQL `URL` (postgres://user@host:5432/db): keep the state there instead of the -data file (env LP_CP_STORE)")
+	storePasswordFile := fs.String("store-password-file", getenv("LP_CP_STORE_PASSWORD_FILE"), "`file` holding the PostgreSQL password (env LP_CP_STORE_PASSWORD_FILE; or the password in LP_CP_STORE_PASSWORD)")
 	tokenFile := fs.String("admin-token-file", getenv("LP_CP_ADMIN_TOKEN_FILE"), "`file` holding the admin bearer token (env LP_CP_ADMIN_TOKEN_FILE; or the token in LP_CP_ADMIN_TOKEN)")
 	changeLog := fs.Int("change-log", controlplane.DefaultChangeLogRevisions, "revisions kept in the change log")
 	var sc syncConfig
@@ -417,6 +433,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if fs.NArg() > 0 {
 		return &usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
+	if *storeURL != "" && !isPostgresURL(*storeURL) {
+		return &usageError{fmt.Errorf("-store %s: want a postgres:// or postgresql:// URL (leave -store out to keep the state in the -data file)", controlplane.RedactURL(*storeURL))}
+	}
 	token := getenv("LP_CP_ADMIN_TOKEN")
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
@@ -457,7 +476,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	store, err := controlplane.OpenBolt(*data, controlplane.BoltOptions{ChangeLogRevisions: *changeLog})
+	store, where, err := openStore(ctx, *storeURL, *storePasswordFile, *data, *changeLog, getenv)
 	if err != nil {
 		return err
 	}
@@ -545,7 +564,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"  GET /healthz, /readyz, /metrics without the token;\n"+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys:batch, /api/keys/{hash}/reset-quota;\n"+
 		"  GET /api/export, POST /api/import (the whole state);\n"+
-		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), *data, rev)
+		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), where, rev)
 
 	var failed error
 	httpDone := false
@@ -584,4 +603,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		failed = err
 	}
 	return failed
+}
+
+// isPostgresURL reports whether store is a PostgreSQL URL.
+func isPostgresURL(store string) bool {
+	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
+}
+
+// openStore opens the PostgreSQL store of storeURL when it is one (the
+// password from passwordFile, else LP_CP_STORE_PASSWORD, else the URL),
+// the bbolt file data otherwise. It returns the store and what to call
+// it in the banner: the file, or the URL without its password.
+func openStore(ctx context.Context, storeURL, passwordFile, data string, changeLog int, getenv func(string) string) (controlplane.Store, string, error) {
+	if !isPostgresURL(storeURL) {
+		s, err := controlplane.OpenBolt(data, controlplane.BoltOptions{ChangeLogRevisions: changeLog})
+		return s, data, err
+	}
+	password := getenv("LP_CP_STORE_PASSWORD")
+	if passwordFile != "" {
+		b, err := os.ReadFile(passwordFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("store password: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	where := "postgres " + controlplane.RedactURL(storeURL)
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s, err := controlplane.OpenPostgres(octx, storeURL, controlplane.PostgresOptions{Password: password, ChangeLogRevisions: changeLog})
+	if err != nil {
+		return nil, "", fmt.Errorf("store %s: %w", controlplane.RedactURL(storeURL), err)
+	}
+	return s, where, nil
 }

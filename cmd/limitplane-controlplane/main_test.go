@@ -331,7 +331,7 @@ func TestExportImportBetweenPrograms(t *testing.T) {
 		}
 	}
 	st, exportA := do(t, "GET", a.base+"/api/export", "")
-	if st != 200 || !strings.HasPrefix(exportA, `{"revision":4,"policies":[{"id":"gold",`) {
+	if st != 200 || !strings.HasPrefix(exportA, `{"format_version":1,"revision":4,"policies":[{"id":"gold",`) {
 		t.Fatal(st, exportA)
 	}
 	b := start(t, "-data", filepath.Join(t.TempDir(), "b.db"))
@@ -339,7 +339,7 @@ func TestExportImportBetweenPrograms(t *testing.T) {
 		t.Fatal(st, body)
 	}
 	st, exportB := do(t, "GET", b.base+"/api/export", "")
-	if want := strings.Replace(exportA, `{"revision":4,`, `{"revision":1,`, 1); st != 200 || exportB != want {
+	if want := strings.Replace(exportA, `"revision":4,`, `"revision":1,`, 1); st != 200 || exportB != want {
 		t.Fatalf("export B:\n%s\nwant\n%s", exportB, want)
 	}
 	h := identity.HashKey("k1").String()

@@ -71,9 +71,15 @@ func dataPlanesFile(t *testing.T, dir string) string {
 // loopback port, dp1's and dp2's tokens, and args.
 func startSync(t *testing.T, args ...string) *process {
 	t.Helper()
+	return startSyncEnv(t, nil, args...)
+}
+
+// startSyncEnv is startSync with more environment variables.
+func startSyncEnv(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
 	dir := t.TempDir()
 	args = append([]string{"-data", filepath.Join(dir, "cp.db"), "-dataplanes", dataPlanesFile(t, dir), "-sync-listen", "127.0.0.1:0"}, args...)
-	p := startEnv(t, []string{"LP_TEST_DP1_TOKEN=" + dp1Token}, args...)
+	p := startEnv(t, append([]string{"LP_TEST_DP1_TOKEN=" + dp1Token}, env...), args...)
 	if p.sync == "" {
 		t.Fatalf("no sync line in the banner:\n%s", p.whole)
 	}

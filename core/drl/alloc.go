@@ -127,22 +127,22 @@ type AllocatorOptions struct {
 
 func (o AllocatorOptions) withDefaults() AllocatorOptions {
 	if o.MaxGateways <= 0 {
-		o.MaxGateways = 32
+		o.MaxGateways = DefaultMaxGateways
 	}
 	switch {
 	case o.JoinReserve == 0:
-		o.JoinReserve = 1
+		o.JoinReserve = DefaultJoinReserve
 	case o.JoinReserve < 0:
 		o.JoinReserve = 0
 	}
 	switch {
 	case o.Headroom == 0:
-		o.Headroom = 0.02
+		o.Headroom = DefaultHeadroom
 	case o.Headroom < 0 || math.IsNaN(o.Headroom):
 		o.Headroom = 0
 	}
 	if o.Interval <= 0 {
-		o.Interval = time.Second
+		o.Interval = DefaultInterval
 	}
 	if o.Forget <= 0 {
 		o.Forget = 30 * o.Interval

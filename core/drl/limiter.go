@@ -37,13 +37,13 @@ type LimiterOptions struct {
 
 func (o LimiterOptions) withDefaults() LimiterOptions {
 	if o.MaxGateways <= 0 {
-		o.MaxGateways = 32
+		o.MaxGateways = DefaultMaxGateways
 	}
 	if !(o.MinFloorRate > 0) {
 		o.MinFloorRate = 1
 	}
 	if o.Interval <= 0 {
-		o.Interval = time.Second
+		o.Interval = DefaultInterval
 	}
 	if o.MaxKeys <= 0 {
 		o.MaxKeys = 10000

@@ -17,6 +17,23 @@ import (
 	"github.com/limitplane/limitplane/core"
 )
 
+// The defaults of Options (and of the gateway file's drl section).
+const (
+	// DefaultGroup is the group of a gateway that names none.
+	DefaultGroup = "default"
+	// DefaultInterval is H, the period of demand reports and allocations.
+	DefaultInterval = time.Second
+	// DefaultMaxGateways is the number of gateways a distributed limit is
+	// safe for: each gateway's floor is limit / MaxGateways.
+	DefaultMaxGateways = 32
+	// DefaultJoinReserve is the number of floors kept free for gateways
+	// that join between two tables.
+	DefaultJoinReserve = 1
+	// DefaultHeadroom is the share above smoothed demand given to a
+	// gateway that is not saturated, as a fraction (0.02 = 2 %).
+	DefaultHeadroom = 0.02
+)
+
 // Options configure a Store. The zero value is usable (with New's
 // required arguments); every gateway of a group must use the same
 // Interval, MaxGateways and MinFloorRate.
@@ -150,7 +167,7 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, sm seam
 		return nil, errors.New("drl: New: nil exact store")
 	}
 	if o.Group == "" {
-		o.Group = "default"
+		o.Group = DefaultGroup
 	}
 	if strings.ContainsAny(o.Group, "{}") {
 		return nil, fmt.Errorf("drl: New: group %q contains '{' or '}'", o.Group)
@@ -159,7 +176,7 @@ func newStore(client redis.UniversalClient, exact core.Store, o Options, sm seam
 		return nil, fmt.Errorf("drl: New: interval %v is negative", o.Interval)
 	}
 	if o.Interval == 0 {
-		o.Interval = time.Second
+		o.Interval = DefaultInterval
 	}
 	if o.Interval < time.Millisecond {
 		return nil, fmt.Errorf("drl: New: interval %v is below 1ms", o.Interval)

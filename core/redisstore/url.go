@@ -1,9 +1,12 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,10 +46,10 @@ import (
 // Sentinel forms, the only ones go-redis parses it for) dialer_retries,
 // keeps its own value.
 func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
-	scheme, rest, ok := strings.Cut(rawURL, "://")
-	if !ok {
-		return nil, fmt.Errorf("redisstore: store URL %q has no scheme", RedactURL(rawURL))
+	if err := CheckURL(rawURL); err != nil {
+		return nil, err
 	}
+	scheme, rest, _ := strings.Cut(rawURL, "://") // CheckURL found one
 	// Schemes are case-insensitive (RFC 3986 §3.1); go-redis wants them
 	// lower-case.
 	scheme = strings.ToLower(scheme)
@@ -97,6 +100,118 @@ func NewClientFromURL(rawURL string) (redis.UniversalClient, error) {
 		return redis.NewFailoverClient(o), nil
 	}
 	return nil, fmt.Errorf("redisstore: store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", RedactURL(rawURL), scheme)
+}
+
+// URLError is what CheckURL finds wrong with a store URL.
+type URLError struct {
+	// Problem says what is wrong, quoting the URL with its password
+	// replaced by "xxxxx" (RedactURL).
+	Problem string
+}
+
+// Error returns the problem with the package's prefix.
+func (e *URLError) Error() string { return "redisstore: " + e.Problem }
+
+// urlProblem returns a URLError.
+func urlProblem(format string, args ...any) error {
+	return &URLError{Problem: fmt.Sprintf(format, args...)}
+}
+
+// CheckURL reports, as a *URLError, why rawURL is not a store URL
+// NewClientFromURL can use, as far as that needs no connection: its
+// scheme (in any case), that it parses, names a socket path (unix://) or
+// hosts with ports from 1 to 65535, the master's name (the Sentinel
+// forms), a pool_size go-redis would not panic on, and go-redis's own
+// option parsing for the one-server forms. NewClientFromURL checks with it
+// first; a configuration loader calls it to report the URL's problems
+// before anything starts.
+func CheckURL(rawURL string) error {
+	shown := RedactURL(rawURL)
+	scheme := Scheme(rawURL)
+	if scheme == "" {
+		given, _, ok := strings.Cut(rawURL, "://")
+		if !ok {
+			return urlProblem("store URL %q has no scheme", shown)
+		}
+		return urlProblem("store URL %q: unknown scheme %q (want redis, rediss, unix, redis+cluster, redis+sentinel)", shown, strings.ToLower(given))
+	}
+	client := scheme + rawURL[len(scheme):]
+	u, err := url.Parse(client)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		if shown != rawURL {
+			// The parser's reason may quote part of the password.
+			return urlProblem("%q is not a URL", shown)
+		}
+		return urlProblem("%q is not a URL: %v", rawURL, err)
+	}
+	switch {
+	case scheme == "unix" && u.Path == "":
+		return urlProblem("%q names no socket path (like unix:///run/redis.sock)", shown)
+	case scheme != "unix" && strings.Trim(u.Host, ",") == "":
+		return urlProblem("%q names no host", shown)
+	case strings.HasSuffix(scheme, "+sentinel") && u.User.Username() == "":
+		return urlProblem("%q needs the master's name: redis+sentinel://master@host:26379,...", shown)
+	}
+	if scheme != "unix" {
+		for _, h := range strings.Split(u.Host, ",") {
+			if port, ok := hostPort(h); ok && !validPort(port) {
+				return urlProblem("host %q: port %q is not a number from 1 to 65535", h, port)
+			}
+		}
+	}
+	if ps, ok := u.Query()["pool_size"]; ok {
+		if n, err := strconv.Atoi(ps[0]); err != nil || n < 0 || n > math.MaxInt32 {
+			return urlProblem("pool_size=%s: want 0 (go-redis's default) to %d", ps[0], math.MaxInt32)
+		}
+	}
+	if scheme == "redis" || scheme == "rediss" || scheme == "unix" {
+		if _, err := redis.ParseURL(client); err != nil {
+			return urlProblem("%s", strings.TrimPrefix(err.Error(), "redis: "))
+		}
+	}
+	return nil
+}
+
+// schemes are the URL schemes NewClientFromURL takes.
+var schemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
+
+// Scheme returns rawURL's scheme in lower case when it is one of a store
+// URL (see NewClientFromURL), else "". Schemes are case-insensitive
+// (RFC 3986 §3.1).
+func Scheme(rawURL string) string {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	for _, s := range schemes {
+		if ok && strings.EqualFold(scheme, s) {
+			return s
+		}
+	}
+	return ""
+}
+
+// hostPort returns the port of one host of a store URL's host list
+// ("host:port", "[v6]:port"), and whether it names one. An IPv6 address
+// without brackets names none. An empty port ("host:") is go-redis's
+// default port and passes.
+func hostPort(h string) (string, bool) {
+	if strings.HasPrefix(h, "[") {
+		_, port, ok := strings.Cut(h, "]:")
+		return port, ok && port != ""
+	}
+	if strings.Count(h, ":") != 1 {
+		return "", false
+	}
+	_, port, _ := strings.Cut(h, ":")
+	return port, port != ""
+}
+
+// validPort reports whether port is a decimal TCP port, 1 to 65535.
+func validPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535 && strings.TrimLeft(port, "0123456789") == ""
 }
 
 // failFast sets the dial and retry options that make a refused connection

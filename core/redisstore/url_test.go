@@ -179,3 +179,48 @@ func TestNewClientFromURLKeepsRetryOptions(t *testing.T) {
 		fc.Close()
 	}
 }
+
+// TestCheckURL: each problem CheckURL finds, as NewClientFromURL returns
+// it too, the password hidden.
+func TestCheckURL(t *testing.T) {
+	cases := map[string]string{
+		"redis://r:6379/0":                 "",
+		"REDIS://h1":                       "",
+		"redis+sentinel://m@s1,s2:26380/2": "",
+		"h:1":                              `store URL "h:1" has no scheme`,
+		"http://u:pw@r:6379":               `store URL "http://u:xxxxx@r:6379": unknown scheme "http" (want redis, rediss, unix, redis+cluster, redis+sentinel)`,
+		"redis://r:port":                   `"redis://r:port" is not a URL: invalid port ":port" after host`,
+		"REDIS://:pw@r:port":               `"REDIS://:xxxxx@r:port" is not a URL`,
+		"unix://":                          `"unix://" names no socket path (like unix:///run/redis.sock)`,
+		"redis+cluster://,":                `"redis+cluster://," names no host`,
+		"redis+sentinel://:pw@s1":          `"redis+sentinel://:xxxxx@s1" needs the master's name: redis+sentinel://master@host:26379,...`,
+		"redis+cluster://a:1,b:0":          `host "b:0": port "0" is not a number from 1 to 65535`,
+		"redis+cluster://a,b?pool_size=-1": `pool_size=-1: want 0 (go-redis's default) to 2147483647`,
+		"redis://:secret@r:6379?pool=3":    `unexpected option: pool`,
+	}
+	for in, want := range map[string]string{"REDIS+Cluster://a": "redis+cluster", "rediss://a": "rediss", "http://a": "", "redis:a": ""} {
+		if got := Scheme(in); got != want {
+			t.Errorf("Scheme(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for in, want := range cases {
+		err := CheckURL(in)
+		var ue *URLError
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("CheckURL(%q) = %v, want nil", in, err)
+		case want == "":
+		case !errors.As(err, &ue) || ue.Problem != want || err.Error() != "redisstore: "+want:
+			t.Errorf("CheckURL(%q) = %v, want %q", in, err, want)
+		}
+		if want == "" {
+			continue
+		}
+		if c, err := NewClientFromURL(in); err == nil || err.Error() != "redisstore: "+want {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("NewClientFromURL(%q) = %v, want the same error", in, err)
+		}
+	}
+}

@@ -27,7 +27,12 @@
 // BenchmarkPropagation times one key change from the admin API to four
 // gateways. TestServices runs services of one's own (examples/service on
 // Gin, Fiber, net/http and gRPC, two replicas each) as data-plane members
-// instead of gateways.
+// instead of gateways. The HA tests (ha_*_test.go) run control-plane
+// replicas with -store on one PostgreSQL of their own (internal/pgtest):
+// TestHAPropagation (p50/p99 of a change through another replica),
+// TestHAChaos (replicas SIGKILLed under writers) and TestHADatabaseOutage
+// (PostgreSQL stopped with pg_ctl stop -m immediate under writes); they
+// need Debian's postgresql package (initdb, postgres, pg_ctl).
 //
 // Run them with
 //

@@ -28,6 +28,7 @@ import (
 
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
@@ -127,13 +128,11 @@ type Redis struct {
 	Options redisstore.Options
 }
 
-// Memory is the in-process store's configuration.
-type Memory struct {
-	// MaxKeys is memory.Options.MaxKeys: the most keys (consumer and
-	// scope pairs) the store holds; at the cap a new consumer's request is
-	// a store failure, decided by failure_policy. 0 means unbounded.
-	MaxKeys int
-}
+// Memory is the in-process store's options as the memory section gives
+// them: MaxKeys is max_keys, the most keys (consumer and scope pairs) the
+// store holds; at the cap a new consumer's request is a store failure,
+// decided by failure_policy. 0 means unbounded. The rest is left zero.
+type Memory = memory.Options
 
 // Server holds the HTTP server's timeouts and limits.
 type Server struct {

@@ -24,7 +24,11 @@ const (
 // policies, keys and APIs from a control plane (package dataplane's
 // Agent) instead of the file, which then holds only local settings.
 type ControlPlane struct {
-	// Address is the control plane's sync address, "host:port".
+	// Address is the control plane's sync address, "host:port", or
+	// several replicas' as a comma-separated list
+	// ("cp1.example:7071,cp2.example:7071"); a host may be a DNS name
+	// with several records. It is passed to dataplane.AgentOptions.Address
+	// as it is.
 	Address string
 	// Token is the data-plane token read from token_env or token_file. It
 	// is a secret: never print it.
@@ -74,21 +78,34 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	loopback := false
 	if r.Address == "" {
 		v.require("control_plane.address", "the control plane's sync address is required (host:port, like cp.example:7071)")
-	} else if host, port, err := net.SplitHostPort(r.Address); err != nil || host == "" || port == "" {
-		v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
 	} else {
-		cp.Address = r.Address
-		a, err := netip.ParseAddr(host)
-		loopback = strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback()
+		// A comma-separated list of replicas, each host:port; plaintext
+		// only when every one is a loopback address.
+		ok := true
+		loopback = true
+		for i, part := range strings.Split(r.Address, ",") {
+			part = strings.TrimSpace(part)
+			host, port, err := net.SplitHostPort(part)
+			if err != nil || host == "" || port == "" {
+				if strings.Contains(r.Address, ",") {
+					v.fail("control_plane.address", "%q: part %d, %q, is not host:port (like cp1.example:7071,cp2.example:7071)", r.Address, i+1, part)
+				} else {
+					v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
+				}
+				ok = false
+				break
+			}
+			a, err := netip.ParseAddr(host)
+			loopback = loopback && (strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback())
+		}
+		if ok {
+			cp.Address = r.Address
+		} else {
+			loopback = false
+		}
 	}
-	switch {
-	case r.TokenEnv != "" && r.TokenFile != "":
-		v.fail("control_plane", "set token_env or token_file, not both")
-	case r.TokenEnv != "":
-		cp.Token = v.env("control_plane.token_env", r.TokenEnv)
-	case r.TokenFile != "":
-		cp.Token = v.secretFile("control_plane.token_file", r.TokenFile)
-	default:
+	token, set := v.secret("control_plane", "token", r.TokenEnv, r.TokenFile)
+	if cp.Token = token; !set {
 		v.require("control_plane.token_env", "the data-plane token is required: set token_env or token_file")
 	}
 	if r.Group == "" {
@@ -106,24 +123,8 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	} else if cp.Address != "" && !loopback {
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
-	if r.MaxStale != "" {
-		d, problem := parseDuration(r.MaxStale, "30m, 1h or 24h")
-		switch {
-		case problem != "":
-			v.fail("control_plane.max_stale", "%s", problem)
-		case d < 0:
-			v.fail("control_plane.max_stale", "%s must be >= 0 (0: never stale)", r.MaxStale)
-		default:
-			cp.MaxStale = d
-		}
-	}
-	switch r.OnStale {
-	case "", OnStaleKeep:
-	case OnStaleFailClosed:
-		cp.OnStale = OnStaleFailClosed
-	default:
-		v.fail("control_plane.on_stale", "unknown policy %q (want keep or fail_closed)", r.OnStale)
-	}
+	cp.MaxStale = duration(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
+	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {
@@ -140,10 +141,7 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.ServerName}
 	if r.CAFile != "" {
-		pem, err := v.readFile(r.CAFile)
-		if err != nil {
-			v.fail("control_plane.tls.ca_file", "%v", err)
-		} else {
+		if pem, ok := v.read("control_plane.tls.ca_file", r.CAFile); ok {
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
 				v.fail("control_plane.tls.ca_file", "%s holds no PEM certificate", r.CAFile)
@@ -153,15 +151,9 @@ func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	}
 	switch {
 	case r.CertFile != "" && r.KeyFile != "":
-		cert, cerr := v.readFile(r.CertFile)
-		if cerr != nil {
-			v.fail("control_plane.tls.cert_file", "%v", cerr)
-		}
-		key, kerr := v.readFile(r.KeyFile)
-		if kerr != nil {
-			v.fail("control_plane.tls.key_file", "%v", kerr)
-		}
-		if cerr == nil && kerr == nil {
+		cert, certOK := v.read("control_plane.tls.cert_file", r.CertFile)
+		key, keyOK := v.read("control_plane.tls.key_file", r.KeyFile)
+		if certOK && keyOK {
 			pair, err := tls.X509KeyPair(cert, key)
 			if err != nil {
 				v.fail("control_plane.tls.cert_file", "%s and %s: %v", r.CertFile, r.KeyFile, err)

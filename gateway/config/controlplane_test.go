@@ -70,6 +70,14 @@ func TestControlPlane(t *testing.T) {
 	if !reflect.DeepEqual(cfg.ControlPlane, want) {
 		t.Errorf("minimal section: %+v\nwant %+v", cfg.ControlPlane, want)
 	}
+	// Several replicas: a comma-separated list, passed on as it is.
+	cfg, err = parse("control_plane:\n  address: \"127.0.0.1:7071, [::1]:7072,localhost:7073\"\n  token_env: LP_TEST_DP_TOKEN\n  group: dp1\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.ControlPlane.Address; got != "127.0.0.1:7071, [::1]:7072,localhost:7073" {
+		t.Errorf("list address = %q", got)
+	}
 	if len(cfg.Snapshot.APIs)+len(cfg.Snapshot.Keys)+len(cfg.Snapshot.Policies) != 0 || cfg.Snapshot.Revision != 0 {
 		t.Errorf("a control-plane file has a configuration of its own: %+v", cfg.Snapshot)
 	}
@@ -120,6 +128,12 @@ func TestControlPlane(t *testing.T) {
 			`gw.yaml:1:26: control_plane.address: "10.0.0.1:7071" is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)`},
 		{"bad address", "control_plane: {address: cp.example, token_env: LP_TEST_DP_TOKEN, group: g}\n",
 			`gw.yaml:1:26: control_plane.address: "cp.example" is not host:port (like cp.example:7071)`},
+		{"bad part of a list", "control_plane: {address: \"127.0.0.1:1,cp2\", token_env: LP_TEST_DP_TOKEN, group: g}\n",
+			`gw.yaml:1:26: control_plane.address: "127.0.0.1:1,cp2": part 2, "cp2", is not host:port (like cp1.example:7071,cp2.example:7071)`},
+		{"empty part of a list", "control_plane: {address: \"127.0.0.1:1,,127.0.0.1:2\", token_env: LP_TEST_DP_TOKEN, group: g}\n",
+			`gw.yaml:1:26: control_plane.address: "127.0.0.1:1,,127.0.0.1:2": part 2, "", is not host:port (like cp1.example:7071,cp2.example:7071)`},
+		{"plaintext list off loopback", "control_plane: {address: \"127.0.0.1:7071,10.0.0.2:7071\", token_env: LP_TEST_DP_TOKEN, group: g}\n",
+			`gw.yaml:1:26: control_plane.address: "127.0.0.1:7071,10.0.0.2:7071" is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)`},
 		{"both tokens", "control_plane: {address: \"127.0.0.1:1\", token_env: LP_TEST_DP_TOKEN, token_file: dp.token, group: g}\n",
 			`gw.yaml:1:16: control_plane: set token_env or token_file, not both`},
 		{"empty env token", "control_plane: {address: \"127.0.0.1:1\", token_env: LP_TEST_EMPTY, group: g}\n",

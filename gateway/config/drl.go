@@ -1,28 +1,17 @@
 package config
 
 import (
-	"math"
+	"cmp"
+	"fmt"
 	"strings"
 	"time"
+
+	"github.com/limitplane/limitplane/core/drl"
 )
 
-// Defaults and bounds of the drl section.
+// Bounds of the drl section; its defaults are drl's (drl.DefaultGroup,
+// drl.DefaultInterval...).
 const (
-	// DefaultDRLGroup is the DRL group of a gateway with neither
-	// drl.group nor control_plane.group.
-	DefaultDRLGroup = "default"
-	// DefaultDRLInterval is H, the period of demand reports and
-	// allocations.
-	DefaultDRLInterval = time.Second
-	// DefaultDRLMaxGateways is the number of gateways a distributed limit
-	// is safe for: each gateway's floor is limit / max_gateways.
-	DefaultDRLMaxGateways = 32
-	// DefaultDRLJoinReserve is the number of floors kept free for
-	// gateways that join between two tables.
-	DefaultDRLJoinReserve = 1
-	// DefaultDRLHeadroom is the share above smoothed demand given to a
-	// gateway that is not saturated, as a fraction (0.02 = 2%).
-	DefaultDRLHeadroom = 0.02
 	// MinDRLInterval and MaxDRLInterval bound drl.interval: below 10 ms
 	// the reports would load Redis more than the requests they save.
 	MinDRLInterval = 10 * time.Millisecond
@@ -34,46 +23,24 @@ const (
 	MaxDRLHeadroom = 10.0
 )
 
-// DRL is the drl section: the Distributed Rate Limiter (package
-// core/drl). The gateways of one data plane report their demand for
-// each distributed policy's hot keys to their shared Redis every Interval;
-// one of them, elected with a lease and a fencing token, publishes shares
-// that follow demand and never sum above the limit; each gateway enforces
-// its share in memory, with no Redis call per request. A key whose share
-// per gateway would be too coarse stays with the Redis store, exact.
-type DRL struct {
-	// Group names the DRL's keys in Redis (limitplane:drl:{group}:…): the
-	// gateways that share limits must have the same one, and data planes
-	// sharing one Redis different ones. drl.group, else
-	// control_plane.group, else DefaultDRLGroup.
-	Group string
-	// Interval is H: how often each gateway reports its demand and the
-	// allocator publishes. A gateway without a table for 2H runs at its
-	// floor; a dead allocator is replaced within 2H.
-	Interval time.Duration
-	// MaxGateways is the most gateways the limit is split between: each
-	// gateway's floor is limit/MaxGateways, and the sum of shares stays
-	// within the limit for up to this many gateways.
-	MaxGateways int
-	// JoinReserve is the number of floors kept unallocated for gateways
-	// that join between two tables (they start at their floor).
-	JoinReserve int
-	// Headroom is the share above its smoothed demand a gateway that is
-	// not saturated gets, as a fraction of that demand.
-	Headroom float64
-}
+// DRL is the drl section: the options of the Distributed Rate Limiter
+// (package core/drl, drl.New). The gateways of one data plane report
+// their demand for each distributed policy's hot keys to their shared
+// Redis every Interval; one of them, elected with a lease and a fencing
+// token, publishes shares that follow demand and never sum above the
+// limit; each gateway enforces its share in memory, with no Redis call
+// per request. A key whose share per gateway would be too coarse stays
+// with the Redis store, exact. Group is drl.group, else
+// control_plane.group, else drl.DefaultGroup; a join_reserve or headroom
+// of 0 (none) is -1 here, as drl.Options says none; GatewayID,
+// MinFloorRate, MaxKeys and Logger are left zero (the defaults).
+type DRL = drl.Options
 
 // drl validates the drl section. It needs a Redis store: the gateways
 // share their demand and the allocation through it.
 func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
 	r := raw.DRL
-	d := &DRL{
-		Group:       DefaultDRLGroup,
-		Interval:    DefaultDRLInterval,
-		MaxGateways: DefaultDRLMaxGateways,
-		JoinReserve: DefaultDRLJoinReserve,
-		Headroom:    DefaultDRLHeadroom,
-	}
+	d := &DRL{Group: drl.DefaultGroup}
 	if cfg.Redis == nil && !v.refused("store") && !v.failed("store") {
 		v.fail("drl", "needs a redis store (store: redis://host:port/db): the gateways of a data plane share their demand and shares through it")
 	}
@@ -87,40 +54,17 @@ func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
 	case raw.ControlPlane != nil && raw.ControlPlane.Group != "":
 		d.Group = raw.ControlPlane.Group
 	}
-	if r.Interval != "" {
-		iv, problem := parseDuration(r.Interval, "500ms, 1s or 2s")
-		switch {
-		case problem != "":
-			v.fail("drl.interval", "%s", problem)
-		case iv < MinDRLInterval || iv > MaxDRLInterval:
-			v.fail("drl.interval", "%s: want %v to %v", r.Interval, MinDRLInterval, MaxDRLInterval)
-		default:
-			d.Interval = iv
-		}
+	d.Interval = duration(v, "drl.interval", r.Interval, drl.DefaultInterval,
+		func(iv time.Duration) bool { return iv >= MinDRLInterval && iv <= MaxDRLInterval },
+		fmt.Sprintf(": want %v to %v", MinDRLInterval, MaxDRLInterval))
+	d.MaxGateways = number(v, "drl.max_gateways", r.MaxGateways, drl.DefaultMaxGateways, within(1, MaxDRLGateways), wantWithin(1, MaxDRLGateways))
+	d.JoinReserve = number(v, "drl.join_reserve", r.JoinReserve, drl.DefaultJoinReserve, nonNegative, " must be >= 0")
+	if r.JoinReserve != nil && d.JoinReserve >= d.MaxGateways && !v.failed("drl.max_gateways") {
+		v.fail("drl.join_reserve", "%d must be below max_gateways (%d): the reserved floors would leave nothing to share", d.JoinReserve, d.MaxGateways)
 	}
-	if n := r.MaxGateways; n != nil {
-		if *n < 1 || *n > MaxDRLGateways {
-			v.fail("drl.max_gateways", "%d: want 1 to %d", *n, MaxDRLGateways)
-		} else {
-			d.MaxGateways = *n
-		}
-	}
-	if n := r.JoinReserve; n != nil {
-		switch {
-		case *n < 0:
-			v.fail("drl.join_reserve", "%d must be >= 0", *n)
-		case *n >= d.MaxGateways && !v.failed("drl.max_gateways"):
-			v.fail("drl.join_reserve", "%d must be below max_gateways (%d): the reserved floors would leave nothing to share", *n, d.MaxGateways)
-		default:
-			d.JoinReserve = *n
-		}
-	}
-	if h := r.Headroom; h != nil {
-		if math.IsNaN(*h) || *h < 0 || *h > MaxDRLHeadroom {
-			v.fail("drl.headroom", "%v: want 0 to %v (a fraction of demand: 0.02 is 2%%)", *h, MaxDRLHeadroom)
-		} else {
-			d.Headroom = *h
-		}
-	}
+	d.JoinReserve = cmp.Or(d.JoinReserve, -1)
+	d.Headroom = number(v, "drl.headroom", r.Headroom, drl.DefaultHeadroom, func(h float64) bool { return h >= 0 && h <= MaxDRLHeadroom },
+		fmt.Sprintf(": want 0 to %v (a fraction of demand: 0.02 is 2%%)", MaxDRLHeadroom))
+	d.Headroom = cmp.Or(d.Headroom, -1)
 	return d
 }

@@ -113,3 +113,16 @@ func TestDRLRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestDRLNone: a join_reserve or headroom of 0 in the file is none, which
+// drl.Options (config.DRL) says with -1.
+func TestDRLNone(t *testing.T) {
+	cfg, err := config.Parse("t.yaml", []byte("store: redis://r\ndrl: {join_reserve: 0, headroom: 0}\n"+api))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config.DRL{Group: "default", Interval: time.Second, MaxGateways: 32, JoinReserve: -1, Headroom: -1}
+	if !reflect.DeepEqual(cfg.DRL, want) {
+		t.Errorf("DRL = %+v, want %+v", cfg.DRL, want)
+	}
+}

@@ -1,55 +1,38 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
-// redisSchemes are the URL schemes redisstore.NewClientFromURL accepts.
-var redisSchemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
-
-// redisScheme returns s's scheme in lower case when s is a Redis store
-// URL, else "". Schemes are case-insensitive (RFC 3986 §3.1).
-func redisScheme(s string) string {
-	scheme, _, ok := strings.Cut(s, "://")
-	for _, r := range redisSchemes {
-		if ok && strings.EqualFold(scheme, r) {
-			return r
-		}
-	}
-	return ""
-}
-
-// redis validates a Redis store URL and the redis section. The URL is
-// checked here as far as that needs no client: its shape, go-redis's own
-// option parsing for the one-server forms, and pool_size (which go-redis
-// would panic on); redisstore.NewClientFromURL checks the rest when the
-// gateway starts.
+// redis validates a Redis store URL and the redis section. The URL must
+// carry no password (the file gives it apart) and is checked by
+// redisstore.CheckURL as far as that needs no client;
+// redisstore.NewClientFromURL checks the rest when the gateway starts.
 func (v *validator) redis(store string, r *rawRedis) *Redis {
 	if r == nil {
 		r = &rawRedis{}
 	}
-	scheme := redisScheme(store)
+	scheme := redisstore.Scheme(store)
 	// The client is given the scheme in lower case; messages quote the
 	// file.
 	client := scheme + store[len(scheme):]
 	out := &Redis{URL: client, Options: redisstore.Options{
-		KeyPrefix:       redisstore.DefaultKeyPrefix,
-		Timeout:         v.duration("redis.timeout", r.Timeout, redisstore.DefaultTimeout),
-		Pipeline:        redisstore.DefaultPipeline,
-		BreakerFailures: redisstore.DefaultBreakerFailures,
-		BreakerCooldown: v.duration("redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown),
+		KeyPrefix: redisstore.DefaultKeyPrefix,
+		Timeout:   duration(v, "redis.timeout", r.Timeout, redisstore.DefaultTimeout, positive, mustBePositive),
+		// 0 turns batching or the breaker off: the store's -1.
+		Pipeline:        cmp.Or(number(v, "redis.pipeline", r.Pipeline, redisstore.DefaultPipeline, nonNegative, " must be >= 0 (0 turns batching off)"), -1),
+		BreakerFailures: cmp.Or(number(v, "redis.breaker_failures", r.BreakerFailures, redisstore.DefaultBreakerFailures, nonNegative, " must be >= 0 (0 turns the breaker off)"), -1),
+		BreakerCooldown: duration(v, "redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown, positive, mustBePositive),
 	}}
 	if r.KeyPrefix != "" {
 		if strings.ContainsAny(r.KeyPrefix, "{}") {
@@ -57,86 +40,21 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		}
 		out.Options.KeyPrefix = r.KeyPrefix
 	}
-	if n := r.Pipeline; n != nil {
-		switch {
-		case *n < 0:
-			v.fail("redis.pipeline", "%d must be >= 0 (0 turns batching off)", *n)
-		case *n == 0:
-			out.Options.Pipeline = -1 // the store's "off"
-		default:
-			out.Options.Pipeline = *n
-		}
-	}
-	if n := r.BreakerFailures; n != nil {
-		switch {
-		case *n < 0:
-			v.fail("redis.breaker_failures", "%d must be >= 0 (0 turns the breaker off)", *n)
-		case *n == 0:
-			out.Options.BreakerFailures = -1
-		default:
-			out.Options.BreakerFailures = *n
-		}
-	}
 
 	u, err := url.Parse(client)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
+	if err == nil {
+		if _, set := u.User.Password(); set || u.Query().Has("password") {
+			v.fail("store", "the URL carries a password; give it with redis.password_env or redis.password_file instead")
+			return out
 		}
-		if shown := redisstore.RedactURL(store); shown != store {
-			// The parser's reason may quote part of the password.
-			v.fail("store", "%q is not a URL", shown)
-		} else {
-			v.fail("store", "%q is not a URL: %v", store, err)
-		}
+	}
+	var ue *redisstore.URLError
+	if err := redisstore.CheckURL(store); errors.As(err, &ue) {
+		v.fail("store", "%s", ue.Problem)
 		return out
 	}
 	q := u.Query()
-	pw, pwSet := u.User.Password()
-	switch {
-	case pwSet || q.Has("password"):
-		v.fail("store", "the URL carries a password; give it with redis.password_env or redis.password_file instead")
-		return out
-	case scheme == "unix" && u.Path == "":
-		v.fail("store", "%q names no socket path (like unix:///run/redis.sock)", store)
-		return out
-	case scheme != "unix" && strings.Trim(u.Host, ",") == "":
-		v.fail("store", "%q names no host", store)
-		return out
-	case strings.HasSuffix(scheme, "+sentinel") && u.User.Username() == "":
-		v.fail("store", "%q needs the master's name: redis+sentinel://master@host:26379,...", store)
-		return out
-	}
-	if scheme != "unix" {
-		for _, h := range strings.Split(u.Host, ",") {
-			if port, ok := hostPort(h); ok && !validPort(port) {
-				v.fail("store", "host %q: port %q is not a number from 1 to 65535", h, port)
-				return out
-			}
-		}
-	}
-	if ps, ok := q["pool_size"]; ok {
-		if n, err := strconv.Atoi(ps[0]); err != nil || n < 0 || n > math.MaxInt32 {
-			v.fail("store", "pool_size=%s: want 0 (go-redis's default) to %d", ps[0], math.MaxInt32)
-			return out
-		}
-	}
-	if scheme == "redis" || scheme == "rediss" || scheme == "unix" {
-		if _, err := redis.ParseURL(client); err != nil {
-			v.fail("store", "%s", strings.TrimPrefix(err.Error(), "redis: "))
-			return out
-		}
-	}
-
-	switch {
-	case r.PasswordEnv != "" && r.PasswordFile != "":
-		v.fail("redis", "set password_env or password_file, not both")
-	case r.PasswordEnv != "":
-		pw = v.env("redis.password_env", r.PasswordEnv)
-	case r.PasswordFile != "":
-		pw = v.secretFile("redis.password_file", r.PasswordFile)
-	}
+	pw, _ := v.secret("redis", "password", r.PasswordEnv, r.PasswordFile)
 	if pw != "" {
 		if strings.HasSuffix(scheme, "+sentinel") {
 			q.Set("password", pw) // the master's; the user part is its name
@@ -147,6 +65,22 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 		out.URL, out.Password = u.String(), pw
 	}
 	return out
+}
+
+// secret returns the secret the section at path gives with <kind>_env
+// or <kind>_file, and whether it gives one; it may not give both.
+func (v *validator) secret(path, kind, env, file string) (string, bool) {
+	switch {
+	case env != "" && file != "":
+		v.fail(path, "set %s_env or %s_file, not both", kind, kind)
+	case env != "":
+		return v.env(path+"."+kind+"_env", env), true
+	case file != "":
+		return v.secretFile(path+"."+kind+"_file", file), true
+	default:
+		return "", false
+	}
+	return "", true
 }
 
 // env returns the environment variable name, which must be set and not
@@ -166,13 +100,9 @@ func (v *validator) env(path, name string) string {
 // ending (files written by echo or editors have one); path is the field
 // naming it.
 func (v *validator) secretFile(path, p string) string {
-	b, err := v.readFile(p)
-	if err != nil {
-		v.fail(path, "%v", err)
-		return ""
-	}
+	b, ok := v.read(path, p)
 	s := strings.TrimRight(string(b), "\r\n")
-	if s == "" {
+	if ok && s == "" {
 		v.fail(path, "%s is empty", p)
 	}
 	return s
@@ -181,10 +111,14 @@ func (v *validator) secretFile(path, p string) string {
 // maxFileSize bounds the files a config refers to (keys and secrets).
 const maxFileSize = 1 << 20
 
-// readFile reads a small regular file named in the config (see
-// FileResolver.ReadFile).
-func (v *validator) readFile(p string) ([]byte, error) {
-	return FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
+// read reads a small regular file named in the config (see
+// FileResolver.ReadFile), reporting at path why it cannot.
+func (v *validator) read(path, p string) ([]byte, bool) {
+	b, err := FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
+	if err != nil {
+		v.fail(path, "%v", err)
+	}
+	return b, err == nil
 }
 
 // FileResolver resolves a snapshot's secret references as the file they
@@ -239,34 +173,6 @@ func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
 	if cfg.Redis != nil && cfg.FailurePolicy != core.FailFallback && !v.failed("failure_policy") {
 		v.fail("memory", "only used with the memory store or failure_policy: fallback")
 	}
-	if n := r.MaxKeys; n != nil {
-		if *n < 0 {
-			v.fail("memory.max_keys", "%d must be >= 0 (0 means unbounded)", *n)
-		} else {
-			out.MaxKeys = *n
-		}
-	}
+	out.MaxKeys = number(v, "memory.max_keys", r.MaxKeys, 0, nonNegative, " must be >= 0 (0 means unbounded)")
 	return out
-}
-
-// hostPort returns the port of one host of a store URL's host list
-// ("host:port", "[v6]:port"), and whether it names one. An IPv6 address
-// without brackets names none. An empty port ("host:") is go-redis's
-// default port and passes.
-func hostPort(h string) (string, bool) {
-	if strings.HasPrefix(h, "[") {
-		_, port, ok := strings.Cut(h, "]:")
-		return port, ok && port != ""
-	}
-	if strings.Count(h, ":") != 1 {
-		return "", false
-	}
-	_, port, _ := strings.Cut(h, ":")
-	return port, port != ""
-}
-
-// validPort reports whether port is a decimal TCP port, 1 to 65535.
-func validPort(port string) bool {
-	n, err := strconv.Atoi(port)
-	return err == nil && n >= 1 && n <= 65535 && strings.TrimLeft(port, "0123456789") == ""
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,24 +75,16 @@ func (v *validator) config(raw *rawConfig) *Config {
 		if raw.Redis != nil && v.memory {
 			v.fail("redis", "only used with a redis store (store: redis://host:port/db)")
 		}
-	case redisScheme(s) != "":
+	case redisstore.Scheme(s) != "":
 		cfg.Store = s
 		cfg.Redis = v.redis(s, raw.Redis)
 	default:
 		v.fail("store", "unknown store %q (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)", redisstore.RedactURL(s))
 	}
-	switch raw.FailurePolicy {
-	case "", "open":
-		cfg.FailurePolicy = core.FailOpen
-	case "closed":
-		cfg.FailurePolicy = core.FailClosed
-	case "fallback":
-		cfg.FailurePolicy = core.FailFallback
-	default:
-		v.fail("failure_policy", "unknown policy %q (want open, closed or fallback)", raw.FailurePolicy)
-	}
+	cfg.FailurePolicy = oneOf(v, "failure_policy", "policy", raw.FailurePolicy,
+		[]string{"open", "closed", "fallback"}, core.FailOpen, core.FailClosed, core.FailFallback)
 	cfg.Memory = v.memoryStore(cfg, raw.Memory)
-	cfg.StoreTimeout = v.duration("store_timeout", raw.StoreTimeout, 0)
+	cfg.StoreTimeout = duration(v, "store_timeout", raw.StoreTimeout, 0, positive, mustBePositive)
 	cfg.ClientIP = v.clientIP(raw.ClientIP)
 	cfg.Server = v.server(raw.Server)
 	cfg.Response = v.response(raw.Response)
@@ -137,15 +130,9 @@ func (v *validator) admin(r *rawAdmin) *Admin {
 		a.Listen = r.Listen
 	}
 	a.Loopback = loopbackListen(a.Listen)
-	switch {
-	case r.TokenEnv != "" && r.TokenFile != "":
-		v.fail("admin", "set token_env or token_file, not both")
-		return a
-	case r.TokenEnv != "":
-		a.Token = v.env("admin.token_env", r.TokenEnv)
-	case r.TokenFile != "":
-		a.Token = v.secretFile("admin.token_file", r.TokenFile)
-	case !a.Loopback:
+	if token, set := v.secret("admin", "token", r.TokenEnv, r.TokenFile); set {
+		a.Token = token
+	} else if !a.Loopback {
 		v.fail("admin.listen", "%q is not a loopback address: set admin.token_env or admin.token_file, since every call there needs the token", a.Listen)
 	}
 	return a
@@ -180,21 +167,57 @@ func parseDuration(s, examples string) (time.Duration, string) {
 // specProblem returns a spec error's text without its "spec: " prefix.
 func specProblem(err error) string { return strings.TrimPrefix(err.Error(), "spec: ") }
 
-// duration parses an optional positive duration; "" gives def.
-func (v *validator) duration(path, s string, def time.Duration) time.Duration {
+// duration returns the duration given at path, def when it is left out;
+// one that ok refuses is reported as the file's text and then bad.
+func duration(v *validator, path string, d *fileDuration, def time.Duration, ok func(time.Duration) bool, bad string) time.Duration {
+	if d == nil {
+		return def
+	}
+	if !ok(time.Duration(*d)) {
+		n, _ := v.dec.text(path)
+		v.fail(path, "%s%s", n.Value, bad)
+	}
+	return time.Duration(*d)
+}
+
+// number returns the number given at path, def when it is left out; one
+// that ok refuses is reported as its value and then bad.
+func number[T int | float64](v *validator, path string, n *T, def T, ok func(T) bool, bad string) T {
+	if n == nil {
+		return def
+	}
+	if !ok(*n) {
+		v.fail(path, "%v%s", *n, bad)
+	}
+	return *n
+}
+
+// The checks duration and number use most, and their words.
+func positive(d time.Duration) bool { return d > 0 }
+func aboveZero(n int) bool          { return n > 0 }
+func nonNegative(n int) bool        { return n >= 0 }
+
+// within returns the check of lo ≤ n ≤ hi; wantWithin words it.
+func within(lo, hi int) func(int) bool { return func(n int) bool { return n >= lo && n <= hi } }
+func wantWithin(lo, hi int) string     { return fmt.Sprintf(": want %d to %d", lo, hi) }
+
+// mustBePositive is the words of positive and aboveZero.
+const mustBePositive = " must be > 0"
+
+// oneOf returns the value of the name s among names ("" is the first),
+// reporting another as "unknown <what> "s" (want a, b or c)".
+func oneOf[T any](v *validator, path, what, s string, names []string, values ...T) T {
+	i := slices.Index(names, s)
 	if s == "" {
-		return def
+		i = 0
 	}
-	d, problem := parseDuration(s, "500ms, 10s, 1m or 24h")
-	if problem != "" {
-		v.fail(path, "%s", problem)
-		return def
+	if i < 0 {
+		want := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+		v.fail(path, "unknown %s %q (want %s)", what, s, want)
+		var zero T
+		return zero
 	}
-	if d <= 0 {
-		v.fail(path, "%s must be > 0", s)
-		return def
-	}
-	return d
+	return values[i]
 }
 
 func (v *validator) clientIP(r rawClientIP) identity.ClientIPOptions {
@@ -207,78 +230,33 @@ func (v *validator) clientIP(r rawClientIP) identity.ClientIPOptions {
 		}
 		o.TrustedProxies = append(o.TrustedProxies, p...)
 	}
-	switch strings.ToLower(r.Header) {
-	case "", "x-forwarded-for":
-		o.Header = identity.XForwardedFor
-	case "forwarded":
-		o.Header = identity.Forwarded
-	default:
-		v.fail("client_ip.header", "unknown header %q (want x-forwarded-for or forwarded)", r.Header)
+	h := r.Header
+	if l := strings.ToLower(h); l == "x-forwarded-for" || l == "forwarded" {
+		h = l
 	}
-	if n := r.IPv4PrefixLen; n != nil {
-		if *n < 1 || *n > 32 {
-			v.fail("client_ip.ipv4_prefix_len", "%d: want 1 to 32", *n)
-		} else {
-			o.IPv4PrefixLen = *n
-		}
-	}
-	if n := r.IPv6PrefixLen; n != nil {
-		if *n < 1 || *n > 128 {
-			v.fail("client_ip.ipv6_prefix_len", "%d: want 1 to 128", *n)
-		} else {
-			o.IPv6PrefixLen = *n
-		}
-	}
+	o.Header = oneOf(v, "client_ip.header", "header", h, []string{"x-forwarded-for", "forwarded"}, identity.XForwardedFor, identity.Forwarded)
+	o.IPv4PrefixLen = number(v, "client_ip.ipv4_prefix_len", r.IPv4PrefixLen, 0, within(1, 32), wantWithin(1, 32))
+	o.IPv6PrefixLen = number(v, "client_ip.ipv6_prefix_len", r.IPv6PrefixLen, 0, within(1, 128), wantWithin(1, 128))
 	return o
 }
 
 func (v *validator) server(r rawServer) Server {
-	s := Server{
-		ReadHeaderTimeout: v.duration("server.read_header_timeout", r.ReadHeaderTimeout, DefaultReadHeaderTimeout),
-		ReadTimeout:       v.duration("server.read_timeout", r.ReadTimeout, DefaultReadTimeout),
-		WriteTimeout:      v.duration("server.write_timeout", r.WriteTimeout, DefaultWriteTimeout),
-		IdleTimeout:       v.duration("server.idle_timeout", r.IdleTimeout, DefaultIdleTimeout),
-		ShutdownTimeout:   v.duration("server.shutdown_timeout", r.ShutdownTimeout, DefaultShutdownTimeout),
-		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+	return Server{
+		ReadHeaderTimeout: duration(v, "server.read_header_timeout", r.ReadHeaderTimeout, DefaultReadHeaderTimeout, positive, mustBePositive),
+		ReadTimeout:       duration(v, "server.read_timeout", r.ReadTimeout, DefaultReadTimeout, positive, mustBePositive),
+		WriteTimeout:      duration(v, "server.write_timeout", r.WriteTimeout, DefaultWriteTimeout, positive, mustBePositive),
+		IdleTimeout:       duration(v, "server.idle_timeout", r.IdleTimeout, DefaultIdleTimeout, positive, mustBePositive),
+		ShutdownTimeout:   duration(v, "server.shutdown_timeout", r.ShutdownTimeout, DefaultShutdownTimeout, positive, mustBePositive),
+		MaxHeaderBytes:    number(v, "server.max_header_bytes", r.MaxHeaderBytes, DefaultMaxHeaderBytes, aboveZero, mustBePositive),
 	}
-	if r.MaxHeaderBytes != nil {
-		if *r.MaxHeaderBytes <= 0 {
-			v.fail("server.max_header_bytes", "%d must be > 0", *r.MaxHeaderBytes)
-		} else {
-			s.MaxHeaderBytes = *r.MaxHeaderBytes
-		}
-	}
-	return s
 }
 
 func (v *validator) response(r rawResponse) response.Options {
-	o := response.Options{XRateLimit: r.XRateLimit}
-	if r.RateLimitHeaders != nil {
-		o.NoRateLimitFields = !*r.RateLimitHeaders
-	}
-	switch r.XRateLimitReset {
-	case "", "epoch":
-		o.XRateLimitReset = response.ResetEpoch
-	case "seconds":
-		o.XRateLimitReset = response.ResetSeconds
-	default:
-		v.fail("response.x_ratelimit_reset", "unknown format %q (want epoch or seconds)", r.XRateLimitReset)
-	}
-	o.QuotaExceededStatus = 429
-	if s := r.QuotaStatus; s != nil {
-		if *s != 429 && *s != 403 {
-			v.fail("response.quota_status", "%d: want 429 or 403", *s)
-		} else {
-			o.QuotaExceededStatus = *s
-		}
-	}
-	o.StoreFailureStatus = 503
-	if s := r.StoreFailureStatus; s != nil {
-		if *s < 500 || *s > 599 {
-			v.fail("response.store_failure_status", "%d: want a 5xx status", *s)
-		} else {
-			o.StoreFailureStatus = *s
-		}
-	}
+	o := response.Options{XRateLimit: r.XRateLimit, NoRateLimitFields: r.RateLimitHeaders != nil && !*r.RateLimitHeaders}
+	o.XRateLimitReset = oneOf(v, "response.x_ratelimit_reset", "format", r.XRateLimitReset,
+		[]string{"epoch", "seconds"}, response.ResetEpoch, response.ResetSeconds)
+	o.QuotaExceededStatus = number(v, "response.quota_status", r.QuotaStatus, 429,
+		func(s int) bool { return s == 429 || s == 403 }, ": want 429 or 403")
+	o.StoreFailureStatus = number(v, "response.store_failure_status", r.StoreFailureStatus, 503, within(500, 599), ": want a 5xx status")
 	return o
 }

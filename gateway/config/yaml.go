@@ -19,9 +19,9 @@ import (
 )
 
 // The file's shape. Its travelling part (policies, keys, apis) is spec's
-// own types; the local part is below. Local durations and enumerations
-// are strings, parsed by the validator so that its messages explain them;
-// pointers tell "left out" from zero. Field names are the json tags: a
+// own types; the local part is below. Local enumerations are strings,
+// parsed by the validator so that its messages explain them; pointers
+// tell "left out" from zero. Field names are the json tags: a
 // file is decoded by walking its YAML nodes against these types (decoder)
 // into JSON, which spec's types read as a control plane's snapshot.
 
@@ -29,7 +29,7 @@ type rawConfig struct {
 	Listen        string           `json:"listen"`
 	Store         string           `json:"store"`
 	FailurePolicy string           `json:"failure_policy"`
-	StoreTimeout  string           `json:"store_timeout"`
+	StoreTimeout  *fileDuration    `json:"store_timeout"`
 	Redis         *rawRedis        `json:"redis"`
 	Memory        *rawMemory       `json:"memory"`
 	Shadow        bool             `json:"shadow"`
@@ -45,13 +45,13 @@ type rawConfig struct {
 }
 
 type rawRedis struct {
-	Timeout         string `json:"timeout"`
-	KeyPrefix       string `json:"key_prefix"`
-	Pipeline        *int   `json:"pipeline"`
-	BreakerFailures *int   `json:"breaker_failures"`
-	BreakerCooldown string `json:"breaker_cooldown"`
-	PasswordEnv     string `json:"password_env"`
-	PasswordFile    string `json:"password_file"`
+	Timeout         *fileDuration `json:"timeout"`
+	KeyPrefix       string        `json:"key_prefix"`
+	Pipeline        *int          `json:"pipeline"`
+	BreakerFailures *int          `json:"breaker_failures"`
+	BreakerCooldown *fileDuration `json:"breaker_cooldown"`
+	PasswordEnv     string        `json:"password_env"`
+	PasswordFile    string        `json:"password_file"`
 }
 
 type rawMemory struct {
@@ -72,7 +72,7 @@ type rawControlPlane struct {
 	Tags      []string            `json:"tags"`
 	GatewayID string              `json:"gateway_id"`
 	TLS       *rawControlPlaneTLS `json:"tls"`
-	MaxStale  string              `json:"max_stale"`
+	MaxStale  *fileDuration       `json:"max_stale"`
 	OnStale   string              `json:"on_stale"`
 	StateFile string              `json:"state_file"`
 }
@@ -85,11 +85,11 @@ type rawControlPlaneTLS struct {
 }
 
 type rawDRL struct {
-	Group       string   `json:"group"`
-	Interval    string   `json:"interval"`
-	MaxGateways *int     `json:"max_gateways"`
-	JoinReserve *int     `json:"join_reserve"`
-	Headroom    *float64 `json:"headroom"`
+	Group       string        `json:"group"`
+	Interval    *fileDuration `json:"interval"`
+	MaxGateways *int          `json:"max_gateways"`
+	JoinReserve *int          `json:"join_reserve"`
+	Headroom    *float64      `json:"headroom"`
 }
 
 type rawClientIP struct {
@@ -100,12 +100,12 @@ type rawClientIP struct {
 }
 
 type rawServer struct {
-	ReadHeaderTimeout string `json:"read_header_timeout"`
-	ReadTimeout       string `json:"read_timeout"`
-	WriteTimeout      string `json:"write_timeout"`
-	IdleTimeout       string `json:"idle_timeout"`
-	ShutdownTimeout   string `json:"shutdown_timeout"`
-	MaxHeaderBytes    *int   `json:"max_header_bytes"`
+	ReadHeaderTimeout *fileDuration `json:"read_header_timeout"`
+	ReadTimeout       *fileDuration `json:"read_timeout"`
+	WriteTimeout      *fileDuration `json:"write_timeout"`
+	IdleTimeout       *fileDuration `json:"idle_timeout"`
+	ShutdownTimeout   *fileDuration `json:"shutdown_timeout"`
+	MaxHeaderBytes    *int          `json:"max_header_bytes"`
 }
 
 type rawResponse struct {
@@ -115,6 +115,14 @@ type rawResponse struct {
 	QuotaStatus        *int   `json:"quota_status"`
 	StoreFailureStatus *int   `json:"store_failure_status"`
 }
+
+// fileDuration is a local setting's duration. One that does not parse is
+// reported but does not make its section uncertain (see decoder): it is
+// not a field that may be missing.
+type fileDuration spec.Duration
+
+// UnmarshalJSON reads a duration string (spec.Duration's).
+func (d *fileDuration) UnmarshalJSON(b []byte) error { return (*spec.Duration)(d).UnmarshalJSON(b) }
 
 // rawKey is a key as a file gives it: spec's, or in plaintext (key),
 // hashed while loading.
@@ -152,6 +160,7 @@ func fields(t reflect.Type) []field {
 
 var (
 	durationType = reflect.TypeFor[spec.Duration]()
+	localType    = reflect.TypeFor[fileDuration]()
 	timeType     = reflect.TypeFor[time.Time]()
 )
 
@@ -242,7 +251,7 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 		return nil, false
 	}
 	switch {
-	case t == durationType || t == timeType:
+	case t == durationType || t == timeType || t == localType:
 		if n.Kind != yaml.ScalarNode {
 			return wrong("a string")
 		}
@@ -251,7 +260,10 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 				d.refuse(at, path, "%q is not an RFC 3339 time (like 2027-01-31T00:00:00Z)", n.Value)
 				return nil, false
 			}
-		} else if _, problem := parseDuration(n.Value, durationExamples(path)); problem != "" {
+		} else if _, problem := parseDuration(n.Value, durationExamples(path)); problem != "" && t == localType {
+			d.fail(at, path, "%s", problem)
+			return nil, false
+		} else if problem != "" {
 			d.refuse(at, path, "%s", problem)
 			return nil, false
 		}
@@ -411,8 +423,13 @@ func describe(n *yaml.Node) string {
 // durationExamples are the examples a "not a duration" problem at path
 // gives.
 func durationExamples(path string) string {
-	if strings.HasSuffix(path, ".leeway") {
+	switch {
+	case strings.HasSuffix(path, ".leeway"):
 		return "30s or 1m"
+	case path == "control_plane.max_stale":
+		return "30m, 1h or 24h"
+	case path == "drl.interval":
+		return "500ms, 1s or 2s"
 	}
 	return "500ms, 10s, 1m or 24h"
 }

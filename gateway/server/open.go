@@ -280,21 +280,12 @@ func controlPlaneSettings(cp *config.ControlPlane) any {
 	}{c, tlsOn, serverName, certs}
 }
 
-// drlOptions are the drl section as drl.Options. The file's 0 means none
-// for join_reserve and headroom; drl.Options' 0 means its default, and a
-// negative value none. The DRL reads the system clock, whatever o.Clock
-// says: its clock is no option (a test of the DRL on a manual clock is
-// core/drl's own).
+// drlOptions are the drl section's options (config.DRL is drl.Options)
+// with the gateway's logger. The DRL reads the system clock, whatever
+// o.Clock says: its clock is no option (a test of the DRL on a manual
+// clock is core/drl's own).
 func drlOptions(d *config.DRL, o Options) drl.Options {
-	do := drl.Options{
-		Group: d.Group, Interval: d.Interval, MaxGateways: d.MaxGateways, JoinReserve: d.JoinReserve, Headroom: d.Headroom,
-		Logger: o.Logger,
-	}
-	if do.JoinReserve == 0 {
-		do.JoinReserve = -1
-	}
-	if do.Headroom == 0 {
-		do.Headroom = -1
-	}
+	do := *d
+	do.Logger = o.Logger
 	return do
 }
