@@ -447,7 +447,12 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 		writeError(w, http.StatusBadRequest, "body is JSON null; want a JSON object", nil)
 		return false
 	}
-	if dup, err := duplicateMember(body); err == nil && dup != "" {
+	dup, err := duplicateMember(body)
+	switch {
+	case errors.Is(err, errTooDeep):
+		writeError(w, http.StatusBadRequest, "body is "+err.Error()+"; nothing was changed", nil)
+		return false
+	case err == nil && dup != "":
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("body names member %s twice", dup), nil)
 		return false
 	}

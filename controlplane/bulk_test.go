@@ -163,15 +163,19 @@ func TestAdminExportImportRoundTrip(t *testing.T) {
 	expect(t, call(t, "POST", baseB+"/api/import", small), 200, `{"revision":2}`)
 	expect(t, call(t, "GET", baseB+"/api/export", ""), 200, strings.Replace(small, `"revision":77`, `"revision":2`, 1))
 	// An invalid document changes nothing, and says where, by position.
-	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}},{"id":"p"}],"keys":[{"key_hash":"`+hash("x")+`","policies":["q"]}]}`), 422,
+	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}},{"id":"p"}],"apis":[],"keys":[{"key_hash":"`+hash("x")+`","policies":["q"]}]}`), 422,
 		`{"error":"the document is not a valid configuration; nothing was changed","problems":[`+
 			`{"path":"policies[1].id","problem":"duplicate policy id \"p\" (first at policies[0].id)"},`+
 			`{"path":"keys[0].policies[0]","problem":"unknown policy \"q\""}]}`)
-	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}},{"id":"q","quota":{"max":1,"renewal":"1h"},"rate":{"requests":1,"per":1}}]}`), 422,
+	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[{"id":"p","rate":{"requests":1,"per":"1s"}},{"id":"q","quota":{"max":1,"renewal":"1h"},"rate":{"requests":1,"per":1}}],"apis":[],"keys":[]}`), 422,
 		`{"error":"the document has objects that cannot be read; nothing was changed","problems":[{"path":"policies[1].rate.per","problem":"number 1: a duration is a string with its unit, like \"1h\" or \"500ms\""}]}`)
 	expect(t, call(t, "GET", baseB+"/api/revision", ""), 200, `{"revision":2}`)
-	// Importing an empty document empties the state.
-	expect(t, call(t, "POST", baseB+"/api/import", `{}`), 200, `{"revision":3}`)
+	// A document that leaves a list out is refused (an import replaces
+	// the whole state: a partial document would delete the rest);
+	// empty lists empty the state.
+	expect(t, call(t, "POST", baseB+"/api/import", `{}`), 422, `{"error":"the document leaves a list out, and an import replaces the whole state; nothing was changed","problems":[`+
+		`{"path":"policies","problem":"missing: give every list (an empty list, [], deletes them all)"},{"path":"apis","problem":"missing: give every list (an empty list, [], deletes them all)"},{"path":"keys","problem":"missing: give every list (an empty list, [], deletes them all)"}]}`)
+	expect(t, call(t, "POST", baseB+"/api/import", `{"policies":[],"apis":[],"keys":[]}`), 200, `{"revision":3}`)
 	expect(t, call(t, "GET", baseB+"/api/export", ""), 200, `{"format_version":1,"revision":3,"policies":[],"apis":[],"keys":[]}`)
 }
 

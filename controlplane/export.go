@@ -331,6 +331,18 @@ func decodeExport(body io.Reader) (*spec.Snapshot, error) {
 	default:
 		return nil, readFailure(err)
 	}
+	// An import replaces the whole state, so a document that leaves a list
+	// out (a hand-written {"policies": [...]} meant as a partial update, or
+	// {}) would delete all of it: each list must be there, [] to empty it.
+	var missing spec.Errors
+	for _, m := range []string{"policies", "apis", "keys"} {
+		if !seen[m] {
+			missing = append(missing, &spec.Error{Path: m, Problem: "missing: give every list (an empty list, [], deletes them all)"})
+		}
+	}
+	if len(missing) > 0 {
+		return nil, &importProblems{"the document leaves a list out, and an import replaces the whole state; nothing was changed", missing}
+	}
 	if len(problems) > 0 {
 		return nil, &importProblems{"the document has objects that cannot be read; nothing was changed", problems}
 	}
@@ -365,7 +377,11 @@ func eachElement(dec *json.Decoder, member string, problems *spec.Errors, fn fun
 			// key hash or a secret other than the one sent.
 			return badDocument("body is not valid UTF-8 (in %s)", at)
 		}
-		if dup, err := duplicateMember(raw); err == nil && dup != "" {
+		dup, err := duplicateMember(raw)
+		switch {
+		case errors.Is(err, errTooDeep):
+			return badDocument("%s is %v", at, err)
+		case err == nil && dup != "":
 			return badDocument("body names member %s twice", at+"."+dup)
 		}
 		if e := fn(at, raw); e != nil {

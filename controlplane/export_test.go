@@ -46,7 +46,7 @@ var importTargets = []struct {
 
 // adminOver serves the admin API over s on a real HTTP server and returns
 // its URL.
-func adminOver(t *testing.T, s controlplane.Store, o controlplane.AdminOptions) string {
+func adminOver(t testing.TB, s controlplane.Store, o controlplane.AdminOptions) string {
 	t.Helper()
 	o.Store, o.Token = s, token
 	if o.Log == nil {
@@ -413,8 +413,12 @@ func TestImportRefusesBadDocuments(t *testing.T) {
 						`{"path":"keys[0].policies[0]","problem":"unknown policy \"q\""},` +
 						`{"path":"keys[1].key_hash","problem":"\"` + strings.ToUpper(hash("x")[7:]) + `\" is not sha256:\u003c64 hex digits\u003e"},` +
 						`{"path":"keys[1].policies","problem":"a key needs at least one policy (or api_limits)"}]}`},
-				{"a key named twice in two cases", `{"keys":[{"key_hash":"` + hash("x") + `","policies":["mine"]},{"key_hash":"` + strings.Replace(strings.ToUpper(hash("x")), "SHA256", "sha256", 1) + `","policies":["mine"]}],"policies":[{"id":"mine"}]}`, 422,
+				{"a key named twice in two cases", `{"keys":[{"key_hash":"` + hash("x") + `","policies":["mine"]},{"key_hash":"` + strings.Replace(strings.ToUpper(hash("x")), "SHA256", "sha256", 1) + `","policies":["mine"]}],"policies":[{"id":"mine"}],"apis":[]}`, 422,
 					`{"error":"the document is not a valid configuration; nothing was changed","problems":[{"path":"keys[1].key_hash","problem":"same key as keys[0]"}]}`},
+				{"lists left out", `{"policies":[]}`, 422, `{"error":"the document leaves a list out, and an import replaces the whole state; nothing was changed","problems":[` +
+					`{"path":"apis","problem":"missing: give every list (an empty list, [], deletes them all)"},{"path":"keys","problem":"missing: give every list (an empty list, [], deletes them all)"}]}`},
+				{"an empty object", `{}`, 422, `{"error":"the document leaves a list out, and an import replaces the whole state; nothing was changed","problems":[` +
+					`{"path":"policies","problem":"missing: give every list (an empty list, [], deletes them all)"},{"path":"apis","problem":"missing: give every list (an empty list, [], deletes them all)"},{"path":"keys","problem":"missing: give every list (an empty list, [], deletes them all)"}]}`},
 				{"a member named twice", `{"policies":[],"Policies":[]}`, 400, `{"error":"body names member \"Policies\" twice"}`},
 				{"a member named twice in a key", `{"keys":[{"key_hash":"` + hash("x") + `","policies":["p"],"Policies":[]}]}`, 400, `{"error":"body names member keys[0].\"Policies\" twice"}`},
 				{"an unknown member", `{"format_version":1,"secrets":[]}`, 400, `{"error":"body has member secrets, which an export document does not (it has format_version, revision, policies, apis, keys)"}`},

@@ -7,16 +7,28 @@ package controlplane
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
 )
 
+// maxNesting bounds the objects and arrays duplicateMember follows into:
+// spec's documents nest a few levels, and each level's path repeats its
+// parent's, so a hostile 100,000-deep body of 200 KB would build paths of
+// 15 GB together.
+const maxNesting = 64
+
+// errTooDeep is duplicateMember's error for a document nested more than
+// maxNesting deep.
+var errTooDeep = fmt.Errorf("JSON nested more than %d deep", maxNesting)
+
 // duplicateMember returns the path of the first member an object of the
 // JSON document names twice ("rate", "policies[2].rate.per",
 // "api_limits.\"orders\""), or "" when there is none. It reads tokens only
 // (no values are built); a syntax error is returned for the decoder to
-// report.
+// report, and errTooDeep for a document nested more than maxNesting deep
+// (the caller refuses it).
 func duplicateMember(doc []byte) (string, error) {
 	type frame struct {
 		object bool
@@ -76,6 +88,12 @@ func duplicateMember(doc []byte) (string, error) {
 			at = next()
 		}
 		member = ""
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if len(stack) >= maxNesting {
+				return "", errTooDeep
+			}
+		}
 		switch tok {
 		case json.Delim('{'):
 			stack = append(stack, frame{object: true, seen: map[string]struct{}{}, path: at})
@@ -158,6 +176,12 @@ func valuePath(doc []byte, field string) string {
 		}
 		if _, isString := tok.(string); !isString && len(segs) > 0 && segs[len(segs)-1] == want[len(want)-1] && holds(segs, want) {
 			return displayPath(segs)
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if len(stack) >= maxNesting {
+				return "" // beyond any path spec names
+			}
 		}
 		switch tok {
 		case json.Delim('{'):

@@ -1,6 +1,9 @@
 package controlplane
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestDuplicateMember(t *testing.T) {
 	for _, c := range []struct{ doc, want string }{
@@ -40,5 +43,22 @@ func TestValuePath(t *testing.T) {
 		if got := valuePath([]byte(c.doc), c.field); got != c.want {
 			t.Errorf("%s %s: %q, want %q", c.doc, c.field, got, c.want)
 		}
+	}
+}
+
+// TestDuplicateMemberTooDeep: a body nested 100,000 deep (200 KB) once
+// built paths of some 15 GB; past maxNesting it is refused at once, and at
+// maxNesting it is still read.
+func TestDuplicateMemberTooDeep(t *testing.T) {
+	deep := `{"rate":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`
+	if _, err := duplicateMember([]byte(deep)); err != errTooDeep {
+		t.Fatalf("100,000 deep: %v, want errTooDeep", err)
+	}
+	ok := strings.Repeat("[", maxNesting) + strings.Repeat("]", maxNesting)
+	if dup, err := duplicateMember([]byte(ok)); err != nil || dup != "" {
+		t.Fatalf("%d deep: %q, %v, want no duplicate and no error", maxNesting, dup, err)
+	}
+	if got := valuePath([]byte(deep), "rate.x"); got != "" {
+		t.Fatalf("valuePath of a 100,000-deep body: %q, want \"\"", got)
 	}
 }

@@ -150,6 +150,18 @@ func RedactURL(connString string) string {
 	if strings.Contains(connString, "password") {
 		return "(connection string)"
 	}
+	// A URL that does not parse (a password with a stray %, say): its
+	// user information is cut by hand, up to the last @ before the path.
+	if scheme, rest, ok := strings.Cut(connString, "://"); ok {
+		end := len(rest)
+		if i := strings.IndexAny(rest, "/?"); i >= 0 {
+			end = i
+		}
+		if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+			user, _, _ := strings.Cut(rest[:at], ":")
+			return scheme + "://" + user + ":xxxxx" + rest[at:]
+		}
+	}
 	return connString
 }
 

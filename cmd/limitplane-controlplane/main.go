@@ -109,6 +109,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -435,6 +436,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if *storeURL != "" && !isPostgresURL(*storeURL) {
 		return &usageError{fmt.Errorf("-store %s: want a postgres:// or postgresql:// URL (leave -store out to keep the state in the -data file)", controlplane.RedactURL(*storeURL))}
+	}
+	// A URL without a host would reach whatever server libpq's defaults
+	// name (the local socket, as the current user): an empty control plane
+	// under a new history, whose snapshot every gateway would apply.
+	if u, err := url.Parse(*storeURL); *storeURL != "" && err == nil && u.Host == "" && !u.Query().Has("host") {
+		return &usageError{fmt.Errorf("-store %s: the URL names no host (postgres://user@host:5432/db; for a unix socket, postgres:///db?host=/run/postgresql)", controlplane.RedactURL(*storeURL))}
 	}
 	token := getenv("LP_CP_ADMIN_TOKEN")
 	if *tokenFile != "" {

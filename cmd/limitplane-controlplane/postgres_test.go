@@ -75,6 +75,19 @@ func TestStoreFlagRefusals(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "want a postgres:// or postgresql:// URL") || strings.Contains(out, "pw-in-url") {
 		t.Fatalf("-store mysql://…: status %d, output %q; want 2, the URL refused without its password", code, out)
 	}
+	// No host: libpq's defaults would pick a server; refused.
+	for _, u := range []string{"postgres://", "postgresql:///lp", "postgres://u:pw-in-url@/lp"} {
+		code, out = runExit(t, nil, "-store", u)
+		if code != 2 || !strings.Contains(out, "the URL names no host") || strings.Contains(out, "pw-in-url") {
+			t.Fatalf("-store %s: status %d, output %q; want 2, no host, without the password", u, code, out)
+		}
+	}
+	// A password that is not valid percent-encoding: the URL does not
+	// parse, and the password is still cut from the message.
+	code, out = runExit(t, nil, "-store", "postgres://u:s%zzpw-in-url@127.0.0.1:1/lp")
+	if code == 0 || strings.Contains(out, "pw-in-url") || !strings.Contains(out, "postgres://u:xxxxx@127.0.0.1:1/lp") {
+		t.Fatalf("-store with a bad %%-escape in the password: status %d, output %q; want a failure without the password", code, out)
+	}
 	// Port 1 on loopback: nothing listens there.
 	code, out = runExit(t, nil, "-store", "postgres://u:pw-in-url@127.0.0.1:1/lp?connect_timeout=2")
 	if code != 1 || !strings.Contains(out, "store postgres://u:xxxxx@127.0.0.1:1/lp") || !strings.Contains(out, "database is unavailable") || strings.Contains(out, "pw-in-url") {

@@ -15,10 +15,15 @@
 // set on the child process, as `runuser -u postgres` would), in a
 // directory chowned to it.
 //
-// The binaries are found in $PG_BIN, then on PATH, then in the newest
-// /usr/lib/postgresql/*/bin (where Debian puts them, off PATH). A test
-// that uses this package fails, never skips, when they are missing: .ci/run
-// installs Debian's postgresql package.
+// Server.StartStandby adds a streaming standby (pg_basebackup -R, on a port
+// of its own, optionally the primary's synchronous standby) and
+// Server.Promote promotes it, for failover tests.
+//
+// The binaries are found in $PG_BIN, then on PATH (a symlink followed to
+// its directory), then in the newest /usr/lib/postgresql/*/bin (where
+// Debian puts them, off PATH). A test that uses this package fails, never
+// skips, when they are missing: .ci/run installs Debian's postgresql
+// package.
 package pgtest
 
 import (
@@ -32,6 +37,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -66,6 +72,7 @@ type Server struct {
 	o    Options
 	bin  string
 	cred *syscall.Credential // nil unless the test runs as root
+	name string              // a standby's application_name; "" for a primary
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -137,6 +144,12 @@ func binDir() (string, error) {
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if _, err := exec.LookPath("postgres"); err == nil {
+			// A symlink on PATH (as /usr/local/bin/initdb to Debian's)
+			// leads to the directory of the other programs too
+			// (pg_basebackup).
+			if real, err := filepath.EvalSymlinks(p); err == nil {
+				p = real
+			}
 			return filepath.Dir(p), nil
 		}
 	}
@@ -291,4 +304,185 @@ func (s *Server) stop() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
+}
+
+// StandbyOptions configure StartStandby. The zero value is usable: an
+// asynchronous standby.
+type StandbyOptions struct {
+	// Synchronous makes the standby the primary's synchronous standby
+	// (synchronous_standby_names names it, and synchronous_commit stays
+	// on): a commit on the primary returns once the standby has its WAL
+	// (written to its OS; flushed to its disk too when Options.Durable),
+	// so the standby has every acknowledged commit when it is promoted.
+	Synchronous bool
+}
+
+// StartStandby starts a streaming standby of s: pg_basebackup -R (as
+// the postgres user when root) from s into a new temporary directory,
+// postgres on a free port of its own, waited for until it is in recovery
+// and its WAL receiver streams from s (and, with o.Synchronous, until s
+// reports it as its synchronous standby, sync_state = 'sync'). The
+// standby is a *Server (read-only until Promote) with its own Dir, Port
+// and ConnString, stopped and removed by t.Cleanup (before s, being
+// registered after it). It inherits s's Options. It calls t.Fatal when
+// any step fails or the standby does not stream within 30 s.
+//
+// The primary needs nothing set beforehand: PostgreSQL's defaults have
+// wal_level = replica and max_wal_senders = 10, and initdb --auth=trust
+// (as Start runs it) lets loopback replication connections in.
+func (s *Server) StartStandby(t testing.TB, o StandbyOptions) *Server {
+	t.Helper()
+	sb := &Server{t: t, o: s.o, bin: s.bin, cred: s.cred}
+	var err error
+	if sb.Dir, err = os.MkdirTemp("", "pgtest-standby-"); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	sb.name = filepath.Base(sb.Dir) // unique while it runs
+	t.Cleanup(func() { os.RemoveAll(sb.Dir) })
+	if sb.cred != nil {
+		if err := os.Chown(sb.Dir, int(sb.cred.Uid), int(sb.cred.Gid)); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	// -R writes primary_conninfo (with this application_name, which
+	// synchronous_standby_names matches) and standby.signal; -X stream
+	// copies the WAL written meanwhile; -c fast starts at once.
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", s.Port, sb.name)
+	if out, err := sb.command("pg_basebackup", "-D", sb.dataDir(), "-d", conninfo, "-R", "-X", "stream", "-c", "fast", "--no-sync").CombinedOutput(); err != nil {
+		t.Fatalf("pgtest: pg_basebackup: %v\n%s", err, out)
+	}
+	// The copy has the primary's postgresql.auto.conf: a promoted standby
+	// must not wait for the primary's synchronous standby.
+	if err := appendFile(filepath.Join(sb.dataDir(), "postgresql.auto.conf"), "synchronous_standby_names = ''\n"); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ { // as Start: a freed port can be taken again
+		sb.Port = freePort(t)
+		if lastErr = sb.launch(); lastErr == nil {
+			break
+		}
+	}
+	if lastErr != nil {
+		t.Fatalf("pgtest: start the standby: %v", lastErr)
+	}
+	t.Cleanup(sb.stop)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if o.Synchronous {
+		if err := s.exec(ctx, fmt.Sprintf("ALTER SYSTEM SET synchronous_standby_names = '%q'", sb.name), "SELECT pg_reload_conf()"); err != nil {
+			t.Fatalf("pgtest: make %s synchronous: %v", sb.name, err)
+		}
+	}
+	want := "async"
+	if o.Synchronous {
+		want = "sync"
+	}
+	err = waitFor(ctx, func() (bool, error) {
+		var inRecovery bool
+		if err := sb.queryRow(ctx, "SELECT pg_is_in_recovery()", &inRecovery); err != nil || !inRecovery {
+			return false, err
+		}
+		var receiving bool
+		if err := sb.queryRow(ctx, "SELECT count(*) = 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'", &receiving); err != nil || !receiving {
+			return false, err
+		}
+		var state string
+		err := s.queryRow(ctx, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'", &state, sb.name)
+		return state == want, err
+	})
+	if err != nil {
+		t.Fatalf("pgtest: standby %s not streaming (sync_state %s) after %v: %v; its log:\n%s", sb.name, want, startTimeout, err, sb.Log())
+	}
+	return sb
+}
+
+// Promote promotes a standby started by StartStandby (pg_ctl promote)
+// and waits until it accepts writes (pg_is_in_recovery() is false and
+// transaction_read_only off), within 30 s, or calls t.Fatal.
+func (s *Server) Promote() {
+	s.t.Helper()
+	if out, err := s.command("pg_ctl", "-D", s.dataDir(), "promote", "-w", "-t", strconv.Itoa(int(startTimeout/time.Second))).CombinedOutput(); err != nil {
+		s.t.Fatalf("pgtest: pg_ctl promote: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	err := waitFor(ctx, func() (bool, error) {
+		var readOnly string
+		if err := s.queryRow(ctx, "SELECT CASE WHEN pg_is_in_recovery() THEN 'on' ELSE current_setting('transaction_read_only') END", &readOnly); err != nil {
+			return false, err
+		}
+		return readOnly == "off", nil
+	})
+	if err != nil {
+		s.t.Fatalf("pgtest: promoted server not accepting writes after %v: %v; its log:\n%s", startTimeout, err, s.Log())
+	}
+}
+
+// MultiHostConnString is a connection string (a URL) to Database on every
+// one of servers, in order, with target_session_attrs=read-write: pgx
+// (as libpq) connects to the first of them that accepts writes, so a
+// client follows a promoted standby by connecting again.
+func MultiHostConnString(servers ...*Server) string {
+	hosts := make([]string, len(servers))
+	for i, s := range servers {
+		hosts[i] = "127.0.0.1:" + strconv.Itoa(s.Port)
+	}
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write", strings.Join(hosts, ","), Database)
+}
+
+// exec runs each statement on the postgres database, in order.
+func (s *Server) exec(ctx context.Context, sqls ...string) error {
+	conn, err := pgx.Connect(ctx, s.connString("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, q := range sqls {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// queryRow scans the one row of sql on the postgres database into dst.
+func (s *Server) queryRow(ctx context.Context, sql string, dst any, args ...any) error {
+	conn, err := pgx.Connect(ctx, s.connString("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, sql, args...).Scan(dst)
+}
+
+// waitFor calls cond every 50 ms until it reports true or ctx ends; it
+// returns ctx's error with cond's last error.
+func waitFor(ctx context.Context, cond func() (bool, error)) error {
+	var last error
+	for {
+		ok, err := cond()
+		if ok && err == nil {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// appendFile appends text to the existing file path (keeping its owner).
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
