@@ -160,7 +160,7 @@ func TestAdminAuditLines(t *testing.T) {
 		t.Fatalf("deleting it again: %d %s", a.status, a.body)
 	}
 	// Bulk writes are writes too: audited and counted like the others.
-	expect(t, call(t, "POST", srv.URL+"/api/import", `{"policies":[{"id":"p"}]}`), 200, `{"revision":3}`)
+	expect(t, call(t, "POST", srv.URL+"/api/import", `{"policies":[{"id":"p"}],"apis":[],"keys":[]}`), 200, `{"revision":3}`)
 	expect(t, call(t, "POST", srv.URL+"/api/keys:batch", `{"keys":[{"key_hash":"`+hash("k1")+`","policies":["p"]}]}`), 200, `{"revision":4,"key_hashes":["`+hash("k1")+`"]}`)
 	id := controlplane.TokenID(token)
 	if len(id) != len("sha256:")+12 || !strings.HasPrefix(controlplane.HashToken(token), id) {

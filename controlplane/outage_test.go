@@ -120,7 +120,7 @@ func TestAdminWhileStoreUnavailable(t *testing.T) {
 	base := adminOver(t, s, controlplane.AdminOptions{Log: slog.New(slog.NewTextHandler(&log, nil))})
 	before := call(t, "GET", base+"/api/export", "").body
 	k := hash("k1")
-	imp := `{"format_version":1,"policies":[{"id":"p"}]}`
+	imp := `{"format_version":1,"policies":[{"id":"p"}],"apis":[],"keys":[]}`
 
 	s.down.Store(true)
 	const cause = "outage test double: dial tcp 127.0.0.1:5432: connect: connection refused: controlplane: the store's database is unavailable"

@@ -482,22 +482,7 @@ func (s *SyncServer) computeCurrentView(ctx context.Context, tags []string, tkey
 		if err != nil {
 			return view{}, fmt.Errorf("controlplane: sync: read snapshot: %w", err)
 		}
-		var rule *filter
-		err = s.o.Store.View(ctx, func(r Reader) error {
-			if r.Revision() != snap.Revision {
-				return nil
-			}
-			pols, err := r.Policies()
-			if err != nil {
-				return err
-			}
-			apis, err := r.APIs()
-			if err != nil {
-				return err
-			}
-			rule = newFilter(pols, apis, tags)
-			return nil
-		})
+		rule, err := s.filterAt(ctx, snap.Revision, tags)
 		if err != nil {
 			return view{}, fmt.Errorf("controlplane: sync: read policies and APIs: %w", err)
 		}
@@ -1030,8 +1015,16 @@ func (s *SyncServer) snapshotView(ctx context.Context, tags []string, nonce stri
 	v := view{revision: snap.Revision, digest: digest}
 	// Select's rule at the snapshot's revision, when the state has not
 	// moved since (else it is read when the next changes are planned).
-	err = s.o.Store.View(ctx, func(r Reader) error {
-		if r.Revision() != snap.Revision {
+	v.filter, err = s.filterAt(ctx, snap.Revision, tags)
+	return snap, chunks, v, err
+}
+
+// filterAt returns Select's rule for tags at revision rev, read from the
+// store's policies and APIs; nil when the state has moved past rev.
+func (s *SyncServer) filterAt(ctx context.Context, rev uint64, tags []string) (*filter, error) {
+	var rule *filter
+	err := s.o.Store.View(ctx, func(r Reader) error {
+		if r.Revision() != rev {
 			return nil
 		}
 		pols, err := r.Policies()
@@ -1042,10 +1035,10 @@ func (s *SyncServer) snapshotView(ctx context.Context, tags []string, nonce stri
 		if err != nil {
 			return err
 		}
-		v.filter = newFilter(pols, apis, tags)
+		rule = newFilter(pols, apis, tags)
 		return nil
 	})
-	return snap, chunks, v, err
+	return rule, err
 }
 
 // planChanges returns the Changes that bring a data plane with tags from
