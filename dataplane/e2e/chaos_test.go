@@ -114,6 +114,49 @@ func (w *chaosWriter) randomPolicies() []string {
 	return out
 }
 
+// change is the writer's next change to key k, chosen by r (0..99): the
+// write, the object it writes (its kind, id and op, for the change log),
+// and what to record in the model once it is acknowledged (nil: nothing).
+// The HA chaos test's writers make the same mix.
+func (w *chaosWriter) change(k *modelKey, r int) (wr write, obj controlplane.Object, id string, op controlplane.Op, after func()) {
+	obj, id, op = controlplane.ObjectKey, k.hash(), controlplane.OpPut
+	switch {
+	case !k.exists:
+		pol, limited := w.randomPolicies(), w.rng.IntN(3) == 0
+		body := map[string]any{"key": k.plain, "policies": pol}
+		if limited {
+			body["api_limits"] = map[string]any{"dp1-api": map[string]any{"quota": map[string]any{"max": 50, "renewal": "1h"}}}
+		}
+		wr = write{method: "POST", path: "/api/keys", body: body, create: true}
+		after = func() { k.exists, k.ever, k.policies, k.limited = true, true, pol, limited }
+	case r < 35:
+		pol, limited := w.randomPolicies(), w.rng.IntN(3) == 0
+		nk := modelKey{policies: pol, limited: limited}
+		path := "/api/keys/" + k.hash()
+		if w.rng.IntN(2) == 0 {
+			path += "?suppress_reset=1"
+		}
+		wr = write{method: "PUT", path: path, body: nk.spec()}
+		after = func() { k.policies, k.limited = pol, limited }
+	case r < 50:
+		wr = write{method: "DELETE", path: "/api/keys/" + k.hash(), remove: true}
+		op = controlplane.OpDelete
+		after = func() { k.exists = false }
+	case r < 75:
+		path := "/api/keys/" + k.hash() + "/reset-quota"
+		if k.limited && w.rng.IntN(2) == 0 {
+			path += "?api=dp1-api"
+		}
+		wr = write{method: "POST", path: path}
+	default:
+		max := 1000 + w.rng.Int64N(1000)
+		wr = write{method: "PUT", path: "/api/policies/" + w.policy, body: quotaPolicy(w.policy, max)}
+		obj, id = controlplane.ObjectPolicy, w.policy
+		after = func() { w.max = max }
+	}
+	return wr, obj, id, op, after
+}
+
 // run makes n changes.
 func (w *chaosWriter) run(ctx context.Context, n int) error {
 	for i := range n {
@@ -121,39 +164,10 @@ func (w *chaosWriter) run(ctx context.Context, n int) error {
 		var after func()
 		k := w.keys[w.rng.IntN(len(w.keys))]
 		r := w.rng.IntN(100)
-		switch {
-		case w.resets[i] != "":
+		if w.resets[i] != "" {
 			wr = write{method: "POST", path: "/api/keys/" + identity.HashKey(w.resets[i]).String() + "/reset-quota"}
-		case !k.exists:
-			pol, limited := w.randomPolicies(), w.rng.IntN(3) == 0
-			body := map[string]any{"key": k.plain, "policies": pol}
-			if limited {
-				body["api_limits"] = map[string]any{"dp1-api": map[string]any{"quota": map[string]any{"max": 50, "renewal": "1h"}}}
-			}
-			wr = write{method: "POST", path: "/api/keys", body: body, create: true}
-			after = func() { k.exists, k.ever, k.policies, k.limited = true, true, pol, limited }
-		case r < 35:
-			pol, limited := w.randomPolicies(), w.rng.IntN(3) == 0
-			nk := modelKey{policies: pol, limited: limited}
-			path := "/api/keys/" + k.hash()
-			if w.rng.IntN(2) == 0 {
-				path += "?suppress_reset=1"
-			}
-			wr = write{method: "PUT", path: path, body: nk.spec()}
-			after = func() { k.policies, k.limited = pol, limited }
-		case r < 50:
-			wr = write{method: "DELETE", path: "/api/keys/" + k.hash(), remove: true}
-			after = func() { k.exists = false }
-		case r < 75:
-			path := "/api/keys/" + k.hash() + "/reset-quota"
-			if k.limited && w.rng.IntN(2) == 0 {
-				path += "?api=dp1-api"
-			}
-			wr = write{method: "POST", path: path}
-		default:
-			max := 1000 + w.rng.Int64N(1000)
-			wr = write{method: "PUT", path: "/api/policies/" + w.policy, body: quotaPolicy(w.policy, max)}
-			after = func() { w.max = max }
+		} else {
+			wr, _, _, _, after = w.change(k, r)
 		}
 		lost, err := w.cp.retry(ctx, wr)
 		w.lost += lost

@@ -286,45 +286,8 @@ func (w *haWriter) run(ctx context.Context, n int) error {
 			w.applied.Add(1)
 			continue
 		}
-		var wr write
-		var after func()
 		k := w.keys[w.rng.IntN(len(w.keys))]
-		obj, id, op := controlplane.ObjectKey, k.hash(), controlplane.OpPut
-		r := w.rng.IntN(100)
-		switch {
-		case !k.exists:
-			pol, limited := w.randomPolicies(), w.rng.IntN(3) == 0
-			body := map[string]any{"key": k.plain, "policies": pol}
-			if limited {
-				body["api_limits"] = map[string]any{"dp1-api": map[string]any{"quota": map[string]any{"max": 50, "renewal": "1h"}}}
-			}
-			wr = write{method: "POST", path: "/api/keys", body: body, create: true}
-			after = func() { k.exists, k.ever, k.policies, k.limited = true, true, pol, limited }
-		case r < 35:
-			pol, limited := w.randomPolicies(), w.rng.IntN(3) == 0
-			nk := modelKey{policies: pol, limited: limited}
-			path := "/api/keys/" + k.hash()
-			if w.rng.IntN(2) == 0 {
-				path += "?suppress_reset=1"
-			}
-			wr = write{method: "PUT", path: path, body: nk.spec()}
-			after = func() { k.policies, k.limited = pol, limited }
-		case r < 50:
-			wr = write{method: "DELETE", path: "/api/keys/" + k.hash(), remove: true}
-			op = controlplane.OpDelete
-			after = func() { k.exists = false }
-		case r < 75:
-			path := "/api/keys/" + k.hash() + "/reset-quota"
-			if k.limited && w.rng.IntN(2) == 0 {
-				path += "?api=dp1-api"
-			}
-			wr = write{method: "POST", path: path}
-		default:
-			max := 1000 + w.rng.Int64N(1000)
-			wr = write{method: "PUT", path: "/api/policies/" + w.policy, body: quotaPolicy(w.policy, max)}
-			obj, id = controlplane.ObjectPolicy, w.policy
-			after = func() { w.max = max }
-		}
+		wr, obj, id, op, after := w.change(k, w.rng.IntN(100))
 		rev, lost, err := w.h.haRetry(ctx, w.rng, wr)
 		w.lost += lost
 		if err != nil {
