@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -68,34 +67,7 @@ func TestPostgresReplicasGapFree(t *testing.T) {
 	b := openPostgres(t, srv.ConnString(), controlplane.PostgresOptions{})
 	update(t, a, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
 	const writers, each = 16, 25
-	revs := make(chan uint64, writers*each)
-	var wg sync.WaitGroup
-	for w := range writers {
-		s := []controlplane.Store{a, b}[w%2]
-		wg.Go(func() {
-			for i := range each {
-				k := spec.Key{KeyHash: hash(fmt.Sprint(w, "-", i)), Policies: []string{"gold"}}
-				rev, err := s.Update(ctx, func(tx controlplane.Tx) error { return tx.PutKey(k) })
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				revs <- rev
-			}
-		})
-	}
-	wg.Wait()
-	close(revs)
-	var got []int
-	for r := range revs {
-		got = append(got, int(r))
-	}
-	slices.Sort(got)
-	for i, r := range got {
-		if r != i+2 || len(got) != writers*each {
-			t.Fatalf("revisions %v: want 2..%d, each once", got, writers*each+1)
-		}
-	}
+	putKeysConcurrently(t, writers, each, a, b)
 	for name, s := range map[string]controlplane.Store{"a": a, "b": b} {
 		if got := revision(t, s); got != writers*each+1 {
 			t.Fatalf("store %s at revision %d, want %d", name, got, writers*each+1)

@@ -265,33 +265,7 @@ func TestConcurrentWritesGetDistinctRevisions(t *testing.T) {
 		ctx := context.Background()
 		update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
 		const writers, each = 16, 25
-		revs := make(chan uint64, writers*each)
-		var wg sync.WaitGroup
-		for w := range writers {
-			wg.Go(func() {
-				for i := range each {
-					k := spec.Key{KeyHash: hash(fmt.Sprint(w, "-", i)), Policies: []string{"gold"}}
-					rev, err := s.Update(ctx, func(tx controlplane.Tx) error { return tx.PutKey(k) })
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					revs <- rev
-				}
-			})
-		}
-		wg.Wait()
-		close(revs)
-		var got []int
-		for r := range revs {
-			got = append(got, int(r))
-		}
-		sort.Ints(got)
-		for i, r := range got {
-			if r != i+2 {
-				t.Fatalf("revisions %v: want 2..%d, each once", got, writers*each+1)
-			}
-		}
+		putKeysConcurrently(t, writers, each, s)
 		snap, err := s.Snapshot(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -801,4 +775,41 @@ func TestKeysPages(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// putKeysConcurrently has writers goroutines put each keys apiece (policy
+// gold), writer w through stores[w%len(stores)], and fails t unless the
+// writes got the revisions 2 to writers×each+1, each once (the store held
+// only gold, at revision 1).
+func putKeysConcurrently(t *testing.T, writers, each int, stores ...controlplane.Store) {
+	t.Helper()
+	ctx := context.Background()
+	revs := make(chan uint64, writers*each)
+	var wg sync.WaitGroup
+	for w := range writers {
+		s := stores[w%len(stores)]
+		wg.Go(func() {
+			for i := range each {
+				k := spec.Key{KeyHash: hash(fmt.Sprint(w, "-", i)), Policies: []string{"gold"}}
+				rev, err := s.Update(ctx, func(tx controlplane.Tx) error { return tx.PutKey(k) })
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				revs <- rev
+			}
+		})
+	}
+	wg.Wait()
+	close(revs)
+	var got []int
+	for r := range revs {
+		got = append(got, int(r))
+	}
+	sort.Ints(got)
+	for i, r := range got {
+		if r != i+2 || len(got) != writers*each {
+			t.Fatalf("revisions %v: want 2..%d, each once", got, writers*each+1)
+		}
+	}
 }
