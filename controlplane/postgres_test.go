@@ -253,3 +253,15 @@ func TestRedactURL(t *testing.T) {
 		t.Fatalf("error of a bad connection string: %v; want one without the password", err)
 	}
 }
+
+// TestPostgresReplicasIncrementsLoseNothing: the read-modify-writes of
+// TestConcurrentIncrementsLoseNothing through two Postgres stores on one
+// database: a store's reads, speculative or prefetched before it locks
+// the revision, never hide a write the other store committed.
+func TestPostgresReplicasIncrementsLoseNothing(t *testing.T) {
+	srv := pgtest.Start(t, pgtest.Options{})
+	a := openPostgres(t, srv.ConnString(), controlplane.PostgresOptions{})
+	b := openPostgres(t, srv.ConnString(), controlplane.PostgresOptions{})
+	update(t, a, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
+	incrementKeysConcurrently(t, 16, 25, 4, a, b)
+}
