@@ -893,7 +893,12 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	pb.Queue("SELECT pg_notify($1, $2)", notifyChannel, strconv.FormatUint(rev, 10))
 	pb.Queue("COMMIT")
 	if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
-		return dbErr("log the changes and commit", err)
+		err = dbErr("log the changes and commit", err)
+		if errors.Is(err, ErrStoreUnavailable) {
+			// The COMMIT may have run: only its answer is known lost.
+			err = fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+		}
+		return err
 	}
 	if st := txStatus(b.tx); st != 'I' {
 		return fmt.Errorf("controlplane: commit left the transaction in state %q: %w", st, ErrStoreUnavailable)
