@@ -67,8 +67,9 @@ func BenchmarkBulkPutKeys(b *testing.B) {
 }
 
 // BenchmarkSnapshotToNewGateway measures a snapshot of n keys on its way
-// from a Bolt store to a new gateway, in steps, each reported in seconds:
-// load-s, the keys written by one Update (not part of the rest); read-s,
+// from a store (Bolt, or PostgreSQL with fsync on) to a new gateway, in
+// steps, each reported in seconds:
+// load-s, the keys written by Updates of 100,000 (not part of the rest); read-s,
 // Store.Snapshot; chunks-s, protocol.ChunksDigester (the JSON, the chunks
 // and the digest state the sync server keeps); assemble-s, a gateway's
 // protocol.Assembler over every chunk (decoding and checking the digest);
@@ -79,14 +80,15 @@ func BenchmarkBulkPutKeys(b *testing.B) {
 // digest-s is protocol.Digest of the snapshot alone, what the sync server
 // spent again before ChunksDigester.
 func BenchmarkSnapshotToNewGateway(b *testing.B) {
-	for _, n := range []int{100_000, 1_000_000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) { benchSnapshotToGateway(b, n) })
+	for _, name := range []string{"bolt", "postgres"} {
+		for _, n := range []int{100_000, 1_000_000} {
+			b.Run(fmt.Sprintf("%s/%d", name, n), func(b *testing.B) { benchSnapshotToGateway(b, benchStores(b)[name](b), n) })
+		}
 	}
 }
 
-func benchSnapshotToGateway(b *testing.B, n int) {
+func benchSnapshotToGateway(b *testing.B, s controlplane.Store, n int) {
 	ctx := context.Background()
-	s, _ := open(b, controlplane.BoltOptions{})
 	if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
 		if err := tx.PutAPI(spec.API{ID: "orders", ListenPath: "/orders/", Target: spec.BuiltinEcho}); err != nil {
 			return err
@@ -97,15 +99,17 @@ func benchSnapshotToGateway(b *testing.B, n int) {
 	}
 	keys := bulkKeys(n)
 	start := time.Now()
-	if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
-		for _, k := range keys {
-			if err := tx.PutKey(k); err != nil {
-				return err
+	for lo := 0; lo < n; lo += 100_000 {
+		if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
+			for _, k := range keys[lo:min(lo+100_000, n)] {
+				if err := tx.PutKey(k); err != nil {
+					return err
+				}
 			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
 		}
-		return nil
-	}); err != nil {
-		b.Fatal(err)
 	}
 	load := time.Since(start)
 	keys = nil
