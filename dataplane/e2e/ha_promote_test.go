@@ -23,7 +23,15 @@ import (
 
 // unavailableMsg starts the error message of the admin API's 503 while
 // the store's database is unavailable.
-const unavailableMsg = "the control plane's database is unavailable; nothing was changed"
+const unavailableMsg = "the control plane's database is unavailable; "
+
+// The two endings of unavailableMsg: a write refused before its commit,
+// and one whose connection was lost in the commit round trip
+// (controlplane.ErrCommitUnknown), which may be on the database.
+const (
+	unchangedMsg = unavailableMsg + "nothing was changed"
+	mayBeMadeMsg = unavailableMsg + "the change may have been made"
+)
 
 // keyWriters are writers creating keys through replicas picked at random
 // (POST /api/keys, one attempt per key, no retry) until stop, each
@@ -105,7 +113,17 @@ func refusedUnavailable(w outageWrite) bool {
 	var e struct {
 		Error string `json:"error"`
 	}
-	return w.status == http.StatusServiceUnavailable && json.Unmarshal([]byte(w.body), &e) == nil && strings.HasPrefix(e.Error, unavailableMsg)
+	return w.status == http.StatusServiceUnavailable && json.Unmarshal([]byte(w.body), &e) == nil &&
+		(strings.HasPrefix(e.Error, unchangedMsg) || strings.HasPrefix(e.Error, mayBeMadeMsg))
+}
+
+// mayBeMade reports whether w was answered the 503 of a write whose
+// commit's answer was lost.
+func mayBeMade(w outageWrite) bool {
+	var e struct {
+		Error string `json:"error"`
+	}
+	return w.status == http.StatusServiceUnavailable && json.Unmarshal([]byte(w.body), &e) == nil && strings.HasPrefix(e.Error, mayBeMadeMsg)
 }
 
 // replicaReadyz returns a replica's GET /readyz status and body.
@@ -330,6 +348,8 @@ func TestHAPromotedStandby(t *testing.T) {
 			case k != nil && !(w.sent.Before(stopped) && w.answer.After(stopping)):
 				t.Errorf("key %s, answered %d through %s (sent %v after the stop began, answered %v after it), is on the new primary: only a write in flight at the stop may be there unacknowledged",
 					w.key, w.status, w.replica, w.sent.Sub(stopping), w.answer.Sub(stopping))
+			case k != nil && !mayBeMade(w):
+				t.Errorf("key %s, answered %d %s through %s, is on the new primary: a write that may have been made must say so (%q)", w.key, w.status, w.body, w.replica, mayBeMadeMsg)
 			case k != nil:
 				unackedPresent++ // committed, its answer lost with the primary
 			}
