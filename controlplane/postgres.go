@@ -220,7 +220,7 @@ func OpenPostgres(ctx context.Context, connString string, o PostgresOptions) (*P
 	cfg.MaxConns = o.MaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("controlplane: postgres: %w", wrapUnavailable(err))
+		return nil, wrap("postgres", wrapUnavailable(err))
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	p := &Postgres{pool: pool, o: o, logRevs: uint64(o.ChangeLogRevisions), ctx: lctx, cancel: cancel,
@@ -316,7 +316,7 @@ func (p *Postgres) migrate(ctx context.Context) error {
 		if errors.Is(err, ErrSchemaTooNew) {
 			return err
 		}
-		return fmt.Errorf("controlplane: postgres: create or migrate the schema: %w", wrapUnavailable(err))
+		return wrap("postgres: create or migrate the schema", wrapUnavailable(err))
 	}
 	return nil
 }
@@ -370,7 +370,7 @@ func wrapUnavailable(err error) error {
 
 // dbErr wraps an error of the database doing op.
 func dbErr(op string, err error) error {
-	return fmt.Errorf("controlplane: postgres: %s: %w", op, wrapUnavailable(err))
+	return wrap("postgres: "+op, wrapUnavailable(err))
 }
 
 // RevisionChanged implements RevisionWatcher: the channel returned is
