@@ -896,7 +896,7 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 		err = dbErr("log the changes and commit", err)
 		if errors.Is(err, ErrStoreUnavailable) {
 			// The COMMIT may have run: only its answer is known lost.
-			err = fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+			err = commitUnknown{err}
 		}
 		return err
 	}
@@ -905,6 +905,15 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	}
 	return nil
 }
+
+// commitUnknown is the error of a write whose commit round trip lost its
+// connection: err, with ErrCommitUnknown, naming the package once.
+type commitUnknown struct{ err error }
+
+func (e commitUnknown) Error() string {
+	return ErrCommitUnknown.Error() + ": " + strings.TrimPrefix(e.err.Error(), prefix)
+}
+func (e commitUnknown) Unwrap() []error { return []error{ErrCommitUnknown, e.err} }
 
 // txStatus is conn's transaction status as the server last reported it:
 // 'I' idle, 'T' in a transaction, 'E' in a failed one.

@@ -290,7 +290,7 @@ func TestPostgresConnectionLostInCommit(t *testing.T) {
 		t.Fatalf("Update: %v, want ErrCommitUnknown and ErrStoreUnavailable", err)
 	}
 	a := call(t, "POST", base+"/api/keys", `{"key":"lost-too","policies":["gold"]}`)
-	const want = `{"error":"the control plane's database is unavailable; the change may have been made (the connection was lost during its commit): read the state before making it again; retry in a few seconds (controlplane: the connection to the store's database was lost during the commit; the write may have been made: controlplane: postgres: log the changes and commit: `
+	const want = `{"error":"the control plane's database is unavailable; the change may have been made (the connection was lost during its commit): read the state before making it again; retry in a few seconds (controlplane: the connection to the store's database was lost during the commit; the write may have been made: postgres: log the changes and commit: the store's database is unavailable: `
 	if a.status != 503 || !strings.HasPrefix(a.body, want) {
 		t.Fatalf("POST /api/keys: %d %s\nwant 503 %s...", a.status, a.body, want)
 	}
