@@ -306,7 +306,7 @@ func (e *Entry) grantOf(l LeaseState) lease.Grant {
 // grants nothing new).
 func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error) {
 	c := e.st.Config
-	if req.Entry.String() != c.Key.String() {
+	if req.Entry.ID() != c.Key.ID() {
 		return lease.Grant{}, fmt.Errorf("%w: %s (this entry is %s)", ErrUnknownEntry, req.Entry, c.Key)
 	}
 	if i, ok := e.index[req.ID]; ok {
@@ -357,7 +357,7 @@ func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error
 // with a *StaleTokenError.
 func (e *Entry) Report(now time.Time, rep lease.Report) (lease.ReportAck, error) {
 	c := e.st.Config
-	if rep.Entry.String() != c.Key.String() {
+	if rep.Entry.ID() != c.Key.ID() {
 		return lease.ReportAck{}, fmt.Errorf("%w: %s (this entry is %s)", ErrUnknownEntry, rep.Entry, c.Key)
 	}
 	ack := lease.ReportAck{Entry: c.Key, DataPlane: rep.DataPlane, Token: rep.Token, Seq: rep.Seq}
@@ -467,4 +467,13 @@ func copyState(s State) State {
 	s.Leases = slices.Clone(s.Leases)
 	s.DataPlanes = copyMap(s.DataPlanes)
 	return s
+}
+
+// Lease returns the lease made by request id, if any.
+func (e *Entry) Lease(id lease.RequestID) (LeaseState, bool) {
+	i, ok := e.index[id]
+	if !ok {
+		return LeaseState{}, false
+	}
+	return e.st.Leases[i], true
 }

@@ -275,7 +275,7 @@ func (h *Holder) Take(now time.Time, n int64) int64 {
 
 func (h *Holder) updateRate(now time.Time) {
 	dt := now.Sub(h.st.RateAt)
-	if dt < 100*time.Millisecond {
+	if dt < 500*time.Millisecond {
 		return
 	}
 	inst := float64(h.st.Offered) / dt.Seconds()

@@ -73,8 +73,20 @@ type EntryKey struct {
 	Epoch       uint64    `json:"epoch"`
 }
 
-// String is the key's canonical text, usable as a map key (time.Time's ==
-// compares locations too, so EntryKey itself is not).
+// EntryID is an EntryKey in a comparable form, for map keys (time.Time's
+// == compares locations too, so EntryKey itself is not one).
+type EntryID struct {
+	Consumer, Scope string
+	PeriodStart     int64 // Unix nanoseconds
+	Epoch           uint64
+}
+
+// ID returns the key's comparable form.
+func (k EntryKey) ID() EntryID {
+	return EntryID{Consumer: k.Consumer, Scope: k.Scope, PeriodStart: k.PeriodStart.UnixNano(), Epoch: k.Epoch}
+}
+
+// String is "consumer|scope|period start (Unix ns)|epoch".
 func (k EntryKey) String() string {
 	return fmt.Sprintf("%s|%s|%d|%d", k.Consumer, k.Scope, k.PeriodStart.UnixNano(), k.Epoch)
 }
