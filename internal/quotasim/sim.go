@@ -108,6 +108,8 @@ type Result struct {
 	// Grants, Reports and Fenced count messages the ledger handled and
 	// refusals for stale tokens.
 	Grants, Reports, Fenced int
+	// Restarts counts the control plane's restarts from its stored state.
+	Restarts int
 }
 
 // t0 is the virtual clock's start (the control plane's clock).
@@ -417,6 +419,7 @@ func Run(c Case, seed uint64) Result {
 				panic(fmt.Sprintf("quotasim: restart: %v", err))
 			}
 			s.store = nil
+			s.res.Restarts++
 		}
 		s.openEntries()
 		// Data-plane churn.

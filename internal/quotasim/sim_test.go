@@ -108,6 +108,16 @@ func TestDemandShift(t *testing.T) {
 	runCase(t, c, func(t *testing.T, seed uint64, r Result) { inRange(t, c.Name, seed, r, 1, 9900, 10000) })
 }
 
+// TestTightDemandShift: offered 12,000 per period, just above Q, the split
+// rotating: a data plane whose demand fell holds leases sized to its old
+// demand, which must come back for the others to reach Q.
+func TestTightDemandShift(t *testing.T) {
+	t.Parallel()
+	c := base("tight shift/strict", lease.Strict)
+	c.Offered, c.Rotate = 12000, true
+	runCase(t, c, func(t *testing.T, seed uint64, r Result) { inRange(t, c.Name, seed, r, 1, 9900, 10000) })
+}
+
 func TestCutOff(t *testing.T) {
 	t.Parallel()
 	for _, m := range []lease.Mode{lease.Strict, lease.Reserved, lease.Optimistic} {
@@ -167,11 +177,15 @@ func TestControlPlaneCrash(t *testing.T) {
 func TestDataPlaneChurn(t *testing.T) {
 	t.Parallel()
 	c := base("churn/strict", lease.Strict)
-	c.Loss, c.Dup = 0.1, 0.1
+	// Long delays, so the old holder's messages arrive after the new one's.
+	c.Loss, c.Dup, c.DelayMax = 0.1, 0.2, 1500*time.Millisecond
 	c.Churns = []Churn{{DataPlane: 0, At: 3 * time.Second}, {DataPlane: 1, At: 12 * time.Second}, {DataPlane: 0, At: 12*time.Second + 150*time.Millisecond}, {DataPlane: 2, At: 70 * time.Second}, {DataPlane: 0, At: 125 * time.Second}}
 	fenced := 0
 	runCase(t, c, func(t *testing.T, seed uint64, r Result) { fenced += r.Fenced })
 	t.Logf("%s: %d stale-token refusals over the seeds", c.Name, fenced)
+	if fenced == 0 {
+		t.Errorf("%s: no old holder's message was refused: fencing not exercised", c.Name)
+	}
 }
 
 // TestNegativeControl: with grants not debited the same checks must see
