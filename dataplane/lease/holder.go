@@ -137,9 +137,13 @@ type State struct {
 	Fenced bool `json:"fenced"`
 	// SentSeq and the Sent* counters are the last report sent; Acked*
 	// those of the last one acknowledged.
-	SentSeq                               uint64 `json:"sent_seq"`
-	SentAdmitted, SentRefused, SentFloor  int64
-	AckedAdmitted, AckedRefused, AckFloor int64
+	SentSeq       uint64 `json:"sent_seq"`
+	SentAdmitted  int64  `json:"sent_admitted"`
+	SentRefused   int64  `json:"sent_refused"`
+	SentFloor     int64  `json:"sent_floor"`
+	AckedAdmitted int64  `json:"acked_admitted"`
+	AckedRefused  int64  `json:"acked_refused"`
+	AckFloor      int64  `json:"acked_floor"`
 }
 
 // Holder holds one data plane's leases of one ledger entry.

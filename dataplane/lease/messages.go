@@ -25,21 +25,24 @@ const (
 	Optimistic
 )
 
-var modeNames = [...]string{Strict: "strict", Reserved: "reserved", Optimistic: "optimistic"}
-
 // String returns strict, reserved or optimistic.
 func (m Mode) String() string {
-	if int(m) < len(modeNames) {
-		return modeNames[m]
+	switch m {
+	case Strict:
+		return "strict"
+	case Reserved:
+		return "reserved"
+	case Optimistic:
+		return "optimistic"
 	}
 	return fmt.Sprintf("mode(%d)", m)
 }
 
 // ParseMode reads a mode's name.
 func ParseMode(s string) (Mode, error) {
-	for i, n := range modeNames {
-		if n == s {
-			return Mode(i), nil
+	for _, m := range []Mode{Strict, Reserved, Optimistic} {
+		if m.String() == s {
+			return m, nil
 		}
 	}
 	return 0, fmt.Errorf("lease: unknown quota mode %q (want strict, reserved or optimistic)", s)
