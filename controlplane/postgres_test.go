@@ -17,7 +17,7 @@ import (
 )
 
 // pgExec runs sql on the test's server.
-func pgExec(t *testing.T, connString, sql string, args ...any) {
+func pgExec(t testing.TB, connString, sql string, args ...any) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, connString)
