@@ -631,6 +631,21 @@ func (b *pgBatch) pendWrite(obj Object, id string, v []byte) {
 	m[id] = v
 }
 
+// scanValues returns the function that reads rows of (id, value) into m.
+func scanValues(m map[string][]byte) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			var v []byte
+			if err := rows.Scan(&id, &v); err != nil {
+				return err
+			}
+			m[id] = v
+		}
+		return rows.Err()
+	}
+}
+
 // queueOlds queues the reads of refs' Old values (the keys as the
 // database holds them before anything queued after) and returns the
 // function that sets them, to call once pb's results are read.
@@ -647,17 +662,7 @@ func queueOlds(pb *pgx.Batch, refs []oldRef) func() {
 	ids = slices.Compact(ids)
 	olds := make(map[string][]byte, len(ids))
 	for lo := 0; lo < len(ids); lo += chunk {
-		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", ids[lo:min(lo+chunk, len(ids))]).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var id string
-				var v []byte
-				if err := rows.Scan(&id, &v); err != nil {
-					return err
-				}
-				olds[id] = v
-			}
-			return rows.Err()
-		})
+		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", ids[lo:min(lo+chunk, len(ids))]).Query(scanValues(olds))
 	}
 	return func() {
 		for _, r := range refs {
@@ -817,34 +822,14 @@ func (b *pgBatch) load(cur *uint64, prefetch []string) error {
 		table string
 		m     map[string][]byte
 	}{{"lp_policies", b.policies}, {"lp_apis", b.apis}} {
-		pb.Queue("SELECT id, value FROM " + t.table).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var id string
-				var v []byte
-				if err := rows.Scan(&id, &v); err != nil {
-					return err
-				}
-				t.m[id] = v
-			}
-			return rows.Err()
-		})
+		pb.Queue("SELECT id, value FROM " + t.table).Query(scanValues(t.m))
 	}
 	if len(prefetch) > 0 {
 		b.keys = make(map[string][]byte, len(prefetch))
 		for _, id := range prefetch {
 			b.keys[id] = nil
 		}
-		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", prefetch).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var id string
-				var v []byte
-				if err := rows.Scan(&id, &v); err != nil {
-					return err
-				}
-				b.keys[id] = v
-			}
-			return rows.Err()
-		})
+		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", prefetch).Query(scanValues(b.keys))
 	}
 	if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
 		return dbErr("lock the revision", err)
