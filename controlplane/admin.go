@@ -389,7 +389,8 @@ const UnavailableRetryAfter = 2
 // fail answers err: its own status for an httpError, 422 with the
 // problems for spec.Errors, 503 with Retry-After (UnavailableRetryAfter)
 // for ErrStoreUnavailable, whatever the call (a write changed nothing
-// and may be retried; a read may be retried), 503 for a call its client
+// and may be retried, unless ErrCommitUnknown says it may have been made;
+// a read may be retried), 503 for a call its client
 // gave up, 500 (logged) otherwise. Store outages are logged a line per
 // failurelog interval, not one per call.
 func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -403,7 +404,10 @@ func (a *admin) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrStoreUnavailable):
 		a.outages.Failed(fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, err))
 		what := "nothing was read"
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		switch {
+		case errors.Is(err, ErrCommitUnknown):
+			what = "the change may have been made (the connection was lost during its commit): read the state before making it again"
+		case r.Method != http.MethodGet && r.Method != http.MethodHead:
 			what = "nothing was changed"
 		}
 		w.Header().Set("Retry-After", strconv.Itoa(UnavailableRetryAfter))

@@ -12,6 +12,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/gateway"
+	"github.com/limitplane/limitplane/internal/pgtest"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -67,8 +68,10 @@ func BenchmarkBulkPutKeys(b *testing.B) {
 }
 
 // BenchmarkSnapshotToNewGateway measures a snapshot of n keys on its way
-// from a Bolt store to a new gateway, in steps, each reported in seconds:
-// load-s, the keys written by one Update (not part of the rest); read-s,
+// from a store (Bolt, or PostgreSQL with fsync on, vacuumed and
+// checkpointed after the load) to a new gateway, in steps, each reported
+// in seconds:
+// load-s, the keys written by Updates of 100,000 (not part of the rest); read-s,
 // Store.Snapshot; chunks-s, protocol.ChunksDigester (the JSON, the chunks
 // and the digest state the sync server keeps); assemble-s, a gateway's
 // protocol.Assembler over every chunk (decoding and checking the digest);
@@ -80,13 +83,28 @@ func BenchmarkBulkPutKeys(b *testing.B) {
 // spent again before ChunksDigester.
 func BenchmarkSnapshotToNewGateway(b *testing.B) {
 	for _, n := range []int{100_000, 1_000_000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) { benchSnapshotToGateway(b, n) })
+		b.Run(fmt.Sprintf("bolt/%d", n), func(b *testing.B) {
+			s, _ := open(b, controlplane.BoltOptions{})
+			benchSnapshotToGateway(b, s, nil, n)
+		})
+		b.Run(fmt.Sprintf("postgres/%d", n), func(b *testing.B) {
+			srv := pgtest.Start(b, pgtest.Options{Durable: true})
+			s := openPostgres(b, srv.ConnString(), controlplane.PostgresOptions{})
+			// What autovacuum and the checkpointer would do after the
+			// load, done before the timing instead of during it.
+			settle := func() {
+				pgExec(b, srv.ConnString(), "VACUUM ANALYZE")
+				pgExec(b, srv.ConnString(), "CHECKPOINT")
+			}
+			benchSnapshotToGateway(b, s, settle, n)
+		})
 	}
 }
 
-func benchSnapshotToGateway(b *testing.B, n int) {
+// benchSnapshotToGateway loads n keys into s, calls settle (when not nil),
+// and measures the snapshot's way to a new gateway.
+func benchSnapshotToGateway(b *testing.B, s controlplane.Store, settle func(), n int) {
 	ctx := context.Background()
-	s, _ := open(b, controlplane.BoltOptions{})
 	if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
 		if err := tx.PutAPI(spec.API{ID: "orders", ListenPath: "/orders/", Target: spec.BuiltinEcho}); err != nil {
 			return err
@@ -97,18 +115,23 @@ func benchSnapshotToGateway(b *testing.B, n int) {
 	}
 	keys := bulkKeys(n)
 	start := time.Now()
-	if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
-		for _, k := range keys {
-			if err := tx.PutKey(k); err != nil {
-				return err
+	for lo := 0; lo < n; lo += 100_000 {
+		if _, err := s.Update(ctx, func(tx controlplane.Tx) error {
+			for _, k := range keys[lo:min(lo+100_000, n)] {
+				if err := tx.PutKey(k); err != nil {
+					return err
+				}
 			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
 		}
-		return nil
-	}); err != nil {
-		b.Fatal(err)
 	}
 	load := time.Since(start)
 	keys = nil
+	if settle != nil {
+		settle()
+	}
 	var read, chunking, digest, assemble, apply time.Duration
 	var jsonBytes, gwHeap float64
 	b.ResetTimer()

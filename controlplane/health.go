@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -72,16 +71,24 @@ type health struct {
 	err     error
 }
 
+// readiness is /readyz's answer when ready: the revision always, 0
+// included.
 type readiness struct {
 	Ready    bool   `json:"ready"`
-	Revision uint64 `json:"revision,omitempty"`
-	Error    string `json:"error,omitempty"`
+	Revision uint64 `json:"revision"`
+}
+
+// unreadiness is /readyz's answer when not ready: no revision (the check
+// failed), the reason.
+type unreadiness struct {
+	Ready bool   `json:"ready"`
+	Error string `json:"error"`
 }
 
 func (h *health) ready(w http.ResponseWriter, r *http.Request) {
 	rev, err := h.check(r.Context())
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, readiness{Error: err.Error()})
+		writeJSON(w, http.StatusServiceUnavailable, unreadiness{Error: err.Error()})
 		return
 	}
 	writeJSON(w, http.StatusOK, readiness{Ready: true, Revision: rev})
@@ -102,9 +109,9 @@ func (h *health) check(ctx context.Context) (uint64, error) {
 	h.rev, h.err = h.o.Store.Update(ctx, func(Tx) error { return nil })
 	switch {
 	case errors.Is(h.err, ErrStoreUnavailable):
-		h.err = fmt.Errorf("controlplane: the store's database is unavailable (admin calls answer 503 until it returns; open sync streams keep serving what they have): %w", h.err)
+		h.err = wrap("the store's database is unavailable (admin calls answer 503 until it returns; open sync streams keep serving what they have)", h.err)
 	case h.err != nil:
-		h.err = fmt.Errorf("controlplane: the store does not take writes: %w", h.err)
+		h.err = wrap("the store does not take writes", h.err)
 	}
 	h.checked = time.Now()
 	return h.rev, h.err

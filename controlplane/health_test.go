@@ -21,7 +21,7 @@ func TestHealth(t *testing.T) {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	expect(t, callWith(t, "GET", srv.URL+"/healthz", "", ""), 200, `{"ok":true}`)
-	expect(t, callWith(t, "GET", srv.URL+"/readyz", "", ""), 200, `{"ready":true}`)
+	expect(t, callWith(t, "GET", srv.URL+"/readyz", "", ""), 200, `{"ready":true,"revision":0}`)
 	if _, err := s.Update(t.Context(), func(tx controlplane.Tx) error {
 		return tx.PutPolicy(spec.Policy{ID: "gold"})
 	}); err != nil {
@@ -31,7 +31,7 @@ func TestHealth(t *testing.T) {
 		expect(t, callWith(t, "GET", srv.URL+"/readyz", "", ""), 200, `{"ready":true,"revision":1}`)
 	}
 	s.Close()
-	expect(t, callWith(t, "GET", srv.URL+"/readyz", "", ""), 503, `{"ready":false,"error":"controlplane: the store does not take writes: controlplane: store closed"}`)
+	expect(t, callWith(t, "GET", srv.URL+"/readyz", "", ""), 503, `{"ready":false,"error":"controlplane: the store does not take writes: store closed"}`)
 	expect(t, callWith(t, "GET", srv.URL+"/healthz", "", ""), 200, `{"ok":true}`)
 	if _, err := controlplane.Health(controlplane.HealthOptions{}); err == nil {
 		t.Fatal("Health without a store: no error")

@@ -96,6 +96,13 @@ const listenAppName = "limitplane-controlplane-listen"
 // lists keys first writes the batch's so far, and its own under a
 // savepoint of its own, so that it can fail alone.
 //
+// Every writer of the database waits for the revision row's lock, so a
+// batch holds it for as little as it can: it first runs its Updates once
+// outside any transaction (speculate) to learn which keys they read and
+// write, then sends BEGIN, the lock, and the reads of every policy, API
+// and those keys in one round trip, runs the Updates on what it read, and
+// sends the writes with COMMIT in one more.
+//
 // It is a RevisionWatcher for writes of every process on the database: a
 // write NOTIFYs, a dedicated connection LISTENs (reconnected with
 // backoff), and the revision is polled as a backstop.
@@ -116,6 +123,10 @@ type Postgres struct {
 
 	mu      sync.Mutex
 	changed chan struct{} // closed when the revision next rises
+
+	// hintPolicies and hintAPIs are every policy and API as the last
+	// committed batch left them, for speculate (the writer's alone).
+	hintPolicies, hintAPIs map[string][]byte
 }
 
 var (
@@ -209,7 +220,7 @@ func OpenPostgres(ctx context.Context, connString string, o PostgresOptions) (*P
 	cfg.MaxConns = o.MaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("controlplane: postgres: %w", wrapUnavailable(err))
+		return nil, wrap("postgres", wrapUnavailable(err))
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	p := &Postgres{pool: pool, o: o, logRevs: uint64(o.ChangeLogRevisions), ctx: lctx, cancel: cancel,
@@ -305,7 +316,7 @@ func (p *Postgres) migrate(ctx context.Context) error {
 		if errors.Is(err, ErrSchemaTooNew) {
 			return err
 		}
-		return fmt.Errorf("controlplane: postgres: create or migrate the schema: %w", wrapUnavailable(err))
+		return wrap("postgres: create or migrate the schema", wrapUnavailable(err))
 	}
 	return nil
 }
@@ -359,7 +370,7 @@ func wrapUnavailable(err error) error {
 
 // dbErr wraps an error of the database doing op.
 func dbErr(op string, err error) error {
-	return fmt.Errorf("controlplane: postgres: %s: %w", op, wrapUnavailable(err))
+	return wrap("postgres: "+op, wrapUnavailable(err))
 }
 
 // RevisionChanged implements RevisionWatcher: the channel returned is
@@ -517,8 +528,9 @@ func (p *Postgres) writer() {
 			}
 		}
 		timer.Stop()
+		prefetch := p.speculate(batch)
 		for todo := batch; len(todo) > 0; {
-			todo = p.runBatch(todo)
+			todo = p.runBatch(todo, prefetch)
 		}
 		for _, c := range batch {
 			close(c.done)
@@ -530,7 +542,10 @@ func (p *Postgres) writer() {
 // Updates.
 type pgBatch struct {
 	ctx context.Context
-	tx  pgx.Tx
+	// tx is the connection the transaction runs on: BEGIN goes out with
+	// load's reads and COMMIT with finish's writes, saving a round trip
+	// each (the revision row is locked in between).
+	tx *pgxpool.Conn
 	// shared: more than one Update runs in it, each under a savepoint.
 	shared bool
 	// policies and apis are every policy and API (ID → JSON) as the
@@ -548,6 +563,59 @@ type pgBatch struct {
 	// done are the Updates that succeeded, in order: their changes are
 	// logged at the end.
 	done []*pgTx
+	// keys are the keys speculate found the Updates read or write, as
+	// the database held them when the revision row was locked (nil:
+	// absent); dropped at the first flush, after which the database
+	// holds the batch's writes.
+	keys map[string][]byte
+	// spec: the batch is speculate's, outside any transaction: nothing
+	// is written and no more than specKeys keys are read or written.
+	spec bool
+}
+
+// specKeys bounds the keys one Update's speculation reads or writes (a
+// bulk write is not run twice in full), and specTimeout its reads.
+const (
+	specKeys    = 256
+	specTimeout = 500 * time.Millisecond
+)
+
+// errSpeculation ends a speculative run of an Update: it lists keys or
+// touches more than specKeys of them.
+var errSpeculation = errors.New("controlplane: speculation stops here")
+
+// speculate runs each Update of batch once outside any transaction and
+// returns the IDs of the keys they read or wrote (sorted, no repeats), so
+// that runBatch reads them in the round trip that locks the revision row
+// instead of one round trip each while holding it: every writer of the
+// database waits for that lock. The runs read keys from the database as
+// it is now and policies and APIs from the last batch's copy; what they
+// do is discarded (fn may be called more than once: Store.Update), and
+// a read that fails ends the speculation. Reads speculation missed, or
+// that a batch makes differently once locked, still go to the database.
+func (p *Postgres) speculate(batch []*pgCall) []string {
+	ctx, cancel := context.WithTimeout(p.ctx, min(specTimeout, p.o.WriteTimeout))
+	defer cancel()
+	b := &pgBatch{ctx: ctx, spec: true, policies: p.hintPolicies, apis: p.hintAPIs}
+	var ids []string
+	for _, c := range batch {
+		if c.ctx.Err() != nil {
+			continue
+		}
+		t := &pgTx{pgReader: pgReader{ctx: ctx, q: p.pool}, b: b}
+		err := c.fn(t)
+		for id := range t.seen {
+			ids = append(ids, id)
+		}
+		for id := range t.writes[ObjectKey] {
+			ids = append(ids, id)
+		}
+		if err != nil && !errors.Is(err, errSpeculation) && (unavailable(err) || ctx.Err() != nil) {
+			break
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }
 
 // pendWrite records a write of a successful Update for the end.
@@ -561,6 +629,21 @@ func (b *pgBatch) pendWrite(obj Object, id string, v []byte) {
 		b.pend[obj] = m
 	}
 	m[id] = v
+}
+
+// scanValues returns the function that reads rows of (id, value) into m.
+func scanValues(m map[string][]byte) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			var v []byte
+			if err := rows.Scan(&id, &v); err != nil {
+				return err
+			}
+			m[id] = v
+		}
+		return rows.Err()
+	}
 }
 
 // queueOlds queues the reads of refs' Old values (the keys as the
@@ -579,17 +662,7 @@ func queueOlds(pb *pgx.Batch, refs []oldRef) func() {
 	ids = slices.Compact(ids)
 	olds := make(map[string][]byte, len(ids))
 	for lo := 0; lo < len(ids); lo += chunk {
-		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", ids[lo:min(lo+chunk, len(ids))]).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var id string
-				var v []byte
-				if err := rows.Scan(&id, &v); err != nil {
-					return err
-				}
-				olds[id] = v
-			}
-			return rows.Err()
-		})
+		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", ids[lo:min(lo+chunk, len(ids))]).Query(scanValues(olds))
 	}
 	return func() {
 		for _, r := range refs {
@@ -646,7 +719,7 @@ func (b *pgBatch) queuePend(pb *pgx.Batch) func() {
 // returns the calls to run again, in a new transaction: those of a shared
 // transaction that an Update failed outside its savepoint (a read of its
 // fn failed in the database, which aborts the whole transaction).
-func (p *Postgres) runBatch(batch []*pgCall) (again []*pgCall) {
+func (p *Postgres) runBatch(batch []*pgCall, prefetch []string) (again []*pgCall) {
 	fail := func(err error) {
 		if p.closed.Load() && p.ctx.Err() != nil {
 			err = ErrClosed
@@ -659,15 +732,15 @@ func (p *Postgres) runBatch(batch []*pgCall) (again []*pgCall) {
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, p.o.WriteTimeout)
 	defer cancel()
-	tx, err := p.pool.BeginTx(ctx, pgx.TxOptions{})
+	tx, err := p.pool.Acquire(ctx)
 	if err != nil {
 		fail(dbErr("begin", err))
 		return nil
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer release(ctx, tx)
 	b := &pgBatch{ctx: ctx, tx: tx, shared: len(batch) > 1, policies: map[string][]byte{}, apis: map[string][]byte{}}
 	var cur uint64
-	if err := b.load(&cur); err != nil {
+	if err := b.load(&cur, prefetch); err != nil {
 		fail(err)
 		return nil
 	}
@@ -688,7 +761,7 @@ func (p *Postgres) runBatch(batch []*pgCall) (again []*pgCall) {
 				c.err = err
 				return nil
 			}
-			if !t.saved && tx.Conn().PgConn().TxStatus() == 'E' {
+			if !t.saved && txStatus(tx) == 'E' {
 				c.err = err
 				for _, o := range batch {
 					if o != c && o.err == nil {
@@ -715,27 +788,30 @@ func (p *Postgres) runBatch(batch []*pgCall) (again []*pgCall) {
 		c.rev = cur
 	}
 	if cur == start {
-		if err := tx.Commit(ctx); err != nil {
+		if _, err := tx.Exec(ctx, "COMMIT"); err != nil {
 			fail(dbErr("commit", err))
+			return nil
 		}
+		p.hintPolicies, p.hintAPIs = b.policies, b.apis
 		return nil
 	}
 	if err := p.finish(b, cur); err != nil {
 		fail(err)
 		return nil
 	}
-	if err := tx.Commit(ctx); err != nil {
-		fail(dbErr("commit", err))
-		return nil
-	}
+	p.hintPolicies, p.hintAPIs = b.policies, b.apis
 	p.announce()
 	return nil
 }
 
 // load locks the revision row (so writers of every process take turns)
-// and reads the revision into cur, and every policy and API.
-func (b *pgBatch) load(cur *uint64) error {
+// and reads the revision into cur, every policy and API, and the keys
+// prefetch names, in one round trip. The reads come after the lock, so
+// they see every write committed before it, and none can commit until
+// this transaction ends.
+func (b *pgBatch) load(cur *uint64, prefetch []string) error {
 	var pb pgx.Batch
+	pb.Queue("BEGIN")
 	pb.Queue("SELECT revision FROM lp_meta FOR UPDATE").QueryRow(func(r pgx.Row) error {
 		var rev int64
 		err := r.Scan(&rev)
@@ -746,17 +822,14 @@ func (b *pgBatch) load(cur *uint64) error {
 		table string
 		m     map[string][]byte
 	}{{"lp_policies", b.policies}, {"lp_apis", b.apis}} {
-		pb.Queue("SELECT id, value FROM " + t.table).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var id string
-				var v []byte
-				if err := rows.Scan(&id, &v); err != nil {
-					return err
-				}
-				t.m[id] = v
-			}
-			return rows.Err()
-		})
+		pb.Queue("SELECT id, value FROM " + t.table).Query(scanValues(t.m))
+	}
+	if len(prefetch) > 0 {
+		b.keys = make(map[string][]byte, len(prefetch))
+		for _, id := range prefetch {
+			b.keys[id] = nil
+		}
+		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", prefetch).Query(scanValues(b.keys))
 	}
 	if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
 		return dbErr("lock the revision", err)
@@ -765,8 +838,8 @@ func (b *pgBatch) load(cur *uint64) error {
 }
 
 // finish writes the pending writes, appends the batch's changes, trims
-// the change log, records the revision rev and notifies: in one round
-// trip, or two when Old values are still to be read.
+// the change log, records the revision rev, notifies and commits: in one
+// round trip, or two when Old values are still to be read.
 func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	var pb pgx.Batch
 	if len(b.unresolved) > 0 {
@@ -803,10 +876,44 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	}
 	pb.Queue("UPDATE lp_meta SET revision = $1", int64(rev))
 	pb.Queue("SELECT pg_notify($1, $2)", notifyChannel, strconv.FormatUint(rev, 10))
+	pb.Queue("COMMIT")
 	if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
-		return dbErr("log the changes", err)
+		err = dbErr("log the changes and commit", err)
+		if errors.Is(err, ErrStoreUnavailable) {
+			// The COMMIT may have run: only its answer is known lost.
+			err = commitUnknown{err}
+		}
+		return err
+	}
+	if st := txStatus(b.tx); st != 'I' {
+		return fmt.Errorf("controlplane: commit left the transaction in state %q: %w", st, ErrStoreUnavailable)
 	}
 	return nil
+}
+
+// commitUnknown is the error of a write whose commit round trip lost its
+// connection: err, with ErrCommitUnknown, naming the package once.
+type commitUnknown struct{ err error }
+
+func (e commitUnknown) Error() string {
+	return ErrCommitUnknown.Error() + ": " + strings.TrimPrefix(e.err.Error(), prefix)
+}
+func (e commitUnknown) Unwrap() []error { return []error{ErrCommitUnknown, e.err} }
+
+// txStatus is conn's transaction status as the server last reported it:
+// 'I' idle, 'T' in a transaction, 'E' in a failed one.
+func txStatus(conn *pgxpool.Conn) byte { return conn.Conn().PgConn().TxStatus() }
+
+// release rolls back what conn's transaction left open (a write that
+// failed or stopped before its COMMIT) and returns conn to its pool,
+// which closes it when the rollback failed too.
+func release(ctx context.Context, conn *pgxpool.Conn) {
+	if txStatus(conn) != 'I' && !conn.Conn().IsClosed() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		conn.Exec(rctx, "ROLLBACK")
+		cancel()
+	}
+	conn.Release()
 }
 
 // History implements Store.
@@ -962,8 +1069,16 @@ var pgTables = map[Object]string{ObjectPolicy: "lp_policies", ObjectKey: "lp_key
 // pgReader reads one transaction.
 type pgReader struct {
 	ctx context.Context
-	q   pgx.Tx
+	q   pgQuerier
 	rev uint64
+}
+
+// pgQuerier is what a pgReader reads and writes through: its
+// transaction, or the pool for speculate.
+type pgQuerier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 func (r *pgReader) Revision() uint64 { return r.rev }
@@ -1163,7 +1278,10 @@ func (t *pgTx) known(obj Object, id string) ([]byte, bool) {
 	if v, ok := t.b.pend[obj][id]; ok {
 		return v, true
 	}
-	v, ok := t.seen[id]
+	if v, ok := t.seen[id]; ok {
+		return v, true
+	}
+	v, ok := t.b.keys[id]
 	return v, ok
 }
 
@@ -1171,6 +1289,9 @@ func (t *pgTx) known(obj Object, id string) ([]byte, bool) {
 func (t *pgTx) current(obj Object, id string) ([]byte, error) {
 	if v, ok := t.known(obj, id); ok {
 		return v, nil
+	}
+	if t.b.spec && len(t.seen)+len(t.writes[ObjectKey]) >= specKeys {
+		return nil, errSpeculation
 	}
 	v, err := t.value(obj, id)
 	if err != nil {
@@ -1205,6 +1326,12 @@ func (t *pgTx) put(obj Object, id string, v any) error {
 		return fmt.Errorf("controlplane: encode %s %q: %w", obj, id, err)
 	}
 	old, known := t.known(obj, id)
+	if t.b.spec {
+		if len(t.seen)+len(t.writes[ObjectKey]) >= specKeys {
+			return errSpeculation
+		}
+		old, known = nil, true // no Old to read: the run is discarded
+	}
 	t.set(obj, id, b)
 	t.changes.add(Change{Revision: t.rev, Op: OpPut, Object: obj, ID: id, Value: b, Old: old})
 	if !known {
@@ -1229,6 +1356,9 @@ func (t *pgTx) delete(obj Object, id string) (bool, error) {
 // unknown), then, after the savepoint in a shared batch, the write's
 // own.
 func (t *pgTx) flush() error {
+	if t.b.spec {
+		return errSpeculation
+	}
 	var pb pgx.Batch
 	setBatch := t.b.queuePend(&pb)
 	setOwn := queueOlds(&pb, t.unknownOld)
@@ -1244,6 +1374,7 @@ func (t *pgTx) flush() error {
 	if pb.Len() == 0 {
 		return nil
 	}
+	t.b.keys = nil
 	if err := t.q.SendBatch(t.ctx, &pb).Close(); err != nil {
 		return dbErr("write", err)
 	}

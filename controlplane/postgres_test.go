@@ -17,7 +17,7 @@ import (
 )
 
 // pgExec runs sql on the test's server.
-func pgExec(t *testing.T, connString, sql string, args ...any) {
+func pgExec(t testing.TB, connString, sql string, args ...any) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, connString)
@@ -251,5 +251,60 @@ func TestRedactURL(t *testing.T) {
 	_, err := controlplane.OpenPostgres(context.Background(), "postgres://lp:s3cret@127.0.0.1:1/lp?connect_timeout=bogus", controlplane.PostgresOptions{})
 	if err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Fatalf("error of a bad connection string: %v; want one without the password", err)
+	}
+}
+
+// TestPostgresReplicasIncrementsLoseNothing: the read-modify-writes of
+// TestConcurrentIncrementsLoseNothing through two Postgres stores on one
+// database: a store's reads, speculative or prefetched before it locks
+// the revision, never hide a write the other store committed.
+func TestPostgresReplicasIncrementsLoseNothing(t *testing.T) {
+	srv := pgtest.Start(t, pgtest.Options{})
+	a := openPostgres(t, srv.ConnString(), controlplane.PostgresOptions{})
+	b := openPostgres(t, srv.ConnString(), controlplane.PostgresOptions{})
+	update(t, a, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 10)) })
+	incrementKeysConcurrently(t, 16, 25, 4, a, b)
+}
+
+// TestPostgresConnectionLostInCommit: a write whose connection dies in
+// the round trip that commits it (a trigger on the revision row ends the
+// backend there) fails with ErrCommitUnknown beside ErrStoreUnavailable,
+// and the admin API's 503 says the change may have been made instead of
+// "nothing was changed". Here it was not: the key is absent and the next
+// write takes revision 2.
+func TestPostgresConnectionLostInCommit(t *testing.T) {
+	srv := pgtest.Start(t, pgtest.Options{})
+	s := openPostgres(t, srv.ConnString(), controlplane.PostgresOptions{})
+	base := adminOver(t, s, controlplane.AdminOptions{})
+	if a := call(t, "PUT", base+"/api/policies/gold", `{"rate":{"requests":5,"per":"1m"}}`); a.status != 200 {
+		t.Fatal(a.status, a.body)
+	}
+	pgExec(t, srv.ConnString(), `CREATE FUNCTION lp_test_die() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END $$`)
+	pgExec(t, srv.ConnString(), `CREATE TRIGGER lp_test_die BEFORE UPDATE ON lp_meta FOR EACH ROW
+		WHEN (NEW.revision > OLD.revision) EXECUTE FUNCTION lp_test_die()`)
+	_, err := s.Update(context.Background(), func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("lost"), Policies: []string{"gold"}})
+	})
+	if !errors.Is(err, controlplane.ErrCommitUnknown) || !errors.Is(err, controlplane.ErrStoreUnavailable) {
+		t.Fatalf("Update: %v, want ErrCommitUnknown and ErrStoreUnavailable", err)
+	}
+	a := call(t, "POST", base+"/api/keys", `{"key":"lost-too","policies":["gold"]}`)
+	const want = `{"error":"the control plane's database is unavailable; the change may have been made (the connection was lost during its commit): read the state before making it again; retry in a few seconds (controlplane: the connection to the store's database was lost during the commit; the write may have been made: postgres: log the changes and commit: the store's database is unavailable: `
+	if a.status != 503 || !strings.HasPrefix(a.body, want) {
+		t.Fatalf("POST /api/keys: %d %s\nwant 503 %s...", a.status, a.body, want)
+	}
+	pgExec(t, srv.ConnString(), "DROP TRIGGER lp_test_die ON lp_meta")
+	if got := revision(t, s); got != 1 {
+		t.Fatalf("revision %d after the lost commits, want 1", got)
+	}
+	if n := pgInt(t, srv.ConnString(), "SELECT count(*) FROM lp_keys"); n != 0 {
+		t.Fatalf("%d keys after the lost commits, want 0", n)
+	}
+	if a := call(t, "POST", base+"/api/keys", `{"key":"lost-too","policies":["gold"]}`); a.status != 201 {
+		t.Fatal(a.status, a.body)
+	}
+	if got := revision(t, s); got != 2 {
+		t.Fatalf("revision %d, want 2", got)
 	}
 }

@@ -179,8 +179,15 @@ var (
 	// ErrStoreUnavailable is wrapped by a store's errors when its database
 	// cannot be reached (down, failing over, the connection lost
 	// mid-transaction): nothing was written, and the call may be retried
-	// once it is back. The admin API answers such a write 503.
+	// once it is back, unless the error also wraps ErrCommitUnknown. The
+	// admin API answers such a write 503.
 	ErrStoreUnavailable = errors.New("controlplane: the store's database is unavailable")
+	// ErrCommitUnknown is wrapped, beside ErrStoreUnavailable, by the
+	// error of a write whose connection to the database was lost in the
+	// round trip that commits it: the write may or may not have been made
+	// (PostgreSQL's answer to COMMIT is what was lost), so read the state
+	// before making it again. The admin API answers it 503 and says so.
+	ErrCommitUnknown = errors.New("controlplane: the connection to the store's database was lost during the commit; the write may have been made")
 )
 
 // Selects reports whether an API with apiTags goes to a data plane with

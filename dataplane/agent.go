@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -426,13 +427,23 @@ func New(opts AgentOptions) (*Agent, error) {
 }
 
 // splitAddresses returns the parts of a comma-separated Address, spaces
-// around them trimmed; it fails on an empty part.
+// around them trimmed; it fails on an empty part, and on a host:port part
+// with no host or with port 0 (which names no server to connect to).
 func splitAddresses(address string) ([]string, error) {
 	parts := strings.Split(address, ",")
 	for i, p := range parts {
 		parts[i] = strings.TrimSpace(p)
 		if parts[i] == "" {
 			return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d is empty (want host:port, or host:port,host:port,…)", address, i+1)
+		}
+		// Other gRPC targets (unix:…) are left to the dial.
+		host, port, err := net.SplitHostPort(parts[i])
+		switch {
+		case err != nil:
+		case host == "":
+			return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d, %q, names no host (want host:port, like cp.example:7071)", address, i+1, parts[i])
+		case port == "0":
+			return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d, %q, has port 0, which names no server (want a port from 1 to 65535)", address, i+1, parts[i])
 		}
 	}
 	return parts, nil

@@ -488,12 +488,15 @@ func TestFailoverBetweenReplicas(t *testing.T) {
 	}
 }
 
-// New refuses an Address list with an empty part, naming it.
+// New refuses an Address list with an empty part, a part without a
+// host or with port 0, naming it.
 func TestAgentAddressList(t *testing.T) {
 	g := newGateway(t)
 	for _, c := range []struct{ address, want string }{
 		{"127.0.0.1:1,,127.0.0.1:2", `dataplane: AgentOptions.Address "127.0.0.1:1,,127.0.0.1:2": part 2 is empty (want host:port, or host:port,host:port,…)`},
 		{"127.0.0.1:1, ", `dataplane: AgentOptions.Address "127.0.0.1:1, ": part 2 is empty (want host:port, or host:port,host:port,…)`},
+		{"127.0.0.1:0", `dataplane: AgentOptions.Address "127.0.0.1:0": part 1, "127.0.0.1:0", has port 0, which names no server (want a port from 1 to 65535)`},
+		{"127.0.0.1:1, :7071", `dataplane: AgentOptions.Address "127.0.0.1:1, :7071": part 2, ":7071", names no host (want host:port, like cp.example:7071)`},
 	} {
 		_, err := dataplane.New(agentOptions(g.tg, c.address, io.Discard))
 		if err == nil || err.Error() != c.want {

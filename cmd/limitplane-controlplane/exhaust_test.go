@@ -403,7 +403,7 @@ func TestSyncStreamBounds(t *testing.T) {
 // a gateway's snapshot, Ack and Nack the metrics say so exactly.
 func TestProbesAndMetrics(t *testing.T) {
 	p := startSync(t)
-	for _, c := range [][2]string{{"/healthz", `{"ok":true}`}, {"/readyz", `{"ready":true}`}} {
+	for _, c := range [][2]string{{"/healthz", `{"ok":true}`}, {"/readyz", `{"ready":true,"revision":0}`}} {
 		resp, err := http.Get(p.base + c[0])
 		if err != nil {
 			t.Fatal(err)

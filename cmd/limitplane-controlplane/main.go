@@ -93,9 +93,13 @@
 // (LISTEN/NOTIFY, with a poll every second as a backstop). The program
 // creates and migrates the schema, and refuses a database whose schema is
 // newer than it knows. Give the password in -store-password-file or
-// LP_CP_STORE_PASSWORD rather than in the URL; the URL is shown (banner,
-// errors) without its password either way. While the database is
-// unreachable, admin writes answer 503 and the sync streams stay open.
+// LP_CP_STORE_PASSWORD rather than in the URL (a password in the URL
+// draws a warning at start); the first of -store-password-file,
+// LP_CP_STORE_PASSWORD and the URL's password that is given is used. The
+// URL is shown (banner, errors) without its password either way. While
+// the database is unreachable, admin writes answer 503 and the sync
+// streams stay open; a control plane started while it is unreachable
+// exits 1 ("the database of -store … is unavailable").
 package main
 
 import (
@@ -380,7 +384,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	fs.BoolVar(&ac.insecure, "admin-insecure", adminInsecureDefault, "serve the admin API in plaintext on an address other than loopback (env LP_CP_ADMIN_INSECURE)")
 	data := fs.String("data", or("LP_CP_DATA", "controlplane.db"), "bbolt data `file` (env LP_CP_DATA); unused with a PostgreSQL -store")
-	storeURL := fs.String("store", getenv("LP_CP_STORE"), "PostgreSQL `URL` (postgres://user@host:5432/db): keep the state there instead of the -data file (env LP_CP_STORE)")
+	storeURL := fs.String("store", getenv("LP_CP_STORE"), "PostgreSQL `URL` (postgres://user@host:5432/db): keep the state there instead of the -data file (env LP_CP_STORE). The password: -store-password-file, else LP_CP_STORE_PASSWORD, else the URL's")
 	storePasswordFile := fs.String("store-password-file", getenv("LP_CP_STORE_PASSWORD_FILE"), "`file` holding the PostgreSQL password (env LP_CP_STORE_PASSWORD_FILE; or the password in LP_CP_STORE_PASSWORD)")
 	tokenFile := fs.String("admin-token-file", getenv("LP_CP_ADMIN_TOKEN_FILE"), "`file` holding the admin bearer token (env LP_CP_ADMIN_TOKEN_FILE; or the token in LP_CP_ADMIN_TOKEN)")
 	changeLog := fs.Int("change-log", controlplane.DefaultChangeLogRevisions, "revisions kept in the change log")
@@ -442,6 +446,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// under a new history, whose snapshot every gateway would apply.
 	if u, err := url.Parse(*storeURL); *storeURL != "" && err == nil && u.Host == "" && !u.Query().Has("host") {
 		return &usageError{fmt.Errorf("-store %s: the URL names no host (postgres://user@host:5432/db; for a unix socket, postgres:///db?host=/run/postgresql)", controlplane.RedactURL(*storeURL))}
+	}
+	if hasPassword(*storeURL) {
+		fmt.Fprintln(stderr, "controlplane: warning: -store carries a password in the URL; use -store-password-file or LP_CP_STORE_PASSWORD so it stays out of process listings")
 	}
 	token := getenv("LP_CP_ADMIN_TOKEN")
 	if *tokenFile != "" {
@@ -612,13 +619,47 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return failed
 }
 
+// wrappedError is an error with context; see wrap.
+type wrappedError struct {
+	msg string
+	err error
+}
+
+func (e *wrappedError) Error() string { return e.msg }
+func (e *wrappedError) Unwrap() error { return e.err }
+
+// wrap returns err with context: "<context>: <err>", err's leading
+// "controlplane: " dropped, since exitCode prints that prefix before the
+// whole message.
+func wrap(context string, err error) error {
+	return &wrappedError{msg: context + ": " + strings.TrimPrefix(err.Error(), "controlplane: "), err: err}
+}
+
+// hasPassword reports whether the PostgreSQL URL store holds a password,
+// in its user information or as a password parameter.
+func hasPassword(store string) bool {
+	if !isPostgresURL(store) {
+		return false
+	}
+	u, err := url.Parse(store)
+	if err != nil {
+		// Unparsable (a stray % in the password, say): RedactURL cut
+		// something after a colon before the @.
+		return strings.Contains(controlplane.RedactURL(store), ":xxxxx@")
+	}
+	_, ok := u.User.Password()
+	return ok || u.Query().Has("password")
+}
+
 // isPostgresURL reports whether store is a PostgreSQL URL.
 func isPostgresURL(store string) bool {
 	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
 }
 
 // openStore opens the PostgreSQL store of storeURL when it is one (the
-// password from passwordFile, else LP_CP_STORE_PASSWORD, else the URL),
+// password from passwordFile, which must not be empty, else
+// LP_CP_STORE_PASSWORD, else the URL: OpenPostgres's Password overrides
+// the URL's),
 // the bbolt file data otherwise. It returns the store and what to call
 // it in the banner: the file, or the URL without its password.
 func openStore(ctx context.Context, storeURL, passwordFile, data string, changeLog int, getenv func(string) string) (controlplane.Store, string, error) {
@@ -633,13 +674,23 @@ func openStore(ctx context.Context, storeURL, passwordFile, data string, changeL
 			return nil, "", fmt.Errorf("store password: %w", err)
 		}
 		password = strings.TrimRight(string(b), "\r\n")
+		if password == "" {
+			// Empty, it would let the URL's password (or none) through
+			// unnoticed.
+			return nil, "", fmt.Errorf("store password: %s is empty", passwordFile)
+		}
 	}
 	where := "postgres " + controlplane.RedactURL(storeURL)
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	s, err := controlplane.OpenPostgres(octx, storeURL, controlplane.PostgresOptions{Password: password, ChangeLogRevisions: changeLog})
-	if err != nil {
-		return nil, "", fmt.Errorf("store %s: %w", controlplane.RedactURL(storeURL), err)
+	switch {
+	case errors.Is(err, controlplane.ErrStoreUnavailable):
+		// A first line that says what happens, the database's error
+		// under it.
+		return nil, "", fmt.Errorf("the database of -store %s is unavailable: a control plane starts only once its database answers (replicas already running ride out the outage)\n%w", controlplane.RedactURL(storeURL), err)
+	case err != nil:
+		return nil, "", wrap("store "+controlplane.RedactURL(storeURL), err)
 	}
 	return s, where, nil
 }

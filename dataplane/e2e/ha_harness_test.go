@@ -23,7 +23,10 @@ import (
 // (internal/pgtest), each with its own admin and sync ports and the same
 // -dataplanes file.
 type haCluster struct {
-	pg       *pgtest.Server
+	pg *pgtest.Server
+	// store is the replicas' -store URL: pg's, or one naming more
+	// servers (pgtest.MultiHostConnString).
+	store    string
 	dpFile   string
 	replicas []*replica
 }
@@ -47,7 +50,15 @@ const haLogRevisions = 100000
 // tokens; o's keepalive and args apply to every replica.
 func startHA(t testing.TB, n int, tokens []dpToken, o cpOptions) *haCluster {
 	t.Helper()
-	h := &haCluster{pg: pgtest.Start(t, pgtest.Options{})}
+	pg := pgtest.Start(t, pgtest.Options{})
+	return startHAOn(t, pg, pg.ConnString(), n, tokens, o)
+}
+
+// startHAOn is startHA on a PostgreSQL the test started, pg, with the
+// replicas' -store URL store (pg's, or one listing pg's standbys too).
+func startHAOn(t testing.TB, pg *pgtest.Server, store string, n int, tokens []dpToken, o cpOptions) *haCluster {
+	t.Helper()
+	h := &haCluster{pg: pg, store: store}
 	var b strings.Builder
 	for _, tk := range tokens {
 		fmt.Fprintf(&b, "- group: %s\n  tags: [%s]\n  token_hash: %q\n", tk.group, strings.Join(tk.tags, ", "), controlplane.HashToken(tk.token))
@@ -75,7 +86,7 @@ func startHA(t testing.TB, n int, tokens []dpToken, o cpOptions) *haCluster {
 // port that lingers after a kill is retried for a few seconds.
 func (r *replica) start(t testing.TB) {
 	t.Helper()
-	args := []string{"-admin-listen", r.adminAddr, "-sync-listen", r.syncAddr, "-store", r.h.pg.ConnString(),
+	args := []string{"-admin-listen", r.adminAddr, "-sync-listen", r.syncAddr, "-store", r.h.store,
 		"-dataplanes", r.dpFile, "-change-log", fmt.Sprint(haLogRevisions)}
 	if r.opts.keepalive != "" {
 		args = append(args, "-keepalive", r.opts.keepalive)
@@ -136,9 +147,15 @@ func startHADataPlane(t testing.TB, addrs string, tk dpToken, n int) *dataPlane 
 // what the replicas answer. It is closed at cleanup.
 func (h *haCluster) openStore(t testing.TB) *controlplane.Postgres {
 	t.Helper()
+	return openStoreAt(t, h.store)
+}
+
+// openStoreAt is openStore on the database at the URL connString.
+func openStoreAt(t testing.TB, connString string) *controlplane.Postgres {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 	defer cancel()
-	s, err := controlplane.OpenPostgres(ctx, h.pg.ConnString(), controlplane.PostgresOptions{ChangeLogRevisions: haLogRevisions, MaxConns: 2})
+	s, err := controlplane.OpenPostgres(ctx, connString, controlplane.PostgresOptions{ChangeLogRevisions: haLogRevisions, MaxConns: 2})
 	if err != nil {
 		t.Fatalf("open the database in the test: %v", err)
 	}

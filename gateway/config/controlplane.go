@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -91,6 +92,15 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 					v.fail("control_plane.address", "%q: part %d, %q, is not host:port (like cp1.example:7071,cp2.example:7071)", r.Address, i+1, part)
 				} else {
 					v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
+				}
+				ok = false
+				break
+			}
+			if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
+				if strings.Contains(r.Address, ",") {
+					v.fail("control_plane.address", "%q: part %d, %q, has port %s, which names no server (want a port from 1 to 65535)", r.Address, i+1, part, port)
+				} else {
+					v.fail("control_plane.address", "%q has port %s, which names no server (want a port from 1 to 65535)", r.Address, port)
 				}
 				ok = false
 				break

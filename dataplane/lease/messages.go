@@ -1,0 +1,176 @@
+package lease
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Mode says what a data plane may spend when it holds no lease budget,
+// most often because it is cut off from the control plane.
+type Mode uint8
+
+const (
+	// Strict spends leases only: Σ admitted ≤ Q always; a data plane cut
+	// off from the control plane refuses once its leases run out.
+	Strict Mode = iota
+	// Reserved gives each known data plane a floor that the ledger debits
+	// at the start of the period: the data plane may spend it whenever its
+	// leases are spent, connected or not, and Σ admitted ≤ Q still holds.
+	Reserved
+	// Optimistic gives each known data plane a floor that is not debited
+	// in advance: a data plane spends it only while cut off, and reports it
+	// afterwards (the ledger then debits it). Σ admitted ≤ Q + Σ floors of
+	// the data planes that spent floor; the ledger reports that bound.
+	Optimistic
+)
+
+// String returns strict, reserved or optimistic.
+func (m Mode) String() string {
+	switch m {
+	case Strict:
+		return "strict"
+	case Reserved:
+		return "reserved"
+	case Optimistic:
+		return "optimistic"
+	}
+	return fmt.Sprintf("mode(%d)", m)
+}
+
+// ParseMode reads a mode's name.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range []Mode{Strict, Reserved, Optimistic} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("lease: unknown quota mode %q (want strict, reserved or optimistic)", s)
+}
+
+// MarshalJSON writes the mode's name.
+func (m Mode) MarshalJSON() ([]byte, error) { return json.Marshal(m.String()) }
+
+// UnmarshalJSON reads a mode's name.
+func (m *Mode) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("lease: mode: %w", err)
+	}
+	v, err := ParseMode(s)
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// EntryKey names one ledger entry: one global quota of one consumer on one
+// scope (an API, or the key's quota across APIs) in one quota period and
+// one quota epoch. A reset raises the epoch, and a new period has a new
+// start: either gives a new entry, and nothing carries over.
+type EntryKey struct {
+	Consumer    string    `json:"consumer"`
+	Scope       string    `json:"scope"`
+	PeriodStart time.Time `json:"period_start"`
+	Epoch       uint64    `json:"epoch"`
+}
+
+// EntryID is an EntryKey in a comparable form, for map keys (time.Time's
+// == compares locations too, so EntryKey itself is not one).
+type EntryID struct {
+	Consumer, Scope string
+	PeriodStart     int64 // Unix nanoseconds
+	Epoch           uint64
+}
+
+// ID returns the key's comparable form.
+func (k EntryKey) ID() EntryID {
+	return EntryID{Consumer: k.Consumer, Scope: k.Scope, PeriodStart: k.PeriodStart.UnixNano(), Epoch: k.Epoch}
+}
+
+// String is "consumer|scope|period start (Unix ns)|epoch".
+func (k EntryKey) String() string {
+	return fmt.Sprintf("%s|%s|%d|%d", k.Consumer, k.Scope, k.PeriodStart.UnixNano(), k.Epoch)
+}
+
+// RequestID identifies one grant request: the data plane, the fencing
+// token of the lease holder that sent it, and the holder's sequence
+// number. It is also the ID of the lease the request produced, so a
+// retried request finds its lease instead of making another.
+type RequestID struct {
+	DataPlane string `json:"data_plane"`
+	Token     uint64 `json:"token"`
+	Seq       uint64 `json:"seq"`
+}
+
+// String is "dataplane/token/seq".
+func (id RequestID) String() string { return fmt.Sprintf("%s/%d/%d", id.DataPlane, id.Token, id.Seq) }
+
+// GrantRequest asks the ledger for Want units of the entry's quota.
+type GrantRequest struct {
+	Entry EntryKey  `json:"entry"`
+	ID    RequestID `json:"id"`
+	Want  int64     `json:"want"`
+}
+
+// Grant is the ledger's answer to a GrantRequest. The same request always
+// gets the same answer (Amount, Duration and PeriodLeft as first granted).
+type Grant struct {
+	Entry EntryKey  `json:"entry"`
+	ID    RequestID `json:"id"`
+	// Amount is the units granted, 0 ≤ Amount ≤ Want; 0 when the quota is
+	// committed (or the period is over).
+	Amount int64 `json:"amount"`
+	// Duration is how long the lease may be spent, counted from when the
+	// ledger granted it. A holder counts it from when it first sent the
+	// request, which is earlier, so only clock rate (not offset) matters.
+	Duration time.Duration `json:"duration"`
+	// PeriodLeft is the time from the grant to the period's end.
+	PeriodLeft time.Duration `json:"period_left"`
+	// Remaining is Q − committed after this grant (as first answered), a
+	// hint for sizing the next request.
+	Remaining int64 `json:"remaining"`
+	// Floor is the data plane's floor in this entry (reserved and
+	// optimistic modes), Mode the entry's mode.
+	Floor int64 `json:"floor"`
+	Mode  Mode  `json:"mode"`
+}
+
+// LeaseSpend is a holder's cumulative spend on one lease.
+type LeaseSpend struct {
+	Lease RequestID `json:"lease"`
+	// Spent is cumulative: the ledger keeps the maximum it has seen, so a
+	// lost, repeated or reordered report changes nothing wrong.
+	Spent int64 `json:"spent"`
+	// Final says the holder no longer spends the lease (it expired, or was
+	// returned): Spent is its final spend, and Amount − Spent goes back to
+	// the pool.
+	Final bool `json:"final"`
+}
+
+// Report carries a lease holder's cumulative spend for one entry.
+type Report struct {
+	Entry     EntryKey `json:"entry"`
+	DataPlane string   `json:"data_plane"`
+	Token     uint64   `json:"token"`
+	// Seq grows with every report the holder sends under Token; the ledger
+	// ignores a report whose Seq is not above the last it applied.
+	Seq    uint64       `json:"seq"`
+	Leases []LeaseSpend `json:"leases"`
+	// FloorSpent, Admitted and Refused are cumulative over the holder's
+	// life in this entry (units of the floor spent; requests admitted and
+	// refused), kept by maximum.
+	FloorSpent int64 `json:"floor_spent"`
+	Admitted   int64 `json:"admitted"`
+	Refused    int64 `json:"refused"`
+}
+
+// ReportAck acknowledges the report (DataPlane, Token, Seq): everything in
+// it, final spends included, is in the ledger's persisted state.
+type ReportAck struct {
+	Entry     EntryKey `json:"entry"`
+	DataPlane string   `json:"data_plane"`
+	Token     uint64   `json:"token"`
+	Seq       uint64   `json:"seq"`
+}
