@@ -178,16 +178,47 @@ type Quota struct {
 	Max int64 `json:"max"`
 	// Renewal is the period; required unless Max is -1.
 	Renewal Duration `json:"renewal,omitempty"`
+	// Global makes the quota one budget shared by every data plane that
+	// follows the control plane: Σ admitted over all of them stays within
+	// Max (by Mode), each data plane spending chunks leased from the
+	// control plane's ledger (controlplane/quotaledger). nil: each data
+	// plane counts the quota on its own, so N data planes admit up to
+	// N × Max (what Tyk's MDCB does). A gateway with no control plane
+	// counts a global quota as its own.
+	Global *GlobalQuota `json:"global,omitempty"`
 
 	// noMax and zeroRenewal record max left out and a renewal of "0s"
 	// written out, as Rate's flags do.
 	noMax, zeroRenewal bool
 }
 
+// GlobalQuota is a quota's sharing across data planes (Quota.Global).
+type GlobalQuota struct {
+	// Mode says what a data plane spends when its leases are spent and
+	// it cannot get more (cut off from the control plane): "strict"
+	// refuses (Σ admitted ≤ Max always), "reserved" spends Floor, taken
+	// from Max for each data plane at the period's start (still ≤ Max),
+	// "optimistic" spends Floor only while cut off, not taken in advance
+	// (Σ ≤ Max + Floor × the data planes that spent it). Required.
+	Mode string `json:"mode"`
+	// Floor is each data plane's floor per period (requests), in
+	// reserved and optimistic modes; 0 (left out) for none. Not allowed
+	// in strict mode; at most Max.
+	Floor int64 `json:"floor,omitempty"`
+	// LeaseDuration is how long a leased chunk may be spent before its
+	// unspent part returns to the ledger; 0 (left out) is 10s. At most
+	// the quota's Renewal.
+	LeaseDuration Duration `json:"lease_duration,omitempty"`
+}
+
+// globalModes are GlobalQuota.Mode's values.
+var globalModes = []string{"strict", "reserved", "optimistic"}
+
 // quotaJSON is Quota's JSON form, with each member present or absent.
 type quotaJSON struct {
-	Max     *int64    `json:"max,omitempty"`
-	Renewal *Duration `json:"renewal,omitempty"`
+	Max     *int64       `json:"max,omitempty"`
+	Renewal *Duration    `json:"renewal,omitempty"`
+	Global  *GlobalQuota `json:"global,omitempty"`
 }
 
 // MarshalJSON writes the quota: max always but when it was read without
@@ -200,6 +231,7 @@ func (q Quota) MarshalJSON() ([]byte, error) {
 	if q.Renewal != 0 || q.zeroRenewal {
 		v.Renewal = &q.Renewal
 	}
+	v.Global = q.Global
 	return json.Marshal(v)
 }
 
@@ -209,7 +241,7 @@ func (q *Quota) UnmarshalJSON(b []byte) error {
 	if err := decodeStrict(b, &v); err != nil {
 		return err
 	}
-	*q = Quota{noMax: v.Max == nil}
+	*q = Quota{noMax: v.Max == nil, Global: v.Global}
 	if v.Max != nil {
 		q.Max = *v.Max
 	}

@@ -674,3 +674,59 @@ func TestValidateJWTKeyFitsAlgorithms(t *testing.T) {
 		}
 	}
 }
+
+func TestGlobalQuotaValidateAndJSON(t *testing.T) {
+	q := func(max int64, g *spec.GlobalQuota) *spec.Quota {
+		return &spec.Quota{Max: max, Renewal: spec.Duration(time.Minute), Global: g}
+	}
+	s := spec.Snapshot{Policies: []spec.Policy{
+		{ID: "ok", Quota: q(10000, &spec.GlobalQuota{Mode: "optimistic", Floor: 200, LeaseDuration: spec.Duration(5 * time.Second)})},
+		{ID: "nomode", Quota: q(10, &spec.GlobalQuota{})},
+		{ID: "badmode", Quota: q(10, &spec.GlobalQuota{Mode: "loose"})},
+		{ID: "strictfloor", Quota: q(10, &spec.GlobalQuota{Mode: "strict", Floor: 1})},
+		{ID: "bigfloor", Quota: q(10, &spec.GlobalQuota{Mode: "reserved", Floor: 11})},
+		{ID: "neg", Quota: q(10, &spec.GlobalQuota{Mode: "reserved", Floor: -1, LeaseDuration: spec.Duration(-time.Second)})},
+		{ID: "long", Quota: q(10, &spec.GlobalQuota{Mode: "strict", LeaseDuration: spec.Duration(2 * time.Minute)})},
+		{ID: "unlimited", Quota: &spec.Quota{Max: -1, Global: &spec.GlobalQuota{Mode: "strict"}}},
+	}}
+	var errs spec.Errors
+	if !errors.As(s.Validate(), &errs) {
+		t.Fatalf("Validate = %v, want spec.Errors", s.Validate())
+	}
+	want := []string{
+		"policies[1].quota.global.mode: missing (strict, reserved or optimistic)",
+		`policies[2].quota.global.mode: "loose" is not a mode (strict, reserved or optimistic)`,
+		"policies[3].quota.global.floor: a strict quota has no floor (use reserved or optimistic)",
+		"policies[4].quota.global.floor: 11 is above the quota's max 10",
+		"policies[5].quota.global.floor: -1 must be ≥ 0",
+		"policies[5].quota.global.lease_duration: -1s must be > 0",
+		"policies[6].quota.global.lease_duration: 2m0s is longer than the quota's renewal 1m0s",
+		"policies[7].quota.global: an unlimited quota (max -1) cannot be global",
+	}
+	got := make([]string, len(errs))
+	for i, e := range errs {
+		got[i] = e.Path + ": " + e.Problem
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	b, err := json.Marshal(s.Policies[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wantJSON = `{"id":"ok","quota":{"max":10000,"renewal":"1m0s","global":{"mode":"optimistic","floor":200,"lease_duration":"5s"}}}`
+	if string(b) != wantJSON {
+		t.Fatalf("JSON = %s, want %s", b, wantJSON)
+	}
+	var back spec.Policy
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back.Quota.Global, s.Policies[0].Quota.Global) {
+		t.Fatalf("round trip: global = %+v, want %+v", back.Quota.Global, s.Policies[0].Quota.Global)
+	}
+	if err := json.Unmarshal([]byte(`{"id":"x","quota":{"max":1,"renewal":"1m","global":{"mode":"strict","flor":1}}}`), &back); err == nil {
+		t.Fatal("an unknown field in global was accepted")
+	}
+}

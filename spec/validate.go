@@ -351,6 +351,9 @@ func (v *validator) quota(at string, q *Quota) {
 		if q.Renewal < 0 || q.zeroRenewal {
 			v.fail(at+".renewal", "%s must be > 0", q.Renewal)
 		}
+		if q.Global != nil {
+			v.fail(at+".global", "an unlimited quota (max -1) cannot be global")
+		}
 		return
 	case q.noMax:
 		v.missing(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
@@ -370,6 +373,35 @@ func (v *validator) quota(at string, q *Quota) {
 	}
 	if err := q.Quota().Validate(); err != nil {
 		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+	}
+	v.global(at+".global", q)
+}
+
+// global checks a quota's global block; nil is absent and valid.
+func (v *validator) global(at string, q *Quota) {
+	g := q.Global
+	if g == nil {
+		return
+	}
+	switch {
+	case g.Mode == "":
+		v.missing(at+".mode", "missing (strict, reserved or optimistic)")
+	case !slices.Contains(globalModes, g.Mode):
+		v.fail(at+".mode", "%q is not a mode (strict, reserved or optimistic)", g.Mode)
+	case g.Mode == "strict" && g.Floor != 0:
+		v.fail(at+".floor", "a strict quota has no floor (use reserved or optimistic)")
+	}
+	switch {
+	case g.Floor < 0:
+		v.fail(at+".floor", "%d must be ≥ 0", g.Floor)
+	case g.Floor > q.Max:
+		v.fail(at+".floor", "%d is above the quota's max %d", g.Floor, q.Max)
+	}
+	switch {
+	case g.LeaseDuration < 0:
+		v.fail(at+".lease_duration", "%s must be > 0", g.LeaseDuration)
+	case g.LeaseDuration > q.Renewal:
+		v.fail(at+".lease_duration", "%s is longer than the quota's renewal %s", g.LeaseDuration, q.Renewal)
 	}
 }
 

@@ -389,7 +389,8 @@ type Refusal uint8
 const (
 	// RefusedStaleToken: the token is below the data plane's highest.
 	RefusedStaleToken Refusal = iota + 1
-	// RefusedUnknownEntry: the ledger has no such entry (yet).
+	// RefusedUnknownEntry: the ledger has no such entry (yet), or the
+	// entry's policy or key has no global quota (any more).
 	RefusedUnknownEntry
 )
 

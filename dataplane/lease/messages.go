@@ -69,9 +69,24 @@ func (m *Mode) UnmarshalJSON(b []byte) error {
 // scope (an API, or the key's quota across APIs) in one quota period and
 // one quota epoch. A reset raises the epoch, and a new period has a new
 // start: either gives a new entry, and nothing carries over.
+//
+// Consumer is the consumer as the data plane's engine names it (a key's
+// hash for API keys); Scope the counters' scope (an API's ID, or "" for a
+// key's quota across APIs); Policy the ID of the policy whose quota is
+// global, or "" for a key's own per-API limit (then Scope names the API).
+// The control plane finds the quota, its mode and floors from Policy (or
+// from the key and Scope) when it opens the entry.
+//
+// A GrantRequest may leave PeriodStart zero: "the period in force now".
+// The control plane keeps each (consumer, scope, policy, epoch)'s first
+// period start (the time of its first grant request anywhere, so a quota's
+// period starts at its first request as everywhere in limitplane); periods
+// follow it back to back. Its Grant names the entry with its PeriodStart,
+// and reports name that.
 type EntryKey struct {
 	Consumer    string    `json:"consumer"`
 	Scope       string    `json:"scope"`
+	Policy      string    `json:"policy,omitempty"`
 	PeriodStart time.Time `json:"period_start"`
 	Epoch       uint64    `json:"epoch"`
 }
@@ -79,19 +94,19 @@ type EntryKey struct {
 // EntryID is an EntryKey in a comparable form, for map keys (time.Time's
 // == compares locations too, so EntryKey itself is not one).
 type EntryID struct {
-	Consumer, Scope string
-	PeriodStart     int64 // Unix nanoseconds
-	Epoch           uint64
+	Consumer, Scope, Policy string
+	PeriodStart             int64 // Unix nanoseconds
+	Epoch                   uint64
 }
 
 // ID returns the key's comparable form.
 func (k EntryKey) ID() EntryID {
-	return EntryID{Consumer: k.Consumer, Scope: k.Scope, PeriodStart: k.PeriodStart.UnixNano(), Epoch: k.Epoch}
+	return EntryID{Consumer: k.Consumer, Scope: k.Scope, Policy: k.Policy, PeriodStart: k.PeriodStart.UnixNano(), Epoch: k.Epoch}
 }
 
-// String is "consumer|scope|period start (Unix ns)|epoch".
+// String is "consumer|scope|policy|period start (Unix ns)|epoch".
 func (k EntryKey) String() string {
-	return fmt.Sprintf("%s|%s|%d|%d", k.Consumer, k.Scope, k.PeriodStart.UnixNano(), k.Epoch)
+	return fmt.Sprintf("%s|%s|%s|%d|%d", k.Consumer, k.Scope, k.Policy, k.PeriodStart.UnixNano(), k.Epoch)
 }
 
 // RequestID identifies one grant request: the data plane, the fencing
@@ -173,4 +188,67 @@ type ReportAck struct {
 	DataPlane string   `json:"data_plane"`
 	Token     uint64   `json:"token"`
 	Seq       uint64   `json:"seq"`
+}
+
+// Batch is what a lease holder sends in one QuotaService.Lease call
+// (dataplane/syncpb), as JSON: grant requests and reports of any number of
+// entries. Every request's ID.DataPlane and every report's DataPlane must
+// be the call's group.
+type Batch struct {
+	Grants  []GrantRequest `json:"grants,omitempty"`
+	Reports []Report       `json:"reports,omitempty"`
+}
+
+// BatchAnswer answers a Batch: for each grant request a Grant or a
+// Refused, for each report a ReportAck or a Refused, in no set order.
+type BatchAnswer struct {
+	Grants   []Grant     `json:"grants,omitempty"`
+	Acks     []ReportAck `json:"acks,omitempty"`
+	Refusals []Refused   `json:"refusals,omitempty"`
+}
+
+// Refused is the ledger's refusal of one grant request (Request set) or
+// one report (Report set).
+type Refused struct {
+	Entry   EntryKey   `json:"entry"`
+	Request *RequestID `json:"request,omitempty"`
+	Report  *ReportRef `json:"report,omitempty"`
+	Why     Refusal    `json:"why"`
+	// Error says why, for people.
+	Error string `json:"error,omitempty"`
+}
+
+// ReportRef names one report: its holder's token and sequence number.
+type ReportRef struct {
+	Token uint64 `json:"token"`
+	Seq   uint64 `json:"seq"`
+}
+
+// String returns stale_token or unknown_entry.
+func (r Refusal) String() string {
+	switch r {
+	case RefusedStaleToken:
+		return "stale_token"
+	case RefusedUnknownEntry:
+		return "unknown_entry"
+	}
+	return fmt.Sprintf("refusal(%d)", r)
+}
+
+// MarshalJSON writes the refusal's name.
+func (r Refusal) MarshalJSON() ([]byte, error) { return json.Marshal(r.String()) }
+
+// UnmarshalJSON reads a refusal's name.
+func (r *Refusal) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("lease: refusal: %w", err)
+	}
+	for _, v := range []Refusal{RefusedStaleToken, RefusedUnknownEntry} {
+		if v.String() == s {
+			*r = v
+			return nil
+		}
+	}
+	return fmt.Errorf("lease: unknown refusal %q", s)
 }

@@ -1130,6 +1130,118 @@ func (x *NotBuilt) GetPolicy() string {
 	return ""
 }
 
+// LeaseRequest is one batch from a data plane's lease holder.
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the data plane's secret, as in Hello.token.
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// group is the data plane (Hello.group); every request and report in
+	// body must name it as its data plane.
+	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	// body is the JSON of a lease.Batch (package dataplane/lease): grant
+	// requests and reports, as spec's JSON travels in SyncService.
+	Body          []byte `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_sync_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sync_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_sync_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LeaseRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+// LeaseResponse answers a LeaseRequest.
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// body is the JSON of a lease.BatchAnswer.
+	Body          []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_sync_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sync_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_sync_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LeaseResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
 var File_sync_proto protoreflect.FileDescriptor
 
 const file_sync_proto_rawDesc = "" +
@@ -1209,9 +1321,17 @@ const file_sync_proto_rawDesc = "" +
 	"\bNotBuilt\x12\x10\n" +
 	"\x03api\x18\x01 \x01(\tR\x03api\x12\x18\n" +
 	"\aproblem\x18\x02 \x01(\tR\aproblem\x12\x16\n" +
-	"\x06policy\x18\x03 \x01(\tR\x06policy2_\n" +
+	"\x06policy\x18\x03 \x01(\tR\x06policy\"N\n" +
+	"\fLeaseRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"#\n" +
+	"\rLeaseResponse\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body2_\n" +
 	"\vSyncService\x12P\n" +
-	"\x04Sync\x12!.limitplane.sync.v1.ClientMessage\x1a!.limitplane.sync.v1.ServerMessage(\x010\x01B3Z1github.com/limitplane/limitplane/dataplane/syncpbb\x06proto3"
+	"\x04Sync\x12!.limitplane.sync.v1.ClientMessage\x1a!.limitplane.sync.v1.ServerMessage(\x010\x012\\\n" +
+	"\fQuotaService\x12L\n" +
+	"\x05Lease\x12 .limitplane.sync.v1.LeaseRequest\x1a!.limitplane.sync.v1.LeaseResponseB3Z1github.com/limitplane/limitplane/dataplane/syncpbb\x06proto3"
 
 var (
 	file_sync_proto_rawDescOnce sync.Once
@@ -1226,7 +1346,7 @@ func file_sync_proto_rawDescGZIP() []byte {
 }
 
 var file_sync_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_sync_proto_goTypes = []any{
 	(Change_Kind)(0),      // 0: limitplane.sync.v1.Change.Kind
 	(Change_Object)(0),    // 1: limitplane.sync.v1.Change.Object
@@ -1242,6 +1362,8 @@ var file_sync_proto_goTypes = []any{
 	(*Change)(nil),        // 11: limitplane.sync.v1.Change
 	(*DigestRequest)(nil), // 12: limitplane.sync.v1.DigestRequest
 	(*NotBuilt)(nil),      // 13: limitplane.sync.v1.NotBuilt
+	(*LeaseRequest)(nil),  // 14: limitplane.sync.v1.LeaseRequest
+	(*LeaseResponse)(nil), // 15: limitplane.sync.v1.LeaseResponse
 }
 var file_sync_proto_depIdxs = []int32{
 	3,  // 0: limitplane.sync.v1.ClientMessage.hello:type_name -> limitplane.sync.v1.Hello
@@ -1258,9 +1380,11 @@ var file_sync_proto_depIdxs = []int32{
 	0,  // 11: limitplane.sync.v1.Change.kind:type_name -> limitplane.sync.v1.Change.Kind
 	1,  // 12: limitplane.sync.v1.Change.object:type_name -> limitplane.sync.v1.Change.Object
 	2,  // 13: limitplane.sync.v1.SyncService.Sync:input_type -> limitplane.sync.v1.ClientMessage
-	7,  // 14: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
-	14, // [14:15] is the sub-list for method output_type
-	13, // [13:14] is the sub-list for method input_type
+	14, // 14: limitplane.sync.v1.QuotaService.Lease:input_type -> limitplane.sync.v1.LeaseRequest
+	7,  // 15: limitplane.sync.v1.SyncService.Sync:output_type -> limitplane.sync.v1.ServerMessage
+	15, // 16: limitplane.sync.v1.QuotaService.Lease:output_type -> limitplane.sync.v1.LeaseResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -1289,9 +1413,9 @@ func file_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sync_proto_rawDesc), len(file_sync_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_sync_proto_goTypes,
 		DependencyIndexes: file_sync_proto_depIdxs,

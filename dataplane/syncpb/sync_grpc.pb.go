@@ -137,3 +137,131 @@ var SyncService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "sync.proto",
 }
+
+const (
+	QuotaService_Lease_FullMethodName = "/limitplane.sync.v1.QuotaService/Lease"
+)
+
+// QuotaServiceClient is the client API for QuotaService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// QuotaService is served by the control plane beside SyncService: the
+// global-quota ledger (issue 22). One lease holder per data plane calls
+// it; no request a gateway serves waits on it.
+type QuotaServiceClient interface {
+	// Lease sends a lease holder's grant requests and spend reports and
+	// answers each: a grant or a refusal per request, an acknowledgement
+	// or a refusal per report. Everything answered is in the control
+	// plane's durable store before the answer is sent, so a repeated
+	// request (same id) gets the same grant and a repeated report changes
+	// nothing. Errors: Unauthenticated (a wrong token), PermissionDenied
+	// (a group outside the token's scope), InvalidArgument (a body that
+	// does not decode), Unavailable (the store is down or the control
+	// plane is shutting down; send the same batch again later).
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
+}
+
+type quotaServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewQuotaServiceClient(cc grpc.ClientConnInterface) QuotaServiceClient {
+	return &quotaServiceClient{cc}
+}
+
+func (c *quotaServiceClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, QuotaService_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// QuotaServiceServer is the server API for QuotaService service.
+// All implementations must embed UnimplementedQuotaServiceServer
+// for forward compatibility.
+//
+// QuotaService is served by the control plane beside SyncService: the
+// global-quota ledger (issue 22). One lease holder per data plane calls
+// it; no request a gateway serves waits on it.
+type QuotaServiceServer interface {
+	// Lease sends a lease holder's grant requests and spend reports and
+	// answers each: a grant or a refusal per request, an acknowledgement
+	// or a refusal per report. Everything answered is in the control
+	// plane's durable store before the answer is sent, so a repeated
+	// request (same id) gets the same grant and a repeated report changes
+	// nothing. Errors: Unauthenticated (a wrong token), PermissionDenied
+	// (a group outside the token's scope), InvalidArgument (a body that
+	// does not decode), Unavailable (the store is down or the control
+	// plane is shutting down; send the same batch again later).
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
+	mustEmbedUnimplementedQuotaServiceServer()
+}
+
+// UnimplementedQuotaServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedQuotaServiceServer struct{}
+
+func (UnimplementedQuotaServiceServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
+}
+func (UnimplementedQuotaServiceServer) mustEmbedUnimplementedQuotaServiceServer() {}
+func (UnimplementedQuotaServiceServer) testEmbeddedByValue()                      {}
+
+// UnsafeQuotaServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to QuotaServiceServer will
+// result in compilation errors.
+type UnsafeQuotaServiceServer interface {
+	mustEmbedUnimplementedQuotaServiceServer()
+}
+
+func RegisterQuotaServiceServer(s grpc.ServiceRegistrar, srv QuotaServiceServer) {
+	// If the following call panics, it indicates UnimplementedQuotaServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&QuotaService_ServiceDesc, srv)
+}
+
+func _QuotaService_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServiceServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QuotaService_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServiceServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// QuotaService_ServiceDesc is the grpc.ServiceDesc for QuotaService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var QuotaService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "limitplane.sync.v1.QuotaService",
+	HandlerType: (*QuotaServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Lease",
+			Handler:    _QuotaService_Lease_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "sync.proto",
+}
