@@ -32,6 +32,7 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults for fields left out of a file.
@@ -190,13 +191,14 @@ func Load(path string) (*Config, error) {
 // secret_env and password_env are read from the process environment, so a
 // missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
-	raw, d := decode(name, data)
+	v := &loader{file: name, seen: map[reported]bool{}, active: map[*yaml.Node]bool{},
+		places: map[string]place{}, uncertain: map[string]bool{}}
+	raw := v.decode(data)
 	if raw == nil {
-		return nil, d.errs
+		return nil, v.errs
 	}
-	v := &validator{file: name, dec: d, seen: map[reported]bool{}}
 	cfg := v.config(raw)
-	if errs := append(d.errs, v.errs...); len(errs) > 0 {
+	if errs := v.errs; len(errs) > 0 {
 		slices.SortStableFunc(errs, func(a, b *Error) int {
 			if a.Line != b.Line {
 				return a.Line - b.Line

@@ -66,7 +66,7 @@ func DefaultStateFile(configFile string) string {
 
 // controlPlane validates the control_plane section. The file must then
 // leave policies, keys and apis out.
-func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
+func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
 	cp := &ControlPlane{Group: r.Group, GatewayID: r.GatewayID, OnStale: OnStaleKeep}
 	for _, f := range []struct {
 		name string
@@ -133,7 +133,7 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	} else if cp.Address != "" && !loopback {
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
-	cp.MaxStale = duration(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
+	cp.MaxStale = number(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
 	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
@@ -148,7 +148,7 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 
 // controlPlaneTLS loads the tls section's files into a client TLS
 // configuration.
-func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
+func (v *loader) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.ServerName}
 	if r.CAFile != "" {
 		if pem, ok := v.read("control_plane.tls.ca_file", r.CAFile); ok {
