@@ -135,22 +135,23 @@ type Redis struct {
 // decided by failure_policy. 0 means unbounded. The rest is left zero.
 type Memory = memory.Options
 
-// Server holds the HTTP server's timeouts and limits.
+// Server holds the HTTP server's timeouts and limits, each > 0. The file's
+// server section decodes into it, over the defaults.
 type Server struct {
 	// ReadHeaderTimeout bounds reading a request's header.
-	ReadHeaderTimeout time.Duration
+	ReadHeaderTimeout time.Duration `json:"read_header_timeout"`
 	// ReadTimeout bounds reading a whole request, body included.
-	ReadTimeout time.Duration
+	ReadTimeout time.Duration `json:"read_timeout"`
 	// WriteTimeout bounds the time from the end of the request header to
 	// the end of the response, the upstream's time included.
-	WriteTimeout time.Duration
+	WriteTimeout time.Duration `json:"write_timeout"`
 	// IdleTimeout bounds how long an idle keep-alive connection is kept.
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `json:"idle_timeout"`
 	// ShutdownTimeout bounds how long shutdown waits for requests in
 	// flight.
-	ShutdownTimeout time.Duration
+	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
 	// MaxHeaderBytes bounds a request header's size in bytes.
-	MaxHeaderBytes int
+	MaxHeaderBytes int `json:"max_header_bytes"`
 }
 
 // Admin is the operations endpoint's configuration.

@@ -3,8 +3,8 @@ package config
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,25 +108,14 @@ func (v *loader) admin(r *rawAdmin) *Admin {
 		}
 		a.Listen = r.Listen
 	}
-	a.Loopback = loopbackListen(a.Listen)
+	host, _, _ := net.SplitHostPort(a.Listen)
+	a.Loopback = identity.IsLoopbackHost(host)
 	if token, set := v.secret("admin", "token", r.TokenEnv, r.TokenFile); set {
 		a.Token = token
 	} else if !a.Loopback {
 		v.fail("admin.listen", "%q is not a loopback address: set admin.token_env or admin.token_file, since every call there needs the token", a.Listen)
 	}
 	return a
-}
-
-// loopbackListen reports whether the listen address addr (already
-// checked) is on the loopback only: "localhost" or a loopback IP. An empty
-// host listens on every interface.
-func loopbackListen(addr string) bool {
-	host, _, _ := net.SplitHostPort(addr)
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
 }
 
 // parseDuration is spec.ParseDuration with examples added to a "not a
@@ -154,10 +143,15 @@ func number[T int | float64 | time.Duration](v *loader, path string, n *T, def T
 		return def
 	}
 	if !ok(*n) {
-		pl, _ := v.place(path)
-		v.fail(path, "%s%s", pl.text.Value, bad)
+		v.bad(path, bad)
 	}
 	return *n
+}
+
+// bad reports the value at path, as the file wrote it, and then words.
+func (v *loader) bad(path, words string) {
+	pl, _ := v.place(path)
+	v.fail(path, "%s%s", pl.text.Value, words)
 }
 
 // The checks number uses most, and their words.
@@ -208,15 +202,16 @@ func (v *loader) clientIP(r rawClientIP) identity.ClientIPOptions {
 	return o
 }
 
-func (v *loader) server(r rawServer) Server {
-	return Server{
-		ReadHeaderTimeout: number(v, "server.read_header_timeout", r.ReadHeaderTimeout, DefaultReadHeaderTimeout, positive, mustBePositive),
-		ReadTimeout:       number(v, "server.read_timeout", r.ReadTimeout, DefaultReadTimeout, positive, mustBePositive),
-		WriteTimeout:      number(v, "server.write_timeout", r.WriteTimeout, DefaultWriteTimeout, positive, mustBePositive),
-		IdleTimeout:       number(v, "server.idle_timeout", r.IdleTimeout, DefaultIdleTimeout, positive, mustBePositive),
-		ShutdownTimeout:   number(v, "server.shutdown_timeout", r.ShutdownTimeout, DefaultShutdownTimeout, positive, mustBePositive),
-		MaxHeaderBytes:    number(v, "server.max_header_bytes", r.MaxHeaderBytes, DefaultMaxHeaderBytes, aboveZero, mustBePositive),
+// server checks the server section, decoded over the defaults: each
+// value must be > 0.
+func (v *loader) server(s Server) Server {
+	sv := reflect.ValueOf(s)
+	for i := range sv.NumField() {
+		if sv.Field(i).Int() <= 0 {
+			v.bad("server."+sv.Type().Field(i).Tag.Get("json"), mustBePositive)
+		}
 	}
+	return s
 }
 
 func (v *loader) response(r rawResponse) response.Options {

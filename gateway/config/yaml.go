@@ -34,7 +34,7 @@ type rawConfig struct {
 	Memory        *rawMemory       `json:"memory"`
 	Shadow        bool             `json:"shadow"`
 	ClientIP      rawClientIP      `json:"client_ip"`
-	Server        rawServer        `json:"server"`
+	Server        Server           `json:"server"`
 	Response      rawResponse      `json:"response"`
 	Admin         *rawAdmin        `json:"admin"`
 	ControlPlane  *rawControlPlane `json:"control_plane"`
@@ -97,15 +97,6 @@ type rawClientIP struct {
 	Header         string   `json:"header"`
 	IPv4PrefixLen  *int     `json:"ipv4_prefix_len"`
 	IPv6PrefixLen  *int     `json:"ipv6_prefix_len"`
-}
-
-type rawServer struct {
-	ReadHeaderTimeout *time.Duration `json:"read_header_timeout"`
-	ReadTimeout       *time.Duration `json:"read_timeout"`
-	WriteTimeout      *time.Duration `json:"write_timeout"`
-	IdleTimeout       *time.Duration `json:"idle_timeout"`
-	ShutdownTimeout   *time.Duration `json:"shutdown_timeout"`
-	MaxHeaderBytes    *int           `json:"max_header_bytes"`
 }
 
 type rawResponse struct {
@@ -455,7 +446,9 @@ func (v *loader) decode(data []byte) (raw *rawConfig) {
 		return nil
 	}
 	x, _ := v.value(root.Content[0], reflect.TypeFor[rawConfig](), "")
-	raw = new(rawConfig)
+	raw = &rawConfig{Server: Server{ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ShutdownTimeout: DefaultShutdownTimeout,
+		MaxHeaderBytes: DefaultMaxHeaderBytes}}
 	if x != nil {
 		b, err := json.Marshal(x)
 		if err == nil {
