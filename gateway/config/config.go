@@ -20,6 +20,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -58,10 +59,6 @@ const (
 	// the admin section leaves listen out: the loopback only.
 	DefaultAdminListen = "127.0.0.1:8090"
 )
-
-// BuiltinEcho is the target of the built-in echo upstream, which answers
-// every request with JSON describing it.
-const BuiltinEcho = spec.BuiltinEcho
 
 // Config is a validated gateway configuration.
 type Config struct {
@@ -200,12 +197,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	}
 	cfg := v.config(raw)
 	if errs := v.errs; len(errs) > 0 {
-		slices.SortStableFunc(errs, func(a, b *Error) int {
-			if a.Line != b.Line {
-				return a.Line - b.Line
-			}
-			return a.Column - b.Column
-		})
+		slices.SortStableFunc(errs, func(a, b *Error) int { return cmp.Or(a.Line-b.Line, a.Column-b.Column) })
 		return nil, errs
 	}
 	return cfg, nil

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -127,12 +128,7 @@ func (v *loader) gcraOnly(s *spec.Snapshot) {
 		check(fmt.Sprintf("policies[%d].rate", i), p.Rate)
 	}
 	for i, k := range s.Keys {
-		ids := make([]string, 0, len(k.APILimits))
-		for id := range k.APILimits {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(k.APILimits)) {
 			check(fmt.Sprintf("keys[%d].api_limits.%s.rate", i, id), k.APILimits[id].Rate)
 		}
 	}
