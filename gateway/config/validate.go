@@ -156,14 +156,13 @@ func (v *loader) bad(path, words string) {
 
 // The checks number uses most, and their words.
 func positive(d time.Duration) bool { return d > 0 }
-func aboveZero(n int) bool          { return n > 0 }
 func nonNegative(n int) bool        { return n >= 0 }
 
 // within returns the check of lo ≤ n ≤ hi; wantWithin words it.
 func within(lo, hi int) func(int) bool { return func(n int) bool { return n >= lo && n <= hi } }
 func wantWithin(lo, hi int) string     { return fmt.Sprintf(": want %d to %d", lo, hi) }
 
-// mustBePositive words positive and aboveZero.
+// mustBePositive words positive.
 const mustBePositive = " must be > 0"
 
 // oneOf returns the value of the name s among names ("" is the first),
