@@ -328,8 +328,8 @@ func TestRefusals(t *testing.T) {
 		{"a fraction in an anchor", "policies:\n  - {id: q, quota: &u {max: 2.5, renewal: 1h}}\n  - {id: r, quota: *u}\n" + api,
 			"t.yaml:2:29: policies[0].quota.max: want an integer, got 2.5"},
 		{"keys an alias brings to another kind of mapping", "policies:\n  - &q {id: q, quota: {max: 2, renewal: 1h}}\n  - {id: r, quota: *q}\n" + api,
-			"t.yaml:2:9: policies[1].quota.id: unknown field (known here: max, renewal)\n" +
-				"t.yaml:2:16: policies[1].quota.quota: unknown field (known here: max, renewal)"},
+			"t.yaml:2:9: policies[1].quota.id: unknown field (known here: max, renewal, global)\n" +
+				"t.yaml:2:16: policies[1].quota.quota: unknown field (known here: max, renewal, global)"},
 		{"an anchor outside the schema is named by where it is used", "x-rate: &d {requests: five, per: 1s, burst: 2.5, bust: 1}\npolicies:\n  - {id: p, rate: *d}\n  - {id: q, rate: *d}\n" + api,
 			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, policies, keys, apis)\n" +
 				"t.yaml:1:23: policies[0].rate.requests: want an integer, got \"five\"\n" +
