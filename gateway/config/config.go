@@ -151,19 +151,20 @@ type Server struct {
 	MaxHeaderBytes int `json:"max_header_bytes"`
 }
 
-// Admin is the operations endpoint's configuration.
+// Admin is the operations endpoint's configuration. The file's admin
+// section decodes into it, with the token's sources beside it.
 type Admin struct {
 	// Listen is its TCP address, "host:port"; DefaultAdminListen when the
 	// file leaves it out.
-	Listen string
+	Listen string `json:"listen"`
 	// Loopback reports whether Listen is a loopback address (127.0.0.0/8,
 	// ::1 or localhost): only there may reads go without the token.
-	Loopback bool
+	Loopback bool `json:"-"`
 	// Token is the bearer token read from token_env or token_file; ""
 	// when neither is set (allowed on a loopback address only; calls
 	// that change state are then refused). It is a secret: never print
 	// it.
-	Token string
+	Token string `json:"-"`
 }
 
 // RedactedStore returns Store for messages and banners, as the file wrote

@@ -68,7 +68,7 @@ func DefaultStateFile(configFile string) string {
 // controlPlane validates the control_plane section. The file must then
 // leave policies, keys and apis out.
 func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
-	cp := &ControlPlane{Group: r.Group, GatewayID: r.GatewayID, OnStale: OnStaleKeep}
+	cp := &ControlPlane{Group: r.Group, Tags: r.Tags, GatewayID: r.GatewayID}
 	for _, f := range []struct {
 		name string
 		set  bool
@@ -93,9 +93,7 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 	for i, tag := range r.Tags {
 		if tag == "" {
 			v.fail(fmt.Sprintf("control_plane.tags[%d]", i), "a tag must not be empty")
-			continue
 		}
-		cp.Tags = append(cp.Tags, tag)
 	}
 	if r.TLS != nil {
 		cp.TLS = v.controlPlaneTLS(r.TLS)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -41,12 +42,9 @@ func (v *loader) add(path, problem string, missing bool, unknown string) {
 }
 
 func (v *loader) config(raw *rawConfig) *Config {
-	cfg := &Config{Listen: DefaultListen, Store: "memory", Shadow: raw.Shadow}
-	if raw.Listen != "" {
-		if err := CheckListen(raw.Listen); err != nil {
-			v.fail("listen", "%v", err)
-		}
-		cfg.Listen = raw.Listen
+	cfg := &Config{Listen: cmp.Or(raw.Listen, DefaultListen), Store: "memory", Shadow: raw.Shadow}
+	if err := CheckListen(cfg.Listen); err != nil {
+		v.fail("listen", "%v", err)
 	}
 	switch s := raw.Store; {
 	case s == "" || s == "memory":
@@ -99,14 +97,12 @@ func CheckListen(addr string) error {
 
 // admin validates the admin section: a listen address that is not
 // loopback needs a token, and the token's source must give one.
-func (v *loader) admin(r *rawAdmin) *Admin {
-	a := &Admin{Listen: DefaultAdminListen}
-	if r.Listen != "" {
-		if err := CheckListen(r.Listen); err != nil {
-			v.fail("admin.listen", "%v", err)
-			return a
-		}
-		a.Listen = r.Listen
+func (v *loader) admin(r *fileAdmin) *Admin {
+	a := &r.Admin
+	a.Listen = cmp.Or(a.Listen, DefaultAdminListen)
+	if err := CheckListen(a.Listen); err != nil {
+		v.fail("admin.listen", "%v", err)
+		return a
 	}
 	host, _, _ := net.SplitHostPort(a.Listen)
 	a.Loopback = identity.IsLoopbackHost(host)

@@ -36,7 +36,7 @@ type rawConfig struct {
 	ClientIP      rawClientIP      `json:"client_ip"`
 	Server        Server           `json:"server"`
 	Response      rawResponse      `json:"response"`
-	Admin         *rawAdmin        `json:"admin"`
+	Admin         *fileAdmin       `json:"admin"`
 	ControlPlane  *rawControlPlane `json:"control_plane"`
 	DRL           *rawDRL          `json:"drl"`
 	Policies      []spec.Policy    `json:"policies"`
@@ -58,8 +58,9 @@ type rawMemory struct {
 	MaxKeys *int `json:"max_keys"`
 }
 
-type rawAdmin struct {
-	Listen    string `json:"listen"`
+// fileAdmin is the admin section: Admin, and its token's sources.
+type fileAdmin struct {
+	Admin
 	TokenEnv  string `json:"token_env"`
 	TokenFile string `json:"token_file"`
 }
