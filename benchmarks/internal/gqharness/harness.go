@@ -771,7 +771,10 @@ func (r *run) events(ctx context.Context, ev *events) {
 	var steps []step
 	for _, c := range o.Cuts {
 		steps = append(steps,
-			step{c.From, func() { r.proxies[c.DP].Cut(o.CutKind); r.logf("%s cut off from the control plane (%s)", group(c.DP), o.CutKind) }},
+			step{c.From, func() {
+				r.proxies[c.DP].Cut(o.CutKind)
+				r.logf("%s cut off from the control plane (%s)", group(c.DP), o.CutKind)
+			}},
 			step{c.To, func() { r.proxies[c.DP].Restore(); r.logf("%s's link to the control plane restored", group(c.DP)) }})
 	}
 	var mu sync.Mutex // the control plane's process: the kill and the probe
