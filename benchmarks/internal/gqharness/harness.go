@@ -50,7 +50,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/limitplane/limitplane/benchmarks/internal/procs"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -150,6 +149,9 @@ type Options struct {
 	Dir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// OnStart, when set, is called with the name and PID of every process
+	// a run starts, as it starts (tests check that none is left).
+	OnStart func(name string, pid int)
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -561,7 +563,7 @@ type run struct {
 	o       Options
 	mode    Mode
 	dir     string
-	ps      procs.Set
+	ps      set
 	cp      *controlPlane
 	proxies []*cutProxy
 	gws     [][]*gateway // per data plane
@@ -632,7 +634,7 @@ func runMode(ctx context.Context, o Options, mode Mode, dir, negative string) (r
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return res, fmt.Errorf("gqharness: %w", err)
 	}
-	r := &run{o: o, mode: mode, dir: dir, gws: make([][]*gateway, o.DataPlanes)}
+	r := &run{o: o, mode: mode, dir: dir, gws: make([][]*gateway, o.DataPlanes), ps: set{onStart: o.OnStart}}
 	var loads []*dpLoad
 	defer func() {
 		r.ps.StopAll()

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -41,20 +43,46 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// leftOver returns the processes whose command line holds dir: every
-// process a run starts names its directory (redis-server --dir, the
-// gateways' -config, the control plane's -data), so none may be left.
-func leftOver(t *testing.T, dir string) string {
+// started records the PIDs of every process a run starts
+// (Options.OnStart).
+type started struct {
+	mu   sync.Mutex
+	pids map[int]string
+}
+
+func (s *started) add(name string, pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pids == nil {
+		s.pids = map[int]string{}
+	}
+	s.pids[pid] = name
+}
+
+// leftOver returns the processes still running that the run started
+// (by PID, and by pgrep over dir, which the control plane's and the
+// gateways' command lines hold; redis-server rewrites its own), and how
+// many the run started.
+func (s *started) leftOver(t *testing.T, dir string) (string, int) {
 	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var left []string
+	for pid, name := range s.pids {
+		if syscall.Kill(pid, 0) == nil {
+			left = append(left, fmt.Sprintf("%d %s", pid, name))
+		}
+	}
 	out, err := exec.Command("pgrep", "-af", dir).Output()
 	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() == 1 {
-		return "" // none matched
-	}
-	if err != nil {
+	switch {
+	case errors.As(err, &ee) && ee.ExitCode() == 1: // none matched
+	case err != nil:
 		t.Fatalf("pgrep: %v", err)
+	default:
+		left = append(left, string(out))
 	}
-	return string(out)
+	return strings.Join(left, "\n"), len(s.pids)
 }
 
 // TestConfigOnlyAndStaticSplit runs 2 data planes, Q = 200 per 3 s,
@@ -65,7 +93,8 @@ func leftOver(t *testing.T, dir string) string {
 // request waits on the stopped control plane, and no process is left.
 func TestConfigOnlyAndStaticSplit(t *testing.T) {
 	dir := t.TempDir()
-	o := Options{DataPlanes: 2, Quota: 200, Period: 3 * time.Second, Offered: 600, Split: []float64{70, 30}, Periods: 2,
+	var st started
+	o := Options{OnStart: st.add, DataPlanes: 2, Quota: 200, Period: 3 * time.Second, Offered: 600, Split: []float64{70, 30}, Periods: 2,
 		Modes: []Mode{ModeConfigOnly, ModeStaticSplit}, CPStop: time.Second,
 		ControlPlaneBin: bins.controlPlane, GatewayBin: bins.gateway, Dir: dir, Log: logWriter{t}}
 	rs, err := Run(context.Background(), o)
@@ -102,8 +131,9 @@ func TestConfigOnlyAndStaticSplit(t *testing.T) {
 	if got := rs[0].MaxOverQ(); got != 180 {
 		t.Errorf("config_only: max over Q %d, want 180", got)
 	}
-	if left := leftOver(t, dir); left != "" {
-		t.Errorf("processes left after the run:\n%s", left)
+	// A control plane and per data plane a redis-server and a gateway, per mode.
+	if left, n := st.leftOver(t, dir); left != "" || n != 2*(1+2+2) {
+		t.Errorf("%d processes started (want 10); left after the run:\n%s", n, left)
 	}
 }
 
@@ -113,7 +143,8 @@ func TestCancel(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	o := Options{DataPlanes: 2, Gateways: 2, Quota: 100, Period: 30 * time.Second, Offered: 300, Periods: 1,
+	var st started
+	o := Options{OnStart: st.add, DataPlanes: 2, Gateways: 2, Quota: 100, Period: 30 * time.Second, Offered: 300, Periods: 1,
 		Modes: []Mode{ModeLeaseStrict}, ControlPlaneBin: bins.controlPlane, GatewayBin: bins.gateway, Dir: dir,
 		Log: &cancelOn{t: t, line: "load started", cancel: cancel}}
 	start := time.Now()
@@ -124,8 +155,8 @@ func TestCancel(t *testing.T) {
 	if d := time.Since(start); d > 25*time.Second {
 		t.Errorf("Run took %v after a cancel during a 30 s load", d)
 	}
-	if left := leftOver(t, dir); left != "" {
-		t.Errorf("processes left after the cancel:\n%s", left)
+	if left, n := st.leftOver(t, dir); left != "" || n != 1+2+4 {
+		t.Errorf("%d processes started (want 7); left after the cancel:\n%s", n, left)
 	}
 }
 
@@ -152,14 +183,17 @@ func TestStartFailure(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("#!/bin/sh\necho no such gateway >&2\nexit 7\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{DataPlanes: 2, Quota: 100, Period: 3 * time.Second, Periods: 1, Modes: []Mode{ModeConfigOnly},
+	var st started
+	o := Options{OnStart: st.add, DataPlanes: 2, Quota: 100, Period: 3 * time.Second, Periods: 1, Modes: []Mode{ModeConfigOnly},
 		ControlPlaneBin: bins.controlPlane, GatewayBin: bad, Dir: dir, Log: logWriter{t}}
 	_, err := Run(context.Background(), o)
 	if err == nil || !strings.Contains(err.Error(), "gateway dp1-gw1 did not start") || !strings.Contains(err.Error(), "no such gateway") {
 		t.Fatalf("Run with a failing gateway: %v", err)
 	}
-	if left := leftOver(t, dir); left != "" {
-		t.Errorf("processes left after the failure:\n%s", left)
+	// The control plane, a redis-server each, and dp1's or dp2's three
+	// tries of its gateway at least.
+	if left, n := st.leftOver(t, dir); left != "" || n < 1+2+3 {
+		t.Errorf("%d processes started (want at least 6); left after the failure:\n%s", n, left)
 	}
 }
 

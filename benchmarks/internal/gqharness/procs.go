@@ -34,6 +34,21 @@ const gwAdminToken = "globalquota-harness-gateway-token"
 // control plane's -dataplanes file holds its hash).
 func dpToken(group string) string { return "globalquota-harness-dp-token-" + group }
 
+// set is the processes of one mode's run (procs.Set), telling
+// Options.OnStart of each one added.
+type set struct {
+	procs.Set
+	onStart func(name string, pid int)
+}
+
+// Add puts p in the set and tells onStart.
+func (s *set) Add(p *procs.Proc) {
+	s.Set.Add(p)
+	if s.onStart != nil {
+		s.onStart(p.Name, p.Cmd.Process.Pid)
+	}
+}
+
 // hashToken is the form of a data-plane token the control plane's
 // -dataplanes file holds (controlplane.HashToken, not imported: the
 // controlplane package would bring its stores' modules into this one):
@@ -80,7 +95,7 @@ func redisServer() string {
 
 // startRedis runs a redis-server on a free loopback port (never 6379) in
 // dir, with persistence off, and waits for PING.
-func startRedis(ctx context.Context, name, dir string, ps *procs.Set) (string, error) {
+func startRedis(ctx context.Context, name, dir string, ps *set) (string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		addr, err := procs.FreeAddr()
@@ -137,7 +152,7 @@ type controlPlane struct {
 	bin, dir        string
 	data, dpFile    string
 	adminAddr, sync string
-	ps              *procs.Set
+	ps              *set
 	proc            *procs.Proc
 	gen             int
 	client          *http.Client
@@ -146,7 +161,7 @@ type controlPlane struct {
 // startControlPlane writes the -dataplanes file with one token per group
 // (tag = group) and starts the control plane on free loopback ports with
 // its bbolt file in dir.
-func startControlPlane(ctx context.Context, bin, dir string, groups []string, ps *procs.Set) (*controlPlane, error) {
+func startControlPlane(ctx context.Context, bin, dir string, groups []string, ps *set) (*controlPlane, error) {
 	var b strings.Builder
 	for _, g := range groups {
 		fmt.Fprintf(&b, "- group: %s\n  tags: [%s]\n  token_hash: %q\n", g, g, hashToken(dpToken(g)))
@@ -317,7 +332,7 @@ control_plane:
 
 // startGateway writes gateway id's file and starts it with env added,
 // then waits until its /readyz answers 200 (a configuration applied).
-func startGateway(ctx context.Context, bin, dir, id, group, redisAddr, cpAddr string, env []string, ps *procs.Set) (*gateway, error) {
+func startGateway(ctx context.Context, bin, dir, id, group, redisAddr, cpAddr string, env []string, ps *set) (*gateway, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a free port can be taken before the gateway binds it
 		listen, err := procs.FreeAddr()
