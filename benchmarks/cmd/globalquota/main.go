@@ -92,6 +92,7 @@ func run() int {
 	split := flag.String("split", "70,20,10", "weights of the offered load per data plane, comma-separated")
 	flag.IntVar(&o.Periods, "periods", 5, "periods of load")
 	flag.BoolVar(&o.Rotate, "rotate", false, "rotate the split by one data plane each period")
+	flag.DurationVar(&o.Guard, "guard", 0, "quiet time before each period's end and after each later period's start (default min(period/20, 250ms); negative: none)")
 	flag.Var(&cs, "cut", "cut a data plane off the control plane: dpN:FROM-TO (repeatable)")
 	cutKind := flag.String("cut-kind", "refuse", "what a cut does: refuse (close the links, refuse new ones) or stall (pass no byte)")
 	flag.DurationVar(&o.KillCP, "kill-cp", 0, "SIGKILL the control plane at this time and restart it on the same store and ports")

@@ -109,6 +109,10 @@ type Options struct {
 	Periods int
 	// Rotate rotates the split by one data plane each period.
 	Rotate bool
+	// Guard is the quiet time before each period's end and after each
+	// period's start but the first (see schedule; default min(P/20,
+	// 250 ms); negative: none).
+	Guard time.Duration
 	// Cuts take data planes off the control plane, the way CutKind says
 	// (default CutRefuse).
 	Cuts    []Cut
@@ -176,6 +180,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Split == nil {
 		o.Split = slices.Repeat([]float64{1}, max(o.DataPlanes, 1))
 	}
+	if o.Guard == 0 {
+		o.Guard = min(o.Period/20, 250*time.Millisecond)
+	}
+	o.Guard = max(o.Guard, 0)
 	if o.CutKind == "" {
 		o.CutKind = CutRefuse
 	}
@@ -204,6 +212,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("gqharness: quota must be >= 1")
 	case o.Period < time.Second:
 		return o, fmt.Errorf("gqharness: period %v is shorter than 1s", o.Period)
+	case o.Guard > o.Period/4:
+		return o, fmt.Errorf("gqharness: guard %v is more than a quarter of the period %v", o.Guard, o.Period)
 	case o.Offered < 0 || o.Periods < 1 || o.Periods > 1000:
 		return o, errors.New("gqharness: offered must be >= 0 and periods 1 to 1000")
 	case len(o.Split) != o.DataPlanes:
@@ -261,7 +271,7 @@ func (o Options) leaseDuration() time.Duration {
 
 // schedule returns the run's offered counts per period and data plane.
 func (o Options) schedule() schedule {
-	s := schedule{period: o.Period}
+	s := schedule{period: o.Period, guard: o.Guard}
 	for k := range o.Periods {
 		w := o.Split
 		if o.Rotate {

@@ -86,7 +86,9 @@ func (s *started) leftOver(t *testing.T, dir string) (string, int) {
 }
 
 // TestConfigOnlyAndStaticSplit runs 2 data planes, Q = 200 per 3 s,
-// 600 offered per period split 70/30 (420 and 180), 2 periods. Nothing
+// 600 offered per period split 70/30 (420 and 180), 2 periods, 400 ms
+// quiet at each boundary (a request later than that on a loaded machine
+// could cross into the next quota period). Nothing
 // but the quota limits, so per period and data plane: config_only admits
 // min(offered, Q) = 200 and 180; static_split min(offered, ⌊Q × share⌋)
 // = min(420, 140) and min(180, 60). Every other request is a 429, no
@@ -95,7 +97,7 @@ func TestConfigOnlyAndStaticSplit(t *testing.T) {
 	dir := t.TempDir()
 	var st started
 	o := Options{OnStart: st.add, DataPlanes: 2, Quota: 200, Period: 3 * time.Second, Offered: 600, Split: []float64{70, 30}, Periods: 2,
-		Modes: []Mode{ModeConfigOnly, ModeStaticSplit}, CPStop: time.Second,
+		Modes: []Mode{ModeConfigOnly, ModeStaticSplit}, CPStop: time.Second, Guard: 400 * time.Millisecond,
 		ControlPlaneBin: bins.controlPlane, GatewayBin: bins.gateway, Dir: dir, Log: logWriter{t}}
 	rs, err := Run(context.Background(), o)
 	if err != nil {
@@ -210,6 +212,10 @@ func TestOptions(t *testing.T) {
 	}
 	if got := Rotated([]float64{70, 20, 10}, 5); !reflect.DeepEqual(got, []float64{20, 10, 70}) {
 		t.Errorf("Rotated by 5 = %v", got)
+	}
+	sc := schedule{period: 3 * time.Second, guard: 400 * time.Millisecond}
+	if a, b, c := sc.at(0, 0, 10), sc.at(0, 9, 10), sc.at(1, 0, 10); a != 130*time.Millisecond || b != 2470*time.Millisecond || c != 3510*time.Millisecond {
+		t.Errorf("schedule at = %v, %v, %v; want 130ms, 2.47s, 3.51s", a, b, c)
 	}
 	o := Options{Quota: 10000, Split: []float64{70, 20, 10}}
 	if got := o.StaticShares(); !reflect.DeepEqual(got, []int64{7000, 2000, 1000}) {

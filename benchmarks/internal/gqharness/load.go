@@ -90,11 +90,27 @@ func Rotated(split []float64, k int) []float64 {
 }
 
 // schedule is the load of a run: offered[k][i] requests in period k to
-// data plane i, each period's requests to one data plane evenly spaced:
-// request j of n at k·P + (j + ½)·P/n.
+// data plane i, each period's requests to one data plane evenly spaced
+// over [k·P + a_k, (k+1)·P − G): request j of n at
+// k·P + a_k + (j + ½)·(P − a_k − G)/n, where G is the guard, a_0 = 0
+// and a_k = G for k ≥ 1. The quiet 2G around every boundary but the
+// first keeps a request from crossing into the quota's next period by
+// its latency (< G), and the quota's period, which starts at the key's
+// first request (at most a few milliseconds after 0), from starting
+// after a request of the next period.
 type schedule struct {
-	period  time.Duration
-	offered [][]int
+	period, guard time.Duration
+	offered       [][]int
+}
+
+// at is when request j of n of period k is sent, from the load's start.
+func (s schedule) at(k, j, n int) time.Duration {
+	a := time.Duration(0)
+	if k > 0 {
+		a = s.guard
+	}
+	span := s.period - a - s.guard
+	return time.Duration(k)*s.period + a + time.Duration((float64(j)+0.5)*float64(span)/float64(n))
 }
 
 // dpLoad is one data plane's targets: its gateways' URLs, round-robin.
@@ -152,12 +168,11 @@ func (l *load) run(ctx context.Context) {
 // drive is data plane i's scheduler, on an absolute schedule so that a
 // late wake-up sends the requests due at once instead of drifting.
 func (l *load) drive(ctx context.Context, i int, d *dpLoad) {
-	p := l.sched.period
 	n := 0
 	for k, offered := range l.sched.offered {
 		c := offered[i]
 		for j := range c {
-			at := time.Duration(k)*p + time.Duration((float64(j)+0.5)*float64(p)/float64(c))
+			at := l.sched.at(k, j, c)
 			if wait := time.Until(l.start.Add(at)); wait > 0 {
 				t := time.NewTimer(wait)
 				select {
