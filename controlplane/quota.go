@@ -37,6 +37,10 @@ const (
 	// DefaultQuotaPruneLimit is the most records one prune deletes when
 	// QuotaOptions.PruneLimit is 0.
 	DefaultQuotaPruneLimit = 256
+	// MaxLeaseBatch is the most grant requests and reports one Lease
+	// call may carry together (one transaction); more is
+	// InvalidArgument.
+	MaxLeaseBatch = 10000
 )
 
 // QuotaOptions configure NewQuotaServer.
@@ -139,7 +143,8 @@ type QuotaOptions struct {
 //
 // Errors: Unauthenticated (unknown token), PermissionDenied (group
 // outside the token's, or a request for another data plane),
-// InvalidArgument (a body that does not decode), Unavailable (the store
+// InvalidArgument (a body that does not decode, or more than
+// MaxLeaseBatch items), Unavailable (the store
 // is closed or its database unreachable: send the same batch again;
 // nothing, or all of it, was written), Internal (a ledger record that
 // does not restore).
@@ -465,6 +470,10 @@ func (s *QuotaServer) Lease(ctx context.Context, req *syncpb.LeaseRequest) (*syn
 	if err := json.Unmarshal(req.GetBody(), &b); err != nil {
 		s.o.Metrics.quotaCallRefused(codes.InvalidArgument)
 		return nil, status.Errorf(codes.InvalidArgument, "controlplane: quota: the body is not a lease.Batch in JSON: %v", err)
+	}
+	if n := len(b.Grants) + len(b.Reports); n > MaxLeaseBatch {
+		s.o.Metrics.quotaCallRefused(codes.InvalidArgument)
+		return nil, status.Errorf(codes.InvalidArgument, "controlplane: quota: %d grant requests and reports in one batch, at most %d", n, MaxLeaseBatch)
 	}
 	items := make([]*work, 0, len(b.Grants)+len(b.Reports))
 	// Reports first: their releases are there for the batch's requests.

@@ -122,13 +122,15 @@ func (t *boltQuotaTx) Delete(id string) {
 	t.err = t.btx.Bucket(bucketQuota).Delete([]byte(id))
 }
 
-// UpdateQuota implements QuotaLedgerStore: one bbolt write transaction
-// (its own fsync; ledger writes do not share config writes' batches).
+// UpdateQuota implements QuotaLedgerStore: a bbolt write transaction
+// that concurrent UpdateQuota calls share (bbolt's Batch, with the
+// store's BatchDelay and BatchSize), so they share one fsync; a call
+// whose fn fails is run again alone, as Batch does.
 func (b *Bolt) UpdateQuota(ctx context.Context, fn func(tx QuotaTx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := b.db.Update(func(btx *bolt.Tx) error {
+	err := b.db.Batch(func(btx *bolt.Tx) error {
 		t := &boltQuotaTx{btx: btx}
 		if err := fn(t); err != nil {
 			return err
