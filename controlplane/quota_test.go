@@ -59,6 +59,12 @@ func (c *clock) Now() time.Time {
 	return c.t
 }
 
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
 func (c *clock) Add(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -816,4 +822,57 @@ func TestQuotaPrune(t *testing.T) {
 			t.Fatalf("after the prune: %+v", g)
 		}
 	})
+}
+
+// TestQuotaPeriodsFollowRenewal: periods run back to back from the
+// anchor; a renewal changed mid-period applies from the next period (the
+// open entry keeps its configuration), and the periods after it are as
+// long as the new renewal. A report with no period start is for the
+// period in force, and refused before any grant opened one.
+func TestQuotaPeriodsFollowRenewal(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	putQuotaConfig(t, s)
+	clk := &clock{t: quotaStart}
+	q := serveQuota(t, s, clk.Now, nil)
+	rep := lease.Report{Entry: aliceKey(), DataPlane: "dp1", Token: 1, Seq: 1, Admitted: 3}
+	a := mustLease(t, q.client, "dp1", lease.Batch{Reports: []lease.Report{rep}})
+	if len(a.Refusals) != 1 || a.Refusals[0].Why != lease.RefusedUnknownEntry || a.Refusals[0].Report == nil || *a.Refusals[0].Report != (lease.ReportRef{Token: 1, Seq: 1}) {
+		t.Fatalf("a report before any grant: %+v, want refused", a)
+	}
+	seq := uint64(0)
+	grant := func() lease.Grant {
+		seq++
+		return grantOne(t, q.client, aliceKey(), lease.RequestID{DataPlane: "dp1", Token: 1, Seq: seq}, 1)
+	}
+	if g := grant(); !g.Entry.PeriodStart.Equal(quotaStart) {
+		t.Fatalf("first period %s", g.Entry.PeriodStart)
+	}
+	a = mustLease(t, q.client, "dp1", lease.Batch{Reports: []lease.Report{rep}})
+	if len(a.Acks) != 1 || !a.Acks[0].Entry.PeriodStart.Equal(quotaStart) {
+		t.Fatalf("a report with no period start: %+v, want acknowledged for the period in force", a)
+	}
+	update(t, s, func(tx controlplane.Tx) error {
+		return tx.PutPolicy(spec.Policy{ID: "g", Quota: &spec.Quota{Max: 5, Renewal: spec.Duration(30 * time.Minute),
+			Global: &spec.GlobalQuota{Mode: "strict"}}})
+	})
+	for _, c := range []struct {
+		at         time.Duration // since quotaStart
+		start      time.Duration
+		periodLeft time.Duration
+	}{
+		{50 * time.Minute, 0, 10 * time.Minute},                  // the open period keeps its hour
+		{70 * time.Minute, 60 * time.Minute, 20 * time.Minute},   // then 30 minutes each
+		{95 * time.Minute, 90 * time.Minute, 25 * time.Minute},   //
+		{185 * time.Minute, 180 * time.Minute, 25 * time.Minute}, // periods nobody used are skipped
+	} {
+		clk.Set(quotaStart.Add(c.at))
+		g := grant()
+		if !g.Entry.PeriodStart.Equal(quotaStart.Add(c.start)) || g.PeriodLeft != c.periodLeft {
+			t.Fatalf("at +%s: period start +%s, %s left; want +%s, %s left", c.at, g.Entry.PeriodStart.Sub(quotaStart), g.PeriodLeft, c.start, c.periodLeft)
+		}
+	}
+	es := ledgerEntries(t, s)
+	if len(es) != 4 || es[0].Config().Quota != quotaQ || es[1].Config().Quota != 5 {
+		t.Fatalf("%d entries; quotas %d, %d; want 4 entries, the first with the old quota", len(es), es[0].Config().Quota, es[1].Config().Quota)
+	}
 }
