@@ -16,12 +16,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/limitplane/limitplane/controlplane/quotaledger"
 	"github.com/limitplane/limitplane/dataplane/lease"
 	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -76,8 +78,10 @@ type QuotaOptions struct {
 	// Metrics counts grants, reports, refusals and ledger writes; nil
 	// counts nothing.
 	Metrics *Metrics
-	// Log receives failed ledger writes and prunes; nil means
-	// slog.Default().
+	// Log receives calls refused for their token or group
+	// (rate-limited: the first at once, then a line per
+	// failurelog.DefaultInterval with their count), failed ledger writes
+	// and prunes; nil means slog.Default().
 	Log *slog.Logger
 }
 
@@ -155,6 +159,11 @@ type QuotaServer struct {
 	tokens []token
 	groups []string // every token's group, sorted, once
 
+	// refusals logs calls refused as a whole (rate-limited, as the
+	// sync server's refused streams). Its timer runs only for an
+	// interval after a line, so it needs no stopping.
+	refusals *failurelog.Log
+
 	pruneMu   sync.Mutex
 	lastPrune time.Time
 }
@@ -187,7 +196,7 @@ func NewQuotaServer(o QuotaOptions) (*QuotaServer, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &QuotaServer{o: o, ledger: ls}
+	s := &QuotaServer{o: o, ledger: ls, refusals: failurelog.New(o.Log, failurelog.Options{Msg: "controlplane: quota: Lease call refused"})}
 	for i, t := range o.Tokens {
 		h, ok := strings.CutPrefix(t.Hash, "sha256:")
 		b, err := hex.DecodeString(h)
@@ -464,6 +473,11 @@ func (s *QuotaServer) Lease(ctx context.Context, req *syncpb.LeaseRequest) (*syn
 	group := req.GetGroup()
 	if err := s.authenticate(req.GetToken(), group); err != nil {
 		s.o.Metrics.quotaCallRefused(status.Code(err))
+		from := "unknown"
+		if p, ok := peer.FromContext(ctx); ok {
+			from = p.Addr.String()
+		}
+		s.refusals.Failed(fmt.Errorf("%s group=%q peer=%s", status.Convert(err).Message(), group, from))
 		return nil, err
 	}
 	var b lease.Batch

@@ -38,9 +38,34 @@ func (t *pgQuotaTx) Lock(ids []string) (map[string]QuotaRecord, error) {
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	out := make(map[string]QuotaRecord, len(ids))
-	if len(ids) == 0 {
-		return out, nil
+	// A row that existed at the INSERT (so none was inserted) may be
+	// deleted (pruned) before the SELECT locks it: such ids are held
+	// again, with a placeholder this time, until every id is a row held.
+	for pending, round := ids, 0; len(pending) > 0; round++ {
+		if round == 10 {
+			return nil, fmt.Errorf("controlplane: postgres: quota records %q vanish as they are locked", pending)
+		}
+		held, err := t.lockOnce(pending, out)
+		if err != nil {
+			return nil, err
+		}
+		pending = slices.DeleteFunc(pending, func(id string) bool { return held[id] })
 	}
+	// A write of this transaction is what it reads.
+	for _, id := range ids {
+		if r, ok := t.puts[id]; ok {
+			out[id] = r
+		} else if t.dels[id] {
+			delete(out, id)
+		}
+	}
+	return out, nil
+}
+
+// lockOnce inserts placeholders for the ids not in the table and locks
+// the rows of ids, adding those with a value to out; it returns the ids
+// whose rows it holds.
+func (t *pgQuotaTx) lockOnce(ids []string, out map[string]QuotaRecord) (map[string]bool, error) {
 	rows, err := t.tx.Query(t.ctx, `INSERT INTO lp_quota (id) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT (id) DO NOTHING RETURNING id`, ids)
 	if err != nil {
 		return nil, dbErr("hold the quota records", err)
@@ -61,6 +86,7 @@ func (t *pgQuotaTx) Lock(ids []string) (map[string]QuotaRecord, error) {
 		return nil, dbErr("lock the quota records", err)
 	}
 	defer rows.Close()
+	held := make(map[string]bool, len(ids))
 	for rows.Next() {
 		var id string
 		var v []byte
@@ -68,8 +94,9 @@ func (t *pgQuotaTx) Lock(ids []string) (map[string]QuotaRecord, error) {
 		if err := rows.Scan(&id, &v, &exp); err != nil {
 			return nil, dbErr("lock the quota records", err)
 		}
+		held[id] = true
 		if v == nil {
-			continue // a placeholder, ours or one committed by a writer that crashed
+			continue // our placeholder (others' are never committed)
 		}
 		r := QuotaRecord{Value: v}
 		if exp != nil {
@@ -80,15 +107,7 @@ func (t *pgQuotaTx) Lock(ids []string) (map[string]QuotaRecord, error) {
 	if err := rows.Err(); err != nil {
 		return nil, dbErr("lock the quota records", err)
 	}
-	// A write of this transaction is what it reads.
-	for _, id := range ids {
-		if r, ok := t.puts[id]; ok {
-			out[id] = r
-		} else if t.dels[id] {
-			delete(out, id)
-		}
-	}
-	return out, nil
+	return held, nil
 }
 
 func (t *pgQuotaTx) Put(id string, r QuotaRecord) {
