@@ -876,3 +876,29 @@ func TestQuotaPeriodsFollowRenewal(t *testing.T) {
 		t.Fatalf("%d entries; quotas %d, %d; want 4 entries, the first with the old quota", len(es), es[0].Config().Quota, es[1].Config().Quota)
 	}
 }
+
+// TestQuotaBatchReportsBeforeGrants: a batch's reports are applied
+// before its grant requests, so a final report's unspent budget is
+// granted in the same call; the whole batch is answered.
+func TestQuotaBatchReportsBeforeGrants(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	putQuotaConfig(t, s)
+	q := serveQuota(t, s, func() time.Time { return quotaStart }, nil)
+	id1 := lease.RequestID{DataPlane: "dp1", Token: 1, Seq: 1}
+	g1 := grantOne(t, q.client, aliceKey(), id1, 5000)
+	if g1.Amount != quotaQ {
+		t.Fatalf("first grant %+v", g1)
+	}
+	id2 := lease.RequestID{DataPlane: "dp1", Token: 1, Seq: 2}
+	a := mustLease(t, q.client, "dp1", lease.Batch{
+		Grants:  []lease.GrantRequest{{Entry: aliceKey(), ID: id2, Want: 700}},
+		Reports: []lease.Report{{Entry: g1.Entry, DataPlane: "dp1", Token: 1, Seq: 1, Leases: []lease.LeaseSpend{{Lease: id1, Spent: 400, Final: true}}, Admitted: 400}},
+	})
+	if len(a.Acks) != 1 || len(a.Grants) != 1 || len(a.Refusals) != 0 || a.Grants[0].Amount != 600 || a.Grants[0].Remaining != 0 {
+		t.Fatalf("answer %+v, want the report acknowledged and 600 units granted", a)
+	}
+	es := ledgerEntries(t, s)
+	if len(es) != 1 || es[0].Committed() != quotaQ || es[0].Audit() != nil {
+		t.Fatalf("ledger: %d entries", len(es))
+	}
+}
