@@ -325,3 +325,242 @@ func TestGlobalQuotaStrictThreeDataPlanes(t *testing.T) {
 		t.Fatalf("ledger committed %d, spent %d; admitted %d", committed, spent, adm)
 	}
 }
+
+// TestGlobalQuotaDemandShift: one busy data plane and two nearly idle
+// ones: the budget the idle ones do not use goes to the busy one, which
+// admits far more than a static third.
+func TestGlobalQuotaDemandShift(t *testing.T) {
+	const Q = 1000
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	q := globalQuota(Q, time.Minute, core.GlobalStrict, 0)
+	var dps []*quotaDP
+	for i := range 3 {
+		dp := newQuotaDP(t, fmt.Sprintf("dp%d", i+1), redistest.Start(t).Client(t, nil), q)
+		dp.runner(t, srv)
+		dps = append(dps, dp)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	dps[0].load(t, "k1", 4, time.Millisecond, stop, &wg)
+	dps[1].load(t, "k1", 1, 100*time.Millisecond, stop, &wg)
+	dps[2].load(t, "k1", 1, 100*time.Millisecond, stop, &wg)
+	total := func() int64 { return dps[0].ok.Load() + dps[1].ok.Load() + dps[2].ok.Load() }
+	deadline := time.Now().Add(20 * time.Second)
+	for total() < Q*99/100 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	adm := total()
+	committed, _ := ledgerTotals(srv)
+	t.Logf("admitted %d: busy %d, idle %d and %d; committed %d", adm, dps[0].ok.Load(), dps[1].ok.Load(), dps[2].ok.Load(), committed)
+	if adm > Q || adm < Q*99/100 {
+		t.Fatalf("admitted %d, want in [%d, %d]", adm, Q*99/100, Q)
+	}
+	if busy := dps[0].ok.Load(); busy < 2*Q/3 {
+		t.Fatalf("the busy data plane admitted %d, want more than 2/3 of %d", busy, Q)
+	}
+	if committed != adm {
+		t.Fatalf("ledger committed %d, admitted %d", committed, adm)
+	}
+}
+
+// TestGlobalQuotaCutOff: a data plane cut off from the control plane
+// spends its leases, then by mode: strict refuses, reserved spends exactly
+// its floor, optimistic spends exactly its floor and only while cut off.
+// After the control plane is back, the ledger's committed equals the units
+// admitted.
+func TestGlobalQuotaCutOff(t *testing.T) {
+	const Q, F = 1000, 50
+	for _, tc := range []struct {
+		mode  lease.Mode
+		cmode core.GlobalMode
+	}{{lease.Strict, core.GlobalStrict}, {lease.Reserved, core.GlobalReserved}, {lease.Optimistic, core.GlobalOptimistic}} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			cfg := quotaledger.Config{Quota: Q, Period: time.Minute, Mode: tc.mode, LeaseDuration: time.Second}
+			floor := int64(0)
+			if tc.mode != lease.Strict {
+				cfg.Floors, floor = map[string]int64{"dp1": F}, F
+			}
+			srv := startLedgerServer(t, cfg)
+			dp := newQuotaDP(t, "dp1", redistest.Start(t).Client(t, nil), globalQuota(Q, time.Minute, tc.cmode, floor))
+			dp.runner(t, srv)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			dp.load(t, "k1", 1, 5*time.Millisecond, stop, &wg)
+			waitFor(t, "a lease spent", func() bool { return dp.ok.Load() >= 20 })
+			if tc.mode == lease.Optimistic {
+				if fl := dp.slotField(t, "k1", "gold", "fl"); fl != 0 {
+					t.Fatalf("optimistic floor spent while connected: %d", fl)
+				}
+			}
+			srv.blocked.Store(true)
+			// Leases stop within their duration (1 s) and the holder counts
+			// as cut off a second after its last answer.
+			time.Sleep(2500 * time.Millisecond)
+			a1 := dp.ok.Load()
+			time.Sleep(700 * time.Millisecond)
+			a2 := dp.ok.Load()
+			fl := dp.slotField(t, "k1", "gold", "fl")
+			if a1 != a2 {
+				t.Fatalf("admitted %d then %d while cut off with leases and floor spent", a1, a2)
+			}
+			if fl != floor {
+				t.Fatalf("floor spent %d, want %d", fl, floor)
+			}
+			srv.blocked.Store(false)
+			waitFor(t, "a new lease after the cut", func() bool { return dp.ok.Load() > a2+20 })
+			close(stop)
+			wg.Wait()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				_, spent := ledgerTotals(srv)
+				if srv.settled() && spent == dp.ok.Load() {
+					break
+				}
+				if time.Now().After(deadline) {
+					b, _ := json.MarshalIndent(srv.entries(), "", " ")
+					st, _ := dp.client.HGetAll(context.Background(), redisstore.GlobalSlotKey("", "k1", "", "gold", 0)).Result()
+					t.Fatalf("not settled: admitted %d, spent %d\n%s\n%v", dp.ok.Load(), spent, b, st)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			srv.audit(t)
+			committed, _ := ledgerTotals(srv)
+			adm := dp.ok.Load()
+			t.Logf("admitted %d (at the cut %d), floor spent %d, committed %d", adm, a1, fl, committed)
+			if committed != adm {
+				t.Fatalf("ledger committed %d, admitted %d", committed, adm)
+			}
+			if adm > Q {
+				t.Fatalf("admitted %d > %d", adm, Q)
+			}
+		})
+	}
+}
+
+// TestGlobalQuotaHolderFailover: two runners on one data plane's Redis;
+// the elected one is stopped mid-period and the other takes over with a
+// higher token, restores the holders from Redis and carries on: nothing
+// granted twice (the ledger audits), Σ admitted ≤ Q and committed equals
+// it once settled.
+func TestGlobalQuotaHolderFailover(t *testing.T) {
+	const Q = 1000
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	dp := newQuotaDP(t, "dp1", redistest.Start(t).Client(t, nil), globalQuota(Q, time.Minute, core.GlobalStrict, 0))
+	a, stopA := dp.runner(t, srv)
+	waitFor(t, "runner A elected", func() bool { return a.Token() > 0 })
+	b, _ := dp.runner(t, srv)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	dp.load(t, "k1", 2, 2*time.Millisecond, stop, &wg)
+	waitFor(t, "300 admitted", func() bool { return dp.ok.Load() >= 300 })
+	ta := a.Token()
+	stopA()
+	waitFor(t, "runner B elected", func() bool { return b.Token() > ta })
+	waitFor(t, "990 admitted", func() bool { return dp.ok.Load() >= Q*99/100 })
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	committed, _ := ledgerTotals(srv)
+	adm := dp.ok.Load()
+	st := srv.entries()
+	t.Logf("tokens %d → %d, admitted %d, committed %d, leases %d", ta, b.Token(), adm, committed, len(st[0].Leases))
+	if adm > Q || committed != adm {
+		t.Fatalf("admitted %d, committed %d, Q %d", adm, committed, Q)
+	}
+	if got := st[0].DataPlanes["dp1"].Token; got != b.Token() {
+		t.Fatalf("ledger's token for dp1 %d, want runner B's %d", got, b.Token())
+	}
+	var granted int64
+	for _, l := range st[0].Leases {
+		granted += l.Amount
+	}
+	if granted < adm {
+		t.Fatalf("leases granted %d < admitted %d", granted, adm)
+	}
+}
+
+// TestGlobalQuotaCluster: the spend script and the runner on a 3-node
+// Redis Cluster, three consumers (spread over the slots): each admits at
+// most its Q, and the ledger agrees exactly.
+func TestGlobalQuotaCluster(t *testing.T) {
+	const Q = 300
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	cl := redistest.StartCluster(t, 3).Client(t, nil)
+	dp := newQuotaDP(t, "dp1", cl, globalQuota(Q, time.Minute, core.GlobalStrict, 0))
+	dp.runner(t, srv)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	per := map[string]*quotaDP{}
+	for _, k := range []string{"k1", "k2", "k3"} {
+		d := &quotaDP{name: "dp1", client: cl, store: dp.store, rule: dp.rule}
+		per[k] = d
+		d.load(t, k, 2, 2*time.Millisecond, stop, &wg)
+	}
+	waitFor(t, "each consumer's quota spent", func() bool {
+		for _, d := range per {
+			if d.ok.Load() < Q*99/100 {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	var adm int64
+	for k, d := range per {
+		if d.ok.Load() > Q {
+			t.Fatalf("%s admitted %d > %d", k, d.ok.Load(), Q)
+		}
+		adm += d.ok.Load()
+	}
+	committed, _ := ledgerTotals(srv)
+	if committed != adm || len(srv.entries()) != 3 {
+		t.Fatalf("committed %d over %d entries, admitted %d", committed, len(srv.entries()), adm)
+	}
+}
+
+// TestGlobalQuotaRedisDown: through an Engine (which names the policy in
+// the slot), a global quota's Take on a Redis that is gone gets the
+// store's outage answer by failure policy, and the runner keeps running.
+func TestGlobalQuotaRedisDown(t *testing.T) {
+	srv := startLedgerServer(t, quotaledger.Config{Quota: 100, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	rs := redistest.Start(t)
+	client := rs.Client(t, nil)
+	q := globalQuota(100, time.Minute, core.GlobalStrict, 0)
+	q.Global.Policy = ""
+	dp := newQuotaDP(t, "dp1", client, q)
+	_, stopRunner := dp.runner(t, srv)
+	c := &core.Consumer{ID: "k1", Policies: []string{"gold"}}
+	cfg := core.Config{Policies: []core.Policy{{ID: "gold", Quota: q}}}
+	closed, err := core.NewEngine(dp.store, cfg, core.Options{FailurePolicy: core.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := core.NewEngine(dp.store, cfg, core.Options{FailurePolicy: core.FailOpen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a request admitted from a lease", func() bool {
+		d, err := closed.Decide(context.Background(), c, "api", 1)
+		return err == nil && d.Allowed
+	})
+	if n := dp.slotField(t, "k1", "gold", "a"); n < 1 {
+		t.Fatalf("the slot named after policy gold admitted %d", n)
+	}
+	rs.Kill()
+	if _, err := closed.Decide(context.Background(), c, "api", 1); !errors.Is(err, core.ErrStoreUnavailable) {
+		t.Fatalf("fail closed: %v, want ErrStoreUnavailable", err)
+	}
+	if d, err := open.Decide(context.Background(), c, "api", 1); err != nil || !d.Allowed {
+		t.Fatalf("fail open: %+v, %v", d, err)
+	}
+	time.Sleep(200 * time.Millisecond) // rounds against a dead Redis
+	stopRunner()
+}

@@ -323,7 +323,9 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 		r := p.Request
 		return &r
 	}
-	if now.Before(h.st.ExhaustedUntil) || h.st.Rate <= 0 {
+	// A rate that has decayed below half a unit per Horizon is no demand
+	// (an exponential average never reaches 0 by itself).
+	if now.Before(h.st.ExhaustedUntil) || h.st.Rate*h.o.Horizon.Seconds() < 0.5 {
 		return nil
 	}
 	horizon := h.o.Horizon
