@@ -320,6 +320,13 @@ func (s *Store) Close() error {
 // configuration). The store does not own it: closing it is the caller's.
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
+// FollowsControlPlane reports Options.FollowsControlPlane: global quotas
+// are spent from leases (the data plane's QuotaRunner must run).
+func (s *Store) FollowsControlPlane() bool { return s.follows }
+
+// KeyPrefix returns the prefix every key of the store starts with.
+func (s *Store) KeyPrefix() string { return s.prefix }
+
 // Ping reports whether Redis answers a PING within ctx and
 // Options.Timeout, for readiness checks. It goes around the circuit
 // breaker (an open breaker would only repeat the last failure) and does not
