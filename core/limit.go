@@ -311,15 +311,22 @@ func (q Quota) Validate() error {
 	if int64(q.Renewal) >= MaxTolerance {
 		return fmt.Errorf("%w: quota renewal %v is too long", ErrInvalidLimit, q.Renewal)
 	}
-	if g := q.Global; g.Mode != NotGlobal {
-		switch {
-		case g.Mode > GlobalOptimistic:
-			return fmt.Errorf("%w: unknown global quota mode %d", ErrInvalidLimit, g.Mode)
-		case g.Floor < 0 || g.Floor > q.Max:
-			return fmt.Errorf("%w: global quota floor %d must be in [0, max %d]", ErrInvalidLimit, g.Floor, q.Max)
-		case g.LeaseDuration < 0:
-			return fmt.Errorf("%w: global quota lease duration %v is negative", ErrInvalidLimit, g.LeaseDuration)
-		}
+	return nil
+}
+
+// Validate reports why g cannot be enforced on a quota of max, wrapping
+// ErrInvalidLimit, or nil: a mode core does not know, a floor outside
+// [0, max], a negative lease duration. Quota.Validate leaves g alone
+// (spec validates it where it is written); a store that enforces global
+// quotas calls it from Prepare.
+func (g GlobalQuota) Validate(max int64) error {
+	switch {
+	case g.Mode > GlobalOptimistic:
+		return fmt.Errorf("%w: unknown global quota mode %d", ErrInvalidLimit, g.Mode)
+	case g.Floor < 0 || g.Floor > max:
+		return fmt.Errorf("%w: global quota floor %d must be in [0, max %d]", ErrInvalidLimit, g.Floor, max)
+	case g.LeaseDuration < 0:
+		return fmt.Errorf("%w: global quota lease duration %v is negative", ErrInvalidLimit, g.LeaseDuration)
 	}
 	return nil
 }

@@ -564,3 +564,27 @@ func TestGlobalQuotaRedisDown(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // rounds against a dead Redis
 	stopRunner()
 }
+
+// TestFollowRunsQuotaRunner: Follow over a Redis store that follows the
+// control plane runs the data plane's quota runner (it is elected: its
+// lease is in Redis) and Close stops it (the lease is given up).
+func TestFollowRunsQuotaRunner(t *testing.T) {
+	srv := startLedgerServer(t, quotaledger.Config{Quota: 10, Period: time.Minute, LeaseDuration: time.Second})
+	client := redistest.Start(t).Client(t, nil)
+	st, err := redisstore.New(client, redisstore.Options{FollowsControlPlane: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := dataplane.Follow(context.Background(), dataplane.FollowOptions{Address: srv.addr, Group: testGroup, Token: testToken, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseKey := redisstore.DefaultKeyPrefix + "{gq}:lease"
+	waitFor(t, "the quota runner elected", func() bool { return client.Exists(context.Background(), leaseKey).Val() == 1 })
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(context.Background(), leaseKey).Val(); n != 0 {
+		t.Fatalf("the runner's lease is still in Redis after Close")
+	}
+}

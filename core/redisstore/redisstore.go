@@ -483,6 +483,11 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		return nil, err
 	}
 	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota, global: s.follows && ls.Quota.IsGlobal()}
+	if r.global {
+		if err := ls.Quota.Global.Validate(ls.Quota.Max); err != nil {
+			return nil, fmt.Errorf("quota: %w", err)
+		}
+	}
 	if r.limited {
 		if err := checkWindow(ls.Rate); err != nil {
 			return nil, err
