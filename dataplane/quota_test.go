@@ -588,3 +588,86 @@ func TestFollowRunsQuotaRunner(t *testing.T) {
 		t.Fatalf("the runner's lease is still in Redis after Close")
 	}
 }
+
+// TestGlobalQuotaPeriods: a period of 3 s crossed twice under load: at
+// each period's end the old entry gets its final reports and the slot
+// moves to the next period's entry; every entry admits at most Q and its
+// committed equals its spend exactly, and Σ committed equals Σ admitted.
+func TestGlobalQuotaPeriods(t *testing.T) {
+	const Q = 200
+	const period = 3 * time.Second
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: period, Mode: lease.Strict, LeaseDuration: time.Second})
+	var dps []*quotaDP
+	for i := range 2 {
+		dp := newQuotaDP(t, fmt.Sprintf("dp%d", i+1), redistest.Start(t).Client(t, nil), globalQuota(Q, period, core.GlobalStrict, 0))
+		dp.runner(t, srv)
+		dps = append(dps, dp)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, dp := range dps {
+		dp.load(t, "k1", 2, 5*time.Millisecond, stop, &wg)
+	}
+	waitFor(t, "three periods' entries", func() bool { return len(srv.entries()) >= 3 })
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	var committed int64
+	for _, st := range srv.entries() {
+		var spent int64
+		for _, l := range st.Leases {
+			spent += l.Spent
+		}
+		t.Logf("entry %s: committed %d, spent %d", st.Config.Key.PeriodStart.Format("15:04:05.000"), st.Committed, spent)
+		if st.Committed > Q || st.Committed != spent {
+			t.Fatalf("entry %s: committed %d, spent %d, Q %d", st.Config.Key, st.Committed, spent, Q)
+		}
+		committed += st.Committed
+	}
+	adm := dps[0].ok.Load() + dps[1].ok.Load()
+	if committed != adm {
+		t.Fatalf("Σ committed %d, admitted %d", committed, adm)
+	}
+}
+
+// TestGlobalQuotaElectionLost: the holder's election lease vanishes from
+// Redis mid-period (as when it expires under a stalled holder): a runner
+// is elected with a higher token and restores the slots; the deposed
+// token's writes are refused (by the slot's token in Redis and by the
+// ledger), and the ledger stays exact.
+func TestGlobalQuotaElectionLost(t *testing.T) {
+	const Q = 1000
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	dp := newQuotaDP(t, "dp1", redistest.Start(t).Client(t, nil), globalQuota(Q, time.Minute, core.GlobalStrict, 0))
+	a, _ := dp.runner(t, srv)
+	b, _ := dp.runner(t, srv)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	dp.load(t, "k1", 2, 2*time.Millisecond, stop, &wg)
+	waitFor(t, "300 admitted", func() bool { return dp.ok.Load() >= 300 })
+	ctx := context.Background()
+	for range 3 {
+		first := max(a.Token(), b.Token())
+		if err := dp.client.Del(ctx, redisstore.DefaultKeyPrefix+"{gq}:lease").Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "a new holder", func() bool { return max(a.Token(), b.Token()) > first })
+		time.Sleep(200 * time.Millisecond)
+	}
+	waitFor(t, "990 admitted", func() bool { return dp.ok.Load() >= Q*99/100 })
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	committed, _ := ledgerTotals(srv)
+	adm := dp.ok.Load()
+	tok := srv.entries()[0].DataPlanes["dp1"].Token
+	t.Logf("tokens a %d b %d, ledger %d, admitted %d, committed %d", a.Token(), b.Token(), tok, adm, committed)
+	if adm > Q || committed != adm {
+		t.Fatalf("admitted %d, committed %d, Q %d", adm, committed, Q)
+	}
+	if tok < 4 {
+		t.Fatalf("ledger's token %d, want the fourth election's or later", tok)
+	}
+}
