@@ -35,7 +35,8 @@ func (r *Rate) Limit() core.Limit {
 }
 
 // Quota returns the quota as a core.Quota: the zero Quota (absent) for a
-// nil Quota, {Max: core.Unlimited} for Max -1.
+// nil Quota, {Max: core.Unlimited} for Max -1; Global becomes
+// core.Quota.Global (its Policy is the engine's to fill in).
 func (q *Quota) Quota() core.Quota {
 	if q == nil {
 		return core.Quota{}

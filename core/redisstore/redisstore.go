@@ -42,6 +42,10 @@
 // A GCRA key holds the string "<TAT>:<T>", the theoretical arrival time
 // and the emission interval of the limit that wrote it, in decimal ns.
 //
+// With Options.FollowsControlPlane a global quota (core.Quota.Global) is
+// kept in a slot hash "gq.<epoch>:<scope>:<policy>" in the same hash tag,
+// with the data plane's "{gq}" keys beside (see global.go).
+//
 // # Limit changes
 //
 // A limit change keeps the units spent, not the time (DESIGN.md): a
