@@ -179,9 +179,12 @@ return {1, redis.call('HGET', KEYS[1], 'st') or '', redis.call('HGET', KEYS[1], 
 `)
 	// qSave: KEYS slot; ARGV token, st, old ('' deletes it), L, pe, fa,
 	// ct, co, ttl ms, then lease ids whose s:<id> to delete. Fenced:
-	// returns 0 (nothing written) unless tok is the token.
+	// returns 0 (nothing written) unless tok is the token, -1 when the
+	// slot has no holder (it expired and a request made it again).
 	qSave = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then return 0 end
+local t = redis.call('HGET', KEYS[1], 'tok')
+if not t then return -1 end
+if t ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'st', ARGV[2], 'L', ARGV[4], 'pe', ARGV[5], 'fa', ARGV[6], 'ct', ARGV[7], 'co', ARGV[8])
 if ARGV[3] == '' then redis.call('HDEL', KEYS[1], 'old') else redis.call('HSET', KEYS[1], 'old', ARGV[3]) end
 for i = 10, #ARGV do redis.call('HDEL', KEYS[1], 's:' .. ARGV[i]) end
@@ -214,6 +217,9 @@ type slot struct {
 	waitTil time.Time     // the new holder's first request waits until then
 	ren     time.Duration
 	lastUse time.Time
+	// saved is the arguments of the last save, which a save that would
+	// write the same skips.
+	saved string
 }
 
 // Run runs the runner until ctx ends: it stands for election every Tick,
@@ -252,6 +258,9 @@ func (r *QuotaRunner) Run(ctx context.Context) error {
 				r.fail(fmt.Errorf("dataplane: quota runner: election: %w", err))
 			}
 			if err == nil && tok > 0 {
+				// The save script runs in pipelines, which cannot load it
+				// after NOSCRIPT themselves.
+				_ = qSave.Load(ctx, r.o.Client).Err()
 				value = strconv.FormatUint(tok, 10) + ":" + nonce
 				r.mu.Lock()
 				r.token, r.elected = tok, true
@@ -320,7 +329,7 @@ func (r *QuotaRunner) holderOptions(f slotFields, tok uint64) lease.Options {
 }
 
 // observe feeds the slot's Redis counters into h.
-func observe(h *lease.Holder, now time.Time, f slotFields) {
+func observe(h *lease.Holder, f slotFields) {
 	o := lease.Observed{Spent: map[lease.RequestID]int64{}, Admitted: f.int("a"), Refused: f.int("x"), FloorSpent: f.int("fl"), Offered: f.int("o")}
 	for _, l := range h.Leases() {
 		o.Spent[l.ID] = f.int("s:" + leaseField(l.ID))
@@ -412,7 +421,7 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 		}
 		s.ren = time.Duration(f.int("ren"))
 		s.lastUse = lastUse
-		observe(s.cur, now, f)
+		observe(s.cur, f)
 	}
 	for k := range slots {
 		if !seen[k] {
@@ -445,8 +454,12 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 		o2.Entry, o2.Mode, o2.Floor = e, h.Mode(), h.Floor()
 		// The new holder goes on counting the old one's sequences, so the
 		// two never share a number even if the ledger named one entry.
-		o2.SeqBase = max(st.GrantSeq, st.ReportSeq) + 1<<20
-		s.cur = lease.NewHolder(now, o2)
+		// The demand carries over (the first request need not wait for a
+		// new rate), and the sequence numbers go on above the old
+		// holder's, so the two never share one.
+		base := max(st.GrantSeq, st.ReportSeq) + 1<<20
+		s.cur = lease.Restore(o2, lease.State{GrantSeq: base, ReportSeq: base, Rate: st.Rate, RateAt: now,
+			LastContact: st.LastContact, LastReport: now, Remaining: -1})
 		s.old = h
 		s.waitTil = pe.Add(r.o.PeriodGrace)
 	}
@@ -512,10 +525,7 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 		return true
 	}
 	for k, s := range slots {
-		idle := s.ren
-		if idle < time.Minute {
-			idle = max(idle, time.Second)
-		}
+		idle := max(s.ren, time.Second)
 		if s.old == nil && s.cur.Done() && now.Sub(s.lastUse) > idle {
 			if ok, err := qDrop.Run(ctx, r.o.Client, []string{k}, tok).Int(); err == nil && ok == 1 {
 				r.o.Client.ZRem(ctx, r.active, k)
@@ -548,6 +558,7 @@ func (r *QuotaRunner) save(ctx context.Context, slots map[string]*slot, tok uint
 	}
 	pipe := r.o.Client.Pipeline()
 	cmds := make([]*redis.Cmd, 0, len(slots))
+	keys := make([]string, 0, len(slots))
 	for _, s := range slots {
 		st := s.cur.State()
 		b, _ := json.Marshal(st)
@@ -568,12 +579,24 @@ func (r *QuotaRunner) save(ctx context.Context, slots map[string]*slot, tok uint
 		for _, f := range drop[s.key] {
 			args = append(args, f)
 		}
+		sum := fmt.Sprint(args...)
+		if sum == s.saved {
+			continue
+		}
+		s.saved = sum
 		cmds = append(cmds, qSave.Run(ctx, pipe, []string{s.key}, args...))
+		keys = append(keys, s.key)
+	}
+	if len(cmds) == 0 {
+		return false
 	}
 	_, _ = pipe.Exec(ctx)
-	for _, c := range cmds {
+	fenced := false
+	for i, c := range cmds {
 		n, err := c.Int()
-		if err != nil {
+		switch {
+		case err != nil:
+			slots[keys[i]].saved = "" // not written: write it next time
 			if isNoScriptErr(err) {
 				// The pipeline met an unloaded script: load it and go on;
 				// the next round saves again.
@@ -581,13 +604,15 @@ func (r *QuotaRunner) save(ctx context.Context, slots map[string]*slot, tok uint
 				continue
 			}
 			r.fail(fmt.Errorf("dataplane: quota runner: save: %w", err))
-			continue
-		}
-		if n == 0 {
-			return true
+		case n == -1:
+			// Made again by a request after it expired: claimed afresh
+			// next round.
+			delete(slots, keys[i])
+		case n == 0:
+			fenced = true
 		}
 	}
-	return false
+	return fenced
 }
 
 func isNoScriptErr(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
