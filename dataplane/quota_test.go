@@ -192,8 +192,14 @@ func newQuotaDP(t *testing.T, name string, client redis.UniversalClient, q core.
 // it and waits for it.
 func (dp *quotaDP) runner(t *testing.T, srv *ledgerServer) (*dataplane.QuotaRunner, func()) {
 	t.Helper()
+	return dp.runnerOn(t, srv, dp.client)
+}
+
+// runnerOn is runner with a Redis client of its own.
+func (dp *quotaDP) runnerOn(t *testing.T, srv *ledgerServer, client redis.UniversalClient) (*dataplane.QuotaRunner, func()) {
+	t.Helper()
 	r, err := dataplane.NewQuotaRunner(dataplane.QuotaRunnerOptions{
-		Client: dp.client, Group: dp.name, Token: testToken, Address: srv.addr,
+		Client: client, Group: dp.name, Token: testToken, Address: srv.addr,
 		Tick: 50 * time.Millisecond, ElectionTTL: 500 * time.Millisecond, Holder: testHolder,
 	})
 	if err != nil {
@@ -669,5 +675,43 @@ func TestGlobalQuotaElectionLost(t *testing.T) {
 	}
 	if tok < 4 {
 		t.Fatalf("ledger's token %d, want the fourth election's or later", tok)
+	}
+}
+
+// TestGlobalQuotaHolderDies: the elected runner loses its Redis (its
+// client is closed: it can neither renew nor give up its election lease)
+// mid-period; the other runner takes over once the lease expires (500 ms
+// here), and the ledger stays exact.
+func TestGlobalQuotaHolderDies(t *testing.T) {
+	const Q = 1000
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	rs := redistest.Start(t)
+	dp := newQuotaDP(t, "dp1", rs.Client(t, nil), globalQuota(Q, time.Minute, core.GlobalStrict, 0))
+	own := rs.Client(t, nil)
+	a, _ := dp.runnerOn(t, srv, own)
+	waitFor(t, "runner A elected", func() bool { return a.Token() > 0 })
+	b, _ := dp.runner(t, srv)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	dp.load(t, "k1", 2, 2*time.Millisecond, stop, &wg)
+	waitFor(t, "300 admitted", func() bool { return dp.ok.Load() >= 300 })
+	ta := a.Token()
+	died := time.Now()
+	_ = own.Close()
+	waitFor(t, "runner B elected", func() bool { return b.Token() > ta })
+	took := time.Since(died)
+	waitFor(t, "990 admitted", func() bool { return dp.ok.Load() >= Q*99/100 })
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	committed, _ := ledgerTotals(srv)
+	adm := dp.ok.Load()
+	t.Logf("takeover after %v; tokens %d → %d; admitted %d, committed %d", took, ta, b.Token(), adm, committed)
+	if adm > Q || committed != adm {
+		t.Fatalf("admitted %d, committed %d, Q %d", adm, committed, Q)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("takeover took %v with an election lease of 500 ms", took)
 	}
 }
