@@ -209,6 +209,12 @@ return 1
 `)
 )
 
+// spendMargin: the gateways stop spending a lease this long before its
+// holder's StopAt, so a final report read at the runner's clock (Redis
+// TIME of one node) covers every spend made at the slot's (on a Cluster,
+// another node's clock).
+const spendMargin = 100 * time.Millisecond
+
 // slot is one active slot's holders in the runner.
 type slot struct {
 	key     string
@@ -568,7 +574,7 @@ func (r *QuotaRunner) save(ctx context.Context, slots map[string]*slot, tok uint
 		}
 		var L strings.Builder
 		for _, l := range st.Leases {
-			fmt.Fprintf(&L, "%s %d %d\n", leaseField(l.ID), l.StopAt.UnixMicro(), l.Amount)
+			fmt.Fprintf(&L, "%s %d %d\n", leaseField(l.ID), l.StopAt.Add(-spendMargin).UnixMicro(), l.Amount)
 		}
 		var pe int64
 		if !st.PeriodEnd.IsZero() {
