@@ -327,6 +327,10 @@ func (r *QuotaRunner) holderOptions(f slotFields, tok uint64) lease.Options {
 	o.DataPlane, o.Token = r.o.Group, tok
 	o.Entry = lease.EntryKey{Consumer: f["c"], Scope: f["s"], Policy: f["p"], Epoch: uint64(f.int("e"))}
 	o.Mode = modeOf(f.int("m"))
+	o.Quota = f.int("q")
+	if ld := time.Duration(f.int("ld")); ld > 0 {
+		o.LeaseDuration = ld
+	}
 	o.Floor = f.int("f0")
 	if _, ok := f["fa"]; ok && f["st"] != "" {
 		o.Floor = f.int("fa")

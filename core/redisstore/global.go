@@ -28,6 +28,8 @@ import (
 //
 //	c s p e       consumer, scope, policy, epoch (written with each mark)
 //	m f0 ren      mode (core.GlobalMode), configured floor, renewal (ns)
+//	q ld          the quota's max and its lease duration (ns; 0 the
+//	              ledger's default), which size the holder's requests
 //	mk            the last mark: the slot was added to the active set then
 //	L             leases, one "<id> <stop µs> <amount>" per line (the runner's)
 //	s:<id>        units spent on lease <id>
@@ -120,7 +122,7 @@ local mark = 0
 local mk = tonumber(g[7] or '0')
 if n > 0 and now_u - mk >= 1000000 then
   mark = 1
-  redis.call('HSET', H, 'mk', string.format('%d', now_u), 'c', ARGV[14], 's', ARGV[15], 'p', ARGV[16], 'e', ARGV[17], 'm', ARGV[18], 'f0', ARGV[19], 'ren', ARGV[22])
+  redis.call('HSET', H, 'mk', string.format('%d', now_u), 'c', ARGV[14], 's', ARGV[15], 'p', ARGV[16], 'e', ARGV[17], 'm', ARGV[18], 'f0', ARGV[19], 'ren', ARGV[22], 'q', ARGV[4], 'ld', ARGV[23])
   local ttl_ms = math.max(60000, math.floor(2 * tonumber(ARGV[22]) / 1000000)) + margin
   redis.call('PEXPIRE', H, ttl_ms)
 end
@@ -180,7 +182,7 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 		string(s.appendKey(nil, &hx, kindNames[r.alg], scope)),
 		GlobalSlotKey(s.prefix, req.Consumer, scope, g.Policy, req.QuotaEpoch),
 	}
-	args := make([]any, 0, 22)
+	args := make([]any, 0, 23)
 	if s.clock != nil {
 		now := s.clock.Nanotime()
 		args = append(args, now/1000, now%1000)
@@ -209,7 +211,7 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 		args = append(args, "0", 0, 0, 0, 0, 0)
 	}
 	args = append(args, req.Consumer, scope, g.Policy, req.QuotaEpoch, int(g.Mode), g.Floor,
-		s.cutoff.Microseconds(), s.activeKey, ren)
+		s.cutoff.Microseconds(), s.activeKey, ren, int64(g.LeaseDuration))
 	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return globalScripts[r.alg].Run(ctx, s.client, keys, args...).Int64Slice()
 	})

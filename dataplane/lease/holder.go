@@ -64,6 +64,14 @@ type Options struct {
 	// Smoothing is the time constant of the demand rate's exponentially
 	// weighted average (default 2 s).
 	Smoothing time.Duration
+	// Quota is the quota's max (units; 0 unknown) and LeaseDuration how
+	// long a grant lasts (default 10 s, quotaledger's): a request asks for
+	// no more than the smoothed rate × min(Horizon, LeaseDuration), which
+	// is what the lease can be spent on, and, before the ledger has said
+	// what remains, no more than half of Quota, so that the first data
+	// plane to ask does not take every unit of a quota the others need.
+	Quota         int64
+	LeaseDuration time.Duration
 	// SeqBase is where a new holder's grant and report sequence numbers
 	// start (above it): a holder that follows another of the same token on
 	// the next period (the data plane's runner) starts above its
@@ -85,6 +93,7 @@ func (o Options) withDefaults() Options {
 	def(&o.CutOffAfter, 3*time.Second)
 	def(&o.ExhaustedBackoff, time.Second)
 	def(&o.Smoothing, 2*time.Second)
+	def(&o.LeaseDuration, 10*time.Second)
 	if o.MinRequest <= 0 {
 		o.MinRequest = 10
 	}
@@ -328,7 +337,7 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 	if now.Before(h.st.ExhaustedUntil) || h.st.Rate*h.o.Horizon.Seconds() < 0.5 {
 		return nil
 	}
-	horizon := h.o.Horizon
+	horizon := min(h.o.Horizon, h.o.LeaseDuration)
 	if !h.st.PeriodEnd.IsZero() {
 		left := h.st.PeriodEnd.Sub(now) - h.o.SkewMargin
 		if left <= 0 {
@@ -341,10 +350,14 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 		return nil
 	}
 	want := int64(math.Ceil(h.st.Rate * horizon.Seconds()))
-	if h.st.Remaining >= 0 {
+	if left := h.st.Remaining; left >= 0 || h.o.Quota > 0 {
 		// Near the end of Q ask for half of what is left, so that the
-		// other data planes find some too.
-		want = min(want, h.st.Remaining/2)
+		// other data planes find some too; before the ledger has said
+		// what is left, half of Q.
+		if left < 0 {
+			left = h.o.Quota
+		}
+		want = min(want, left/2)
 	}
 	want = min(max(want, h.o.MinRequest), h.o.MaxRequest)
 	h.st.GrantSeq++
