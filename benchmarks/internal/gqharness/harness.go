@@ -88,10 +88,6 @@ type Cut struct {
 	From, To time.Duration
 }
 
-// DefaultNegativeControlEnv is the variable Options.NegativeControl sets
-// in the lease modes' gateways unless NegativeControlEnv says another.
-const DefaultNegativeControlEnv = "LP_LEASE_NEGATIVE_CONTROL=1"
-
 // Options describe a run. Zero values take the defaults given.
 type Options struct {
 	// DataPlanes is the number of data planes (default 3); Gateways the
@@ -133,13 +129,13 @@ type Options struct {
 	// quarter period, whichever is shorter, from the middle of the last
 	// period; negative: no probe).
 	CPStop, CPStopAt time.Duration
-	// NegativeControl passes NegativeControlEnv ("NAME=VALUE", default
-	// DefaultNegativeControlEnv) to the lease modes' gateways: the
-	// test-only switch under which leases are not debited. A gateway
-	// binary that does not contain NAME does not know it (reported
-	// unsupported).
-	NegativeControl    bool
-	NegativeControlEnv string
+	// NegativeControl runs the lease modes on a control plane built with
+	// the test-only tag limitplane_lease_unsafe (BuildUndebited), whose
+	// ledger grants leases without debiting them: the harness must report
+	// the overshoot (exceeded=YES). UndebitedControlPlaneBin is that
+	// binary; empty builds one.
+	NegativeControl          bool
+	UndebitedControlPlaneBin string
 	// UsageWait bounds the wait, after each lease mode's load, for the
 	// control plane's usage to equal the harness's counts (default the
 	// lease duration + 5 s).
@@ -196,9 +192,6 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CPStop > 0 && o.CPStopAt == 0 {
 		o.CPStopAt = time.Duration(o.Periods-1)*o.Period + o.Period/2
 	}
-	if o.NegativeControlEnv == "" {
-		o.NegativeControlEnv = DefaultNegativeControlEnv
-	}
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
@@ -226,9 +219,6 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("gqharness: the control-plane stop %v at %v ends after the load (%v)", o.CPStop, o.CPStopAt, run)
 	case o.KillCP >= run:
 		return o, fmt.Errorf("gqharness: -kill-cp %v is not within the load (%v)", o.KillCP, run)
-	}
-	if _, _, ok := strings.Cut(o.NegativeControlEnv, "="); !ok {
-		return o, fmt.Errorf("gqharness: negative control %q is not NAME=VALUE", o.NegativeControlEnv)
 	}
 	for _, w := range o.Split {
 		if w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
@@ -338,7 +328,7 @@ type Result struct {
 	CPCallsMetric float64
 	// Usage is the control plane's usage of the key, lease modes only.
 	Usage UsageCheck
-	// NegativeControl is "" (off), "on" or "unsupported".
+	// NegativeControl is "" (off) or "on" (the ledger did not debit).
 	NegativeControl string
 	// CPRestartTook is how long the control plane's restart took
 	// (KillCP), from SIGKILL to /readyz 200.
@@ -548,10 +538,12 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	negative := ""
 	if o.NegativeControl {
-		negative = "unsupported"
-		name, _, _ := strings.Cut(o.NegativeControlEnv, "=")
-		if b, err := os.ReadFile(o.GatewayBin); err == nil && strings.Contains(string(b), name) {
-			negative = "on"
+		negative = "on"
+		if o.UndebitedControlPlaneBin == "" {
+			fmt.Fprintln(o.Log, "building cmd/limitplane-controlplane -tags limitplane_lease_unsafe (negative control)")
+			if o.UndebitedControlPlaneBin, err = BuildUndebited(ctx, dir); err != nil {
+				return nil, err
+			}
 		}
 	}
 	var rs []Result
@@ -659,7 +651,12 @@ func runMode(ctx context.Context, o Options, mode Mode, dir, negative string) (r
 	for i := range groups {
 		groups[i] = group(i)
 	}
-	if r.cp, err = startControlPlane(ctx, o.ControlPlaneBin, dir, groups, &r.ps); err != nil {
+	cpBin := o.ControlPlaneBin
+	if _, ok := mode.lease(); ok && negative != "" {
+		cpBin = o.UndebitedControlPlaneBin
+		res.NegativeControl = negative
+	}
+	if r.cp, err = startControlPlane(ctx, cpBin, dir, groups, &r.ps); err != nil {
 		return res, err
 	}
 	rev, paths, err := r.configure(ctx)
@@ -667,10 +664,6 @@ func runMode(ctx context.Context, o Options, mode Mode, dir, negative string) (r
 		return res, err
 	}
 	var env []string
-	if _, ok := mode.lease(); ok && negative != "" {
-		env = []string{o.NegativeControlEnv}
-		res.NegativeControl = negative
-	}
 	// Each data plane: its Redis, its proxy, its gateways, in parallel.
 	errs := make([]error, o.DataPlanes)
 	r.proxies = make([]*cutProxy, o.DataPlanes)

@@ -81,6 +81,24 @@ func Build(ctx context.Context, dir string) (controlPlane, gateway string, err e
 	return controlPlane, gateway, nil
 }
 
+// BuildUndebited builds cmd/limitplane-controlplane into dir with the
+// test-only tag limitplane_lease_unsafe (controlplane/quotaledger): its
+// ledger grants leases without debiting them, the negative control the
+// harness must catch.
+func BuildUndebited(ctx context.Context, dir string) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/limitplane/limitplane").Output()
+	if err != nil {
+		return "", fmt.Errorf("gqharness: find the limitplane module (run from the benchmarks module): %w", err)
+	}
+	bin := filepath.Join(dir, "limitplane-controlplane-undebited")
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "limitplane_lease_unsafe", "-o", bin, "./cmd/limitplane-controlplane")
+	build.Dir = strings.TrimSpace(string(out))
+	if b, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("gqharness: build cmd/limitplane-controlplane -tags limitplane_lease_unsafe: %w\n%s", err, b)
+	}
+	return bin, nil
+}
+
 // redisServer finds the redis-server binary: $REDIS_SERVER, PATH,
 // /usr/bin.
 func redisServer() string {
