@@ -29,19 +29,20 @@ func keyUsage(t *testing.T, cp *controlPlane, hash string) controlplane.Usage {
 
 // spendGlobal sends waves of requests for key over both data planes until
 // want are admitted in all or the deadline passes, and fails the test the
-// moment the total admitted is above want. It returns the admitted
-// requests per data plane. between, when set, runs after each wave.
-func spendGlobal(t *testing.T, dp1, dp2 *dataPlane, key string, want int, deadline time.Duration, between func(wave int)) (a1, a2 int) {
+// moment the total admitted is above want; each wave sends perWave
+// requests to each data plane. It returns the admitted requests per data
+// plane. between, when set, runs after each wave.
+func spendGlobal(t *testing.T, dp1, dp2 *dataPlane, key string, want, perWave int, deadline time.Duration, between func(wave, admitted int)) (a1, a2 int) {
 	t.Helper()
 	end := time.Now().Add(deadline)
 	for wave := 0; a1+a2 < want && time.Now().Before(end); wave++ {
-		c1, c2 := sendBoth(t, dp1.gws, "/echo/g", dp2.gws, "/echo/g", key, 120, 4)
+		c1, c2 := sendBoth(t, dp1.gws, "/echo/g", dp2.gws, "/echo/g", key, perWave, 4)
 		a1, a2 = a1+c1.admitted, a2+c2.admitted
 		if a1+a2 > want {
 			t.Fatalf("wave %d: admitted %d (dp1 %d, dp2 %d): above the global quota of %d", wave, a1+a2, a1, a2, want)
 		}
 		if between != nil {
-			between(wave)
+			between(wave, a1+a2)
 		}
 	}
 	return a1, a2
@@ -93,7 +94,7 @@ func TestGlobalQuotaAcrossDataPlanes(t *testing.T) {
 	hash, _ := cp.postKey(t, "global-key", spec.Key{Policies: []string{"global600"}})
 	waitSynced(t, cp, all(dp1, dp2)...)
 
-	a1, a2 := spendGlobal(t, dp1, dp2, "global-key", 600, 90*time.Second, nil)
+	a1, a2 := spendGlobal(t, dp1, dp2, "global-key", 600, 120, 90*time.Second, nil)
 	t.Logf("global 600: dp1 admitted %d, dp2 %d", a1, a2)
 	if a1+a2 != 600 || a1 == 0 || a2 == 0 {
 		t.Fatalf("admitted dp1 %d + dp2 %d = %d; want exactly 600, some on each", a1, a2, a1+a2)
@@ -134,9 +135,12 @@ func TestGlobalQuotaControlPlaneKilled(t *testing.T) {
 	waitSynced(t, cp, all(dp1, dp2)...)
 
 	down := false
-	a1, a2 := spendGlobal(t, dp1, dp2, "kill-key", 500, 90*time.Second, func(wave int) {
+	a1, a2 := spendGlobal(t, dp1, dp2, "kill-key", 500, 40, 90*time.Second, func(wave, admitted int) {
 		switch {
 		case wave == 1:
+			if admitted >= 500 {
+				t.Fatalf("spent out (%d) before the kill", admitted)
+			}
 			cp.kill()
 			down = true
 		case down:
@@ -167,5 +171,88 @@ func TestGlobalQuotaControlPlaneKilled(t *testing.T) {
 	}
 	if e.Committed != 500 || e.Totals.Spent != 500 {
 		t.Fatalf("ledger after the restart: committed %d, spent %d; want 500 and 500", e.Committed, e.Totals.Spent)
+	}
+}
+
+// TestGlobalQuotaReset resets a key's quota while its global quota is
+// spent out: the reset raises the key's quota epoch, every data plane
+// spends a new ledger entry for the new epoch, and exactly Q more are
+// admitted in all; the control plane's usage then has one entry per epoch,
+// each with exactly Q spent.
+func TestGlobalQuotaReset(t *testing.T) {
+	t.Parallel()
+	cp, dp1, dp2 := twoDataPlanes(t, cpOptions{})
+	cp.putPolicy(t, globalPolicy("global200", 200, "strict", 0, 2*time.Second))
+	cp.putAPI(t, echoAPI("echo", "/echo/"))
+	hash, _ := cp.postKey(t, "reset-key", spec.Key{Policies: []string{"global200"}})
+	waitSynced(t, cp, all(dp1, dp2)...)
+
+	a1, a2 := spendGlobal(t, dp1, dp2, "reset-key", 200, 60, 90*time.Second, nil)
+	if a1+a2 != 200 {
+		t.Fatalf("epoch 0: admitted %d + %d = %d; want exactly 200", a1, a2, a1+a2)
+	}
+	rev := cp.resetQuota(t, hash, "")
+	waitApplied(t, rev, all(dp1, dp2)...)
+	b1, b2 := spendGlobal(t, dp1, dp2, "reset-key", 200, 60, 90*time.Second, nil)
+	t.Logf("epoch 0: dp1 %d dp2 %d; after the reset: dp1 %d dp2 %d", a1, a2, b1, b2)
+	if b1+b2 != 200 {
+		t.Fatalf("epoch 1: admitted %d + %d = %d; want exactly 200", b1, b2, b1+b2)
+	}
+	u := waitUsage(t, cp, hash, map[string]int64{"dp1": int64(a1 + b1), "dp2": int64(a2 + b2)})
+	if len(u.Entries) != 2 {
+		t.Fatalf("usage has %d entries, want 2 (epochs 0 and 1): %+v", len(u.Entries), u.Entries)
+	}
+	for _, e := range u.Entries {
+		if e.Totals.Spent != 200 || e.Committed > 200 {
+			t.Errorf("entry of epoch %d: spent %d, committed %d; want 200 and at most 200", e.Epoch, e.Totals.Spent, e.Committed)
+		}
+	}
+	if u.Entries[0].Epoch == u.Entries[1].Epoch {
+		t.Fatalf("both entries are of epoch %d", u.Entries[0].Epoch)
+	}
+}
+
+// TestGlobalQuotaReplicaKilled runs the global quota on a highly
+// available control plane, two replicas on one PostgreSQL, and kills with
+// SIGKILL the replica the data planes' lease holders call first, in the
+// middle of the period: the holders carry on through the other replica
+// from the ledger in the database, the sum admitted stays at most Q and
+// reaches exactly Q, and once every lease is over the ledger has committed
+// exactly what was spent (nothing granted twice).
+func TestGlobalQuotaReplicaKilled(t *testing.T) {
+	t.Parallel()
+	tk1 := dpToken{group: "dp1", tags: []string{"dp1"}, token: "gq-ha-token-dp1"}
+	tk2 := dpToken{group: "dp2", tags: []string{"dp2"}, token: "gq-ha-token-dp2"}
+	h := startHA(t, 2, []dpToken{tk1, tk2}, cpOptions{})
+	cp, other := h.replicas[0], h.replicas[1]
+	dp1 := startHADataPlane(t, h.syncAddrs(), tk1, 2)
+	dp2 := startHADataPlane(t, h.syncAddrs(), tk2, 2)
+	cp.putPolicy(t, globalPolicy("global400", 400, "strict", 0, 2*time.Second))
+	cp.putAPI(t, echoAPI("echo", "/echo/"))
+	hash, _ := cp.postKey(t, "ha-key", spec.Key{Policies: []string{"global400"}})
+	waitSynced(t, cp.controlPlane, all(dp1, dp2)...)
+
+	a1, a2 := spendGlobal(t, dp1, dp2, "ha-key", 400, 40, 90*time.Second, func(wave, admitted int) {
+		if wave == 1 {
+			if admitted >= 400 {
+				t.Fatalf("spent out (%d) before the kill", admitted)
+			}
+			cp.kill()
+		}
+	})
+	t.Logf("global 400, replica killed after wave 1: dp1 %d, dp2 %d", a1, a2)
+	if a1+a2 != 400 {
+		t.Fatalf("admitted dp1 %d + dp2 %d = %d; want exactly 400", a1, a2, a1+a2)
+	}
+	u := waitUsage(t, other.controlPlane, hash, map[string]int64{"dp1": int64(a1), "dp2": int64(a2)})
+	e := u.Entries[0]
+	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	defer cancel()
+	for e.Committed != e.Totals.Spent && ctx.Err() == nil {
+		time.Sleep(200 * time.Millisecond)
+		e = keyUsage(t, other.controlPlane, hash).Entries[0]
+	}
+	if len(u.Entries) != 1 || e.Committed != 400 || e.Totals.Spent != 400 {
+		t.Fatalf("ledger: %d entries, committed %d, spent %d; want 1, 400 and 400", len(u.Entries), e.Committed, e.Totals.Spent)
 	}
 }
