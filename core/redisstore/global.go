@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -66,18 +65,8 @@ func GlobalActiveKey(prefix string) string {
 // GlobalSlotKey returns the hash key of the global quota slot (consumer,
 // scope, policy, epoch) under prefix ("" is DefaultKeyPrefix).
 func GlobalSlotKey(prefix, consumer, scope, policy string, epoch uint64) string {
-	if prefix == "" {
-		prefix = DefaultKeyPrefix
-	}
 	hx, _ := consumerHash(nil, consumer)
-	b := append([]byte(prefix), '{')
-	b = append(b, hx[:]...)
-	b = append(b, "}:gq."...)
-	b = strconv.AppendUint(b, epoch, 10)
-	b = append(b, ':')
-	b = appendScope(b, scope)
-	b = append(b, ':')
-	return string(appendScope(b, policy))
+	return string(appendGlobalSlotKey(nil, prefix, &hx, scope, policy, epoch))
 }
 
 // DefaultGlobalCutOff is the cut-off of Options.GlobalCutOff's zero value.
@@ -164,35 +153,51 @@ return reply(0, avail + fav - n, a, b, c, d, e)
 `
 
 // globalScripts holds one global-quota script per rate algorithm.
-var globalScripts = [...]*redis.Script{
-	core.GCRA:          redis.NewScript(prelude + gcraChunk + globalMain),
-	core.SlidingWindow: redis.NewScript(prelude + slidingChunk + globalMain),
-	core.FixedWindow:   redis.NewScript(prelude + fixedChunk + globalMain),
-	core.SlidingLog:    redis.NewScript(prelude + logChunk + globalMain),
+var globalScripts = [...]script{
+	core.GCRA:          newScript(prelude + gcraChunk + globalMain),
+	core.SlidingWindow: newScript(prelude + slidingChunk + globalMain),
+	core.FixedWindow:   newScript(prelude + fixedChunk + globalMain),
+	core.SlidingLog:    newScript(prelude + logChunk + globalMain),
 }
 
-// takeGlobal is Take for a rule whose quota is global (rule.global).
+// appendGlobalSlotKey appends to b the slot key GlobalSlotKey names, from
+// the consumer's hash hx.
+func appendGlobalSlotKey(b []byte, prefix string, hx *[32]byte, scope, policy string, epoch uint64) []byte {
+	if prefix == "" {
+		prefix = DefaultKeyPrefix
+	}
+	b = append(b, prefix...)
+	b = append(b, '{')
+	b = append(b, hx[:]...)
+	b = append(b, "}:gq."...)
+	b = strconv.AppendUint(b, epoch, 10)
+	b = append(b, ':')
+	b = appendScope(b, scope)
+	b = append(b, ':')
+	return appendScope(b, policy)
+}
+
+// takeGlobal is Take for a rule whose quota is global (rule.global). It
+// runs like every other Take, batched with the others unless
+// Options.Pipeline is negative.
 func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
 	n := req.Cost
 	scope := req.Rule.Scope()
 	g := r.qt.Global
+	c := s.calls.Get().(*call)
+	c.reset(globalScripts[r.alg], 2)
 	var hx [32]byte
-	hx, _ = consumerHash(nil, req.Consumer)
-	keys := []string{
-		string(s.appendKey(nil, &hx, kindNames[r.alg], scope)),
-		GlobalSlotKey(s.prefix, req.Consumer, scope, g.Policy, req.QuotaEpoch),
-	}
-	args := make([]any, 0, 23)
-	if s.clock != nil {
-		now := s.clock.Nanotime()
-		args = append(args, now/1000, now%1000)
-	} else {
-		args = append(args, "", 0)
-	}
+	hx, c.keys[1].b = consumerHash(c.keys[1].b, req.Consumer)
+	c.keys[0].b = s.appendKey(c.keys[0].b, &hx, kindNames[r.alg], scope)
+	c.keys[1].b = appendGlobalSlotKey(c.keys[1].b[:0], s.prefix, &hx, scope, g.Policy, req.QuotaEpoch)
+	s.appendNow(c)
 	ren := int64(r.qt.Renewal)
-	args = append(args, n, r.qt.Max, ren/1000, ren%1000, s.margin)
+	c.int(n)
+	c.int(r.qt.Max)
+	c.pair(ren)
+	c.int(s.margin)
 	if r.limited {
-		args = append(args, "1")
+		c.args = append(c.args, "1")
 		switch r.alg {
 		case core.GCRA:
 			p := &r.p
@@ -201,32 +206,39 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 			if n <= p.Burst {
 				nt = n * p.T
 			}
-			args = append(args, r.tsuf, nt/1000, nt%1000, bound/1000, bound%1000)
+			c.args = append(c.args, r.tsuf)
+			c.pair(nt)
+			c.pair(bound)
 		case core.FixedWindow:
-			args = append(args, r.rate.Rate, int64(r.rate.Period)/1000, int64(r.rate.Period)%1000, 0, 0)
+			c.int(r.rate.Rate)
+			c.pair(int64(r.rate.Period))
+			c.args = append(c.args, "0", "0")
 		default:
-			args = append(args, r.rate.Rate, r.rate.Period.Microseconds(), 0, 0, 0)
+			c.int(r.rate.Rate)
+			c.int(r.rate.Period.Microseconds())
+			c.args = append(c.args, "0", "0", "0")
 		}
 	} else {
-		args = append(args, "0", 0, 0, 0, 0, 0)
+		c.args = append(c.args, "0", "0", "0", "0", "0", "0")
 	}
-	args = append(args, req.Consumer, scope, g.Policy, req.QuotaEpoch, int(g.Mode), g.Floor,
-		s.cutoff.Microseconds(), s.activeKey, ren, int64(g.LeaseDuration))
-	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return globalScripts[r.alg].Run(ctx, s.client, keys, args...).Int64Slice()
-	})
+	c.args = append(c.args, req.Consumer, scope, g.Policy)
+	c.int(int64(req.QuotaEpoch))
+	c.int(int64(g.Mode))
+	c.int(g.Floor)
+	c.int(s.cutoff.Microseconds())
+	c.args = append(c.args, s.activeKey)
+	c.int(ren)
+	c.int(int64(g.LeaseDuration))
+	v, err := s.run(ctx, c, 11)
 	if err != nil {
-		return core.Decision{}, fmt.Errorf("redisstore: take: %w", err)
-	}
-	if len(v) != 11 {
-		return core.Decision{}, fmt.Errorf("redisstore: take: global quota script replied %d values, want 11", len(v))
+		return core.Decision{}, err
 	}
 	if v[9] == 1 {
 		// The slot is marked active at most once a second; a lost mark is
 		// made again by the next request a second later.
 		// The request is decided already: a failed mark does not fail it.
 		_, _ = s.call(ctx, func(ctx context.Context) ([]int64, error) {
-			return nil, s.client.ZAdd(ctx, s.activeKey, redis.Z{Score: float64(v[10]), Member: keys[1]}).Err()
+			return nil, s.client.ZAdd(ctx, s.activeKey, redis.Z{Score: float64(v[10]), Member: GlobalSlotKey(s.prefix, req.Consumer, scope, g.Policy, req.QuotaEpoch)}).Err()
 		})
 	}
 	// decision reads the quota's used count at v[6]: give it Max −
