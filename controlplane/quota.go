@@ -422,8 +422,16 @@ func (rv *resolver) target(k lease.EntryKey) (target, error) {
 	}
 	floors := map[string]int64{}
 	if mode != lease.Strict && q.Global.Floor > 0 {
+		floor := q.Global.Floor
+		if n := int64(len(rv.s.groups)); mode == lease.Reserved && n > 0 && floor > q.Max/n {
+			// Reserved floors are debited from the quota together: when
+			// the configured floor does not fit n times, each data plane
+			// gets an equal part of the quota (validation judges one
+			// data plane's floor against max; only here is n known).
+			floor = q.Max / n
+		}
 		for _, g := range rv.s.groups {
-			floors[g] = q.Global.Floor
+			floors[g] = floor
 		}
 	}
 	t.cfg = quotaledger.Config{Key: t.slot.key(time.Time{}), Quota: q.Max, Period: time.Duration(q.Renewal), Mode: mode,

@@ -585,7 +585,14 @@ func (r *QuotaRunner) save(ctx context.Context, slots map[string]*slot, tok uint
 			pe = st.PeriodEnd.UnixMicro()
 		}
 		ttl := max(time.Minute, 2*s.ren).Milliseconds()
-		args := []any{tok, string(b), string(old), L.String(), pe, s.cur.Floor(), st.LastContact.UnixMicro(), s.cur.CutOffAfter().Microseconds(), ttl}
+		floor := s.cur.Floor()
+		if s.cur.Mode() == lease.Reserved && s.cur.Entry().PeriodStart.IsZero() {
+			// A reserved floor is the ledger's, debited when it opened the
+			// entry: none until a grant of the period has named it (the
+			// entry may not open at all, when the floors exceed the quota).
+			floor = 0
+		}
+		args := []any{tok, string(b), string(old), L.String(), pe, floor, st.LastContact.UnixMicro(), s.cur.CutOffAfter().Microseconds(), ttl}
 		for _, f := range drop[s.key] {
 			args = append(args, f)
 		}

@@ -83,7 +83,9 @@ local H = KEYS[2]
 local rate_on = ARGV[8] == '1'
 local mode = tonumber(ARGV[18])
 local g = redis.call('HMGET', H, 'L', 'pe', 'fl', 'fa', 'ct', 'co', 'mk')
-local floor = tonumber(g[4] or ARGV[19])
+-- A reserved floor is spent only once the ledger has debited it (fa, from
+-- a grant of this period); an optimistic one is not debited in advance.
+local floor = tonumber(g[4] or (mode == 2 and '0' or ARGV[19]))
 local pe = tonumber(g[2] or '0')
 local over = pe > 0 and now_u >= pe
 local ls, avail = {}, 0
@@ -120,6 +122,12 @@ local function reply(code, rem, a, b, c, d, e)
   if pe > 0 then
     ru, rr = pe - now_u, 0
     if ru < 0 then ru = 0 end
+  end
+  if code == 2 and not over and ru > 1000000 then
+    -- Refused for want of budget while the period runs: the holder may
+    -- get more from the ledger at any moment, so the retry is a second
+    -- away, not the period's end.
+    ru, rr = 1000000, 0
   end
   return {code, a, b, c, d, e, rem, ru, rr, mark, now_u}
 end

@@ -67,6 +67,15 @@ func testGlobalSpend(t *testing.T, c redis.UniversalClient) {
 		}
 		floorWanted := int64(0)
 		if mode == core.GlobalReserved {
+			// A reserved floor is spent only once a grant of the period
+			// has said the ledger debited it (fa, which the runner writes
+			// from the grant's floor): before that, nothing.
+			if tk() {
+				t.Fatalf("reserved: the floor was spent before the ledger debited it")
+			}
+			if err := c.HSet(ctx, key, "fa", 2).Err(); err != nil {
+				t.Fatal(err)
+			}
 			floorWanted = 2
 		}
 		for range floorWanted {

@@ -256,3 +256,30 @@ func TestGlobalQuotaReplicaKilled(t *testing.T) {
 		t.Fatalf("ledger: %d entries, committed %d, spent %d; want 1, 400 and 400", len(u.Entries), e.Committed, e.Totals.Spent)
 	}
 }
+
+// TestGlobalQuotaReservedFloorsClamped gives a reserved quota of 300 a
+// floor of 200 on each of two data planes, floors that do not fit twice:
+// the ledger gives each data plane an equal part (150, debited when the
+// entry opens), no data plane spends a floor before the ledger has
+// debited it, and exactly 300 are admitted in all.
+func TestGlobalQuotaReservedFloorsClamped(t *testing.T) {
+	t.Parallel()
+	cp, dp1, dp2 := twoDataPlanes(t, cpOptions{})
+	cp.putPolicy(t, globalPolicy("reserved300", 300, "reserved", 200, 2*time.Second))
+	cp.putAPI(t, echoAPI("echo", "/echo/"))
+	hash, _ := cp.postKey(t, "reserved-key", spec.Key{Policies: []string{"reserved300"}})
+	waitSynced(t, cp, all(dp1, dp2)...)
+
+	a1, a2 := spendGlobal(t, dp1, dp2, "reserved-key", 300, 60, 60*time.Second, nil)
+	t.Logf("reserved 300, floors 200 asked: dp1 %d, dp2 %d", a1, a2)
+	if a1+a2 != 300 {
+		t.Fatalf("admitted dp1 %d + dp2 %d = %d; want exactly 300", a1, a2, a1+a2)
+	}
+	if c1, c2 := sendBoth(t, dp1.gws, "/echo/g", dp2.gws, "/echo/g", "reserved-key", 40, 4); c1.admitted+c2.admitted != 0 {
+		t.Fatalf("after the quota was spent: admitted %d and %d more; want 0", c1.admitted, c2.admitted)
+	}
+	u := waitUsage(t, cp, hash, map[string]int64{"dp1": int64(a1), "dp2": int64(a2)})
+	if e := u.Entries[0]; e.Committed != 300 || e.Bound != 300 {
+		t.Fatalf("entry: committed %d, bound %d; want 300 and 300", e.Committed, e.Bound)
+	}
+}

@@ -171,10 +171,14 @@ func newQuotaRunner(cfg *config.Config, store core.Store, o Options) (*dataplane
 	}
 	rs, ok := store.(*redisstore.Store)
 	cp := cfg.ControlPlane
+	log := o.Logger
+	if cp != nil && !ok && log != nil {
+		log.Warn("global quotas need a Redis store: with the in-process store this gateway counts a quota marked global on its own, so the gateways of its data plane together admit up to max each",
+			"store", cfg.RedactedStore())
+	}
 	if !ok || cp == nil || !rs.FollowsControlPlane() {
 		return nil, nil
 	}
-	log := o.Logger
 	return dataplane.NewQuotaRunner(dataplane.QuotaRunnerOptions{
 		Client: rs.Client(), KeyPrefix: rs.KeyPrefix(), Group: cp.Group, Token: cp.Token,
 		Address: cp.Address, TLS: cp.TLS,

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -54,3 +56,43 @@ control_plane:
 		t.Fatal("the runner's lease is still in Redis after Close")
 	}
 }
+
+// TestControlPlaneMemoryStoreWarns: a gateway that follows a control plane
+// with the in-process store cannot spend a global quota's leases (they live
+// in the data plane's Redis), and says so in its log at start.
+func TestControlPlaneMemoryStoreWarns(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpAddr := dead.Addr().String()
+	dead.Close()
+	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
+	file := filepath.Join(t.TempDir(), "gateway.yaml")
+	writeFile(t, file, fmt.Sprintf(`listen: 127.0.0.1:0
+control_plane:
+  address: %q
+  token_env: LP_TEST_DP_TOKEN
+  group: dp1
+`, cpAddr))
+	var log strings.Builder
+	var mu sync.Mutex
+	h := slog.NewTextHandler(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return log.Write(p) }), nil)
+	srv, err := server.Open(t.Context(), server.Options{ConfigPath: file, Logger: slog.New(h), StartTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	const want = `level=WARN msg="global quotas need a Redis store: with the in-process store this gateway counts a quota marked global on its own, so the gateways of its data plane together admit up to max each" store=memory`
+	if !strings.Contains(log.String(), want) {
+		t.Fatalf("log lacks\n%s\ngot:\n%s", want, log.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
