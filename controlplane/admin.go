@@ -156,6 +156,13 @@ func TokenID(token string) string { return HashToken(token)[:len("sha256:")+12] 
 //	DELETE /api/dataplanes/{id} forget the ended streams of gateway id
 //	                            → {"removed", "connected"}; 409 when it
 //	                            has only an open stream, 404 when unknown
+//	GET    /api/usage/keys/{hash}
+//	                            the global-quota ledger's entries of the
+//	                            key, from the data planes' reports → Usage
+//	                            (404 when the store keeps no ledger)
+//	GET    /api/usage/dataplanes
+//	                            every data plane's totals over the ledger
+//	                            → {"dataplanes": [DataPlaneUsage...]}
 //
 // {hash} is "sha256:" and 64 hex digits in either case; keys are answered
 // with it in lower case. Quota epochs (quota_epoch) are the control
@@ -225,6 +232,8 @@ func Admin(o AdminOptions) (http.Handler, error) {
 		{"GET", "/api/revision", a.revision},
 		{"GET", "/api/dataplanes", a.dataPlanes},
 		{"DELETE", "/api/dataplanes/{id}", a.deleteDataPlane},
+		{"GET", "/api/usage/keys/{hash}", a.keyUsage},
+		{"GET", "/api/usage/dataplanes", a.dataPlaneUsage},
 	}
 	allow := map[string][]string{} // pattern → its methods
 	for _, rt := range routes {

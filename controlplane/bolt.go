@@ -115,7 +115,7 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 	}
 	db.MaxBatchDelay, db.MaxBatchSize = o.BatchDelay, o.BatchSize
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketPolicies, bucketKeys, bucketAPIs, bucketChanges, bucketMeta} {
+		for _, b := range [][]byte{bucketPolicies, bucketKeys, bucketAPIs, bucketChanges, bucketMeta, bucketQuota, bucketQuotaExpiry} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 )
 
 // Metrics are the control plane's Prometheus metrics. Give the same
@@ -30,6 +31,20 @@ import (
 //   - sync_acks_total, sync_nacks_total: Acks and Nacks received.
 //   - gateways_connected{group}: gateways with an open stream, by group
 //     (read from DataPlanes at every scrape).
+//   - quota_leases_total{group,mode}, quota_leased_units_total{group,mode}:
+//     global-quota leases granted (a repeated request not counted again)
+//     and their units, by data-plane group and mode (QuotaServer).
+//   - quota_reports_total{group,mode}: spend reports applied.
+//   - quota_refusals_total{group,reason}: grant requests and reports
+//     refused, reason stale_token or unknown_entry.
+//   - quota_call_errors_total{code}: Lease calls failed as a whole, by
+//     gRPC code (Unauthenticated, PermissionDenied, InvalidArgument,
+//     Unavailable).
+//   - quota_ledger_write_duration_seconds: one Lease call's ledger
+//     transaction, until committed (a histogram).
+//
+// Labels are bounded: groups are the configured data-plane tokens',
+// modes three; no label names a key or an entry.
 //
 // The zero Metrics is not usable; a nil *Metrics counts nothing.
 type Metrics struct {
@@ -41,6 +56,9 @@ type Metrics struct {
 	streamsRefused *prometheus.CounterVec
 	deliveries     *prometheus.CounterVec
 	acks, nacks    prometheus.Counter
+
+	quotaLeases, quotaUnits, quotaReports, quotaRefusals, quotaErrors *prometheus.CounterVec
+	quotaWriteSeconds                                                 prometheus.Histogram
 }
 
 // Reasons of sync_refused_total.
@@ -79,6 +97,18 @@ func NewMetrics(reg prometheus.Registerer, dps *DataPlanes) (*Metrics, error) {
 			Help: "Deliveries sent to gateways, by kind (snapshot, changes)."}, []string{"kind"}),
 		acks:  prometheus.NewCounter(prometheus.CounterOpts{Name: name("sync_acks_total"), Help: "Acks received from gateways."}),
 		nacks: prometheus.NewCounter(prometheus.CounterOpts{Name: name("sync_nacks_total"), Help: "Nacks (rejected deliveries) received from gateways."}),
+		quotaLeases: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("quota_leases_total"),
+			Help: "Global-quota leases granted, by data-plane group and mode."}, []string{"group", "mode"}),
+		quotaUnits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("quota_leased_units_total"),
+			Help: "Units of global quotas leased, by data-plane group and mode."}, []string{"group", "mode"}),
+		quotaReports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("quota_reports_total"),
+			Help: "Global-quota spend reports applied, by data-plane group and mode."}, []string{"group", "mode"}),
+		quotaRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("quota_refusals_total"),
+			Help: "Global-quota grant requests and reports refused, by data-plane group and reason (stale_token, unknown_entry)."}, []string{"group", "reason"}),
+		quotaErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("quota_call_errors_total"),
+			Help: "QuotaService.Lease calls failed as a whole, by gRPC code."}, []string{"code"}),
+		quotaWriteSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: name("quota_ledger_write_duration_seconds"),
+			Help: "Latency of one Lease call's ledger transaction until committed, seconds.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
 	for _, r := range []string{refusedHelloTimeout, refusedNotHello, refusedUnauthenticated, refusedPermissionDenied, refusedInvalid, refusedTooManyStreams, refusedTooManyHellos, refusedShutdown} {
 		m.streamsRefused.WithLabelValues(r)
@@ -89,7 +119,8 @@ func NewMetrics(reg prometheus.Registerer, dps *DataPlanes) (*Metrics, error) {
 	for _, r := range []string{"ok", "error"} {
 		m.writes.WithLabelValues(r)
 	}
-	cs := []prometheus.Collector{m.revision, m.writes, m.writeSeconds, m.adminRefused, m.streams, m.streamsRefused, m.deliveries, m.acks, m.nacks}
+	cs := []prometheus.Collector{m.revision, m.writes, m.writeSeconds, m.adminRefused, m.streams, m.streamsRefused, m.deliveries, m.acks, m.nacks,
+		m.quotaLeases, m.quotaUnits, m.quotaReports, m.quotaRefusals, m.quotaErrors, m.quotaWriteSeconds}
 	if dps != nil {
 		cs = append(cs, &gatewaysCollector{dps: dps, desc: prometheus.NewDesc(name("gateways_connected"),
 			"Gateways with an open sync stream, by group.", []string{"group"}, nil)})
@@ -160,6 +191,37 @@ func (m *Metrics) acked(ok bool) {
 		m.acks.Inc()
 	} else {
 		m.nacks.Inc()
+	}
+}
+
+func (m *Metrics) quotaGranted(group, mode string, leases, units int64) {
+	if m != nil {
+		m.quotaLeases.WithLabelValues(group, mode).Add(float64(leases))
+		m.quotaUnits.WithLabelValues(group, mode).Add(float64(units))
+	}
+}
+
+func (m *Metrics) quotaReported(group, mode string, n int64) {
+	if m != nil {
+		m.quotaReports.WithLabelValues(group, mode).Add(float64(n))
+	}
+}
+
+func (m *Metrics) quotaRefused(group, reason string, n int64) {
+	if m != nil {
+		m.quotaRefusals.WithLabelValues(group, reason).Add(float64(n))
+	}
+}
+
+func (m *Metrics) quotaCallRefused(code codes.Code) {
+	if m != nil {
+		m.quotaErrors.WithLabelValues(code.String()).Inc()
+	}
+}
+
+func (m *Metrics) quotaWrite(d time.Duration) {
+	if m != nil {
+		m.quotaWriteSeconds.Observe(d.Seconds())
 	}
 }
 

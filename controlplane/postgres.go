@@ -67,7 +67,7 @@ type PostgresOptions struct {
 
 // SchemaVersion is the schema version this program knows: the number of
 // the last of its migrations (controlplane/migrations).
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // ErrSchemaTooNew is OpenPostgres's error (wrapped) when the database's
 // schema is newer than SchemaVersion: a newer program migrated it, and

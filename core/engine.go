@@ -223,7 +223,7 @@ func (e *Engine) SetConfig(cfg Config) error {
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
-		if p.solo.prepared, err = e.prepare(LimitSet{Rate: p.Rate, Quota: p.Quota, Distributed: p.Distributed}); err != nil {
+		if p.solo.prepared, err = e.prepare(LimitSet{Rate: p.Rate, Quota: quotaOf(&p.Policy), Distributed: p.Distributed}); err != nil {
 			return fmt.Errorf("policy %q: %w", p.ID, err)
 		}
 		if !p.Rate.IsZero() {
@@ -237,6 +237,16 @@ func (e *Engine) SetConfig(cfg Config) error {
 	}
 	e.snap.Store(s)
 	return nil
+}
+
+// quotaOf is p's quota as a LimitSet carries it: a global quota names the
+// policy (GlobalQuota.Policy), which the ledger entry is kept under.
+func quotaOf(p *Policy) Quota {
+	q := p.Quota
+	if q.Global.Mode != NotGlobal {
+		q.Global.Policy = p.ID
+	}
+	return q
 }
 
 // prepare prepares ls on the store and, under FailFallback, the fallback.
@@ -289,7 +299,9 @@ func (e *Engine) resolve(c *Consumer, api string) (*resolved, uint64, error) {
 	// without per-API limits.
 	if len(c.APILimits) > 0 {
 		if l, ok := c.APILimits[api]; ok {
-			r, err := e.limitsRule(snap, LimitSet{Rate: l.Rate, Quota: l.Quota, Scope: api})
+			q := l.Quota
+			q.Global.Policy = "" // a key's own limit: the ledger entry names no policy
+			r, err := e.limitsRule(snap, LimitSet{Rate: l.Rate, Quota: q, Scope: api})
 			return r, l.QuotaEpoch, err
 		}
 	}
@@ -344,7 +356,7 @@ func (e *Engine) pairRule(snap *snapshot, rate, quota *policyEntry) (*resolved, 
 	if v, ok := snap.pairs.Load(k); ok {
 		return v.(*resolved), nil
 	}
-	pr, err := e.prepare(LimitSet{Rate: rate.Rate, Quota: quota.Quota, Distributed: rate.Distributed})
+	pr, err := e.prepare(LimitSet{Rate: rate.Rate, Quota: quotaOf(&quota.Policy), Distributed: rate.Distributed})
 	if err != nil {
 		return nil, fmt.Errorf("policies %q and %q: %w", rate.ID, quota.ID, err)
 	}

@@ -213,7 +213,70 @@ type Quota struct {
 	Max int64
 	// Renewal is the period's length, starting at the first request.
 	Renewal time.Duration
+	// Global, when its Mode is set, makes the quota one budget shared by
+	// the data planes that follow a control plane (issue 22): a store
+	// told that it is in such a data plane (redisstore's
+	// Options.FollowsControlPlane) spends budget leased from the control
+	// plane's ledger instead of counting Max itself. Every other store,
+	// and a Redis store not told so, counts the quota as a plain quota of
+	// this process's data plane (Max per period). The zero GlobalQuota:
+	// not global.
+	Global GlobalQuota
 }
+
+// GlobalMode is a global quota's mode (GlobalQuota.Mode): what a data
+// plane spends when its leases are spent. The zero value means the quota
+// is not global.
+type GlobalMode uint8
+
+const (
+	// NotGlobal: the quota is counted by each data plane on its own.
+	NotGlobal GlobalMode = iota
+	// GlobalStrict refuses once the leases are spent.
+	GlobalStrict
+	// GlobalReserved spends the data plane's floor (debited by the ledger
+	// at the period's start) whenever the leases are spent.
+	GlobalReserved
+	// GlobalOptimistic spends the floor only while the data plane is cut
+	// off from the control plane (the ledger debits it when reported).
+	GlobalOptimistic
+)
+
+// String returns "", "strict", "reserved" or "optimistic".
+func (m GlobalMode) String() string {
+	switch m {
+	case NotGlobal:
+		return ""
+	case GlobalStrict:
+		return "strict"
+	case GlobalReserved:
+		return "reserved"
+	case GlobalOptimistic:
+		return "optimistic"
+	}
+	return fmt.Sprintf("GlobalMode(%d)", uint8(m))
+}
+
+// GlobalQuota says how a quota is shared across data planes (Quota.Global).
+// It is comparable, so a LimitSet holding it stays a map key.
+type GlobalQuota struct {
+	// Mode is the mode; NotGlobal (zero) turns the rest off.
+	Mode GlobalMode
+	// Floor is this data plane's floor per period (units) in reserved and
+	// optimistic modes, until the ledger names its own.
+	Floor int64
+	// LeaseDuration is how long a leased chunk may be spent (the ledger's
+	// default when 0).
+	LeaseDuration time.Duration
+	// Policy is the ID of the policy the quota came from, "" for a
+	// consumer's own per-API limit: the ledger entry names it
+	// (lease.EntryKey.Policy). The Engine sets it when it prepares a
+	// policy's limits; a caller building a LimitSet by hand sets it.
+	Policy string
+}
+
+// IsGlobal reports whether q is an enforced quota marked global.
+func (q Quota) IsGlobal() bool { return q.Global.Mode != NotGlobal && q.Enforced() }
 
 // IsZero reports whether q is the zero Quota, meaning "not configured": the
 // quota is absent. It is not unlimited (see IsUnlimited).
@@ -247,6 +310,23 @@ func (q Quota) Validate() error {
 	}
 	if int64(q.Renewal) >= MaxTolerance {
 		return fmt.Errorf("%w: quota renewal %v is too long", ErrInvalidLimit, q.Renewal)
+	}
+	return nil
+}
+
+// Validate reports why g cannot be enforced on a quota of max, wrapping
+// ErrInvalidLimit, or nil: a mode core does not know, a floor outside
+// [0, max], a negative lease duration. Quota.Validate leaves g alone
+// (spec validates it where it is written); a store that enforces global
+// quotas calls it from Prepare.
+func (g GlobalQuota) Validate(max int64) error {
+	switch {
+	case g.Mode > GlobalOptimistic:
+		return fmt.Errorf("%w: unknown global quota mode %d", ErrInvalidLimit, g.Mode)
+	case g.Floor < 0 || g.Floor > max:
+		return fmt.Errorf("%w: global quota floor %d must be in [0, max %d]", ErrInvalidLimit, g.Floor, max)
+	case g.LeaseDuration < 0:
+		return fmt.Errorf("%w: global quota lease duration %v is negative", ErrInvalidLimit, g.LeaseDuration)
 	}
 	return nil
 }

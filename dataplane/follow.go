@@ -67,6 +67,12 @@ type FollowOptions struct {
 	ClientIP      identity.ClientIPOptions
 	Resolver      spec.Resolver
 
+	// A Store that is (or has under it) a redisstore.Store made with
+	// Options.FollowsControlPlane spends global quotas from leases: Follow
+	// then runs the data plane's QuotaRunner beside the agent (one is
+	// elected per data plane among the processes on that Redis), with the
+	// same Address, TLS, DialOptions, Group and Token, and Close stops it.
+
 	// Persister keeps the last applied configuration, so that a member
 	// restarted while the control plane is down enforces it; nil means
 	// the data plane's Redis when Store is a Redis store (or has one
@@ -222,13 +228,31 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 			ChangesApplied: d.ChangesApplied, ChangesRejected: d.ChangesRejected, Reconnects: s.Reconnects,
 		}
 	}))
+	var qr *QuotaRunner
+	if rs := redisUnder(f.store); rs != nil && rs.FollowsControlPlane() {
+		log := opts.Logger
+		qr, err = NewQuotaRunner(QuotaRunnerOptions{
+			Client: rs.Client(), KeyPrefix: rs.KeyPrefix(), Group: opts.Group, Token: opts.Token,
+			Address: opts.Address, TLS: opts.TLS, DialOptions: opts.DialOptions,
+			OnError: func(err error) { log.Debug("dataplane: follow: global quotas", "err", err) },
+		})
+		if err != nil {
+			f.closeAll()
+			return nil, fmt.Errorf("dataplane: follow: %w", err)
+		}
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	f.cancel = cancel
 	go func() {
 		defer close(f.done)
+		var wg sync.WaitGroup
+		if qr != nil {
+			wg.Go(func() { _ = qr.Run(rctx) })
+		}
 		if err := a.Run(rctx); err != nil {
 			opts.Logger.Error("dataplane: follow: the agent stopped", "err", err)
 		}
+		wg.Wait()
 	}()
 	return f, nil
 }

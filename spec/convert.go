@@ -35,7 +35,8 @@ func (r *Rate) Limit() core.Limit {
 }
 
 // Quota returns the quota as a core.Quota: the zero Quota (absent) for a
-// nil Quota, {Max: core.Unlimited} for Max -1.
+// nil Quota, {Max: core.Unlimited} for Max -1; Global becomes
+// core.Quota.Global (its Policy is the engine's to fill in).
 func (q *Quota) Quota() core.Quota {
 	if q == nil {
 		return core.Quota{}
@@ -43,7 +44,22 @@ func (q *Quota) Quota() core.Quota {
 	if q.Max == core.Unlimited {
 		return core.Quota{Max: core.Unlimited}
 	}
-	return core.Quota{Max: q.Max, Renewal: time.Duration(q.Renewal)}
+	cq := core.Quota{Max: q.Max, Renewal: time.Duration(q.Renewal)}
+	if g := q.Global; g != nil {
+		cq.Global = core.GlobalQuota{Mode: globalMode(g.Mode), Floor: g.Floor, LeaseDuration: time.Duration(g.LeaseDuration)}
+	}
+	return cq
+}
+
+// globalMode maps GlobalQuota.Mode (validated) to core's.
+func globalMode(m string) core.GlobalMode {
+	switch m {
+	case "reserved":
+		return core.GlobalReserved
+	case "optimistic":
+		return core.GlobalOptimistic
+	}
+	return core.GlobalStrict
 }
 
 // Limits returns l as core.Limits, with its quota epoch.

@@ -562,8 +562,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			ln.Close()
 			return err
 		}
+		quotaSrv, err := controlplane.NewQuotaServer(controlplane.QuotaOptions{Store: store, Tokens: tokens, Metrics: cpm, Log: log})
+		if err != nil {
+			ln.Close()
+			sln.Close()
+			return err
+		}
 		gs = grpc.NewServer(grpcOpts...)
 		syncpb.RegisterSyncServiceServer(gs, syncSrv)
+		syncpb.RegisterQuotaServiceServer(gs, quotaSrv)
 		go func() { grpcServed <- gs.Serve(sln) }()
 		syncLine = fmt.Sprintf("  sync listening on %s (tls: %s; data-plane tokens: %d)\n", sln.Addr(), sc.tlsMode(), len(tokens))
 	}
@@ -578,7 +585,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"  GET /healthz, /readyz, /metrics without the token;\n"+
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys:batch, /api/keys/{hash}/reset-quota;\n"+
 		"  GET /api/export, POST /api/import (the whole state);\n"+
-		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=\n", scheme, ln.Addr(), where, rev)
+		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=;\n"+
+		"  GET /api/usage/keys/{hash}, /api/usage/dataplanes (global quotas' ledger)\n", scheme, ln.Addr(), where, rev)
 
 	var failed error
 	httpDone := false

@@ -333,7 +333,9 @@ func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error
 	if periodLeft <= 0 || amount == 0 {
 		return zero, nil
 	}
-	e.st.Committed += amount
+	if !undebitedLeases {
+		e.st.Committed += amount
+	}
 	l := LeaseState{
 		ID:         req.ID,
 		Amount:     amount,

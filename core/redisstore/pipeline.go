@@ -236,9 +236,9 @@ func (s *Store) direct(ctx context.Context, c *call) ([]int64, error) {
 type call struct {
 	s      *Store
 	script script
-	args   []any // "evalsha", SHA-1, nkeys, keys, ARGV
-	argBuf [5 + 13]any
-	nums   [13]intArg
+	args   []any       // "evalsha", SHA-1, nkeys, keys, ARGV
+	argBuf [5 + 23]any // the global quota's script has 23 arguments
+	nums   [17]intArg
 	nnums  int
 	keys   [2]keyArg
 	kind   [32]byte // room for the quota key's kind

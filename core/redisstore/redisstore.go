@@ -42,6 +42,10 @@
 // A GCRA key holds the string "<TAT>:<T>", the theoretical arrival time
 // and the emission interval of the limit that wrote it, in decimal ns.
 //
+// With Options.FollowsControlPlane a global quota (core.Quota.Global) is
+// kept in a slot hash "gq.<epoch>:<scope>:<policy>" in the same hash tag,
+// with the data plane's "{gq}" keys beside (see global.go).
+//
 // # Limit changes
 //
 // A limit change keeps the units spent, not the time (DESIGN.md): a
@@ -212,6 +216,20 @@ type Options struct {
 	// metrics.
 	OnBreakerChange func(from, to string)
 
+	// FollowsControlPlane says the store is in a data plane that follows
+	// a control plane whose ledger leases global quotas
+	// (core.Quota.Global): such a quota is then spent from the leases the
+	// data plane's lease holder (dataplane.QuotaRunner) writes beside the
+	// counters, in the same script as the rate limit (see global.go for
+	// the keys). Without it a global quota is counted as a plain quota
+	// of this data plane, Max per period.
+	FollowsControlPlane bool
+	// GlobalCutOff is how long after the lease holder's last contact with
+	// the control plane an optimistic global quota counts as cut off
+	// (its floor is spent) until the holder writes its own; default
+	// DefaultGlobalCutOff.
+	GlobalCutOff time.Duration
+
 	// Clock is a test seam: when set, the script uses Clock.Nanotime()
 	// as now instead of Redis TIME, so the conformance suite can freeze
 	// and step time. Production code leaves it nil: then app-server clocks
@@ -233,6 +251,11 @@ type Store struct {
 	breaker *gobreaker.CircuitBreaker[[]int64]
 	pipe    *batcher  // nil with batching off
 	calls   sync.Pool // of *call
+	// follows is Options.FollowsControlPlane, cutoff Options.GlobalCutOff,
+	// activeKey the global quotas' active set (GlobalActiveKey).
+	follows   bool
+	cutoff    time.Duration
+	activeKey string
 }
 
 // New returns a Store over client (a *redis.Client, *redis.ClusterClient or
@@ -250,6 +273,10 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		s.prefix = DefaultKeyPrefix
 	}
 	s.head = s.prefix + "{"
+	s.follows, s.cutoff, s.activeKey = opts.FollowsControlPlane, opts.GlobalCutOff, GlobalActiveKey(s.prefix)
+	if s.cutoff <= 0 {
+		s.cutoff = DefaultGlobalCutOff
+	}
 	s.calls.New = func() any { return newCall(s) }
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
@@ -296,6 +323,13 @@ func (s *Store) Close() error {
 // keep other data in the same Redis (a data plane's persisted
 // configuration). The store does not own it: closing it is the caller's.
 func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// FollowsControlPlane reports Options.FollowsControlPlane: global quotas
+// are spent from leases (the data plane's QuotaRunner must run).
+func (s *Store) FollowsControlPlane() bool { return s.follows }
+
+// KeyPrefix returns the prefix every key of the store starts with.
+func (s *Store) KeyPrefix() string { return s.prefix }
 
 // Ping reports whether Redis answers a PING within ctx and
 // Options.Timeout, for readiness checks. It goes around the circuit
@@ -437,6 +471,9 @@ type rule struct {
 	// seed is the rule of the same limits on Options.Seed; nil when there
 	// is no seeder or it cannot enforce them.
 	seed *core.Rule
+	// global: the quota is global and the store follows a control plane
+	// (takeGlobal spends the leases).
+	global bool
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. Errors
@@ -449,7 +486,12 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 	if err := ls.Validate(); err != nil {
 		return nil, err
 	}
-	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota}
+	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota, global: s.follows && ls.Quota.IsGlobal()}
+	if r.global {
+		if err := ls.Quota.Global.Validate(ls.Quota.Max); err != nil {
+			return nil, fmt.Errorf("quota: %w", err)
+		}
+	}
 	if r.limited {
 		if err := checkWindow(ls.Rate); err != nil {
 			return nil, err
@@ -495,6 +537,9 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 
 	if limited && !quota && alg == core.GCRA {
 		return s.takeGCRA(ctx, req, r)
+	}
+	if r.global {
+		return s.takeGlobal(ctx, req, r)
 	}
 
 	c := s.calls.Get().(*call)

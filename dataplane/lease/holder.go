@@ -64,6 +64,19 @@ type Options struct {
 	// Smoothing is the time constant of the demand rate's exponentially
 	// weighted average (default 2 s).
 	Smoothing time.Duration
+	// Quota is the quota's max (units; 0 unknown) and LeaseDuration how
+	// long a grant lasts (default 10 s, quotaledger's): a request asks for
+	// no more than the smoothed rate × min(Horizon, LeaseDuration), which
+	// is what the lease can be spent on, and, before the ledger has said
+	// what remains, no more than half of Quota, so that the first data
+	// plane to ask does not take every unit of a quota the others need.
+	Quota         int64
+	LeaseDuration time.Duration
+	// SeqBase is where a new holder's grant and report sequence numbers
+	// start (above it): a holder that follows another of the same token on
+	// the next period (the data plane's runner) starts above its
+	// predecessor's, so the two never share a number.
+	SeqBase uint64
 }
 
 func (o Options) withDefaults() Options {
@@ -80,6 +93,7 @@ func (o Options) withDefaults() Options {
 	def(&o.CutOffAfter, 3*time.Second)
 	def(&o.ExhaustedBackoff, time.Second)
 	def(&o.Smoothing, 2*time.Second)
+	def(&o.LeaseDuration, 10*time.Second)
 	if o.MinRequest <= 0 {
 		o.MinRequest = 10
 	}
@@ -135,6 +149,13 @@ type State struct {
 	ExhaustedUntil time.Time `json:"exhausted_until"`
 	// Fenced is set when the ledger refused this holder's token.
 	Fenced bool `json:"fenced"`
+	// Entry is the entry the holder spends once a grant named it (a
+	// request for "the period in force", PeriodStart zero, is answered
+	// with the entry's PeriodStart, which the holder adopts); the zero
+	// EntryKey until then (Options.Entry holds).
+	Entry EntryKey `json:"entry"`
+	// SeenOffered is the cumulative offered count of the last Observe.
+	SeenOffered int64 `json:"seen_offered"`
 	// SentSeq and the Sent* counters are the last report sent; Acked*
 	// those of the last one acknowledged.
 	SentSeq       uint64 `json:"sent_seq"`
@@ -154,7 +175,7 @@ type Holder struct {
 
 // NewHolder starts a holder at now with nothing held.
 func NewHolder(now time.Time, o Options) *Holder {
-	return &Holder{o: o.withDefaults(), st: State{LastContact: now, RateAt: now, Remaining: -1, LastReport: now}}
+	return &Holder{o: o.withDefaults(), st: State{LastContact: now, RateAt: now, Remaining: -1, LastReport: now, GrantSeq: o.SeqBase, ReportSeq: o.SeqBase}}
 }
 
 // Restore makes a holder from another's State, typically with a higher
@@ -164,6 +185,9 @@ func NewHolder(now time.Time, o Options) *Holder {
 // granted to the predecessor is stranded.
 func Restore(o Options, s State) *Holder {
 	h := &Holder{o: o.withDefaults(), st: s}
+	if !s.Entry.PeriodStart.IsZero() {
+		h.o.Entry = s.Entry
+	}
 	h.st.Leases = slices.Clone(s.Leases)
 	if s.Pending != nil {
 		p := *s.Pending
@@ -308,10 +332,12 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 		r := p.Request
 		return &r
 	}
-	if now.Before(h.st.ExhaustedUntil) || h.st.Rate <= 0 {
+	// A rate that has decayed below half a unit per Horizon is no demand
+	// (an exponential average never reaches 0 by itself).
+	if now.Before(h.st.ExhaustedUntil) || h.st.Rate*h.o.Horizon.Seconds() < 0.5 {
 		return nil
 	}
-	horizon := h.o.Horizon
+	horizon := min(h.o.Horizon, h.o.LeaseDuration)
 	if !h.st.PeriodEnd.IsZero() {
 		left := h.st.PeriodEnd.Sub(now) - h.o.SkewMargin
 		if left <= 0 {
@@ -324,10 +350,14 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 		return nil
 	}
 	want := int64(math.Ceil(h.st.Rate * horizon.Seconds()))
-	if h.st.Remaining >= 0 {
+	if left := h.st.Remaining; left >= 0 || h.o.Quota > 0 {
 		// Near the end of Q ask for half of what is left, so that the
-		// other data planes find some too.
-		want = min(want, h.st.Remaining/2)
+		// other data planes find some too; before the ledger has said
+		// what is left, half of Q.
+		if left < 0 {
+			left = h.o.Quota
+		}
+		want = min(want, left/2)
 	}
 	want = min(max(want, h.o.MinRequest), h.o.MaxRequest)
 	h.st.GrantSeq++
@@ -337,6 +367,10 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 }
 
 func (h *Holder) report(now time.Time) *Report {
+	if h.o.Entry.PeriodStart.IsZero() {
+		// No grant has named the entry yet: nothing to report to.
+		return nil
+	}
 	newlyFinal := false
 	for _, l := range h.st.Leases {
 		if l.FinalSeq == 0 && !now.Before(l.StopAt) {
@@ -373,6 +407,10 @@ func (h *Holder) HandleGrant(now time.Time, g Grant) {
 	}
 	h.st.LastContact = now
 	h.st.Pending = nil
+	if h.o.Entry.PeriodStart.IsZero() && sameSlot(h.o.Entry, g.Entry) && !g.Entry.PeriodStart.IsZero() {
+		h.o.Entry = g.Entry
+		h.st.Entry = g.Entry
+	}
 	h.st.PeriodEnd = p.FirstSentAt.Add(g.PeriodLeft)
 	h.st.Remaining = g.Remaining
 	h.o.Floor = g.Floor
@@ -435,3 +473,55 @@ func (h *Holder) HandleAck(now time.Time, a ReportAck) {
 		h.st.AckedAdmitted, h.st.AckedRefused, h.st.AckFloor = h.st.SentAdmitted, h.st.SentRefused, h.st.SentFloor
 	}
 }
+
+// sameSlot reports whether a and b name the same quota apart from the
+// period start.
+func sameSlot(a, b EntryKey) bool {
+	return a.Consumer == b.Consumer && a.Scope == b.Scope && a.Policy == b.Policy && a.Epoch == b.Epoch
+}
+
+// Entry is the entry the holder spends: Options.Entry, or the one a grant
+// named when Options.Entry left PeriodStart zero.
+func (h *Holder) Entry() EntryKey { return h.o.Entry }
+
+// Observed is spending done outside the holder (the data plane's Redis,
+// where every gateway spends the leases): cumulative counts in the
+// holder's entry.
+type Observed struct {
+	// Spent is the units spent per lease; a lease not listed keeps its
+	// count.
+	Spent map[RequestID]int64
+	// Admitted, Refused, FloorSpent and Offered are cumulative units.
+	Admitted, Refused, FloorSpent, Offered int64
+}
+
+// Observe takes spending done outside the holder, in place of
+// Take: the leases' Spent and the counters become o's (never lower than
+// the holder's), and the offered units since the last Observe feed the
+// demand rate. The caller must never spend more of a lease than its
+// Amount (the Redis script stops at it); Observe clamps to it anyway.
+func (h *Holder) Observe(o Observed) {
+	for i := range h.st.Leases {
+		l := &h.st.Leases[i]
+		if v, ok := o.Spent[l.ID]; ok {
+			l.Spent = max(l.Spent, min(v, l.Amount))
+		}
+	}
+	h.st.Admitted = max(h.st.Admitted, o.Admitted)
+	h.st.Refused = max(h.st.Refused, o.Refused)
+	h.st.FloorSpent = max(h.st.FloorSpent, o.FloorSpent)
+	if d := o.Offered - h.st.SeenOffered; d > 0 {
+		h.st.Offered += d
+	}
+	h.st.SeenOffered = max(h.st.SeenOffered, o.Offered)
+}
+
+// Floor is the data plane's floor in the entry: Options.Floor until a
+// grant names the ledger's.
+func (h *Holder) Floor() int64 { return h.o.Floor }
+
+// Mode is the holder's mode (Options.Mode).
+func (h *Holder) Mode() Mode { return h.o.Mode }
+
+// CutOffAfter is Options.CutOffAfter with its default.
+func (h *Holder) CutOffAfter() time.Duration { return h.o.CutOffAfter }

@@ -20,6 +20,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"slices"
@@ -32,6 +33,7 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/spec"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults for fields left out of a file.
@@ -57,10 +59,6 @@ const (
 	// the admin section leaves listen out: the loopback only.
 	DefaultAdminListen = "127.0.0.1:8090"
 )
-
-// BuiltinEcho is the target of the built-in echo upstream, which answers
-// every request with JSON describing it.
-const BuiltinEcho = spec.BuiltinEcho
 
 // Config is a validated gateway configuration.
 type Config struct {
@@ -134,37 +132,39 @@ type Redis struct {
 // decided by failure_policy. 0 means unbounded. The rest is left zero.
 type Memory = memory.Options
 
-// Server holds the HTTP server's timeouts and limits.
+// Server holds the HTTP server's timeouts and limits, each > 0. The file's
+// server section decodes into it, over the defaults.
 type Server struct {
 	// ReadHeaderTimeout bounds reading a request's header.
-	ReadHeaderTimeout time.Duration
+	ReadHeaderTimeout time.Duration `json:"read_header_timeout"`
 	// ReadTimeout bounds reading a whole request, body included.
-	ReadTimeout time.Duration
+	ReadTimeout time.Duration `json:"read_timeout"`
 	// WriteTimeout bounds the time from the end of the request header to
 	// the end of the response, the upstream's time included.
-	WriteTimeout time.Duration
+	WriteTimeout time.Duration `json:"write_timeout"`
 	// IdleTimeout bounds how long an idle keep-alive connection is kept.
-	IdleTimeout time.Duration
+	IdleTimeout time.Duration `json:"idle_timeout"`
 	// ShutdownTimeout bounds how long shutdown waits for requests in
 	// flight.
-	ShutdownTimeout time.Duration
+	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
 	// MaxHeaderBytes bounds a request header's size in bytes.
-	MaxHeaderBytes int
+	MaxHeaderBytes int `json:"max_header_bytes"`
 }
 
-// Admin is the operations endpoint's configuration.
+// Admin is the operations endpoint's configuration. The file's admin
+// section decodes into it, with the token's sources beside it.
 type Admin struct {
 	// Listen is its TCP address, "host:port"; DefaultAdminListen when the
 	// file leaves it out.
-	Listen string
+	Listen string `json:"listen"`
 	// Loopback reports whether Listen is a loopback address (127.0.0.0/8,
 	// ::1 or localhost): only there may reads go without the token.
-	Loopback bool
+	Loopback bool `json:"-"`
 	// Token is the bearer token read from token_env or token_file; ""
 	// when neither is set (allowed on a loopback address only; calls
 	// that change state are then refused). It is a secret: never print
 	// it.
-	Token string
+	Token string `json:"-"`
 }
 
 // RedactedStore returns Store for messages and banners, as the file wrote
@@ -190,19 +190,15 @@ func Load(path string) (*Config, error) {
 // secret_env and password_env are read from the process environment, so a
 // missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
-	raw, d := decode(name, data)
+	v := &loader{file: name, seen: map[reported]bool{}, active: map[*yaml.Node]bool{},
+		places: map[string]place{}, uncertain: map[string]bool{}}
+	raw := v.decode(data)
 	if raw == nil {
-		return nil, d.errs
+		return nil, v.errs
 	}
-	v := &validator{file: name, dec: d, seen: map[reported]bool{}}
 	cfg := v.config(raw)
-	if errs := append(d.errs, v.errs...); len(errs) > 0 {
-		slices.SortStableFunc(errs, func(a, b *Error) int {
-			if a.Line != b.Line {
-				return a.Line - b.Line
-			}
-			return a.Column - b.Column
-		})
+	if errs := v.errs; len(errs) > 0 {
+		slices.SortStableFunc(errs, func(a, b *Error) int { return cmp.Or(a.Line-b.Line, a.Column-b.Column) })
 		return nil, errs
 	}
 	return cfg, nil

@@ -413,8 +413,8 @@ func TestDemoConfig(t *testing.T) {
 		{Hash: gold, Policies: []string{"gold"}},
 	}
 	wantAPIs := []route{
-		{ID: "echo", ListenPath: "/echo/", Target: config.BuiltinEcho, Auth: "api_key", StripListenPath: true, StripAuthData: true},
-		{ID: "open", ListenPath: "/open/", Target: config.BuiltinEcho, Auth: "keyless", Policies: []string{"anon"}, StripListenPath: true},
+		{ID: "echo", ListenPath: "/echo/", Target: spec.BuiltinEcho, Auth: "api_key", StripListenPath: true, StripAuthData: true},
+		{ID: "open", ListenPath: "/open/", Target: spec.BuiltinEcho, Auth: "keyless", Policies: []string{"anon"}, StripListenPath: true},
 	}
 	checkTravelling(t, cfg.Snapshot, wantPolicies, wantKeys, wantAPIs)
 }

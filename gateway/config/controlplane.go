@@ -5,11 +5,12 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/limitplane/limitplane/identity"
 )
 
 // On-stale policies of ControlPlane.OnStale.
@@ -66,8 +67,8 @@ func DefaultStateFile(configFile string) string {
 
 // controlPlane validates the control_plane section. The file must then
 // leave policies, keys and apis out.
-func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
-	cp := &ControlPlane{Group: r.Group, GatewayID: r.GatewayID, OnStale: OnStaleKeep}
+func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
+	cp := &ControlPlane{Group: r.Group, Tags: r.Tags, GatewayID: r.GatewayID}
 	for _, f := range []struct {
 		name string
 		set  bool
@@ -79,40 +80,8 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	loopback := false
 	if r.Address == "" {
 		v.require("control_plane.address", "the control plane's sync address is required (host:port, like cp.example:7071)")
-	} else {
-		// A comma-separated list of replicas, each host:port; plaintext
-		// only when every one is a loopback address.
-		ok := true
-		loopback = true
-		for i, part := range strings.Split(r.Address, ",") {
-			part = strings.TrimSpace(part)
-			host, port, err := net.SplitHostPort(part)
-			if err != nil || host == "" || port == "" {
-				if strings.Contains(r.Address, ",") {
-					v.fail("control_plane.address", "%q: part %d, %q, is not host:port (like cp1.example:7071,cp2.example:7071)", r.Address, i+1, part)
-				} else {
-					v.fail("control_plane.address", "%q is not host:port (like cp.example:7071)", r.Address)
-				}
-				ok = false
-				break
-			}
-			if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
-				if strings.Contains(r.Address, ",") {
-					v.fail("control_plane.address", "%q: part %d, %q, has port %s, which names no server (want a port from 1 to 65535)", r.Address, i+1, part, port)
-				} else {
-					v.fail("control_plane.address", "%q has port %s, which names no server (want a port from 1 to 65535)", r.Address, port)
-				}
-				ok = false
-				break
-			}
-			a, err := netip.ParseAddr(host)
-			loopback = loopback && (strings.EqualFold(host, "localhost") || err == nil && a.Unmap().IsLoopback())
-		}
-		if ok {
-			cp.Address = r.Address
-		} else {
-			loopback = false
-		}
+	} else if lb, ok := v.replicas(r.Address); ok {
+		cp.Address, loopback = r.Address, lb
 	}
 	token, set := v.secret("control_plane", "token", r.TokenEnv, r.TokenFile)
 	if cp.Token = token; !set {
@@ -124,16 +93,14 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	for i, tag := range r.Tags {
 		if tag == "" {
 			v.fail(fmt.Sprintf("control_plane.tags[%d]", i), "a tag must not be empty")
-			continue
 		}
-		cp.Tags = append(cp.Tags, tag)
 	}
 	if r.TLS != nil {
 		cp.TLS = v.controlPlaneTLS(r.TLS)
 	} else if cp.Address != "" && !loopback {
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
-	cp.MaxStale = duration(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
+	cp.MaxStale = number(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
 	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
@@ -146,9 +113,35 @@ func (v *validator) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPla
 	return cp
 }
 
+// replicas checks control_plane.address, a comma-separated list of
+// replicas, each host:port, and reports whether every one is a loopback
+// address (plaintext is allowed only then).
+func (v *loader) replicas(address string) (loopback, ok bool) {
+	loopback = true
+	for i, part := range strings.Split(address, ",") {
+		part = strings.TrimSpace(part)
+		what, like := fmt.Sprintf("%q", address), "cp.example:7071"
+		if strings.Contains(address, ",") {
+			what, like = fmt.Sprintf("%q: part %d, %q,", address, i+1, part), "cp1.example:7071,cp2.example:7071"
+		}
+		host, port, err := net.SplitHostPort(part)
+		n, nerr := strconv.Atoi(port)
+		switch {
+		case err != nil || host == "" || port == "":
+			v.fail("control_plane.address", "%s is not host:port (like %s)", what, like)
+			return false, false
+		case nerr == nil && (n < 1 || n > 65535):
+			v.fail("control_plane.address", "%s has port %s, which names no server (want a port from 1 to 65535)", what, port)
+			return false, false
+		}
+		loopback = loopback && identity.IsLoopbackHost(host)
+	}
+	return loopback, true
+}
+
 // controlPlaneTLS loads the tls section's files into a client TLS
 // configuration.
-func (v *validator) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
+func (v *loader) controlPlaneTLS(r *rawControlPlaneTLS) *tls.Config {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.ServerName}
 	if r.CAFile != "" {
 		if pem, ok := v.read("control_plane.tls.ca_file", r.CAFile); ok {

@@ -38,7 +38,7 @@ type DRL = drl.Options
 
 // drl validates the drl section. It needs a Redis store: the gateways
 // share their demand and the allocation through it.
-func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
+func (v *loader) drl(raw *rawConfig, cfg *Config) *DRL {
 	r := raw.DRL
 	d := &DRL{Group: drl.DefaultGroup}
 	if cfg.Redis == nil && !v.refused("store") && !v.failed("store") {
@@ -54,7 +54,7 @@ func (v *validator) drl(raw *rawConfig, cfg *Config) *DRL {
 	case raw.ControlPlane != nil && raw.ControlPlane.Group != "":
 		d.Group = raw.ControlPlane.Group
 	}
-	d.Interval = duration(v, "drl.interval", r.Interval, drl.DefaultInterval,
+	d.Interval = number(v, "drl.interval", r.Interval, drl.DefaultInterval,
 		func(iv time.Duration) bool { return iv >= MinDRLInterval && iv <= MaxDRLInterval },
 		fmt.Sprintf(": want %v to %v", MinDRLInterval, MaxDRLInterval))
 	d.MaxGateways = number(v, "drl.max_gateways", r.MaxGateways, drl.DefaultMaxGateways, within(1, MaxDRLGateways), wantWithin(1, MaxDRLGateways))

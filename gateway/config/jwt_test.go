@@ -19,6 +19,7 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // keyFiles writes PEM files to a temporary directory: rsa.pem (an RSA
@@ -263,7 +264,7 @@ apis:
 	}
 	want := []jwtAPI{
 		{
-			route: route{ID: "echo", ListenPath: "/echo/", Target: config.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
+			route: route{ID: "echo", ListenPath: "/echo/", Target: spec.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"RS256", "HS256", "HS512"},
 				Keys: []identity.JWTKey{rsaKey,
@@ -276,14 +277,14 @@ apis:
 			FailureLimit: "authfail",
 		},
 		{
-			route: route{ID: "ext", ListenPath: "/ext/", Target: config.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
+			route: route{ID: "ext", ListenPath: "/ext/", Target: spec.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"ES256"}, ConsumerClaim: "sub", PolicyClaim: "plan", IDPrefix: `jwt:api="ext":`,
 			},
 			JWKS: &identity.JWKSOptions{URL: "https://idp.example/.well-known/jwks.json", RefreshInterval: 10 * time.Minute},
 		},
 		{
-			route: route{ID: "local", ListenPath: "/local/", Target: config.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
+			route: route{ID: "local", ListenPath: "/local/", Target: spec.BuiltinEcho, Auth: "jwt", StripListenPath: true, StripAuthData: true},
 			JWT: &identity.JWTOptions{
 				Algorithms: []string{"EdDSA"}, ConsumerClaim: "sub", DefaultPolicies: []string{"gold"}, IDPrefix: `jwt:api="local":`,
 			},

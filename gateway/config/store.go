@@ -18,7 +18,7 @@ import (
 // carry no password (the file gives it apart) and is checked by
 // redisstore.CheckURL as far as that needs no client;
 // redisstore.NewClientFromURL checks the rest when the gateway starts.
-func (v *validator) redis(store string, r *rawRedis) *Redis {
+func (v *loader) redis(store string, r *rawRedis) *Redis {
 	if r == nil {
 		r = &rawRedis{}
 	}
@@ -28,11 +28,11 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 	client := scheme + store[len(scheme):]
 	out := &Redis{URL: client, Options: redisstore.Options{
 		KeyPrefix: redisstore.DefaultKeyPrefix,
-		Timeout:   duration(v, "redis.timeout", r.Timeout, redisstore.DefaultTimeout, positive, mustBePositive),
+		Timeout:   number(v, "redis.timeout", r.Timeout, redisstore.DefaultTimeout, positive, mustBePositive),
 		// 0 turns batching or the breaker off: the store's -1.
 		Pipeline:        cmp.Or(number(v, "redis.pipeline", r.Pipeline, redisstore.DefaultPipeline, nonNegative, " must be >= 0 (0 turns batching off)"), -1),
 		BreakerFailures: cmp.Or(number(v, "redis.breaker_failures", r.BreakerFailures, redisstore.DefaultBreakerFailures, nonNegative, " must be >= 0 (0 turns the breaker off)"), -1),
-		BreakerCooldown: duration(v, "redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown, positive, mustBePositive),
+		BreakerCooldown: number(v, "redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown, positive, mustBePositive),
 	}}
 	if r.KeyPrefix != "" {
 		if strings.ContainsAny(r.KeyPrefix, "{}") {
@@ -69,7 +69,7 @@ func (v *validator) redis(store string, r *rawRedis) *Redis {
 
 // secret returns the secret the section at path gives with <kind>_env
 // or <kind>_file, and whether it gives one; it may not give both.
-func (v *validator) secret(path, kind, env, file string) (string, bool) {
+func (v *loader) secret(path, kind, env, file string) (string, bool) {
 	switch {
 	case env != "" && file != "":
 		v.fail(path, "set %s_env or %s_file, not both", kind, kind)
@@ -85,7 +85,7 @@ func (v *validator) secret(path, kind, env, file string) (string, bool) {
 
 // env returns the environment variable name, which must be set and not
 // empty; path is the field naming it.
-func (v *validator) env(path, name string) string {
+func (v *loader) env(path, name string) string {
 	val, ok := os.LookupEnv(name)
 	switch {
 	case !ok:
@@ -99,7 +99,7 @@ func (v *validator) env(path, name string) string {
 // secretFile returns the contents of the file at p without a final line
 // ending (files written by echo or editors have one); path is the field
 // naming it.
-func (v *validator) secretFile(path, p string) string {
+func (v *loader) secretFile(path, p string) string {
 	b, ok := v.read(path, p)
 	s := strings.TrimRight(string(b), "\r\n")
 	if ok && s == "" {
@@ -113,7 +113,7 @@ const maxFileSize = 1 << 20
 
 // read reads a small regular file named in the config (see
 // FileResolver.ReadFile), reporting at path why it cannot.
-func (v *validator) read(path, p string) ([]byte, bool) {
+func (v *loader) read(path, p string) ([]byte, bool) {
 	b, err := FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
 	if err != nil {
 		v.fail(path, "%v", err)
@@ -165,7 +165,7 @@ func (FileResolver) LookupEnv(name string) (string, bool) { return os.LookupEnv(
 // memoryStore validates the memory section: max_keys >= 0, and the section
 // only where an in-process store runs (store memory, or failure_policy
 // fallback). cfg's Store, Redis and FailurePolicy are already set.
-func (v *validator) memoryStore(cfg *Config, r *rawMemory) Memory {
+func (v *loader) memoryStore(cfg *Config, r *rawMemory) Memory {
 	var out Memory
 	if r == nil {
 		return out

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,7 +25,7 @@ func JWTIDPrefix(issuer, apiID string) string { return spec.JWTIDPrefix(issuer, 
 // must not be empty, routes that need both a path and a target, the
 // memory store's one algorithm) and loads the JWT keys it names, so a
 // missing secret is reported at its line.
-func (v *validator) travelling(raw *rawConfig) spec.Snapshot {
+func (v *loader) travelling(raw *rawConfig) spec.Snapshot {
 	s := spec.Snapshot{Policies: raw.Policies, APIs: raw.APIs}
 	if len(raw.Keys) > 0 {
 		s.Keys = make([]spec.Key, len(raw.Keys))
@@ -79,8 +80,8 @@ func (v *validator) travelling(raw *rawConfig) spec.Snapshot {
 			continue
 		}
 		problem := e.Problem
-		if e.First != "" {
-			problem = strings.Replace(problem, e.First, fmt.Sprintf("%s on line %d", e.First, v.line(e.First)), 1)
+		if first, _ := v.place(e.First); e.First != "" {
+			problem = strings.Replace(problem, e.First, fmt.Sprintf("%s on line %d", e.First, first.at.Line), 1)
 		}
 		v.add(path, problem, e.Missing, e.Unknown)
 	}
@@ -99,7 +100,7 @@ func (v *validator) travelling(raw *rawConfig) spec.Snapshot {
 
 // authRefused reports whether path is a field of an API whose auth did
 // not decode and whose rules depend on it: what was meant is not known.
-func authRefused(v *validator, path string) bool {
+func authRefused(v *loader, path string) bool {
 	var i int
 	var rest string
 	if n, _ := fmt.Sscanf(path, "apis[%d].%s", &i, &rest); n < 2 || !v.refused(fmt.Sprintf("apis[%d].auth", i)) {
@@ -114,7 +115,7 @@ func authRefused(v *validator, path string) bool {
 }
 
 // gcraOnly refuses the rates the memory store cannot enforce.
-func (v *validator) gcraOnly(s *spec.Snapshot) {
+func (v *loader) gcraOnly(s *spec.Snapshot) {
 	check := func(at string, r *spec.Rate) {
 		if r == nil {
 			return
@@ -127,12 +128,7 @@ func (v *validator) gcraOnly(s *spec.Snapshot) {
 		check(fmt.Sprintf("policies[%d].rate", i), p.Rate)
 	}
 	for i, k := range s.Keys {
-		ids := make([]string, 0, len(k.APILimits))
-		for id := range k.APILimits {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(k.APILimits)) {
 			check(fmt.Sprintf("keys[%d].api_limits.%s.rate", i, id), k.APILimits[id].Rate)
 		}
 	}
@@ -141,7 +137,7 @@ func (v *validator) gcraOnly(s *spec.Snapshot) {
 // jwtKeys loads the keys of a jwt API's jwt section (at) that spec found
 // valid, as the gateway will, and checks that identity accepts them:
 // files relative to the file's directory, secrets from the environment.
-func (v *validator) jwtKeys(at string, a *spec.API) {
+func (v *loader) jwtKeys(at string, a *spec.API) {
 	o, jwks, err := a.JWT.Options(a.ID, FileResolver{Dir: filepath.Dir(v.file)})
 	var errs spec.Errors
 	if err != nil && !errors.As(err, &errs) {
@@ -159,6 +155,6 @@ func (v *validator) jwtKeys(at string, a *spec.API) {
 }
 
 // failed reports whether a problem was already reported at path.
-func (v *validator) failed(path string) bool {
+func (v *loader) failed(path string) bool {
 	return slices.ContainsFunc(v.errs, func(e *Error) bool { return e.Field == path })
 }

@@ -1,10 +1,11 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,57 +18,33 @@ import (
 	"github.com/limitplane/limitplane/spec"
 )
 
-// validator turns a rawConfig into a Config, collecting every problem but
-// those that echo the decoder's.
-type validator struct {
-	file   string
-	errs   Errors
-	seen   map[reported]bool
-	dec    *decoder
-	memory bool // the store is the in-process one (GCRA only), for sure
-}
-
 // fail records a problem with the field at path.
-func (v *validator) fail(path, format string, args ...any) {
+func (v *loader) fail(path, format string, args ...any) {
 	v.add(path, fmt.Sprintf(format, args...), false, "")
 }
 
 // require records that something required is missing at path.
-func (v *validator) require(path, format string, args ...any) {
+func (v *loader) require(path, format string, args ...any) {
 	v.add(path, fmt.Sprintf(format, args...), true, "")
 }
 
-// add records a problem unless it echoes one the decoder reported (see
-// decoder.echo).
-func (v *validator) add(path, problem string, missing bool, unknown string) {
+// add records a problem at the field at path unless it echoes one
+// reported while decoding (see echo).
+func (v *loader) add(path, problem string, missing bool, unknown string) {
 	// A problem reached again through an alias is reported once.
-	n, rest := v.dec.text(path)
-	k := reported{n, rest + ": " + problem}
-	if v.dec.echo(path, missing, unknown) || v.seen[k] {
+	pl, rest := v.place(path)
+	k := reported{pl.text, rest + ": " + problem}
+	if v.echo(path, missing, unknown) || v.seen[k] {
 		return
 	}
 	v.seen[k] = true
-	line, col := v.dec.pos(path)
-	v.errs = append(v.errs, &Error{File: v.file, Line: line, Column: col, Field: path, Problem: problem})
+	v.errs = append(v.errs, &Error{File: v.file, Line: pl.at.Line, Column: pl.at.Column, Field: path, Problem: problem})
 }
 
-// refused reports whether the value at path, or one it is inside, did not
-// decode.
-func (v *validator) refused(path string) bool { return v.dec.covers(path) }
-
-// line returns the line a field's value is on, for "on line N".
-func (v *validator) line(path string) int {
-	l, _ := v.dec.pos(path)
-	return l
-}
-
-func (v *validator) config(raw *rawConfig) *Config {
-	cfg := &Config{Listen: DefaultListen, Store: "memory", Shadow: raw.Shadow}
-	if raw.Listen != "" {
-		if err := CheckListen(raw.Listen); err != nil {
-			v.fail("listen", "%v", err)
-		}
-		cfg.Listen = raw.Listen
+func (v *loader) config(raw *rawConfig) *Config {
+	cfg := &Config{Listen: cmp.Or(raw.Listen, DefaultListen), Store: "memory", Shadow: raw.Shadow}
+	if err := CheckListen(cfg.Listen); err != nil {
+		v.fail("listen", "%v", err)
 	}
 	switch s := raw.Store; {
 	case s == "" || s == "memory":
@@ -84,7 +61,7 @@ func (v *validator) config(raw *rawConfig) *Config {
 	cfg.FailurePolicy = oneOf(v, "failure_policy", "policy", raw.FailurePolicy,
 		[]string{"open", "closed", "fallback"}, core.FailOpen, core.FailClosed, core.FailFallback)
 	cfg.Memory = v.memoryStore(cfg, raw.Memory)
-	cfg.StoreTimeout = duration(v, "store_timeout", raw.StoreTimeout, 0, positive, mustBePositive)
+	cfg.StoreTimeout = number(v, "store_timeout", raw.StoreTimeout, 0, positive, mustBePositive)
 	cfg.ClientIP = v.clientIP(raw.ClientIP)
 	cfg.Server = v.server(raw.Server)
 	cfg.Response = v.response(raw.Response)
@@ -120,34 +97,21 @@ func CheckListen(addr string) error {
 
 // admin validates the admin section: a listen address that is not
 // loopback needs a token, and the token's source must give one.
-func (v *validator) admin(r *rawAdmin) *Admin {
-	a := &Admin{Listen: DefaultAdminListen}
-	if r.Listen != "" {
-		if err := CheckListen(r.Listen); err != nil {
-			v.fail("admin.listen", "%v", err)
-			return a
-		}
-		a.Listen = r.Listen
+func (v *loader) admin(r *fileAdmin) *Admin {
+	a := &r.Admin
+	a.Listen = cmp.Or(a.Listen, DefaultAdminListen)
+	if err := CheckListen(a.Listen); err != nil {
+		v.fail("admin.listen", "%v", err)
+		return a
 	}
-	a.Loopback = loopbackListen(a.Listen)
+	host, _, _ := net.SplitHostPort(a.Listen)
+	a.Loopback = identity.IsLoopbackHost(host)
 	if token, set := v.secret("admin", "token", r.TokenEnv, r.TokenFile); set {
 		a.Token = token
 	} else if !a.Loopback {
 		v.fail("admin.listen", "%q is not a loopback address: set admin.token_env or admin.token_file, since every call there needs the token", a.Listen)
 	}
 	return a
-}
-
-// loopbackListen reports whether the listen address addr (already
-// checked) is on the loopback only: "localhost" or a loopback IP. An empty
-// host listens on every interface.
-func loopbackListen(addr string) bool {
-	host, _, _ := net.SplitHostPort(addr)
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
 }
 
 // parseDuration is spec.ParseDuration with examples added to a "not a
@@ -167,46 +131,39 @@ func parseDuration(s, examples string) (time.Duration, string) {
 // specProblem returns a spec error's text without its "spec: " prefix.
 func specProblem(err error) string { return strings.TrimPrefix(err.Error(), "spec: ") }
 
-// duration returns the duration given at path, def when it is left out;
-// one that ok refuses is reported as the file's text and then bad.
-func duration(v *validator, path string, d *fileDuration, def time.Duration, ok func(time.Duration) bool, bad string) time.Duration {
-	if d == nil {
-		return def
-	}
-	if !ok(time.Duration(*d)) {
-		n, _ := v.dec.text(path)
-		v.fail(path, "%s%s", n.Value, bad)
-	}
-	return time.Duration(*d)
-}
-
-// number returns the number given at path, def when it is left out; one
-// that ok refuses is reported as its value and then bad.
-func number[T int | float64](v *validator, path string, n *T, def T, ok func(T) bool, bad string) T {
+// number returns the number or duration given at path, def when it is
+// left out; one that ok refuses is reported as the file wrote it and then
+// bad.
+func number[T int | float64 | time.Duration](v *loader, path string, n *T, def T, ok func(T) bool, bad string) T {
 	if n == nil {
 		return def
 	}
 	if !ok(*n) {
-		v.fail(path, "%v%s", *n, bad)
+		v.bad(path, bad)
 	}
 	return *n
 }
 
-// The checks duration and number use most, and their words.
+// bad reports the value at path, as the file wrote it, and then words.
+func (v *loader) bad(path, words string) {
+	pl, _ := v.place(path)
+	v.fail(path, "%s%s", pl.text.Value, words)
+}
+
+// The checks number uses most, and their words.
 func positive(d time.Duration) bool { return d > 0 }
-func aboveZero(n int) bool          { return n > 0 }
 func nonNegative(n int) bool        { return n >= 0 }
 
 // within returns the check of lo ≤ n ≤ hi; wantWithin words it.
 func within(lo, hi int) func(int) bool { return func(n int) bool { return n >= lo && n <= hi } }
 func wantWithin(lo, hi int) string     { return fmt.Sprintf(": want %d to %d", lo, hi) }
 
-// mustBePositive is the words of positive and aboveZero.
+// mustBePositive words positive.
 const mustBePositive = " must be > 0"
 
 // oneOf returns the value of the name s among names ("" is the first),
 // reporting another as "unknown <what> "s" (want a, b or c)".
-func oneOf[T any](v *validator, path, what, s string, names []string, values ...T) T {
+func oneOf[T any](v *loader, path, what, s string, names []string, values ...T) T {
 	i := slices.Index(names, s)
 	if s == "" {
 		i = 0
@@ -220,7 +177,7 @@ func oneOf[T any](v *validator, path, what, s string, names []string, values ...
 	return values[i]
 }
 
-func (v *validator) clientIP(r rawClientIP) identity.ClientIPOptions {
+func (v *loader) clientIP(r rawClientIP) identity.ClientIPOptions {
 	var o identity.ClientIPOptions
 	for i, spec := range r.TrustedProxies {
 		p, err := identity.ParseTrustedProxies([]string{spec})
@@ -240,18 +197,19 @@ func (v *validator) clientIP(r rawClientIP) identity.ClientIPOptions {
 	return o
 }
 
-func (v *validator) server(r rawServer) Server {
-	return Server{
-		ReadHeaderTimeout: duration(v, "server.read_header_timeout", r.ReadHeaderTimeout, DefaultReadHeaderTimeout, positive, mustBePositive),
-		ReadTimeout:       duration(v, "server.read_timeout", r.ReadTimeout, DefaultReadTimeout, positive, mustBePositive),
-		WriteTimeout:      duration(v, "server.write_timeout", r.WriteTimeout, DefaultWriteTimeout, positive, mustBePositive),
-		IdleTimeout:       duration(v, "server.idle_timeout", r.IdleTimeout, DefaultIdleTimeout, positive, mustBePositive),
-		ShutdownTimeout:   duration(v, "server.shutdown_timeout", r.ShutdownTimeout, DefaultShutdownTimeout, positive, mustBePositive),
-		MaxHeaderBytes:    number(v, "server.max_header_bytes", r.MaxHeaderBytes, DefaultMaxHeaderBytes, aboveZero, mustBePositive),
+// server checks the server section, decoded over the defaults: each
+// value must be > 0.
+func (v *loader) server(s Server) Server {
+	sv := reflect.ValueOf(s)
+	for i := range sv.NumField() {
+		if sv.Field(i).Int() <= 0 {
+			v.bad("server."+sv.Type().Field(i).Tag.Get("json"), mustBePositive)
+		}
 	}
+	return s
 }
 
-func (v *validator) response(r rawResponse) response.Options {
+func (v *loader) response(r rawResponse) response.Options {
 	o := response.Options{XRateLimit: r.XRateLimit, NoRateLimitFields: r.RateLimitHeaders != nil && !*r.RateLimitHeaders}
 	o.XRateLimitReset = oneOf(v, "response.x_ratelimit_reset", "format", r.XRateLimitReset,
 		[]string{"epoch", "seconds"}, response.ResetEpoch, response.ResetSeconds)

@@ -29,14 +29,14 @@ type rawConfig struct {
 	Listen        string           `json:"listen"`
 	Store         string           `json:"store"`
 	FailurePolicy string           `json:"failure_policy"`
-	StoreTimeout  *fileDuration    `json:"store_timeout"`
+	StoreTimeout  *time.Duration   `json:"store_timeout"`
 	Redis         *rawRedis        `json:"redis"`
 	Memory        *rawMemory       `json:"memory"`
 	Shadow        bool             `json:"shadow"`
 	ClientIP      rawClientIP      `json:"client_ip"`
-	Server        rawServer        `json:"server"`
+	Server        Server           `json:"server"`
 	Response      rawResponse      `json:"response"`
-	Admin         *rawAdmin        `json:"admin"`
+	Admin         *fileAdmin       `json:"admin"`
 	ControlPlane  *rawControlPlane `json:"control_plane"`
 	DRL           *rawDRL          `json:"drl"`
 	Policies      []spec.Policy    `json:"policies"`
@@ -45,21 +45,22 @@ type rawConfig struct {
 }
 
 type rawRedis struct {
-	Timeout         *fileDuration `json:"timeout"`
-	KeyPrefix       string        `json:"key_prefix"`
-	Pipeline        *int          `json:"pipeline"`
-	BreakerFailures *int          `json:"breaker_failures"`
-	BreakerCooldown *fileDuration `json:"breaker_cooldown"`
-	PasswordEnv     string        `json:"password_env"`
-	PasswordFile    string        `json:"password_file"`
+	Timeout         *time.Duration `json:"timeout"`
+	KeyPrefix       string         `json:"key_prefix"`
+	Pipeline        *int           `json:"pipeline"`
+	BreakerFailures *int           `json:"breaker_failures"`
+	BreakerCooldown *time.Duration `json:"breaker_cooldown"`
+	PasswordEnv     string         `json:"password_env"`
+	PasswordFile    string         `json:"password_file"`
 }
 
 type rawMemory struct {
 	MaxKeys *int `json:"max_keys"`
 }
 
-type rawAdmin struct {
-	Listen    string `json:"listen"`
+// fileAdmin is the admin section: Admin, and its token's sources.
+type fileAdmin struct {
+	Admin
 	TokenEnv  string `json:"token_env"`
 	TokenFile string `json:"token_file"`
 }
@@ -72,7 +73,7 @@ type rawControlPlane struct {
 	Tags      []string            `json:"tags"`
 	GatewayID string              `json:"gateway_id"`
 	TLS       *rawControlPlaneTLS `json:"tls"`
-	MaxStale  *fileDuration       `json:"max_stale"`
+	MaxStale  *time.Duration      `json:"max_stale"`
 	OnStale   string              `json:"on_stale"`
 	StateFile string              `json:"state_file"`
 }
@@ -85,11 +86,11 @@ type rawControlPlaneTLS struct {
 }
 
 type rawDRL struct {
-	Group       string        `json:"group"`
-	Interval    *fileDuration `json:"interval"`
-	MaxGateways *int          `json:"max_gateways"`
-	JoinReserve *int          `json:"join_reserve"`
-	Headroom    *float64      `json:"headroom"`
+	Group       string         `json:"group"`
+	Interval    *time.Duration `json:"interval"`
+	MaxGateways *int           `json:"max_gateways"`
+	JoinReserve *int           `json:"join_reserve"`
+	Headroom    *float64       `json:"headroom"`
 }
 
 type rawClientIP struct {
@@ -99,15 +100,6 @@ type rawClientIP struct {
 	IPv6PrefixLen  *int     `json:"ipv6_prefix_len"`
 }
 
-type rawServer struct {
-	ReadHeaderTimeout *fileDuration `json:"read_header_timeout"`
-	ReadTimeout       *fileDuration `json:"read_timeout"`
-	WriteTimeout      *fileDuration `json:"write_timeout"`
-	IdleTimeout       *fileDuration `json:"idle_timeout"`
-	ShutdownTimeout   *fileDuration `json:"shutdown_timeout"`
-	MaxHeaderBytes    *int          `json:"max_header_bytes"`
-}
-
 type rawResponse struct {
 	RateLimitHeaders   *bool  `json:"ratelimit_headers"`
 	XRateLimit         bool   `json:"x_ratelimit"`
@@ -115,14 +107,6 @@ type rawResponse struct {
 	QuotaStatus        *int   `json:"quota_status"`
 	StoreFailureStatus *int   `json:"store_failure_status"`
 }
-
-// fileDuration is a local setting's duration. One that does not parse is
-// reported but does not make its section uncertain (see decoder): it is
-// not a field that may be missing.
-type fileDuration spec.Duration
-
-// UnmarshalJSON reads a duration string (spec.Duration's).
-func (d *fileDuration) UnmarshalJSON(b []byte) error { return (*spec.Duration)(d).UnmarshalJSON(b) }
 
 // rawKey is a key as a file gives it: spec's, or in plaintext (key),
 // hashed while loading.
@@ -160,7 +144,7 @@ func fields(t reflect.Type) []field {
 
 var (
 	durationType = reflect.TypeFor[spec.Duration]()
-	localType    = reflect.TypeFor[fileDuration]()
+	localType    = reflect.TypeFor[time.Duration]() // a local setting's
 	timeType     = reflect.TypeFor[time.Time]()
 )
 
@@ -168,28 +152,35 @@ var (
 // would otherwise decode to more than memory holds.
 const maxNodes = 1 << 16
 
-// decoder walks a file's YAML nodes against the schema, collecting every
-// problem of shape (a value of the wrong type, an unknown or repeated
-// field, a fraction where an integer goes) with its position, and builds
-// the JSON of what decoded.
-type decoder struct {
+// loader decodes a file and checks what decoded, collecting every
+// problem but those that echo another. Decoding walks the file's YAML
+// nodes against the schema, reporting every problem of shape (a value of
+// the wrong type, an unknown or repeated field, a fraction where an
+// integer goes) at its node, and builds the JSON of what decoded; the
+// checks then place their problems by field path (see place).
+type loader struct {
 	file   string
 	errs   Errors
 	seen   map[reported]bool
 	active map[*yaml.Node]bool // aliases being followed
 	outer  *yaml.Node          // the outermost of them
 	nodes  int                 // decoded through aliases
-	// at and texts map a field's path to where its problems are placed
-	// (see pos) and to the node it decoded from.
-	at, texts map[string]*yaml.Node
-	// refused are the paths of values that did not decode, left out of
-	// the JSON: what the validators say about them or below them is an
+	// places maps a field's path to where it is in the file.
+	places map[string]place
+	// refusals are the paths of values that did not decode, left out of
+	// the JSON: what the checks say about them or below them is an
 	// echo. uncertain are the objects (by path) with a refused value or
 	// an unknown field among their own: a required field missing there
 	// may well be the one refused or misspelled.
-	refused   []string
+	refusals  []string
 	uncertain map[string]bool
+	memory    bool // the store is the in-process one (GCRA only), for sure
 }
+
+// place is where a field is in the file: the node its problems are placed
+// at (its value or, for a field that came through an alias or a merge,
+// the alias) and the node its text decoded from.
+type place struct{ at, text *yaml.Node }
 
 // reported is a problem at a node: an anchor's text is decoded at every
 // alias to it, and its problems are reported once.
@@ -198,44 +189,45 @@ type reported struct {
 	problem string
 }
 
-func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
+// failAt reports a problem of decoding at n.
+func (v *loader) failAt(n *yaml.Node, path, format string, args ...any) {
 	k := reported{n, fmt.Sprintf(format, args...)}
-	if !d.seen[k] {
-		d.seen[k] = true
-		d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Column: n.Column, Field: path, Problem: k.problem})
+	if !v.seen[k] {
+		v.seen[k] = true
+		v.errs = append(v.errs, &Error{File: v.file, Line: n.Line, Column: n.Column, Field: path, Problem: k.problem})
 	}
 }
 
 // refuse reports a value that did not decode.
-func (d *decoder) refuse(n *yaml.Node, path, format string, args ...any) {
-	d.fail(n, path, format, args...)
-	d.refused = append(d.refused, path)
-	d.uncertain[parent(path)] = true
+func (v *loader) refuse(n *yaml.Node, path, format string, args ...any) {
+	v.failAt(n, path, format, args...)
+	v.refusals = append(v.refusals, path)
+	v.uncertain[parent(path)] = true
 }
 
 // value decodes n, the value at path, as a t; ok is false when it is null
 // (left out) or refused.
-func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bool) {
+func (v *loader) value(n *yaml.Node, t reflect.Type, path string) (x any, ok bool) {
 	at := n // where a problem of the value as a whole is reported: the alias
-	if d.outer == nil && n.Kind == yaml.AliasNode {
-		d.outer = n
-		defer func() { d.outer = nil }()
+	if v.outer == nil && n.Kind == yaml.AliasNode {
+		v.outer = n
+		defer func() { v.outer = nil }()
 	}
 	for n.Kind == yaml.AliasNode {
-		if d.active[n] {
-			d.refuse(at, path, "an alias inside its own anchor")
+		if v.active[n] {
+			v.refuse(at, path, "an alias inside its own anchor")
 			return nil, false
 		}
-		d.active[n] = true
-		defer delete(d.active, n)
+		v.active[n] = true
+		defer delete(v.active, n)
 		n = n.Alias
 	}
-	if _, seen := d.at[path]; !seen {
-		d.at[path], d.texts[path] = cmp.Or(d.outer, at), n
+	if _, seen := v.places[path]; !seen {
+		v.places[path] = place{cmp.Or(v.outer, at), n}
 	}
-	if d.outer != nil {
-		if d.nodes++; d.nodes > maxNodes {
-			d.refuse(at, path, "more than %d values through aliases", maxNodes)
+	if v.outer != nil {
+		if v.nodes++; v.nodes > maxNodes {
+			v.refuse(at, path, "more than %d values through aliases", maxNodes)
 			return nil, false
 		}
 	}
@@ -247,7 +239,7 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 		return nil, false
 	}
 	wrong := func(want string) (any, bool) {
-		d.refuse(at, path, "want %s, got %s", want, describe(n))
+		v.refuse(at, path, "want %s, got %s", want, describe(n))
 		return nil, false
 	}
 	switch {
@@ -257,22 +249,29 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 		}
 		if t == timeType {
 			if _, err := time.Parse(time.RFC3339, n.Value); err != nil {
-				d.refuse(at, path, "%q is not an RFC 3339 time (like 2027-01-31T00:00:00Z)", n.Value)
+				v.refuse(at, path, "%q is not an RFC 3339 time (like 2027-01-31T00:00:00Z)", n.Value)
 				return nil, false
 			}
-		} else if _, problem := parseDuration(n.Value, durationExamples(path)); problem != "" && t == localType {
-			d.fail(at, path, "%s", problem)
+			return n.Value, true
+		}
+		d, problem := parseDuration(n.Value, durationExamples(path))
+		switch {
+		case problem != "" && t == localType:
+			// A local setting's: it leaves no field uncertain.
+			v.failAt(at, path, "%s", problem)
 			return nil, false
-		} else if problem != "" {
-			d.refuse(at, path, "%s", problem)
+		case problem != "":
+			v.refuse(at, path, "%s", problem)
 			return nil, false
+		case t == localType:
+			return d, true
 		}
 		return n.Value, true
 	case t.Kind() == reflect.Struct || t.Kind() == reflect.Map:
 		if n.Kind != yaml.MappingNode {
 			return wrong("a mapping")
 		}
-		return d.mapping(n, t, path), true
+		return v.mapping(n, t, path), true
 	case t.Kind() == reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			if t.Elem().Kind() == reflect.String {
@@ -282,7 +281,7 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 		}
 		out := make([]any, 0, len(n.Content))
 		for i, c := range n.Content {
-			if x, ok := d.value(c, t.Elem(), path+"["+strconv.Itoa(i)+"]"); ok {
+			if x, ok := v.value(c, t.Elem(), path+"["+strconv.Itoa(i)+"]"); ok {
 				out = append(out, x)
 			}
 		}
@@ -316,14 +315,14 @@ func (d *decoder) value(n *yaml.Node, t reflect.Type, path string) (v any, ok bo
 }
 
 // mapping decodes a mapping as the struct or map type t.
-func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]any {
+func (v *loader) mapping(n *yaml.Node, t reflect.Type, path string) map[string]any {
 	var schema []field
 	if t.Kind() == reflect.Struct {
 		schema = fields(t)
 	}
 	out := map[string]any{}
 	first := map[string]*yaml.Node{}
-	own, merged := d.entries(n, path, 0, nil)
+	own, merged := v.entries(n, path, 0, nil)
 	for i, all := 0, append(own, merged...); i+2 < len(all); i += 3 {
 		k, val := all[i], all[i+1]
 		p := k.Value
@@ -333,8 +332,8 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 		if f := first[k.Value]; f != nil {
 			if i < len(own) {
 				// The first is kept; what its object lacks may be the second.
-				d.refuse(k, p, "given twice (first at line %d)", f.Line)
-				d.uncertain[path] = true
+				v.refuse(k, p, "given twice (first at line %d)", f.Line)
+				v.uncertain[path] = true
 			}
 			continue
 		}
@@ -349,23 +348,23 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 			for j, f := range schema {
 				names[j] = f.name
 			}
-			d.fail(k, p, "unknown field (known here: %s)", strings.Join(names, ", "))
-			d.uncertain[path] = true
+			v.failAt(k, p, "unknown field (known here: %s)", strings.Join(names, ", "))
+			v.uncertain[path] = true
 			continue
 		}
 		if k.Kind != yaml.ScalarNode {
-			d.refuse(k, p, "want a name, got %s", describe(k))
+			v.refuse(k, p, "want a name, got %s", describe(k))
 			continue
 		}
 		placed := false
-		if src := all[i+2]; src != nil && d.outer == nil {
-			d.outer, placed = src, true // a merged field is placed where the merge names it
+		if src := all[i+2]; src != nil && v.outer == nil {
+			v.outer, placed = src, true // a merged field is placed where the merge names it
 		}
-		if x, ok := d.value(val, ft, p); ok {
+		if x, ok := v.value(val, ft, p); ok {
 			out[k.Value] = x
 		}
 		if placed {
-			d.outer = nil
+			v.outer = nil
 		}
 	}
 	return out
@@ -374,7 +373,7 @@ func (d *decoder) mapping(n *yaml.Node, t reflect.Type, path string) map[string]
 // entries returns a mapping's keys and values, each with the merge that
 // brought it (src, nil for the mapping's own), one after the other: its
 // own, and then those its merge keys (<<) bring, which it may override.
-func (d *decoder) entries(n *yaml.Node, path string, depth int, src *yaml.Node) (own, merged []*yaml.Node) {
+func (v *loader) entries(n *yaml.Node, path string, depth int, src *yaml.Node) (own, merged []*yaml.Node) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		if k.ShortTag() != "!!merge" {
@@ -387,11 +386,11 @@ func (d *decoder) entries(n *yaml.Node, path string, depth int, src *yaml.Node) 
 		}
 		for _, from := range srcs {
 			m := resolve(from)
-			if d.nodes += len(m.Content); m.Kind != yaml.MappingNode || depth > 16 || d.nodes > maxNodes {
-				d.refuse(from, path, "want a mapping (or a list of them) to merge, got %s", describe(m))
+			if v.nodes += len(m.Content); m.Kind != yaml.MappingNode || depth > 16 || v.nodes > maxNodes {
+				v.refuse(from, path, "want a mapping (or a list of them) to merge, got %s", describe(m))
 				continue
 			}
-			o, mm := d.entries(m, path, depth+1, cmp.Or(src, from))
+			o, mm := v.entries(m, path, depth+1, cmp.Or(src, from))
 			merged = append(append(merged, o...), mm...)
 		}
 	}
@@ -434,46 +433,45 @@ func durationExamples(path string) string {
 	return "500ms, 10s, 1m or 24h"
 }
 
-// decode parses data and decodes it into a rawConfig, indexing its nodes
-// for messages. It reports every problem of shape; raw holds what
-// decoded, for the validators to check. raw is nil when data is not YAML
-// at all.
-func decode(file string, data []byte) (raw *rawConfig, d *decoder) {
-	d = &decoder{file: file, seen: map[reported]bool{}, active: map[*yaml.Node]bool{}, uncertain: map[string]bool{},
-		at: map[string]*yaml.Node{}, texts: map[string]*yaml.Node{}}
+// decode parses data and decodes it into a rawConfig, reporting every
+// problem of shape; raw holds what decoded, for the checks. raw is nil
+// when data is not YAML at all.
+func (v *loader) decode(data []byte) (raw *rawConfig) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		d.errs = Errors{syntaxError(file, data, err)}
-		return nil, d
+		v.errs = Errors{syntaxError(v.file, data, err)}
+		return nil
 	}
 	if len(root.Content) == 0 {
-		d.errs = Errors{{File: file, Problem: "empty configuration"}}
-		return nil, d
+		v.errs = Errors{{File: v.file, Problem: "empty configuration"}}
+		return nil
 	}
-	v, _ := d.value(root.Content[0], reflect.TypeFor[rawConfig](), "")
-	raw = new(rawConfig)
-	if v != nil {
-		b, err := json.Marshal(v)
+	x, _ := v.value(root.Content[0], reflect.TypeFor[rawConfig](), "")
+	raw = &rawConfig{Server: Server{ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ShutdownTimeout: DefaultShutdownTimeout,
+		MaxHeaderBytes: DefaultMaxHeaderBytes}}
+	if x != nil {
+		b, err := json.Marshal(x)
 		if err == nil {
 			err = json.Unmarshal(b, raw)
 		}
 		if err != nil { // the decoder let through what spec's types refuse
-			d.errs = append(d.errs, &Error{File: file, Problem: err.Error()})
-			return nil, d
+			v.errs = append(v.errs, &Error{File: v.file, Problem: err.Error()})
+			return nil
 		}
 	}
-	return raw, d
+	return raw
 }
 
 // echo reports whether a validator's problem is an echo of one the
 // decoder reported: it is about a refused value or something under one, or
 // it says something required is missing in an uncertain object or of one,
 // or it calls an id unknown when an id in that list was refused.
-func (d *decoder) echo(path string, missing bool, unknown string) bool {
-	if d.covers(path) || missing && (d.uncertain[path] || d.uncertain[parent(path)]) {
+func (v *loader) echo(path string, missing bool, unknown string) bool {
+	if v.refused(path) || missing && (v.uncertain[path] || v.uncertain[parent(path)]) {
 		return true
 	}
-	for _, r := range d.refused {
+	for _, r := range v.refusals {
 		if rest, ok := strings.CutPrefix(r, unknown); unknown != "" && ok && strings.HasPrefix(rest, "[") &&
 			(strings.HasSuffix(rest, "]") || strings.HasSuffix(rest, "].id")) && strings.Count(rest, "[") == 1 {
 			return true
@@ -482,9 +480,9 @@ func (d *decoder) echo(path string, missing bool, unknown string) bool {
 	return false
 }
 
-// covers reports whether path is a refused value or inside one.
-func (d *decoder) covers(path string) bool {
-	for _, b := range d.refused {
+// refused reports whether path is a refused value or inside one.
+func (v *loader) refused(path string) bool {
+	for _, b := range v.refusals {
 		if path == b || b == "" || strings.HasPrefix(path, b) && (path[len(b)] == '.' || path[len(b)] == '[') {
 			return true
 		}
@@ -492,27 +490,14 @@ func (d *decoder) covers(path string) bool {
 	return false
 }
 
-// pos returns where a problem of the field at path is placed: its value
-// or, for a field that came through an alias, the alias; for a field that
-// is missing, its nearest ancestor in the file.
-func (d *decoder) pos(path string) (line, col int) {
+// place returns where the field at path is in the file and the rest of
+// the path below it: for a field that is missing, its nearest ancestor's
+// place (zero when not even the file has one). Two paths through aliases
+// to one text give the same text.
+func (v *loader) place(path string) (place, string) {
 	for p := path; ; p = parent(p) {
-		if n := d.at[p]; n != nil {
-			return n.Line, n.Column
-		}
-		if p == "" {
-			return 0, 0
-		}
-	}
-}
-
-// text returns the node that holds the field at path, or its nearest
-// ancestor in the file, and the rest of the path below it: two paths
-// through aliases to one text give the same.
-func (d *decoder) text(path string) (*yaml.Node, string) {
-	for p := path; ; p = parent(p) {
-		if n := d.texts[p]; n != nil || p == "" {
-			return n, path[len(p):]
+		if pl, ok := v.places[p]; ok || p == "" {
+			return pl, path[len(p):]
 		}
 	}
 }

@@ -47,6 +47,11 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			so.Redis.Clock, so.Redis.TTLMargin = clock, time.Minute
 		}
 	}
+	if cfg.ControlPlane != nil && cfg.Redis != nil {
+		// Global quotas are spent from the leases the data plane's
+		// quota runner (started beside the agent) holds in this Redis.
+		so.Redis.FollowsControlPlane = true
+	}
 	// Under failure_policy fallback the gateway decides in an in-process
 	// store while Redis fails; every Redis decision seeds it, so it
 	// carries on from the counts this gateway last saw.
@@ -155,6 +160,30 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, o Optio
 		return nil, "", err
 	}
 	return a, where, nil
+}
+
+// newQuotaRunner makes the data plane's global-quota runner for a
+// gateway with a control plane and a Redis store (nil otherwise): every
+// gateway of the data plane runs one and one is elected.
+func newQuotaRunner(cfg *config.Config, store core.Store, o Options) (*dataplane.QuotaRunner, error) {
+	if ds, ok := store.(*drl.Store); ok {
+		store = ds.Exact()
+	}
+	rs, ok := store.(*redisstore.Store)
+	cp := cfg.ControlPlane
+	log := o.Logger
+	if cp != nil && !ok && log != nil {
+		log.Warn("global quotas need a Redis store: with the in-process store this gateway counts a quota marked global on its own, so the gateways of its data plane together admit up to max each",
+			"store", cfg.RedactedStore())
+	}
+	if !ok || cp == nil || !rs.FollowsControlPlane() {
+		return nil, nil
+	}
+	return dataplane.NewQuotaRunner(dataplane.QuotaRunnerOptions{
+		Client: rs.Client(), KeyPrefix: rs.KeyPrefix(), Group: cp.Group, Token: cp.Token,
+		Address: cp.Address, TLS: cp.TLS,
+		OnError: func(err error) { log.Debug("global quotas", "err", err) },
+	})
 }
 
 // reloader reads the configuration file again and applies it, on SIGHUP

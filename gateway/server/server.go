@@ -87,11 +87,14 @@ type Server struct {
 	cfg *config.Config
 	log *slog.Logger
 
-	gw         *gateway.Gateway
-	release    func() error // closes the gateway, then the store
-	agent      *dataplane.Agent
-	stopAgent  context.CancelFunc
-	agentDone  chan error
+	gw        *gateway.Gateway
+	release   func() error // closes the gateway, then the store
+	agent     *dataplane.Agent
+	stopAgent context.CancelFunc
+	agentDone chan error
+	// quotaDone is closed when the global-quota runner (started with the
+	// agent and stopped by stopAgent) has stopped; nil without one.
+	quotaDone  chan struct{}
 	persisted  string
 	metrics    *opsMetrics
 	reloader   *reloader
@@ -167,6 +170,14 @@ func Open(ctx context.Context, o Options) (*Server, error) {
 		actx, stop := context.WithCancel(context.Background())
 		s.stopAgent, s.agentDone = stop, make(chan error, 1)
 		go func() { s.agentDone <- s.agent.Run(actx) }()
+		qr, err := newQuotaRunner(cfg, store, o)
+		if err != nil {
+			return nil, err
+		}
+		if qr != nil {
+			s.quotaDone = make(chan struct{})
+			go func() { defer close(s.quotaDone); _ = qr.Run(actx) }()
+		}
 	}
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, err
@@ -311,6 +322,9 @@ func (s *Server) Close() error {
 			s.stopAgent()
 			if err := <-s.agentDone; err != nil {
 				s.log.Error("dataplane agent", "err", err)
+			}
+			if s.quotaDone != nil {
+				<-s.quotaDone
 			}
 		}
 		if s.release != nil {

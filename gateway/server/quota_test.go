@@ -1,0 +1,98 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/gateway/server"
+	"github.com/limitplane/limitplane/internal/redistest"
+)
+
+// TestControlPlaneRunsQuotaRunner: a gateway with a control_plane section
+// and a Redis store runs the data plane's global-quota runner (elected:
+// its lease is in Redis), and Close stops it (the lease is given up).
+func TestControlPlaneRunsQuotaRunner(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpAddr := dead.Addr().String()
+	dead.Close()
+	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
+	rs := redistest.Start(t)
+	client := rs.Client(t, nil)
+	file := filepath.Join(t.TempDir(), "gateway.yaml")
+	writeFile(t, file, fmt.Sprintf(`store: redis://%s
+listen: 127.0.0.1:0
+control_plane:
+  address: %q
+  token_env: LP_TEST_DP_TOKEN
+  group: dp1
+`, rs.Addr, cpAddr))
+	srv, err := server.Open(t.Context(), server.Options{ConfigPath: file, Logger: slog.New(slog.DiscardHandler), StartTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := redisstore.DefaultKeyPrefix + "{gq}:lease"
+	deadline := time.Now().Add(20 * time.Second)
+	for client.Exists(context.Background(), key).Val() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the quota runner was not elected")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if client.Exists(context.Background(), key).Val() != 0 {
+		t.Fatal("the runner's lease is still in Redis after Close")
+	}
+}
+
+// TestControlPlaneMemoryStoreWarns: a gateway that follows a control plane
+// with the in-process store cannot spend a global quota's leases (they live
+// in the data plane's Redis), and says so in its log at start.
+func TestControlPlaneMemoryStoreWarns(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpAddr := dead.Addr().String()
+	dead.Close()
+	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
+	file := filepath.Join(t.TempDir(), "gateway.yaml")
+	writeFile(t, file, fmt.Sprintf(`listen: 127.0.0.1:0
+control_plane:
+  address: %q
+  token_env: LP_TEST_DP_TOKEN
+  group: dp1
+`, cpAddr))
+	var log strings.Builder
+	var mu sync.Mutex
+	h := slog.NewTextHandler(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return log.Write(p) }), nil)
+	srv, err := server.Open(t.Context(), server.Options{ConfigPath: file, Logger: slog.New(h), StartTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	const want = `level=WARN msg="global quotas need a Redis store: with the in-process store this gateway counts a quota marked global on its own, so the gateways of its data plane together admit up to max each" store=memory`
+	if !strings.Contains(log.String(), want) {
+		t.Fatalf("log lacks\n%s\ngot:\n%s", want, log.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
