@@ -689,6 +689,11 @@ func (s *QuotaServer) apply(tx QuotaTx, now time.Time, group string, items []*wo
 		switch named := w.named().PeriodStart; {
 		case !named.IsZero():
 			w.entry = w.t.slot.key(named)
+		case w.cur != nil && w.grant != nil && !w.grant.After.IsZero() && !w.cur.Start.After(w.grant.After):
+			// The holder has finished with this period (its clock put the
+			// end earlier than ours): it asks again.
+			res.refuse(w, lease.RefusedUnknownEntry, fmt.Sprintf("the period after %s has not started", w.grant.After.Format(time.RFC3339Nano)))
+			continue
 		case w.cur != nil:
 			w.entry = w.t.slot.key(w.cur.Start)
 		default:

@@ -373,12 +373,16 @@ func TestQuotaRestart(t *testing.T) {
 		s.Close()
 		s = reopen()
 		q = serveQuota(t, s, clk.Now, nil)
-		if g := grantOne(t, q.client, aliceKey(), id1, 300); !sameGrant(g, g1) {
-			t.Fatalf("repeated after a restart: %+v, want %+v", g, g1)
+		// The same lease, its times counted from the repeat's answer, a
+		// minute on: the 10 s lease is over, 59 minutes of the period left.
+		again := g1
+		again.Duration, again.PeriodLeft = 0, quotaPeriod-time.Minute
+		if g := grantOne(t, q.client, aliceKey(), id1, 300); !sameGrant(g, again) {
+			t.Fatalf("repeated after a restart: %+v, want %+v", g, again)
 		}
 		// The repeat naming the resolved period start: the same too.
-		if g := grantOne(t, q.client, g1.Entry, id1, 999); !sameGrant(g, g1) {
-			t.Fatalf("repeated with its period start: %+v, want %+v", g, g1)
+		if g := grantOne(t, q.client, g1.Entry, id1, 999); !sameGrant(g, again) {
+			t.Fatalf("repeated with its period start: %+v, want %+v", g, again)
 		}
 		g2 := grantOne(t, q.client, aliceKey(), lease.RequestID{DataPlane: "dp2", Token: 1, Seq: 1}, 800)
 		if g2.Amount != quotaQ-300 || g2.Remaining != 0 || !g2.Entry.PeriodStart.Equal(quotaStart) {
@@ -900,5 +904,44 @@ func TestQuotaBatchReportsBeforeGrants(t *testing.T) {
 	es := ledgerEntries(t, s)
 	if len(es) != 1 || es[0].Committed() != quotaQ || es[0].Audit() != nil {
 		t.Fatalf("ledger: %d entries", len(es))
+	}
+}
+
+// TestQuotaAfterAFinishedPeriod: a holder that has finished with a period
+// (its clock put the period's end a little before the control plane's)
+// asks for "the period after" it (GrantRequest.After): refused as an
+// unknown entry while that period is still in force, so it never lands in
+// the finished period's entry, then granted from the next period once it
+// has begun. The answer echoes the request's send time.
+func TestQuotaAfterAFinishedPeriod(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	putQuotaConfig(t, s)
+	clk := &clock{t: quotaStart}
+	q := serveQuota(t, s, clk.Now, nil)
+	first := grantOne(t, q.client, aliceKey(), lease.RequestID{DataPlane: "dp1", Token: 1, Seq: 1}, 10)
+	if !first.Entry.PeriodStart.Equal(quotaStart) {
+		t.Fatalf("first period starts %s", first.Entry.PeriodStart)
+	}
+	clk.Set(quotaStart.Add(quotaPeriod - 200*time.Millisecond))
+	r := lease.GrantRequest{Entry: aliceKey(), ID: lease.RequestID{DataPlane: "dp1", Token: 1, Seq: 1<<20 + 1}, Want: 10,
+		After: quotaStart, SentAt: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := mustLease(t, q.client, "dp1", lease.Batch{Grants: []lease.GrantRequest{r}})
+	if len(a.Grants) != 0 || len(a.Refusals) != 1 || a.Refusals[0].Why != lease.RefusedUnknownEntry || *a.Refusals[0].Request != r.ID ||
+		!strings.Contains(a.Refusals[0].Error, "the period after 2026-03-01T12:00:00Z has not started") {
+		t.Fatalf("a request for the period after the one in force: %+v, want refused as an unknown entry", a)
+	}
+	clk.Set(quotaStart.Add(quotaPeriod + 100*time.Millisecond))
+	a = mustLease(t, q.client, "dp1", lease.Batch{Grants: []lease.GrantRequest{r}})
+	if len(a.Grants) != 1 || len(a.Refusals) != 0 {
+		t.Fatalf("the same request in the next period: %+v, want a grant", a)
+	}
+	g := a.Grants[0]
+	if !g.Entry.PeriodStart.Equal(quotaStart.Add(quotaPeriod)) || g.Amount != 10 || !g.SentAt.Equal(r.SentAt) ||
+		g.PeriodLeft != quotaPeriod-100*time.Millisecond {
+		t.Fatalf("grant %+v, want 10 from the period starting %s, %s left, SentAt echoed", g, quotaStart.Add(quotaPeriod), quotaPeriod-100*time.Millisecond)
+	}
+	es := ledgerEntries(t, s)
+	if len(es) != 2 || len(es[0].Leases()) != 1 || es[0].Leases()[0].ID.Seq != 1 {
+		t.Fatalf("%d entries, the first with leases %+v; want 2, the first with only the first holder's", len(es), es[0].Leases())
 	}
 }

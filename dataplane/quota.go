@@ -408,6 +408,16 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 			}
 			s = &slot{key: key}
 			o := r.holderOptions(f, tok)
+			var oldState *lease.State
+			if old, _ := v[2].(string); old != "" {
+				var state lease.State
+				if err := json.Unmarshal([]byte(old), &state); err == nil {
+					oldState = &state
+					// The current holder asks for no period up to the old
+					// one's (GrantRequest.After).
+					o.After = state.Entry.PeriodStart
+				}
+			}
 			if st, _ := v[1].(string); st != "" {
 				var state lease.State
 				if err := json.Unmarshal([]byte(st), &state); err != nil {
@@ -419,13 +429,10 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 			} else {
 				s.cur = lease.NewHolder(now, o)
 			}
-			if old, _ := v[2].(string); old != "" {
-				var state lease.State
-				if err := json.Unmarshal([]byte(old), &state); err == nil {
-					oo := o
-					oo.Entry = state.Entry
-					s.old = lease.Restore(oo, state)
-				}
+			if oldState != nil {
+				oo := o
+				oo.Entry, oo.After = oldState.Entry, time.Time{}
+				s.old = lease.Restore(oo, *oldState)
 			}
 			slots[key] = s
 		}
@@ -460,6 +467,7 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 		o2 := r.o.Holder
 		o2.DataPlane, o2.Token = r.o.Group, tok
 		e := h.Entry()
+		o2.After = e.PeriodStart
 		e.PeriodStart = time.Time{}
 		o2.Entry, o2.Mode, o2.Floor = e, h.Mode(), h.Floor()
 		// The new holder goes on counting the old one's sequences, so the

@@ -77,6 +77,12 @@ func (s *ledgerServer) Lease(_ context.Context, req *syncpb.LeaseRequest) (*sync
 		}
 		if g.Entry.PeriodStart.IsZero() {
 			g.Entry.PeriodStart = s.resolve(g.Entry, now)
+			if !g.After.IsZero() && !g.Entry.PeriodStart.After(g.After) {
+				// As the control plane: not from the period the holder
+				// has finished with.
+				ans.Refusals = append(ans.Refusals, refusal(g.Entry, errors.New("test: the period after has not started"), &g.ID, nil))
+				continue
+			}
 		}
 		gr, err := s.ledger.Grant(now, g)
 		if err != nil {
@@ -634,6 +640,105 @@ func TestGlobalQuotaPeriods(t *testing.T) {
 	adm := dps[0].ok.Load() + dps[1].ok.Load()
 	if committed != adm {
 		t.Fatalf("Σ committed %d, admitted %d", committed, adm)
+	}
+}
+
+// TestGlobalQuotaCutThenPeriodEnd: the data plane is cut off from the
+// control plane while its grant request is in flight; the request is
+// answered after the cut. The holder counts the answer's period left from
+// the send that was answered, not from the first send before the cut, so
+// the period's end it writes into Redis is the ledger's (it was seconds
+// early before: the holder moved to the next period while the ledger was
+// still in the first, its successor's grants landed in the first period's
+// entry, and the old holder's final report was ignored, so the usage lost
+// admissions). The ledger's admitted counts equal what was admitted, per
+// entry, and every lease in an entry comes from one holder.
+func TestGlobalQuotaCutThenPeriodEnd(t *testing.T) {
+	const period = 6 * time.Second
+	srv := startLedgerServer(t, quotaledger.Config{Quota: 1_000_000, Period: period, Mode: lease.Strict, LeaseDuration: time.Second})
+	dp := newQuotaDP(t, "dp1", redistest.Start(t).Client(t, nil), globalQuota(1_000_000, period, core.GlobalStrict, 0))
+	dp.runner(t, srv)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	dp.load(t, "k1", 1, 5*time.Millisecond, stop, &wg)
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopLoad) // before the store closes, also after a failure
+	waitFor(t, "a lease spent", func() bool { return dp.ok.Load() >= 20 })
+	srv.blocked.Store(true)
+	time.Sleep(2500 * time.Millisecond)
+	a := dp.ok.Load()
+	es := srv.entries()
+	if len(es) != 1 {
+		t.Fatalf("%d entries at the cut, want 1", len(es))
+	}
+	end := es[0].Config.Key.PeriodStart.Add(period)
+	// Watch the slot in Redis from the end of the cut until just before
+	// the ledger's period end: the earliest period end the holder wrote,
+	// and whether it moved to the next period (its state went to "old").
+	var minPE time.Time
+	moved := false
+	srv.blocked.Store(false)
+	key := redisstore.GlobalSlotKey("", "k1", "", "gold", 0)
+	for time.Now().Before(end.Add(-300 * time.Millisecond)) {
+		v, err := dp.client.HMGet(context.Background(), key, "pe", "old").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := v[0].(string); s != "" && s != "0" {
+			us, _ := strconv.ParseInt(s, 10, 64)
+			if pe := time.UnixMicro(us); minPE.IsZero() || pe.Before(minPE) {
+				minPE = pe
+			}
+		}
+		if s, _ := v[1].(string); s != "" {
+			moved = true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("admitted %d at the cut, %d after; period end: ledger %s, holder's earliest %s", a, dp.ok.Load(), end.Format("15:04:05.000"), minPE.Format("15:04:05.000"))
+	if dp.ok.Load() <= a {
+		t.Fatalf("nothing admitted after the cut")
+	}
+	// The holder's end is the ledger's, less an answer's flight time.
+	if d := end.Sub(minPE); d < 0 || d > 300*time.Millisecond {
+		t.Fatalf("the holder's period end was %v before the ledger's (want 0 to 300ms)", d)
+	}
+	if moved {
+		t.Fatalf("the holder moved to the next period before the ledger's period end")
+	}
+	waitFor(t, "the second period's entry", func() bool { return len(srv.entries()) >= 2 })
+	waitFor(t, "admissions in the second period", func() bool {
+		for _, st := range srv.entries() {
+			if st.Config.Key.PeriodStart.Equal(end) && st.Committed > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	stopLoad()
+	waitFor(t, "every lease's final report", srv.settled)
+	waitFor(t, "the ledger's admitted counts", func() bool {
+		var adm int64
+		for _, st := range srv.entries() {
+			adm += st.DataPlanes["dp1"].Admitted
+		}
+		return adm == dp.ok.Load()
+	})
+	srv.audit(t)
+	for _, st := range srv.entries() {
+		var spent int64
+		seqBase := uint64(0)
+		for i, l := range st.Leases {
+			spent += l.Spent
+			if i == 0 {
+				seqBase = l.ID.Seq >> 20
+			} else if l.ID.Seq>>20 != seqBase {
+				t.Errorf("entry %s holds leases of two holders: %v and %v", st.Config.Key.PeriodStart.Format("15:04:05.000"), st.Leases[0].ID, l.ID)
+			}
+		}
+		if adm := st.DataPlanes["dp1"].Admitted; adm != spent || st.Committed != spent {
+			t.Errorf("entry %s: admitted %d, spent %d, committed %d", st.Config.Key.PeriodStart.Format("15:04:05.000"), adm, spent, st.Committed)
+		}
 	}
 }
 

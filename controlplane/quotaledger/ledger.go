@@ -100,7 +100,9 @@ type LeaseState struct {
 	// Granted and Expiry are in the ledger's clock.
 	Granted time.Time `json:"granted"`
 	Expiry  time.Time `json:"expiry"`
-	// PeriodLeft and Remaining are as first answered (for a repeat).
+	// PeriodLeft and Remaining are as first answered. A repeat answers
+	// Remaining as it was and counts the period left (and the lease's
+	// duration) from its own moment.
 	PeriodLeft time.Duration `json:"period_left"`
 	Remaining  int64         `json:"remaining"`
 	// Spent is the largest cumulative spend reported.
@@ -286,23 +288,34 @@ func (e *Entry) Audit() error {
 	return nil
 }
 
-func (e *Entry) grantOf(l LeaseState) lease.Grant {
+// grantOf is lease l's grant answered at now to a request sent at sentAt
+// (the holder's clock, echoed): its duration and the period left are
+// counted from now, so a repeat answered long after the grant does not
+// lengthen them.
+func (e *Entry) grantOf(l LeaseState, now, sentAt time.Time) lease.Grant {
+	end := e.st.Config.Key.PeriodStart.Add(e.st.Config.Period)
+	if now.Before(l.Granted) {
+		now = l.Granted // a clock stepped back: never lengthen the lease
+	}
 	return lease.Grant{
 		Entry:      e.st.Config.Key,
 		ID:         l.ID,
 		Amount:     l.Amount,
-		Duration:   l.Expiry.Sub(l.Granted),
-		PeriodLeft: l.PeriodLeft,
+		Duration:   max(0, l.Expiry.Sub(now)),
+		PeriodLeft: max(0, end.Sub(now)),
 		Remaining:  l.Remaining,
 		Floor:      e.st.Config.Floors[l.ID.DataPlane],
 		Mode:       e.st.Config.Mode,
+		SentAt:     sentAt,
 	}
 }
 
 // Grant answers a request for budget at now: min(req.Want, Q − committed)
 // units, for the lease duration cut to the period's end. A request the
 // entry has answered before gets the same answer and changes nothing: the
-// lease it produced, or nothing when it produced none. A request from a
+// lease it produced, or nothing when it produced none (the grant's
+// Duration and PeriodLeft counted from now, and req.SentAt echoed, as in
+// every answer). A request from a
 // token below the data plane's highest is refused with a
 // *StaleTokenError, unless it is the repeat of a request that produced a
 // lease (a new holder taking over its predecessor's last request, which
@@ -313,7 +326,7 @@ func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error
 		return lease.Grant{}, fmt.Errorf("%w: %s (this entry is %s)", ErrUnknownEntry, req.Entry, c.Key)
 	}
 	if i, ok := e.index[req.ID]; ok {
-		return e.grantOf(e.st.Leases[i]), nil
+		return e.grantOf(e.st.Leases[i], now, req.SentAt), nil
 	}
 	dp := e.st.DataPlanes[req.ID.DataPlane]
 	if req.ID.Token < dp.Token {
@@ -322,7 +335,7 @@ func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error
 	end := c.Key.PeriodStart.Add(c.Period)
 	periodLeft := max(0, end.Sub(now))
 	zero := lease.Grant{Entry: c.Key, ID: req.ID, PeriodLeft: periodLeft, Remaining: e.Remaining(),
-		Floor: c.Floors[req.ID.DataPlane], Mode: c.Mode}
+		Floor: c.Floors[req.ID.DataPlane], Mode: c.Mode, SentAt: req.SentAt}
 	if req.ID.Token == dp.Token && req.ID.Seq <= dp.GrantSeq {
 		// Answered before with nothing (a lease would be in the index).
 		return zero, nil
@@ -349,7 +362,7 @@ func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error
 	}
 	e.index[l.ID] = len(e.st.Leases)
 	e.st.Leases = append(e.st.Leases, l)
-	return e.grantOf(l), nil
+	return e.grantOf(l, now, req.SentAt), nil
 }
 
 // Report applies a holder's cumulative report at now and returns its

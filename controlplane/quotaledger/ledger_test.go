@@ -66,9 +66,15 @@ func TestGrantIsBoundedAndIdempotent(t *testing.T) {
 	if g2.Amount != 400 || g2.Remaining != 0 {
 		t.Fatalf("second grant %+v, want the 400 left", g2)
 	}
-	// A retry (lost answer) gets the same answer and debits nothing.
-	if again := grant(t, e, 3*time.Second, req("a", 1, 1, 600)); again != g1 {
-		t.Fatalf("repeat %+v, want %+v", again, g1)
+	// A retry (lost answer) gets the same lease and debits nothing; its
+	// duration and the period left count from the retry's answer (2 s
+	// later), and the retry's send time is echoed.
+	r1 := req("a", 1, 1, 600)
+	r1.SentAt = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) // the holder's clock: any offset
+	want := g1
+	want.Duration, want.PeriodLeft, want.SentAt = 8*time.Second, 57*time.Second, r1.SentAt
+	if again := grant(t, e, 3*time.Second, r1); again != want {
+		t.Fatalf("repeat %+v, want %+v", again, want)
 	}
 	if e.Committed() != 1000 {
 		t.Fatalf("committed %d, want 1000", e.Committed())
@@ -211,8 +217,10 @@ func TestStateRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again := grant(t, r, time.Second, req("a", 1, 1, 300)); again != g {
-		t.Fatalf("restored ledger answers %+v, want %+v", again, g)
+	want := g
+	want.Duration, want.PeriodLeft = 9*time.Second, 59*time.Second // answered 1 s later
+	if again := grant(t, r, time.Second, req("a", 1, 1, 300)); again != want {
+		t.Fatalf("restored ledger answers %+v, want %+v", again, want)
 	}
 	if r.Committed() != 305 || r.Remaining() != 695 {
 		t.Fatalf("restored committed %d remaining %d", r.Committed(), r.Remaining())

@@ -72,6 +72,11 @@ type Options struct {
 	// plane to ask does not take every unit of a quota the others need.
 	Quota         int64
 	LeaseDuration time.Duration
+	// After is the start of the period the holder follows (the runner's
+	// previous holder's): while Entry.PeriodStart is zero its requests
+	// carry it (GrantRequest.After), so the ledger never answers them from
+	// that period. Zero for a holder that follows none.
+	After time.Time
 	// SeqBase is where a new holder's grant and report sequence numbers
 	// start (above it): a holder that follows another of the same token on
 	// the next period (the data plane's runner) starts above its
@@ -108,8 +113,9 @@ type HeldLease struct {
 	ID     RequestID `json:"id"`
 	Amount int64     `json:"amount"`
 	Spent  int64     `json:"spent"`
-	// StopAt (holder's clock) is when spending stops: first send of the
-	// request + the grant's Duration − SkewMargin.
+	// StopAt (holder's clock) is when spending stops: the send of the
+	// request the grant answered (its first send, for a grant that does
+	// not echo GrantRequest.SentAt) + the grant's Duration − SkewMargin.
 	StopAt time.Time `json:"stop_at"`
 	// FinalSeq is the first report (under the current token) that carried
 	// the lease as final; 0 before. Its ack drops the lease.
@@ -329,6 +335,7 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 			return nil
 		}
 		p.SentAt = now
+		p.Request.SentAt = now
 		r := p.Request
 		return &r
 	}
@@ -361,7 +368,10 @@ func (h *Holder) request(now time.Time) *GrantRequest {
 	}
 	want = min(max(want, h.o.MinRequest), h.o.MaxRequest)
 	h.st.GrantSeq++
-	r := GrantRequest{Entry: h.o.Entry, ID: RequestID{DataPlane: h.o.DataPlane, Token: h.o.Token, Seq: h.st.GrantSeq}, Want: want}
+	r := GrantRequest{Entry: h.o.Entry, ID: RequestID{DataPlane: h.o.DataPlane, Token: h.o.Token, Seq: h.st.GrantSeq}, Want: want, SentAt: now}
+	if h.o.Entry.PeriodStart.IsZero() {
+		r.After = h.o.After
+	}
 	h.st.Pending = &PendingRequest{Request: r, FirstSentAt: now, SentAt: now}
 	return &r
 }
@@ -411,14 +421,23 @@ func (h *Holder) HandleGrant(now time.Time, g Grant) {
 		h.o.Entry = g.Entry
 		h.st.Entry = g.Entry
 	}
-	h.st.PeriodEnd = p.FirstSentAt.Add(g.PeriodLeft)
+	// The answer's times count from the ledger's moment of answering,
+	// which is no earlier than the send it answers: from that send (the
+	// echo, when it is one of this request's), else from the first. A
+	// retry after a long cut must not count from before the cut, which
+	// would put the period's end (and the lease's) in the past.
+	from := p.FirstSentAt
+	if !g.SentAt.IsZero() && !g.SentAt.Before(p.FirstSentAt) && !g.SentAt.After(p.SentAt) {
+		from = g.SentAt
+	}
+	h.st.PeriodEnd = from.Add(g.PeriodLeft)
 	h.st.Remaining = g.Remaining
 	h.o.Floor = g.Floor
 	if g.Amount <= 0 {
 		h.st.ExhaustedUntil = now.Add(h.o.ExhaustedBackoff)
 		return
 	}
-	h.st.Leases = append(h.st.Leases, HeldLease{ID: g.ID, Amount: g.Amount, StopAt: p.FirstSentAt.Add(g.Duration - h.o.SkewMargin)})
+	h.st.Leases = append(h.st.Leases, HeldLease{ID: g.ID, Amount: g.Amount, StopAt: from.Add(g.Duration - h.o.SkewMargin)})
 }
 
 // Refusal is a ledger's refusal of a request or report.

@@ -184,3 +184,66 @@ func TestModeJSON(t *testing.T) {
 		t.Fatal("unknown mode accepted")
 	}
 }
+
+// TestGrantCountsFromTheAnsweredSend: a request first sent at 0.5 s is
+// sent again through a cut and answered after it, at 12 s. The answer
+// echoes the send it answers (SentAt), and the holder counts the period
+// left and the lease's duration from that send, not from the first,
+// which would put both 11.5 s early. An echo that is none of this
+// request's sends falls back to the first send (safe: earlier).
+func TestGrantCountsFromTheAnsweredSend(t *testing.T) {
+	h := lease.NewHolder(at(0), opts(lease.Strict, 0))
+	r := demand(h, 0, time.Second, 10) // first sent at 0.5 s, again at 0.8 s
+	if r == nil || !r.SentAt.Equal(at(800*time.Millisecond)) || !h.State().Pending.FirstSentAt.Equal(at(500*time.Millisecond)) {
+		t.Fatalf("request %+v (pending %+v), want sent at 0.5 s and again at 0.8 s", r, h.State().Pending)
+	}
+	var last *lease.GrantRequest
+	for d := 900 * time.Millisecond; d <= 12*time.Second; d += 100 * time.Millisecond {
+		if again, _ := h.Poll(at(d)); again != nil {
+			last = again
+		}
+	}
+	if last == nil || last.ID != r.ID || !last.SentAt.Equal(at(11900*time.Millisecond)) {
+		t.Fatalf("last retry %+v, want the same ID sent at 11.9 s", last)
+	}
+	g := grantFor(last, 100, 5*time.Second, 8*time.Second, 900)
+	g.SentAt = last.SentAt
+	h.HandleGrant(at(12*time.Second), g)
+	if pe := h.State().PeriodEnd; !pe.Equal(at(19900 * time.Millisecond)) {
+		t.Fatalf("period end %v, want 19.9 s (11.9 s + 8 s)", pe.Sub(t0))
+	}
+	if l := h.Leases(); len(l) != 1 || !l[0].StopAt.Equal(at(16650*time.Millisecond)) {
+		t.Fatalf("leases %+v, want one stopping at 16.65 s (11.9 s + 5 s − 250 ms)", l)
+	}
+
+	h2 := lease.NewHolder(at(0), opts(lease.Strict, 0))
+	r2 := demand(h2, 0, time.Second, 10)
+	g2 := grantFor(r2, 100, 5*time.Second, 8*time.Second, 900)
+	g2.SentAt = at(30 * time.Second) // not a send of this request
+	h2.HandleGrant(at(time.Second), g2)
+	if pe := h2.State().PeriodEnd; !pe.Equal(at(8500 * time.Millisecond)) {
+		t.Fatalf("period end %v with a foreign echo, want 8.5 s (first send + 8 s)", pe.Sub(t0))
+	}
+}
+
+// TestAfterOnlyWithoutPeriod: a holder that follows a finished period
+// (Options.After) names it in requests for "the period in force"; once it
+// spends a named entry its requests carry no After.
+func TestAfterOnlyWithoutPeriod(t *testing.T) {
+	o := opts(lease.Strict, 0)
+	o.Entry.PeriodStart = time.Time{}
+	o.After = at(-time.Minute)
+	h := lease.NewHolder(at(0), o)
+	r := demand(h, 0, time.Second, 10)
+	if r == nil || !r.After.Equal(at(-time.Minute)) {
+		t.Fatalf("request %+v, want After = the finished period's start", r)
+	}
+	named := entry
+	g := grantFor(r, 100, 5*time.Second, 50*time.Second, 900)
+	g.Entry, g.SentAt = named, r.SentAt
+	h.HandleGrant(at(time.Second), g)
+	r2 := demand(h, time.Second, 20*time.Second, 10)
+	if r2 == nil || !r2.After.IsZero() || !r2.Entry.PeriodStart.Equal(t0) {
+		t.Fatalf("request after the entry was named %+v, want the entry and no After", r2)
+	}
+}

@@ -127,22 +127,41 @@ type GrantRequest struct {
 	Entry EntryKey  `json:"entry"`
 	ID    RequestID `json:"id"`
 	Want  int64     `json:"want"`
+	// SentAt is the holder's clock when it sent this copy of the request
+	// (a retry carries a later one); the ledger echoes it in the Grant,
+	// which tells the holder which send an answer is to, so the answer's
+	// relative times are counted from no later than the ledger's moment
+	// of answering. Zero from a holder that does not set it.
+	SentAt time.Time `json:"sent_at,omitzero"`
+	// After, for a request that names no period (Entry.PeriodStart zero),
+	// is the start of a period the holder has finished with: the ledger
+	// answers only from a later period, and refuses the request as
+	// RefusedUnknownEntry while that period is still in force (the
+	// holder sends it again). Zero: any period in force.
+	After time.Time `json:"after,omitzero"`
 }
 
 // Grant is the ledger's answer to a GrantRequest. The same request always
-// gets the same answer (Amount, Duration and PeriodLeft as first granted).
+// gets the same lease (ID, Amount, and the same end of spending and of the
+// period), with Duration and PeriodLeft counted from the moment of each
+// answer.
 type Grant struct {
 	Entry EntryKey  `json:"entry"`
 	ID    RequestID `json:"id"`
 	// Amount is the units granted, 0 ≤ Amount ≤ Want; 0 when the quota is
 	// committed (or the period is over).
 	Amount int64 `json:"amount"`
-	// Duration is how long the lease may be spent, counted from when the
-	// ledger granted it. A holder counts it from when it first sent the
-	// request, which is earlier, so only clock rate (not offset) matters.
+	// Duration is how long the lease may still be spent, counted from
+	// when the ledger answered. A holder counts it from when it sent the
+	// request answered (SentAt), or, without it, from its first send,
+	// either of which is earlier, so only clock rate (not offset)
+	// matters.
 	Duration time.Duration `json:"duration"`
-	// PeriodLeft is the time from the grant to the period's end.
+	// PeriodLeft is the time from the answer to the period's end, counted
+	// by the holder as Duration is.
 	PeriodLeft time.Duration `json:"period_left"`
+	// SentAt is the request's SentAt, echoed.
+	SentAt time.Time `json:"sent_at,omitzero"`
 	// Remaining is Q − committed after this grant (as first answered), a
 	// hint for sizing the next request.
 	Remaining int64 `json:"remaining"`
