@@ -192,14 +192,14 @@ redis.call('PEXPIRE', KEYS[1], ARGV[9])
 return 1
 `)
 	// qMove: KEYS slot; ARGV token, old state. Moves the slot to a new
-	// period: returns {ok, a, x, fl, o} as they were, and zeroes them,
-	// the leases and the period end.
+	// period: returns {ok, a, x, fl} as they were, and zeroes them, the
+	// leases and the period end.
 	qMove = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then return {0, 0, 0, 0, 0} end
-local v = redis.call('HMGET', KEYS[1], 'a', 'x', 'fl', 'o')
-redis.call('HSET', KEYS[1], 'a', 0, 'x', 0, 'fl', 0, 'o', 0, 'L', '', 'pe', 0, 'old', ARGV[2])
-redis.call('HDEL', KEYS[1], 'st')
-return {1, tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4] or '0')}
+if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then return {0, 0, 0, 0} end
+local v = redis.call('HMGET', KEYS[1], 'a', 'x', 'fl')
+redis.call('HSET', KEYS[1], 'a', 0, 'x', 0, 'fl', 0, 'L', '', 'pe', 0, 'old', ARGV[2])
+redis.call('HDEL', KEYS[1], 'st', 'o')
+return {1, tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')}
 `)
 	// qDrop: KEYS slot, active; ARGV token, slot key. Drops an idle slot.
 	qDrop = redis.NewScript(`
@@ -340,7 +340,7 @@ func (r *QuotaRunner) holderOptions(f slotFields, tok uint64) lease.Options {
 
 // observe feeds the slot's Redis counters into h.
 func observe(h *lease.Holder, f slotFields) {
-	o := lease.Observed{Spent: map[lease.RequestID]int64{}, Admitted: f.int("a"), Refused: f.int("x"), FloorSpent: f.int("fl"), Offered: f.int("o")}
+	o := lease.Observed{Spent: map[lease.RequestID]int64{}, Admitted: f.int("a"), Refused: f.int("x"), FloorSpent: f.int("fl"), Offered: f.int("a") + f.int("x")}
 	for _, l := range h.Leases() {
 		o.Spent[l.ID] = f.int("s:" + leaseField(l.ID))
 	}
@@ -461,7 +461,7 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 			return true
 		}
 		h := s.cur
-		o := lease.Observed{Admitted: v[1], Refused: v[2], FloorSpent: v[3], Offered: v[4]}
+		o := lease.Observed{Admitted: v[1], Refused: v[2], FloorSpent: v[3], Offered: v[1] + v[2]}
 		h.Observe(o)
 		st := h.State()
 		o2 := r.o.Holder

@@ -37,7 +37,8 @@ import (
 //	fl            floor units spent
 //	ct co         the holder's last contact with the control plane, and the
 //	              cut-off after which optimistic floors are spent
-//	a x o         units admitted, refused and offered in the period
+//	a x           units admitted and refused in the period (refused for
+//	              want of budget; offered is a + x)
 //	tok st old    the holder's fencing token, its state (JSON) and the state
 //	              of the previous period's holder while it reports (JSON)
 //
@@ -134,7 +135,6 @@ end
 if n > avail + fav then
   if n > 0 then
     redis.call('HINCRBY', H, 'x', n)
-    redis.call('HINCRBY', H, 'o', n)
   end
   if rate_on then return reply(2, avail + fav, rate_peek()) end
   return reply(2, avail + fav, 0, 0, 0, 0, 0)
@@ -155,7 +155,6 @@ if n > 0 then
   end
   if left > 0 then redis.call('HINCRBY', H, 'fl', left) end
   redis.call('HINCRBY', H, 'a', n)
-  redis.call('HINCRBY', H, 'o', n)
 end
 return reply(0, avail + fav - n, a, b, c, d, e)
 `

@@ -93,13 +93,13 @@ func testGlobalSpend(t *testing.T, c redis.UniversalClient) {
 				t.Fatalf("optimistic: cut off, the floor is 2")
 			}
 		}
-		v := c.HMGet(ctx, key, "s:a", "s:b", "a", "x", "o", "fl", "c", "p").Val()
+		v := c.HMGet(ctx, key, "s:a", "s:b", "a", "x", "fl", "c", "p").Val()
 		wantFloor := fmt.Sprint(floorWanted)
 		if mode == core.GlobalOptimistic {
 			wantFloor = "2"
 		}
-		if v[0] != "3" || v[1] != "2" || v[5] != wantFloorOrNil(wantFloor) || v[6] != consumer || v[7] != "gold" {
-			t.Fatalf("%v: s:a, s:b, a, x, o, fl, c, p = %v", mode, v)
+		if v[0] != "3" || v[1] != "2" || v[4] != wantFloorOrNil(wantFloor) || v[5] != consumer || v[6] != "gold" {
+			t.Fatalf("%v: s:a, s:b, a, x, fl, c, p = %v", mode, v)
 		}
 		// Marked at the first take, and again at most once a second.
 		wantMark := nowUs
