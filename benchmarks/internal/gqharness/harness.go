@@ -925,6 +925,9 @@ func (r *run) usage(ctx context.Context, res Result) (UsageCheck, error) {
 		case status != 200:
 			u.Available, u.Note = false, fmt.Sprintf("status %d: %.200s", status, body)
 		default:
+			// The last answer stays in the mode's directory (usage.json)
+			// for a look at its entries after the run.
+			_ = os.WriteFile(filepath.Join(r.dir, "usage.json"), body, 0o600)
 			u.CP = admittedByDataPlane(body)
 			u.Available = u.CP != nil
 			if !u.Available {
