@@ -228,12 +228,12 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 	} else {
 		c.args = append(c.args, "0", "0", "0", "0", "0", "0")
 	}
-	c.args = append(c.args, req.Consumer, scope, g.Policy)
+	c.args = append(c.args, req.Consumer, r.gargs[0], r.gargs[1])
 	c.int(int64(req.QuotaEpoch))
 	c.int(int64(g.Mode))
 	c.int(g.Floor)
 	c.int(s.cutoff.Microseconds())
-	c.args = append(c.args, s.activeKey)
+	c.args = append(c.args, s.activeArg)
 	c.int(ren)
 	c.int(int64(g.LeaseDuration))
 	v, err := s.run(ctx, c, 11)

@@ -256,6 +256,7 @@ type Store struct {
 	follows   bool
 	cutoff    time.Duration
 	activeKey string
+	activeArg any // activeKey, boxed once
 }
 
 // New returns a Store over client (a *redis.Client, *redis.ClusterClient or
@@ -274,6 +275,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	}
 	s.head = s.prefix + "{"
 	s.follows, s.cutoff, s.activeKey = opts.FollowsControlPlane, opts.GlobalCutOff, GlobalActiveKey(s.prefix)
+	s.activeArg = s.activeKey
 	if s.cutoff <= 0 {
 		s.cutoff = DefaultGlobalCutOff
 	}
@@ -472,8 +474,10 @@ type rule struct {
 	// is no seeder or it cannot enforce them.
 	seed *core.Rule
 	// global: the quota is global and the store follows a control plane
-	// (takeGlobal spends the leases).
+	// (takeGlobal spends the leases). gargs are the global script's
+	// per-rule arguments (scope, policy), boxed once.
 	global bool
+	gargs  [2]any
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. Errors
@@ -491,6 +495,7 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		if err := ls.Quota.Global.Validate(ls.Quota.Max); err != nil {
 			return nil, fmt.Errorf("quota: %w", err)
 		}
+		r.gargs = [2]any{ls.Scope, ls.Quota.Global.Policy}
 	}
 	if r.limited {
 		if err := checkWindow(ls.Rate); err != nil {
