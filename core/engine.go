@@ -66,6 +66,12 @@ type Consumer struct {
 // Engine.SetConfig; changes swap in a new Config.
 type Config struct {
 	Policies []Policy
+	// Endpoints are APIs' endpoints by API id: parts of an API, by method
+	// and path, with policies of their own that apply besides the
+	// consumer's (see Endpoint and Engine.DecideRoute). SetConfig
+	// prepares each endpoint's limits and compiles each API's endpoints
+	// into a matcher once.
+	Endpoints map[string][]Endpoint
 }
 
 // snapshot is a validated Config indexed for lookup, with every policy's
@@ -83,6 +89,8 @@ type snapshot struct {
 	// counted by nLimits. Beyond that, a Limits is prepared per request.
 	limits  sync.Map
 	nLimits atomic.Int64
+	// endpoints are the APIs' endpoint matchers by API id (Config.Endpoints).
+	endpoints map[string]*endpointMatcher
 }
 
 // maxCachedLimits bounds snapshot.limits: distinct per-API limit sets are
@@ -235,6 +243,19 @@ func (e *Engine) SetConfig(cfg Config) error {
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = p
 	}
+	for api, eps := range cfg.Endpoints {
+		if len(eps) == 0 {
+			continue
+		}
+		m, err := e.compileEndpoints(s, api, eps)
+		if err != nil {
+			return err
+		}
+		if s.endpoints == nil {
+			s.endpoints = make(map[string]*endpointMatcher, len(cfg.Endpoints))
+		}
+		s.endpoints[api] = m
+	}
 	e.snap.Store(s)
 	return nil
 }
@@ -291,10 +312,10 @@ func (e *Engine) Policy(id string) (Policy, bool) {
 // Store returns the engine's store.
 func (e *Engine) Store() Store { return e.store }
 
-// resolve returns what c's limits for api come to, and the quota epoch of
-// the counter they spend. Nothing is written: the result is shared.
-func (e *Engine) resolve(c *Consumer, api string) (*resolved, uint64, error) {
-	snap := e.snap.Load()
+// resolveIn returns what c's limits for api come to under snap, and the
+// quota epoch of the counter they spend. Nothing is written: the result
+// is shared.
+func (e *Engine) resolveIn(snap *snapshot, c *Consumer, api string) (*resolved, uint64, error) {
 	// The length check skips the map call for the common consumer
 	// without per-API limits.
 	if len(c.APILimits) > 0 {
@@ -389,6 +410,11 @@ func (e *Engine) limitsRule(snap *snapshot, ls LimitSet) (*resolved, error) {
 // error wrapping ErrStoreUnavailable. A denial by a shadow policy (or any
 // denial under Options.Shadow) is returned allowed, with Shadowed set.
 func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (d Decision, err error) {
+	return e.decideIn(ctx, e.snap.Load(), c, api, cost)
+}
+
+// decideIn is Decide under snap.
+func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api string, cost int64) (d Decision, err error) {
 	// Nothing is written on the way to the store but the request (the
 	// resolved answer is shared), and the store's decision is labelled in
 	// the result: on a large store every store this path makes shortens
@@ -400,7 +426,7 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 	if e.opts.Observer != nil {
 		start = time.Now()
 	}
-	r, epoch, err := e.plan(c, api, cost)
+	r, epoch, err := e.planIn(snap, c, api, cost)
 	if err == nil {
 		req := Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}
 		switch {
@@ -426,13 +452,18 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 
 // plan checks a Decide or Wait call and resolves c's limits for api.
 func (e *Engine) plan(c *Consumer, api string, cost int64) (*resolved, uint64, error) {
+	return e.planIn(e.snap.Load(), c, api, cost)
+}
+
+// planIn is plan under snap.
+func (e *Engine) planIn(snap *snapshot, c *Consumer, api string, cost int64) (*resolved, uint64, error) {
 	if cost < 0 || cost > MaxCost {
 		return nil, 0, fmt.Errorf("%w: got %d", ErrInvalidCost, cost)
 	}
 	if c == nil {
 		return nil, 0, ErrNoConsumer
 	}
-	return e.resolve(c, api)
+	return e.resolveIn(snap, c, api)
 }
 
 // Wait is Decide that, while denied, sleeps and retries, as the package
