@@ -85,14 +85,28 @@ var endpointMethods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", 
 var ErrInvalidEndpoint = errors.New("invalid endpoint")
 
 // CheckEndpoint reports why method and path cannot name an endpoint
-// (Endpoint), wrapping ErrInvalidEndpoint, or nil. The problem follows
-// "method: " or "path: ".
+// (Endpoint): CheckEndpointMethod's error, else CheckEndpointPath's.
 func CheckEndpoint(method, path string) error {
-	if _, ok := canonicalMethod(method); !ok {
-		return fmt.Errorf("%w: method: unknown method %q (want %s, or any)", ErrInvalidEndpoint, method, strings.Join(endpointMethods, ", "))
+	if err := CheckEndpointMethod(method); err != nil {
+		return err
 	}
+	return CheckEndpointPath(path)
+}
+
+// CheckEndpointMethod reports why method cannot be an endpoint's
+// (Endpoint.Method), wrapping ErrInvalidEndpoint, or nil.
+func CheckEndpointMethod(method string) error {
+	if _, ok := canonicalMethod(method); !ok {
+		return fmt.Errorf("%w: unknown method %q (want %s, or any)", ErrInvalidEndpoint, method, strings.Join(endpointMethods, ", "))
+	}
+	return nil
+}
+
+// CheckEndpointPath reports why path cannot be an endpoint's
+// (Endpoint.Path), wrapping ErrInvalidEndpoint, or nil.
+func CheckEndpointPath(path string) error {
 	if _, err := parseEndpointPath(path); err != nil {
-		return fmt.Errorf("%w: path: %w", ErrInvalidEndpoint, err)
+		return fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
 	}
 	return nil
 }

@@ -89,6 +89,27 @@ func (s *Snapshot) CorePolicies() []core.Policy {
 	return out
 }
 
+// CoreEndpoints returns the endpoints of the snapshot's APIs as
+// core.Config.Endpoints takes them, by API id; nil when no API has any.
+func (s *Snapshot) CoreEndpoints() map[string][]core.Endpoint {
+	var out map[string][]core.Endpoint
+	for i := range s.APIs {
+		a := &s.APIs[i]
+		if len(a.Endpoints) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string][]core.Endpoint{}
+		}
+		eps := make([]core.Endpoint, len(a.Endpoints))
+		for j, ep := range a.Endpoints {
+			eps[j] = core.Endpoint{Method: ep.Method, Path: ep.Path, Policies: slices.Clone(ep.Policies), Cost: ep.Cost}
+		}
+		out[a.ID] = eps
+	}
+	return out
+}
+
 // Record returns the key as an identity.KeyRecord, or an error (starting
 // "spec: ") when KeyHash is not a valid hash. Slices and maps are copies.
 func (k *Key) Record() (identity.KeyRecord, error) {

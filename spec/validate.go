@@ -460,6 +460,7 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 			v.fail(fat+".policy", "policy %q limits nothing (give it a rate or a quota)", fl.Policy)
 		}
 	}
+	v.endpoints(at, a, policies)
 	seen := map[string]bool{}
 	for j, t := range a.Tags {
 		tat := fmt.Sprintf("%s.tags[%d]", at, j)
@@ -470,6 +471,51 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 			v.fail(tat, "tag %q is listed twice", t)
 		}
 		seen[t] = true
+	}
+}
+
+// endpoints checks an API's endpoints: method, path, no two alike,
+// policies that exist, cover the API and count per data plane, a cost in
+// range.
+func (v *validator) endpoints(at string, a *API, policies map[string]*Policy) {
+	first := map[string]string{}
+	for j, ep := range a.Endpoints {
+		eat := fmt.Sprintf("%s.endpoints[%d]", at, j)
+		ok := true
+		trim := func(err error) string { return strings.TrimPrefix(err.Error(), core.ErrInvalidEndpoint.Error()+": ") }
+		if err := core.CheckEndpointMethod(ep.Method); err != nil {
+			ok = false
+			v.fail(eat+".method", "%s", trim(err))
+		}
+		if err := core.CheckEndpointPath(ep.Path); err != nil {
+			ok = false
+			if ep.Path == "" {
+				v.missing(eat+".path", "%s", trim(err))
+			} else {
+				v.fail(eat+".path", "%s", trim(err))
+			}
+		}
+		if ok {
+			key := core.EndpointKey(ep.Method, ep.Path)
+			if f, dup := first[key]; dup {
+				v.repeats(eat+".path", f, "duplicate endpoint %s (first at %s)", key, f)
+			} else {
+				first[key] = eat + ".path"
+			}
+		}
+		for k, id := range ep.Policies {
+			pat := fmt.Sprintf("%s.policies[%d]", eat, k)
+			v.policyFor(pat, id, a.ID, policies)
+			if p := policies[id]; p != nil && p.Quota != nil && p.Quota.Global != nil {
+				v.fail(pat, "policy %q has a global quota; an endpoint's quotas are counted per data plane (leave global out, or put the quota on the key's policies)", id)
+			}
+		}
+		switch {
+		case ep.Cost < 0 || ep.Cost > core.MaxCost:
+			v.fail(eat+".cost", "%d: a cost is 1 to 2^53 − 1 (left out: the request's own)", ep.Cost)
+		case len(ep.Policies) == 0 && ep.Cost == 0:
+			v.missing(eat+".policies", "missing (an endpoint needs policies, a cost, or both)")
+		}
 	}
 }
 
