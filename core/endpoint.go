@@ -496,8 +496,10 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	case !da.Allowed:
 		return da, nil
 	case da.DecidedBy != KindNone && (de.DecidedBy == KindNone || da.Remaining < de.Remaining):
+		da.Shadowed = da.Shadowed || de.Shadowed // a shadowed endpoint's refusal is still reported
 		return da, nil
 	}
+	de.Shadowed = de.Shadowed || da.Shadowed
 	return de, nil
 }
 

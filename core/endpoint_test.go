@@ -285,3 +285,16 @@ func BenchmarkDecideRoute(b *testing.B) {
 		}
 	})
 }
+
+func TestEndpointShadow(t *testing.T) {
+	cfg := shopConfig(core.Limit{Rate: 1000, Period: time.Minute})
+	cfg.Policies[1].Shadow = true // post-orders
+	e, _ := newEngine(t, cfg, core.Options{})
+	c := &core.Consumer{ID: "k1", Policies: []string{"api"}}
+	for i := range 4 {
+		d, err := e.DecideRoute(context.Background(), c, "shop", core.Route{Method: "POST", Path: "/orders"}, 1)
+		if err != nil || !d.Allowed || d.Shadowed != (i >= 2) {
+			t.Fatalf("POST %d: %+v, %v: want allowed, shadowed from the 3rd", i, d, err)
+		}
+	}
+}
