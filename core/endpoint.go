@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -235,6 +236,20 @@ type endpointEntry struct {
 	// (mask has bit 63−i set for a literal segment i).
 	literals, segments int
 	mask               uint64
+	// plans are the policies' own limits here (Policy.Endpoints) by
+	// policy id, nil when none has any; pairs caches the rules of a rate
+	// from one plan with a quota from another ([2]*endpointPlan →
+	// *resolved), prepared on first use.
+	plans map[string]*endpointPlan
+	pairs sync.Map
+	scope string
+}
+
+// endpointPlan is one policy's own limits at an endpoint, prepared.
+type endpointPlan struct {
+	PolicyEndpoint
+	policy *policyEntry
+	solo   resolved
 }
 
 // morePath reports whether a's path is more specific than b's.
@@ -375,8 +390,9 @@ func (n *endpointNode) match(method, path string, best **endpointEntry, bestScor
 }
 
 // compileEndpoints prepares an API's endpoints (the endpoint at index i
-// refused with an error naming it) into a matcher.
-func (e *Engine) compileEndpoints(s *snapshot, api string, eps []Endpoint) (*endpointMatcher, error) {
+// refused with an error naming it), and the limits the policies of order
+// have at them, into a matcher; found records the policies' endpoint limits it places.
+func (e *Engine) compileEndpoints(s *snapshot, order []*policyEntry, api string, eps []Endpoint, found map[*PolicyEndpoint]bool) (*endpointMatcher, error) {
 	m := &endpointMatcher{}
 	seen := make(map[string]bool, len(eps))
 	for i := range eps {
@@ -408,7 +424,8 @@ func (e *Engine) compileEndpoints(s *snapshot, api string, eps []Endpoint) (*end
 				quota = p
 			}
 		}
-		ls := LimitSet{Scope: EndpointScope(api, *ep)}
+		ent.scope = EndpointScope(api, *ep)
+		ls := LimitSet{Scope: ent.scope}
 		if rate != nil {
 			ls.Rate, ls.Distributed = rate.Rate, rate.Distributed
 			ent.ratePolicy, ent.rateShadow = rate.ID, rate.Shadow
@@ -421,9 +438,99 @@ func (e *Engine) compileEndpoints(s *snapshot, api string, eps []Endpoint) (*end
 		if ent.prepared, err = e.prepare(ls); err != nil {
 			return nil, fmt.Errorf("API %q endpoint %d (%s): %w", api, i, key, err)
 		}
+		for _, p := range order {
+			for j := range p.Endpoints {
+				pe := &p.Endpoints[j]
+				if pe.API != api || CheckEndpoint(pe.Method, pe.Path) != nil || EndpointKey(pe.Method, pe.Path) != key {
+					continue
+				}
+				if ent.plans[p.ID] != nil {
+					return nil, fmt.Errorf("%w: policy %q has two limits at endpoint %s of API %q", ErrInvalidEndpoint, p.ID, key, api)
+				}
+				if pe.Quota.Global.Mode != NotGlobal {
+					return nil, fmt.Errorf("policy %q at endpoint %s of API %q: quota: %w: an endpoint's quota cannot be global", p.ID, key, api, ErrInvalidLimit)
+				}
+				pl := &endpointPlan{PolicyEndpoint: *pe, policy: p}
+				if pl.solo.prepared, err = e.prepare(LimitSet{Rate: pe.Rate, Quota: pe.Quota, Scope: ent.scope, Distributed: p.Distributed}); err != nil {
+					return nil, fmt.Errorf("policy %q at endpoint %s of API %q: %w", p.ID, key, api, err)
+				}
+				if !pe.Rate.IsZero() {
+					pl.solo.ratePolicy, pl.solo.rateShadow = p.ID, p.Shadow
+				}
+				if !pe.Quota.IsZero() {
+					pl.solo.quotaPolicy, pl.solo.quotaShadow = p.ID, p.Shadow
+				}
+				if ent.plans == nil {
+					ent.plans = map[string]*endpointPlan{}
+				}
+				ent.plans[p.ID] = pl
+				found[pe] = true
+			}
+		}
 		m.add(segs, ent)
 	}
 	return m, nil
+}
+
+// checkPolicyEndpoints reports a policy's limits at an endpoint that no
+// API of cfg has (found holds those compileEndpoints placed).
+func checkPolicyEndpoints(cfg *Config, found map[*PolicyEndpoint]bool) error {
+	for i := range cfg.Policies {
+		p := &cfg.Policies[i]
+		for j := range p.Endpoints {
+			pe := &p.Endpoints[j]
+			if found[pe] {
+				continue
+			}
+			if err := CheckEndpoint(pe.Method, pe.Path); err != nil {
+				return fmt.Errorf("policy %q endpoint %d: %w", p.ID, j, err)
+			}
+			return fmt.Errorf("%w: policy %q has limits at %s of API %q, which is not one of the API's endpoints", ErrInvalidEndpoint, p.ID, EndpointKey(pe.Method, pe.Path), pe.API)
+		}
+	}
+	return nil
+}
+
+// endpointRule returns the rule c's request at ep takes: the most generous of c's
+// policies' own limits there (Policy.Endpoints), else e's own. A
+// consumer with its own limits for the API (Consumer.APILimits) takes e's
+// own.
+func (eng *Engine) endpointRule(ep *endpointEntry, c *Consumer) (*resolved, error) {
+	if ep.plans == nil || len(c.APILimits) > 0 {
+		return &ep.resolved, nil
+	}
+	var rate, quota *endpointPlan
+	for _, id := range c.Policies {
+		pl := ep.plans[id]
+		if pl == nil {
+			continue
+		}
+		if !pl.Rate.IsZero() && (rate == nil || ratePerNs(pl.Rate) > ratePerNs(rate.Rate)) {
+			rate = pl
+		}
+		if !pl.Quota.IsZero() && (quota == nil || quotaPerNs(pl.Quota) > quotaPerNs(quota.Quota)) {
+			quota = pl
+		}
+	}
+	switch {
+	case rate == nil && quota == nil:
+		return &ep.resolved, nil
+	case rate == nil:
+		return &quota.solo, nil
+	case quota == nil || quota == rate:
+		return &rate.solo, nil
+	}
+	k := [2]*endpointPlan{rate, quota}
+	if v, ok := ep.pairs.Load(k); ok {
+		return v.(*resolved), nil
+	}
+	pr, err := eng.prepare(LimitSet{Rate: rate.Rate, Quota: quota.Quota, Scope: ep.scope, Distributed: rate.policy.Distributed})
+	if err != nil {
+		return nil, fmt.Errorf("policies %q and %q at %s: %w", rate.policy.ID, quota.policy.ID, ep.scope, err)
+	}
+	r := &resolved{prepared: pr, ratePolicy: rate.policy.ID, quotaPolicy: quota.policy.ID, rateShadow: rate.policy.Shadow, quotaShadow: quota.policy.Shadow}
+	v, _ := ep.pairs.LoadOrStore(k, r)
+	return v.(*resolved), nil
 }
 
 // DecideRoute decides a request of c to route within api. When route
@@ -479,11 +586,15 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	if err != nil {
 		return Decision{}, err
 	}
-	de, err := e.take(ctx, Request{Consumer: c.ID, Rule: ep.rule, Cost: cost, QuotaEpoch: c.QuotaEpoch}, ep.fallback)
+	er, err := e.endpointRule(ep, c)
 	if err != nil {
 		return Decision{}, err
 	}
-	ep.label(&de, e.opts.Shadow)
+	de, err := e.take(ctx, Request{Consumer: c.ID, Rule: er.rule, Cost: cost, QuotaEpoch: c.QuotaEpoch}, er.fallback)
+	if err != nil {
+		return Decision{}, err
+	}
+	er.label(&de, e.opts.Shadow)
 	if !de.Allowed {
 		return de, nil
 	}

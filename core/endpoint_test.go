@@ -298,3 +298,45 @@ func TestEndpointShadow(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyEndpointPlans: a policy's own limits at an endpoint replace
+// the endpoint's own policies for its consumers (the most generous of
+// theirs), on the same counters; others keep the endpoint's; the API's
+// limit applies to all.
+func TestPolicyEndpointPlans(t *testing.T) {
+	cfg := shopConfig(core.PerMinute(1000))
+	cfg.Policies = append(cfg.Policies,
+		core.Policy{ID: "gold", Rate: core.PerMinute(1000), Endpoints: []core.PolicyEndpoint{
+			{API: "shop", Method: "post", Path: "/orders/", Rate: core.PerMinute(5)},
+		}},
+		core.Policy{ID: "quota-plan", Endpoints: []core.PolicyEndpoint{
+			{API: "shop", Method: "POST", Path: "/orders", Quota: core.Quota{Max: 4, Renewal: time.Hour}},
+		}},
+	)
+	e, _ := newEngine(t, cfg, core.Options{})
+	free := &core.Consumer{ID: "free", Policies: []string{"api"}}
+	gold := &core.Consumer{ID: "gold", Policies: []string{"gold"}}
+	both := &core.Consumer{ID: "both", Policies: []string{"api", "gold", "quota-plan"}}
+	if got := admitted(t, e, free, "POST", 7); got != 2 {
+		t.Fatalf("free POST: %d admitted, want 2 (the endpoint's post-orders)", got)
+	}
+	if got := admitted(t, e, gold, "POST", 7); got != 5 {
+		t.Fatalf("gold POST: %d admitted, want 5 (gold's own limit there)", got)
+	}
+	if got := admitted(t, e, gold, "GET", 12); got != 10 {
+		t.Fatalf("gold GET: %d admitted, want 10 (gold has no limit there)", got)
+	}
+	// gold's rate (5/min) with quota-plan's quota (4 an hour).
+	d, err := e.DecideRoute(context.Background(), both, "shop", core.Route{Method: "POST", Path: "/orders"}, 1)
+	if err != nil || !d.Allowed || d.Rate.Policy != "gold" || d.Quota.Policy != "quota-plan" || d.Quota.Remaining != 3 {
+		t.Fatalf("both: %+v, %v: want gold's rate and quota-plan's quota", d, err)
+	}
+	if got := admitted(t, e, both, "POST", 5); got != 3 {
+		t.Fatalf("both POST: %d more admitted, want 3 (a quota of 4)", got)
+	}
+
+	cfg.Policies[len(cfg.Policies)-1].Endpoints[0].Path = "/nowhere"
+	if err := e.SetConfig(cfg); !errors.Is(err, core.ErrInvalidEndpoint) || !strings.Contains(err.Error(), `policy "quota-plan" has limits at POST /nowhere of API "shop", which is not one of the API's endpoints`) {
+		t.Fatalf("SetConfig with a limit at no endpoint: %v", err)
+	}
+}

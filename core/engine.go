@@ -243,11 +243,16 @@ func (e *Engine) SetConfig(cfg Config) error {
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = p
 	}
+	order := make([]*policyEntry, 0, len(cfg.Policies))
+	for i := range cfg.Policies {
+		order = append(order, s.policies[cfg.Policies[i].ID])
+	}
+	found := map[*PolicyEndpoint]bool{}
 	for api, eps := range cfg.Endpoints {
 		if len(eps) == 0 {
 			continue
 		}
-		m, err := e.compileEndpoints(s, api, eps)
+		m, err := e.compileEndpoints(s, order, api, eps, found)
 		if err != nil {
 			return err
 		}
@@ -255,6 +260,9 @@ func (e *Engine) SetConfig(cfg Config) error {
 			s.endpoints = make(map[string]*endpointMatcher, len(cfg.Endpoints))
 		}
 		s.endpoints[api] = m
+	}
+	if err := checkPolicyEndpoints(&cfg, found); err != nil {
+		return err
 	}
 	e.snap.Store(s)
 	return nil
