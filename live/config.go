@@ -691,7 +691,13 @@ func (g *Config) build(ctx context.Context, snap *spec.Snapshot, running map[spe
 		// engine; the consumers that need it get 503 (policyGuard).
 		kept := policies[:0]
 		for _, p := range policies {
-			if err := g.checkSupport(p.Rate); err != nil {
+			err := g.checkSupport(p.Rate)
+			for i := 0; err == nil && i < len(p.Endpoints); i++ {
+				if err = g.checkSupport(p.Endpoints[i].Rate); err != nil {
+					err = fmt.Errorf("its limit at endpoint %s of API %q: %w", core.EndpointKey(p.Endpoints[i].Method, p.Endpoints[i].Path), p.Endpoints[i].API, err)
+				}
+			}
+			if err != nil {
 				unenforced = append(unenforced, NotBuilt{Policy: p.ID, Problem: err.Error()})
 				continue
 			}

@@ -76,7 +76,21 @@ func (p *Policy) Core() core.Policy {
 		APIs:        slices.Clone(p.APIs),
 		Shadow:      p.Shadow,
 		Distributed: p.Distributed,
+		Endpoints:   p.coreEndpoints(),
 	}
+}
+
+// coreEndpoints returns the policy's endpoint limits as core's, nil for
+// none.
+func (p *Policy) coreEndpoints() []core.PolicyEndpoint {
+	if len(p.Endpoints) == 0 {
+		return nil
+	}
+	out := make([]core.PolicyEndpoint, len(p.Endpoints))
+	for i, pe := range p.Endpoints {
+		out[i] = core.PolicyEndpoint{API: pe.API, Method: pe.Method, Path: pe.Path, Rate: pe.Rate.Limit(), Quota: pe.Quota.Quota()}
+	}
+	return out
 }
 
 // CorePolicies returns the snapshot's policies as core.Policy values, in

@@ -93,3 +93,63 @@ func TestValidateEndpoints(t *testing.T) {
 		t.Fatalf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+func TestValidatePolicyEndpoints(t *testing.T) {
+	s := shop()
+	min := func(n int64) *spec.Rate { return &spec.Rate{Requests: n, Per: spec.Duration(time.Minute)} }
+	s.Policies = append(s.Policies,
+		spec.Policy{ID: "gold", Endpoints: []spec.PolicyEndpoint{
+			{API: "shop", Method: "post", Path: "/orders/", Rate: min(100)},
+			{API: "shop", Method: "GET", Path: "/orders", Quota: &spec.Quota{Max: 1000, Renewal: spec.Duration(time.Hour)}},
+		}},
+		spec.Policy{ID: "bad", APIs: []string{"other"}, Endpoints: []spec.PolicyEndpoint{
+			{API: "shop", Path: "/orders", Rate: min(1)},
+			{API: "other", Path: "/x", Rate: min(1)},
+			{API: "nope", Path: "/x", Rate: min(1)},
+			{Path: "/x"},
+		}},
+		spec.Policy{ID: "dup", Endpoints: []spec.PolicyEndpoint{
+			{API: "shop", Method: "POST", Path: "/orders", Rate: min(1)},
+			{API: "shop", Method: "post", Path: "/orders", Rate: min(2)},
+			{API: "shop", Method: "FETCH", Path: "/{a", Rate: &spec.Rate{Requests: 0, Per: spec.Duration(time.Minute)}},
+		}},
+	)
+	var errs spec.Errors
+	if !errors.As(s.Validate(), &errs) {
+		t.Fatal("no spec.Errors")
+	}
+	got := make([]string, len(errs))
+	for i, e := range errs {
+		got[i] = e.Path + ": " + e.Problem
+	}
+	want := []string{
+		`policies[5].endpoints[0].api: the policy does not cover API "shop" (its apis list leaves it out)`,
+		`policies[5].endpoints[0].path: API "shop" has no endpoint * /orders (list it in its endpoints first)`,
+		`policies[5].endpoints[1].path: API "other" has no endpoint * /x (list it in its endpoints first)`,
+		`policies[5].endpoints[2].api: unknown API "nope"`,
+		`policies[5].endpoints[3]: needs rate or quota`,
+		`policies[5].endpoints[3].api: missing (the id of the API whose endpoint this limits)`,
+		`policies[6].endpoints[1].path: the policy already limits POST /orders of API "shop" (at policies[6].endpoints[0].path)`,
+		`policies[6].endpoints[2].rate.requests: 0 must be > 0 (or -1 for unlimited)`,
+		`policies[6].endpoints[2].method: unknown method "FETCH" (want GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE, or any)`,
+		`policies[6].endpoints[2].path: "/{a": a {param} must be a whole segment, like /orders/{id}`,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	s.Policies = s.Policies[:5]
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(s.Policies[4])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"id":"gold","endpoints":[{"api":"shop","method":"post","path":"/orders/","rate":{"requests":100,"per":"1m0s"}},{"api":"shop","method":"GET","path":"/orders","quota":{"max":1000,"renewal":"1h0m0s"}}]}`; string(b) != want {
+		t.Fatalf("JSON %s\nwant %s", b, want)
+	}
+	c := s.Policies[4].Core()
+	if len(c.Endpoints) != 2 || c.Endpoints[0].Rate != core.PerMinute(100) || c.Endpoints[1].Quota.Max != 1000 {
+		t.Fatalf("Core: %+v", c.Endpoints)
+	}
+}

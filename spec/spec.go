@@ -94,6 +94,28 @@ type Policy struct {
 	// enforces the limit exactly, as if it were false. Quotas are never
 	// split.
 	Distributed bool `json:"distributed,omitempty"`
+	// Endpoints are the policy's own limits at endpoints of APIs
+	// (API.Endpoints), so that plans differ per endpoint, as Tyk's
+	// endpoint-level limits in a policy's access rights
+	// (core.PolicyEndpoint): for a consumer with this policy they replace
+	// the endpoint's own policies there, on the same counters.
+	Endpoints []PolicyEndpoint `json:"endpoints,omitempty"`
+}
+
+// PolicyEndpoint is a policy's own limits at one endpoint of an API.
+type PolicyEndpoint struct {
+	// API is the API's id; required, and the policy must cover it.
+	API string `json:"api"`
+	// Method and Path name one of the API's endpoints as it gives them
+	// (Endpoint.Method and Endpoint.Path; {param} names and a final "/"
+	// aside, method in any case).
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path"`
+	// Rate is the rate limit there, or nil for none.
+	Rate *Rate `json:"rate,omitempty"`
+	// Quota is the quota there, or nil for none; not global. At least one
+	// of Rate and Quota is set.
+	Quota *Quota `json:"quota,omitempty"`
 }
 
 // Rate is a rate limit: Requests per Per, in bursts of up to Burst.

@@ -222,3 +222,50 @@ apis:
 		t.Fatalf("errors:\n%v\nwant:\n%s", err, want)
 	}
 }
+
+// TestGatewayPolicyEndpointPlans: a policy's own limit at an endpoint
+// (policies[].endpoints) replaces the endpoint's policies for its keys:
+// a gold key POSTs 5 orders a minute, a free key 2; a sliding window
+// there is refused on the in-process store at its line.
+func TestGatewayPolicyEndpointPlans(t *testing.T) {
+	_, target := newUpstream(t)
+	file := filepath.Join(t.TempDir(), "gateway.yaml")
+	plans := strings.Replace(shopYAML("memory", target, 1000), "keys:\n", `  - id: gold
+    rate: {requests: 1000, per: 1m}
+    endpoints:
+      - {api: shop, method: POST, path: /orders, rate: {requests: 5, per: 1m}}
+keys:
+  - {key: gold-1, policies: [gold]}
+`, 1)
+	writeFile(t, file, plans)
+	srv, _ := serve(t, server.Options{ConfigPath: file})
+	count := func(key string) int {
+		n := 0
+		for range 7 {
+			req, _ := http.NewRequest("POST", srv.URL()+"/shop/orders", nil)
+			req.Header.Set("X-API-Key", key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				n++
+			}
+		}
+		return n
+	}
+	if got := count("gold-1"); got != 5 {
+		t.Errorf("gold POST /orders: %d admitted, want 5", got)
+	}
+	if got := count("k1"); got != 2 {
+		t.Errorf("free POST /orders: %d admitted, want 2", got)
+	}
+
+	writeFile(t, file, strings.Replace(plans, "rate: {requests: 5, per: 1m}}", "rate: {requests: 5, per: 1m, algorithm: sliding_window}}", 1))
+	_, err := config.Load(file)
+	if want := file + ":10:90: policies[3].endpoints[0].rate.algorithm: sliding_window is not supported by the memory store (only gcra)"; err == nil || err.Error() != want {
+		t.Fatalf("Load: %v\nwant %s", err, want)
+	}
+}
