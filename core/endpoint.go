@@ -495,7 +495,7 @@ func checkPolicyEndpoints(cfg *Config, found map[*PolicyEndpoint]bool) error {
 // policies' own limits there (Policy.Endpoints), else e's own. A
 // consumer with its own limits for the API (Consumer.APILimits) takes e's
 // own.
-func (eng *Engine) endpointRule(ep *endpointEntry, c *Consumer) (*resolved, error) {
+func (e *Engine) endpointRule(ep *endpointEntry, c *Consumer) (*resolved, error) {
 	if ep.plans == nil || len(c.APILimits) > 0 {
 		return &ep.resolved, nil
 	}
@@ -524,7 +524,7 @@ func (eng *Engine) endpointRule(ep *endpointEntry, c *Consumer) (*resolved, erro
 	if v, ok := ep.pairs.Load(k); ok {
 		return v.(*resolved), nil
 	}
-	pr, err := eng.prepare(LimitSet{Rate: rate.Rate, Quota: quota.Quota, Scope: ep.scope, Distributed: rate.policy.Distributed})
+	pr, err := e.prepare(LimitSet{Rate: rate.Rate, Quota: quota.Quota, Scope: ep.scope, Distributed: rate.policy.Distributed})
 	if err != nil {
 		return nil, fmt.Errorf("policies %q and %q at %s: %w", rate.policy.ID, quota.policy.ID, ep.scope, err)
 	}
@@ -537,8 +537,10 @@ func (eng *Engine) endpointRule(ep *endpointEntry, c *Consumer) (*resolved, erro
 // matches none of api's endpoints (Config.Endpoints) it is Decide. When
 // it matches one (the most specific: see Endpoint), the request costs the
 // endpoint's Cost when it has one, and both limits apply: the endpoint's
-// policies, on c's counters of the endpoint's scope (EndpointScope), and
-// c's own limits for api, as Decide applies them. c's limits for api are
+// policies (or, when c's policies have limits of their own there, the
+// most generous of those: Policy.Endpoints), on c's counters of the
+// endpoint's scope (EndpointScope), and c's own limits for api, as Decide
+// applies them. c's limits for api are
 // resolved first, so a consumer refused there (ErrNoPolicy) spends
 // nothing; the endpoint's limits are taken next and, only when they
 // allow, the API's. A request the endpoint refuses therefore spends none
