@@ -431,7 +431,10 @@ func (e *Engine) compileEndpoints(s *snapshot, order []*policyEntry, api string,
 			ent.ratePolicy, ent.rateShadow = rate.ID, rate.Shadow
 		}
 		if quota != nil {
-			ls.Quota = quotaOf(&quota.Policy)
+			if quota.Quota.Global.Mode != NotGlobal {
+				return nil, fmt.Errorf("API %q endpoint %d (%s): policy %q: quota: %w: an endpoint's quota cannot be global", api, i, key, quota.ID, ErrInvalidLimit)
+			}
+			ls.Quota = quota.Quota
 			ent.quotaPolicy, ent.quotaShadow = quota.ID, quota.Shadow
 		}
 		var err error

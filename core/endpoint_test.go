@@ -172,7 +172,14 @@ func TestEndpointConfigErrors(t *testing.T) {
 			t.Errorf("%+v: error %v, want one containing %q", tc.ep, err, tc.want)
 		}
 	}
-	_, err := core.NewEngine(memory.New(memory.Options{}), core.Config{Endpoints: map[string][]core.Endpoint{"shop": {
+	_, err := core.NewEngine(memory.New(memory.Options{}), core.Config{
+		Policies:  []core.Policy{{ID: "g", Quota: core.Quota{Max: 10, Renewal: time.Hour, Global: core.GlobalQuota{Mode: core.GlobalStrict}}}},
+		Endpoints: map[string][]core.Endpoint{"shop": {{Path: "/a", Policies: []string{"g"}}}},
+	}, core.Options{})
+	if !errors.Is(err, core.ErrInvalidLimit) || !strings.Contains(err.Error(), "an endpoint's quota cannot be global") {
+		t.Fatalf("global quota: %v", err)
+	}
+	_, err = core.NewEngine(memory.New(memory.Options{}), core.Config{Endpoints: map[string][]core.Endpoint{"shop": {
 		{Method: "get", Path: "/orders/{id}"}, {Method: "GET", Path: "/orders/{name}/"},
 	}}}, core.Options{})
 	if !errors.Is(err, core.ErrInvalidEndpoint) || !strings.Contains(err.Error(), "GET /orders/{} is listed twice") {
