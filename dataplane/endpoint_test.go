@@ -5,8 +5,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -37,7 +40,10 @@ func TestFollowEndpoints(t *testing.T) {
 	if st, b := call("POST", "/api/keys", `{"key":"shop-key-1","policies":["api"]}`); st != 201 {
 		t.Fatalf("POST /api/keys: %d %s", st, b)
 	}
-	f := follow(t, cp, dataplane.FollowOptions{})
+	// A frozen clock: counts are exact however slow the machine.
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	t.Cleanup(func() { store.Close() })
+	f := follow(t, cp, dataplane.FollowOptions{Store: store})
 	waitFor(t, "revision 5", func() bool { return f.Revision() == 5 })
 
 	mw := nethttp.Middleware(f.Limiter("shop"), f.Authenticator("shop"), nethttp.Options{API: "shop", Route: nethttp.PathRoute})
@@ -73,7 +79,8 @@ func TestFollowEndpoints(t *testing.T) {
 	}
 
 	// The key's own limit, lowered to 11 a minute, has counted the 12
-	// admitted: nothing more passes, on any path.
+	// admitted (a limit change keeps the units spent): nothing more
+	// passes, on any path.
 	if st, b := call("PUT", "/api/policies/api", `{"rate":{"requests":11,"per":"1m"}}`); st != 200 {
 		t.Fatalf("PUT api: %d %s", st, b)
 	}
@@ -98,5 +105,60 @@ func TestFollowEndpoints(t *testing.T) {
 	}
 	if got := admitted("POST", "/orders", 1); got != 0 {
 		t.Fatalf("POST /orders: %d admitted, want 0 (its 2 are spent, counters kept across revisions)", got)
+	}
+}
+
+// TestGatewayEndpointsFromControlPlane: an API with endpoints created
+// through the admin API reaches a gateway kept in step by its agent,
+// which enforces them on proxied requests: exactly 2 POST /shop/orders
+// and 10 GET /shop/orders for one key.
+func TestGatewayEndpointsFromControlPlane(t *testing.T) {
+	cp := newControlPlane(t, &spec.Snapshot{})
+	call := admin(t, cp)
+	for _, w := range []struct{ method, path, body string }{
+		{"PUT", "/api/policies/api", `{"rate":{"requests":1000,"per":"1m"}}`},
+		{"PUT", "/api/policies/post-orders", `{"rate":{"requests":2,"per":"1m"}}`},
+		{"PUT", "/api/policies/get-orders", `{"rate":{"requests":10,"per":"1m"}}`},
+		{"PUT", "/api/apis/shop", `{"listen_path":"/shop/","target":"builtin:echo","endpoints":[` +
+			`{"method":"POST","path":"/orders","policies":["post-orders"]},` +
+			`{"method":"GET","path":"/orders","policies":["get-orders"]}]}`},
+		{"POST", "/api/keys", `{"key":"shop-key-1","policies":["api"]}`},
+	} {
+		if st, b := call(w.method, w.path, w.body); st != 200 && st != 201 {
+			t.Fatalf("%s %s: %d %s", w.method, w.path, st, b)
+		}
+	}
+	g := newGateway(t)
+	a, err := dataplane.New(agentOptions(g.tg, cp.addr, &lockedBuffer{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, a)
+	waitFor(t, "revision 5 applied", func() bool { return g.tg.Revision() == 5 })
+	admitted := func(method string, n int) int {
+		t.Helper()
+		ok := 0
+		for range n {
+			req, _ := http.NewRequest(method, g.url+"/shop/orders", nil)
+			req.Header.Set("X-API-Key", "shop-key-1")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				ok++
+			} else if resp.StatusCode != 429 {
+				t.Fatalf("%s: %d", method, resp.StatusCode)
+			}
+		}
+		return ok
+	}
+	if got := admitted("POST", 5); got != 2 {
+		t.Fatalf("POST /shop/orders: %d admitted, want 2", got)
+	}
+	if got := admitted("GET", 15); got != 10 {
+		t.Fatalf("GET /shop/orders: %d admitted, want 10", got)
 	}
 }
