@@ -313,6 +313,8 @@ func (n *endpointNode) lit(seg string) *endpointNode {
 // endpointMatcher finds the most specific endpoint of an API for a route.
 type endpointMatcher struct {
 	root endpointNode
+	// all are the API's endpoints in order, for quota resets.
+	all []*endpointEntry
 }
 
 // add inserts e, whose path is segs.
@@ -348,6 +350,7 @@ func (m *endpointMatcher) add(segs []segment, e *endpointEntry) {
 	}
 	e.segments = len(segs)
 	n.eps = append(n.eps, e)
+	m.all = append(m.all, e)
 }
 
 // match returns the most specific endpoint for (method, path), nil for
@@ -620,3 +623,46 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 }
 
 var _ RouteDecider = (*Engine)(nil)
+
+// resetEndpointQuotas deletes the quota counters c has at the endpoints
+// of api ("": of every API) whose rule for c counts a quota, at c's
+// key-wide quota epoch, on the store and, under FailFallback, the
+// fallback first (as ResetQuota does). It returns the store's first
+// error, else the fallback's.
+func (e *Engine) resetEndpointQuotas(ctx context.Context, c *Consumer, api string) error {
+	snap := e.snap.Load()
+	var ms []*endpointMatcher
+	if api != "" {
+		if m := snap.endpoints[api]; m != nil {
+			ms = append(ms, m)
+		}
+	} else {
+		for _, m := range snap.endpoints {
+			ms = append(ms, m)
+		}
+	}
+	var storeErr, fbErr error
+	for _, m := range ms {
+		for _, ep := range m.all {
+			r, err := e.endpointRule(ep, c)
+			if err != nil {
+				return err
+			}
+			if !r.rule.QuotaEnforced() {
+				continue
+			}
+			if e.opts.FailurePolicy == FailFallback {
+				if err := e.opts.Fallback.ResetQuota(ctx, c.ID, ep.scope, c.QuotaEpoch); err != nil && fbErr == nil {
+					fbErr = err
+				}
+			}
+			if err := e.store.ResetQuota(ctx, c.ID, ep.scope, c.QuotaEpoch); err != nil && storeErr == nil {
+				storeErr = err
+			}
+		}
+	}
+	if storeErr != nil {
+		return storeErr
+	}
+	return fbErr
+}

@@ -361,3 +361,28 @@ func TestPolicyEndpointPlans(t *testing.T) {
 		t.Fatalf("SetConfig with a limit at no endpoint: %v", err)
 	}
 }
+
+// TestEndpointQuotaReset: ResetQuota resets a consumer's quota counters
+// at the API's endpoints too (every API's for api ""), the rate limits
+// left alone.
+func TestEndpointQuotaReset(t *testing.T) {
+	e, _ := newEngine(t, core.Config{
+		Policies: []core.Policy{
+			{ID: "api", Rate: core.PerMinute(1000)},
+			{ID: "three", Quota: core.Quota{Max: 3, Renewal: time.Hour}},
+		},
+		Endpoints: map[string][]core.Endpoint{"shop": {{Method: "POST", Path: "/orders", Policies: []string{"three"}}}},
+	}, core.Options{})
+	c := &core.Consumer{ID: "k1", Policies: []string{"api"}}
+	for _, api := range []string{"shop", ""} {
+		if got := admitted(t, e, c, "POST", 5); got != 3 {
+			t.Fatalf("before the reset for %q: %d admitted, want 3", api, got)
+		}
+		if err := e.ResetQuota(context.Background(), c, api); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := admitted(t, e, c, "POST", 5); got != 3 {
+		t.Fatalf("after the resets: %d admitted, want 3", got)
+	}
+}

@@ -519,7 +519,9 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 // fallback's counter is reset first, the same way, so that a fallback
 // seeded with the store's counts (Seeder) does not keep the old count for
 // the next outage, and a reset made during one takes effect there; the
-// error returned is the store's, else the fallback's.
+// error returned is the store's, else the fallback's. The quota counters
+// c has at api's endpoints (Config.Endpoints; every API's when api is "")
+// are reset too, at c's key-wide epoch.
 func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error {
 	if c == nil {
 		return ErrNoConsumer
@@ -533,6 +535,9 @@ func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error 
 		fbErr = e.opts.Fallback.ResetQuota(ctx, c.ID, scope, epoch)
 	}
 	if err := e.store.ResetQuota(ctx, c.ID, scope, epoch); err != nil {
+		return err
+	}
+	if err := e.resetEndpointQuotas(ctx, c, api); err != nil {
 		return err
 	}
 	return fbErr
