@@ -213,7 +213,8 @@ func Selects(apiTags, dpTags []string) bool {
 //
 //   - a policy's apis list loses the APIs left out; a policy whose list
 //     loses all of them covers nothing there and is left out, and so is
-//     it from the keys' policies lists;
+//     it from the keys' policies lists; its endpoint limits lose those
+//     at the APIs left out;
 //   - a key's api_limits lose the entries of APIs left out; a key left
 //     with no policy and no api_limits could pass no API there (core's
 //     ErrNoPolicy) and is left out.
@@ -280,7 +281,20 @@ func newFilter(policies []spec.Policy, apis []spec.API, tags []string) *filter {
 // policy returns p as the view holds it, or false when the view leaves
 // it out (its apis list names only APIs left out).
 func (f *filter) policy(p spec.Policy) (spec.Policy, bool) {
-	if f.identity || len(p.APIs) == 0 {
+	if f.identity {
+		return p, true
+	}
+	if slices.ContainsFunc(p.Endpoints, func(pe spec.PolicyEndpoint) bool { return !f.served[pe.API] }) {
+		// Its limits at the endpoints of APIs left out go too.
+		var eps []spec.PolicyEndpoint
+		for _, pe := range p.Endpoints {
+			if f.served[pe.API] {
+				eps = append(eps, pe)
+			}
+		}
+		p.Endpoints = eps
+	}
+	if len(p.APIs) == 0 {
 		return p, true
 	}
 	p.APIs = keep(p.APIs, f.served)

@@ -66,6 +66,12 @@ type Consumer struct {
 // Engine.SetConfig; changes swap in a new Config.
 type Config struct {
 	Policies []Policy
+	// Endpoints are APIs' endpoints by API id: parts of an API, by method
+	// and path, with policies of their own that apply besides the
+	// consumer's (see Endpoint and Engine.DecideRoute). SetConfig
+	// prepares each endpoint's limits and compiles each API's endpoints
+	// into a matcher once.
+	Endpoints map[string][]Endpoint
 }
 
 // snapshot is a validated Config indexed for lookup, with every policy's
@@ -83,6 +89,8 @@ type snapshot struct {
 	// counted by nLimits. Beyond that, a Limits is prepared per request.
 	limits  sync.Map
 	nLimits atomic.Int64
+	// endpoints are the APIs' endpoint matchers by API id (Config.Endpoints).
+	endpoints map[string]*endpointMatcher
 }
 
 // maxCachedLimits bounds snapshot.limits: distinct per-API limit sets are
@@ -235,6 +243,27 @@ func (e *Engine) SetConfig(cfg Config) error {
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = p
 	}
+	order := make([]*policyEntry, 0, len(cfg.Policies))
+	for i := range cfg.Policies {
+		order = append(order, s.policies[cfg.Policies[i].ID])
+	}
+	found := map[*PolicyEndpoint]bool{}
+	for api, eps := range cfg.Endpoints {
+		if len(eps) == 0 {
+			continue
+		}
+		m, err := e.compileEndpoints(s, order, api, eps, found)
+		if err != nil {
+			return err
+		}
+		if s.endpoints == nil {
+			s.endpoints = make(map[string]*endpointMatcher, len(cfg.Endpoints))
+		}
+		s.endpoints[api] = m
+	}
+	if err := checkPolicyEndpoints(&cfg, found); err != nil {
+		return err
+	}
 	e.snap.Store(s)
 	return nil
 }
@@ -291,10 +320,10 @@ func (e *Engine) Policy(id string) (Policy, bool) {
 // Store returns the engine's store.
 func (e *Engine) Store() Store { return e.store }
 
-// resolve returns what c's limits for api come to, and the quota epoch of
-// the counter they spend. Nothing is written: the result is shared.
-func (e *Engine) resolve(c *Consumer, api string) (*resolved, uint64, error) {
-	snap := e.snap.Load()
+// resolveIn returns what c's limits for api come to under snap, and the
+// quota epoch of the counter they spend. Nothing is written: the result
+// is shared.
+func (e *Engine) resolveIn(snap *snapshot, c *Consumer, api string) (*resolved, uint64, error) {
 	// The length check skips the map call for the common consumer
 	// without per-API limits.
 	if len(c.APILimits) > 0 {
@@ -389,6 +418,11 @@ func (e *Engine) limitsRule(snap *snapshot, ls LimitSet) (*resolved, error) {
 // error wrapping ErrStoreUnavailable. A denial by a shadow policy (or any
 // denial under Options.Shadow) is returned allowed, with Shadowed set.
 func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (d Decision, err error) {
+	return e.decideIn(ctx, e.snap.Load(), c, api, cost)
+}
+
+// decideIn is Decide under snap.
+func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api string, cost int64) (d Decision, err error) {
 	// Nothing is written on the way to the store but the request (the
 	// resolved answer is shared), and the store's decision is labelled in
 	// the result: on a large store every store this path makes shortens
@@ -400,7 +434,7 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 	if e.opts.Observer != nil {
 		start = time.Now()
 	}
-	r, epoch, err := e.plan(c, api, cost)
+	r, epoch, err := e.planIn(snap, c, api, cost)
 	if err == nil {
 		req := Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}
 		switch {
@@ -426,13 +460,18 @@ func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64
 
 // plan checks a Decide or Wait call and resolves c's limits for api.
 func (e *Engine) plan(c *Consumer, api string, cost int64) (*resolved, uint64, error) {
+	return e.planIn(e.snap.Load(), c, api, cost)
+}
+
+// planIn is plan under snap.
+func (e *Engine) planIn(snap *snapshot, c *Consumer, api string, cost int64) (*resolved, uint64, error) {
 	if cost < 0 || cost > MaxCost {
 		return nil, 0, fmt.Errorf("%w: got %d", ErrInvalidCost, cost)
 	}
 	if c == nil {
 		return nil, 0, ErrNoConsumer
 	}
-	return e.resolve(c, api)
+	return e.resolveIn(snap, c, api)
 }
 
 // Wait is Decide that, while denied, sleeps and retries, as the package
@@ -480,7 +519,9 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 // fallback's counter is reset first, the same way, so that a fallback
 // seeded with the store's counts (Seeder) does not keep the old count for
 // the next outage, and a reset made during one takes effect there; the
-// error returned is the store's, else the fallback's.
+// error returned is the store's, else the fallback's. The quota counters
+// c has at api's endpoints (Config.Endpoints; every API's when api is "")
+// are reset too, at c's key-wide epoch.
 func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error {
 	if c == nil {
 		return ErrNoConsumer
@@ -494,6 +535,9 @@ func (e *Engine) ResetQuota(ctx context.Context, c *Consumer, api string) error 
 		fbErr = e.opts.Fallback.ResetQuota(ctx, c.ID, scope, epoch)
 	}
 	if err := e.store.ResetQuota(ctx, c.ID, scope, epoch); err != nil {
+		return err
+	}
+	if err := e.resetEndpointQuotas(ctx, c, api); err != nil {
 		return err
 	}
 	return fbErr

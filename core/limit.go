@@ -354,6 +354,27 @@ type Policy struct {
 	// to enforce this policy's rate limit against this process's share of
 	// it, in memory; other stores ignore it. Quotas are never split.
 	Distributed bool
+	// Endpoints are the policy's own limits at endpoints of APIs (Tyk's
+	// endpoint-level limits in a policy's access rights), so that plans
+	// differ per endpoint: for a consumer with this policy they replace
+	// the endpoint's own policies (see PolicyEndpoint).
+	Endpoints []PolicyEndpoint
+}
+
+// PolicyEndpoint is a policy's own limits at one endpoint of an API
+// (Config.Endpoints), named by the API's id and the endpoint's method and
+// path as the endpoint gives them ({param} names aside). For a consumer
+// whose policies have limits at an endpoint, the most generous of those
+// (rate and quota chosen apart, as Consumer.Policies says) replace the
+// endpoint's own policies, on the same counters (EndpointScope), so a
+// change of plan keeps the units spent; the consumer's own limits for the
+// API still apply. A consumer whose policies have none there is limited by
+// the endpoint's own policies. The shadow and distributed flags are the
+// policy's. A global quota is refused.
+type PolicyEndpoint struct {
+	API, Method, Path string
+	Rate              Limit
+	Quota             Quota
 }
 
 // Validate checks the policy's ID, Rate and Quota.

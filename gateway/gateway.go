@@ -190,7 +190,17 @@ func (g *Gateway) attach(a *spec.API, b live.Built) (http.Handler, error) {
 		}
 		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
 	}
-	return nethttp.Middleware(b.Limiter, b.Auth, nethttp.Options{API: a.ID, Renderer: g.render})(up), nil
+	mo := nethttp.Options{API: a.ID, Renderer: g.render}
+	if len(a.Endpoints) > 0 {
+		// Endpoints' paths are relative to the listen path: the path
+		// the upstream sees when the listen path is stripped. Request
+		// paths are clean here (ServeHTTP redirects others).
+		prefix := strings.TrimSuffix(a.ListenPath, "/")
+		mo.Route = func(r *http.Request) core.Route {
+			return core.Route{Method: r.Method, Path: strings.TrimPrefix(r.URL.Path, prefix)}
+		}
+	}
+	return nethttp.Middleware(b.Limiter, b.Auth, mo)(up), nil
 }
 
 // Close stops the JWKS refreshes and the fallback store, and drops idle

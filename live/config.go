@@ -147,7 +147,7 @@ type Options struct {
 type Built struct {
 	Auth    identity.Authenticator
 	Sources []identity.Source
-	Limiter core.Decider
+	Limiter core.RouteDecider
 }
 
 // NotBuilt is an API or a policy of the running configuration that the
@@ -233,7 +233,7 @@ type State struct {
 	unenforced []NotBuilt
 	// limiter decides the routes' requests: engine, or a policyGuard
 	// over it when unenforced is not empty.
-	limiter  core.Decider
+	limiter  core.RouteDecider
 	apis     map[string]*spec.API
 	policies map[string]*spec.Policy
 
@@ -616,11 +616,32 @@ type policyGuard struct {
 
 // Decide implements core.Decider.
 func (pg *policyGuard) Decide(ctx context.Context, c *core.Consumer, api string, cost int64) (core.Decision, error) {
+	cc, err := pg.consumer(c, api)
+	if err != nil {
+		return core.Decision{}, err
+	}
+	return pg.engine.Decide(ctx, cc, api, cost)
+}
+
+// DecideRoute implements core.RouteDecider; an endpoint that needs a
+// policy that is not built refuses by itself (core.Endpoint.Refuse).
+func (pg *policyGuard) DecideRoute(ctx context.Context, c *core.Consumer, api string, route core.Route, cost int64) (core.Decision, error) {
+	cc, err := pg.consumer(c, api)
+	if err != nil {
+		return core.Decision{}, err
+	}
+	return pg.engine.DecideRoute(ctx, cc, api, route, cost)
+}
+
+// consumer returns c as the engine may decide it for api: c itself, a
+// copy without the policies that are not built and do not cover api, or
+// the 503 of one that does.
+func (pg *policyGuard) consumer(c *core.Consumer, api string) (*core.Consumer, error) {
 	if c == nil {
-		return pg.engine.Decide(ctx, c, api, cost)
+		return c, nil
 	}
 	if _, own := c.APILimits[api]; own {
-		return pg.engine.Decide(ctx, c, api, cost)
+		return c, nil
 	}
 	n := 0
 	for _, id := range c.Policies {
@@ -629,12 +650,12 @@ func (pg *policyGuard) Decide(ctx context.Context, c *core.Consumer, api string,
 			continue
 		}
 		if len(b.policy.APIs) == 0 || slices.Contains(b.policy.APIs, api) {
-			return core.Decision{}, &identity.Error{Status: http.StatusServiceUnavailable, Kind: errPolicyNotBuilt, Reason: b.msg}
+			return nil, &identity.Error{Status: http.StatusServiceUnavailable, Kind: errPolicyNotBuilt, Reason: b.msg}
 		}
 		n++
 	}
 	if n == 0 {
-		return pg.engine.Decide(ctx, c, api, cost)
+		return c, nil
 	}
 	cc := *c
 	cc.Policies = make([]string, 0, len(c.Policies)-n)
@@ -643,7 +664,7 @@ func (pg *policyGuard) Decide(ctx context.Context, c *core.Consumer, api string,
 			cc.Policies = append(cc.Policies, id)
 		}
 	}
-	return pg.engine.Decide(ctx, &cc, api, cost)
+	return &cc, nil
 }
 
 // errSuperseded ends a retry whose state no longer runs.
@@ -670,7 +691,13 @@ func (g *Config) build(ctx context.Context, snap *spec.Snapshot, running map[spe
 		// engine; the consumers that need it get 503 (policyGuard).
 		kept := policies[:0]
 		for _, p := range policies {
-			if err := g.checkSupport(p.Rate); err != nil {
+			err := g.checkSupport(p.Rate)
+			for i := 0; err == nil && i < len(p.Endpoints); i++ {
+				if err = g.checkSupport(p.Endpoints[i].Rate); err != nil {
+					err = fmt.Errorf("its limit at endpoint %s of API %q: %w", core.EndpointKey(p.Endpoints[i].Method, p.Endpoints[i].Path), p.Endpoints[i].API, err)
+				}
+			}
+			if err != nil {
 				unenforced = append(unenforced, NotBuilt{Policy: p.ID, Problem: err.Error()})
 				continue
 			}
@@ -678,7 +705,27 @@ func (g *Config) build(ctx context.Context, snap *spec.Snapshot, running map[spe
 		}
 		policies = kept
 	}
-	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: policies}, core.Options{
+	endpoints := snap.CoreEndpoints()
+	if len(unenforced) > 0 {
+		// An endpoint that needs a policy left out answers 503 naming
+		// it, as the consumers that need one do.
+		for api, eps := range endpoints {
+			for i := range eps {
+				ep := &eps[i]
+				for _, nb := range unenforced {
+					if slices.Contains(ep.Policies, nb.Policy) {
+						ep.Refuse = &identity.Error{Status: http.StatusServiceUnavailable, Kind: errPolicyNotBuilt,
+							Reason: fmt.Sprintf("policy %q of this endpoint of API %q is not built on this %s: %s", nb.Policy, api, g.opts.Member, nb.Problem)}
+						ep.Policies = slices.DeleteFunc(ep.Policies, func(id string) bool {
+							return slices.ContainsFunc(unenforced, func(nb NotBuilt) bool { return nb.Policy == id })
+						})
+						break
+					}
+				}
+			}
+		}
+	}
+	engine, err := core.NewEngine(g.opts.Store, core.Config{Policies: policies, Endpoints: endpoints}, core.Options{
 		FailurePolicy: g.opts.FailurePolicy,
 		Fallback:      g.fallback,
 		StoreTimeout:  g.opts.StoreTimeout,

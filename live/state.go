@@ -28,7 +28,7 @@ func (st *State) Engine() *core.Engine { return st.engine }
 // Limiter returns what decides the state's requests: the engine, or in
 // front of it a guard answering 503 for consumers whose limits need a
 // policy that is not built.
-func (st *State) Limiter() core.Decider { return st.limiter }
+func (st *State) Limiter() core.RouteDecider { return st.limiter }
 
 // Keys returns the state's key registry. The caller must not change it.
 func (st *State) Keys() *identity.Keys { return st.keys }
@@ -89,7 +89,13 @@ func (g *Config) Authenticator(api string) identity.Authenticator {
 // core.ErrUnknownPolicy); the next is decided wholly under the new
 // configuration. A gateway's routes do not mix: each is built with its
 // state's limiter.
-func (g *Config) Limiter(api string) core.Decider { return liveLimiter{g: g} }
+//
+// It is also a core.RouteDecider: DecideRoute decides a request at the
+// endpoint of the running configuration's API that its route matches
+// (spec.API.Endpoints, core.Engine.DecideRoute), so a middleware given a
+// route for each request (the adapters' Route options) enforces the
+// endpoints the control plane defines.
+func (g *Config) Limiter(api string) core.RouteDecider { return liveLimiter{g: g} }
 
 type apiAuth struct {
 	g   *Config
@@ -149,6 +155,18 @@ func (l liveLimiter) Decide(ctx context.Context, c *core.Consumer, api string, c
 		return core.Decision{}, notReady(*reason)
 	}
 	return st.limiter.Decide(ctx, c, api, cost)
+}
+
+// DecideRoute implements core.RouteDecider.
+func (l liveLimiter) DecideRoute(ctx context.Context, c *core.Consumer, api string, route core.Route, cost int64) (core.Decision, error) {
+	st := l.g.state.Load()
+	if st == nil {
+		return core.Decision{}, notReady("no configuration applied yet")
+	}
+	if reason := l.g.unavailable.Load(); reason != nil {
+		return core.Decision{}, notReady(*reason)
+	}
+	return st.limiter.DecideRoute(ctx, c, api, route, cost)
 }
 
 func notReady(reason string) error {

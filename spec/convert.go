@@ -76,7 +76,21 @@ func (p *Policy) Core() core.Policy {
 		APIs:        slices.Clone(p.APIs),
 		Shadow:      p.Shadow,
 		Distributed: p.Distributed,
+		Endpoints:   p.coreEndpoints(),
 	}
+}
+
+// coreEndpoints returns the policy's endpoint limits as core's, nil for
+// none.
+func (p *Policy) coreEndpoints() []core.PolicyEndpoint {
+	if len(p.Endpoints) == 0 {
+		return nil
+	}
+	out := make([]core.PolicyEndpoint, len(p.Endpoints))
+	for i, pe := range p.Endpoints {
+		out[i] = core.PolicyEndpoint{API: pe.API, Method: pe.Method, Path: pe.Path, Rate: pe.Rate.Limit(), Quota: pe.Quota.Quota()}
+	}
+	return out
 }
 
 // CorePolicies returns the snapshot's policies as core.Policy values, in
@@ -85,6 +99,27 @@ func (s *Snapshot) CorePolicies() []core.Policy {
 	out := make([]core.Policy, len(s.Policies))
 	for i := range s.Policies {
 		out[i] = s.Policies[i].Core()
+	}
+	return out
+}
+
+// CoreEndpoints returns the endpoints of the snapshot's APIs as
+// core.Config.Endpoints takes them, by API id; nil when no API has any.
+func (s *Snapshot) CoreEndpoints() map[string][]core.Endpoint {
+	var out map[string][]core.Endpoint
+	for i := range s.APIs {
+		a := &s.APIs[i]
+		if len(a.Endpoints) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string][]core.Endpoint{}
+		}
+		eps := make([]core.Endpoint, len(a.Endpoints))
+		for j, ep := range a.Endpoints {
+			eps[j] = core.Endpoint{Method: ep.Method, Path: ep.Path, Policies: slices.Clone(ep.Policies), Cost: ep.Cost}
+		}
+		out[a.ID] = eps
 	}
 	return out
 }

@@ -94,6 +94,28 @@ type Policy struct {
 	// enforces the limit exactly, as if it were false. Quotas are never
 	// split.
 	Distributed bool `json:"distributed,omitempty"`
+	// Endpoints are the policy's own limits at endpoints of APIs
+	// (API.Endpoints), so that plans differ per endpoint, as Tyk's
+	// endpoint-level limits in a policy's access rights
+	// (core.PolicyEndpoint): for a consumer with this policy they replace
+	// the endpoint's own policies there, on the same counters.
+	Endpoints []PolicyEndpoint `json:"endpoints,omitempty"`
+}
+
+// PolicyEndpoint is a policy's own limits at one endpoint of an API.
+type PolicyEndpoint struct {
+	// API is the API's id; required, and the policy must cover it.
+	API string `json:"api"`
+	// Method and Path name one of the API's endpoints as it gives them
+	// (Endpoint.Method and Endpoint.Path; {param} names and a final "/"
+	// aside, method in any case).
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path"`
+	// Rate is the rate limit there, or nil for none.
+	Rate *Rate `json:"rate,omitempty"`
+	// Quota is the quota there, or nil for none; not global. At least one
+	// of Rate and Quota is set.
+	Quota *Quota `json:"quota,omitempty"`
 }
 
 // Rate is a rate limit: Requests per Per, in bursts of up to Burst.
@@ -345,6 +367,44 @@ type API struct {
 	// to the data planes whose tags select it. Each is non-empty and
 	// listed once; none means every data plane.
 	Tags []string `json:"tags,omitempty"`
+	// Endpoints are parts of the API, by method and path, whose requests
+	// are limited by policies of their own besides the consumer's (and
+	// may cost more than 1): a request is limited at the most specific
+	// endpoint its method and path match (core.Endpoint,
+	// core.Engine.DecideRoute). Paths are relative to the API: a
+	// gateway matches the path after the listen path, a service its own
+	// request's path (or route pattern, or gRPC full method name).
+	Endpoints []Endpoint `json:"endpoints,omitempty"`
+}
+
+// Endpoint is a part of an API with limits of its own (core.Endpoint).
+// Each of its policies applies to every consumer of the API, on counters
+// the consumer has for this endpoint alone (core.EndpointScope), and the
+// consumer's own limits for the API apply too.
+type Endpoint struct {
+	// Method is an HTTP method (GET, HEAD, POST, PUT, PATCH, DELETE,
+	// OPTIONS or TRACE; any case), or "any" or "" (left out) for every
+	// method. A GET endpoint also takes HEAD requests that no HEAD
+	// endpoint takes.
+	Method string `json:"method,omitempty"`
+	// Path is a path prefix of literal segments and {param} segments,
+	// each a whole segment ("/orders", "/orders/{id}/items"); required.
+	// It matches a path with as many segments or more, each literal
+	// equal and each {param} anything. The most specific endpoint wins:
+	// more literal segments, then more segments, then literals further
+	// left, then an exact method over GET-for-HEAD over any. Two
+	// endpoints of an API may not have the same method and path ({param}
+	// names aside).
+	Path string `json:"path"`
+	// Policies are the endpoint's policies, merged as a consumer's are;
+	// each must cover the API (no apis list, or one naming it), and none
+	// may have a global quota. An endpoint needs policies or a cost.
+	Policies []string `json:"policies,omitempty"`
+	// Cost, when > 0, is what each request to the endpoint costs, on the
+	// endpoint's limits and the API's; 0 (left out) is the request's own
+	// cost (1 unless a service's middleware says otherwise). At most
+	// 2^53 − 1.
+	Cost int64 `json:"cost,omitempty"`
 }
 
 // JWT is a jwt API's token checking (identity.JWTOptions).

@@ -175,6 +175,9 @@ func (v *validator) snapshot(s *Snapshot) {
 			}
 		}
 	}
+	for i := range s.Policies {
+		v.policyEndpoints(fmt.Sprintf("policies[%d]", i), &s.Policies[i], apis)
+	}
 
 	firstKey := map[identity.KeyHash]string{}
 	for i := range s.Keys {
@@ -460,6 +463,7 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 			v.fail(fat+".policy", "policy %q limits nothing (give it a rate or a quota)", fl.Policy)
 		}
 	}
+	v.endpoints(at, a, policies)
 	seen := map[string]bool{}
 	for j, t := range a.Tags {
 		tat := fmt.Sprintf("%s.tags[%d]", at, j)
@@ -470,6 +474,108 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 			v.fail(tat, "tag %q is listed twice", t)
 		}
 		seen[t] = true
+	}
+}
+
+// endpoints checks an API's endpoints: method, path, no two alike,
+// policies that exist, cover the API and count per data plane, a cost in
+// range.
+func (v *validator) endpoints(at string, a *API, policies map[string]*Policy) {
+	first := map[string]string{}
+	for j, ep := range a.Endpoints {
+		eat := fmt.Sprintf("%s.endpoints[%d]", at, j)
+		ok := true
+		trim := func(err error) string { return strings.TrimPrefix(err.Error(), core.ErrInvalidEndpoint.Error()+": ") }
+		if err := core.CheckEndpointMethod(ep.Method); err != nil {
+			ok = false
+			v.fail(eat+".method", "%s", trim(err))
+		}
+		if err := core.CheckEndpointPath(ep.Path); err != nil {
+			ok = false
+			if ep.Path == "" {
+				v.missing(eat+".path", "%s", trim(err))
+			} else {
+				v.fail(eat+".path", "%s", trim(err))
+			}
+		}
+		if ok {
+			key := core.EndpointKey(ep.Method, ep.Path)
+			if f, dup := first[key]; dup {
+				v.repeats(eat+".path", f, "duplicate endpoint %s (first at %s)", key, f)
+			} else {
+				first[key] = eat + ".path"
+			}
+		}
+		for k, id := range ep.Policies {
+			pat := fmt.Sprintf("%s.policies[%d]", eat, k)
+			v.policyFor(pat, id, a.ID, policies)
+			if p := policies[id]; p != nil && p.Quota != nil && p.Quota.Global != nil {
+				v.fail(pat, "policy %q has a global quota; an endpoint's quotas are counted per data plane (leave global out, or put the quota on the key's policies)", id)
+			}
+		}
+		switch {
+		case ep.Cost < 0 || ep.Cost > core.MaxCost:
+			v.fail(eat+".cost", "%d: a cost is 1 to 2^53 − 1 (left out: the request's own)", ep.Cost)
+		case len(ep.Policies) == 0 && ep.Cost == 0:
+			v.missing(eat+".policies", "missing (an endpoint needs policies, a cost, or both)")
+		}
+	}
+}
+
+// policyEndpoints checks a policy's own endpoint limits (at is the
+// policy's path): each names an endpoint of an API the policy covers,
+// once, with a rate or a quota that is valid and not global.
+func (v *validator) policyEndpoints(at string, p *Policy, apis map[string]*API) {
+	seen := map[string]string{}
+	for j, pe := range p.Endpoints {
+		eat := fmt.Sprintf("%s.endpoints[%d]", at, j)
+		v.rate(eat+".rate", pe.Rate)
+		v.quota(eat+".quota", pe.Quota)
+		switch {
+		case pe.Rate == nil && pe.Quota == nil:
+			v.missing(eat, "needs rate or quota")
+		case pe.Quota != nil && pe.Quota.Global != nil:
+			v.fail(eat+".quota.global", "an endpoint's quotas are counted per data plane; leave global out")
+		}
+		a := apis[pe.API]
+		switch {
+		case pe.API == "":
+			v.missing(eat+".api", "missing (the id of the API whose endpoint this limits)")
+			continue
+		case a == nil:
+			v.unknown(eat+".api", "apis", "unknown API %q", pe.API)
+			continue
+		case len(p.APIs) > 0 && !slices.Contains(p.APIs, pe.API):
+			v.fail(eat+".api", "the policy does not cover API %q (its apis list leaves it out)", pe.API)
+		}
+		ok := true
+		if err := core.CheckEndpointMethod(pe.Method); err != nil {
+			ok = false
+			v.fail(eat+".method", "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidEndpoint.Error()+": "))
+		}
+		if err := core.CheckEndpointPath(pe.Path); err != nil {
+			ok = false
+			if pe.Path == "" {
+				v.missing(eat+".path", "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidEndpoint.Error()+": "))
+			} else {
+				v.fail(eat+".path", "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidEndpoint.Error()+": "))
+			}
+		}
+		if !ok {
+			continue
+		}
+		key := core.EndpointKey(pe.Method, pe.Path)
+		if !slices.ContainsFunc(a.Endpoints, func(ep Endpoint) bool {
+			return core.CheckEndpoint(ep.Method, ep.Path) == nil && core.EndpointKey(ep.Method, ep.Path) == key
+		}) {
+			v.fail(eat+".path", "API %q has no endpoint %s (list it in its endpoints first)", pe.API, key)
+			continue
+		}
+		if f, dup := seen[pe.API+" "+key]; dup {
+			v.repeats(eat+".path", f, "the policy already limits %s of API %q (at %s)", key, pe.API, f)
+		} else {
+			seen[pe.API+" "+key] = eat + ".path"
+		}
 	}
 }
 

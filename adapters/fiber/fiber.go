@@ -13,6 +13,7 @@ package fiber
 import (
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -30,8 +31,17 @@ type Options struct {
 	// API is the API ID the engine decides for (policies may be scoped to
 	// APIs).
 	API string
-	// Cost returns a request's cost; nil means 1.
+	// Cost returns a request's cost; nil means 1. An endpoint with a
+	// cost of its own overrides it (core.Endpoint.Cost).
 	Cost func(*fiber.Ctx) int64
+	// Route, when set, says where a request goes within API, so that a
+	// core.RouteDecider (an engine with endpoints, the Limiter(api) of a
+	// data-plane member) decides it at the endpoint it matches: PathRoute
+	// (the request's method and path; for middleware given to Use) or
+	// RoutePathRoute (the route's path, "/orders/:id"; for middleware
+	// given to the route itself). nil decides every request for the API
+	// as a whole (Decide).
+	Route func(*fiber.Ctx) core.Route
 	// Renderer renders answers; nil means response.NewRenderer with zero
 	// Options.
 	Renderer *response.Renderer
@@ -63,7 +73,11 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		_, d, err := admit.Check(ctx, l, auth, Request{c}, opts.API, cost)
+		var route func() core.Route
+		if opts.Route != nil {
+			route = func() core.Route { return opts.Route(c) }
+		}
+		_, d, err := admit.Check(ctx, l, auth, Request{c}, opts.API, route, cost)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
@@ -73,6 +87,32 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		}
 		return c.Next()
 	}
+}
+
+// PathRoute is an Options.Route: the request's method and path
+// (c.Path(), as Fiber routes it).
+func PathRoute(c *fiber.Ctx) core.Route {
+	return core.Route{Method: c.Method(), Path: c.Path()}
+}
+
+// RoutePathRoute is an Options.Route for middleware given to a route
+// (app.Get("/orders/:id", mw, h)): the request's method and the route's
+// path, its parameters written as an endpoint's (":id", ":id?", "*" and
+// "+" segments as {param}), so that an endpoint's {param} segments match
+// them. In middleware given to Use, c.Route() is the Use's own route:
+// use PathRoute there.
+func RoutePathRoute(c *fiber.Ctx) core.Route {
+	p := c.Route().Path
+	if strings.ContainsAny(p, ":*+") {
+		segs := strings.Split(p, "/")
+		for i, s := range segs {
+			if len(s) > 0 && (s[0] == ':' || s[0] == '*' || s[0] == '+') {
+				segs[i] = "{p" + strconv.Itoa(i) + "}"
+			}
+		}
+		p = strings.Join(segs, "/")
+	}
+	return core.Route{Method: c.Method(), Path: p}
 }
 
 // Write sets res's header fields on c's response and, when res does not

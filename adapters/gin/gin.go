@@ -11,6 +11,8 @@
 package gin
 
 import (
+	"strings"
+
 	"github.com/gin-gonic/gin"
 
 	"github.com/limitplane/limitplane/adapters/internal/admit"
@@ -26,8 +28,16 @@ type Options struct {
 	// API is the API ID the engine decides for (policies may be scoped to
 	// APIs).
 	API string
-	// Cost returns a request's cost; nil means 1.
+	// Cost returns a request's cost; nil means 1. An endpoint with a
+	// cost of its own overrides it (core.Endpoint.Cost).
 	Cost func(*gin.Context) int64
+	// Route, when set, says where a request goes within API, so that a
+	// core.RouteDecider (an engine with endpoints, the Limiter(api) of a
+	// data-plane member) decides it at the endpoint it matches:
+	// FullPathRoute (the route Gin matched, "/orders/:id") or PathRoute
+	// (the request's path). nil decides every request for the API as a
+	// whole (Decide).
+	Route func(*gin.Context) core.Route
 	// Renderer renders answers; nil means response.NewRenderer with zero
 	// Options.
 	Renderer *response.Renderer
@@ -56,7 +66,11 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		_, d, err := admit.Check(ctx, l, auth, nethttp.Request{R: c.Request}, opts.API, cost)
+		var route func() core.Route
+		if opts.Route != nil {
+			route = func() core.Route { return opts.Route(c) }
+		}
+		_, d, err := admit.Check(ctx, l, auth, nethttp.Request{R: c.Request}, opts.API, route, cost)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
@@ -69,4 +83,36 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 		}
 		c.Next()
 	}
+}
+
+// PathRoute is an Options.Route: the request's method and path.
+func PathRoute(c *gin.Context) core.Route { return nethttp.PathRoute(c.Request) }
+
+// FullPathRoute is an Options.Route: the request's method and the path
+// of the route Gin matched (c.FullPath()), its parameters written as an
+// endpoint's ("/orders/:id" is "/orders/{id}", "/files/*rest" is
+// "/files/{rest}"), so that an endpoint's {param} segments match them;
+// PathRoute when no route matched. Gin matches routes before any
+// handler runs, so it works in middleware given to Use.
+func FullPathRoute(c *gin.Context) core.Route {
+	fp := c.FullPath()
+	if fp == "" {
+		return PathRoute(c)
+	}
+	return core.Route{Method: c.Request.Method, Path: braceParams(fp)}
+}
+
+// braceParams rewrites a router's ":name" and "*name" segments as
+// "{name}".
+func braceParams(p string) string {
+	if !strings.ContainsAny(p, ":*") {
+		return p
+	}
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if len(s) > 0 && (s[0] == ':' || s[0] == '*') {
+			segs[i] = "{" + s[1:] + "}"
+		}
+	}
+	return strings.Join(segs, "/")
 }

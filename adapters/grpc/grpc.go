@@ -64,8 +64,19 @@ type Options struct {
 	// the engine decides for; nil means the full method name itself.
 	API func(fullMethod string) string
 	// Cost returns the cost of a unary call or of opening a stream; nil
-	// means 1.
+	// means 1. An endpoint with a cost of its own overrides it
+	// (core.Endpoint.Cost).
 	Cost func(ctx context.Context, fullMethod string) int64
+	// Route, when set, says where a call (or a stream's opening) goes
+	// within its API, so that a core.RouteDecider (an engine with
+	// endpoints, the Limiter(api) of a data-plane member) decides it at
+	// the endpoint it matches: MethodRoute makes the full method name
+	// the path, so an API's endpoints name methods
+	// ({path: /shop.Orders/Create}) or services ({path: /shop.Orders}),
+	// each with its policies and cost. nil decides every call for its API
+	// as a whole (Decide). Stream messages (PerMessage) are decided for
+	// MessageAPI as a whole.
+	Route func(fullMethod string) core.Route
 	// PerMessage meters every message a stream receives (client and
 	// bidirectional streams): after each successful RecvMsg the engine is
 	// asked for MessageCost units under MessageAPI. A denied message ends
@@ -156,6 +167,13 @@ func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts O
 	}
 }
 
+// MethodRoute is an Options.Route: the full method name
+// ("/shop.Orders/Create") as the path, and POST, the method of every gRPC
+// call over HTTP/2.
+func MethodRoute(fullMethod string) core.Route {
+	return core.Route{Method: "POST", Path: fullMethod}
+}
+
 // admit authenticates and decides a call or stream opening. It returns the
 // consumer, the header metadata to send (nil if none) and, when the call
 // must not proceed, its status error.
@@ -164,7 +182,11 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
 	}
-	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), cost)
+	var route func() core.Route
+	if in.o.Route != nil {
+		route = func() core.Route { return in.o.Route(method) }
+	}
+	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), route, cost)
 	md, st := in.answer(ctx, method, c, d, err, true)
 	if st != nil {
 		return c, md, st.Err()

@@ -7,6 +7,7 @@ package nethttp
 import (
 	"bytes"
 	"net/http"
+	"strings"
 
 	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/response"
@@ -20,8 +21,16 @@ type Options struct {
 	// API is the API ID the engine decides for (policies may be scoped to
 	// APIs).
 	API string
-	// Cost returns a request's cost; nil means 1.
+	// Cost returns a request's cost; nil means 1. An endpoint with a
+	// cost of its own overrides it (core.Endpoint.Cost).
 	Cost func(*http.Request) int64
+	// Route, when set, says where a request goes within API, so that a
+	// core.RouteDecider (an engine with endpoints, the Limiter(api) of a
+	// data-plane member) decides it at the endpoint it matches: PathRoute
+	// (the method and the request's path) or PatternRoute (the ServeMux
+	// pattern that routed it). nil decides every request for the API as
+	// a whole (Decide).
+	Route func(*http.Request) core.Route
 	// Renderer renders answers; nil means response.NewRenderer with zero
 	// Options.
 	Renderer *response.Renderer
@@ -48,7 +57,11 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			if opts.Cost != nil {
 				cost = func() int64 { return opts.Cost(r) }
 			}
-			_, d, err := admit.Check(r.Context(), l, auth, Request{r}, opts.API, cost)
+			var route func() core.Route
+			if opts.Route != nil {
+				route = func() core.Route { return opts.Route(r) }
+			}
+			_, d, err := admit.Check(r.Context(), l, auth, Request{r}, opts.API, route, cost)
 			if opts.OnDecision != nil {
 				opts.OnDecision(r, d, err)
 			}
@@ -59,6 +72,32 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			}
 		})
 	}
+}
+
+// PathRoute is an Options.Route: the request's method and its path
+// (URL.Path, unescaped), matched against the endpoints' patterns.
+func PathRoute(r *http.Request) core.Route {
+	return core.Route{Method: r.Method, Path: r.URL.Path}
+}
+
+// PatternRoute is an Options.Route for a middleware inside a ServeMux
+// (mux.Handle("GET /orders/{id}", mw(h))): the request's method and the
+// path of the pattern that routed it (r.Pattern without its method and
+// host: "/orders/{id}"), whose {param} segments an endpoint's {param}
+// segments match; PathRoute when r.Pattern is empty (the middleware is
+// outside the mux, or no mux routed r).
+func PatternRoute(r *http.Request) core.Route {
+	p := r.Pattern
+	if p == "" {
+		return PathRoute(r)
+	}
+	if i := strings.IndexAny(p, " \t"); i >= 0 {
+		p = strings.TrimLeft(p[i:], " \t")
+	}
+	if i := strings.IndexByte(p, '/'); i > 0 {
+		p = p[i:] // a host
+	}
+	return core.Route{Method: r.Method, Path: p}
 }
 
 // Write sets res's header fields on w and, when res does not pass, writes

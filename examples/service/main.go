@@ -5,7 +5,10 @@
 // the follower's Limiter and Authenticator for the API it is. Policies,
 // keys, revocations, quota resets and the API's authentication (API key,
 // JWT, keyless) are the control plane's; the service holds no
-// configuration of its own.
+// configuration of its own. The middleware is given each request's route
+// (its method and path, Gin's route, or the gRPC method), so the API's
+// endpoints, if the control plane gives it any (per-method and per-path
+// limits and costs: README, apis[].endpoints), apply too.
 //
 // Walk-through, with a control plane on 127.0.0.1:7070 (admin) and
 // 127.0.0.1:7071 (sync) whose -dataplanes file gives group "orders" the
@@ -222,7 +225,7 @@ func netHTTPHandler(f *dataplane.Follower, api string, l core.Decider, auth iden
 	mux := http.NewServeMux()
 	mux.Handle("GET /readyz", f.ReadyHandler())
 	mux.Handle("GET /metrics", f.MetricsHandler())
-	limited := lpnethttp.Middleware(l, auth, lpnethttp.Options{API: api})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	limited := lpnethttp.Middleware(l, auth, lpnethttp.Options{API: api, Route: lpnethttp.PathRoute})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(orders(r.Context()))
 	}))
@@ -244,7 +247,7 @@ func ginHandler(f *dataplane.Follower, api string, l core.Decider, auth identity
 	r.GET("/metrics", gin.WrapH(f.MetricsHandler()))
 	g := r.Group("/orders", func(c *gin.Context) {
 		c.Request = c.Request.WithContext(withConsumerSlot(c.Request.Context()))
-	}, lpgin.Middleware(l, auth, lpgin.Options{API: api}))
+	}, lpgin.Middleware(l, auth, lpgin.Options{API: api, Route: lpgin.FullPathRoute}))
 	handle := func(c *gin.Context) { c.JSON(http.StatusOK, orders(c.Request.Context())) }
 	for _, p := range []string{"", "/*rest"} {
 		g.GET(p, handle)
@@ -282,7 +285,7 @@ func serveFiber(ctx context.Context, ln net.Listener, f *dataplane.Follower, api
 	g := app.Group("/orders", func(c *fiber.Ctx) error {
 		c.SetUserContext(withConsumerSlot(c.UserContext()))
 		return c.Next()
-	}, lpfiber.Middleware(l, auth, lpfiber.Options{API: api}))
+	}, lpfiber.Middleware(l, auth, lpfiber.Options{API: api, Route: lpfiber.PathRoute}))
 	handle := func(c *fiber.Ctx) error { return c.JSON(orders(c.UserContext())) }
 	for _, p := range []string{"", "/*"} {
 		g.Get(p, handle)
@@ -305,7 +308,7 @@ func serveFiber(ctx context.Context, ln net.Listener, f *dataplane.Follower, api
 // (every method is API api), and /readyz and /metrics over HTTP on ops,
 // until ctx is done.
 func serveGRPC(ctx context.Context, ln net.Listener, ops string, f *dataplane.Follower, api string, l core.Decider, auth identity.Authenticator) error {
-	o := lpgrpc.Options{API: func(string) string { return api }}
+	o := lpgrpc.Options{API: func(string) string { return api }, Route: lpgrpc.MethodRoute}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(lpgrpc.UnaryServerInterceptor(l, auth, o)),
 		grpc.ChainStreamInterceptor(lpgrpc.StreamServerInterceptor(l, auth, o)),

@@ -126,6 +126,9 @@ func (v *loader) gcraOnly(s *spec.Snapshot) {
 	}
 	for i, p := range s.Policies {
 		check(fmt.Sprintf("policies[%d].rate", i), p.Rate)
+		for j, pe := range p.Endpoints {
+			check(fmt.Sprintf("policies[%d].endpoints[%d].rate", i, j), pe.Rate)
+		}
 	}
 	for i, k := range s.Keys {
 		for _, id := range slices.Sorted(maps.Keys(k.APILimits)) {
