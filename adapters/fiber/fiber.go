@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/gofiber/fiber/v2"
@@ -57,22 +58,34 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
 	}
+	// fasthttp copies every header value and the body it is given, so a
+	// request's consumer and answer are rendered into memory reused by
+	// later requests.
+	pool := &sync.Pool{New: func() any { return new(scratch) }}
 	return func(c *fiber.Ctx) error {
 		ctx := c.UserContext()
 		var cost func() int64
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		_, d, err := admit.Check(ctx, l, auth, Request{c}, opts.API, cost)
+		s := pool.Get().(*scratch)
+		d, err := admit.Decide(ctx, l, auth, Request{c}, opts.API, cost, &s.consumer)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
-		var buf [8]response.Header
-		if !Write(c, rend.Render(buf[:0], d, err)) {
+		pass := Write(c, rend.RenderScratch(&s.answer, d, err))
+		pool.Put(s)
+		if !pass {
 			return nil
 		}
 		return c.Next()
 	}
+}
+
+// scratch is one request's memory in Middleware.
+type scratch struct {
+	consumer admit.Consumer
+	answer   response.Scratch
 }
 
 // Write sets res's header fields on c's response and, when res does not

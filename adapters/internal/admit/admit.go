@@ -29,3 +29,33 @@ func Check(ctx context.Context, l core.Decider, auth identity.Authenticator, r i
 	d, err := l.Decide(ctx, c, api, n)
 	return c, d, err
 }
+
+// Consumer is the memory Decide writes a consumer into. Its zero value is
+// ready; an adapter keeps it in a sync.Pool with the rest of a request's
+// scratch memory.
+type Consumer struct {
+	c  core.Consumer
+	id [64]byte
+}
+
+// Decide is Check for an adapter that does not keep the consumer: when
+// auth is an identity.ConsumerWriter, the consumer is written into s and
+// used only by l.Decide, so finding it allocates nothing; s may be reused
+// once Decide returns. Otherwise it is Check.
+func Decide(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, cost func() int64, s *Consumer) (core.Decision, error) {
+	w, ok := auth.(identity.ConsumerWriter)
+	if !ok {
+		_, d, err := Check(ctx, l, auth, r, api, cost)
+		return d, err
+	}
+	if err := w.AuthenticateInto(ctx, r, &s.c, s.id[:0]); err != nil {
+		return core.Decision{}, err
+	}
+	n := int64(1)
+	if cost != nil {
+		n = cost()
+	}
+	d, err := l.Decide(ctx, &s.c, api, n)
+	s.c = core.Consumer{}
+	return d, err
+}
