@@ -108,15 +108,15 @@ func Write(c *fiber.Ctx, res response.Result) bool {
 }
 
 // set is c.Set(name, value). For the fields adapters/response renders,
-// already in the form fasthttp normalizes names to and none of them one
-// fasthttp treats specially, and for a value without CR or LF (which
-// c.Set would turn into spaces), it hands both to SetCanonical as they
-// are: fasthttp copies them, and skips the copy and normalization c.Set
-// makes first.
+// already in the form fasthttp normalizes names to, and for a value
+// without CR or LF (which c.Set would turn into spaces), it hands both to
+// SetCanonical as they are, which is where c.Set ends too (Content-Type,
+// which fasthttp keeps apart, included): fasthttp copies them, and skips
+// the copy and normalization c.Set makes first.
 func set(c *fiber.Ctx, name, value string) {
 	switch name {
 	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
-		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options":
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options", "Content-Type":
 		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
 			c.Response().Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
 			return
