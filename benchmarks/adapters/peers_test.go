@@ -2,7 +2,8 @@ package adapters
 
 // Peers: limitplane's net/http and Fiber middleware beside the middleware a
 // user would pick instead, each on its own in-memory store, on the admitted
-// path (limits of 10⁹ per second that no benchmark reaches). Every library
+// path (limits of 10⁹ per second that no benchmark reaches) and, in the
+// Deny benchmarks, on denials (one request an hour). Every library
 // keys on the same thing, the client IP taken from the transport peer
 // address (RemoteAddr; no forwarding header is read), which is also every
 // peer's default key:
