@@ -68,6 +68,19 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, r Request) (*core.Consumer, error)
 }
 
+// ConsumerWriter is an Authenticator that can also write the consumer it
+// finds into memory its caller provides, for a caller that uses the
+// consumer only while it decides the request (the adapters): then finding
+// it allocates nothing. Keyless implements it.
+type ConsumerWriter interface {
+	Authenticator
+	// AuthenticateInto answers as Authenticate does, with the consumer
+	// written to *c instead of returned. c.ID's bytes may be in id's array,
+	// so c and its ID are valid only until the caller reuses id; the
+	// caller must not keep them (nor hand them to anything that does).
+	AuthenticateInto(ctx context.Context, r Request, c *core.Consumer, id []byte) error
+}
+
 // Sentinel errors; *Error values match them with errors.Is.
 var (
 	// ErrMissingCredentials: the request carries no credential (401).
@@ -194,6 +207,19 @@ func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, er
 		return nil, missing("no client address")
 	}
 	return ipConsumer("ip:", p, k.IDSuffix, k.Policies), nil
+}
+
+// AuthenticateInto implements ConsumerWriter: Authenticate's consumer,
+// with the same ID, written to c, its ID's bytes in id's array when they
+// fit (else in memory of their own).
+func (k *Keyless) AuthenticateInto(_ context.Context, r Request, c *core.Consumer, id []byte) error {
+	p, err := k.ClientIP.Prefix(r)
+	if err != nil {
+		return missing("no client address")
+	}
+	b := append(appendKey(append(id[:0], "ip:"...), p), k.IDSuffix...)
+	*c = core.Consumer{ID: unsafe.String(unsafe.SliceData(b), len(b)), Policies: k.Policies}
+	return nil
 }
 
 // appendKey appends ClientIP.Key's text for the address group p (valid and

@@ -2,9 +2,13 @@ package identity
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"github.com/limitplane/limitplane/core"
 )
 
 // parseAddrPortCases are peer addresses netip.ParseAddrPort accepts and
@@ -70,6 +74,19 @@ func TestKeylessConsumerIDs(t *testing.T) {
 		if c.ID != tc.want || len(c.Policies) != 1 || c.Policies[0] != "basic" || c.APILimits != nil || c.QuotaEpoch != 0 {
 			t.Fatalf("%s %q: consumer %+v, want ID %q", tc.peer, tc.suffix, *c, tc.want)
 		}
+		// AuthenticateInto writes the same consumer, in the caller's
+		// buffer when it fits.
+		var into core.Consumer
+		var id [64]byte
+		if err := k.AuthenticateInto(context.Background(), newReq(tc.peer), &into, id[:0]); err != nil {
+			t.Fatalf("%s %q: AuthenticateInto: %v", tc.peer, tc.suffix, err)
+		}
+		if into.ID != c.ID || len(into.Policies) != 1 || into.Policies[0] != "basic" || into.APILimits != nil || into.QuotaEpoch != 0 {
+			t.Fatalf("%s %q: AuthenticateInto wrote %+v, Authenticate gave %+v", tc.peer, tc.suffix, into, *c)
+		}
+		if inBuf := unsafe.StringData(into.ID) == &id[0]; inBuf != (len(into.ID) <= len(id)) {
+			t.Fatalf("%s %q: ID of %d bytes in the caller's buffer: %v", tc.peer, tc.suffix, len(into.ID), inBuf)
+		}
 		// The ID is what "ip:" + ClientIP.Key + the suffix was before.
 		key, _ := tc.ip.Key(newReq(tc.peer))
 		if c.ID != "ip:"+key+tc.suffix {
@@ -97,5 +114,24 @@ func TestKeylessAllocations(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("%s: %v allocations per Authenticate, want 1 (the consumer and its ID together)", peer, n)
 		}
+	}
+}
+
+// AuthenticateInto fails as Authenticate does, and writes a consumer
+// without allocating.
+func TestKeylessAuthenticateInto(t *testing.T) {
+	k := &Keyless{Policies: []string{"basic"}, IDSuffix: "@x"}
+	var c core.Consumer
+	var id [64]byte
+	_, want := k.Authenticate(context.Background(), newReq("@"))
+	if err := k.AuthenticateInto(context.Background(), newReq("@"), &c, id[:0]); err == nil || err.Error() != want.Error() || !errors.Is(err, ErrMissingCredentials) {
+		t.Fatalf("unparseable peer: %v, want %v", err, want)
+	}
+	r := newReq("[2001:db8::1]:443")
+	if n := testing.AllocsPerRun(100, func() { k.AuthenticateInto(context.Background(), r, &c, id[:0]) }); n != 0 {
+		t.Fatalf("%v allocations, want 0", n)
+	}
+	if c.ID != "ip:2001:db8::/64@x" {
+		t.Fatalf("ID %q", c.ID)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/gofiber/fiber/v2"
@@ -67,6 +68,10 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
 	}
+	// fasthttp copies every header value and the body it is given, so a
+	// request's consumer and answer are rendered into memory reused by
+	// later requests.
+	pool := &sync.Pool{New: func() any { return new(scratch) }}
 	return func(c *fiber.Ctx) error {
 		ctx := c.UserContext()
 		var cost func() int64
@@ -77,12 +82,14 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		if opts.Route != nil {
 			route = func() core.Route { return opts.Route(c) }
 		}
-		_, d, err := admit.Check(ctx, l, auth, Request{c}, opts.API, route, cost)
+		s := pool.Get().(*scratch)
+		d, err := admit.Decide(ctx, l, auth, Request{c}, opts.API, route, cost, &s.consumer)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
-		var buf [8]response.Header
-		if !Write(c, rend.Render(buf[:0], d, err)) {
+		pass := Write(c, rend.RenderScratch(&s.answer, d, err))
+		pool.Put(s)
+		if !pass {
 			return nil
 		}
 		return c.Next()
@@ -115,6 +122,12 @@ func RoutePathRoute(c *fiber.Ctx) core.Route {
 	return core.Route{Method: c.Method(), Path: p}
 }
 
+// scratch is one request's memory in Middleware.
+type scratch struct {
+	consumer admit.Consumer
+	answer   response.Scratch
+}
+
 // Write sets res's header fields on c's response and, when res does not
 // pass, its status and JSON body. It reports whether the request should go
 // on to the next handler.
@@ -135,15 +148,15 @@ func Write(c *fiber.Ctx, res response.Result) bool {
 }
 
 // set is c.Set(name, value). For the fields adapters/response renders,
-// already in the form fasthttp normalizes names to and none of them one
-// fasthttp treats specially, and for a value without CR or LF (which
-// c.Set would turn into spaces), it hands both to SetCanonical as they
-// are: fasthttp copies them, and skips the copy and normalization c.Set
-// makes first.
+// already in the form fasthttp normalizes names to, and for a value
+// without CR or LF (which c.Set would turn into spaces), it hands both to
+// SetCanonical as they are, which is where c.Set ends too (Content-Type,
+// which fasthttp keeps apart, included): fasthttp copies them, and skips
+// the copy and normalization c.Set makes first.
 func set(c *fiber.Ctx, name, value string) {
 	switch name {
 	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
-		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options":
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options", "Content-Type":
 		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
 			c.Response().Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
 			return

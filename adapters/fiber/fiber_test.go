@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -16,6 +17,7 @@ import (
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/identity"
 )
 
@@ -220,6 +222,101 @@ func TestWriteSetsAsCtxSet(t *testing.T) {
 			if !strings.Contains(got, line) {
 				t.Errorf("DisableHeaderNormalizing %v: no %q in\n%s", disable, line, got)
 			}
+		}
+	}
+}
+
+// keylessApp is a Fiber app behind the middleware on a keyless API whose
+// clients may make 3 requests an hour each, on the memory store.
+func keylessApp(t *testing.T) fasthttp.RequestHandler {
+	t.Helper()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	t.Cleanup(func() { store.Close() })
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "ip", Rate: core.Limit{Rate: 3, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(lpfiber.Middleware(eng, &identity.Keyless{Policies: []string{"ip"}}, lpfiber.Options{}))
+	app.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	return app.Handler()
+}
+
+func keylessCtx(i int) *fasthttp.RequestCtx {
+	var req fasthttp.Request
+	req.SetRequestURI("/")
+	ctx := new(fasthttp.RequestCtx)
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, byte(i>>8), byte(i)), Port: 40000}, nil)
+	return ctx
+}
+
+// Clients answered at once, each consumer written into memory the next
+// request reuses, are still counted apart: each gets exactly its 3
+// requests, with the exact fields, and then the exact 429.
+func TestKeylessClientsConcurrently(t *testing.T) {
+	h := keylessApp(t)
+	const clients = 64
+	var wg sync.WaitGroup
+	for g := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := keylessCtx(g)
+			for i := range 4 {
+				ctx.Response.Reset()
+				h(ctx)
+				res := &ctx.Response
+				got := fmt.Sprintf("%d %s|%s|%s|%s", res.StatusCode(), res.Header.Peek("Ratelimit-Policy"),
+					res.Header.Peek("Ratelimit"), res.Header.Peek("Retry-After"), res.Body())
+				want := fmt.Sprintf(`200 "ip";q=3;w=3600|"ip";r=%d;t=%d||ok`, 2-i, 1200*(i+1))
+				if i == 3 {
+					want = `429 "ip";q=3;w=3600|"ip";r=0;t=1200|1200|{"error":"rate limit exceeded","retry_after_ms":1200000}` + "\n"
+				}
+				if got != want {
+					t.Errorf("client %d, request %d: %s, want %s", g, i+1, got, want)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// An admitted request and a denial on a keyless API allocate nothing in
+// the middleware: as many allocations as the same app without it.
+func TestKeylessAllocations(t *testing.T) {
+	bare := fiber.New(fiber.Config{DisableStartupMessage: true})
+	bare.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	bh, bctx := bare.Handler(), keylessCtx(999)
+	bh(bctx)
+	base := testing.AllocsPerRun(200, func() {
+		bctx.Response.Reset()
+		bh(bctx)
+	})
+	h := keylessApp(t)
+	for _, tc := range []struct {
+		name   string
+		before int
+		status int
+	}{{"admitted", 0, 200}, {"denied", 3, 429}} {
+		ctx := keylessCtx(1000 + tc.before)
+		for range tc.before {
+			h(ctx)
+		}
+		h(ctx) // warm the policy cache and Fiber's pools
+		if ctx.Response.StatusCode() != tc.status && tc.before > 0 {
+			t.Fatalf("%s: status %d", tc.name, ctx.Response.StatusCode())
+		}
+		n := testing.AllocsPerRun(200, func() {
+			ctx.Response.Reset()
+			h(ctx)
+		})
+		if c := ctx.Response.StatusCode(); c != 429 && tc.before > 0 {
+			t.Fatalf("%s: status %d", tc.name, c)
+		}
+		if n != base {
+			t.Errorf("%s: %v allocations per request, want %v (Fiber's own)", tc.name, n, base)
 		}
 	}
 }

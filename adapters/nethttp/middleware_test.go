@@ -1,6 +1,7 @@
 package nethttp_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/identity"
@@ -120,5 +122,97 @@ func TestMiddlewareAuthFailuresCreateNoState(t *testing.T) {
 	}
 	if n := f.store.Len(); n != 1 {
 		t.Fatalf("store holds %d entries, want 1", n)
+	}
+}
+
+// keylessHandler is a handler answering "ok" behind the middleware on a
+// keyless API whose clients may make 3 requests an hour each, with opts'
+// renderer.
+func keylessHandler(t *testing.T, o response.Options) http.Handler {
+	t.Helper()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	t.Cleanup(func() { store.Close() })
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "ip", Rate: core.Limit{Rate: 3, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := nethttp.Middleware(eng, &identity.Keyless{Policies: []string{"ip"}}, nethttp.Options{Renderer: response.NewRenderer(o)})
+	return mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+}
+
+// Clients answered at once, each consumer and answer rendered into memory
+// the next request reuses, are counted apart and get exactly their fields
+// (which the header map keeps) and bodies; with the X-RateLimit fields too.
+func TestKeylessClientsConcurrently(t *testing.T) {
+	for _, x := range []bool{false, true} {
+		h := keylessHandler(t, response.Options{XRateLimit: x, XRateLimitReset: response.ResetSeconds})
+		var wg sync.WaitGroup
+		for g := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := httptest.NewRequest("GET", "/", nil)
+				r.RemoteAddr = fmt.Sprintf("10.0.0.%d:4000", g)
+				var ws []*httptest.ResponseRecorder
+				for range 4 {
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, r)
+					ws = append(ws, w)
+				}
+				for i, w := range ws { // read after later requests reused the scratch
+					got := fmt.Sprintf("%d %s|%s|%s|%s|%s|%s", w.Code, w.Header().Get("Ratelimit-Policy"), w.Header().Get("Ratelimit"),
+						w.Header().Get("Retry-After"), w.Header().Get("X-Ratelimit-Remaining"), w.Header().Get("X-Ratelimit-Reset"), w.Body.String())
+					want := fmt.Sprintf(`200 "ip";q=3;w=3600|"ip";r=%d;t=%d||||ok`, 2-i, 1200*(i+1))
+					if x {
+						want = fmt.Sprintf(`200 "ip";q=3;w=3600|"ip";r=%d;t=%d||%d|%d|ok`, 2-i, 1200*(i+1), 2-i, 1200*(i+1))
+					}
+					if i == 3 {
+						want = `429 "ip";q=3;w=3600|"ip";r=0;t=1200|1200|||{"error":"rate limit exceeded","retry_after_ms":1200000}` + "\n"
+						if x {
+							want = `429 "ip";q=3;w=3600|"ip";r=0;t=1200|1200|0|3600|{"error":"rate limit exceeded","retry_after_ms":1200000}` + "\n"
+						}
+					}
+					if got != want {
+						t.Errorf("X-RateLimit %v, client %d, request %d: %s, want %s", x, g, i+1, got, want)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// reusedWriter is a ResponseWriter whose header map is cleared, not
+// remade, between requests, so that only the middleware's allocations
+// are counted.
+type reusedWriter struct{ h http.Header }
+
+func (w *reusedWriter) Header() http.Header         { return w.h }
+func (w *reusedWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *reusedWriter) WriteHeader(int)             {}
+
+// The middleware allocates once per request on a keyless API (the header
+// values the map keeps), admitted or denied.
+func TestKeylessAllocations(t *testing.T) {
+	h := keylessHandler(t, response.Options{})
+	for _, tc := range []struct {
+		name   string
+		before int
+	}{{"admitted", 0}, {"denied", 3}} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = fmt.Sprintf("10.1.0.%d:4000", tc.before)
+		w := &reusedWriter{h: http.Header{}}
+		for range tc.before + 1 {
+			h.ServeHTTP(w, r)
+		}
+		n := testing.AllocsPerRun(200, func() {
+			clear(w.h)
+			h.ServeHTTP(w, r)
+		})
+		if n != 1 {
+			t.Errorf("%s: %v allocations per request, want 1", tc.name, n)
+		}
 	}
 }

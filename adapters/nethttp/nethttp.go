@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"net/http"
 	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/response"
@@ -51,6 +53,9 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
 	}
+	// A request's consumer and answer are rendered into memory reused by
+	// later requests; writeScratch copies what the header map keeps.
+	pool := &sync.Pool{New: func() any { return new(scratch) }}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var cost func() int64
@@ -61,13 +66,14 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			if opts.Route != nil {
 				route = func() core.Route { return opts.Route(r) }
 			}
-			_, d, err := admit.Check(r.Context(), l, auth, Request{r}, opts.API, route, cost)
+			s := pool.Get().(*scratch)
+			d, err := admit.Decide(r.Context(), l, auth, Request{r}, opts.API, route, cost, &s.consumer)
 			if opts.OnDecision != nil {
 				opts.OnDecision(r, d, err)
 			}
-			var buf [8]response.Header
-			res := rend.Render(buf[:0], d, err)
-			if Write(w, res) {
+			pass := writeScratch(w, rend.RenderScratch(&s.answer, d, err))
+			pool.Put(s)
+			if pass {
 				next.ServeHTTP(w, r)
 			}
 		})
@@ -98,6 +104,62 @@ func PatternRoute(r *http.Request) core.Route {
 		p = p[i:] // a host
 	}
 	return core.Route{Method: r.Method, Path: p}
+}
+
+// scratch is one request's memory in Middleware.
+type scratch struct {
+	consumer admit.Consumer
+	answer   response.Scratch
+}
+
+// fieldBlock holds an answer's header values for the header map (which
+// keeps them): the value slices' array and the values' bytes, in one
+// allocation. It fits an answer with the default response.Options.
+type fieldBlock struct {
+	vals [6]string
+	text [80]byte
+}
+
+// writeScratch is Write for a res whose values and body are in memory
+// that is reused once it returns (response.RenderScratch): it sets the same
+// fields with copies of the values, in one allocation when they fit a
+// fieldBlock, and writes the same status and body.
+func writeScratch(w http.ResponseWriter, res response.Result) bool {
+	h := w.Header()
+	bh := response.BodyHeaders()
+	n, size := len(res.Headers), 0
+	if !res.Pass {
+		n += len(bh)
+	}
+	for _, f := range res.Headers {
+		size += len(f.Value)
+	}
+	var vals []string
+	var text []byte
+	if blk := (*fieldBlock)(nil); n <= len(blk.vals) && size <= len(blk.text) {
+		blk = new(fieldBlock)
+		vals, text = blk.vals[:n], blk.text[:0]
+	} else if n > 0 {
+		vals, text = make([]string, n), make([]byte, 0, size)
+	}
+	for i, f := range res.Headers {
+		start := len(text)
+		text = append(text, f.Value...)
+		// text never grows past size, so its array never moves.
+		vals[i] = unsafe.String(unsafe.SliceData(text[start:]), len(f.Value))
+		h[f.Name] = vals[i : i+1 : i+1]
+	}
+	if res.Pass {
+		return true
+	}
+	for j, f := range bh {
+		i := len(res.Headers) + j
+		vals[i] = f.Value
+		h[f.Name] = vals[i : i+1 : i+1]
+	}
+	w.WriteHeader(res.Status)
+	w.Write(res.Body) // a Writer does not keep what it is given
+	return false
 }
 
 // Write sets res's header fields on w and, when res does not pass, writes

@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -102,6 +103,10 @@ type Renderer struct {
 	// the fields the value is made of.
 	seed     maphash.Seed
 	policies [64]atomic.Pointer[policyValue]
+	// recent holds the same values by where the names are, which is found
+	// without hashing their bytes: a decider hands out the same policy ID
+	// strings every time.
+	recent [64]atomic.Pointer[policyValue]
 }
 
 // policyKey is what a RateLimit-Policy value is made of.
@@ -138,18 +143,43 @@ func NewRenderer(o Options) *Renderer {
 // over its failed-authentication budget) renders as its denying decision,
 // with the body "too many failed authentication attempts".
 func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
+	return r.render(dst, nil, d, err)
+}
+
+// Scratch is the memory RenderScratch renders one answer into. Its zero
+// value is ready; keep it in a sync.Pool (or on the heap) and reuse it once
+// the answer rendered into it has been written.
+type Scratch struct {
+	headers [8]Header
+	text    [128]byte // the values rendered for this answer
+	retry   [20]byte  // Retry-After's value
+	body    [128]byte
+}
+
+// RenderScratch is Render with s as its memory, for an adapter whose
+// framework copies header values and the body as it sets them (fasthttp):
+// the Result's Headers, every value rendered for this answer and its Body
+// are in s (or, should one not fit, in memory of its own) and are valid
+// only until s is rendered into again. It renders the same answer as
+// Render, byte for byte, and allocates nothing when everything fits.
+func (r *Renderer) RenderScratch(s *Scratch, d core.Decision, err error) Result {
+	return r.render(s.headers[:0], s, d, err)
+}
+
+// render is Render into dst, with values and body in s when s is not nil.
+func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error) Result {
 	authLimited := false
 	if err != nil {
 		// le is declared here so that it reaches the heap (errors.As
 		// takes its address) only when there is an error.
 		var le *identity.LimitError
 		if !errors.As(err, &le) {
-			return r.failure(dst, err)
+			return r.failure(dst, s, err)
 		}
 		d, authLimited = le.Decision, true
 		d.Allowed = false // never let a LimitError pass
 	}
-	res := Result{Pass: d.Allowed, Headers: r.headers(dst, d)}
+	res := Result{Pass: d.Allowed, Headers: r.headers(dst, s, d)}
 	if d.Allowed {
 		return res
 	}
@@ -160,14 +190,21 @@ func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
 	}
 	if d.RetryAfter < 0 {
 		msg = "request cost exceeds the burst and can never be allowed"
-		res.Body, res.Message = errorBody(msg, -1), msg
+		res.Body, res.Message = errorBody(s, msg, -1), msg
 		return res
 	}
 	if authLimited {
 		msg = identity.ErrTooManyFailures.Error()
 	}
-	res.Headers = append(res.Headers, Header{HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)})
-	res.Body, res.Message = errorBody(msg, ceilMillis(d.RetryAfter)), msg
+	var retry string
+	if s != nil {
+		b := strconv.AppendInt(s.retry[:0], ceilSeconds(d.RetryAfter), 10)
+		retry = unsafe.String(unsafe.SliceData(b), len(b))
+	} else {
+		retry = strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)
+	}
+	res.Headers = append(res.Headers, Header{HeaderRetryAfter, retry})
+	res.Body, res.Message = errorBody(s, msg, ceilMillis(d.RetryAfter)), msg
 	return res
 }
 
@@ -177,7 +214,7 @@ func BodyHeaders() [2]Header {
 	return [2]Header{{"Content-Type", "application/json"}, {"X-Content-Type-Options", "nosniff"}}
 }
 
-func (r *Renderer) failure(dst []Header, err error) Result {
+func (r *Renderer) failure(dst []Header, s *Scratch, err error) Result {
 	var ie *identity.Error
 	status, msg := http.StatusInternalServerError, "internal error"
 	switch {
@@ -190,20 +227,50 @@ func (r *Renderer) failure(dst []Header, err error) Result {
 	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
 		status, msg = http.StatusBadRequest, "invalid request cost"
 	}
-	return Result{Status: status, Body: errorBody(msg, -1), Message: msg, Headers: dst}
+	return Result{Status: status, Body: errorBody(s, msg, -1), Message: msg, Headers: dst}
 }
 
 // headers appends the limit fields for d. The values rendered for this
 // answer — all but RateLimit-Policy's, which is cached — are written to one
-// buffer and share one string.
-func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
+// buffer and share one string: s's, when s is not nil.
+func (r *Renderer) headers(dst []Header, s *Scratch, d core.Decision) []Header {
 	if d.DecidedBy == core.KindNone || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
 		return dst
 	}
-	var bb [128]byte
-	buf := bb[:0]
 	if !r.o.NoRateLimitFields {
 		dst = append(dst, Header{HeaderPolicy, r.policyField(d)})
+	}
+	// Two buffers, each its own variable, so that the stack one, whose
+	// bytes are copied, never reaches the heap.
+	var vals string
+	var cur, limit, remaining int
+	if s != nil {
+		var b []byte
+		b, cur, limit, remaining = r.values(s.text[:0], d)
+		vals = unsafe.String(unsafe.SliceData(b), len(b))
+	} else {
+		var bb [128]byte
+		var b []byte
+		b, cur, limit, remaining = r.values(bb[:0], d)
+		vals = string(b)
+	}
+	if !r.o.NoRateLimitFields {
+		dst = append(dst, Header{HeaderRateLimit, vals[:cur]})
+	}
+	if r.o.XRateLimit {
+		dst = append(dst,
+			Header{HeaderXLimit, vals[cur:limit]},
+			Header{HeaderXRemaining, vals[limit:remaining]},
+			Header{HeaderXReset, vals[remaining:]})
+	}
+	return dst
+}
+
+// values appends the values rendered for d to buf: the RateLimit value
+// ends at cur, X-RateLimit-Limit's at limit and X-RateLimit-Remaining's at
+// remaining; X-RateLimit-Reset's follows.
+func (r *Renderer) values(buf []byte, d core.Decision) (_ []byte, cur, limit, remaining int) {
+	if !r.o.NoRateLimitFields {
 		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
 		if d.Rate.Limit > 0 {
 			buf = current(buf, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
@@ -212,8 +279,8 @@ func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
 			buf = current(buf, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
 		}
 	}
-	cur := len(buf) // the RateLimit value is buf[:cur]; the X-RateLimit values follow
-	limit, remaining := cur, cur
+	cur = len(buf)
+	limit, remaining = cur, cur
 	if r.o.XRateLimit {
 		reset := ceilSeconds(d.ResetAfter)
 		if !d.Allowed && d.RetryAfter > d.ResetAfter {
@@ -228,17 +295,7 @@ func (r *Renderer) headers(dst []Header, d core.Decision) []Header {
 		remaining = len(buf)
 		buf = strconv.AppendInt(buf, reset, 10)
 	}
-	vals := string(buf)
-	if !r.o.NoRateLimitFields {
-		dst = append(dst, Header{HeaderRateLimit, vals[:cur]})
-	}
-	if r.o.XRateLimit {
-		dst = append(dst,
-			Header{HeaderXLimit, vals[cur:limit]},
-			Header{HeaderXRemaining, vals[limit:remaining]},
-			Header{HeaderXReset, vals[remaining:]})
-	}
-	return dst
+	return buf, cur, limit, remaining
 }
 
 // policyField returns the RateLimit-Policy value for d, from the cache
@@ -251,8 +308,13 @@ func (r *Renderer) policyField(d core.Decision) string {
 	if d.Quota.Limit > 0 {
 		k.quotaName, k.quotaLimit, k.quotaWin = d.Quota.Policy, d.Quota.Limit, d.Quota.Window
 	}
+	near := &r.recent[k.near()%uint64(len(r.recent))]
+	if pv := near.Load(); pv != nil && pv.k == k {
+		return pv.v
+	}
 	slot := &r.policies[maphash.Comparable(r.seed, k)%uint64(len(r.policies))]
 	if pv := slot.Load(); pv != nil && pv.k == k {
+		near.Store(pv)
 		return pv.v
 	}
 	var buf [128]byte
@@ -263,9 +325,22 @@ func (r *Renderer) policyField(d core.Decision) string {
 	if k.quotaLimit > 0 {
 		pol = policyItem(pol, k.quotaName, "/quota", k.quotaLimit, k.quotaWin)
 	}
-	v := string(pol)
-	slot.Store(&policyValue{k: k, v: v})
-	return v
+	pv := &policyValue{k: k, v: string(pol)}
+	slot.Store(pv)
+	near.Store(pv)
+	return pv.v
+}
+
+// near mixes the addresses of k's names and its numbers: where to look
+// for k in Renderer.recent. Equal keys may mix differently (names with
+// the same bytes elsewhere); the entry found is compared in full.
+func (k *policyKey) near() uint64 {
+	const m = 0x9e3779b97f4a7c15
+	h := uint64(uintptr(unsafe.Pointer(unsafe.StringData(k.rateName))))
+	h = (h^uint64(uintptr(unsafe.Pointer(unsafe.StringData(k.quotaName)))))*m ^ uint64(k.rateLimit)
+	h = (h*m ^ uint64(k.quotaLimit)) * m
+	h = (h ^ uint64(k.rateWin) ^ uint64(k.quotaWin)<<7) * m
+	return h >> 32
 }
 
 // policyItem appends one policy to a RateLimit-Policy list.
@@ -322,9 +397,15 @@ func appendSFString(b []byte, name, suffix string) []byte {
 	return append(b, '"')
 }
 
-// errorBody returns {"error":msg} plus "retry_after_ms" when ms ≥ 0.
-func errorBody(msg string, ms int64) []byte {
-	b := make([]byte, 0, len(msg)+48)
+// errorBody returns {"error":msg} plus "retry_after_ms" when ms ≥ 0, in
+// s's body when s is not nil.
+func errorBody(s *Scratch, msg string, ms int64) []byte {
+	var b []byte
+	if s != nil {
+		b = s.body[:0]
+	} else {
+		b = make([]byte, 0, len(msg)+48)
+	}
 	b = append(b, `{"error":"`...)
 	for i := 0; i < len(msg); i++ {
 		switch c := msg[i]; {

@@ -138,7 +138,7 @@ func TestRenderErrors(t *testing.T) {
 		if res.Pass || res.Status != c.status || string(res.Body) != c.body+"\n" || len(res.Headers) != 0 {
 			t.Errorf("%v: got %+v body %s", c.err, res, res.Body)
 		}
-		if string(errorBody(res.Message, -1)) != string(res.Body) {
+		if string(errorBody(nil, res.Message, -1)) != string(res.Body) {
 			t.Errorf("%v: message %q does not match body %s", c.err, res.Message, res.Body)
 		}
 	}
@@ -176,4 +176,63 @@ func TestRenderPolicyCache(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// RenderScratch renders every answer as Render does, byte for byte:
+// allowed and denied (rate, quota, a cost over the burst, a failed-auth
+// limit), errors, the X-RateLimit fields, and names too long for the
+// scratch buffers; and a Scratch rendered into again gives the new answer.
+func TestRenderScratchSameAsRender(t *testing.T) {
+	long := strings.Repeat("p", 150)
+	rate := core.Status{Policy: "basic", Limit: 5, Remaining: 3, ResetAfter: 1500 * time.Millisecond, Window: time.Second}
+	quota := core.Status{Policy: "basic", Limit: 100, Remaining: 0, ResetAfter: time.Hour, Window: 24 * time.Hour}
+	decisions := []core.Decision{
+		{},
+		{Allowed: true, DecidedBy: core.KindRate, Limit: 5, Remaining: 3, ResetAfter: 1500 * time.Millisecond, Rate: rate},
+		{Allowed: true, DecidedBy: core.KindQuota, Limit: 100, Remaining: 0, ResetAfter: time.Hour, Rate: rate, Quota: quota},
+		{DecidedBy: core.KindRate, Limit: 5, ResetAfter: 2 * time.Second, RetryAfter: 1200 * time.Millisecond, Rate: rate},
+		{DecidedBy: core.KindQuota, Limit: 100, ResetAfter: time.Hour, RetryAfter: 5000 * time.Second, Rate: rate, Quota: quota},
+		{DecidedBy: core.KindRate, Limit: 5, RetryAfter: -1, Rate: rate},
+		{Allowed: true, DecidedBy: core.KindRate, Limit: 5, Remaining: 3, Rate: core.Status{Policy: long, Limit: 5, Remaining: 3, Window: time.Second},
+			Quota: core.Status{Policy: long, Limit: 7, Remaining: 6, Window: time.Hour}},
+	}
+	errs := []error{
+		nil,
+		&identity.Error{Status: 401, Kind: identity.ErrMissingCredentials, Reason: "no API key"},
+		&identity.Error{Status: 403, Kind: identity.ErrInvalidCredentials, Reason: strings.Repeat("r", 200)},
+		core.ErrNoPolicy,
+		core.ErrStoreUnavailable,
+		&identity.LimitError{Decision: core.Decision{DecidedBy: core.KindRate, Limit: 5, RetryAfter: 3 * time.Second, Rate: rate}},
+	}
+	now := func() time.Time { return time.Unix(1_700_000_000, 0) }
+	var s Scratch
+	for _, o := range []Options{{}, {XRateLimit: true, Now: now}, {XRateLimit: true, XRateLimitReset: ResetSeconds, NoRateLimitFields: true}, {QuotaExceededStatus: 403}} {
+		r := NewRenderer(o)
+		for _, d := range decisions {
+			for _, err := range errs {
+				want := r.Render(nil, d, err)
+				got := r.RenderScratch(&s, d, err)
+				if got.Pass != want.Pass || got.Status != want.Status || got.Message != want.Message ||
+					string(got.Body) != string(want.Body) || fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+					t.Errorf("options %+v, decision %+v, error %v:\n got %+v %s\nwant %+v %s", o, d, err, got, got.Body, want, want.Body)
+				}
+			}
+		}
+	}
+}
+
+// RenderScratch allocates nothing for an admitted or a denied answer that
+// fits, once the policy's RateLimit-Policy value is cached.
+func TestRenderScratchAllocations(t *testing.T) {
+	r := NewRenderer(Options{XRateLimit: true})
+	rate := core.Status{Policy: "basic", Limit: 5, Remaining: 3, ResetAfter: time.Second, Window: time.Second}
+	allowed := core.Decision{Allowed: true, DecidedBy: core.KindRate, Limit: 5, Remaining: 3, ResetAfter: time.Second, Rate: rate}
+	denied := core.Decision{DecidedBy: core.KindRate, Limit: 5, ResetAfter: time.Second, RetryAfter: time.Second, Rate: rate}
+	s := new(Scratch)
+	for _, d := range []core.Decision{allowed, denied} {
+		r.RenderScratch(s, d, nil)
+		if n := testing.AllocsPerRun(100, func() { r.RenderScratch(s, d, nil) }); n != 0 {
+			t.Errorf("allowed %v: %v allocations, want 0", d.Allowed, n)
+		}
+	}
 }

@@ -2,7 +2,8 @@ package adapters
 
 // Peers: limitplane's net/http and Fiber middleware beside the middleware a
 // user would pick instead, each on its own in-memory store, on the admitted
-// path (limits of 10⁹ per second that no benchmark reaches). Every library
+// path (limits of 10⁹ per second that no benchmark reaches) and, in the
+// Deny benchmarks, on denials (one request an hour). Every library
 // keys on the same thing, the client IP taken from the transport peer
 // address (RemoteAddr; no forwarding header is read), which is also every
 // peer's default key:
@@ -40,6 +41,7 @@ import (
 
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
 	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/identity"
@@ -57,14 +59,34 @@ func clientAddr(i int) *net.TCPAddr {
 	return &net.TCPAddr{IP: net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)), Port: 40000}
 }
 
+// peerRate is every library's limit in one benchmark: n requests per
+// period per client.
+type peerRate struct {
+	n   int
+	per time.Duration
+}
+
+var (
+	// admitRate is never reached: every request is admitted.
+	admitRate = peerRate{peerLimit, time.Second}
+	// denyRate is spent by each client's first (warm-up) request: every
+	// timed request is denied.
+	denyRate = peerRate{1, time.Hour}
+)
+
 // keylessEngine is limitplane as a user sets up a keyless API: one policy
 // for every client, each client IP its own counter in the memory store.
 func keylessEngine(tb testing.TB) (*core.Engine, *memory.Store, identity.Authenticator) {
+	return keylessEngineAt(tb, admitRate)
+}
+
+// keylessEngineAt is keylessEngine with the policy's limit at r.
+func keylessEngineAt(tb testing.TB, r peerRate) (*core.Engine, *memory.Store, identity.Authenticator) {
 	tb.Helper()
 	store := memory.New(memory.Options{})
 	tb.Cleanup(func() { store.Close() })
 	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
-		{ID: "bench", Rate: core.Limit{Rate: peerLimit, Period: time.Second}},
+		{ID: "bench", Rate: core.Limit{Rate: int64(r.n), Period: r.per}},
 	}}, core.Options{})
 	if err != nil {
 		tb.Fatal(err)
@@ -76,22 +98,25 @@ func keylessEngine(tb testing.TB) (*core.Engine, *memory.Store, identity.Authent
 // its library's middleware.
 var netHTTPPeers = []struct {
 	name string
-	wrap func(tb testing.TB, next http.Handler) http.Handler
+	wrap func(tb testing.TB, next http.Handler, r peerRate) http.Handler
 }{
-	{"bare", func(_ testing.TB, next http.Handler) http.Handler { return next }},
-	{"limitplane", func(tb testing.TB, next http.Handler) http.Handler {
-		eng, _, auth := keylessEngine(tb)
+	{"bare", func(_ testing.TB, next http.Handler, _ peerRate) http.Handler { return next }},
+	{"limitplane", func(tb testing.TB, next http.Handler, r peerRate) http.Handler {
+		eng, _, auth := keylessEngineAt(tb, r)
 		return nethttp.Middleware(eng, auth, nethttp.Options{API: "x"})(next)
 	}},
-	{"ulule", func(_ testing.TB, next http.Handler) http.Handler {
-		lim := ulule.New(ulmemory.NewStore(), ulule.Rate{Period: time.Second, Limit: peerLimit})
+	{"ulule", func(_ testing.TB, next http.Handler, r peerRate) http.Handler {
+		lim := ulule.New(ulmemory.NewStore(), ulule.Rate{Period: r.per, Limit: int64(r.n)})
 		return stdlib.NewMiddleware(lim).Handler(next)
 	}},
-	{"httprate", func(_ testing.TB, next http.Handler) http.Handler {
-		return httprate.LimitByIP(peerLimit, time.Second)(next)
+	{"httprate", func(_ testing.TB, next http.Handler, r peerRate) http.Handler {
+		return httprate.LimitByIP(r.n, r.per)(next)
 	}},
-	{"tollbooth", func(_ testing.TB, next http.Handler) http.Handler {
-		lmt := tollbooth.NewLimiter(peerLimit, nil).SetIPLookups([]string{"RemoteAddr"})
+	{"tollbooth", func(_ testing.TB, next http.Handler, r peerRate) http.Handler {
+		lmt := tollbooth.NewLimiter(float64(r.n)/r.per.Seconds(), nil).SetIPLookups([]string{"RemoteAddr"})
+		if r == denyRate {
+			lmt.SetBurst(1) // its default burst is the per-second rate, here below 1
+		}
 		return tollbooth.LimitHandler(lmt, next)
 	}},
 }
@@ -112,12 +137,19 @@ func remoteAddrs(n int) []string {
 // BenchmarkPeersNetHTTP: ServeHTTP with a new httptest.NewRecorder per
 // request (in every row), one *http.Request whose RemoteAddr is set to the
 // next client's before each call.
-func BenchmarkPeersNetHTTP(b *testing.B) {
+func BenchmarkPeersNetHTTP(b *testing.B) { benchPeersNetHTTP(b, admitRate) }
+
+// BenchmarkPeersNetHTTPDeny is BenchmarkPeersNetHTTP at denyRate: every
+// timed request is answered 429 by the middleware ("bare" still answers
+// "ok").
+func BenchmarkPeersNetHTTPDeny(b *testing.B) { benchPeersNetHTTP(b, denyRate) }
+
+func benchPeersNetHTTP(b *testing.B, rate peerRate) {
 	for _, n := range peerShapes {
 		addrs := remoteAddrs(n)
 		for _, p := range netHTTPPeers {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
-				h := p.wrap(b, okHandler())
+				h := p.wrap(b, okHandler(), rate)
 				r := httptest.NewRequest("GET", "/x", nil)
 				for _, a := range addrs { // every client known before timing
 					r.RemoteAddr = a
@@ -140,21 +172,21 @@ func BenchmarkPeersNetHTTP(b *testing.B) {
 // fiberPeers are the Fiber rows, in table order.
 var fiberPeers = []struct {
 	name string
-	use  func(tb testing.TB, app *fiber.App)
+	use  func(tb testing.TB, app *fiber.App, r peerRate)
 }{
-	{"bare", func(testing.TB, *fiber.App) {}},
-	{"limitplane", func(tb testing.TB, app *fiber.App) {
-		eng, _, auth := keylessEngine(tb)
+	{"bare", func(testing.TB, *fiber.App, peerRate) {}},
+	{"limitplane", func(tb testing.TB, app *fiber.App, r peerRate) {
+		eng, _, auth := keylessEngineAt(tb, r)
 		app.Use(lpfiber.Middleware(eng, auth, lpfiber.Options{API: "x"}))
 	}},
-	{"fiberlimiter", func(_ testing.TB, app *fiber.App) {
-		app.Use(fiberlimiter.New(fiberlimiter.Config{Max: peerLimit, Expiration: time.Second}))
+	{"fiberlimiter", func(_ testing.TB, app *fiber.App, r peerRate) {
+		app.Use(fiberlimiter.New(fiberlimiter.Config{Max: r.n, Expiration: r.per}))
 	}},
 }
 
-func fiberPeerHandler(tb testing.TB, use func(testing.TB, *fiber.App)) fasthttp.RequestHandler {
+func fiberPeerHandler(tb testing.TB, use func(testing.TB, *fiber.App, peerRate), r peerRate) fasthttp.RequestHandler {
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	use(tb, app)
+	use(tb, app, r)
 	app.Get("/x", func(c *fiber.Ctx) error { return c.SendString("ok") })
 	return app.Handler()
 }
@@ -171,7 +203,13 @@ func fiberPeerCtx() *fasthttp.RequestCtx {
 // BenchmarkPeersFiber: app.Handler() on one fasthttp.RequestCtx, its
 // response reset and its remote address set to the next client's before
 // each call.
-func BenchmarkPeersFiber(b *testing.B) {
+func BenchmarkPeersFiber(b *testing.B) { benchPeersFiber(b, admitRate) }
+
+// BenchmarkPeersFiberDeny is BenchmarkPeersFiber at denyRate: every timed
+// request is answered 429 by the middleware ("bare" still answers "ok").
+func BenchmarkPeersFiberDeny(b *testing.B) { benchPeersFiber(b, denyRate) }
+
+func benchPeersFiber(b *testing.B, rate peerRate) {
 	for _, n := range peerShapes {
 		addrs := make([]net.Addr, n)
 		for i := range addrs {
@@ -179,7 +217,7 @@ func BenchmarkPeersFiber(b *testing.B) {
 		}
 		for _, p := range fiberPeers {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
-				h, ctx := fiberPeerHandler(b, p.use), fiberPeerCtx()
+				h, ctx := fiberPeerHandler(b, p.use, rate), fiberPeerCtx()
 				for _, a := range addrs {
 					ctx.Response.Reset()
 					ctx.SetRemoteAddr(a)
@@ -227,7 +265,7 @@ var peerRemaining = map[string]struct {
 func TestPeerSetups(t *testing.T) {
 	addrs := remoteAddrs(3)
 	for _, p := range netHTTPPeers {
-		h := p.wrap(t, okHandler())
+		h := p.wrap(t, okHandler(), admitRate)
 		r := httptest.NewRequest("GET", "/x", nil)
 		var got []string
 		for _, a := range []string{addrs[1], addrs[2], addrs[1]} {
@@ -243,7 +281,7 @@ func TestPeerSetups(t *testing.T) {
 		checkRemaining(t, "net/http "+p.name, p.name, got)
 	}
 	for _, p := range fiberPeers {
-		h, ctx := fiberPeerHandler(t, p.use), fiberPeerCtx()
+		h, ctx := fiberPeerHandler(t, p.use, admitRate), fiberPeerCtx()
 		var got []string
 		for _, i := range []int{1, 2, 1} {
 			ctx.Response.Reset()
@@ -283,5 +321,81 @@ func checkRemaining(t *testing.T, row, name string, got []string) {
 	}
 	if len(got) != 3 || [3]string(got) != want.want {
 		t.Errorf("%s: %s %q, want %q", row, want.header, got, want.want)
+	}
+}
+
+// TestPeerDenials checks that, at denyRate, every limited row answers a
+// client's second request 429 (limitplane with its Retry-After field and
+// JSON body) and "bare" still 200: the deny benchmarks measure denials.
+func TestPeerDenials(t *testing.T) {
+	for _, p := range netHTTPPeers {
+		h := p.wrap(t, okHandler(), denyRate)
+		r := httptest.NewRequest("GET", "/x", nil)
+		r.RemoteAddr = remoteAddrs(2)[1]
+		serveRecorded(h, r)
+		w := serveRecorded(h, r)
+		want := http.StatusTooManyRequests
+		if p.name == "bare" {
+			want = http.StatusOK
+		}
+		if w.Code != want {
+			t.Errorf("net/http %s: second request %d, want %d", p.name, w.Code, want)
+		}
+		if p.name == "limitplane" {
+			if ra, body := w.Header().Get("Retry-After"), w.Body.String(); ra != "3600" || body != "{\"error\":\"rate limit exceeded\",\"retry_after_ms\":3600000}\n" {
+				t.Errorf("net/http limitplane: Retry-After %q, body %q", ra, body)
+			}
+		}
+	}
+	for _, p := range fiberPeers {
+		h, ctx := fiberPeerHandler(t, p.use, denyRate), fiberPeerCtx()
+		ctx.SetRemoteAddr(clientAddr(1))
+		h(ctx)
+		ctx.Response.Reset()
+		h(ctx)
+		want := fiber.StatusTooManyRequests
+		if p.name == "bare" {
+			want = fiber.StatusOK
+		}
+		if c := ctx.Response.StatusCode(); c != want {
+			t.Errorf("fiber %s: second request %d, want %d", p.name, c, want)
+		}
+		if p.name == "limitplane" {
+			if ra, body := string(ctx.Response.Header.Peek("Retry-After")), string(ctx.Response.Body()); ra != "3600" || body != "{\"error\":\"rate limit exceeded\",\"retry_after_ms\":3600000}\n" {
+				t.Errorf("fiber limitplane: Retry-After %q, body %q", ra, body)
+			}
+		}
+	}
+}
+
+// BenchmarkFiberDenyBody is what limitplane's JSON body costs on a Fiber
+// denial: lpfiber.Write of a rendered denial on a fasthttp response, as
+// rendered ("body") and with its Body set to nil ("nobody"; the status,
+// the rate-limit fields and the body's two fields are written alike).
+func BenchmarkFiberDenyBody(b *testing.B) {
+	rend := response.NewRenderer(response.Options{})
+	d := core.Decision{DecidedBy: core.KindRate, Limit: 1, ResetAfter: time.Hour, RetryAfter: time.Hour,
+		Rate: core.Status{Policy: "bench", Limit: 1, Window: time.Hour, ResetAfter: time.Hour}}
+	for _, body := range []bool{true, false} {
+		name := "body"
+		if !body {
+			name = "nobody"
+		}
+		b.Run(name, func(b *testing.B) {
+			app := fiber.New(fiber.Config{DisableStartupMessage: true})
+			ctx := fiberPeerCtx()
+			c := app.AcquireCtx(ctx)
+			defer app.ReleaseCtx(c)
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Response.Reset()
+				var buf [8]response.Header
+				res := rend.Render(buf[:0], d, nil)
+				if !body {
+					res.Body = nil
+				}
+				lpfiber.Write(c, res)
+			}
+		})
 	}
 }

@@ -26,16 +26,47 @@ func Check(ctx context.Context, l core.Decider, auth identity.Authenticator, r i
 	if err != nil {
 		return nil, core.Decision{}, err
 	}
+	d, err := decide(ctx, l, c, api, route, cost)
+	return c, d, err
+}
+
+// decide decides for c: at route's endpoint when route is set and l is a
+// core.RouteDecider, else with l.Decide.
+func decide(ctx context.Context, l core.Decider, c *core.Consumer, api string, route func() core.Route, cost func() int64) (core.Decision, error) {
 	n := int64(1)
 	if cost != nil {
 		n = cost()
 	}
 	if route != nil {
 		if rd, ok := l.(core.RouteDecider); ok {
-			d, err := rd.DecideRoute(ctx, c, api, route(), n)
-			return c, d, err
+			return rd.DecideRoute(ctx, c, api, route(), n)
 		}
 	}
-	d, err := l.Decide(ctx, c, api, n)
-	return c, d, err
+	return l.Decide(ctx, c, api, n)
+}
+
+// Consumer is the memory Decide writes a consumer into. Its zero value is
+// ready; an adapter keeps it in a sync.Pool with the rest of a request's
+// scratch memory.
+type Consumer struct {
+	c  core.Consumer
+	id [64]byte
+}
+
+// Decide is Check for an adapter that does not keep the consumer: when
+// auth is an identity.ConsumerWriter, the consumer is written into s and
+// used only by l.Decide, so finding it allocates nothing; s may be reused
+// once Decide returns. Otherwise it is Check.
+func Decide(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer) (core.Decision, error) {
+	w, ok := auth.(identity.ConsumerWriter)
+	if !ok {
+		_, d, err := Check(ctx, l, auth, r, api, route, cost)
+		return d, err
+	}
+	if err := w.AuthenticateInto(ctx, r, &s.c, s.id[:0]); err != nil {
+		return core.Decision{}, err
+	}
+	d, err := decide(ctx, l, &s.c, api, route, cost)
+	s.c = core.Consumer{}
+	return d, err
 }
