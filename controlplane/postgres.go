@@ -573,7 +573,7 @@ type pgBatch struct {
 }
 
 // specKeys bounds the keys one Update's speculation reads or writes (a
-// bulk write is not run twice in full), and specTimeout its reads.
+// bulk write is not run twice in full), and specTimeout its run.
 const (
 	specKeys    = 256
 	specTimeout = 500 * time.Millisecond
@@ -587,11 +587,12 @@ var errSpeculation = errors.New("controlplane: speculation stops here")
 // returns the IDs of the keys they read or wrote (sorted, no repeats), so
 // that runBatch reads them in the round trip that locks the revision row
 // instead of one round trip each while holding it: every writer of the
-// database waits for that lock. The runs read keys from the database as
-// it is now and policies and APIs from the last batch's copy; what they
-// do is discarded (fn may be called more than once: Store.Update), and
-// a read that fails ends the speculation. Reads speculation missed, or
-// that a batch makes differently once locked, still go to the database.
+// database waits for that lock. The runs ask the database nothing (a key
+// read is noted and found absent: a round trip per Update here cost the
+// writer more than the reads it saved) and read policies and APIs from
+// the last batch's copy; what they do is discarded (fn may be called more
+// than once: Store.Update). Reads speculation missed, or that a batch
+// makes differently once locked, still go to the database.
 func (p *Postgres) speculate(batch []*pgCall) []string {
 	ctx, cancel := context.WithTimeout(p.ctx, min(specTimeout, p.o.WriteTimeout))
 	defer cancel()
@@ -1425,15 +1426,21 @@ func (t *pgTx) current(obj Object, id string) ([]byte, error) {
 	if v, ok := t.known(obj, id); ok {
 		return v, nil
 	}
-	if t.b.spec && len(t.seen)+len(t.writes[ObjectKey]) >= specKeys {
-		return nil, errSpeculation
+	if t.seen == nil {
+		t.seen = map[string][]byte{}
+	}
+	if t.b.spec {
+		// Speculation only learns which keys are read: it reads none,
+		// and the run goes on as if the key were absent.
+		if len(t.seen)+len(t.writes[ObjectKey]) >= specKeys {
+			return nil, errSpeculation
+		}
+		t.seen[id] = nil
+		return nil, nil
 	}
 	v, err := t.value(obj, id)
 	if err != nil {
 		return nil, err
-	}
-	if t.seen == nil {
-		t.seen = map[string][]byte{}
 	}
 	t.seen[id] = v
 	return v, nil
