@@ -573,7 +573,7 @@ type pgBatch struct {
 }
 
 // specKeys bounds the keys one Update's speculation reads or writes (a
-// bulk write is not run twice in full), and specTimeout its run.
+// bulk write is not run twice in full), and specTimeout its reads.
 const (
 	specKeys    = 256
 	specTimeout = 500 * time.Millisecond
@@ -587,12 +587,11 @@ var errSpeculation = errors.New("controlplane: speculation stops here")
 // returns the IDs of the keys they read or wrote (sorted, no repeats), so
 // that runBatch reads them in the round trip that locks the revision row
 // instead of one round trip each while holding it: every writer of the
-// database waits for that lock. The runs ask the database nothing (a key
-// read is noted and found absent: a round trip per Update here cost the
-// writer more than the reads it saved) and read policies and APIs from
-// the last batch's copy; what they do is discarded (fn may be called more
-// than once: Store.Update). Reads speculation missed, or that a batch
-// makes differently once locked, still go to the database.
+// database waits for that lock. The runs read keys from the database as
+// it is now and policies and APIs from the last batch's copy; what they
+// do is discarded (fn may be called more than once: Store.Update), and
+// a read that fails ends the speculation. Reads speculation missed, or
+// that a batch makes differently once locked, still go to the database.
 func (p *Postgres) speculate(batch []*pgCall) []string {
 	ctx, cancel := context.WithTimeout(p.ctx, min(specTimeout, p.o.WriteTimeout))
 	defer cancel()
@@ -674,69 +673,6 @@ func queueOlds(pb *pgx.Batch, refs []oldRef) func() {
 // queueWrites queues the writes of ids (per kind; repeats allowed) with
 // their values in writes (nil: delete), each kind in ID order.
 func queueWrites(pb *pgx.Batch, writes map[Object]map[string][]byte, ids map[Object][]string) {
-	var w writeStmts
-	w.writes(writes, ids)
-	w.queue(pb)
-}
-
-// writeStmts gathers data-modifying statements, to send one by one
-// (queue) or as one statement (queueAs).
-type writeStmts []writeStmt
-
-// writeStmt is one statement: sql has a %d verb for each parameter's
-// number.
-type writeStmt struct {
-	sql  string
-	args []any
-}
-
-func (w *writeStmts) add(sql string, args ...any) {
-	*w = append(*w, writeStmt{sql, args})
-}
-
-// queue queues each statement of w in pb.
-func (w writeStmts) queue(pb *pgx.Batch) {
-	for _, st := range w {
-		pb.Queue(st.sql0(0), st.args...)
-	}
-}
-
-// queueAs queues in pb one statement that runs every statement of w, as
-// WITH queries, and then main (whose parameters follow theirs, numbered
-// by %d verbs as the others'): one statement costs the server less than
-// several. The statements of w must not touch a row twice or read what
-// another writes (they see the same snapshot, in no set order).
-func (w writeStmts) queueAs(pb *pgx.Batch, main string, mainArgs ...any) {
-	var sql strings.Builder
-	var args []any
-	for i, st := range w {
-		if i == 0 {
-			sql.WriteString("WITH ")
-		} else {
-			sql.WriteString(", ")
-		}
-		fmt.Fprintf(&sql, "w%d AS (%s)", i, st.sql0(len(args)))
-		args = append(args, st.args...)
-	}
-	if len(w) > 0 {
-		sql.WriteByte(' ')
-	}
-	sql.WriteString(writeStmt{main, mainArgs}.sql0(len(args)))
-	pb.Queue(sql.String(), append(args, mainArgs...)...)
-}
-
-// sql0 is st's SQL with its parameters numbered from n+1.
-func (st writeStmt) sql0(n int) string {
-	nums := make([]any, len(st.args))
-	for i := range nums {
-		nums[i] = n + i + 1
-	}
-	return fmt.Sprintf(st.sql, nums...)
-}
-
-// writes adds the writes of ids (per kind; repeats allowed) with their
-// values in writes (nil: delete), each kind in ID order.
-func (w *writeStmts) writes(writes map[Object]map[string][]byte, ids map[Object][]string) {
 	const chunk = 10000
 	for obj, ids := range ids {
 		m := writes[obj]
@@ -753,11 +689,11 @@ func (w *writeStmts) writes(writes map[Object]map[string][]byte, ids map[Object]
 		table := pgTables[obj]
 		for lo := 0; lo < len(putIDs); lo += chunk {
 			hi := min(lo+chunk, len(putIDs))
-			w.add("INSERT INTO "+table+" (id, value) SELECT * FROM unnest($%d::text[], $%d::bytea[]) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value",
+			pb.Queue("INSERT INTO "+table+" (id, value) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value",
 				putIDs[lo:hi], putVs[lo:hi])
 		}
 		for lo := 0; lo < len(delIDs); lo += chunk {
-			w.add("DELETE FROM "+table+" WHERE id = ANY($%d)", delIDs[lo:min(lo+chunk, len(delIDs))])
+			pb.Queue("DELETE FROM "+table+" WHERE id = ANY($1)", delIDs[lo:min(lo+chunk, len(delIDs))])
 		}
 	}
 }
@@ -767,24 +703,15 @@ func (w *writeStmts) writes(writes map[Object]map[string][]byte, ids map[Object]
 // values once pb's results are read.
 func (b *pgBatch) queuePend(pb *pgx.Batch) func() {
 	set := queueOlds(pb, b.unresolved)
-	b.pendWrites().queue(pb)
-	b.unresolved = nil
-	return set
-}
-
-// pendWrites returns the statements of the pending writes and empties
-// them.
-func (b *pgBatch) pendWrites() writeStmts {
 	ids := map[Object][]string{}
 	for obj, m := range b.pend {
 		for id := range m {
 			ids[obj] = append(ids[obj], id)
 		}
 	}
-	var w writeStmts
-	w.writes(b.pend, ids)
-	b.pend = nil
-	return w
+	queueWrites(pb, b.pend, ids)
+	b.unresolved, b.pend = nil, nil
+	return set
 }
 
 // runBatch runs batch in one transaction and sets each call's result. It
@@ -890,32 +817,19 @@ func (b *pgBatch) load(cur *uint64, prefetch []string) error {
 		*cur = uint64(rev)
 		return err
 	})
-	// One statement reads them all (a statement each cost the server more
-	// than the rows), each row tagged with its table.
-	ms := []map[string][]byte{b.policies, b.apis}
-	read := "SELECT 0, id, value FROM lp_policies UNION ALL SELECT 1, id, value FROM lp_apis"
-	var args []any
+	for _, t := range []struct {
+		table string
+		m     map[string][]byte
+	}{{"lp_policies", b.policies}, {"lp_apis", b.apis}} {
+		pb.Queue("SELECT id, value FROM " + t.table).Query(scanValues(t.m))
+	}
 	if len(prefetch) > 0 {
 		b.keys = make(map[string][]byte, len(prefetch))
 		for _, id := range prefetch {
 			b.keys[id] = nil
 		}
-		ms = append(ms, b.keys)
-		read += " UNION ALL SELECT 2, id, value FROM lp_keys WHERE id = ANY($1)"
-		args = append(args, prefetch)
+		pb.Queue("SELECT id, value FROM lp_keys WHERE id = ANY($1)", prefetch).Query(scanValues(b.keys))
 	}
-	pb.Queue(read, args...).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var table int32
-			var id string
-			var v []byte
-			if err := rows.Scan(&table, &id, &v); err != nil {
-				return err
-			}
-			ms[table][id] = v
-		}
-		return rows.Err()
-	})
 	if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
 		return dbErr("lock the revision", err)
 	}
@@ -934,8 +848,9 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 		}
 		set()
 		pb = pgx.Batch{}
+	} else {
+		b.queuePend(&pb)
 	}
-	w := b.pendWrites()
 	var revs []int64
 	var seqs []int32
 	var vs [][]byte
@@ -953,20 +868,13 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	for lo := 0; lo < len(vs); lo += chunk {
 		hi := min(lo+chunk, len(vs))
 		revs, seqs, vs := revs[lo:hi], seqs[lo:hi], vs[lo:hi]
-		w.add("INSERT INTO lp_changes (revision, seq, change) SELECT * FROM unnest($%d::bigint[], $%d::int[], $%d::bytea[])", revs, seqs, vs)
+		pb.Queue("INSERT INTO lp_changes (revision, seq, change) SELECT * FROM unnest($1::bigint[], $2::int[], $3::bytea[])", revs, seqs, vs)
 	}
 	if rev > p.logRevs {
-		// Only revisions before the batch's: none the INSERT adds.
-		w.add("DELETE FROM lp_changes WHERE revision <= $%d", int64(rev-p.logRevs))
+		pb.Queue("DELETE FROM lp_changes WHERE revision <= $1", int64(rev-p.logRevs))
 	}
-	w.add("UPDATE lp_meta SET revision = $%d", int64(rev))
-	notify := "SELECT pg_notify($%d, $%d)"
-	if len(w) <= maxWith {
-		w.queueAs(&pb, notify, notifyChannel, strconv.FormatUint(rev, 10))
-	} else {
-		w.queue(&pb)
-		writeStmts{{notify, []any{notifyChannel, strconv.FormatUint(rev, 10)}}}.queue(&pb)
-	}
+	pb.Queue("UPDATE lp_meta SET revision = $1", int64(rev))
+	pb.Queue("SELECT pg_notify($1, $2)", notifyChannel, strconv.FormatUint(rev, 10))
 	pb.Queue("COMMIT")
 	if err := b.tx.SendBatch(b.ctx, &pb).Close(); err != nil {
 		err = dbErr("log the changes and commit", err)
@@ -981,10 +889,6 @@ func (p *Postgres) finish(b *pgBatch, rev uint64) error {
 	}
 	return nil
 }
-
-// maxWith bounds the statements finish sends as one (a bulk write's
-// chunks go one by one).
-const maxWith = 8
 
 // commitUnknown is the error of a write whose commit round trip lost its
 // connection: err, with ErrCommitUnknown, naming the package once.
@@ -1426,21 +1330,15 @@ func (t *pgTx) current(obj Object, id string) ([]byte, error) {
 	if v, ok := t.known(obj, id); ok {
 		return v, nil
 	}
-	if t.seen == nil {
-		t.seen = map[string][]byte{}
-	}
-	if t.b.spec {
-		// Speculation only learns which keys are read: it reads none,
-		// and the run goes on as if the key were absent.
-		if len(t.seen)+len(t.writes[ObjectKey]) >= specKeys {
-			return nil, errSpeculation
-		}
-		t.seen[id] = nil
-		return nil, nil
+	if t.b.spec && len(t.seen)+len(t.writes[ObjectKey]) >= specKeys {
+		return nil, errSpeculation
 	}
 	v, err := t.value(obj, id)
 	if err != nil {
 		return nil, err
+	}
+	if t.seen == nil {
+		t.seen = map[string][]byte{}
 	}
 	t.seen[id] = v
 	return v, nil
