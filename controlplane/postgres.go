@@ -25,7 +25,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/limitplane/limitplane/identity"
-	"github.com/limitplane/limitplane/internal/parallel"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -1157,35 +1156,76 @@ func (r *pgReader) Keys(after string, limit int) ([]spec.Key, error) {
 	return append(out, ks...), err
 }
 
-// allKeys returns every key, in hash order: the values are read first,
-// then decoded on every CPU, as Bolt's keys.
+// allKeys returns every key, in hash order. The values are decoded on
+// every CPU while the next are still arriving: they are read in blocks of
+// keyBlock, each copied into one buffer, and each block decoded apart.
 func (r *pgReader) allKeys() ([]spec.Key, error) {
 	rows, err := r.q.Query(r.ctx, "SELECT value FROM lp_keys ORDER BY id")
 	if err != nil {
 		return nil, dbErr("list lp_keys", err)
 	}
-	var raw [][]byte
-	for rows.Next() {
-		raw = append(raw, slices.Clone(rows.RawValues()[0]))
+	defer rows.Close()
+	type block struct {
+		first int    // the index of its first key
+		data  []byte // the values, one after the other
+		ends  []int  // where each value ends in data
+		keys  []spec.Key
+		err   error
 	}
+	work := make(chan *block, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for b := range work {
+				b.keys = make([]spec.Key, len(b.ends))
+				start := 0
+				for i, end := range b.ends {
+					if err := json.Unmarshal(b.data[start:end], &b.keys[i]); err != nil {
+						b.err = fmt.Errorf("controlplane: decode lp_keys #%d: %w", b.first+i, err)
+						break
+					}
+					start = end
+				}
+				b.data, b.ends = nil, nil
+			}
+		})
+	}
+	var blocks []*block
+	cur := &block{ends: make([]int, 0, keyBlock)}
+	n := 0
+	for rows.Next() {
+		cur.data = append(cur.data, rows.RawValues()[0]...)
+		cur.ends = append(cur.ends, len(cur.data))
+		if n++; len(cur.ends) == keyBlock {
+			blocks = append(blocks, cur)
+			work <- cur
+			// The next block's values are about as long as these.
+			cur = &block{first: n, data: make([]byte, 0, len(cur.data)*9/8), ends: make([]int, 0, keyBlock)}
+		}
+	}
+	if len(cur.ends) > 0 {
+		blocks = append(blocks, cur)
+		work <- cur
+	}
+	close(work)
+	wg.Wait()
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, dbErr("list lp_keys", err)
 	}
-	out := make([]spec.Key, len(raw))
-	err = parallel.Ranges(len(raw), runtime.GOMAXPROCS(0), func(lo, hi int) error {
-		for i := lo; i < hi; i++ {
-			if err := json.Unmarshal(raw[i], &out[i]); err != nil {
-				return fmt.Errorf("controlplane: decode lp_keys #%d: %w", i, err)
-			}
+	out := make([]spec.Key, 0, n)
+	for _, b := range blocks {
+		if b.err != nil {
+			return nil, b.err
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
+		out = append(out, b.keys...)
+		b.keys = nil
 	}
 	return out, nil
 }
+
+// keyBlock is how many keys allKeys decodes as one piece of work.
+const keyBlock = 4096
 
 // pgTx is one Update's write, within a batch. Its writes are kept in
 // memory (writes) and reach the database with the batch's at its end, or

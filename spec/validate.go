@@ -7,6 +7,7 @@ import (
 	"path"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -179,19 +180,34 @@ func (v *validator) snapshot(s *Snapshot) {
 		v.policyEndpoints(fmt.Sprintf("policies[%d]", i), &s.Policies[i], apis)
 	}
 
-	firstKey := map[identity.KeyHash]string{}
+	// A snapshot may hold a million keys: a key's path is written only
+	// when it has a problem.
+	keyAt := func(i int) string { return "keys[" + strconv.Itoa(i) + "]" }
+	firstKey := make(map[identity.KeyHash]int, len(s.Keys))
 	for i := range s.Keys {
 		k := &s.Keys[i]
-		at := fmt.Sprintf("keys[%d]", i)
-		if h, ok := v.keyHash(at, k); ok {
-			if f, dup := firstKey[h]; dup {
-				v.repeats(at+".key_hash", f, "same key as %s", f)
-			} else {
-				firstKey[h] = at
-			}
+		if h, err := identity.ParseKeyHash(k.KeyHash); err != nil {
+			v.keyHash(keyAt(i), k)
+		} else if f, dup := firstKey[h]; dup {
+			v.repeats(keyAt(i)+".key_hash", keyAt(f), "same key as %s", keyAt(f))
+		} else {
+			firstKey[h] = i
 		}
-		v.key(at, k, policies, apis)
+		if len(k.APILimits) > 0 || !knownPolicies(k.Policies, policies) {
+			v.key(keyAt(i), k, policies, apis)
+		}
 	}
+}
+
+// knownPolicies reports whether ids is not empty and policies holds each
+// (then key finds nothing wrong with a key without api_limits).
+func knownPolicies(ids []string, policies map[string]*Policy) bool {
+	for _, id := range ids {
+		if policies[id] == nil {
+			return false
+		}
+	}
+	return len(ids) > 0
 }
 
 // idRule says what validID accepts.

@@ -9,6 +9,7 @@ import (
 	"hash"
 	"io"
 	"runtime"
+	"slices"
 	"strconv"
 
 	"github.com/limitplane/limitplane/dataplane/syncpb"
@@ -227,6 +228,10 @@ func hasUpper(s string) bool {
 	return false
 }
 
+// minKeyJSON is the length of the shortest key in JSON:
+// {"key_hash":"sha256:<64 hex digits>","policies":["p"]}.
+const minKeyJSON = 103
+
 // AssemblerOptions configure an Assembler.
 type AssemblerOptions struct {
 	// MaxBytes bounds the JSON of one snapshot, in bytes; a snapshot that
@@ -317,10 +322,19 @@ func (a *Assembler) add(c *syncpb.SnapshotChunk) (*spec.Snapshot, error) {
 	for i, p := range a.parts {
 		readers[i] = bytes.NewReader(p)
 	}
-	var snap spec.Snapshot
+	// The decoder appends the keys to the slice it is given: one sized
+	// for the JSON (no key's is shorter than minKeyJSON bytes) instead of
+	// one grown by copies, a million keys' worth at the end.
+	snap := spec.Snapshot{Keys: make([]spec.Key, 0, a.size/minKeyJSON)}
 	err := decodeStrictFrom(io.MultiReader(readers...), &snap)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: snapshot %d: %w", c.Revision, err)
+	}
+	switch n := len(snap.Keys); {
+	case n == 0:
+		snap.Keys = nil // as decoded into nothing
+	case cap(snap.Keys)-n > n/8+1024:
+		snap.Keys = slices.Clone(snap.Keys) // policies or APIs took the room
 	}
 	if snap.Revision != c.Revision {
 		return nil, fmt.Errorf("protocol: snapshot %d: its JSON says revision %d", c.Revision, snap.Revision)
