@@ -16,8 +16,11 @@ import (
 // ("/orders/{id}"): a {param} segment of an endpoint matches any segment,
 // that pattern's text included.
 type Route struct {
-	// Method is the request's method, upper case ("GET"); "" matches only
-	// endpoints of any method.
+	// Method is the request's method ("GET"); "" matches only endpoints
+	// of any method. It is matched without regard to case: HTTP methods
+	// are case-sensitive, but an upstream may take "post" for POST, so a
+	// request sent as "post" counts against POST's endpoint rather than
+	// escaping it.
 	Method string
 	// Path is the request's path; empty segments ("//") are skipped.
 	Path string
@@ -263,13 +266,13 @@ func (a *endpointEntry) morePath(b *endpointEntry) bool {
 	return a.mask > b.mask
 }
 
-// methodScore is how well e's method matches m: 3 exact, 2 a GET
-// endpoint for HEAD, 1 any, 0 not at all.
+// methodScore is how well e's method matches m (in any case): 3 exact, 2
+// a GET endpoint for HEAD, 1 any, 0 not at all.
 func (e *endpointEntry) methodScore(m string) int {
 	switch {
-	case e.method == m:
+	case e.method == m || (e.method != "*" && strings.EqualFold(e.method, m)):
 		return 3
-	case e.method == "GET" && m == "HEAD":
+	case e.method == "GET" && strings.EqualFold(m, "HEAD"):
 		return 2
 	case e.method == "*":
 		return 1

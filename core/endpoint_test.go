@@ -211,6 +211,8 @@ func TestEndpointMostSpecific(t *testing.T) {
 		{"GET", "/other/x", "root"},
 		{"GET", "/orders", "orders-get"},
 		{"HEAD", "/orders", "orders-get"},
+		{"get", "/orders", "orders-get"}, // any case: "get" must not escape GET's endpoint
+		{"Head", "/orders", "orders-get"},
 		{"POST", "/orders", "orders-any"},
 		{"POST", "//orders/", "orders-any"},
 		{"GET", "/orders/42", "order-any"},

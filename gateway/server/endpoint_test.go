@@ -118,6 +118,13 @@ func TestGatewayEndpoints(t *testing.T) {
 			if ok, no := send(t, "POST", base+"/orders", 5); ok != 2 || no != 3 {
 				t.Fatalf("POST /orders: %d admitted, %d refused; want 2 and 3", ok, no)
 			}
+			// A method in another case counts against the same endpoint
+			// (an upstream may take "post" for POST): it does not escape.
+			for _, m := range []string{"post", "Post"} {
+				if ok, no := send(t, m, base+"/orders", 2); ok != 0 || no != 2 {
+					t.Fatalf("%s /orders after POST's 2: %d admitted, %d refused; want 0 and 2", m, ok, no)
+				}
+			}
 			if ok, no := send(t, "GET", base+"/orders", 15); ok != 10 || no != 5 {
 				t.Fatalf("GET /orders: %d admitted, %d refused; want 10 and 5", ok, no)
 			}
