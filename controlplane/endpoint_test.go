@@ -55,8 +55,8 @@ func TestSelectPolicyEndpoints(t *testing.T) {
 			{API: "us-shop", Path: "/orders", Rate: min(6)},
 		}}},
 		APIs: []spec.API{
-			{ID: "eu-shop", ListenPath: "/eu/", Target: spec.BuiltinEcho, Tags: []string{"eu"}, Endpoints: []spec.Endpoint{{Path: "/orders", Cost: 2}}},
-			{ID: "us-shop", ListenPath: "/us/", Target: spec.BuiltinEcho, Tags: []string{"us"}, Endpoints: []spec.Endpoint{{Path: "/orders", Cost: 2}}},
+			{ID: "eu-shop", ListenPath: "/eu/", Target: spec.BuiltinEcho, Tags: []string{"eu"}, Endpoints: []spec.Endpoint{{Path: "/orders", Cost: new(int64(2))}}},
+			{ID: "us-shop", ListenPath: "/us/", Target: spec.BuiltinEcho, Tags: []string{"us"}, Endpoints: []spec.Endpoint{{Path: "/orders", Cost: new(int64(2))}}},
 		},
 	}
 	if err := full.ValidateSharded(); err != nil {

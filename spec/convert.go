@@ -117,7 +117,10 @@ func (s *Snapshot) CoreEndpoints() map[string][]core.Endpoint {
 		}
 		eps := make([]core.Endpoint, len(a.Endpoints))
 		for j, ep := range a.Endpoints {
-			eps[j] = core.Endpoint{Method: ep.Method, Path: ep.Path, Policies: slices.Clone(ep.Policies), Cost: ep.Cost}
+			eps[j] = core.Endpoint{Method: ep.Method, Path: ep.Path, Policies: slices.Clone(ep.Policies)}
+			if ep.Cost != nil {
+				eps[j].Cost = *ep.Cost
+			}
 		}
 		out[a.ID] = eps
 	}

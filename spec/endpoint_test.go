@@ -23,7 +23,7 @@ func shop() spec.Snapshot {
 		APIs: []spec.API{
 			{ID: "shop", ListenPath: "/shop/", Target: spec.BuiltinEcho, Endpoints: []spec.Endpoint{
 				{Method: "POST", Path: "/orders", Policies: []string{"post-orders"}},
-				{Method: "GET", Path: "/orders", Policies: []string{"get-orders"}, Cost: 1},
+				{Method: "GET", Path: "/orders", Policies: []string{"get-orders"}, Cost: ptr(int64(1))},
 			}},
 			{ID: "other", ListenPath: "/other/", Target: spec.BuiltinEcho},
 		},
@@ -68,7 +68,8 @@ func TestValidateEndpoints(t *testing.T) {
 		spec.Endpoint{Path: "/orders/{id", Policies: []string{"nope"}},
 		spec.Endpoint{Path: "/x", Policies: []string{"elsewhere", "global"}},
 		spec.Endpoint{Path: "/y"},
-		spec.Endpoint{Method: "any", Cost: -2},
+		spec.Endpoint{Method: "any", Cost: ptr(int64(-2))},
+		spec.Endpoint{Method: "PUT", Path: "/z", Cost: ptr(int64(0))},
 	)
 	var errs spec.Errors
 	if !errors.As(s.Validate(), &errs) {
@@ -88,6 +89,7 @@ func TestValidateEndpoints(t *testing.T) {
 		`apis[0].endpoints[6].policies: missing (an endpoint needs policies, a cost, or both)`,
 		`apis[0].endpoints[7].path: missing (a path like "/orders" or "/orders/{id}")`,
 		`apis[0].endpoints[7].cost: -2: a cost is 1 to 2^53 − 1 (left out: the request's own)`,
+		`apis[0].endpoints[8].cost: 0: a cost is 1 to 2^53 − 1 (left out: the request's own)`,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

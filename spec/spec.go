@@ -400,11 +400,11 @@ type Endpoint struct {
 	// each must cover the API (no apis list, or one naming it), and none
 	// may have a global quota. An endpoint needs policies or a cost.
 	Policies []string `json:"policies,omitempty"`
-	// Cost, when > 0, is what each request to the endpoint costs, on the
-	// endpoint's limits and the API's; 0 (left out) is the request's own
-	// cost (1 unless a service's middleware says otherwise). At most
-	// 2^53 − 1.
-	Cost int64 `json:"cost,omitempty"`
+	// Cost, when set, is what each request to the endpoint costs, on the
+	// endpoint's limits and the API's: 1 to 2^53 − 1 (0 is refused). Left
+	// out (nil), a request costs its own cost (1 unless a service's
+	// middleware says otherwise).
+	Cost *int64 `json:"cost,omitempty"`
 }
 
 // JWT is a jwt API's token checking (identity.JWTOptions).

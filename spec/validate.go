@@ -530,9 +530,9 @@ func (v *validator) endpoints(at string, a *API, policies map[string]*Policy) {
 			}
 		}
 		switch {
-		case ep.Cost < 0 || ep.Cost > core.MaxCost:
-			v.fail(eat+".cost", "%d: a cost is 1 to 2^53 − 1 (left out: the request's own)", ep.Cost)
-		case len(ep.Policies) == 0 && ep.Cost == 0:
+		case ep.Cost != nil && (*ep.Cost < 1 || *ep.Cost > core.MaxCost):
+			v.fail(eat+".cost", "%d: a cost is 1 to 2^53 − 1 (left out: the request's own)", *ep.Cost)
+		case len(ep.Policies) == 0 && ep.Cost == nil:
 			v.missing(eat+".policies", "missing (an endpoint needs policies, a cost, or both)")
 		}
 	}

@@ -212,6 +212,7 @@ apis:
       - {method: get, path: "/a/{y}/", policies: [p]}
       - {path: /b, policies: [nope]}
       - {path: /c, policies: [p], cost: 1.5}
+      - {path: /d, cost: 0}
 `)
 	_, err := config.Load(file)
 	var errs config.Errors
@@ -224,6 +225,7 @@ apis:
 		file + `:13:29: apis[0].endpoints[3].path: duplicate endpoint GET /a/{} (first at apis[0].endpoints[2].path on line 12)`,
 		file + `:14:31: apis[0].endpoints[4].policies[0]: unknown policy "nope"`,
 		file + `:15:41: apis[0].endpoints[5].cost: want an integer, got 1.5`,
+		file + `:16:26: apis[0].endpoints[6].cost: 0: a cost is 1 to 2^53 − 1 (left out: the request's own)`,
 	}, "\n")
 	if err.Error() != want {
 		t.Fatalf("errors:\n%v\nwant:\n%s", err, want)
