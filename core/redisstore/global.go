@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
@@ -89,17 +90,33 @@ local g = redis.call('HMGET', H, 'L', 'pe', 'fl', 'fa', 'ct', 'co', 'mk')
 local floor = tonumber(g[4] or (mode == 2 and '0' or ARGV[19]))
 local pe = tonumber(g[2] or '0')
 local over = pe > 0 and now_u >= pe
-local ls, avail = {}, 0
+-- The live leases with budget left: the first in l1 (id, budget, stop),
+-- and only when there are more, all of them in ls (a table each, sorted
+-- by stop); one lease, the common case, builds no table.
+local ls, avail = nil, 0
+local id1, a1, st1
 if g[1] and not over then
-  for id, stop, amt in string.gmatch(g[1], '(%S+) (%d+) (%d+)') do
+  local L, i = g[1], 1
+  while true do
+    local _, e, id, stop, amt = string.find(L, '(%S+) (%d+) (%d+)', i)
+    if not e then break end
+    i = e + 1
     stop = tonumber(stop)
     if now_u < stop then
       local a = tonumber(amt) - tonumber(redis.call('HGET', H, 's:' .. id) or '0')
-      if a > 0 then ls[#ls + 1] = {id, a, stop}; avail = avail + a end
+      if a > 0 then
+        avail = avail + a
+        if not id1 then
+          id1, a1, st1 = id, a, stop
+        else
+          if not ls then ls = {{id1, a1, st1}} end
+          ls[#ls + 1] = {id, a, stop}
+        end
+      end
     end
   end
 end
-table.sort(ls, function(x, y) return x[3] < y[3] end)
+if ls then table.sort(ls, function(x, y) return x[3] < y[3] end) end
 local fused = tonumber(g[3] or '0')
 local ct = tonumber(g[5] or '-1')
 if ct < 0 then
@@ -147,10 +164,16 @@ if rate_on then
 end
 if n > 0 then
   local left = n
-  for i = 1, #ls do
-    if left == 0 then break end
-    local t = math.min(left, ls[i][2])
-    redis.call('HINCRBY', H, 's:' .. ls[i][1], t)
+  if ls then
+    for i = 1, #ls do
+      if left == 0 then break end
+      local t = math.min(left, ls[i][2])
+      redis.call('HINCRBY', H, 's:' .. ls[i][1], t)
+      left = left - t
+    end
+  elseif id1 then
+    local t = math.min(left, a1)
+    redis.call('HINCRBY', H, 's:' .. id1, t)
     left = left - t
   end
   if left > 0 then redis.call('HINCRBY', H, 'fl', left) end
@@ -228,7 +251,8 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 	} else {
 		c.args = append(c.args, "0", "0", "0", "0", "0", "0")
 	}
-	c.args = append(c.args, req.Consumer, r.gargs[0], r.gargs[1])
+	c.cons.b = append(c.cons.b[:0], req.Consumer...) // (a string in an interface would be a heap allocation)
+	c.args = append(c.args, &c.cons, r.gargs[0], r.gargs[1])
 	c.int(int64(req.QuotaEpoch))
 	c.int(int64(g.Mode))
 	c.int(g.Floor)
@@ -241,12 +265,10 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 		return core.Decision{}, err
 	}
 	if v[9] == 1 {
-		// The slot is marked active at most once a second; a lost mark is
-		// made again by the next request a second later.
-		// The request is decided already: a failed mark does not fail it.
-		_, _ = s.call(ctx, func(ctx context.Context) ([]int64, error) {
-			return nil, s.client.ZAdd(ctx, s.activeKey, redis.Z{Score: float64(v[10]), Member: GlobalSlotKey(s.prefix, req.Consumer, scope, g.Policy, req.QuotaEpoch)}).Err()
-		})
+		// The script marks a slot at most once a second; the marker adds it
+		// to the active set off the request path.
+		var kb [128]byte
+		s.marks.add(string(appendGlobalSlotKey(kb[:0], s.prefix, &hx, scope, g.Policy, req.QuotaEpoch)), v[10])
 	}
 	// decision reads the quota's used count at v[6]: give it Max −
 	// remaining, so Remaining is the budget left to this data plane.
@@ -256,4 +278,97 @@ func (s *Store) takeGlobal(ctx context.Context, req core.Request, r *rule) (core
 		s.seedWith(req, r, d)
 	}
 	return d, err
+}
+
+// maxPendingMarks bounds the marks waiting for the marker's next write; a
+// mark beyond it is dropped, and made again by the slot's next request a
+// second later, as a mark whose write fails is.
+const maxPendingMarks = 1 << 16
+
+// marker adds global quota slots to the active set (GlobalActiveKey) off
+// the request path. takeGlobal hands it the slots its script marked (each
+// at most once a second); one goroutine, started by the first mark and
+// stopped by Store.Close, writes whatever has gathered meanwhile with one
+// ZADD. A Take therefore makes no round trip of its own for its mark. The
+// runner reads the active set a second or more apart, so a mark written a
+// few milliseconds after its request changes nothing it does.
+type marker struct {
+	s       *Store
+	start   sync.Once
+	mu      sync.Mutex
+	pending map[string]int64 // slot key → mark (µs); nil once closed
+	wake    chan struct{}    // cap 1: something is pending
+	ctx     context.Context  // ended by close
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when run has returned
+}
+
+func (m *marker) init(s *Store) {
+	m.s = s
+	m.pending = make(map[string]int64)
+	m.wake = make(chan struct{}, 1)
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.done = make(chan struct{})
+}
+
+// add queues slot's mark at (µs). It never blocks on Redis.
+func (m *marker) add(slot string, at int64) {
+	m.start.Do(func() { go m.run() })
+	m.mu.Lock()
+	if m.pending == nil || (len(m.pending) >= maxPendingMarks && m.pending[slot] == 0) {
+		m.mu.Unlock()
+		return
+	}
+	m.pending[slot] = at
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run writes the pending marks until close.
+func (m *marker) run() {
+	defer close(m.done)
+	ctx := m.ctx
+	next := make(map[string]int64)
+	var zs []redis.Z
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+		}
+		m.mu.Lock()
+		if m.pending == nil {
+			m.mu.Unlock()
+			return
+		}
+		cur := m.pending
+		m.pending = next
+		m.mu.Unlock()
+		zs = zs[:0]
+		for k, at := range cur {
+			zs = append(zs, redis.Z{Score: float64(at), Member: k})
+		}
+		clear(cur)
+		next = cur
+		// A failed write is not retried: each slot's next request marks it
+		// again a second later.
+		_, _ = m.s.call(ctx, func(ctx context.Context) ([]int64, error) {
+			return nil, m.s.client.ZAdd(ctx, m.s.activeKey, zs...).Err()
+		})
+		clear(zs)
+	}
+}
+
+// close stops the goroutine, if one started, and waits for it; marks not
+// yet written are dropped. It may be called more than once.
+func (m *marker) close() {
+	m.mu.Lock()
+	m.pending = nil
+	m.mu.Unlock()
+	m.start.Do(func() { close(m.done) }) // never started: nothing to wait for
+	m.cancel()
+	<-m.done
 }

@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +26,28 @@ import (
 // (Options.Pipeline −1), as the global quota's script is run today: the
 // default mode batches plain decisions into pipelines, which the global
 // script does not join yet.
+// serverCPU returns the CPU time (s, user + system) redis-server has used,
+// from INFO cpu: the benchmarks report it per decision (srv-µs/op), the
+// cost inside Redis apart from the client's and the network's.
+func serverCPU(b *testing.B, c redis.UniversalClient) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu %s: %v", k, err)
+			}
+			sum += f
+		}
+	}
+	return sum
+}
+
 func BenchmarkGlobalQuotaTake(b *testing.B) {
 	srv := redistest.Start(b)
 	ctx := context.Background()
@@ -69,14 +93,17 @@ func BenchmarkGlobalQuotaTake(b *testing.B) {
 			return err
 		}
 		b.Run(kind+"/Serial", func(b *testing.B) {
+			cpu := serverCPU(b, c)
 			for i := 0; b.Loop(); i++ {
 				if err := take(i); err != nil {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric((serverCPU(b, c)-cpu)*1e6/float64(b.N), "srv-µs/op")
 		})
 		b.Run(kind+"/Parallel64", func(b *testing.B) {
 			b.SetParallelism(32)
+			cpu := serverCPU(b, c)
 			b.RunParallel(func(pb *testing.PB) {
 				for i := 0; pb.Next(); i++ {
 					if err := take(i); err != nil {
@@ -85,6 +112,7 @@ func BenchmarkGlobalQuotaTake(b *testing.B) {
 					}
 				}
 			})
+			b.ReportMetric((serverCPU(b, c)-cpu)*1e6/float64(b.N), "srv-µs/op")
 		})
 	}
 }

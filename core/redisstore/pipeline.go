@@ -241,6 +241,7 @@ type call struct {
 	nums   [17]intArg
 	nnums  int
 	keys   [2]keyArg
+	cons   keyArg   // the consumer, for the global quota's script
 	kind   [32]byte // room for the quota key's kind
 	cmd    *redis.IntSliceCmd
 

@@ -256,7 +256,8 @@ type Store struct {
 	follows   bool
 	cutoff    time.Duration
 	activeKey string
-	activeArg any // activeKey, boxed once
+	activeArg any    // activeKey, boxed once
+	marks     marker // with follows: writes the active set's marks
 }
 
 // New returns a Store over client (a *redis.Client, *redis.ClusterClient or
@@ -276,6 +277,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	s.head = s.prefix + "{"
 	s.follows, s.cutoff, s.activeKey = opts.FollowsControlPlane, opts.GlobalCutOff, GlobalActiveKey(s.prefix)
 	s.activeArg = s.activeKey
+	if s.follows {
+		s.marks.init(s)
+	}
 	if s.cutoff <= 0 {
 		s.cutoff = DefaultGlobalCutOff
 	}
@@ -311,12 +315,16 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 }
 
 // Close makes later Takes fail with ErrClosed when batching is on (Takes
-// already waiting still get their replies); without batching it does
-// nothing. The store has no goroutines of its own to stop. It does not
-// close the client, which belongs to the caller.
+// already waiting still get their replies). With FollowsControlPlane it
+// also stops the goroutine that writes global quotas' active-set marks,
+// dropping marks not yet written. It does not close the client, which
+// belongs to the caller.
 func (s *Store) Close() error {
 	if s.pipe != nil {
 		s.pipe.close()
+	}
+	if s.follows {
+		s.marks.close()
 	}
 	return nil
 }
