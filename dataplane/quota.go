@@ -643,9 +643,17 @@ func (r *QuotaRunner) save(ctx context.Context, slots map[string]*slot, tok uint
 func isNoScriptErr(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // apply routes the ledger's answers to the holders; true when the ledger
-// fenced this runner's token.
+// fenced this runner's token. A grant or a grant's refusal goes to the
+// holder whose request it answers: the same request ID on the same slot.
+// Request IDs alone repeat across slots, since every slot's holder numbers
+// its own requests (dp1/7/1 is the first request of each), and a grant of
+// one slot's entry spent in another's would overshoot that entry's quota.
 func (r *QuotaRunner) apply(now time.Time, slots map[string]*slot, ans lease.BatchAnswer) bool {
-	byReq := map[lease.RequestID]*lease.Holder{}
+	type reqKey struct {
+		slot lease.SlotID
+		id   lease.RequestID
+	}
+	byReq := map[reqKey]*lease.Holder{}
 	byEntry := map[lease.EntryID][]*lease.Holder{}
 	for _, s := range slots {
 		for _, h := range []*lease.Holder{s.cur, s.old} {
@@ -653,13 +661,13 @@ func (r *QuotaRunner) apply(now time.Time, slots map[string]*slot, ans lease.Bat
 				continue
 			}
 			if p := h.State().Pending; p != nil {
-				byReq[p.Request.ID] = h
+				byReq[reqKey{h.Entry().Slot(), p.Request.ID}] = h
 			}
 			byEntry[h.Entry().ID()] = append(byEntry[h.Entry().ID()], h)
 		}
 	}
 	for _, g := range ans.Grants {
-		if h := byReq[g.ID]; h != nil {
+		if h := byReq[reqKey{g.Entry.Slot(), g.ID}]; h != nil {
 			h.HandleGrant(now, g)
 		}
 	}
@@ -672,7 +680,7 @@ func (r *QuotaRunner) apply(now time.Time, slots map[string]*slot, ans lease.Bat
 	for _, f := range ans.Refusals {
 		switch {
 		case f.Request != nil:
-			if h := byReq[*f.Request]; h != nil {
+			if h := byReq[reqKey{f.Entry.Slot(), *f.Request}]; h != nil {
 				h.HandleGrantRefusal(now, *f.Request, f.Why)
 				fenced = fenced || h.Fenced()
 			}

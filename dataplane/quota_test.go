@@ -496,6 +496,57 @@ func TestGlobalQuotaHolderFailover(t *testing.T) {
 	}
 }
 
+// TestGlobalQuotaManyConsumers: eight consumers of one data plane whose
+// slots ask the ledger in the same rounds, with different demand (so
+// their grants differ): the holders' request IDs are equal across slots
+// (each numbers its own requests), and every answer must reach the holder
+// of its own entry. Each consumer admits at most its Q, and each entry's
+// committed equals that consumer's admitted exactly. (Routed by request
+// ID alone, a grant of one consumer's entry was spent by another's slot:
+// that consumer then overshot by the difference between the two grants.)
+func TestGlobalQuotaManyConsumers(t *testing.T) {
+	const Q = 400
+	srv := startLedgerServer(t, quotaledger.Config{Quota: Q, Period: time.Minute, Mode: lease.Strict, LeaseDuration: time.Second})
+	client := redistest.Start(t).Client(t, nil)
+	dp := newQuotaDP(t, "dp1", client, globalQuota(Q, time.Minute, core.GlobalStrict, 0))
+	dp.runner(t, srv)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	per := map[string]*quotaDP{}
+	for i := range 8 {
+		k := fmt.Sprintf("k%d", i+1)
+		d := &quotaDP{name: "dp1", client: client, store: dp.store, rule: dp.rule}
+		per[k] = d
+		d.load(t, k, 1, time.Duration(2+3*i)*time.Millisecond, stop, &wg)
+	}
+	waitFor(t, "each consumer's quota spent", func() bool {
+		for _, d := range per {
+			if d.ok.Load() < Q {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	wg.Wait()
+	waitFor(t, "every lease's final report", srv.settled)
+	srv.audit(t)
+	committed := map[string]int64{}
+	for _, st := range srv.entries() {
+		committed[st.Config.Key.Consumer] += st.Committed
+		for _, l := range st.Leases {
+			if l.Spent > l.Amount {
+				t.Errorf("%s: lease %v: spent %d of %d", st.Config.Key.Consumer, l.ID, l.Spent, l.Amount)
+			}
+		}
+	}
+	for k, d := range per {
+		if d.ok.Load() != Q || committed[k] != Q {
+			t.Errorf("%s: admitted %d, its entry's committed %d; want %d and %d", k, d.ok.Load(), committed[k], Q, Q)
+		}
+	}
+}
+
 // TestGlobalQuotaCluster: the spend script and the runner on a 3-node
 // Redis Cluster, three consumers (spread over the slots): each admits at
 // most its Q, and the ledger agrees exactly.

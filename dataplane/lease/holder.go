@@ -409,10 +409,11 @@ func (h *Holder) report(now time.Time) *Report {
 }
 
 // HandleGrant takes the ledger's answer at now. An answer to anything but
-// the request in flight (a duplicate) is ignored.
+// the request in flight (a duplicate), or for another slot's entry (whose
+// holder may have a request of the same ID), is ignored.
 func (h *Holder) HandleGrant(now time.Time, g Grant) {
 	p := h.st.Pending
-	if p == nil || g.ID != p.Request.ID {
+	if p == nil || g.ID != p.Request.ID || !sameSlot(h.o.Entry, g.Entry) {
 		return
 	}
 	h.st.LastContact = now
@@ -495,9 +496,7 @@ func (h *Holder) HandleAck(now time.Time, a ReportAck) {
 
 // sameSlot reports whether a and b name the same quota apart from the
 // period start.
-func sameSlot(a, b EntryKey) bool {
-	return a.Consumer == b.Consumer && a.Scope == b.Scope && a.Policy == b.Policy && a.Epoch == b.Epoch
-}
+func sameSlot(a, b EntryKey) bool { return a.Slot() == b.Slot() }
 
 // Entry is the entry the holder spends: Options.Entry, or the one a grant
 // named when Options.Entry left PeriodStart zero.

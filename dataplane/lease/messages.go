@@ -99,6 +99,19 @@ type EntryID struct {
 	Epoch                   uint64
 }
 
+// SlotID names an entry apart from its period: the consumer's quota under
+// one scope, policy and epoch, whose entries follow each other period
+// after period. A data plane keeps one slot (and holder) per SlotID.
+type SlotID struct {
+	Consumer, Scope, Policy string
+	Epoch                   uint64
+}
+
+// Slot returns the slot the entry belongs to.
+func (k EntryKey) Slot() SlotID {
+	return SlotID{Consumer: k.Consumer, Scope: k.Scope, Policy: k.Policy, Epoch: k.Epoch}
+}
+
 // ID returns the key's comparable form.
 func (k EntryKey) ID() EntryID {
 	return EntryID{Consumer: k.Consumer, Scope: k.Scope, Policy: k.Policy, PeriodStart: k.PeriodStart.UnixNano(), Epoch: k.Epoch}
