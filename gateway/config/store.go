@@ -54,16 +54,9 @@ func (v *loader) redis(store string, r *rawRedis) *Redis {
 		v.fail("store", "%s", ue.Problem)
 		return out
 	}
-	q := u.Query()
-	pw, _ := v.secret("redis", "password", r.PasswordEnv, r.PasswordFile)
-	if pw != "" {
-		if strings.HasSuffix(scheme, "+sentinel") {
-			q.Set("password", pw) // the master's; the user part is its name
-			u.RawQuery = q.Encode()
-		} else {
-			u.User = url.UserPassword(u.User.Username(), pw)
-		}
-		out.URL, out.Password = u.String(), pw
+	if pw, _ := v.secret("redis", "password", r.PasswordEnv, r.PasswordFile); pw != "" {
+		out.URL, _ = redisstore.WithPassword(store, pw) // it parsed above
+		out.Password = pw
 	}
 	return out
 }
