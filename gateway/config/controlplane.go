@@ -10,16 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/identity"
-)
-
-// On-stale policies of ControlPlane.OnStale.
-const (
-	// OnStaleKeep serves on with the last configuration.
-	OnStaleKeep = "keep"
-	// OnStaleFailClosed answers 503 to every API request until the
-	// control plane is back.
-	OnStaleFailClosed = "fail_closed"
 )
 
 // ControlPlane is the control_plane section: the gateway takes its
@@ -49,8 +41,8 @@ type ControlPlane struct {
 	// MaxStale is how long the gateway may go without its control plane
 	// before OnStale applies; 0 means never.
 	MaxStale time.Duration
-	// OnStale is OnStaleKeep or OnStaleFailClosed.
-	OnStale string
+	// OnStale is dataplane.StaleKeep or dataplane.StaleFailClosed.
+	OnStale dataplane.OnStale
 	// StateFile is where the last applied configuration is persisted
 	// when the store is in-process (with a Redis store it is kept in
 	// Redis): state_file taken from the configuration file's directory,
@@ -101,7 +93,8 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
 	cp.MaxStale = number(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
-	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
+	stale := []dataplane.OnStale{dataplane.StaleKeep, dataplane.StaleFailClosed}
+	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{string(stale[0]), string(stale[1])}, stale...)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {
