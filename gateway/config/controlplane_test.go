@@ -66,8 +66,8 @@ func TestControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &config.ControlPlane{Address: "127.0.0.1:7071", Token: "env-token", Group: "dp1", Tags: []string{"eu", "gold"},
-		OnStale: dataplane.StaleKeep, StateFile: filepath.Join(dir, "gw.state.json")}
+	want := &config.ControlPlane{AgentOptions: dataplane.AgentOptions{Address: "127.0.0.1:7071", Token: "env-token", Group: "dp1",
+		Tags: []string{"eu", "gold"}, OnStale: dataplane.StaleKeep}, StateFile: filepath.Join(dir, "gw.state.json")}
 	if !reflect.DeepEqual(cfg.ControlPlane, want) {
 		t.Errorf("minimal section: %+v\nwant %+v", cfg.ControlPlane, want)
 	}
