@@ -22,9 +22,10 @@ var update = flag.Bool("update", false, "rewrite testdata/corpus.golden from wha
 // package's other tests and one for each of the loader's messages) and
 // compares what Parse answers, every message with its line and column or
 // every value of an accepted file, with testdata/corpus.golden byte for
-// byte. It pins the messages while the loader's code changes; run with
-// -update to rewrite the golden file after a change that is meant to alter
-// them.
+// byte. It pins the messages while the loader's code changes. A change
+// that is meant to alter them (a new field changes the "known here" lists
+// and the values of accepted files) rewrites the golden file with
+// go test ./gateway/config -run TestCorpus -update; review its diff.
 func TestCorpus(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("testdata", "corpus.json"))
 	if err != nil {
