@@ -243,25 +243,14 @@ func (k *JWTKey) Resolve(r Resolver) (identity.JWTKey, error) {
 		return pem("pem_file", k.PEMFile, data)
 	case k.PEM != "":
 		return pem("pem", "", []byte(k.PEM))
-	case k.SecretEnv != "":
-		field, from = "secret_env", "environment variable "+k.SecretEnv
-		val, ok := r.LookupEnv(k.SecretEnv)
-		switch {
-		case !ok:
-			return fail(field, "%s is not set", from)
-		case val == "":
-			return fail(field, "%s is empty", from)
-		}
-		secret = val
-	case k.SecretFile != "":
+	case k.SecretEnv != "" || k.SecretFile != "":
 		field, from = "secret_file", k.SecretFile
-		data, err := r.ReadFile(k.SecretFile)
-		if err != nil {
-			return fail(field, "%v", err)
+		if k.SecretEnv != "" {
+			field, from = "secret_env", "environment variable "+k.SecretEnv
 		}
-		// Files written by echo or editors end in a line ending.
-		if secret = strings.TrimRight(string(data), "\r\n"); secret == "" {
-			return fail(field, "%s is empty", from)
+		var err error
+		if secret, err = Secret(r, k.SecretEnv, k.SecretFile); err != nil {
+			return fail(field, "%v", err)
 		}
 	case k.Secret != "":
 		field, from, secret = "secret", "the inline secret", k.Secret
@@ -272,6 +261,34 @@ func (k *JWTKey) Resolve(r Resolver) (identity.JWTKey, error) {
 		return fail(field, "%s holds %d bytes; an HMAC secret needs at least %d", from, len(secret), identity.MinHMACKeySize)
 	}
 	return identity.SecretKey(k.ID, []byte(secret)), nil
+}
+
+// Secret reads the secret that env, an environment variable's name, or
+// else file, a file's name, refers to with r; a file's final line ending
+// is dropped (files written by echo or editors have one). It fails when
+// the variable is not set or is empty, when the file cannot be read (r's
+// error as is) or is empty; the error's text is the problem to report at
+// the field naming the variable or the file.
+func Secret(r Resolver, env, file string) (string, error) {
+	if env != "" {
+		val, ok := r.LookupEnv(env)
+		switch {
+		case !ok:
+			return "", fmt.Errorf("environment variable %s is not set", env)
+		case val == "":
+			return "", fmt.Errorf("environment variable %s is empty", env)
+		}
+		return val, nil
+	}
+	data, err := r.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	secret := strings.TrimRight(string(data), "\r\n")
+	if secret == "" {
+		return "", fmt.Errorf("%s is empty", file)
+	}
+	return secret, nil
 }
 
 // KeyAlgorithms describes a verification key (an identity.JWTKey's Key)

@@ -730,3 +730,33 @@ func TestGlobalQuotaValidateAndJSON(t *testing.T) {
 		t.Fatal("an unknown field in global was accepted")
 	}
 }
+
+// TestSecret: a variable's value as it is, a file's without its final
+// line ending; an unset or empty variable, an empty file and the
+// resolver's own error (as is) are refused with the problem to report.
+func TestSecret(t *testing.T) {
+	r := resolver{
+		files: map[string][]byte{"s.txt": []byte("file secret\r\n"), "empty.txt": []byte("\n")},
+		env:   map[string]string{"SET": "env secret\n", "EMPTY": ""},
+	}
+	for _, tc := range []struct{ env, file, want, problem string }{
+		{env: "SET", want: "env secret\n"},
+		{env: "SET", file: "s.txt", want: "env secret\n"},
+		{file: "s.txt", want: "file secret"},
+		{env: "UNSET", problem: "environment variable UNSET is not set"},
+		{env: "EMPTY", problem: "environment variable EMPTY is empty"},
+		{file: "empty.txt", problem: "empty.txt is empty"},
+		{file: "missing.txt", problem: "open missing.txt: file does not exist"},
+	} {
+		got, err := spec.Secret(r, tc.env, tc.file)
+		if tc.problem != "" {
+			if err == nil || err.Error() != tc.problem || got != "" {
+				t.Errorf("Secret(%q, %q) = %q, %v; want the problem %q", tc.env, tc.file, got, err, tc.problem)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("Secret(%q, %q) = %q, %v; want %q", tc.env, tc.file, got, err, tc.want)
+		}
+	}
+}

@@ -20,8 +20,8 @@ import (
 	"testing"
 
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/limitplane/limitplane/gateway/config"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/spec"
 
 	"github.com/limitplane/limitplane/gateway"
 )
@@ -214,7 +214,7 @@ func TestJWT(t *testing.T) {
 		t.Fatalf("bob request 6: %d Retry-After %q, want 429 after 12", r.status, r.header.Get("Retry-After"))
 	}
 
-	prefix := config.JWTIDPrefix(jwtIssuer, "echo")
+	prefix := spec.JWTIDPrefix(jwtIssuer, "echo")
 	checkKeys(t, rc, redisKey("limitplane:", prefix+"alice", "gcra"), redisKey("limitplane:", prefix+"bob", "gcra"))
 }
 

@@ -176,6 +176,27 @@ func CheckURL(rawURL string) error {
 	return nil
 }
 
+// WithPassword returns the store URL rawURL, its scheme in lower case,
+// with password where NewClientFromURL takes it: for the Sentinel forms,
+// whose user part names the master, the password query parameter (the
+// master's password); for the others, the user information's. It fails
+// only when rawURL does not parse (CheckURL says why).
+func WithPassword(rawURL, password string) (string, error) {
+	scheme := Scheme(rawURL)
+	u, err := url.Parse(scheme + rawURL[len(scheme):])
+	if err != nil {
+		return "", fmt.Errorf("redisstore: %q is not a URL", RedactURL(rawURL))
+	}
+	if strings.HasSuffix(scheme, "+sentinel") {
+		q := u.Query()
+		q.Set("password", password)
+		u.RawQuery = q.Encode()
+	} else {
+		u.User = url.UserPassword(u.User.Username(), password)
+	}
+	return u.String(), nil
+}
+
 // schemes are the URL schemes NewClientFromURL takes.
 var schemes = []string{"redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel"}
 

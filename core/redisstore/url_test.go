@@ -224,3 +224,27 @@ func TestCheckURL(t *testing.T) {
 		}
 	}
 }
+
+// TestWithPassword: the password goes into the user information, or for
+// the Sentinel forms into the password query parameter (the user part is
+// the master's name), escaped, with the scheme in lower case; a URL that
+// does not parse is refused without quoting its password.
+func TestWithPassword(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"redis://h:6379/0", "redis://:p%40ss%2Fw%3Ard@h:6379/0"},
+		{"REDISS://u@h:6379/0", "rediss://u:p%40ss%2Fw%3Ard@h:6379/0"},
+		{"unix:///run/r.sock?db=2", "unix://:p%40ss%2Fw%3Ard@/run/r.sock?db=2"},
+		{"redis+cluster://a:7000,b:7001", "redis+cluster://:p%40ss%2Fw%3Ard@a:7000,b:7001"},
+		{"redis+sentinel://m@s1,s2:26380/0", "redis+sentinel://m@s1,s2:26380/0?password=p%40ss%2Fw%3Ard"},
+		{"Rediss+Sentinel://m@s1/0?db=1", "rediss+sentinel://m@s1/0?db=1&password=p%40ss%2Fw%3Ard"},
+	} {
+		got, err := WithPassword(tc.url, "p@ss/w:rd")
+		if err != nil || got != tc.want {
+			t.Errorf("WithPassword(%q) = %q, %v; want %q", tc.url, got, err, tc.want)
+		}
+	}
+	_, err := WithPassword("redis://u:secret@h:6379/%zz", "x")
+	if want := `redisstore: "redis://u:xxxxx@h:6379/%zz" is not a URL`; err == nil || err.Error() != want {
+		t.Errorf("bad URL: %v, want %s", err, want)
+	}
+}

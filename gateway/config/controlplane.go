@@ -10,47 +10,22 @@ import (
 	"strings"
 	"time"
 
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/identity"
-)
-
-// On-stale policies of ControlPlane.OnStale.
-const (
-	// OnStaleKeep serves on with the last configuration.
-	OnStaleKeep = "keep"
-	// OnStaleFailClosed answers 503 to every API request until the
-	// control plane is back.
-	OnStaleFailClosed = "fail_closed"
 )
 
 // ControlPlane is the control_plane section: the gateway takes its
 // policies, keys and APIs from a control plane (package dataplane's
 // Agent) instead of the file, which then holds only local settings.
 type ControlPlane struct {
-	// Address is the control plane's sync address, "host:port", or
-	// several replicas' as a comma-separated list
-	// ("cp1.example:7071,cp2.example:7071"); a host may be a DNS name
-	// with several records. It is passed to dataplane.AgentOptions.Address
-	// as it is.
-	Address string
-	// Token is the data-plane token read from token_env or token_file. It
-	// is a secret: never print it.
-	Token string
-	// Group is the data-plane group (the gateways that share one Redis).
-	Group string
-	// Tags select the APIs this data plane serves.
-	Tags []string
-	// GatewayID names the gateway in its group; "" means the agent's
-	// default (hostname-pid).
-	GatewayID string
-	// TLS is the client's TLS configuration (a CA pool from ca_file, a
-	// client certificate from cert_file and key_file, server_name); nil
-	// means plaintext, allowed only to a loopback Address.
-	TLS *tls.Config
-	// MaxStale is how long the gateway may go without its control plane
-	// before OnStale applies; 0 means never.
-	MaxStale time.Duration
-	// OnStale is OnStaleKeep or OnStaleFailClosed.
-	OnStale string
+	// AgentOptions are the agent's options the section gives, the rest
+	// left zero: Address as the file writes it (one "host:port", or
+	// several replicas' as a comma-separated list), Token read from
+	// token_env or token_file (a secret: never print it), Group, Tags,
+	// GatewayID, TLS (a CA pool from ca_file, a client certificate from
+	// cert_file and key_file, server_name; nil means plaintext, allowed
+	// only to a loopback Address), MaxStale and OnStale.
+	dataplane.AgentOptions
 	// StateFile is where the last applied configuration is persisted
 	// when the store is in-process (with a Redis store it is kept in
 	// Redis): state_file taken from the configuration file's directory,
@@ -68,7 +43,7 @@ func DefaultStateFile(configFile string) string {
 // controlPlane validates the control_plane section. The file must then
 // leave policies, keys and apis out.
 func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane {
-	cp := &ControlPlane{Group: r.Group, Tags: r.Tags, GatewayID: r.GatewayID}
+	cp := &ControlPlane{AgentOptions: dataplane.AgentOptions{Group: r.Group, Tags: r.Tags, GatewayID: r.GatewayID}}
 	for _, f := range []struct {
 		name string
 		set  bool
@@ -101,7 +76,8 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 		v.fail("control_plane.address", "%q is not a loopback address: set control_plane.tls (the token and the configuration must not cross a network in plaintext)", r.Address)
 	}
 	cp.MaxStale = number(v, "control_plane.max_stale", r.MaxStale, 0, func(d time.Duration) bool { return d >= 0 }, " must be >= 0 (0: never stale)")
-	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{OnStaleKeep, OnStaleFailClosed}, OnStaleKeep, OnStaleFailClosed)
+	stale := []dataplane.OnStale{dataplane.StaleKeep, dataplane.StaleFailClosed}
+	cp.OnStale = oneOf(v, "control_plane.on_stale", "policy", r.OnStale, []string{string(stale[0]), string(stale[1])}, stale...)
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {

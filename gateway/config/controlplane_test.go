@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway/config"
 )
 
@@ -65,8 +66,8 @@ func TestControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &config.ControlPlane{Address: "127.0.0.1:7071", Token: "env-token", Group: "dp1", Tags: []string{"eu", "gold"},
-		OnStale: config.OnStaleKeep, StateFile: filepath.Join(dir, "gw.state.json")}
+	want := &config.ControlPlane{AgentOptions: dataplane.AgentOptions{Address: "127.0.0.1:7071", Token: "env-token", Group: "dp1",
+		Tags: []string{"eu", "gold"}, OnStale: dataplane.StaleKeep}, StateFile: filepath.Join(dir, "gw.state.json")}
 	if !reflect.DeepEqual(cfg.ControlPlane, want) {
 		t.Errorf("minimal section: %+v\nwant %+v", cfg.ControlPlane, want)
 	}
@@ -105,7 +106,7 @@ func TestControlPlane(t *testing.T) {
 	}
 	cp := cfg.ControlPlane
 	if cp.Address != "cp.example:7071" || cp.Token != "file-token" || cp.GatewayID != "gw-a" || cp.MaxStale != time.Hour ||
-		cp.OnStale != config.OnStaleFailClosed || cp.StateFile != filepath.Join(dir, "state/dp.json") || cp.Tags != nil {
+		cp.OnStale != dataplane.StaleFailClosed || cp.StateFile != filepath.Join(dir, "state/dp.json") || cp.Tags != nil {
 		t.Errorf("full section: %+v", cp)
 	}
 	if cp.TLS == nil || cp.TLS.ServerName != "cp.test" || cp.TLS.RootCAs == nil || len(cp.TLS.Certificates) != 1 {

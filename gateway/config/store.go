@@ -12,6 +12,7 @@ import (
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/spec"
 )
 
 // redis validates a Redis store URL and the redis section. The URL must
@@ -53,59 +54,32 @@ func (v *loader) redis(store string, r *rawRedis) *Redis {
 		v.fail("store", "%s", ue.Problem)
 		return out
 	}
-	q := u.Query()
-	pw, _ := v.secret("redis", "password", r.PasswordEnv, r.PasswordFile)
-	if pw != "" {
-		if strings.HasSuffix(scheme, "+sentinel") {
-			q.Set("password", pw) // the master's; the user part is its name
-			u.RawQuery = q.Encode()
-		} else {
-			u.User = url.UserPassword(u.User.Username(), pw)
-		}
-		out.URL, out.Password = u.String(), pw
+	if pw, _ := v.secret("redis", "password", r.PasswordEnv, r.PasswordFile); pw != "" {
+		out.URL, _ = redisstore.WithPassword(store, pw) // it parsed above
+		out.Password = pw
 	}
 	return out
 }
 
 // secret returns the secret the section at path gives with <kind>_env
-// or <kind>_file, and whether it gives one; it may not give both.
+// or <kind>_file (see spec.Secret), and whether it gives one; it may not
+// give both.
 func (v *loader) secret(path, kind, env, file string) (string, bool) {
+	field := path + "." + kind + "_file"
 	switch {
 	case env != "" && file != "":
 		v.fail(path, "set %s_env or %s_file, not both", kind, kind)
+		return "", true
 	case env != "":
-		return v.env(path+"."+kind+"_env", env), true
-	case file != "":
-		return v.secretFile(path+"."+kind+"_file", file), true
-	default:
+		field = path + "." + kind + "_env"
+	case file == "":
 		return "", false
 	}
-	return "", true
-}
-
-// env returns the environment variable name, which must be set and not
-// empty; path is the field naming it.
-func (v *loader) env(path, name string) string {
-	val, ok := os.LookupEnv(name)
-	switch {
-	case !ok:
-		v.fail(path, "environment variable %s is not set", name)
-	case val == "":
-		v.fail(path, "environment variable %s is empty", name)
+	s, err := spec.Secret(FileResolver{Dir: filepath.Dir(v.file)}, env, file)
+	if err != nil {
+		v.fail(field, "%v", err)
 	}
-	return val
-}
-
-// secretFile returns the contents of the file at p without a final line
-// ending (files written by echo or editors have one); path is the field
-// naming it.
-func (v *loader) secretFile(path, p string) string {
-	b, ok := v.read(path, p)
-	s := strings.TrimRight(string(b), "\r\n")
-	if ok && s == "" {
-		v.fail(path, "%s is empty", p)
-	}
-	return s
+	return s, true
 }
 
 // maxFileSize bounds the files a config refers to (keys and secrets).

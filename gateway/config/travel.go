@@ -13,11 +13,6 @@ import (
 	"github.com/limitplane/limitplane/spec"
 )
 
-// JWTIDPrefix returns the consumer-ID prefix of a jwt API's consumers
-// (spec.JWTIDPrefix, where the rule lives so that every gateway applying
-// a snapshot names a consumer's counters alike).
-func JWTIDPrefix(issuer, apiID string) string { return spec.JWTIDPrefix(issuer, apiID) }
-
 // travelling checks the file's policies, keys and APIs and returns them
 // as the snapshot a control plane would send (keys by hash, listen paths
 // clean). spec.Validate judges them, as it judges a control plane's; the

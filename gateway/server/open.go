@@ -136,10 +136,6 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, o Optio
 		persister = dataplane.NewRedisPersister(rs.Client(), cp.Group)
 		where = "redis key " + dataplane.RedisConfigKey(cp.Group)
 	}
-	onStale := dataplane.StaleKeep
-	if cp.OnStale == config.OnStaleFailClosed {
-		onStale = dataplane.StaleFailClosed
-	}
 	a, err := dataplane.New(dataplane.AgentOptions{
 		Target:       gw,
 		Address:      cp.Address,
@@ -151,7 +147,7 @@ func newAgent(cfg *config.Config, gw *gateway.Gateway, store core.Store, o Optio
 		Version:      "cmd/limitplane-gateway",
 		Persister:    persister,
 		MaxStale:     cp.MaxStale,
-		OnStale:      onStale,
+		OnStale:      cp.OnStale,
 		StartTimeout: o.StartTimeout,
 		Now:          o.Seams.Or().Now,
 		Logger:       o.Logger,
