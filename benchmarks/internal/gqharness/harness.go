@@ -547,10 +547,18 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		}
 	}
 	var rs []Result
+	runs := map[Mode]int{}
 	for _, m := range o.Modes {
 		fmt.Fprintf(o.Log, "mode %s: %d data planes × %d gateways, Q=%d per %v, offered %d per period split %v rotate=%v, %d periods\n",
 			m, o.DataPlanes, o.Gateways, o.Quota, o.Period, o.Offered, o.Split, o.Rotate, o.Periods)
-		r, err := runMode(ctx, o, m, filepath.Join(dir, string(m)), negative)
+		// A mode named again (-modes a,b,a,b, to interleave) runs afresh
+		// in a directory of its own.
+		runs[m]++
+		mdir := filepath.Join(dir, string(m))
+		if runs[m] > 1 {
+			mdir += fmt.Sprintf("-%d", runs[m])
+		}
+		r, err := runMode(ctx, o, m, mdir, negative)
 		if err != nil {
 			return rs, fmt.Errorf("gqharness: mode %s: %w", m, err)
 		}
