@@ -326,17 +326,25 @@ type admin struct {
 // authenticate refuses calls without the bearer token with 401: no
 // Authorization field, more than one, another scheme than Bearer (in any
 // case), or a wrong token (identity.BearerToken parses it as the gateway
-// does). The tokens are compared as SHA-256 digests in constant time, so
-// neither the token nor its length leaks through timing.
+// does). The body says which, in the gateway's words ("ambiguous
+// credentials: more than one header Authorization", "wrong bearer
+// token"); what the caller sent is no secret to the caller. The tokens are
+// compared as SHA-256 digests in constant time, so neither the token nor
+// its length leaks through timing.
 func (a *admin) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, err := identity.BearerToken(r.Header.Values("Authorization"))
 		sum := sha256.Sum256([]byte(got))
 		if err != nil || subtle.ConstantTimeCompare(sum[:], a.token[:]) != 1 {
+			reason := "wrong bearer token"
+			var ie *identity.Error
+			if errors.As(err, &ie) {
+				reason = ie.Reason
+			}
 			a.o.Metrics.refusedAdmin()
-			a.refusals.Failed(fmt.Errorf("%s %q from %s", r.Method, r.URL.Path, r.RemoteAddr))
+			a.refusals.Failed(fmt.Errorf("%s %q from %s: %s", r.Method, r.URL.Path, r.RemoteAddr, reason))
 			w.Header().Set("WWW-Authenticate", `Bearer realm="limitplane control plane"`)
-			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token", nil)
+			writeError(w, http.StatusUnauthorized, reason, nil)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -84,11 +84,19 @@ func expect(t *testing.T, a answer, status int, body string) {
 
 func TestAdminRefusesWithoutToken(t *testing.T) {
 	_, base := server(t, controlplane.BoltOptions{}, nil)
-	unauthorized := `{"error":"missing or wrong bearer token"}`
-	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, "Bearer" + token, token, "Bearer " + token + "x"} {
+	const (
+		missing   = `{"error":"no bearer token in the Authorization header"}`
+		notBearer = `{"error":"Authorization scheme is not Bearer"}`
+		wrong     = `{"error":"wrong bearer token"}`
+	)
+	for _, c := range []struct{ auth, body string }{
+		{"", missing}, {"Bearer", missing}, {"Bearer ", missing},
+		{"Bearer wrong", wrong}, {"Bearer " + token + "x", wrong},
+		{"Basic " + token, notBearer}, {"Bearer" + token, notBearer}, {token, notBearer},
+	} {
 		for _, r := range [][2]string{{"GET", "/api/revision"}, {"PUT", "/api/policies/p"}, {"GET", "/api/dataplanes"}, {"GET", "/nowhere"}} {
-			a := callWith(t, r[0], base+r[1], `{"rate":{"requests":1,"per":"1s"}}`, auth)
-			expect(t, a, 401, unauthorized)
+			a := callWith(t, r[0], base+r[1], `{"rate":{"requests":1,"per":"1s"}}`, c.auth)
+			expect(t, a, 401, c.body)
 			if got := a.header.Get("WWW-Authenticate"); got != `Bearer realm="limitplane control plane"` {
 				t.Fatalf("WWW-Authenticate %q", got)
 			}
@@ -122,7 +130,7 @@ func TestAdminAuthorizationParsing(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 401 || string(b) != `{"error":"missing or wrong bearer token"}`+"\n" {
+	if resp.StatusCode != 401 || string(b) != `{"error":"ambiguous credentials: more than one Authorization header"}`+"\n" {
 		t.Fatalf("two Authorization fields: %d %s, want 401", resp.StatusCode, b)
 	}
 

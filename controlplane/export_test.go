@@ -451,7 +451,7 @@ func TestImportRefusesBadDocuments(t *testing.T) {
 			} else {
 				resp.Body.Close()
 			}
-			expect(t, callWith(t, "POST", baseB+"/api/import", small, ""), 401, `{"error":"missing or wrong bearer token"}`)
+			expect(t, callWith(t, "POST", baseB+"/api/import", small, ""), 401, `{"error":"no bearer token in the Authorization header"}`)
 
 			expect(t, call(t, "GET", baseB+"/api/export", ""), 200, before)
 			if got := revision(t, b); got != 2 {

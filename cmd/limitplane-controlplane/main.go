@@ -372,7 +372,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return def
 	}
-	fs := flag.NewFlagSet("controlplane", flag.ContinueOnError)
+	fs := flag.NewFlagSet("limitplane-controlplane", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var ac adminConfig
 	fs.StringVar(&ac.listen, "admin-listen", or("LP_CP_ADMIN_LISTEN", "127.0.0.1:7070"), "admin API `address` (env LP_CP_ADMIN_LISTEN)")

@@ -166,7 +166,7 @@ func run(ctx context.Context, args []string, e env) error {
 	if e.now == nil {
 		e.now = time.Now
 	}
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs := flag.NewFlagSet("limitplane-gateway", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	configFile := fs.String("config", "", "YAML configuration `file` (default: the built-in demo config)")
 	var listen string
@@ -177,7 +177,7 @@ func run(ctx context.Context, args []string, e env) error {
 		return config.CheckListen(s)
 	})
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: gateway [-config FILE] [-listen ADDR]")
+		fmt.Fprintln(fs.Output(), "Usage: limitplane-gateway [-config FILE] [-listen ADDR]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -139,7 +139,7 @@ func TestRunRefuses(t *testing.T) {
 // configuration error exits 1, and SIGTERM shuts a running gateway down
 // with status 0.
 func TestExitStatus(t *testing.T) {
-	usage := "Usage: gateway [-config FILE] [-listen ADDR]\n" +
+	usage := "Usage: limitplane-gateway [-config FILE] [-listen ADDR]\n" +
 		"  -config file\n" +
 		"    \tYAML configuration file (default: the built-in demo config)\n" +
 		"  -listen address\n" +
@@ -205,7 +205,7 @@ func TestRunHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
-	want := "Usage: gateway [-config FILE] [-listen ADDR]\n" +
+	want := "Usage: limitplane-gateway [-config FILE] [-listen ADDR]\n" +
 		"  -config file\n" +
 		"    \tYAML configuration file (default: the built-in demo config)\n" +
 		"  -listen address\n" +
