@@ -37,9 +37,13 @@ package grpc
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -104,6 +108,18 @@ type interceptor struct {
 	auth identity.Authenticator
 	rend *response.Renderer
 	o    Options
+	// scratch holds *scratch: a call's memory, reused once its answer is
+	// copied out.
+	scratch sync.Pool
+}
+
+// scratch is the memory one call's decision is made and rendered in. None
+// of it outlives admit: the metadata gRPC keeps is copied out of it
+// (Metadata) and so is the consumer ID a status names.
+type scratch struct {
+	req  Request // given to the authenticator as *Request: no allocation
+	cons admit.Consumer
+	resp response.Scratch
 }
 
 func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *interceptor {
@@ -119,7 +135,9 @@ func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *int
 	if o.MessageCost == 0 {
 		o.MessageCost = 1
 	}
-	return &interceptor{l: l, auth: auth, rend: o.Renderer, o: o}
+	in := &interceptor{l: l, auth: auth, rend: o.Renderer, o: o}
+	in.scratch.New = func() any { return new(scratch) }
+	return in
 }
 
 // UnaryServerInterceptor returns an interceptor that authenticates each
@@ -131,7 +149,7 @@ func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *int
 func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		_, md, err := in.admit(ctx, info.FullMethod)
+		_, md, err := in.admit(ctx, info.FullMethod, false)
 		if md != nil {
 			grpc.SetHeader(ctx, md) // fails only without a server transport stream
 		}
@@ -148,7 +166,7 @@ func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Op
 func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		c, md, err := in.admit(ss.Context(), info.FullMethod)
+		c, md, err := in.admit(ss.Context(), info.FullMethod, in.o.PerMessage)
 		if md != nil {
 			ss.SetHeader(md) // fails only once headers are sent, which they are not yet
 		}
@@ -175,9 +193,15 @@ func MethodRoute(fullMethod string) core.Route {
 }
 
 // admit authenticates and decides a call or stream opening. It returns the
-// consumer, the header metadata to send (nil if none) and, when the call
-// must not proceed, its status error.
-func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer, metadata.MD, error) {
+// consumer when keep is set (a metered stream decides its messages for
+// it; nil otherwise), the header metadata to send (nil if none) and, when
+// the call must not proceed, its status error.
+//
+// Its memory comes from the interceptor's pool: with an
+// identity.ConsumerWriter (keyless APIs) and without keep, an admitted call
+// allocates only the metadata gRPC keeps (Metadata), and a denied one also
+// its status.
+func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*core.Consumer, metadata.MD, error) {
 	var cost func() int64
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
@@ -186,35 +210,48 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 	if in.o.Route != nil {
 		route = func() core.Route { return in.o.Route(method) }
 	}
-	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), route, cost)
-	md, st := in.answer(ctx, method, c, d, err, true)
+	s := in.scratch.Get().(*scratch)
+	defer in.scratch.Put(s)
+	s.req = Request{ctx}
+	defer func() { s.req = Request{} }()
+	var (
+		c       *core.Consumer
+		subject string
+		d       core.Decision
+		err     error
+	)
+	if keep {
+		c, d, err = admit.Check(ctx, in.l, in.auth, &s.req, in.o.API(method), route, cost)
+		if c != nil {
+			subject = c.ID
+		}
+	} else {
+		d, subject, err = admit.DecideID(ctx, in.l, in.auth, &s.req, in.o.API(method), route, cost, &s.cons)
+	}
+	md, st := in.answer(ctx, method, subject, d, err, true, &s.resp)
 	if st != nil {
 		return c, md, st.Err()
 	}
 	return c, md, nil
 }
 
-// answer renders a decision and returns its metadata and, unless it
-// passes, the status that ends the call. For a decision that passes, the
-// metadata is built only with passMD (nil otherwise).
-func (in *interceptor) answer(ctx context.Context, method string, c *core.Consumer, d core.Decision, err error, passMD bool) (metadata.MD, *status.Status) {
+// answer renders a decision into rs and returns its metadata and, unless
+// it passes, the status that ends the call; neither refers to rs or to
+// subject's memory. For a decision that passes, the metadata is built only
+// with passMD (nil otherwise).
+func (in *interceptor) answer(ctx context.Context, method, subject string, d core.Decision, err error, passMD bool, rs *response.Scratch) (metadata.MD, *status.Status) {
 	if in.o.OnDecision != nil {
 		in.o.OnDecision(ctx, method, d, err)
 	}
 	if !passMD && err == nil && d.Allowed {
 		return nil, nil // Render would pass it
 	}
-	var buf [8]response.Header
-	res := in.rend.Render(buf[:0], d, err)
+	res := in.rend.RenderMessage(rs, d, err)
 	md := Metadata(res.Headers)
 	if res.Pass {
 		return md, nil
 	}
-	subject := ""
-	if c != nil {
-		subject = c.ID
-	}
-	return md, Status(res, d, subject, err)
+	return md, Status(res, d, strings.Clone(subject), err)
 }
 
 // meteredStream decides every message received on a stream.
@@ -243,7 +280,14 @@ func (s *meteredStream) RecvMsg(m any) error {
 	}
 	ctx := s.Context()
 	d, err := s.in.l.Decide(ctx, s.c, s.api, s.in.o.MessageCost)
-	md, st := s.in.answer(ctx, s.method, s.c, d, err, false)
+	if err == nil && d.Allowed {
+		if s.in.o.OnDecision != nil {
+			s.in.o.OnDecision(ctx, s.method, d, err)
+		}
+		return nil
+	}
+	var rs response.Scratch
+	md, st := s.in.answer(ctx, s.method, s.c.ID, d, err, false, &rs)
 	if st == nil {
 		return nil
 	}
@@ -339,18 +383,44 @@ func mdKey(name string) string {
 
 // Metadata returns header fields rendered by adapters/response as gRPC
 // metadata: the same names, lower-cased as gRPC requires, with the same
-// values. It returns nil for no fields.
+// values, copied, so hs may be in memory the caller reuses
+// (response.Scratch). It returns nil for no fields. Up to six fields of
+// 160 bytes in all (the IETF fields and Retry-After, or those and the
+// X-RateLimit-* fields for short policy names) take one allocation besides
+// the map's.
 func Metadata(hs []response.Header) metadata.MD {
 	if len(hs) == 0 {
 		return nil
 	}
 	md := make(metadata.MD, len(hs))
-	vals := make([]string, len(hs)) // one allocation for every field's value slice
+	b := new(mdValues)
+	t := b.text[:0]
 	for i, h := range hs {
-		vals[i] = h.Value
-		md[mdKey(h.Name)] = vals[i : i+1 : i+1]
+		v := h.Value
+		if len(t)+len(v) <= cap(t) {
+			n := len(t)
+			t = append(t, v...)
+			v = unsafe.String(unsafe.SliceData(t[n:]), len(v))
+		} else {
+			v = strings.Clone(v)
+		}
+		if i < len(b.vals) {
+			b.vals[i] = v
+			md[mdKey(h.Name)] = b.vals[i : i+1 : i+1]
+		} else {
+			md[mdKey(h.Name)] = []string{v}
+		}
 	}
 	return md
+}
+
+// mdValues is the one block Metadata copies values into: the value slices
+// share vals, the strings share text. gRPC keeps them until it sends the
+// header (metadata.Join copies the slices, not the strings), so the block
+// is per call, never pooled.
+type mdValues struct {
+	vals [6]string
+	text [160]byte
 }
 
 // Request adapts an incoming gRPC call's context to identity.Request:
@@ -399,6 +469,26 @@ func (Request) Query(string) string { return "" }
 
 // Cookie implements identity.Request; it returns "".
 func (Request) Cookie(string) string { return "" }
+
+// PeerAddr implements identity.PeerAddrer: a TCP peer's address, unmapped
+// and unzoned, read without formatting it; ok is false for other peers
+// (unix sockets, in-process transports), which identity then reads from
+// RemoteAddr.
+func (q Request) PeerAddr() (netip.Addr, bool) {
+	p, ok := peer.FromContext(q.Ctx)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	ta, ok := p.Addr.(*net.TCPAddr)
+	if !ok || ta == nil {
+		return netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
+}
 
 // RemoteAddr implements identity.Request: the peer's address, or "" when
 // the context has none.

@@ -143,7 +143,7 @@ func NewRenderer(o Options) *Renderer {
 // over its failed-authentication budget) renders as its denying decision,
 // with the body "too many failed authentication attempts".
 func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
-	return r.render(dst, nil, d, err)
+	return r.render(dst, nil, d, err, true)
 }
 
 // Scratch is the memory RenderScratch renders one answer into. Its zero
@@ -163,18 +163,27 @@ type Scratch struct {
 // only until s is rendered into again. It renders the same answer as
 // Render, byte for byte, and allocates nothing when everything fits.
 func (r *Renderer) RenderScratch(s *Scratch, d core.Decision, err error) Result {
-	return r.render(s.headers[:0], s, d, err)
+	return r.render(s.headers[:0], s, d, err, true)
 }
 
-// render is Render into dst, with values and body in s when s is not nil.
-func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error) Result {
+// RenderMessage is RenderScratch for a transport that carries
+// Result.Message instead of a body (gRPC's status message): Body is left
+// nil, so nothing is rendered that is not sent. Everything else is
+// RenderScratch's answer, byte for byte.
+func (r *Renderer) RenderMessage(s *Scratch, d core.Decision, err error) Result {
+	return r.render(s.headers[:0], s, d, err, false)
+}
+
+// render is Render into dst, with values and body in s when s is not nil;
+// without body, Result.Body is nil.
+func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, body bool) Result {
 	authLimited := false
 	if err != nil {
 		// le is declared here so that it reaches the heap (errors.As
 		// takes its address) only when there is an error.
 		var le *identity.LimitError
 		if !errors.As(err, &le) {
-			return r.failure(dst, s, err)
+			return r.failure(dst, s, err, body)
 		}
 		d, authLimited = le.Decision, true
 		d.Allowed = false // never let a LimitError pass
@@ -190,7 +199,10 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error) 
 	}
 	if d.RetryAfter < 0 {
 		msg = "request cost exceeds the burst and can never be allowed"
-		res.Body, res.Message = errorBody(s, msg, -1), msg
+		res.Message = msg
+		if body {
+			res.Body = errorBody(s, msg, -1)
+		}
 		return res
 	}
 	if authLimited {
@@ -204,7 +216,10 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error) 
 		retry = strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)
 	}
 	res.Headers = append(res.Headers, Header{HeaderRetryAfter, retry})
-	res.Body, res.Message = errorBody(s, msg, ceilMillis(d.RetryAfter)), msg
+	res.Message = msg
+	if body {
+		res.Body = errorBody(s, msg, ceilMillis(d.RetryAfter))
+	}
 	return res
 }
 
@@ -214,7 +229,7 @@ func BodyHeaders() [2]Header {
 	return [2]Header{{"Content-Type", "application/json"}, {"X-Content-Type-Options", "nosniff"}}
 }
 
-func (r *Renderer) failure(dst []Header, s *Scratch, err error) Result {
+func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Result {
 	var ie *identity.Error
 	status, msg := http.StatusInternalServerError, "internal error"
 	switch {
@@ -227,7 +242,11 @@ func (r *Renderer) failure(dst []Header, s *Scratch, err error) Result {
 	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
 		status, msg = http.StatusBadRequest, "invalid request cost"
 	}
-	return Result{Status: status, Body: errorBody(s, msg, -1), Message: msg, Headers: dst}
+	res := Result{Status: status, Message: msg, Headers: dst}
+	if body {
+		res.Body = errorBody(s, msg, -1)
+	}
+	return res
 }
 
 // headers appends the limit fields for d. The values rendered for this

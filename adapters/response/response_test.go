@@ -182,6 +182,7 @@ func TestRenderPolicyCache(t *testing.T) {
 // allowed and denied (rate, quota, a cost over the burst, a failed-auth
 // limit), errors, the X-RateLimit fields, and names too long for the
 // scratch buffers; and a Scratch rendered into again gives the new answer.
+// RenderMessage gives the same answers without their bodies.
 func TestRenderScratchSameAsRender(t *testing.T) {
 	long := strings.Repeat("p", 150)
 	rate := core.Status{Policy: "basic", Limit: 5, Remaining: 3, ResetAfter: 1500 * time.Millisecond, Window: time.Second}
@@ -215,6 +216,12 @@ func TestRenderScratchSameAsRender(t *testing.T) {
 				if got.Pass != want.Pass || got.Status != want.Status || got.Message != want.Message ||
 					string(got.Body) != string(want.Body) || fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
 					t.Errorf("options %+v, decision %+v, error %v:\n got %+v %s\nwant %+v %s", o, d, err, got, got.Body, want, want.Body)
+				}
+				// RenderMessage: the same answer without its body.
+				got = r.RenderMessage(&s, d, err)
+				if got.Pass != want.Pass || got.Status != want.Status || got.Message != want.Message ||
+					got.Body != nil || fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+					t.Errorf("RenderMessage: options %+v, decision %+v, error %v:\n got %+v %s\nwant %+v and no body", o, d, err, got, got.Body, want)
 				}
 			}
 		}

@@ -58,15 +58,29 @@ type Consumer struct {
 // used only by l.Decide, so finding it allocates nothing; s may be reused
 // once Decide returns. Otherwise it is Check.
 func Decide(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer) (core.Decision, error) {
+	d, _, err := DecideID(ctx, l, auth, r, api, route, cost, s)
+	return d, err
+}
+
+// DecideID is Decide that also returns the consumer's ID ("" when
+// authentication failed), for an answer that names it (gRPC's
+// QuotaFailure). The ID may be in s: it is valid only until s is used
+// again, so a caller that keeps it clones it.
+func DecideID(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer) (core.Decision, string, error) {
 	w, ok := auth.(identity.ConsumerWriter)
 	if !ok {
-		_, d, err := Check(ctx, l, auth, r, api, route, cost)
-		return d, err
+		c, d, err := Check(ctx, l, auth, r, api, route, cost)
+		id := ""
+		if c != nil {
+			id = c.ID
+		}
+		return d, id, err
 	}
 	if err := w.AuthenticateInto(ctx, r, &s.c, s.id[:0]); err != nil {
-		return core.Decision{}, err
+		return core.Decision{}, "", err
 	}
 	d, err := decide(ctx, l, &s.c, api, route, cost)
+	id := s.c.ID
 	s.c = core.Consumer{}
-	return d, err
+	return d, id, err
 }
