@@ -384,10 +384,10 @@ func mdKey(name string) string {
 // Metadata returns header fields rendered by adapters/response as gRPC
 // metadata: the same names, lower-cased as gRPC requires, with the same
 // values, copied, so hs may be in memory the caller reuses
-// (response.Scratch). It returns nil for no fields. Up to six fields of
-// 160 bytes in all (the IETF fields and Retry-After, or those and the
-// X-RateLimit-* fields for short policy names) take one allocation besides
-// the map's.
+// (response.Scratch). It returns nil for no fields. Up to four fields of
+// 112 bytes in all (the IETF fields and Retry-After for policy names of
+// up to about 30 bytes) take one allocation besides the map's; beyond
+// them, a field's value and its slice take allocations of their own.
 func Metadata(hs []response.Header) metadata.MD {
 	if len(hs) == 0 {
 		return nil
@@ -419,8 +419,8 @@ func Metadata(hs []response.Header) metadata.MD {
 // header (metadata.Join copies the slices, not the strings), so the block
 // is per call, never pooled.
 type mdValues struct {
-	vals [6]string
-	text [160]byte
+	vals [4]string
+	text [112]byte
 }
 
 // Request adapts an incoming gRPC call's context to identity.Request:

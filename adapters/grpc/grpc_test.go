@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -496,11 +499,31 @@ func TestMetadata(t *testing.T) {
 		{Name: "X-Custom", Value: "v"},
 	})
 	want := metadata.MD{"ratelimit-policy": {`"p";q=1;w=1`}, "x-ratelimit-reset": {"9"}, "x-custom": {"v"}}
-	if fmt.Sprint(md) != fmt.Sprint(want) {
-		t.Fatalf("got %v, want %v", md, want)
+	// metadata.MD's String redacts the values: compare the maps.
+	if !maps.EqualFunc(md, want, slices.Equal) {
+		t.Fatalf("got %q, want %q", map[string][]string(md), map[string][]string(want))
 	}
 	if lpgrpc.Metadata(nil) != nil {
 		t.Fatal("Metadata(nil) is not nil")
+	}
+	// The values are copies: the caller's buffer may be reused at once,
+	// also for more fields and longer values than the one block holds.
+	buf := []byte(strings.Repeat("a", 100) + strings.Repeat("b", 60))
+	var hs []response.Header
+	want = metadata.MD{}
+	for i, n := range []string{response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset} {
+		v := buf[i*20 : i*20+20]
+		if i == 5 {
+			v = buf[60:160] // more than is left of the block
+		}
+		want[strings.ToLower(n)] = []string{string(v)}
+		hs = append(hs, response.Header{Name: n, Value: unsafe.String(unsafe.SliceData(v), len(v))})
+	}
+	md = lpgrpc.Metadata(hs)
+	clear(buf)
+	if !maps.EqualFunc(md, want, slices.Equal) {
+		t.Fatalf("six fields from a reused buffer: got %q, want %q", map[string][]string(md), map[string][]string(want))
 	}
 	for _, n := range []string{response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
 		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset} {
