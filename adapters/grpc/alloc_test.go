@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -32,8 +33,10 @@ func (s *keptStream) SetTrailer(md metadata.MD) error { return nil }
 // An admitted unary call on a keyless API allocates 3 times (the metadata
 // map's two and the block its values are copied into; was 9), one with an
 // API key 4 (metadata.ValueFromIncomingContext copies the key's values;
-// was 6). A denial: 23 and 24 (was 30 and 27), most of them building the
-// status and its two details (status.New, WithDetails, anypb.New).
+// was 6). A denial that says what an earlier one said (same consumer,
+// limit and RetryInfo to the millisecond: a denial storm) shares its
+// status: 3 and 4 allocations (was 30 and 27); one that says something new
+// builds it and caches a copy: 25 and 26.
 func TestUnaryAllocations(t *testing.T) {
 	const apiKey = "alloc-key"
 	keys, err := identity.NewKeys([]identity.KeyRecord{{Hash: identity.HashKey(apiKey), Policies: []string{"p"}}})
@@ -45,15 +48,19 @@ func TestUnaryAllocations(t *testing.T) {
 		auth    identity.Authenticator
 		rate    int64 // requests per hour
 		allowed bool
+		advance time.Duration // the clock's step between calls
 		want    float64
 	}{
-		{"keyless admitted", &identity.Keyless{Policies: []string{"p"}}, 1_000_000, true, 3},
-		{"api key admitted", identity.NewAPIKey(keys, identity.APIKeyOptions{}), 1_000_000, true, 4},
-		{"keyless denied", &identity.Keyless{Policies: []string{"p"}}, 1, false, 23},
-		{"api key denied", identity.NewAPIKey(keys, identity.APIKeyOptions{}), 1, false, 24},
+		{"keyless admitted", &identity.Keyless{Policies: []string{"p"}}, 1_000_000, true, 0, 3},
+		{"api key admitted", identity.NewAPIKey(keys, identity.APIKeyOptions{}), 1_000_000, true, 0, 4},
+		{"keyless denied again", &identity.Keyless{Policies: []string{"p"}}, 1, false, 0, 3},
+		{"api key denied again", identity.NewAPIKey(keys, identity.APIKeyOptions{}), 1, false, 0, 4},
+		{"keyless denied anew", &identity.Keyless{Policies: []string{"p"}}, 1, false, time.Millisecond, 25},
+		{"api key denied anew", identity.NewAPIKey(keys, identity.APIKeyOptions{}), 1, false, time.Millisecond, 26},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			eng, err := core.NewEngine(memory.New(memory.Options{}), core.Config{Policies: []core.Policy{
+			clock := core.NewManualClock(int64(time.Hour))
+			eng, err := core.NewEngine(memory.New(memory.Options{Clock: clock}), core.Config{Policies: []core.Policy{
 				{ID: "p", Rate: core.Limit{Rate: tc.rate, Period: time.Hour}},
 			}}, core.Options{})
 			if err != nil {
@@ -79,9 +86,69 @@ func TestUnaryAllocations(t *testing.T) {
 			if got := ts.header.Get("ratelimit-policy"); len(got) != 1 || got[0] != `"p";q=`+map[bool]string{true: "1000000", false: "1"}[tc.allowed]+`;w=3600` {
 				t.Fatalf("ratelimit-policy %q", got)
 			}
-			if n := testing.AllocsPerRun(200, func() { call() }); n != tc.want {
+			if n := testing.AllocsPerRun(200, func() { clock.Advance(tc.advance); call() }); n != tc.want {
 				t.Errorf("%v allocations per call, want %v", n, tc.want)
 			}
 		})
+	}
+}
+
+// Denials that say the same share one status; a denial that says
+// something else (another millisecond of RetryInfo, another consumer) gets
+// its own, with its own details.
+func TestDenialStatusShared(t *testing.T) {
+	clock := core.NewManualClock(int64(time.Hour))
+	eng, err := core.NewEngine(memory.New(memory.Options{Clock: clock}), core.Config{Policies: []core.Policy{
+		{ID: "p", Rate: core.Limit{Rate: 1, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt := lpgrpc.UnaryServerInterceptor(eng, &identity.Keyless{Policies: []string{"p"}}, lpgrpc.Options{})
+	call := func(ip byte) error {
+		ts := &keptStream{}
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 0, 0, ip), Port: 4000}})
+		ctx = grpc.NewContextWithServerTransportStream(ctx, ts)
+		_, err := icpt(ctx, nil, &grpc.UnaryServerInfo{FullMethod: ts.Method()}, func(ctx context.Context, req any) (any, error) { return req, nil })
+		return err
+	}
+	for _, ip := range []byte{1, 2} {
+		if err := call(ip); err != nil {
+			t.Fatalf("10.0.0.%d first call: %v", ip, err)
+		}
+	}
+	clock.Advance(1500 * time.Microsecond)
+	a, b := call(1), call(1)
+	clock.Advance(200 * time.Microsecond) // RetryInfo still 3,599,999 ms (rounded up)
+	c := call(1)
+	clock.Advance(time.Millisecond)
+	d := call(1)
+	e := call(2)
+	if a != b || a != c {
+		t.Errorf("the same denial three times: %p %p %p, want one shared status", a, b, c)
+	}
+	if d == a || e == d || e == a {
+		t.Errorf("other denials share a status: %p %p %p", a, d, e)
+	}
+	for _, tc := range []struct {
+		err     error
+		retry   time.Duration
+		subject string
+	}{{a, 3599999 * time.Millisecond, "ip:10.0.0.1"}, {d, 3599998 * time.Millisecond, "ip:10.0.0.1"}, {e, 3599998 * time.Millisecond, "ip:10.0.0.2"}} {
+		st := status.Convert(tc.err)
+		var ri *errdetails.RetryInfo
+		var qf *errdetails.QuotaFailure
+		for _, x := range st.Details() {
+			switch x := x.(type) {
+			case *errdetails.RetryInfo:
+				ri = x
+			case *errdetails.QuotaFailure:
+				qf = x
+			}
+		}
+		if st.Code() != codes.ResourceExhausted || ri == nil || ri.RetryDelay.AsDuration() != tc.retry ||
+			qf == nil || len(qf.Violations) != 1 || qf.Violations[0].Subject != tc.subject {
+			t.Errorf("status %v: RetryInfo %v, QuotaFailure %v; want delay %v, subject %q", st.Code(), ri, qf, tc.retry, tc.subject)
+		}
 	}
 }

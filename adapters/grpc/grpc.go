@@ -10,8 +10,10 @@
 //     when enabled, X-RateLimit-*) travel as response header metadata
 //     under the same names, lower-cased;
 //   - a denial ends the call with codes.ResourceExhausted carrying
-//     errdetails.RetryInfo (the decision's RetryAfter; left out when the
-//     cost can never pass) and errdetails.QuotaFailure;
+//     errdetails.RetryInfo (the decision's RetryAfter rounded up to the
+//     millisecond, as the HTTP body's retry_after_ms; left out when the
+//     cost can never pass) and errdetails.QuotaFailure; repeated denials
+//     that say the same share one status, built once;
 //   - authentication failures end it with Unauthenticated (HTTP 401) or
 //     PermissionDenied (403), a store failure under core.FailClosed with
 //     Unavailable, an invalid cost with InvalidArgument.
@@ -37,12 +39,15 @@ package grpc
 import (
 	"context"
 	"errors"
+	"hash/maphash"
+	"math/bits"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -111,6 +116,58 @@ type interceptor struct {
 	// scratch holds *scratch: a call's memory, reused once its answer is
 	// copied out.
 	scratch sync.Pool
+	// denials caches the statuses of recent denials by what they say
+	// (deniedAnswer): a direct-mapped, lock-free table where a colliding
+	// answer replaces the older. A consumer denied again and again (a
+	// denial storm, when a denial's cost matters) gets the status built
+	// once per distinct answer, that is per millisecond of RetryInfo,
+	// instead of once per call. Statuses are immutable, so calls share
+	// them.
+	seed    maphash.Seed
+	denials [256]atomic.Pointer[deniedStatus]
+}
+
+// deniedAnswer is everything a denial's status says.
+type deniedAnswer struct {
+	subject, policy, msg string
+	kind                 core.Kind
+	limit                int64
+	retry                time.Duration // the decision's RetryAfter: Status rounds it
+}
+
+// deniedStatus is a cached denial: its answer, status and error.
+type deniedStatus struct {
+	k   deniedAnswer
+	st  *status.Status
+	err error
+}
+
+// denial returns the status and error of a denied decision d for subject
+// (the consumer's ID, possibly in scratch memory: the cache keeps a
+// copy), from the cache or built by Status and cached.
+func (in *interceptor) denial(res response.Result, d core.Decision, subject string) (*status.Status, error) {
+	k := deniedAnswer{subject: subject, policy: d.Policy, msg: res.Message, kind: d.DecidedBy, limit: d.Limit, retry: retryDelay(d.RetryAfter)}
+	h := maphash.String(in.seed, subject) ^ bits.RotateLeft64(maphash.String(in.seed, d.Policy), 31) ^
+		uint64(k.retry)*0x9e3779b97f4a7c15 ^ uint64(k.limit)*0xc2b2ae3d27d4eb4f ^ uint64(k.kind)<<56 ^ uint64(len(k.msg))
+	slot := &in.denials[h%uint64(len(in.denials))]
+	if c := slot.Load(); c != nil && c.k == k {
+		return c.st, c.err
+	}
+	k.subject, k.msg = strings.Clone(subject), strings.Clone(res.Message)
+	st := Status(res, d, k.subject, nil)
+	c := &deniedStatus{k: k, st: st, err: st.Err()}
+	slot.Store(c)
+	return c.st, c.err
+}
+
+// retryDelay is RetryInfo's delay for a RetryAfter: rounded up to the
+// millisecond, as the JSON body's retry_after_ms; negative stays negative
+// (no RetryInfo).
+func retryDelay(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return (d + time.Millisecond - 1) / time.Millisecond * time.Millisecond
 }
 
 // scratch is the memory one call's decision is made and rendered in. None
@@ -135,7 +192,7 @@ func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *int
 	if o.MessageCost == 0 {
 		o.MessageCost = 1
 	}
-	in := &interceptor{l: l, auth: auth, rend: o.Renderer, o: o}
+	in := &interceptor{l: l, auth: auth, rend: o.Renderer, o: o, seed: maphash.MakeSeed()}
 	in.scratch.New = func() any { return new(scratch) }
 	return in
 }
@@ -228,30 +285,32 @@ func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*co
 	} else {
 		d, subject, err = admit.DecideID(ctx, in.l, in.auth, &s.req, in.o.API(method), route, cost, &s.cons)
 	}
-	md, st := in.answer(ctx, method, subject, d, err, true, &s.resp)
-	if st != nil {
-		return c, md, st.Err()
-	}
-	return c, md, nil
+	md, _, serr := in.answer(ctx, method, subject, d, err, true, &s.resp)
+	return c, md, serr
 }
 
 // answer renders a decision into rs and returns its metadata and, unless
-// it passes, the status that ends the call; neither refers to rs or to
-// subject's memory. For a decision that passes, the metadata is built only
-// with passMD (nil otherwise).
-func (in *interceptor) answer(ctx context.Context, method, subject string, d core.Decision, err error, passMD bool, rs *response.Scratch) (metadata.MD, *status.Status) {
+// it passes, the status that ends the call and its error; none of them
+// refers to rs or to subject's memory. For a decision that passes, the
+// metadata is built only with passMD (nil otherwise).
+func (in *interceptor) answer(ctx context.Context, method, subject string, d core.Decision, err error, passMD bool, rs *response.Scratch) (metadata.MD, *status.Status, error) {
 	if in.o.OnDecision != nil {
 		in.o.OnDecision(ctx, method, d, err)
 	}
 	if !passMD && err == nil && d.Allowed {
-		return nil, nil // Render would pass it
+		return nil, nil, nil // Render would pass it
 	}
 	res := in.rend.RenderMessage(rs, d, err)
 	md := Metadata(res.Headers)
 	if res.Pass {
-		return md, nil
+		return md, nil, nil
 	}
-	return md, Status(res, d, strings.Clone(subject), err)
+	if err == nil {
+		st, serr := in.denial(res, d, subject)
+		return md, st, serr
+	}
+	st := Status(res, d, strings.Clone(subject), err)
+	return md, st, st.Err()
 }
 
 // meteredStream decides every message received on a stream.
@@ -287,7 +346,7 @@ func (s *meteredStream) RecvMsg(m any) error {
 		return nil
 	}
 	var rs response.Scratch
-	md, st := s.in.answer(ctx, s.method, s.c.ID, d, err, false, &rs)
+	md, st, _ := s.in.answer(ctx, s.method, s.c.ID, d, err, false, &rs)
 	if st == nil {
 		return nil
 	}
@@ -304,8 +363,9 @@ func (s *meteredStream) RecvMsg(m any) error {
 // given; subject names the consumer in the QuotaFailure violation.
 //
 //   - a denied decision (HTTP 429, or QuotaExceededStatus), and an
-//     identity.LimitError: ResourceExhausted with RetryInfo (unless the
-//     cost can never pass) and QuotaFailure details;
+//     identity.LimitError: ResourceExhausted with RetryInfo (RetryAfter
+//     rounded up to the millisecond; none when the cost can never pass)
+//     and QuotaFailure details;
 //   - 401: Unauthenticated; 403: PermissionDenied;
 //   - core.ErrStoreUnavailable: Unavailable (whatever StoreFailureStatus);
 //   - 400: InvalidArgument; anything else: Internal.
@@ -329,7 +389,7 @@ func Status(res response.Result, d core.Decision, subject string, err error) *st
 	st := status.New(codes.ResourceExhausted, msg)
 	details := make([]protoadapt.MessageV1, 0, 2)
 	if d.RetryAfter >= 0 {
-		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay(d.RetryAfter))})
 	}
 	details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 		Subject:     subject,
