@@ -371,3 +371,12 @@ func (j *JWT) Options(apiID string, r Resolver) (identity.JWTOptions, *identity.
 	}
 	return o, nil, nil
 }
+
+// CoreCostHeader returns the API's cost header as core's; a zero
+// core.CostHeader when it has none.
+func (a *API) CoreCostHeader() core.CostHeader {
+	if a.CostHeader == "" || a.MaxCost == nil {
+		return core.CostHeader{}
+	}
+	return core.CostHeader{Name: a.CostHeader, Max: *a.MaxCost}
+}

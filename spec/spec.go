@@ -375,6 +375,17 @@ type API struct {
 	// gateway matches the path after the listen path, a service its own
 	// request's path (or route pattern, or gRPC full method name).
 	Endpoints []Endpoint `json:"endpoints,omitempty"`
+	// CostHeader names a request header (for a gRPC service, a metadata
+	// key) whose value is a request's cost (core.CostHeader): a decimal
+	// whole number from 1 to MaxCost, given once; any other value is
+	// refused 400 (gRPC InvalidArgument) with a JSON body naming the
+	// header, before authentication and with nothing counted. A request
+	// without it costs 1 (or a service's own cost); an endpoint with a
+	// cost charges its own whatever the header asks. Empty: none.
+	CostHeader string `json:"cost_header,omitempty"`
+	// MaxCost bounds CostHeader's values, 1 to 2^53 − 1; required with
+	// CostHeader, refused without it.
+	MaxCost *int64 `json:"max_cost,omitempty"`
 }
 
 // Endpoint is a part of an API with limits of its own (core.Endpoint).

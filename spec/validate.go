@@ -480,6 +480,7 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 		}
 	}
 	v.endpoints(at, a, policies)
+	v.costHeader(at, a)
 	seen := map[string]bool{}
 	for j, t := range a.Tags {
 		tat := fmt.Sprintf("%s.tags[%d]", at, j)
@@ -491,6 +492,36 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 		}
 		seen[t] = true
 	}
+}
+
+// costHeader checks an API's cost_header and max_cost.
+func (v *validator) costHeader(at string, a *API) {
+	switch {
+	case a.CostHeader == "" && a.MaxCost != nil:
+		v.fail(at+".max_cost", "only used with cost_header")
+	case a.CostHeader == "":
+	case !validHeaderName(a.CostHeader):
+		v.fail(at+".cost_header", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", a.CostHeader)
+	case a.MaxCost == nil:
+		v.missing(at+".max_cost", "missing (the largest cost cost_header may ask, 1 to 2^53 − 1)")
+	case *a.MaxCost < 1 || *a.MaxCost > core.MaxCost:
+		v.fail(at+".max_cost", "%d: a cost is 1 to 2^53 − 1", *a.MaxCost)
+	}
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110's
+// token) of at most 128 bytes.
+func validHeaderName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // endpoints checks an API's endpoints: method, path, no two alike,

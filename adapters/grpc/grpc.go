@@ -67,6 +67,15 @@ type Options struct {
 	// means 1. An endpoint with a cost of its own overrides it
 	// (core.Endpoint.Cost).
 	Cost func(ctx context.Context, fullMethod string) int64
+	// CostHeader, when it names a metadata key, reads the cost of a
+	// unary call or a stream's opening from the incoming metadata of
+	// that name (core.CostHeader: bounded; a malformed value ends the
+	// call with codes.InvalidArgument naming the key, before
+	// authentication, nothing counted); a call without it costs what
+	// Cost says. When Name is "" and the decider is a
+	// core.CostHeaderSource (a data-plane member's Limiter), the key of
+	// the running API definition is read.
+	CostHeader core.CostHeader
 	// Route, when set, says where a call (or a stream's opening) goes
 	// within its API, so that a core.RouteDecider (an engine with
 	// endpoints, the Limiter(api) of a data-plane member) decides it at
@@ -182,11 +191,22 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
 	}
+	api := in.o.API(method)
+	if ch := admit.CostHeader(in.l, api, in.o.CostHeader); ch.Name != "" {
+		n, err := ch.Cost(metadataValues(ctx, ch.Name))
+		if err != nil {
+			md, st := in.answer(ctx, method, nil, core.Decision{}, err, true)
+			return nil, md, st.Err()
+		}
+		if n > 0 {
+			cost = func() int64 { return n }
+		}
+	}
 	var route func() core.Route
 	if in.o.Route != nil {
 		route = func() core.Route { return in.o.Route(method) }
 	}
-	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), route, cost)
+	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, api, route, cost)
 	md, st := in.answer(ctx, method, c, d, err, true)
 	if st != nil {
 		return c, md, st.Err()
@@ -315,6 +335,13 @@ func errorCode(httpStatus int) codes.Code {
 		return codes.Unavailable
 	}
 	return codes.Internal
+}
+
+// metadataValues returns every value of an incoming metadata key
+// (matched lower-cased).
+func metadataValues(ctx context.Context, name string) []string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return md.Get(name)
 }
 
 // mdKey returns the metadata key of a header field: the names
