@@ -178,6 +178,7 @@ func (v *validator) snapshot(s *Snapshot) {
 	}
 	for i := range s.Policies {
 		v.policyEndpoints(fmt.Sprintf("policies[%d]", i), &s.Policies[i], apis)
+		v.thresholds(fmt.Sprintf("policies[%d]", i), &s.Policies[i])
 	}
 
 	// A snapshot may hold a million keys: a key's path is written only
@@ -491,6 +492,28 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 			v.fail(tat, "tag %q is listed twice", t)
 		}
 		seen[t] = true
+	}
+}
+
+// thresholds checks a policy's quota thresholds.
+func (v *validator) thresholds(at string, p *Policy) {
+	if len(p.Thresholds) == 0 {
+		return
+	}
+	if p.Quota == nil || p.Quota.Max == core.Unlimited {
+		v.fail(at+".thresholds", "thresholds are percentages of the policy's quota: give it a quota (not -1)")
+	}
+	first := map[int64]int{}
+	for j, t := range p.Thresholds {
+		tat := fmt.Sprintf("%s.thresholds[%d]", at, j)
+		switch f, dup := first[t]; {
+		case t < 1 || t > 100:
+			v.fail(tat, "%d: a threshold is a percentage of the quota, 1 to 100", t)
+		case dup:
+			v.repeats(tat, fmt.Sprintf("%s.thresholds[%d]", at, f), "%d%% is listed twice (first at %s.thresholds[%d])", t, at, f)
+		default:
+			first[t] = j
+		}
 	}
 }
 
