@@ -614,6 +614,9 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 		return Decision{}, err
 	}
 	r.label(&da, e.opts.Shadow)
+	if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
+		e.observeThresholds(c, api, r, epoch, cost, &da)
+	}
 	switch {
 	case !da.Allowed:
 		return da, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +117,9 @@ type resolved struct {
 	prepared
 	ratePolicy, quotaPolicy string // "" where no policy set the limit
 	rateShadow, quotaShadow bool
+	// thresholds are the quota policy's (Policy.Thresholds), nil for
+	// none: one length check per request then.
+	thresholds []int64
 }
 
 // label names the policies of r in the store's decision *d and lets a
@@ -177,6 +181,62 @@ type Options struct {
 	// Observer, if set, is told about every Decide and every Wait call:
 	// once per call, with its final decision and error (see Engine.Wait).
 	Observer Observer
+	// QuotaObserver, if set, is told when an admitted request's spend
+	// reaches a quota threshold of the policy that set its quota
+	// (Policy.Thresholds), from the decision the store answered: no
+	// store call of its own, and only a length check for a request
+	// whose quota policy names none.
+	QuotaObserver QuotaObserver
+}
+
+// QuotaObserver is told of quota thresholds reached (Options.QuotaObserver).
+// ObserveThreshold is called on the request path, once for each threshold
+// the request's spend reaches: it must not block (queue the event) and
+// must be safe for concurrent use.
+type QuotaObserver interface {
+	ObserveThreshold(c *Consumer, t ThresholdReached)
+}
+
+// ThresholdReached is a quota threshold reached by one request: the
+// request whose spend took the quota's count from below the threshold's
+// units to at or above them, so in one quota period of one counter only
+// one request, on whatever process, reaches each threshold (a counter
+// that went down, by a refund, may reach it again: the observer's event
+// id makes that the same event).
+type ThresholdReached struct {
+	// API is the scope of the quota's counter: the API id the request
+	// was decided for.
+	API string
+	// Policy is the policy whose quota and thresholds these are.
+	Policy string
+	// Percent is the threshold, 1 to 100.
+	Percent int64
+	// Units is the count it stands for: ⌈Max × Percent / 100⌉.
+	Units int64
+	// Epoch is the quota epoch the counter is named with.
+	Epoch uint64
+	// Quota is the quota's state after the request: Limit is Max,
+	// Limit − Remaining the units spent, ResetAfter the time left in
+	// the period, Window its length (so the period started Window −
+	// ResetAfter ago).
+	Quota Status
+}
+
+// observeThresholds tells the QuotaObserver of every threshold of r that
+// the admitted request d, of cost units, reached.
+func (e *Engine) observeThresholds(c *Consumer, api string, r *resolved, epoch uint64, cost int64, d *Decision) {
+	q := d.Quota
+	if !d.Allowed || d.Shadowed || q.Limit <= 0 || cost <= 0 {
+		return
+	}
+	used := q.Limit - q.Remaining
+	before := used - cost
+	for _, pct := range r.thresholds {
+		units := (q.Limit*pct + 99) / 100
+		if before < units && units <= used {
+			e.opts.QuotaObserver.ObserveThreshold(c, ThresholdReached{API: api, Policy: r.quotaPolicy, Percent: pct, Units: units, Epoch: epoch, Quota: q})
+		}
+	}
 }
 
 // Observer is told about every decision the engine makes, for metrics and
@@ -239,6 +299,7 @@ func (e *Engine) SetConfig(cfg Config) error {
 		}
 		if !p.Quota.IsZero() {
 			p.solo.quotaPolicy, p.solo.quotaShadow = p.ID, p.Shadow
+			p.solo.thresholds = slices.Clone(p.Thresholds)
 		}
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = p
@@ -389,7 +450,7 @@ func (e *Engine) pairRule(snap *snapshot, rate, quota *policyEntry) (*resolved, 
 	if err != nil {
 		return nil, fmt.Errorf("policies %q and %q: %w", rate.ID, quota.ID, err)
 	}
-	r := &resolved{prepared: pr, ratePolicy: rate.ID, quotaPolicy: quota.ID, rateShadow: rate.Shadow, quotaShadow: quota.Shadow}
+	r := &resolved{prepared: pr, ratePolicy: rate.ID, quotaPolicy: quota.ID, rateShadow: rate.Shadow, quotaShadow: quota.Shadow, thresholds: quota.solo.thresholds}
 	v, _ := snap.pairs.LoadOrStore(k, r)
 	return v.(*resolved), nil
 }
@@ -450,6 +511,9 @@ func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api 
 		}
 		if err == nil {
 			r.label(&d, e.opts.Shadow)
+			if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
+				e.observeThresholds(c, api, r, epoch, cost, &d)
+			}
 		}
 	}
 	if e.opts.Observer != nil {

@@ -359,6 +359,11 @@ type Policy struct {
 	// differ per endpoint: for a consumer with this policy they replace
 	// the endpoint's own policies (see PolicyEndpoint).
 	Endpoints []PolicyEndpoint
+	// Thresholds are percentages of the quota's Max (1 to 100, each
+	// once), e.g. [80, 100]: the request whose spend reaches one, in a
+	// quota period, is told to Options.QuotaObserver (ThresholdReached).
+	// They need a quota of the policy's own; none costs nothing.
+	Thresholds []int64
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API
@@ -387,6 +392,30 @@ func (p *Policy) Validate() error {
 	}
 	if err := p.Quota.Validate(); err != nil {
 		return fmt.Errorf("policy %q: quota: %w", p.ID, err)
+	}
+	if err := CheckThresholds(p.Thresholds); err != nil {
+		return fmt.Errorf("policy %q: %w", p.ID, err)
+	}
+	if len(p.Thresholds) > 0 && (p.Quota.IsZero() || p.Quota.Max == Unlimited) {
+		return fmt.Errorf("%w: policy %q: thresholds need a quota (not unlimited)", ErrInvalidLimit, p.ID)
+	}
+	return nil
+}
+
+// CheckThresholds reports why ts cannot be a policy's quota thresholds
+// (Policy.Thresholds): a percentage outside 1 to 100, or one listed
+// twice; nil when they can (none included). Its errors wrap
+// ErrInvalidLimit.
+func CheckThresholds(ts []int64) error {
+	for i, t := range ts {
+		if t < 1 || t > 100 {
+			return fmt.Errorf("%w: threshold %d%% is not 1 to 100", ErrInvalidLimit, t)
+		}
+		for _, u := range ts[:i] {
+			if u == t {
+				return fmt.Errorf("%w: threshold %d%% is listed twice", ErrInvalidLimit, t)
+			}
+		}
 	}
 	return nil
 }

@@ -61,8 +61,8 @@ type Options struct {
 	Store core.Store
 	// FailurePolicy, Fallback (nil: an in-process store the gateway
 	// creates, see NewFallback for one the Redis store seeds),
-	// FallbackMaxKeys, StoreTimeout, Shadow, Observer, OnStoreError,
-	// OnApply, ClientIP (also the proxies' trusted proxies) and Resolver:
+	// FallbackMaxKeys, StoreTimeout, Shadow, Observer, QuotaObserver,
+	// OnStoreError, OnApply, ClientIP (also the proxies' trusted proxies) and Resolver:
 	// as live.Options.
 	FailurePolicy   core.FailurePolicy
 	Fallback        core.Store
@@ -70,6 +70,7 @@ type Options struct {
 	StoreTimeout    time.Duration
 	Shadow          bool
 	Observer        core.Observer
+	QuotaObserver   core.QuotaObserver
 	OnStoreError    func(error)
 	OnApply         func(revision uint64, err error)
 	ClientIP        identity.ClientIPOptions
@@ -136,6 +137,7 @@ func New(opts Options) (*Gateway, error) {
 		StoreTimeout:     opts.StoreTimeout,
 		Shadow:           opts.Shadow,
 		Observer:         opts.Observer,
+		QuotaObserver:    opts.QuotaObserver,
 		OnStoreError:     opts.OnStoreError,
 		OnApply:          opts.OnApply,
 		ClientIP:         opts.ClientIP,
@@ -190,7 +192,7 @@ func (g *Gateway) attach(a *spec.API, b live.Built) (http.Handler, error) {
 		}
 		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
 	}
-	mo := nethttp.Options{API: a.ID, Renderer: g.render}
+	mo := nethttp.Options{API: a.ID, Renderer: g.render, CostHeader: a.CoreCostHeader()}
 	if len(a.Endpoints) > 0 {
 		// Endpoints' paths are relative to the listen path: the path
 		// the upstream sees when the listen path is stripped. Request

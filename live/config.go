@@ -81,6 +81,9 @@ type Options struct {
 	Shadow bool
 	// Observer, if set, is told about every decision (metrics.Collector).
 	Observer core.Observer
+	// QuotaObserver, if set, is told of quota thresholds reached
+	// (core.Options.QuotaObserver: a dataplane/threshold.Notifier).
+	QuotaObserver core.QuotaObserver
 	// OnStoreError, if set, is called with every store error (for
 	// metrics: metrics.Collector.ObserveStoreError); it must be safe for
 	// concurrent use and must not block. The gateway also logs store
@@ -732,6 +735,7 @@ func (g *Config) build(ctx context.Context, snap *spec.Snapshot, running map[spe
 		Shadow:        g.opts.Shadow,
 		OnStoreError:  g.onStore,
 		Observer:      g.opts.Observer,
+		QuotaObserver: g.opts.QuotaObserver,
 	})
 	if err != nil {
 		return nil, jwks, fmt.Errorf("live: %w", err)

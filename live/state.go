@@ -94,7 +94,9 @@ func (g *Config) Authenticator(api string) identity.Authenticator {
 // endpoint of the running configuration's API that its route matches
 // (spec.API.Endpoints, core.Engine.DecideRoute), so a middleware given a
 // route for each request (the adapters' Route options) enforces the
-// endpoints the control plane defines.
+// endpoints the control plane defines. And it is a
+// core.CostHeaderSource: a middleware with no CostHeader option reads
+// the running API definition's cost_header at each request.
 func (g *Config) Limiter(api string) core.RouteDecider { return liveLimiter{g: g} }
 
 type apiAuth struct {
@@ -167,6 +169,22 @@ func (l liveLimiter) DecideRoute(ctx context.Context, c *core.Consumer, api stri
 		return core.Decision{}, notReady(*reason)
 	}
 	return st.limiter.DecideRoute(ctx, c, api, route, cost)
+}
+
+// CostHeader implements core.CostHeaderSource: api's cost header in the
+// running configuration (spec.API.CostHeader), so a middleware given
+// this Limiter and no header of its own reads the one the control plane
+// defines at each request; none before the first Apply or when api is
+// not in the configuration.
+func (l liveLimiter) CostHeader(api string) core.CostHeader {
+	st := l.g.state.Load()
+	if st == nil {
+		return core.CostHeader{}
+	}
+	if a := st.byID[api]; a != nil {
+		return a.spec.CoreCostHeader()
+	}
+	return core.CostHeader{}
 }
 
 func notReady(reason string) error {

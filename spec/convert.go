@@ -77,6 +77,7 @@ func (p *Policy) Core() core.Policy {
 		Shadow:      p.Shadow,
 		Distributed: p.Distributed,
 		Endpoints:   p.coreEndpoints(),
+		Thresholds:  slices.Clone(p.Thresholds),
 	}
 }
 
@@ -370,4 +371,13 @@ func (j *JWT) Options(apiID string, r Resolver) (identity.JWTOptions, *identity.
 		return o, nil, errs
 	}
 	return o, nil, nil
+}
+
+// CoreCostHeader returns the API's cost header as core's; a zero
+// core.CostHeader when it has none.
+func (a *API) CoreCostHeader() core.CostHeader {
+	if a.CostHeader == "" || a.MaxCost == nil {
+		return core.CostHeader{}
+	}
+	return core.CostHeader{Name: a.CostHeader, Max: *a.MaxCost}
 }

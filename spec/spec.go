@@ -100,6 +100,12 @@ type Policy struct {
 	// (core.PolicyEndpoint): for a consumer with this policy they replace
 	// the endpoint's own policies there, on the same counters.
 	Endpoints []PolicyEndpoint `json:"endpoints,omitempty"`
+	// Thresholds are percentages of the policy's quota (1 to 100, each
+	// once; the quota must be set and not -1), e.g. [80, 100]: a data
+	// plane sends one event per key, scope, threshold and quota period
+	// to its threshold webhook when the key's spend reaches one
+	// (core.Policy.Thresholds).
+	Thresholds []int64 `json:"thresholds,omitempty"`
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API.
@@ -375,6 +381,17 @@ type API struct {
 	// gateway matches the path after the listen path, a service its own
 	// request's path (or route pattern, or gRPC full method name).
 	Endpoints []Endpoint `json:"endpoints,omitempty"`
+	// CostHeader names a request header (for a gRPC service, a metadata
+	// key) whose value is a request's cost (core.CostHeader): a decimal
+	// whole number from 1 to MaxCost, given once; any other value is
+	// refused 400 (gRPC InvalidArgument) with a JSON body naming the
+	// header, before authentication and with nothing counted. A request
+	// without it costs 1 (or a service's own cost); an endpoint with a
+	// cost charges its own whatever the header asks. Empty: none.
+	CostHeader string `json:"cost_header,omitempty"`
+	// MaxCost bounds CostHeader's values, 1 to 2^53 − 1; required with
+	// CostHeader, refused without it.
+	MaxCost *int64 `json:"max_cost,omitempty"`
 }
 
 // Endpoint is a part of an API with limits of its own (core.Endpoint).

@@ -178,6 +178,7 @@ func (v *validator) snapshot(s *Snapshot) {
 	}
 	for i := range s.Policies {
 		v.policyEndpoints(fmt.Sprintf("policies[%d]", i), &s.Policies[i], apis)
+		v.thresholds(fmt.Sprintf("policies[%d]", i), &s.Policies[i])
 	}
 
 	// A snapshot may hold a million keys: a key's path is written only
@@ -480,6 +481,7 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 		}
 	}
 	v.endpoints(at, a, policies)
+	v.costHeader(at, a)
 	seen := map[string]bool{}
 	for j, t := range a.Tags {
 		tat := fmt.Sprintf("%s.tags[%d]", at, j)
@@ -491,6 +493,58 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 		}
 		seen[t] = true
 	}
+}
+
+// thresholds checks a policy's quota thresholds.
+func (v *validator) thresholds(at string, p *Policy) {
+	if len(p.Thresholds) == 0 {
+		return
+	}
+	if p.Quota == nil || p.Quota.Max == core.Unlimited {
+		v.fail(at+".thresholds", "thresholds are percentages of the policy's quota: give it a quota (not -1)")
+	}
+	first := map[int64]int{}
+	for j, t := range p.Thresholds {
+		tat := fmt.Sprintf("%s.thresholds[%d]", at, j)
+		switch f, dup := first[t]; {
+		case t < 1 || t > 100:
+			v.fail(tat, "%d: a threshold is a percentage of the quota, 1 to 100", t)
+		case dup:
+			v.repeats(tat, fmt.Sprintf("%s.thresholds[%d]", at, f), "%d%% is listed twice (first at %s.thresholds[%d])", t, at, f)
+		default:
+			first[t] = j
+		}
+	}
+}
+
+// costHeader checks an API's cost_header and max_cost.
+func (v *validator) costHeader(at string, a *API) {
+	switch {
+	case a.CostHeader == "" && a.MaxCost != nil:
+		v.fail(at+".max_cost", "only used with cost_header")
+	case a.CostHeader == "":
+	case !validHeaderName(a.CostHeader):
+		v.fail(at+".cost_header", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", a.CostHeader)
+	case a.MaxCost == nil:
+		v.missing(at+".max_cost", "missing (the largest cost cost_header may ask, 1 to 2^53 − 1)")
+	case *a.MaxCost < 1 || *a.MaxCost > core.MaxCost:
+		v.fail(at+".max_cost", "%d: a cost is 1 to 2^53 − 1", *a.MaxCost)
+	}
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110's
+// token) of at most 128 bytes.
+func validHeaderName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // endpoints checks an API's endpoints: method, path, no two alike,

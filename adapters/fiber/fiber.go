@@ -35,6 +35,13 @@ type Options struct {
 	// Cost returns a request's cost; nil means 1. An endpoint with a
 	// cost of its own overrides it (core.Endpoint.Cost).
 	Cost func(*fiber.Ctx) int64
+	// CostHeader, when it names a header, reads a request's cost from
+	// it (core.CostHeader: bounded, a malformed value answered 400 with
+	// a JSON body naming the header, before authentication, nothing
+	// counted); a request without it costs what Cost says. When Name is
+	// "" and l is a core.CostHeaderSource (a data-plane member's
+	// Limiter), the header of the running API definition is read.
+	CostHeader core.CostHeader
 	// Route, when set, says where a request goes within API, so that a
 	// core.RouteDecider (an engine with endpoints, the Limiter(api) of a
 	// data-plane member) decides it at the endpoint it matches: PathRoute
@@ -77,6 +84,19 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		var cost func() int64
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
+		}
+		if ch := admit.CostHeader(l, opts.API, opts.CostHeader); ch.Name != "" {
+			n, err := ch.Cost(Request{c}.HeaderValues(ch.Name))
+			if err != nil {
+				if opts.OnDecision != nil {
+					opts.OnDecision(c, core.Decision{}, err)
+				}
+				Write(c, rend.Render(nil, core.Decision{}, err))
+				return nil
+			}
+			if n > 0 {
+				cost = func() int64 { return n }
+			}
 		}
 		var route func() core.Route
 		if opts.Route != nil {

@@ -76,6 +76,15 @@ type Options struct {
 	// means 1. An endpoint with a cost of its own overrides it
 	// (core.Endpoint.Cost).
 	Cost func(ctx context.Context, fullMethod string) int64
+	// CostHeader, when it names a metadata key, reads the cost of a
+	// unary call or a stream's opening from the incoming metadata of
+	// that name (core.CostHeader: bounded; a malformed value ends the
+	// call with codes.InvalidArgument naming the key, before
+	// authentication, nothing counted); a call without it costs what
+	// Cost says. When Name is "" and the decider is a
+	// core.CostHeaderSource (a data-plane member's Limiter), the key of
+	// the running API definition is read.
+	CostHeader core.CostHeader
 	// Route, when set, says where a call (or a stream's opening) goes
 	// within its API, so that a core.RouteDecider (an engine with
 	// endpoints, the Limiter(api) of a data-plane member) decides it at
@@ -259,16 +268,27 @@ func MethodRoute(fullMethod string) core.Route {
 // allocates only the metadata gRPC keeps (Metadata), and a denied one also
 // its status.
 func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*core.Consumer, metadata.MD, error) {
+	s := in.scratch.Get().(*scratch)
+	defer in.scratch.Put(s)
 	var cost func() int64
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
+	}
+	api := in.o.API(method)
+	if ch := admit.CostHeader(in.l, api, in.o.CostHeader); ch.Name != "" {
+		n, err := ch.Cost(metadataValues(ctx, ch.Name))
+		if err != nil {
+			md, _, serr := in.answer(ctx, method, "", core.Decision{}, err, true, &s.resp)
+			return nil, md, serr
+		}
+		if n > 0 {
+			cost = func() int64 { return n }
+		}
 	}
 	var route func() core.Route
 	if in.o.Route != nil {
 		route = func() core.Route { return in.o.Route(method) }
 	}
-	s := in.scratch.Get().(*scratch)
-	defer in.scratch.Put(s)
 	s.req = Request{ctx}
 	defer func() { s.req = Request{} }()
 	var (
@@ -278,12 +298,12 @@ func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*co
 		err     error
 	)
 	if keep {
-		c, d, err = admit.Check(ctx, in.l, in.auth, &s.req, in.o.API(method), route, cost)
+		c, d, err = admit.Check(ctx, in.l, in.auth, &s.req, api, route, cost)
 		if c != nil {
 			subject = c.ID
 		}
 	} else {
-		d, subject, err = admit.DecideID(ctx, in.l, in.auth, &s.req, in.o.API(method), route, cost, &s.cons)
+		d, subject, err = admit.DecideID(ctx, in.l, in.auth, &s.req, api, route, cost, &s.cons)
 	}
 	md, _, serr := in.answer(ctx, method, subject, d, err, true, &s.resp)
 	return c, md, serr
@@ -419,6 +439,13 @@ func errorCode(httpStatus int) codes.Code {
 		return codes.Unavailable
 	}
 	return codes.Internal
+}
+
+// metadataValues returns every value of an incoming metadata key
+// (matched lower-cased).
+func metadataValues(ctx context.Context, name string) []string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return md.Get(name)
 }
 
 // mdKey returns the metadata key of a header field: the names

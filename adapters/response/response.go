@@ -231,10 +231,13 @@ func BodyHeaders() [2]Header {
 
 func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Result {
 	var ie *identity.Error
+	var mc *core.MalformedCostError
 	status, msg := http.StatusInternalServerError, "internal error"
 	switch {
 	case errors.As(err, &ie):
 		status, msg = ie.Status, ie.Reason
+	case errors.As(err, &mc):
+		status, msg = http.StatusBadRequest, mc.Error()
 	case errors.Is(err, core.ErrNoPolicy), errors.Is(err, core.ErrUnknownPolicy):
 		status, msg = http.StatusForbidden, "access to this API is not allowed"
 	case errors.Is(err, core.ErrStoreUnavailable):

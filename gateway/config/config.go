@@ -99,6 +99,10 @@ type Config struct {
 	// enforced in memory against this gateway's share. nil when the file
 	// has none: such policies are then enforced exactly by the store.
 	DRL *DRL
+	// ThresholdWebhook, when the file has a threshold_webhook section,
+	// sends an event when a key's spend reaches one of its quota
+	// policy's thresholds (policies[].thresholds); nil when it has none.
+	ThresholdWebhook *ThresholdWebhook
 	// Snapshot is the file's travelling part (package spec): its
 	// policies, keys (by hash: a plaintext key is hashed while loading
 	// and not kept) and APIs (listen paths clean), as a control plane

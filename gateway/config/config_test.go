@@ -48,11 +48,11 @@ func TestRefusals(t *testing.T) {
 		{"unclosed quote on the first line", "listen: \"abc\n", `t.yaml:2: YAML syntax: found unexpected end of stream`},
 		{"top level is a list", "- a\n", `t.yaml:1:1: want a mapping, got a list`},
 		{"unknown top-level field", "listen: 127.0.0.1:1\nlimits: {}\n" + api,
-			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, policies, keys, apis)`},
+			`t.yaml:2:1: limits: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, threshold_webhook, policies, keys, apis)`},
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
-			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data, tags, endpoints)`},
+			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data, tags, endpoints, cost_header, max_cost)`},
 		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
 			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
 		{"negative quota_epoch", "keys:\n  - key: k\n    api_limits: {a: {quota: {max: 1, renewal: 1h}}}\n    quota_epoch: -1\n" + api,
@@ -331,7 +331,7 @@ func TestRefusals(t *testing.T) {
 			"t.yaml:2:9: policies[1].quota.id: unknown field (known here: max, renewal, global)\n" +
 				"t.yaml:2:16: policies[1].quota.quota: unknown field (known here: max, renewal, global)"},
 		{"an anchor outside the schema is named by where it is used", "x-rate: &d {requests: five, per: 1s, burst: 2.5, bust: 1}\npolicies:\n  - {id: p, rate: *d}\n  - {id: q, rate: *d}\n" + api,
-			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, policies, keys, apis)\n" +
+			"t.yaml:1:1: x-rate: unknown field (known here: listen, store, failure_policy, store_timeout, redis, memory, shadow, client_ip, server, response, admin, control_plane, drl, threshold_webhook, policies, keys, apis)\n" +
 				"t.yaml:1:23: policies[0].rate.requests: want an integer, got \"five\"\n" +
 				"t.yaml:1:45: policies[0].rate.burst: want an integer, got 2.5\n" +
 				"t.yaml:1:50: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)"},

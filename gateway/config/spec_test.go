@@ -22,7 +22,7 @@ func TestSpecNamesAreTheFileNames(t *testing.T) {
 		onlySpec   []string
 	}{
 		{file: rawConfig{}, spec: spec.Snapshot{}, onlySpec: []string{"revision"},
-			onlyFile: []string{"listen", "store", "failure_policy", "store_timeout", "redis", "memory", "shadow", "client_ip", "server", "response", "admin", "control_plane", "drl"}},
+			onlyFile: []string{"listen", "store", "failure_policy", "store_timeout", "redis", "memory", "shadow", "client_ip", "server", "response", "admin", "control_plane", "drl", "threshold_webhook"}},
 		{file: spec.Policy{}, spec: spec.Policy{}},
 		{file: spec.Rate{}, spec: spec.Rate{}},
 		{file: rawKey{}, spec: spec.Key{}, onlyFile: []string{"key"}},

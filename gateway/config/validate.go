@@ -71,6 +71,9 @@ func (v *loader) config(raw *rawConfig) *Config {
 	if raw.DRL != nil {
 		cfg.DRL = v.drl(raw, cfg)
 	}
+	if raw.Webhook != nil {
+		cfg.ThresholdWebhook = v.thresholdWebhook(raw.Webhook)
+	}
 	// Secret files named in the snapshot, the file's or the control
 	// plane's, are read relative to the file.
 	cfg.Resolver = FileResolver{Dir: filepath.Dir(v.file)}

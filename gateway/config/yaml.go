@@ -26,22 +26,23 @@ import (
 // into JSON, which spec's types read as a control plane's snapshot.
 
 type rawConfig struct {
-	Listen        string           `json:"listen"`
-	Store         string           `json:"store"`
-	FailurePolicy string           `json:"failure_policy"`
-	StoreTimeout  *time.Duration   `json:"store_timeout"`
-	Redis         *rawRedis        `json:"redis"`
-	Memory        *rawMemory       `json:"memory"`
-	Shadow        bool             `json:"shadow"`
-	ClientIP      rawClientIP      `json:"client_ip"`
-	Server        Server           `json:"server"`
-	Response      rawResponse      `json:"response"`
-	Admin         *fileAdmin       `json:"admin"`
-	ControlPlane  *rawControlPlane `json:"control_plane"`
-	DRL           *rawDRL          `json:"drl"`
-	Policies      []spec.Policy    `json:"policies"`
-	Keys          []rawKey         `json:"keys"`
-	APIs          []spec.API       `json:"apis"`
+	Listen        string               `json:"listen"`
+	Store         string               `json:"store"`
+	FailurePolicy string               `json:"failure_policy"`
+	StoreTimeout  *time.Duration       `json:"store_timeout"`
+	Redis         *rawRedis            `json:"redis"`
+	Memory        *rawMemory           `json:"memory"`
+	Shadow        bool                 `json:"shadow"`
+	ClientIP      rawClientIP          `json:"client_ip"`
+	Server        Server               `json:"server"`
+	Response      rawResponse          `json:"response"`
+	Admin         *fileAdmin           `json:"admin"`
+	ControlPlane  *rawControlPlane     `json:"control_plane"`
+	DRL           *rawDRL              `json:"drl"`
+	Webhook       *rawThresholdWebhook `json:"threshold_webhook"`
+	Policies      []spec.Policy        `json:"policies"`
+	Keys          []rawKey             `json:"keys"`
+	APIs          []spec.API           `json:"apis"`
 }
 
 type rawRedis struct {

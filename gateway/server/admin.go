@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/limitplane/limitplane/dataplane/threshold"
 	"net"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,4 +78,26 @@ func (m *opsMetrics) registerSync(agent *dataplane.Agent) {
 // registerDRL adds the Distributed Rate Limiter's metrics to m.
 func (m *opsMetrics) registerDRL(s *drl.Store) {
 	m.registry.MustRegister(metrics.NewDRL(metrics.Options{}, s.Stats))
+}
+
+// registerThresholds adds limitplane_threshold_events_total{outcome}: the
+// threshold webhook's events queued, dropped (the queue full),
+// delivered, duplicate (claimed elsewhere) and failed (given up).
+func (m *opsMetrics) registerThresholds(n *threshold.Notifier) {
+	for _, o := range []struct {
+		name string
+		get  func(threshold.Stats) int64
+	}{
+		{"queued", func(s threshold.Stats) int64 { return s.Queued }},
+		{"dropped", func(s threshold.Stats) int64 { return s.Dropped }},
+		{"delivered", func(s threshold.Stats) int64 { return s.Delivered }},
+		{"duplicate", func(s threshold.Stats) int64 { return s.Duplicates }},
+		{"failed", func(s threshold.Stats) int64 { return s.Failed }},
+	} {
+		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "limitplane_threshold_events_total",
+			Help:        "Quota threshold events by outcome: queued, dropped (queue full), delivered, duplicate (claimed already), failed (retries given up).",
+			ConstLabels: prometheus.Labels{"outcome": o.name},
+		}, func() float64 { return float64(o.get(n.Stats())) }))
+	}
 }

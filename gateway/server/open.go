@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"github.com/limitplane/limitplane/dataplane/threshold"
 	"log/slog"
 	"reflect"
 	"time"
@@ -88,6 +89,30 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 		closeRedis := closeStore
 		closeStore = func() error { return errors.Join(closeRedis(), fallback.Close()) }
 	}
+	var notifier *threshold.Notifier
+	if w := cfg.ThresholdWebhook; w != nil {
+		var claimer threshold.Claimer
+		exact := store
+		if ds, ok := exact.(*drl.Store); ok {
+			exact = ds.Exact()
+		}
+		if rs, ok := exact.(*redisstore.Store); ok {
+			claimer = threshold.NewRedisClaimer(rs.Client(), rs.KeyPrefix())
+		}
+		dp := ""
+		if cfg.ControlPlane != nil {
+			dp = cfg.ControlPlane.Group
+		}
+		notifier, err = threshold.New(threshold.Options{URL: w.URL, Secret: []byte(w.Secret), Timeout: w.Timeout, Queue: w.Queue,
+			RetryFor: w.RetryFor, Claimer: claimer, DataPlane: dp, Logger: log})
+		if err != nil {
+			closeStore()
+			return nil, nil, nil, err
+		}
+		m.registerThresholds(notifier)
+		closeStoreOnly := closeStore
+		closeStore = func() error { return errors.Join(notifier.Close(), closeStoreOnly()) }
+	}
 	opts := gateway.Options{
 		Store:           store,
 		FallbackMaxKeys: cfg.Memory.MaxKeys,
@@ -105,6 +130,9 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 	}
 	if fallback != nil {
 		opts.Fallback = fallback
+	}
+	if notifier != nil {
+		opts.QuotaObserver = notifier
 	}
 	gw, err := gateway.New(opts)
 	if err != nil {

@@ -84,3 +84,19 @@ func DecideID(ctx context.Context, l core.Decider, auth identity.Authenticator, 
 	s.c = core.Consumer{}
 	return d, id, err
 }
+
+// CostHeader returns the cost header of a request for api: h when it
+// names one, else the one l knows for api (core.CostHeaderSource: a
+// data-plane member's running API definition), else none. The adapter
+// reads the request's values of it with core.CostHeader.Cost, before
+// Check: a malformed one is rendered (400) without authenticating or
+// deciding, and a cost it gives replaces the adapter's own.
+func CostHeader(l core.Decider, api string, h core.CostHeader) core.CostHeader {
+	if h.Name != "" {
+		return h
+	}
+	if src, ok := l.(core.CostHeaderSource); ok {
+		return src.CostHeader(api)
+	}
+	return core.CostHeader{}
+}

@@ -1,0 +1,303 @@
+// Package threshold sends quota threshold events (issue 23, item 5) to an
+// operator's webhook: a core.QuotaObserver that queues each threshold a
+// request reaches, off the request path, and a goroutine that claims each
+// event's id (so gateways of one data plane, and a gateway restarted,
+// send it once) and posts it, signed with HMAC-SHA256, retrying with
+// exponential backoff.
+package threshold
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/limitplane/limitplane/core"
+)
+
+// SignatureHeader carries an event's signature: "sha256=" and the hex
+// HMAC-SHA256 of the request body under Options.Secret. A receiver
+// computes the same over the body it read and compares in constant time.
+const SignatureHeader = "X-Limitplane-Signature"
+
+// EventIDHeader repeats the event's id, so a receiver can drop a repeat
+// (a retry after a lost answer) before parsing the body.
+const EventIDHeader = "X-Limitplane-Event-Id"
+
+// Event is what the webhook receives, as the JSON body of a POST.
+type Event struct {
+	// ID is deterministic: the hex of the first 16 bytes of SHA-256 over
+	// the consumer, API, policy, threshold, period start (Unix seconds)
+	// and epoch, so every data-plane member names one event alike.
+	ID string `json:"id"`
+	// Consumer is the consumer's ID ("key:<32 hex>" for an API key: the
+	// key hash's ConsumerID, never the key).
+	Consumer string `json:"consumer"`
+	API      string `json:"api"`
+	Policy   string `json:"policy"`
+	// Threshold is the percentage reached; Units the count it stands
+	// for; Used the count after the request that reached it; Quota the
+	// quota's Max.
+	Threshold int64  `json:"threshold"`
+	Units     int64  `json:"units"`
+	Used      int64  `json:"used"`
+	Quota     int64  `json:"quota"`
+	Epoch     uint64 `json:"epoch"`
+	// PeriodStart and PeriodEnd bound the quota period, to the second.
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	// DataPlane is Options.DataPlane; At when the request reached it.
+	DataPlane string    `json:"data_plane,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// Claimer claims event ids, so an event is sent once by whichever
+// process claims it first. Claim reports whether id was not claimed
+// before; the claim lasts until until (the quota period's end).
+// Release drops a claim whose event could not be delivered.
+type Claimer interface {
+	Claim(ctx context.Context, id string, until time.Time) (bool, error)
+	Release(ctx context.Context, id string) error
+}
+
+// Options configure a Notifier.
+type Options struct {
+	// URL is the webhook's http(s) URL; required.
+	URL string
+	// Secret is the HMAC-SHA256 key of SignatureHeader; required.
+	Secret []byte
+	// Timeout bounds one attempt; default 5 s.
+	Timeout time.Duration
+	// Queue is the most events waiting to be sent; default 1024. An
+	// event that finds it full is dropped and counted (Stats.Dropped):
+	// the request path never waits.
+	Queue int
+	// RetryFor bounds the retries of one event (exponential backoff
+	// from 100 ms, at most 10 s apart); default 1 min. An event not
+	// delivered by then is counted failed and its claim released.
+	RetryFor time.Duration
+	// Claimer claims event ids; nil means an in-process set (NewMemoryClaimer
+	// with its default bound): one process sends each event once.
+	// Gateways sharing a Redis use NewRedisClaimer on it.
+	Claimer Claimer
+	// DataPlane names the sender in events.
+	DataPlane string
+	// Client sends the requests; nil means a client of its own.
+	Client *http.Client
+	// Logger logs deliveries that failed; nil means slog.Default.
+	Logger *slog.Logger
+	// Now is the wall clock; nil means time.Now.
+	Now func() time.Time
+	// Sent, if set, is called after each event is delivered or given
+	// up (err not nil), from the sending goroutine.
+	Sent func(e Event, err error)
+}
+
+// Stats count a Notifier's events since it started.
+type Stats struct {
+	// Queued events were taken into the queue; Dropped found it full.
+	Queued, Dropped int64
+	// Delivered were answered 2xx; Duplicates were claimed by another
+	// process (or before) and not sent; Failed were given up.
+	Delivered, Duplicates, Failed int64
+}
+
+// Notifier is a core.QuotaObserver that sends threshold events to a
+// webhook. Close stops it.
+type Notifier struct {
+	o      Options
+	queue  chan Event
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+
+	queued, dropped, delivered, duplicates, failed atomic.Int64
+}
+
+var _ core.QuotaObserver = (*Notifier)(nil)
+
+// New starts a Notifier: one goroutine sending queued events, stopped by
+// Close.
+func New(o Options) (*Notifier, error) {
+	if o.URL == "" {
+		return nil, errors.New("threshold: no webhook URL")
+	}
+	if len(o.Secret) == 0 {
+		return nil, errors.New("threshold: no webhook secret")
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Queue <= 0 {
+		o.Queue = 1024
+	}
+	if o.RetryFor <= 0 {
+		o.RetryFor = time.Minute
+	}
+	if o.Claimer == nil {
+		o.Claimer = NewMemoryClaimer(0, o.Now)
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	n := &Notifier{o: o, queue: make(chan Event, o.Queue), done: make(chan struct{})}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	go n.run()
+	return n, nil
+}
+
+// ObserveThreshold implements core.QuotaObserver: it makes the event and
+// queues it, or drops it when the queue is full. It never blocks.
+func (n *Notifier) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
+	now := n.o.Now()
+	end := now.Add(t.Quota.ResetAfter).Round(time.Second)
+	start := end.Add(-t.Quota.Window)
+	e := Event{Consumer: c.ID, API: t.API, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
+		Used: t.Quota.Limit - t.Quota.Remaining, Quota: t.Quota.Limit, Epoch: t.Epoch,
+		PeriodStart: start.UTC(), PeriodEnd: end.UTC(), DataPlane: n.o.DataPlane, At: now.UTC()}
+	e.ID = EventID(e.Consumer, e.API, e.Policy, e.Threshold, start, e.Epoch)
+	select {
+	case n.queue <- e:
+		n.queued.Add(1)
+	default:
+		n.dropped.Add(1)
+	}
+}
+
+// EventID returns the id of the event of consumer reaching percent of
+// policy's quota on api in the period starting at start (to the second)
+// under epoch.
+func EventID(consumer, api, policy string, percent int64, start time.Time, epoch uint64) string {
+	h := sha256.New()
+	for _, s := range []string{consumer, api, policy, strconv.FormatInt(percent, 10), strconv.FormatInt(start.Unix(), 10), strconv.FormatUint(epoch, 10)} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// Stats returns the counts so far.
+func (n *Notifier) Stats() Stats {
+	return Stats{Queued: n.queued.Load(), Dropped: n.dropped.Load(), Delivered: n.delivered.Load(),
+		Duplicates: n.duplicates.Load(), Failed: n.failed.Load()}
+}
+
+// Close stops the sending goroutine: an attempt in flight is cancelled,
+// events still queued are not sent. It waits for the goroutine to end.
+func (n *Notifier) Close() error {
+	n.once.Do(n.cancel)
+	<-n.done
+	return nil
+}
+
+func (n *Notifier) run() {
+	defer close(n.done)
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case e := <-n.queue:
+			n.send(e)
+		}
+	}
+}
+
+// send claims e's id and posts it until it is delivered, RetryFor
+// passes or the Notifier closes.
+func (n *Notifier) send(e Event) {
+	ok, err := n.o.Claimer.Claim(n.ctx, e.ID, e.PeriodEnd)
+	if err != nil {
+		n.failed.Add(1)
+		n.o.Logger.Warn("threshold webhook: claim failed; event not sent", "id", e.ID, "err", err)
+		n.report(e, fmt.Errorf("threshold: claim %s: %w", e.ID, err))
+		return
+	}
+	if !ok {
+		n.duplicates.Add(1)
+		return
+	}
+	body, err := json.Marshal(e)
+	if err != nil {
+		n.failed.Add(1)
+		n.report(e, err)
+		return
+	}
+	sig := Sign(n.o.Secret, body)
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 10*time.Second
+	_, err = backoff.Retry(n.ctx, func() (struct{}, error) {
+		return struct{}{}, n.post(body, sig, e.ID)
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(n.o.RetryFor))
+	if err != nil {
+		n.failed.Add(1)
+		n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "err", err)
+		// Another crossing of the same event (after a refund) may try again.
+		rctx, cancel := context.WithTimeout(context.Background(), n.o.Timeout)
+		n.o.Claimer.Release(rctx, e.ID)
+		cancel()
+		n.report(e, err)
+		return
+	}
+	n.delivered.Add(1)
+	n.report(e, nil)
+}
+
+func (n *Notifier) report(e Event, err error) {
+	if n.o.Sent != nil {
+		n.o.Sent(e, err)
+	}
+}
+
+// post makes one attempt; a 4xx other than 408 and 429 is permanent.
+func (n *Notifier) post(body []byte, sig, id string) error {
+	ctx, cancel := context.WithTimeout(n.ctx, n.o.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.o.URL, bytes.NewReader(body))
+	if err != nil {
+		return backoff.Permanent(fmt.Errorf("threshold: webhook request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(SignatureHeader, sig)
+	req.Header.Set(EventIDHeader, id)
+	resp, err := n.o.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("threshold: webhook: %w", err)
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return nil
+	case resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests:
+		return backoff.Permanent(fmt.Errorf("threshold: webhook answered %d", resp.StatusCode))
+	}
+	return fmt.Errorf("threshold: webhook answered %d", resp.StatusCode)
+}
+
+// Sign returns SignatureHeader's value for body under secret, for
+// receivers and tests.
+func Sign(secret, body []byte) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write(body)
+	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+}

@@ -1,0 +1,251 @@
+package threshold_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/dataplane/threshold"
+	"github.com/limitplane/limitplane/internal/redistest"
+)
+
+var secret = []byte("0123456789abcdef0123456789abcdef")
+
+// receiver is a real HTTP webhook receiver: it checks each event's
+// signature, answers fail[i] (0: 200) to the i-th attempt, and records
+// the events it answered 200 to and every attempt.
+type receiver struct {
+	srv      *httptest.Server
+	fail     []int
+	mu       sync.Mutex
+	attempts int
+	got      []threshold.Event
+	gate     chan struct{} // when set, each attempt waits for it
+}
+
+func newReceiver(t *testing.T, fail ...int) *receiver {
+	r := &receiver{fail: fail}
+	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+	if r.gate != nil {
+		<-r.gate
+	}
+	body, _ := io.ReadAll(req.Body)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := r.attempts
+	r.attempts++
+	if req.Header.Get(threshold.SignatureHeader) != threshold.Sign(secret, body) {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	if i < len(r.fail) && r.fail[i] != 0 {
+		w.WriteHeader(r.fail[i])
+		return
+	}
+	var e threshold.Event
+	if err := json.Unmarshal(body, &e); err != nil || req.Header.Get(threshold.EventIDHeader) != e.ID {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	r.got = append(r.got, e)
+}
+
+// events returns "consumer api policy threshold% epoch" per event
+// received, sorted, and the number of attempts.
+func (r *receiver) events() ([]string, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.got {
+		out = append(out, fmt.Sprintf("%s %s %s %d%% e%d used=%d/%d", e.Consumer, e.API, e.Policy, e.Threshold, e.Epoch, e.Used, e.Quota))
+	}
+	sort.Strings(out)
+	return out, r.attempts
+}
+
+// waitFor polls until cond holds (10 s at most).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func policies() []core.Policy {
+	return []core.Policy{{ID: "q", Quota: core.Quota{Max: 10, Renewal: time.Hour}, Thresholds: []int64{80, 100}}}
+}
+
+// TestExactlyOncePerThreshold: two keys spend a quota of 10 with
+// thresholds 80 and 100 (and beyond it, refused): the receiver gets
+// exactly one event per key and threshold, while it fails twice (500,
+// 500, then 200) for the first: still delivered once; a new epoch
+// (a quota reset) is a new period with events of its own.
+func TestExactlyOncePerThreshold(t *testing.T) {
+	rcv := newReceiver(t, 500, 500)
+	n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, DataPlane: "dp1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	e, err := core.NewEngine(store, core.Config{Policies: policies()}, core.Options{QuotaObserver: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"key:a", "key:b"} {
+		c := &core.Consumer{ID: id, Policies: []string{"q"}}
+		for range 13 {
+			e.Decide(context.Background(), c, "shop", 1)
+		}
+	}
+	// Again under the same epoch: nothing new is reached.
+	c := &core.Consumer{ID: "key:a", Policies: []string{"q"}}
+	e.Decide(context.Background(), c, "shop", 1)
+	c.QuotaEpoch = 7
+	for range 8 {
+		e.Decide(context.Background(), c, "shop", 1)
+	}
+	want := []string{
+		"key:a shop q 100% e0 used=10/10", "key:a shop q 80% e0 used=8/10", "key:a shop q 80% e7 used=8/10",
+		"key:b shop q 100% e0 used=10/10", "key:b shop q 80% e0 used=8/10",
+	}
+	waitFor(t, "5 events", func() bool { got, _ := rcv.events(); return len(got) >= 5 })
+	time.Sleep(300 * time.Millisecond) // no more come
+	got, attempts := rcv.events()
+	if fmt.Sprint(got) != fmt.Sprint(want) || attempts != 7 {
+		t.Fatalf("received %q in %d attempts, want %q in 7", got, attempts, want)
+	}
+	if s := n.Stats(); s != (threshold.Stats{Queued: 5, Delivered: 5}) {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestTwoGatewaysOneRedis: two engines (two gateways) on one
+// redis-server, each with its own Notifier claiming ids in that Redis,
+// spend one key's quota concurrently: one event per threshold, and a
+// repeat of an event (the same id observed again, as after a refund or
+// by a restarted gateway) is claimed already and not sent.
+func TestTwoGatewaysOneRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rcv := newReceiver(t)
+	var ns []*threshold.Notifier
+	var engines []*core.Engine
+	for i := range 2 {
+		client := srv.Client(t, nil)
+		store, err := redisstore.New(client, redisstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { store.Close() })
+		n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, DataPlane: fmt.Sprint("gw", i),
+			Claimer: threshold.NewRedisClaimer(client, "limitplane:")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		e, err := core.NewEngine(store, core.Config{Policies: policies()}, core.Options{QuotaObserver: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns, engines = append(ns, n), append(engines, e)
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &core.Consumer{ID: "key:shared", Policies: []string{"q"}}
+			for range 3 {
+				d, err := engines[g%2].Decide(context.Background(), c, "shop", 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != 10 {
+		t.Fatalf("admitted %d, want 10", admitted.Load())
+	}
+	waitFor(t, "2 events", func() bool { got, _ := rcv.events(); return len(got) >= 2 })
+	// The 80 % event observed again on the other gateway: a duplicate.
+	c := &core.Consumer{ID: "key:shared", Policies: []string{"q"}}
+	d, _ := engines[0].Decide(context.Background(), c, "shop", 0)
+	ns[1].ObserveThreshold(c, core.ThresholdReached{API: "shop", Policy: "q", Percent: 80, Units: 8, Quota: d.Quota})
+	waitFor(t, "the duplicate", func() bool { return ns[1].Stats().Duplicates+ns[0].Stats().Duplicates == 1 })
+	got, attempts := rcv.events()
+	want := []string{"key:shared shop q 100% e0 used=10/10", "key:shared shop q 80% e0 used=8/10"}
+	if fmt.Sprint(got) != fmt.Sprint(want) || attempts != 2 {
+		t.Fatalf("received %q in %d attempts, want %q in 2", got, attempts, want)
+	}
+}
+
+// TestFullQueueDrops: with a queue of 1 and a receiver that does not
+// answer yet, the sender holds one event, the queue one, and the rest
+// are dropped and counted; the request path never waits. Close ends
+// the sender.
+func TestFullQueueDrops(t *testing.T) {
+	rcv := newReceiver(t)
+	rcv.gate = make(chan struct{})
+	n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, Queue: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	e, err := core.NewEngine(store, core.Config{Policies: policies()}, core.Options{QuotaObserver: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &core.Consumer{ID: "key:first", Policies: []string{"q"}}
+	for range 8 {
+		e.Decide(context.Background(), c, "shop", 1)
+	}
+	waitFor(t, "the sender to take the first", func() bool { return n.Stats().Queued == 1 && len(rcv.srv.URL) > 0 })
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	for i := range 5 {
+		c := &core.Consumer{ID: fmt.Sprint("key:", i), Policies: []string{"q"}}
+		for range 10 {
+			e.Decide(context.Background(), c, "shop", 1)
+		}
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("50 decisions took %s with the receiver stuck", took)
+	}
+	// 11 events: one sending, one queued, nine dropped.
+	if s := n.Stats(); s.Queued != 2 || s.Dropped != 9 {
+		t.Fatalf("stats %+v, want 2 queued and 9 dropped", s)
+	}
+	close(rcv.gate)
+	waitFor(t, "2 delivered", func() bool { return n.Stats().Delivered == 2 })
+	n.Close()
+	if got, _ := rcv.events(); len(got) != 2 {
+		t.Fatalf("received %q", got)
+	}
+}
