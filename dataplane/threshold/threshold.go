@@ -119,7 +119,7 @@ type Stats struct {
 // webhook. Close stops it.
 type Notifier struct {
 	o      Options
-	queue  chan Event
+	queue  chan reached
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -160,28 +160,44 @@ func New(o Options) (*Notifier, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	n := &Notifier{o: o, queue: make(chan Event, o.Queue), done: make(chan struct{})}
+	n := &Notifier{o: o, queue: make(chan reached, o.Queue), done: make(chan struct{})}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	go n.run()
 	return n, nil
 }
 
-// ObserveThreshold implements core.QuotaObserver: it makes the event and
-// queues it, or drops it when the queue is full. It never blocks.
+// ObserveThreshold implements core.QuotaObserver: it queues what the
+// event is made of (the event itself, its id hashed, is made by the
+// sending goroutine), or drops it when the queue is full. It never
+// blocks and allocates nothing.
 func (n *Notifier) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
-	now := n.o.Now()
-	end := now.Add(t.Quota.ResetAfter).Round(time.Second)
-	start := end.Add(-t.Quota.Window)
-	e := Event{Consumer: c.ID, API: t.API, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
-		Used: t.Quota.Limit - t.Quota.Remaining, Quota: t.Quota.Limit, Epoch: t.Epoch,
-		PeriodStart: start.UTC(), PeriodEnd: end.UTC(), DataPlane: n.o.DataPlane, At: now.UTC()}
-	e.ID = EventID(e.Consumer, e.API, e.Policy, e.Threshold, start, e.Epoch)
 	select {
-	case n.queue <- e:
+	case n.queue <- reached{consumer: c.ID, t: t, at: n.o.Now()}:
 		n.queued.Add(1)
 	default:
 		n.dropped.Add(1)
 	}
+}
+
+// reached is a queued threshold.
+type reached struct {
+	consumer string
+	t        core.ThresholdReached
+	at       time.Time
+}
+
+// event makes r's Event: the period's end is the time of the request
+// plus the quota's ResetAfter, to the second (so every process computes
+// the same from its own clock), its start that less the renewal.
+func (n *Notifier) event(r reached) Event {
+	t := r.t
+	end := r.at.Add(t.Quota.ResetAfter).Round(time.Second)
+	start := end.Add(-t.Quota.Window)
+	e := Event{Consumer: r.consumer, API: t.API, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
+		Used: t.Quota.Limit - t.Quota.Remaining, Quota: t.Quota.Limit, Epoch: t.Epoch,
+		PeriodStart: start.UTC(), PeriodEnd: end.UTC(), DataPlane: n.o.DataPlane, At: r.at.UTC()}
+	e.ID = EventID(e.Consumer, e.API, e.Policy, e.Threshold, start, e.Epoch)
+	return e
 }
 
 // EventID returns the id of the event of consumer reaching percent of
@@ -216,8 +232,8 @@ func (n *Notifier) run() {
 		select {
 		case <-n.ctx.Done():
 			return
-		case e := <-n.queue:
-			n.send(e)
+		case r := <-n.queue:
+			n.send(n.event(r))
 		}
 	}
 }
@@ -250,7 +266,9 @@ func (n *Notifier) send(e Event) {
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(n.o.RetryFor))
 	if err != nil {
 		n.failed.Add(1)
-		n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "err", err)
+		if n.ctx.Err() == nil {
+			n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "err", err)
+		}
 		// Another crossing of the same event (after a refund) may try again.
 		rctx, cancel := context.WithTimeout(context.Background(), n.o.Timeout)
 		n.o.Claimer.Release(rctx, e.ID)
