@@ -79,7 +79,9 @@ type FollowOptions struct {
 	// engines' QuotaObserver, stopped by Close. Its Claimer defaults to
 	// the data plane's Redis (threshold.NewRedisClaimer, so the replicas
 	// send each event once) when Store is a Redis store or has one
-	// under it, and its DataPlane to Group. nil: thresholds are not
+	// under it (made with FollowsControlPlane: the events also go to the
+	// control plane's usage, with the quota runner's reports), and its
+	// DataPlane to Group. nil: thresholds are not
 	// watched.
 	ThresholdWebhook *threshold.Options
 
@@ -176,7 +178,11 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 		o := *w
 		if o.Claimer == nil {
 			if rs := redisUnder(f.store); rs != nil {
-				o.Claimer = threshold.NewRedisClaimer(rs.Client(), rs.KeyPrefix())
+				rc := threshold.NewRedisClaimer(rs.Client(), rs.KeyPrefix())
+				// Reported to the control plane's usage by the quota
+				// runner, which runs over such a store.
+				rc.Reports = rs.FollowsControlPlane()
+				o.Claimer = rc
 			}
 		}
 		if o.DataPlane == "" {

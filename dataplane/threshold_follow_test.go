@@ -10,8 +10,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
+	"github.com/limitplane/limitplane/controlplane"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/dataplane/threshold"
@@ -114,5 +116,57 @@ func TestFollowCostHeaderAndThresholds(t *testing.T) {
 	}
 	if g := fmt.Sprint(events()); g != want {
 		t.Fatalf("events after: %s, want %s", g, want)
+	}
+}
+
+// TestThresholdUsageAtTheControlPlane: a replica on a redis-server made
+// with FollowsControlPlane (so its data plane's quota runner runs)
+// reaches thresholds 50 and 100 of a quota of 4; the runner reports the
+// events with its lease batches and the control plane's GET
+// /api/usage/keys/{hash} shows both, in one period, once each.
+func TestThresholdUsageAtTheControlPlane(t *testing.T) {
+	cp := newControlPlane(t, &spec.Snapshot{
+		Policies: []spec.Policy{{ID: "p", Quota: perHour(4), Thresholds: []int64{50, 100}}},
+		APIs:     []spec.API{{ID: "orders"}},
+	})
+	qs, err := controlplane.NewQuotaServer(controlplane.QuotaOptions{Store: cp.store,
+		Tokens: []controlplane.DataPlaneToken{{Hash: controlplane.HashToken(testToken), Group: testGroup}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Stop()
+	cp.quota = qs
+	cp.Start(t)
+	call := admin(t, cp)
+	if st, body := call("POST", "/api/keys", `{"key": "orders-key-1", "policies": ["p"]}`); st != 201 {
+		t.Fatalf("POST /api/keys: %d %s", st, body)
+	}
+	rcv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer rcv.Close()
+	srv := redistest.Start(t)
+	store, err := redisstore.New(srv.Client(t, nil), redisstore.Options{FollowsControlPlane: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f := follow(t, cp, dataplane.FollowOptions{Store: store, ThresholdWebhook: &threshold.Options{URL: rcv.URL, Secret: []byte("x")}})
+	waitFor(t, "the key applied", func() bool { return f.Revision() >= 2 })
+	url := service(t, f)
+	if got := orders(t, url, "orders-key-1", 5); got != "OK, OK, OK, OK, Too Many Requests" {
+		t.Fatalf("quota of 4: %s", got)
+	}
+	var body string
+	waitFor(t, "the usage to show both", func() bool {
+		var st int
+		st, body = call("GET", "/api/usage/keys/"+hash("orders-key-1"), "")
+		return st == 200 && strings.Contains(body, `"reached":[50,100]`)
+	})
+	var u controlplane.Usage
+	if err := json.Unmarshal([]byte(body), &u); err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Thresholds) != 1 || len(u.Thresholds[0].Events) != 2 || u.Thresholds[0].API != "orders" || u.Thresholds[0].Policy != "p" ||
+		u.Thresholds[0].Events[0].DataPlane != testGroup || !u.Thresholds[0].PeriodEnd.Equal(u.Thresholds[0].PeriodStart.Add(time.Hour)) {
+		t.Fatalf("usage: %s", body)
 	}
 }

@@ -73,6 +73,13 @@ type Claimer interface {
 	Release(ctx context.Context, id string) error
 }
 
+// Recorder is implemented by a Claimer that also keeps each event it
+// claimed for a report (RedisClaimer with Reports: the control plane's
+// usage). Record is called once per event claimed, before it is sent.
+type Recorder interface {
+	Record(ctx context.Context, e Event) error
+}
+
 // Options configure a Notifier.
 type Options struct {
 	// URL is the webhook's http(s) URL; required.
@@ -251,6 +258,11 @@ func (n *Notifier) send(e Event) {
 	if !ok {
 		n.duplicates.Add(1)
 		return
+	}
+	if rec, ok := n.o.Claimer.(Recorder); ok {
+		if err := rec.Record(n.ctx, e); err != nil {
+			n.o.Logger.Warn("threshold webhook: the event is not reported to the control plane", "id", e.ID, "err", err)
+		}
 	}
 	body, err := json.Marshal(e)
 	if err != nil {
