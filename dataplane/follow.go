@@ -262,6 +262,9 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 	if !opts.DisableDecisionMetrics {
 		f.registry.MustRegister(decisions)
 	}
+	if notifier != nil {
+		f.registry.MustRegister(metrics.NewThresholds(metrics.Options{}, notifier.MetricStats))
+	}
 	f.registry.MustRegister(applies, metrics.NewSync(metrics.Options{}, func() metrics.SyncState {
 		s := a.Status()
 		d := s.Deliveries

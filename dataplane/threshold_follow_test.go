@@ -169,4 +169,15 @@ func TestThresholdUsageAtTheControlPlane(t *testing.T) {
 		u.Thresholds[0].Events[0].DataPlane != testGroup || !u.Thresholds[0].PeriodEnd.Equal(u.Thresholds[0].PeriodStart.Add(time.Hour)) {
 		t.Fatalf("usage: %s", body)
 	}
+	waitFor(t, "both delivered", func() bool {
+		_, m := get(t, url+"/metrics", "")
+		return strings.Contains(m, "\n"+`limitplane_threshold_events_total{outcome="delivered"} 2`+"\n")
+	})
+	_, m := get(t, url+"/metrics", "")
+	for _, line := range []string{`limitplane_threshold_events_total{outcome="queued"} 2`, `limitplane_threshold_events_total{outcome="dropped"} 0`,
+		`limitplane_threshold_events_total{outcome="duplicate"} 0`, `limitplane_threshold_events_total{outcome="failed"} 0`} {
+		if !strings.Contains(m, "\n"+line+"\n") {
+			t.Errorf("/metrics has no line %q", line)
+		}
+	}
 }

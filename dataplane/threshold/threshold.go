@@ -26,6 +26,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/metrics"
 )
 
 // SignatureHeader carries an event's signature: "sha256=" and the hex
@@ -223,6 +224,12 @@ func EventID(consumer, api, policy string, percent int64, start time.Time, epoch
 func (n *Notifier) Stats() Stats {
 	return Stats{Queued: n.queued.Load(), Dropped: n.dropped.Load(), Delivered: n.delivered.Load(),
 		Duplicates: n.duplicates.Load(), Failed: n.failed.Load()}
+}
+
+// MetricStats returns Stats as metrics.NewThresholds reads them.
+func (n *Notifier) MetricStats() metrics.ThresholdStats {
+	s := n.Stats()
+	return metrics.ThresholdStats{Queued: s.Queued, Dropped: s.Dropped, Delivered: s.Delivered, Duplicates: s.Duplicates, Failed: s.Failed}
 }
 
 // Close stops the sending goroutine: an attempt in flight is cancelled,
