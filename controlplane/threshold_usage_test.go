@@ -58,3 +58,24 @@ func TestThresholdUsage(t *testing.T) {
 			`{"key_hash":"`+hash("bob")+`","consumer":"`+bobConsumer+`","entries":[],"totals":{"spent":0,"leased":0,"floor_spent":0,"admitted":0,"refused":0}}`)
 	})
 }
+
+// TestAdminThresholds: the admin API takes a policy's thresholds and
+// refuses bad ones (422) by field path, nothing changed.
+func TestAdminThresholds(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	h, err := controlplane.Admin(controlplane.AdminOptions{Store: s, Token: token, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	expect(t, call(t, "PUT", srv.URL+"/api/policies/gold", `{"quota":{"max":100,"renewal":"1h"},"thresholds":[80,100]}`), 200, `{"revision":1}`)
+	expect(t, call(t, "GET", srv.URL+"/api/policies/gold", ""), 200, `{"id":"gold","quota":{"max":100,"renewal":"1h0m0s"},"thresholds":[80,100]}`)
+	expect(t, call(t, "PUT", srv.URL+"/api/policies/gold", `{"quota":{"max":100,"renewal":"1h"},"thresholds":[0,80,80]}`), 422,
+		`{"error":"the change would leave an invalid configuration; nothing was changed","problems":[`+
+			`{"path":"policies[\"gold\"].thresholds[0]","problem":"0: a threshold is a percentage of the quota, 1 to 100"},`+
+			`{"path":"policies[\"gold\"].thresholds[2]","problem":"80% is listed twice (first at policies[\"gold\"].thresholds[1])"}]}`)
+	expect(t, call(t, "PUT", srv.URL+"/api/policies/silver", `{"rate":{"requests":5,"per":"1m"},"thresholds":[80]}`), 422,
+		`{"error":"the change would leave an invalid configuration; nothing was changed","problems":[`+
+			`{"path":"policies[\"silver\"].thresholds","problem":"thresholds are percentages of the policy's quota: give it a quota (not -1)"}]}`)
+}
