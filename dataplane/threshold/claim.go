@@ -91,8 +91,12 @@ type RedisClaimer struct {
 	Reports bool
 }
 
-// maxReports caps the report list.
-const maxReports = 10_000
+// maxReports caps the report list; reportTTL is its expiry, renewed by
+// each event.
+const (
+	maxReports = 10_000
+	reportTTL  = 24 * time.Hour
+)
 
 // ReportKey is the Redis list of threshold events a data plane's quota
 // runner reports: <prefix>{gq}:thresholds, in the slot of the runner's
@@ -100,7 +104,8 @@ const maxReports = 10_000
 func ReportKey(prefix string) string { return prefix + "{gq}:thresholds" }
 
 // Record implements Recorder: with Reports set, it appends e (as a
-// lease.ThresholdEvent) to ReportKey, keeping the newest maxReports.
+// lease.ThresholdEvent) to ReportKey, keeping the newest 10,000, the
+// list expiring a day after its last event.
 func (r *RedisClaimer) Record(ctx context.Context, e Event) error {
 	if !r.Reports {
 		return nil
@@ -114,6 +119,8 @@ func (r *RedisClaimer) Record(ctx context.Context, e Event) error {
 	pipe := r.c.TxPipeline()
 	pipe.RPush(ctx, k, v)
 	pipe.LTrim(ctx, k, -maxReports, -1)
+	// Every key has a TTL: a list no runner reads goes in a day.
+	pipe.Expire(ctx, k, reportTTL)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("threshold: redis report: %w", err)
 	}
