@@ -258,7 +258,9 @@ func (n *Notifier) send(e Event) {
 	ok, err := n.o.Claimer.Claim(n.ctx, e.ID, e.PeriodEnd)
 	if err != nil {
 		n.failed.Add(1)
-		n.o.Logger.Warn("threshold webhook: claim failed; event not sent", "id", e.ID, "err", err)
+		if n.ctx.Err() == nil {
+			n.o.Logger.Warn("threshold webhook: claim failed; event not sent", "id", e.ID, "err", err)
+		}
 		n.report(e, fmt.Errorf("threshold: claim %s: %w", e.ID, err))
 		return
 	}
