@@ -249,6 +249,7 @@ const (
 	quotaEntryPrefix     = "e/"
 	quotaAnchorPrefix    = "a/"
 	quotaDataPlanePrefix = "d/"
+	quotaThresholdPrefix = "t/"
 )
 
 // slot is an entry key without its period start.
@@ -274,6 +275,13 @@ func (sl slot) key(start time.Time) lease.EntryKey {
 // consumerPrefix is the prefix of every entry id of consumer.
 func consumerPrefix(consumer string) string {
 	return quotaEntryPrefix + url.QueryEscape(consumer) + "|"
+}
+
+// thresholdPrefix is the prefix of the ids of consumer's threshold
+// events (lease.ThresholdEvent), each kept under its data plane and
+// event id.
+func thresholdPrefix(consumer string) string {
+	return quotaThresholdPrefix + url.QueryEscape(consumer) + "|"
 }
 
 // quotaAnchor is a slot's period anchor: the start and length of the
@@ -493,7 +501,7 @@ func (s *QuotaServer) Lease(ctx context.Context, req *syncpb.LeaseRequest) (*syn
 		s.o.Metrics.quotaCallRefused(codes.InvalidArgument)
 		return nil, status.Errorf(codes.InvalidArgument, "controlplane: quota: the body is not a lease.Batch in JSON: %v", err)
 	}
-	if n := len(b.Grants) + len(b.Reports); n > MaxLeaseBatch {
+	if n := len(b.Grants) + len(b.Reports) + len(b.Thresholds); n > MaxLeaseBatch {
 		s.o.Metrics.quotaCallRefused(codes.InvalidArgument)
 		return nil, status.Errorf(codes.InvalidArgument, "controlplane: quota: %d grant requests and reports in one batch, at most %d", n, MaxLeaseBatch)
 	}
@@ -532,10 +540,33 @@ func (s *QuotaServer) Lease(ctx context.Context, req *syncpb.LeaseRequest) (*syn
 	start := time.Now()
 	now := s.o.Now()
 	var res *batchResult
+	for i := range b.Thresholds {
+		ev := &b.Thresholds[i]
+		if ev.ID == "" || ev.Consumer == "" || ev.PeriodEnd.IsZero() {
+			s.o.Metrics.quotaCallRefused(codes.InvalidArgument)
+			return nil, status.Errorf(codes.InvalidArgument, "controlplane: quota: thresholds[%d] lacks its id, consumer or period end", i)
+		}
+		ev.DataPlane = group
+	}
 	err = s.ledger.UpdateQuota(ctx, func(tx QuotaTx) error {
 		var err error
-		res, err = s.apply(tx, now, group, items)
-		return err
+		if res, err = s.apply(tx, now, group, items); err != nil {
+			return err
+		}
+		for i := range b.Thresholds {
+			ev := &b.Thresholds[i]
+			v, err := json.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			// Kept as an entry is: max(Retention, 2 periods) after its end.
+			keep := s.keep(ev.PeriodEnd.Sub(ev.PeriodStart))
+			// Per data plane: each counts a quota that is not global on its
+			// own, so two may reach the same event.
+			tx.Put(thresholdPrefix(ev.Consumer)+url.QueryEscape(group)+"|"+ev.ID, QuotaRecord{Value: v, Expires: ev.PeriodEnd.Add(keep)})
+		}
+		res.answer.Thresholds = len(b.Thresholds)
+		return nil
 	})
 	s.o.Metrics.quotaWrite(time.Since(start))
 	if err != nil {

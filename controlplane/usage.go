@@ -1,9 +1,12 @@
 package controlplane
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/limitplane/limitplane/controlplane/quotaledger"
@@ -26,6 +29,24 @@ type Usage struct {
 	Entries []EntryUsage `json:"entries"`
 	// Totals sums every entry's totals.
 	Totals UsageTotals `json:"totals"`
+	// Thresholds are the quota thresholds the key reached, per API,
+	// policy, epoch and period (any quota, global or not: the data
+	// planes report them with their lease batches, asynchronously), by
+	// period start, API, policy and epoch; left out when none.
+	Thresholds []ThresholdUsage `json:"thresholds,omitempty"`
+}
+
+// ThresholdUsage is one quota period's thresholds reached.
+type ThresholdUsage struct {
+	API         string    `json:"api"`
+	Policy      string    `json:"policy"`
+	Epoch       uint64    `json:"epoch"`
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	// Reached are the thresholds reached, in percent, ascending.
+	Reached []int64 `json:"reached"`
+	// Events are their events, by threshold.
+	Events []lease.ThresholdEvent `json:"events"`
 }
 
 // EntryUsage is one ledger entry's use.
@@ -117,7 +138,53 @@ func (a *admin) keyUsage(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	if u.Thresholds, err = thresholdUsage(r.Context(), ls, u.Consumer); err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, u)
+}
+
+// thresholdUsage reads consumer's threshold events and groups them by
+// period; nil when there are none.
+func thresholdUsage(ctx context.Context, ls QuotaLedgerStore, consumer string) ([]ThresholdUsage, error) {
+	type period struct {
+		api, policy string
+		epoch       uint64
+		start       time.Time
+	}
+	by := map[period]*ThresholdUsage{}
+	err := ls.ScanQuota(ctx, thresholdPrefix(consumer), func(id string, rec QuotaRecord) error {
+		var ev lease.ThresholdEvent
+		if err := json.Unmarshal(rec.Value, &ev); err != nil {
+			return fmt.Errorf("controlplane: usage: threshold event %q: %w", id, err)
+		}
+		k := period{ev.API, ev.Policy, ev.Epoch, ev.PeriodStart.UTC()}
+		tu := by[k]
+		if tu == nil {
+			tu = &ThresholdUsage{API: ev.API, Policy: ev.Policy, Epoch: ev.Epoch, PeriodStart: k.start, PeriodEnd: ev.PeriodEnd.UTC()}
+			by[k] = tu
+		}
+		tu.Events = append(tu.Events, ev)
+		return nil
+	})
+	if err != nil || len(by) == 0 {
+		return nil, err
+	}
+	out := make([]ThresholdUsage, 0, len(by))
+	for _, tu := range by {
+		slices.SortFunc(tu.Events, func(a, b lease.ThresholdEvent) int { return cmp.Compare(a.Threshold, b.Threshold) })
+		for _, ev := range tu.Events {
+			if !slices.Contains(tu.Reached, ev.Threshold) {
+				tu.Reached = append(tu.Reached, ev.Threshold)
+			}
+		}
+		out = append(out, *tu)
+	}
+	slices.SortFunc(out, func(a, b ThresholdUsage) int {
+		return cmp.Or(a.PeriodStart.Compare(b.PeriodStart), cmp.Compare(a.API, b.API), cmp.Compare(a.Policy, b.Policy), cmp.Compare(a.Epoch, b.Epoch))
+	})
+	return out, nil
 }
 
 // dataPlaneUsage answers GET /api/usage/dataplanes:

@@ -117,8 +117,8 @@ type resolved struct {
 	prepared
 	ratePolicy, quotaPolicy string // "" where no policy set the limit
 	rateShadow, quotaShadow bool
-	// thresholds are the quota policy's (Policy.Thresholds), nil for
-	// none: one length check per request then.
+	// thresholds are the quota policy's (Policy.Thresholds) in
+	// ascending order, nil for none: one length check per request then.
 	thresholds []int64
 }
 
@@ -231,11 +231,24 @@ func (e *Engine) observeThresholds(c *Consumer, api string, r *resolved, epoch u
 	}
 	used := q.Limit - q.Remaining
 	before := used - cost
-	for _, pct := range r.thresholds {
-		units := (q.Limit*pct + 99) / 100
-		if before < units && units <= used {
-			e.opts.QuotaObserver.ObserveThreshold(c, ThresholdReached{API: api, Policy: r.quotaPolicy, Percent: pct, Units: units, Epoch: epoch, Quota: q})
+	units := func(pct int64) int64 { return (q.Limit*pct + 99) / 100 }
+	ts := r.thresholds
+	// The first threshold above what was spent before; units grow with
+	// the percentage.
+	lo, hi := 0, len(ts)
+	for lo < hi {
+		if m := int(uint(lo+hi) >> 1); units(ts[m]) <= before {
+			lo = m + 1
+		} else {
+			hi = m
 		}
+	}
+	for _, pct := range ts[lo:] {
+		u := units(pct)
+		if u > used {
+			break
+		}
+		e.opts.QuotaObserver.ObserveThreshold(c, ThresholdReached{API: api, Policy: r.quotaPolicy, Percent: pct, Units: u, Epoch: epoch, Quota: q})
 	}
 }
 
@@ -299,7 +312,10 @@ func (e *Engine) SetConfig(cfg Config) error {
 		}
 		if !p.Quota.IsZero() {
 			p.solo.quotaPolicy, p.solo.quotaShadow = p.ID, p.Shadow
-			p.solo.thresholds = slices.Clone(p.Thresholds)
+			if len(p.Thresholds) > 0 {
+				p.solo.thresholds = slices.Clone(p.Thresholds)
+				slices.Sort(p.solo.thresholds)
+			}
 		}
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = p

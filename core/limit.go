@@ -362,7 +362,9 @@ type Policy struct {
 	// Thresholds are percentages of the quota's Max (1 to 100, each
 	// once), e.g. [80, 100]: the request whose spend reaches one, in a
 	// quota period, is told to Options.QuotaObserver (ThresholdReached).
-	// They need a quota of the policy's own; none costs nothing.
+	// They need a quota of the policy's own, not Unlimited and not
+	// global (a data plane's decisions show its leases, not what every
+	// data plane spent); none costs nothing.
 	Thresholds []int64
 }
 
@@ -396,8 +398,8 @@ func (p *Policy) Validate() error {
 	if err := CheckThresholds(p.Thresholds); err != nil {
 		return fmt.Errorf("policy %q: %w", p.ID, err)
 	}
-	if len(p.Thresholds) > 0 && (p.Quota.IsZero() || p.Quota.Max == Unlimited) {
-		return fmt.Errorf("%w: policy %q: thresholds need a quota (not unlimited)", ErrInvalidLimit, p.ID)
+	if len(p.Thresholds) > 0 && (p.Quota.IsZero() || p.Quota.Max == Unlimited || p.Quota.Global.Mode != NotGlobal) {
+		return fmt.Errorf("%w: policy %q: thresholds need a quota (not unlimited, not global)", ErrInvalidLimit, p.ID)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/limitplane/limitplane/dataplane/threshold"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -72,6 +73,17 @@ type FollowOptions struct {
 	// then runs the data plane's QuotaRunner beside the agent (one is
 	// elected per data plane among the processes on that Redis), with the
 	// same Address, TLS, DialOptions, Group and Token, and Close stops it.
+
+	// ThresholdWebhook, when set, sends quota threshold events
+	// (policies' thresholds) to its URL: a threshold.Notifier is the
+	// engines' QuotaObserver, stopped by Close. Its Claimer defaults to
+	// the data plane's Redis (threshold.NewRedisClaimer, so the replicas
+	// send each event once) when Store is a Redis store or has one
+	// under it (made with FollowsControlPlane: the events also go to the
+	// control plane's usage, with the quota runner's reports), and its
+	// DataPlane to Group. nil: thresholds are not
+	// watched.
+	ThresholdWebhook *threshold.Options
 
 	// Persister keeps the last applied configuration, so that a member
 	// restarted while the control plane is down enforces it; nil means
@@ -161,8 +173,39 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 	default:
 		observer = decisions
 	}
+	var notifier *threshold.Notifier
+	if w := opts.ThresholdWebhook; w != nil {
+		o := *w
+		if o.Claimer == nil {
+			if rs := redisUnder(f.store); rs != nil {
+				rc := threshold.NewRedisClaimer(rs.Client(), rs.KeyPrefix())
+				// Reported to the control plane's usage by the quota
+				// runner, which runs over such a store.
+				rc.Reports = rs.FollowsControlPlane()
+				o.Claimer = rc
+			}
+		}
+		if o.DataPlane == "" {
+			o.DataPlane = opts.Group
+		}
+		if o.Logger == nil {
+			o.Logger = opts.Logger
+		}
+		n, err := threshold.New(o)
+		if err != nil {
+			f.closeAll()
+			return nil, fmt.Errorf("dataplane: follow: %w", err)
+		}
+		notifier = n
+		f.closers = append(f.closers, n.Close)
+	}
+	var quotaObserver core.QuotaObserver
+	if notifier != nil {
+		quotaObserver = notifier
+	}
 	cfg, err := live.New(live.Options{
 		Store:         f.store,
+		QuotaObserver: quotaObserver,
 		FailurePolicy: opts.FailurePolicy,
 		Fallback:      opts.Fallback,
 		StoreTimeout:  opts.StoreTimeout,
@@ -218,6 +261,9 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 	}
 	if !opts.DisableDecisionMetrics {
 		f.registry.MustRegister(decisions)
+	}
+	if notifier != nil {
+		f.registry.MustRegister(metrics.NewThresholds(metrics.Options{}, notifier.MetricStats))
 	}
 	f.registry.MustRegister(applies, metrics.NewSync(metrics.Options{}, func() metrics.SyncState {
 		s := a.Status()

@@ -280,6 +280,8 @@ type controlPlane struct {
 	mu     sync.Mutex
 	gs     *grpc.Server
 	served chan error
+	// quota, when set before Start, is served beside the sync server.
+	quota *controlplane.QuotaServer
 }
 
 // newControlPlane starts a control plane whose state is snap (its
@@ -334,6 +336,9 @@ func (cp *controlPlane) serve(lis net.Listener) {
 	defer cp.mu.Unlock()
 	cp.gs = grpc.NewServer()
 	syncpb.RegisterSyncServiceServer(cp.gs, cp.srv)
+	if cp.quota != nil {
+		syncpb.RegisterQuotaServiceServer(cp.gs, cp.quota)
+	}
 	cp.served = make(chan error, 1)
 	gs, served := cp.gs, cp.served
 	go func() { served <- gs.Serve(lis) }()

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/limitplane/limitplane/dataplane/threshold"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,9 @@ type QuotaRunnerOptions struct {
 	OnError func(error)
 }
 
+// maxThresholdsPerBatch bounds the threshold events one round sends.
+const maxThresholdsPerBatch = 100
+
 // QuotaRunner is a data plane's lease holder for its global quotas (issue
 // 22): elected among the data plane's processes through its Redis with a
 // fencing token (an INCR counter), as the DRL's allocator is, it keeps one
@@ -76,16 +80,19 @@ type QuotaRunnerOptions struct {
 // takes over restores every holder from Redis under its own, higher token.
 // No request waits on it: a Take spends what Redis holds.
 type QuotaRunner struct {
-	o       QuotaRunnerOptions
-	addrs   []string
-	prefix  string
-	active  string
-	leaseK  string
-	fenceK  string
-	mu      sync.Mutex
-	token   uint64
-	rounds  uint64
-	elected bool
+	o      QuotaRunnerOptions
+	addrs  []string
+	prefix string
+	active string
+	leaseK string
+	fenceK string
+	// thresholdK is the list of threshold events to report
+	// (threshold.ReportKey).
+	thresholdK string
+	mu         sync.Mutex
+	token      uint64
+	rounds     uint64
+	elected    bool
 }
 
 // NewQuotaRunner checks o and returns a runner; Run runs it.
@@ -120,6 +127,7 @@ func NewQuotaRunner(o QuotaRunnerOptions) (*QuotaRunner, error) {
 	r.active = redisstore.GlobalActiveKey(r.prefix)
 	r.leaseK = r.prefix + "{gq}:lease"
 	r.fenceK = r.prefix + "{gq}:fence"
+	r.thresholdK = threshold.ReportKey(r.prefix)
 	return r, nil
 }
 
@@ -484,6 +492,7 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 	// Poll, persist (requests in flight must be in Redis before they are
 	// sent, so a successor resends them under their IDs), send.
 	var batch lease.Batch
+	sentThresholds := 0
 	for _, s := range slots {
 		if s.old != nil {
 			g, rep := s.old.Poll(now)
@@ -515,11 +524,28 @@ func (r *QuotaRunner) round(ctx context.Context, cl *quotaClient, slots map[stri
 	for k, s := range slots {
 		held[k] = leaseIDs(s)
 	}
-	if len(batch.Grants)+len(batch.Reports) > 0 {
+	// Threshold events the data plane's members claimed (threshold's
+	// report list), oldest first; the list is trimmed once the control
+	// plane kept them (only this runner trims, members only append).
+	if raw, err := r.o.Client.LRange(ctx, r.thresholdK, 0, maxThresholdsPerBatch-1).Result(); err != nil {
+		r.fail(fmt.Errorf("dataplane: quota runner: threshold events: %w", err))
+	} else {
+		for _, v := range raw {
+			var ev lease.ThresholdEvent
+			if json.Unmarshal([]byte(v), &ev) == nil {
+				batch.Thresholds = append(batch.Thresholds, ev)
+			}
+		}
+		sentThresholds = len(raw)
+	}
+	if len(batch.Grants)+len(batch.Reports)+sentThresholds > 0 {
 		ans, err := cl.lease(ctx, batch)
 		if err != nil {
 			r.fail(err)
 		} else {
+			if sentThresholds > 0 {
+				r.o.Client.LTrim(ctx, r.thresholdK, int64(sentThresholds), -1)
+			}
 			after := now
 			if tm2, err := r.o.Client.Time(ctx).Result(); err == nil {
 				after = tm2

@@ -101,7 +101,7 @@ type Policy struct {
 	// the endpoint's own policies there, on the same counters.
 	Endpoints []PolicyEndpoint `json:"endpoints,omitempty"`
 	// Thresholds are percentages of the policy's quota (1 to 100, each
-	// once; the quota must be set and not -1), e.g. [80, 100]: a data
+	// once; the quota must be set, not -1 and not global), e.g. [80, 100]: a data
 	// plane sends one event per key, scope, threshold and quota period
 	// to its threshold webhook when the key's spend reaches one
 	// (core.Policy.Thresholds).

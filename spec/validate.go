@@ -500,8 +500,11 @@ func (v *validator) thresholds(at string, p *Policy) {
 	if len(p.Thresholds) == 0 {
 		return
 	}
-	if p.Quota == nil || p.Quota.Max == core.Unlimited {
+	switch {
+	case p.Quota == nil || p.Quota.Max == core.Unlimited:
 		v.fail(at+".thresholds", "thresholds are percentages of the policy's quota: give it a quota (not -1)")
+	case p.Quota.Global != nil:
+		v.fail(at+".thresholds", "not counted for a global quota (a data plane sees only its leases, not what every data plane spent)")
 	}
 	first := map[int64]int{}
 	for j, t := range p.Thresholds {

@@ -229,6 +229,30 @@ type ReportAck struct {
 type Batch struct {
 	Grants  []GrantRequest `json:"grants,omitempty"`
 	Reports []Report       `json:"reports,omitempty"`
+	// Thresholds are quota thresholds the data plane's requests reached
+	// (issue 23's threshold events, package dataplane/threshold), for the
+	// control plane's usage; each is kept once by ID, so a repeat
+	// changes nothing.
+	Thresholds []ThresholdEvent `json:"thresholds,omitempty"`
+}
+
+// ThresholdEvent is one quota threshold reached: the request of
+// Consumer whose spend reached Threshold percent of Policy's quota on
+// API, in the period [PeriodStart, PeriodEnd) of quota epoch Epoch.
+type ThresholdEvent struct {
+	// ID is the event's deterministic id (threshold.EventID).
+	ID string `json:"id"`
+	// DataPlane is the data plane whose request reached it; the control
+	// plane sets it to the call's group.
+	DataPlane   string    `json:"data_plane"`
+	Consumer    string    `json:"consumer"`
+	API         string    `json:"api"`
+	Policy      string    `json:"policy"`
+	Threshold   int64     `json:"threshold"`
+	Epoch       uint64    `json:"epoch"`
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	At          time.Time `json:"at"`
 }
 
 // BatchAnswer answers a Batch: for each grant request a Grant or a
@@ -237,6 +261,9 @@ type BatchAnswer struct {
 	Grants   []Grant     `json:"grants,omitempty"`
 	Acks     []ReportAck `json:"acks,omitempty"`
 	Refusals []Refused   `json:"refusals,omitempty"`
+	// Thresholds is how many of the batch's Thresholds are kept (all of
+	// them, or none when the call fails).
+	Thresholds int `json:"thresholds,omitempty"`
 }
 
 // Refused is the ledger's refusal of one grant request (Request set) or

@@ -1,8 +1,11 @@
 package threshold
 
 import (
+	"encoding/json"
+
 	"context"
 	"fmt"
+	"github.com/limitplane/limitplane/dataplane/lease"
 	"sync"
 	"time"
 
@@ -79,6 +82,49 @@ func (m *MemoryClaimer) Len() int {
 type RedisClaimer struct {
 	c      redis.UniversalClient
 	prefix string
+	// Reports, when set, also appends each event claimed to the data
+	// plane's report list (ReportKey), which its quota runner
+	// (dataplane.QuotaRunner, run with a control plane) sends to the
+	// control plane's usage and trims. Set it only where a runner runs:
+	// the list is capped (maxReports, the oldest dropped) but read by
+	// nothing else.
+	Reports bool
+}
+
+// maxReports caps the report list; reportTTL is its expiry, renewed by
+// each event.
+const (
+	maxReports = 10_000
+	reportTTL  = 24 * time.Hour
+)
+
+// ReportKey is the Redis list of threshold events a data plane's quota
+// runner reports: <prefix>{gq}:thresholds, in the slot of the runner's
+// other keys.
+func ReportKey(prefix string) string { return prefix + "{gq}:thresholds" }
+
+// Record implements Recorder: with Reports set, it appends e (as a
+// lease.ThresholdEvent) to ReportKey, keeping the newest 10,000, the
+// list expiring a day after its last event.
+func (r *RedisClaimer) Record(ctx context.Context, e Event) error {
+	if !r.Reports {
+		return nil
+	}
+	v, err := json.Marshal(lease.ThresholdEvent{ID: e.ID, DataPlane: e.DataPlane, Consumer: e.Consumer, API: e.API, Policy: e.Policy,
+		Threshold: e.Threshold, Epoch: e.Epoch, PeriodStart: e.PeriodStart, PeriodEnd: e.PeriodEnd, At: e.At})
+	if err != nil {
+		return err
+	}
+	k := ReportKey(r.prefix)
+	pipe := r.c.TxPipeline()
+	pipe.RPush(ctx, k, v)
+	pipe.LTrim(ctx, k, -maxReports, -1)
+	// Every key has a TTL: a list no runner reads goes in a day.
+	pipe.Expire(ctx, k, reportTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("threshold: redis report: %w", err)
+	}
+	return nil
 }
 
 // NewRedisClaimer returns a Claimer on c; prefix is the store's key

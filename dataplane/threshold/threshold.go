@@ -26,6 +26,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/metrics"
 )
 
 // SignatureHeader carries an event's signature: "sha256=" and the hex
@@ -71,6 +72,13 @@ type Event struct {
 type Claimer interface {
 	Claim(ctx context.Context, id string, until time.Time) (bool, error)
 	Release(ctx context.Context, id string) error
+}
+
+// Recorder is implemented by a Claimer that also keeps each event it
+// claimed for a report (RedisClaimer with Reports: the control plane's
+// usage). Record is called once per event claimed, before it is sent.
+type Recorder interface {
+	Record(ctx context.Context, e Event) error
 }
 
 // Options configure a Notifier.
@@ -119,7 +127,7 @@ type Stats struct {
 // webhook. Close stops it.
 type Notifier struct {
 	o      Options
-	queue  chan Event
+	queue  chan reached
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -160,28 +168,44 @@ func New(o Options) (*Notifier, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	n := &Notifier{o: o, queue: make(chan Event, o.Queue), done: make(chan struct{})}
+	n := &Notifier{o: o, queue: make(chan reached, o.Queue), done: make(chan struct{})}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	go n.run()
 	return n, nil
 }
 
-// ObserveThreshold implements core.QuotaObserver: it makes the event and
-// queues it, or drops it when the queue is full. It never blocks.
+// ObserveThreshold implements core.QuotaObserver: it queues what the
+// event is made of (the event itself, its id hashed, is made by the
+// sending goroutine), or drops it when the queue is full. It never
+// blocks and allocates nothing.
 func (n *Notifier) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
-	now := n.o.Now()
-	end := now.Add(t.Quota.ResetAfter).Round(time.Second)
-	start := end.Add(-t.Quota.Window)
-	e := Event{Consumer: c.ID, API: t.API, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
-		Used: t.Quota.Limit - t.Quota.Remaining, Quota: t.Quota.Limit, Epoch: t.Epoch,
-		PeriodStart: start.UTC(), PeriodEnd: end.UTC(), DataPlane: n.o.DataPlane, At: now.UTC()}
-	e.ID = EventID(e.Consumer, e.API, e.Policy, e.Threshold, start, e.Epoch)
 	select {
-	case n.queue <- e:
+	case n.queue <- reached{consumer: c.ID, t: t, at: n.o.Now()}:
 		n.queued.Add(1)
 	default:
 		n.dropped.Add(1)
 	}
+}
+
+// reached is a queued threshold.
+type reached struct {
+	consumer string
+	t        core.ThresholdReached
+	at       time.Time
+}
+
+// event makes r's Event: the period's end is the time of the request
+// plus the quota's ResetAfter, to the second (so every process computes
+// the same from its own clock), its start that less the renewal.
+func (n *Notifier) event(r reached) Event {
+	t := r.t
+	end := r.at.Add(t.Quota.ResetAfter).Round(time.Second)
+	start := end.Add(-t.Quota.Window)
+	e := Event{Consumer: r.consumer, API: t.API, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
+		Used: t.Quota.Limit - t.Quota.Remaining, Quota: t.Quota.Limit, Epoch: t.Epoch,
+		PeriodStart: start.UTC(), PeriodEnd: end.UTC(), DataPlane: n.o.DataPlane, At: r.at.UTC()}
+	e.ID = EventID(e.Consumer, e.API, e.Policy, e.Threshold, start, e.Epoch)
+	return e
 }
 
 // EventID returns the id of the event of consumer reaching percent of
@@ -202,6 +226,12 @@ func (n *Notifier) Stats() Stats {
 		Duplicates: n.duplicates.Load(), Failed: n.failed.Load()}
 }
 
+// MetricStats returns Stats as metrics.NewThresholds reads them.
+func (n *Notifier) MetricStats() metrics.ThresholdStats {
+	s := n.Stats()
+	return metrics.ThresholdStats{Queued: s.Queued, Dropped: s.Dropped, Delivered: s.Delivered, Duplicates: s.Duplicates, Failed: s.Failed}
+}
+
 // Close stops the sending goroutine: an attempt in flight is cancelled,
 // events still queued are not sent. It waits for the goroutine to end.
 func (n *Notifier) Close() error {
@@ -216,8 +246,8 @@ func (n *Notifier) run() {
 		select {
 		case <-n.ctx.Done():
 			return
-		case e := <-n.queue:
-			n.send(e)
+		case r := <-n.queue:
+			n.send(n.event(r))
 		}
 	}
 }
@@ -228,13 +258,20 @@ func (n *Notifier) send(e Event) {
 	ok, err := n.o.Claimer.Claim(n.ctx, e.ID, e.PeriodEnd)
 	if err != nil {
 		n.failed.Add(1)
-		n.o.Logger.Warn("threshold webhook: claim failed; event not sent", "id", e.ID, "err", err)
+		if n.ctx.Err() == nil {
+			n.o.Logger.Warn("threshold webhook: claim failed; event not sent", "id", e.ID, "err", err)
+		}
 		n.report(e, fmt.Errorf("threshold: claim %s: %w", e.ID, err))
 		return
 	}
 	if !ok {
 		n.duplicates.Add(1)
 		return
+	}
+	if rec, ok := n.o.Claimer.(Recorder); ok {
+		if err := rec.Record(n.ctx, e); err != nil {
+			n.o.Logger.Warn("threshold webhook: the event is not reported to the control plane", "id", e.ID, "err", err)
+		}
 	}
 	body, err := json.Marshal(e)
 	if err != nil {
@@ -250,7 +287,9 @@ func (n *Notifier) send(e Event) {
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(n.o.RetryFor))
 	if err != nil {
 		n.failed.Add(1)
-		n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "err", err)
+		if n.ctx.Err() == nil {
+			n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "err", err)
+		}
 		// Another crossing of the same event (after a refund) may try again.
 		rctx, cancel := context.WithTimeout(context.Background(), n.o.Timeout)
 		n.o.Claimer.Release(rctx, e.ID)

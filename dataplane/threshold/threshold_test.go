@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -247,5 +248,32 @@ func TestFullQueueDrops(t *testing.T) {
 	n.Close()
 	if got, _ := rcv.events(); len(got) != 2 {
 		t.Fatalf("received %q", got)
+	}
+}
+
+// TestPermanentRefusal: a receiver answering 400 is not retried: the
+// event is counted failed after one attempt and its claim released, so
+// the same event observed again is sent again.
+func TestPermanentRefusal(t *testing.T) {
+	rcv := newReceiver(t, 400, 400)
+	claims := threshold.NewMemoryClaimer(0, nil)
+	n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, Claimer: claims, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	c := &core.Consumer{ID: "key:a"}
+	tr := core.ThresholdReached{API: "shop", Policy: "q", Percent: 100, Units: 10, Quota: core.Status{Limit: 10, Window: time.Hour, ResetAfter: time.Hour}}
+	n.ObserveThreshold(c, tr)
+	waitFor(t, "the failure", func() bool { return n.Stats().Failed == 1 })
+	if _, a := rcv.events(); a != 1 || claims.Len() != 0 {
+		t.Fatalf("%d attempts, %d claims held; want 1 and 0", a, claims.Len())
+	}
+	n.ObserveThreshold(c, tr)
+	waitFor(t, "the failure", func() bool { return n.Stats().Failed == 2 })
+	n.ObserveThreshold(c, tr)
+	waitFor(t, "the delivery", func() bool { return n.Stats().Delivered == 1 })
+	if got, a := rcv.events(); a != 3 || len(got) != 1 {
+		t.Fatalf("%q in %d attempts", got, a)
 	}
 }

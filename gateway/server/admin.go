@@ -80,24 +80,8 @@ func (m *opsMetrics) registerDRL(s *drl.Store) {
 	m.registry.MustRegister(metrics.NewDRL(metrics.Options{}, s.Stats))
 }
 
-// registerThresholds adds limitplane_threshold_events_total{outcome}: the
-// threshold webhook's events queued, dropped (the queue full),
-// delivered, duplicate (claimed elsewhere) and failed (given up).
+// registerThresholds adds limitplane_threshold_events_total{outcome}
+// (metrics.Thresholds) for the threshold webhook's notifier.
 func (m *opsMetrics) registerThresholds(n *threshold.Notifier) {
-	for _, o := range []struct {
-		name string
-		get  func(threshold.Stats) int64
-	}{
-		{"queued", func(s threshold.Stats) int64 { return s.Queued }},
-		{"dropped", func(s threshold.Stats) int64 { return s.Dropped }},
-		{"delivered", func(s threshold.Stats) int64 { return s.Delivered }},
-		{"duplicate", func(s threshold.Stats) int64 { return s.Duplicates }},
-		{"failed", func(s threshold.Stats) int64 { return s.Failed }},
-	} {
-		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "limitplane_threshold_events_total",
-			Help:        "Quota threshold events by outcome: queued, dropped (queue full), delivered, duplicate (claimed already), failed (retries given up).",
-			ConstLabels: prometheus.Labels{"outcome": o.name},
-		}, func() float64 { return float64(o.get(n.Stats())) }))
-	}
+	m.registry.MustRegister(metrics.NewThresholds(metrics.Options{}, n.MetricStats))
 }

@@ -97,7 +97,11 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			exact = ds.Exact()
 		}
 		if rs, ok := exact.(*redisstore.Store); ok {
-			claimer = threshold.NewRedisClaimer(rs.Client(), rs.KeyPrefix())
+			rc := threshold.NewRedisClaimer(rs.Client(), rs.KeyPrefix())
+			// The data plane's quota runner (beside the agent) reports
+			// them to the control plane's usage.
+			rc.Reports = cfg.ControlPlane != nil
+			claimer = rc
 		}
 		dp := ""
 		if cfg.ControlPlane != nil {
