@@ -586,7 +586,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"  PUT/GET/DELETE /api/policies/{id}, /api/apis/{id}, /api/keys/{hash}; POST /api/keys, /api/keys:batch, /api/keys/{hash}/reset-quota;\n"+
 		"  GET /api/export, POST /api/import (the whole state);\n"+
 		"  GET /api/revision, /api/dataplanes (DELETE /api/dataplanes/{id}), /api/policies, /api/apis, /api/keys?after=&limit=;\n"+
-		"  GET /api/usage/keys/{hash}, /api/usage/dataplanes (global quotas' ledger)\n", scheme, ln.Addr(), where, rev)
+		"  GET /api/usage/keys/{hash}, /api/usage/dataplanes (global quotas' ledger, threshold events)\n", scheme, ln.Addr(), where, rev)
 
 	var failed error
 	httpDone := false
