@@ -168,7 +168,16 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 	fs := flag.NewFlagSet("limitplane-gateway", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
-	configFile := fs.String("config", "", "YAML configuration `file` (default: the built-in demo config)")
+	// -config "" is refused, not taken for the demo: a deploy script's
+	// unset variable (-config "$CONFIG") must not start the demo's keys.
+	var configFile string
+	fs.Func("config", "YAML configuration `file` (default: the built-in demo config)", func(s string) error {
+		if s == "" {
+			return errors.New("empty file name (leave -config out for the built-in demo)")
+		}
+		configFile = s
+		return nil
+	})
 	var listen string
 	// A bad address is a bad flag value: the flag package reports it with
 	// the usage, as it does an unknown flag.
@@ -196,10 +205,10 @@ func run(ctx context.Context, args []string, e env) error {
 
 	var cfg *config.Config
 	var err error
-	if *configFile == "" {
+	if configFile == "" {
 		cfg, err = config.Parse(demoName, demoYAML)
 	} else {
-		cfg, err = config.Load(*configFile)
+		cfg, err = config.Load(configFile)
 	}
 	if errs := (config.Errors{}); errors.As(err, &errs) {
 		return fmt.Errorf("invalid configuration, not starting:\n%w", err)
@@ -214,7 +223,7 @@ func run(ctx context.Context, args []string, e env) error {
 	redis.SetLogger(rl)
 	defer rl.Close()
 	srv, err := server.Open(ctx, server.Options{
-		ConfigPath:   *configFile,
+		ConfigPath:   configFile,
 		Config:       cfg,
 		Listen:       listen,
 		Logger:       log,
@@ -231,7 +240,7 @@ func run(ctx context.Context, args []string, e env) error {
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
-	printBanner(e.stdout, srv.URL(), srv.AdminURL(), srv.Config(), *configFile, srv.PersistedIn())
+	printBanner(e.stdout, srv.URL(), srv.AdminURL(), srv.Config(), configFile, srv.PersistedIn())
 
 	for done := false; !done; {
 		select {

@@ -134,8 +134,8 @@ func TestRunRefuses(t *testing.T) {
 }
 
 // TestExitStatus runs the gateway as a process: a command-line mistake (an
-// unknown flag, a bad -listen, a stray argument) is printed once, with the
-// usage, and exits 2 (the flag package's convention), -h exits 0, a
+// unknown flag, a bad -listen, a stray argument, an empty -config that must
+// not start the demo) is printed once, with the usage, and exits 2 (the flag package's convention), -h exits 0, a
 // configuration error exits 1, and SIGTERM shuts a running gateway down
 // with status 0.
 func TestExitStatus(t *testing.T) {
@@ -155,6 +155,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"demo.yaml"}, 2, `unexpected argument "demo.yaml"` + "\n" + usage},
 		{[]string{"-listen", "8080", "-config", missing}, 2, `invalid value "8080" for flag -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)` + "\n" + usage},
 		{[]string{"-config", missing, "-listen", "8080"}, 2, `invalid value "8080" for flag -listen: "8080" is not host:port (like 127.0.0.1:8080 or :8080)` + "\n" + usage},
+		{[]string{"-config", ""}, 2, `invalid value "" for flag -config: empty file name (leave -config out for the built-in demo)` + "\n" + usage},
 		{[]string{"-h"}, 0, usage},
 		{[]string{"-config", missing}, 1, "gateway: config: open " + missing + ": no such file or directory\n"},
 	} {
