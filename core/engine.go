@@ -192,7 +192,9 @@ type Options struct {
 // QuotaObserver is told of quota thresholds reached (Options.QuotaObserver).
 // ObserveThreshold is called on the request path, once for each threshold
 // the request's spend reaches: it must not block (queue the event) and
-// must be safe for concurrent use.
+// must be safe for concurrent use. c, with its ID, may be memory the
+// caller reuses once the decision returns (an adapter's pooled consumer):
+// an observer copies what it keeps.
 type QuotaObserver interface {
 	ObserveThreshold(c *Consumer, t ThresholdReached)
 }

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,10 @@ type Options struct {
 	// from 100 ms, at most 10 s apart); default 1 min. An event not
 	// delivered by then is counted failed and its claim released.
 	RetryFor time.Duration
+	// Senders is how many events are sent at once; default 4. An event
+	// whose receiver does not answer holds one sender for up to
+	// RetryFor, not the events behind it.
+	Senders int
 	// Claimer claims event ids; nil means an in-process set (NewMemoryClaimer
 	// with its default bound): one process sends each event once.
 	// Gateways sharing a Redis use NewRedisClaimer on it.
@@ -116,7 +121,8 @@ type Options struct {
 
 // Stats count a Notifier's events since it started.
 type Stats struct {
-	// Queued events were taken into the queue; Dropped found it full.
+	// Queued events were taken into the queue; Dropped found it full,
+	// or were still in it when the Notifier closed.
 	Queued, Dropped int64
 	// Delivered were answered 2xx; Duplicates were claimed by another
 	// process (or before) and not sent; Failed were given up.
@@ -130,7 +136,7 @@ type Notifier struct {
 	queue  chan reached
 	ctx    context.Context
 	cancel context.CancelFunc
-	done   chan struct{}
+	wg     sync.WaitGroup
 	once   sync.Once
 
 	queued, dropped, delivered, duplicates, failed atomic.Int64
@@ -138,8 +144,8 @@ type Notifier struct {
 
 var _ core.QuotaObserver = (*Notifier)(nil)
 
-// New starts a Notifier: one goroutine sending queued events, stopped by
-// Close.
+// New starts a Notifier: Options.Senders goroutines sending queued
+// events, stopped by Close.
 func New(o Options) (*Notifier, error) {
 	if o.URL == "" {
 		return nil, errors.New("threshold: no webhook URL")
@@ -156,6 +162,9 @@ func New(o Options) (*Notifier, error) {
 	if o.RetryFor <= 0 {
 		o.RetryFor = time.Minute
 	}
+	if o.Senders <= 0 {
+		o.Senders = 4
+	}
 	if o.Claimer == nil {
 		o.Claimer = NewMemoryClaimer(0, o.Now)
 	}
@@ -168,19 +177,23 @@ func New(o Options) (*Notifier, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	n := &Notifier{o: o, queue: make(chan reached, o.Queue), done: make(chan struct{})}
+	n := &Notifier{o: o, queue: make(chan reached, o.Queue)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	go n.run()
+	n.wg.Add(o.Senders)
+	for range o.Senders {
+		go n.run()
+	}
 	return n, nil
 }
 
 // ObserveThreshold implements core.QuotaObserver: it queues what the
 // event is made of (the event itself, its id hashed, is made by the
 // sending goroutine), or drops it when the queue is full. It never
-// blocks and allocates nothing.
+// blocks; it copies the consumer's ID, which may be in memory the caller
+// reuses (an adapter's pooled consumer), its one allocation.
 func (n *Notifier) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
 	select {
-	case n.queue <- reached{consumer: c.ID, t: t, at: n.o.Now()}:
+	case n.queue <- reached{consumer: strings.Clone(c.ID), t: t, at: n.o.Now()}:
 		n.queued.Add(1)
 	default:
 		n.dropped.Add(1)
@@ -232,21 +245,46 @@ func (n *Notifier) MetricStats() metrics.ThresholdStats {
 	return metrics.ThresholdStats{Queued: s.Queued, Dropped: s.Dropped, Delivered: s.Delivered, Duplicates: s.Duplicates, Failed: s.Failed}
 }
 
-// Close stops the sending goroutine: an attempt in flight is cancelled,
-// events still queued are not sent. It waits for the goroutine to end.
+// Close stops the senders: an attempt in flight is cancelled, and events
+// still queued are not sent: they are counted dropped and logged. It waits
+// for the senders to end.
 func (n *Notifier) Close() error {
-	n.once.Do(n.cancel)
-	<-n.done
+	n.once.Do(func() {
+		n.cancel()
+		n.wg.Wait()
+		left := 0
+		for {
+			select {
+			case <-n.queue:
+				left++
+				continue
+			default:
+			}
+			break
+		}
+		if left > 0 {
+			n.dropped.Add(int64(left))
+			n.o.Logger.Warn("threshold webhook: closed with events not sent", "events", left)
+		}
+	})
+	n.wg.Wait()
 	return nil
 }
 
 func (n *Notifier) run() {
-	defer close(n.done)
+	defer n.wg.Done()
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case r := <-n.queue:
+			if n.ctx.Err() != nil {
+				// Closed while both were ready: not sent, as those
+				// Close finds queued.
+				n.dropped.Add(1)
+				n.o.Logger.Warn("threshold webhook: closed with events not sent", "events", 1)
+				return
+			}
 			n.send(n.event(r))
 		}
 	}
@@ -282,13 +320,22 @@ func (n *Notifier) send(e Event) {
 	sig := Sign(n.o.Secret, body)
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 10*time.Second
+	attempts := 0
 	_, err = backoff.Retry(n.ctx, func() (struct{}, error) {
-		return struct{}{}, n.post(body, sig, e.ID)
+		err := n.post(body, sig, e.ID)
+		if attempts++; err != nil && attempts == 1 && n.ctx.Err() == nil {
+			// Said once per event, at once: a receiver that is down
+			// shows before RetryFor runs out.
+			n.o.Logger.Warn("threshold webhook: attempt failed; retrying", "id", e.ID, "consumer", e.Consumer, "api", e.API,
+				"policy", e.Policy, "threshold", e.Threshold, "retry_for", n.o.RetryFor, "err", err)
+		}
+		return struct{}{}, err
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(n.o.RetryFor))
 	if err != nil {
 		n.failed.Add(1)
 		if n.ctx.Err() == nil {
-			n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "err", err)
+			n.o.Logger.Warn("threshold webhook: event not delivered", "id", e.ID, "consumer", e.Consumer, "api", e.API,
+				"policy", e.Policy, "threshold", e.Threshold, "attempts", attempts, "err", err)
 		}
 		// Another crossing of the same event (after a refund) may try again.
 		rctx, cancel := context.WithTimeout(context.Background(), n.o.Timeout)

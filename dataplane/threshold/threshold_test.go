@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
@@ -213,7 +215,7 @@ func TestTwoGatewaysOneRedis(t *testing.T) {
 func TestFullQueueDrops(t *testing.T) {
 	rcv := newReceiver(t)
 	rcv.gate = make(chan struct{})
-	n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, Queue: 1})
+	n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, Queue: 1, Senders: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,5 +277,107 @@ func TestPermanentRefusal(t *testing.T) {
 	waitFor(t, "the delivery", func() bool { return n.Stats().Delivered == 1 })
 	if got, a := rcv.events(); a != 3 || len(got) != 1 {
 		t.Fatalf("%q in %d attempts", got, a)
+	}
+}
+
+// gatedReceiver answers 200 to every event at once, except those of
+// consumer stuck, which wait for release; stuckAt counts the attempts of
+// those that arrived.
+func gatedReceiver(t *testing.T, stuck string, release chan struct{}) (srv *httptest.Server, got func() []string, stuckAt *atomic.Int64) {
+	var mu sync.Mutex
+	var events []string
+	stuckAt = new(atomic.Int64)
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var e threshold.Event
+		if err := json.NewDecoder(req.Body).Decode(&e); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if e.Consumer == stuck {
+			stuckAt.Add(1)
+			<-release
+		}
+		mu.Lock()
+		events = append(events, fmt.Sprintf("%s %d%%", e.Consumer, e.Threshold))
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(events)
+	}, stuckAt
+}
+
+// reach spends 8 of q's 10 for consumer: its 80 % threshold.
+func reach(t *testing.T, e *core.Engine, consumer string) {
+	t.Helper()
+	c := &core.Consumer{ID: consumer, Policies: []string{"q"}}
+	for range 8 {
+		if d, err := e.Decide(context.Background(), c, "shop", 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v, %v", consumer, d, err)
+		}
+	}
+}
+
+// TestStuckReceiverHoldsOneSender: an event whose receiver does not answer
+// holds one sender, not the events behind it; the consumer's ID is copied
+// when the threshold is observed, so a caller may reuse its memory.
+func TestStuckReceiverHoldsOneSender(t *testing.T) {
+	release := make(chan struct{})
+	srv, got, stuckAt := gatedReceiver(t, "key:stuck", release)
+	defer close(release) // before the server's Close, which waits for handlers
+	n, err := threshold.New(threshold.Options{URL: srv.URL, Secret: secret, Senders: 2, Timeout: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	e, err := core.NewEngine(store, core.Config{Policies: policies()}, core.Options{QuotaObserver: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reach(t, e, "key:stuck")
+	waitFor(t, "the stuck event at the receiver", func() bool { return stuckAt.Load() == 1 })
+	// A consumer whose ID is in a buffer reused once Decide returns, as
+	// an adapter's pooled consumer is.
+	buf := []byte("key:other")
+	reach(t, e, unsafe.String(unsafe.SliceData(buf), len(buf)))
+	copy(buf, "XXXXXXXXX")
+	reach(t, e, "key:third")
+	waitFor(t, "2 events past the stuck one", func() bool { return len(got()) == 2 })
+	g := got()
+	sort.Strings(g)
+	if fmt.Sprint(g) != "[key:other 80% key:third 80%]" {
+		t.Fatalf("received %q", g)
+	}
+}
+
+// TestCloseCountsQueued: events still queued when the Notifier closes are
+// counted dropped; the one being sent is cancelled and counted failed.
+func TestCloseCountsQueued(t *testing.T) {
+	release := make(chan struct{})
+	srv, _, stuckAt := gatedReceiver(t, "key:a", release)
+	defer close(release)
+	n, err := threshold.New(threshold.Options{URL: srv.URL, Secret: secret, Senders: 1, Timeout: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	e, err := core.NewEngine(store, core.Config{Policies: policies()}, core.Options{QuotaObserver: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reach(t, e, "key:a")
+	waitFor(t, "key:a's event at the receiver", func() bool { return stuckAt.Load() == 1 })
+	reach(t, e, "key:b")
+	reach(t, e, "key:c")
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s := n.Stats(); s != (threshold.Stats{Queued: 3, Dropped: 2, Failed: 1}) {
+		t.Fatalf("stats %+v, want 3 queued, 2 dropped, 1 failed", s)
 	}
 }
