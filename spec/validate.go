@@ -528,11 +528,31 @@ func (v *validator) costHeader(at string, a *API) {
 	case a.CostHeader == "":
 	case !validHeaderName(a.CostHeader):
 		v.fail(at+".cost_header", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", a.CostHeader)
+	case credentialHeader(a.CostHeader):
+		v.fail(at+".cost_header", "%q carries credentials (API keys, tokens, cookies): a cost header of its own, like X-Cost", a.CostHeader)
 	case a.MaxCost == nil:
 		v.missing(at+".max_cost", "missing (the largest cost cost_header may ask, 1 to 2^53 − 1)")
 	case *a.MaxCost < 1 || *a.MaxCost > core.MaxCost:
 		v.fail(at+".max_cost", "%d: a cost is 1 to 2^53 − 1", *a.MaxCost)
 	}
+}
+
+// credentialHeader reports whether name (in any case) is a header a
+// limitplane authenticator reads credentials from (identity's default
+// sources for API keys and JWTs) or Cookie: a cost read from it would
+// refuse every valid key that is not a number, and count a numeric one.
+func credentialHeader(name string) bool {
+	if strings.EqualFold(name, "Cookie") {
+		return true
+	}
+	for _, src := range [][]identity.Source{identity.DefaultKeySources(), identity.DefaultJWTSources()} {
+		for _, s := range src {
+			if s.In == identity.InHeader && strings.EqualFold(s.Name, name) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // validHeaderName reports whether s is an HTTP field name (RFC 9110's
