@@ -201,7 +201,9 @@ func newQuotaRunner(cfg *config.Config, store core.Store, o Options) (*dataplane
 	cp := cfg.ControlPlane
 	log := o.Logger
 	if cp != nil && !ok && log != nil {
-		log.Warn("global quotas need a Redis store: with the in-process store this gateway counts a quota marked global on its own, so the gateways of its data plane together admit up to max each",
+		// Info, not a warning: nothing is wrong unless the control plane
+		// marks a quota global, which this gateway cannot know yet.
+		log.Info("should the control plane mark a quota global: with the in-process store this gateway counts it as its own quota (global quotas need a Redis store)",
 			"store", cfg.RedactedStore())
 	}
 	if !ok || cp == nil || !rs.FollowsControlPlane() {

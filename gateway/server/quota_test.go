@@ -87,7 +87,7 @@ control_plane:
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	const want = `level=WARN msg="global quotas need a Redis store: with the in-process store this gateway counts a quota marked global on its own, so the gateways of its data plane together admit up to max each" store=memory`
+	const want = `level=INFO msg="should the control plane mark a quota global: with the in-process store this gateway counts it as its own quota (global quotas need a Redis store)" store=memory`
 	if !strings.Contains(log.String(), want) {
 		t.Fatalf("log lacks\n%s\ngot:\n%s", want, log.String())
 	}
