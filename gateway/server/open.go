@@ -90,6 +90,19 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 		closeStore = func() error { return errors.Join(closeRedis(), fallback.Close()) }
 	}
 	var notifier *threshold.Notifier
+	if cfg.ThresholdWebhook == nil && log != nil {
+		// As distributed without drl: a setting that does nothing here
+		// is said, not ignored.
+		var with []string
+		for _, p := range cfg.Snapshot.Policies {
+			if len(p.Thresholds) > 0 {
+				with = append(with, p.ID)
+			}
+		}
+		if len(with) > 0 {
+			log.Warn("policies name thresholds but there is no threshold_webhook section: no threshold events are sent", "policies", with)
+		}
+	}
 	if w := cfg.ThresholdWebhook; w != nil {
 		var claimer threshold.Claimer
 		exact := store

@@ -57,10 +57,10 @@ control_plane:
 	}
 }
 
-// TestControlPlaneMemoryStoreWarns: a gateway that follows a control plane
+// TestControlPlaneMemoryStoreNotes: a gateway that follows a control plane
 // with the in-process store cannot spend a global quota's leases (they live
-// in the data plane's Redis), and says so in its log at start.
-func TestControlPlaneMemoryStoreWarns(t *testing.T) {
+// in the data plane's Redis), and says so in an info line at start.
+func TestControlPlaneMemoryStoreNotes(t *testing.T) {
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -96,3 +96,30 @@ control_plane:
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestThresholdsWithoutWebhookWarn: policies with thresholds and no
+// threshold_webhook section start, and the log says, once, that no events
+// are sent and for which policies.
+func TestThresholdsWithoutWebhookWarn(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "gateway.yaml")
+	writeFile(t, file, `listen: 127.0.0.1:0
+policies:
+  - {id: gold, quota: {max: 10, renewal: 1h}, thresholds: [80, 100]}
+  - {id: silver, quota: {max: 5, renewal: 1h}}
+  - {id: bronze, quota: {max: 2, renewal: 1h}, thresholds: [50]}
+apis:
+  - {id: a, listen_path: /a/, target: "builtin:echo", auth: keyless, policies: [gold]}
+`)
+	var log strings.Builder
+	srv, err := server.Open(t.Context(), server.Options{ConfigPath: file, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	const want = `level=WARN msg="policies name thresholds but there is no threshold_webhook section: no threshold events are sent" policies="[gold bronze]"`
+	if got := strings.Count(log.String(), "threshold_webhook"); got != 1 || !strings.Contains(log.String(), want) {
+		t.Fatalf("log (%d lines naming threshold_webhook) lacks\n%s\ngot:\n%s", got, want, log.String())
+	}
+}
