@@ -245,7 +245,7 @@ type Status struct {
 	// Staleness is how long the data plane has been without its control
 	// plane: 0 while connected, else the time since LastContact (since
 	// Run started when there is none). StalenessSeconds is the same in
-	// seconds.
+	// seconds, to the millisecond.
 	Staleness        time.Duration `json:"-"`
 	StalenessSeconds float64       `json:"staleness_seconds"`
 	// Stale reports whether Staleness has passed MaxStale (never when
@@ -473,7 +473,7 @@ func (a *Agent) statusLocked(now time.Time) Status {
 			s.Staleness = now.Sub(since)
 		}
 	}
-	s.StalenessSeconds = s.Staleness.Seconds()
+	s.StalenessSeconds = s.Staleness.Round(time.Millisecond).Seconds() // no float noise in /readyz
 	s.Stale = a.o.MaxStale > 0 && s.Staleness >= a.o.MaxStale && s.State != "connected"
 	if a.refused != "" && s.State != "connected" {
 		s.State = "refused"
