@@ -46,6 +46,16 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("dataplanes file %s: "+format, append([]any{path}, args...)...)
 	}
+	// The file's shape is checked on its nodes first, so that a wrong
+	// field or type is said by line and field, not in the YAML library's
+	// Go types; the entries' lines serve the checks below too.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fail("%v", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if errs := dataPlanesShape(&doc); len(errs) > 0 {
+		return nil, fail("%s", strings.Join(errs, "; "))
+	}
 	var entries []dataPlaneEntry
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -55,11 +65,6 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 			return nil, fail("%s", strings.Join(te.Errors, "; "))
 		}
 		return nil, fail("%v", strings.TrimPrefix(err.Error(), "yaml: "))
-	}
-	// The entries' lines, for errors.
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fail("%v", err)
 	}
 	line := func(i int) int {
 		if len(doc.Content) == 1 && i < len(doc.Content[0].Content) {
@@ -128,4 +133,72 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 		out = append(out, controlplane.DataPlaneToken{Hash: hash, Group: e.Group, Tags: e.Tags})
 	}
 	return out, nil
+}
+
+// dataPlanesShape returns the shape errors of a -dataplanes document, each
+// "line L: entry N: field: what is wrong": the document must be a list of
+// mappings whose keys are dataPlaneEntry's fields, tags a list of strings
+// and the other fields strings. Aliases are followed.
+func dataPlanesShape(doc *yaml.Node) []string {
+	if len(doc.Content) == 0 {
+		return nil // empty: "no data-plane tokens" is said after
+	}
+	list := deref(doc.Content[0])
+	if list.Kind != yaml.SequenceNode {
+		return []string{fmt.Sprintf("line %d: want a list of entries (- group: ..., token_hash: ...), not %s", list.Line, kindName(list))}
+	}
+	var errs []string
+	for i, e := range list.Content {
+		e = deref(e)
+		at := fmt.Sprintf("line %d: entry %d", e.Line, i+1)
+		if e.Kind != yaml.MappingNode {
+			errs = append(errs, fmt.Sprintf("%s: want a mapping (group, tags, token_hash, token_env, token_file), not %s", at, kindName(e)))
+			continue
+		}
+		for j := 0; j+1 < len(e.Content); j += 2 {
+			k, v := e.Content[j], deref(e.Content[j+1])
+			at := fmt.Sprintf("line %d: entry %d: %s", k.Line, i+1, k.Value)
+			switch k.Value {
+			case "group", "token_hash", "token_env", "token_file":
+				if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+					errs = append(errs, fmt.Sprintf("%s: want a string, not %s", at, kindName(v)))
+				}
+			case "tags":
+				if v.Kind != yaml.SequenceNode {
+					errs = append(errs, fmt.Sprintf("%s: want a list of strings (tags: [eu, prod]), not %s", at, kindName(v)))
+					continue
+				}
+				for n, t := range v.Content {
+					if t = deref(t); t.Kind != yaml.ScalarNode || t.Tag == "!!null" {
+						errs = append(errs, fmt.Sprintf("%s[%d]: want a string, not %s", at, n, kindName(t)))
+					}
+				}
+			default:
+				errs = append(errs, fmt.Sprintf("%s: unknown field (known here: group, tags, token_hash, token_env, token_file)", at))
+			}
+		}
+	}
+	return errs
+}
+
+// deref follows an alias to the node it names.
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+// kindName names a node's kind for messages: "a list", "a mapping", "the
+// string \"dp1\"", "nothing".
+func kindName(n *yaml.Node) string {
+	switch {
+	case n.Kind == yaml.SequenceNode:
+		return "a list"
+	case n.Kind == yaml.MappingNode:
+		return "a mapping"
+	case n.Tag == "!!null":
+		return "nothing"
+	}
+	return fmt.Sprintf("%q", n.Value)
 }

@@ -503,9 +503,15 @@ func TestLoadDataPlanes(t *testing.T) {
 		{"- group: g\n  tags: [eu, \"\"]\n  token_env: DP1\n", `line 1: entry 1 (group "g"): tags[1]: empty`},
 		{"- group: a\n  token_env: DP1\n\n- group: b\n  token_hash: " + controlplane.HashToken("dp1-secret") + "\n",
 			`line 4: entry 2 (group "b"): the same token as entry 1 (line 1); each token has one group and scope`},
-		{"- group: g\n  token_env: DP1\n  tag: [eu]\n", "line 3: field tag not found in type main.dataPlaneEntry"},
+		{"- group: g\n  token_env: DP1\n  tag: [eu]\n", "line 3: entry 1: tag: unknown field (known here: group, tags, token_hash, token_env, token_file)"},
 		{"", "no data-plane tokens (want a list of entries with group, tags and token_hash, token_env or token_file)"},
-		{"group: g\n", "line 1: cannot unmarshal !!map into []main.dataPlaneEntry"},
+		{"group: g\n", "line 1: want a list of entries (- group: ..., token_hash: ...), not a mapping"},
+		{"- group: g\n  tags: dp1\n  token_env: DP1\n- group: [x]\n  colour: red\n  tags: [a, [b]]\n- just-a-string\n",
+			`line 2: entry 1: tags: want a list of strings (tags: [eu, prod]), not "dp1"; line 4: entry 2: group: want a string, not a list; ` +
+				`line 5: entry 2: colour: unknown field (known here: group, tags, token_hash, token_env, token_file); line 6: entry 2: tags[1]: want a string, not a list; ` +
+				`line 7: entry 3: want a mapping (group, tags, token_hash, token_env, token_file), not "just-a-string"`},
+		{"- group:\n  token_env: DP1\n", "line 1: entry 1: group: want a string, not nothing"},
+		{"- group: g\n  token_env: DP1\n  nested: {a: [1, *x]}\n", "unknown anchor 'x' referenced"},
 	} {
 		p := writeFile(t, dir, "bad.yaml", c.yaml)
 		_, err := loadDataPlanes(p, getenv)
