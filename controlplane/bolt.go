@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"iter"
 	"runtime"
 	"slices"
@@ -109,6 +110,10 @@ func OpenBolt(path string, o BoltOptions) (*Bolt, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.LockTimeout, InitialMmapSize: o.InitialMmapSize})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("controlplane: open %s: %w", path, ErrFileInUse)
+	}
+	if pe, ok := err.(*fs.PathError); ok && pe.Path == path {
+		// "open x: open x: is a directory": say the path once.
+		err = pe.Err
 	}
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: open %s: %w", path, err)

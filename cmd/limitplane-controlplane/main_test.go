@@ -418,3 +418,13 @@ func TestAdminTLS(t *testing.T) {
 		t.Fatalf("plaintext to the TLS admin API: %d, want 400", resp.StatusCode)
 	}
 }
+
+// TestDataIsADirectory: -data naming a directory exits 1 saying so, the
+// path once.
+func TestDataIsADirectory(t *testing.T) {
+	dir := t.TempDir()
+	code, out := runExit(t, nil, "-data", dir, "-admin-listen", "127.0.0.1:0")
+	if want := "controlplane: open " + dir + ": is a directory\n"; code != 1 || out != want {
+		t.Fatalf("exit %d, output %q; want 1, %q", code, out, want)
+	}
+}
