@@ -359,6 +359,13 @@ type Policy struct {
 	// differ per endpoint: for a consumer with this policy they replace
 	// the endpoint's own policies (see PolicyEndpoint).
 	Endpoints []PolicyEndpoint
+	// InFlight caps the consumer's requests in flight at once (Stripe's
+	// concurrent-request limiter): 0 leaves it out, a positive value is
+	// the most held at once (LimitSet.InFlight). Merged over a consumer's
+	// policies as the other limits are: the largest cap wins, and a
+	// policy that leaves it out takes no part. It counts on the API's
+	// key-wide counters, as the rate limit does, and not at endpoints.
+	InFlight int64
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API
@@ -387,6 +394,9 @@ func (p *Policy) Validate() error {
 	}
 	if err := p.Quota.Validate(); err != nil {
 		return fmt.Errorf("policy %q: quota: %w", p.ID, err)
+	}
+	if p.InFlight < 0 || p.InFlight > MaxCount {
+		return fmt.Errorf("policy %q: in_flight: %w: %d must be in [0, 2^53) (0: none)", p.ID, ErrInvalidLimit, p.InFlight)
 	}
 	return nil
 }

@@ -351,6 +351,8 @@ type Store struct {
 	windows bool
 	// tags numbers the emission intervals of the rules prepared.
 	tags intervals
+	// flights counts the requests in flight under in-flight limits.
+	flights flights
 }
 
 // New returns a Store configured by opts.
@@ -362,7 +364,7 @@ func New(opts Options) *Store {
 			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n), windows: opts.WindowsAsGCRA}
+	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n), windows: opts.WindowsAsGCRA, flights: newFlights(n)}
 	s.count.max = int64(max(opts.MaxKeys, 0))
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -694,6 +696,8 @@ type rule struct {
 	// GCRA limit.
 	window core.Limit
 	qt     core.Quota
+	// inFlight is the in-flight cap (core.LimitSet.InFlight); 0: none.
+	inFlight int64
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. A rate
@@ -735,7 +739,8 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		r.tag = s.tags.tagOf(r.p.T)
 		r.tagWord = uint64(r.tag) << 32
 	}
-	r.fast = r.limited && !r.quota
+	r.inFlight = ls.InFlight
+	r.fast = r.limited && !r.quota && r.inFlight == 0
 	return core.NewRule(ls, r)
 }
 
@@ -772,7 +777,7 @@ func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, er
 // key): on a hot in-process key the Decision copy it avoids is about a
 // third of the cost; on a store of a million keys it costs about half what
 // Take does in a tight loop (benchmarks/README.md).
-func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
+func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error {
 	// The common case is decided here: a GCRA rate limit alone, on a key
 	// already held whose state is not being moved. Everything else
 	// (errors included) goes to take.
@@ -787,7 +792,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// once, field by field, not zeroed and then filled.
 	r, n := s.ruleOf(req), req.Cost
 	if r == nil || !r.fast || uint64(n) > core.MaxCost {
-		return s.slow(req, d)
+		return s.slow(ctx, req, d)
 	}
 	var now int64 // s.clock.now(), inlined by hand
 	switch c := &s.clock; {
@@ -820,14 +825,14 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	if atHome == h && home.check.Load() == word {
 		e = &home.entry
 	} else if e = t.findWord(h, word); e == nil {
-		return s.slow(req, d)
+		return s.slow(ctx, req, d)
 	}
 	md := req.Reservation()
 	tat := e.tat.Load()
 	for {
 		if tat < frozen {
-			runtime.KeepAlive(t)  // e is in t
-			return s.slow(req, d) // swept or moved: take looks up again
+			runtime.KeepAlive(t)       // e is in t
+			return s.slow(ctx, req, d) // swept or moved: take looks up again
 		}
 		next, ok := p.ConformWithin(tat, now, n, md)
 		if !ok {
@@ -836,7 +841,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 			d.Allowed, d.DecidedBy, d.Policy, d.Shadowed = false, core.KindRate, "", false
 			d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.Delay = p.Burst, rem, reset, time.Duration(p.RetryAfter(tat, now, n)), 0
 			d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter, d.Rate.Window, d.Rate.Policy = p.Burst, rem, reset, time.Duration(p.Tau), ""
-			d.Quota = core.Status{}
+			d.Quota, d.Hold = core.Status{}, core.Hold{}
 			runtime.KeepAlive(t) // e is in t
 			return nil
 		}
@@ -852,21 +857,21 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 		// A positive delay: admitted by reservation.
 		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.Delay = p.Burst, rem, reset, 0, time.Duration(max(next-p.Tau-now, 0))
 		d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter, d.Rate.Window, d.Rate.Policy = p.Burst, rem, reset, time.Duration(p.Tau), ""
-		d.Quota = core.Status{}
+		d.Quota, d.Hold = core.Status{}, core.Hold{}
 		runtime.KeepAlive(t) // e is in t
 		return nil
 	}
 }
 
 // slow is TakeInto's general path, take writing into *d.
-func (s *Store) slow(req *core.Request, d *core.Decision) (err error) {
-	*d, err = s.take(*req)
+func (s *Store) slow(ctx context.Context, req *core.Request, d *core.Decision) (err error) {
+	*d, err = s.take(ctx, *req)
 	return err
 }
 
 // take is Take's general path: errors, new keys, quotas, and entries
 // being swept.
-func (s *Store) take(req core.Request) (core.Decision, error) {
+func (s *Store) take(ctx context.Context, req core.Request) (core.Decision, error) {
 	if req.Cost < 0 || req.Cost > core.MaxCost {
 		return core.Decision{}, core.ErrInvalidCost
 	}
@@ -874,6 +879,14 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 	if r == nil {
 		return core.Decision{}, core.ErrForeignRule
 	}
+	if r.inFlight > 0 && !core.InFlightSkipped(ctx) {
+		return s.takeInFlight(req, r)
+	}
+	return s.takeLimits(req, r)
+}
+
+// takeLimits is take for r's rate limit and quota.
+func (s *Store) takeLimits(req core.Request, r *rule) (core.Decision, error) {
 	if !r.limited && !r.quota {
 		return core.Decision{Allowed: true}, nil
 	}
