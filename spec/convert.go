@@ -77,6 +77,7 @@ func (p *Policy) Core() core.Policy {
 		Shadow:      p.Shadow,
 		Distributed: p.Distributed,
 		Endpoints:   p.coreEndpoints(),
+		InFlight:    p.InFlight,
 	}
 }
 

@@ -100,6 +100,12 @@ type Policy struct {
 	// (core.PolicyEndpoint): for a consumer with this policy they replace
 	// the endpoint's own policies there, on the same counters.
 	Endpoints []PolicyEndpoint `json:"endpoints,omitempty"`
+	// InFlight caps each consumer's requests in flight at once
+	// (core.Policy.InFlight): a request over it is refused with 429 "too
+	// many concurrent requests" and no Retry-After. 0 or absent: none;
+	// negative is refused. Merged over a consumer's policies as the other
+	// limits are (the largest cap wins).
+	InFlight int64 `json:"in_flight,omitempty"`
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API.

@@ -133,6 +133,9 @@ func (v *validator) snapshot(s *Snapshot) {
 		}
 		v.rate(at+".rate", p.Rate)
 		v.quota(at+".quota", p.Quota)
+		if p.InFlight < 0 || p.InFlight > core.MaxCount {
+			v.fail(at+".in_flight", "%d must be in [0, 2^53) (0: no in-flight limit)", p.InFlight)
+		}
 	}
 
 	apis := map[string]*API{}

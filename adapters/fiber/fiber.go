@@ -92,6 +92,9 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		if !pass {
 			return nil
 		}
+		// The in-flight slot is held until the rest of the chain returns,
+		// however it ends (a panic too).
+		defer d.Hold.Release()
 		return c.Next()
 	}
 }

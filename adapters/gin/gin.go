@@ -81,6 +81,9 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 			c.Abort()
 			return
 		}
+		// The in-flight slot is held until the rest of the chain returns,
+		// however it ends (a panic too).
+		defer d.Hold.Release()
 		c.Next()
 	}
 }

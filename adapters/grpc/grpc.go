@@ -131,7 +131,8 @@ func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *int
 func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		_, md, err := in.admit(ctx, info.FullMethod)
+		_, md, hold, err := in.admit(ctx, info.FullMethod)
+		defer hold.Release() // the in-flight slot, whatever the handler does
 		if md != nil {
 			grpc.SetHeader(ctx, md) // fails only without a server transport stream
 		}
@@ -148,7 +149,8 @@ func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Op
 func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		c, md, err := in.admit(ss.Context(), info.FullMethod)
+		c, md, hold, err := in.admit(ss.Context(), info.FullMethod)
+		defer hold.Release() // a stream holds its in-flight slot until it ends
 		if md != nil {
 			ss.SetHeader(md) // fails only once headers are sent, which they are not yet
 		}
@@ -175,9 +177,10 @@ func MethodRoute(fullMethod string) core.Route {
 }
 
 // admit authenticates and decides a call or stream opening. It returns the
-// consumer, the header metadata to send (nil if none) and, when the call
-// must not proceed, its status error.
-func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer, metadata.MD, error) {
+// consumer, the header metadata to send (nil if none), what the admitted
+// call holds (its in-flight slot: the caller releases it when the call
+// ends) and, when the call must not proceed, its status error.
+func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer, metadata.MD, core.Hold, error) {
 	var cost func() int64
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
@@ -189,9 +192,9 @@ func (in *interceptor) admit(ctx context.Context, method string) (*core.Consumer
 	c, d, err := admit.Check(ctx, in.l, in.auth, Request{ctx}, in.o.API(method), route, cost)
 	md, st := in.answer(ctx, method, c, d, err, true)
 	if st != nil {
-		return c, md, st.Err()
+		return c, md, core.Hold{}, st.Err() // admit released any hold
 	}
-	return c, md, nil
+	return c, md, d.Hold, nil
 }
 
 // answer renders a decision and returns its metadata and, unless it
@@ -242,7 +245,9 @@ func (s *meteredStream) RecvMsg(m any) error {
 		return err
 	}
 	ctx := s.Context()
-	d, err := s.in.l.Decide(ctx, s.c, s.api, s.in.o.MessageCost)
+	// A message has no response to end a slot: the stream holds its one
+	// slot, and messages are limited by rate and quota alone.
+	d, err := s.in.l.Decide(core.WithoutInFlight(ctx), s.c, s.api, s.in.o.MessageCost)
 	md, st := s.in.answer(ctx, s.method, s.c, d, err, false)
 	if st == nil {
 		return nil
@@ -261,7 +266,10 @@ func (s *meteredStream) RecvMsg(m any) error {
 //
 //   - a denied decision (HTTP 429, or QuotaExceededStatus), and an
 //     identity.LimitError: ResourceExhausted with RetryInfo (unless the
-//     cost can never pass) and QuotaFailure details;
+//     cost can never pass, or an in-flight limit refused: then the message
+//     is "too many concurrent requests" and no time is promised) and
+//     QuotaFailure details (QuotaMetric "in_flight" for an in-flight
+//     refusal, QuotaValue its cap);
 //   - 401: Unauthenticated; 403: PermissionDenied;
 //   - core.ErrStoreUnavailable: Unavailable (whatever StoreFailureStatus);
 //   - 400: InvalidArgument; anything else: Internal.
@@ -284,7 +292,7 @@ func Status(res response.Result, d core.Decision, subject string, err error) *st
 	}
 	st := status.New(codes.ResourceExhausted, msg)
 	details := make([]protoadapt.MessageV1, 0, 2)
-	if d.RetryAfter >= 0 {
+	if d.RetryAfter >= 0 && d.DecidedBy != core.KindInFlight {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
 	}
 	details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{

@@ -74,6 +74,9 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			pass := writeScratch(w, rend.RenderScratch(&s.answer, d, err))
 			pool.Put(s)
 			if pass {
+				// The in-flight slot is held until next returns, however
+				// it ends (a panic, a client gone, a timeout).
+				defer d.Hold.Release()
 				next.ServeHTTP(w, r)
 			}
 		})
