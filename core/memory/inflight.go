@@ -2,75 +2,101 @@ package memory
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/limitplane/limitplane/core"
 )
 
 // flights counts each key's requests in flight (core.LimitSet.InFlight),
-// exactly: one counter per key holding at least one slot, in a map of the
-// key's shard, changed under that shard's mutex. A counter is removed when
-// its last slot is given back, so the map holds only keys with requests in
-// flight. Its shards are indexed as the store's are (a consumer's keys
-// share one).
+// exactly: one atomic counter per key, found in a map of the key's shard
+// (picked by the key's fingerprint; as many shards as the store has, a
+// power of two). A slot is taken by a compare-and-swap below the cap and
+// given back by an atomic decrement: no lock is written on either path.
+// The map is read under its shard's read lock; a counter is added under
+// the write lock, and counters at zero are swept under it once the map
+// has doubled since the last sweep: a sweep marks a zero counter dead
+// (−1) with a compare-and-swap before deleting it, so a request that
+// found it just before sees the mark, fails its swap and looks again.
 type flights struct {
 	shards []flightShard
 }
 
 type flightShard struct {
-	mu sync.Mutex
-	m  map[fingerprint]*flight
-	_  [40]byte // keep shards on separate cache lines
+	mu        sync.RWMutex
+	m         map[fingerprint]*flight // guarded by mu
+	nextSweep int                     // guarded by mu: len(m) at which an insert sweeps
+	_         [24]byte                // keep shards on separate cache lines
 }
 
-// flight is one key's count of slots held. It is the core.Releaser of
-// every slot of its key: Release gives one back (core.Hold makes each
-// request's Release happen once).
-type flight struct {
-	sh *flightShard
-	f  fingerprint
-	n  int64 // guarded by sh.mu
-}
+// minFlightSweep is the smallest map size at which an insert sweeps.
+const minFlightSweep = 64
+
+// flight is one key's count of slots held, or −1 once swept. It is the
+// core.Releaser of every slot of its key: Release gives one back
+// (core.Hold makes each request's Release happen once).
+type flight struct{ n atomic.Int64 }
 
 func newFlights(n int) flights {
 	return flights{shards: make([]flightShard, n)}
 }
 
-// acquire takes a slot of f's key under cap, reporting the key's flight
-// (nil when cap slots are held) and the slots held after the call. With
+// acquire takes a slot of f's key under limit, reporting the key's flight
+// (nil when limit slots are held) and the slots held after the call. With
 // peek, nothing changes: the flight is nil and held is the count now.
-func (fs *flights) acquire(f fingerprint, limit int64, peek bool) (fl *flight, held int64) {
+func (fs *flights) acquire(f fingerprint, limit int64, peek bool) (*flight, int64) {
 	sh := &fs.shards[f.h&uint64(len(fs.shards)-1)]
-	sh.mu.Lock()
-	fl = sh.m[f]
-	if fl != nil {
-		held = fl.n
-	}
-	if held >= limit || peek {
-		sh.mu.Unlock()
-		return nil, held
-	}
-	if fl == nil {
-		if sh.m == nil {
-			sh.m = make(map[fingerprint]*flight)
+	for {
+		sh.mu.RLock()
+		fl := sh.m[f]
+		sh.mu.RUnlock()
+		if fl == nil {
+			if peek {
+				return nil, 0
+			}
+			fl = sh.insert(f)
 		}
-		fl = &flight{sh: sh, f: f}
-		sh.m[f] = fl
+		for {
+			n := fl.n.Load()
+			switch {
+			case n < 0: // swept: look again
+			case n >= limit || peek:
+				return nil, n
+			case fl.n.CompareAndSwap(n, n+1):
+				return fl, n + 1
+			default:
+				continue
+			}
+			break
+		}
 	}
-	fl.n++
-	held = fl.n
-	sh.mu.Unlock()
-	return fl, held
+}
+
+// insert returns f's flight, adding it (and first sweeping the shard's
+// counters at zero, once the map has doubled since the last sweep).
+func (sh *flightShard) insert(f fingerprint) *flight {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if fl := sh.m[f]; fl != nil {
+		return fl
+	}
+	if sh.m == nil {
+		sh.m = make(map[fingerprint]*flight)
+	}
+	if len(sh.m) >= sh.nextSweep {
+		for k, fl := range sh.m {
+			if fl.n.CompareAndSwap(0, -1) {
+				delete(sh.m, k)
+			}
+		}
+		sh.nextSweep = max(2*len(sh.m), minFlightSweep)
+	}
+	fl := new(flight)
+	sh.m[f] = fl
+	return fl
 }
 
 // Release implements core.Releaser: it gives one slot of fl's key back.
-func (fl *flight) Release() {
-	sh := fl.sh
-	sh.mu.Lock()
-	if fl.n--; fl.n <= 0 && sh.m[fl.f] == fl {
-		delete(sh.m, fl.f)
-	}
-	sh.mu.Unlock()
-}
+func (fl *flight) Release() { fl.n.Add(-1) }
 
 // InFlight returns the requests of (consumer, scope) holding a slot now,
 // for tests and metrics.
@@ -85,7 +111,7 @@ func (s *Store) InFlight(consumer, scope string) int64 {
 // are taken as for any rule, and the slot is given back unless they allow.
 // A cost of 0 peeks: it is denied when the cap is held, and takes nothing.
 func (s *Store) takeInFlight(req core.Request, r *rule) (core.Decision, error) {
-	_, f := s.locate(req.Consumer, req.Rule.Scope())
+	sh, f := s.locate(req.Consumer, req.Rule.Scope())
 	peek := req.Cost == 0
 	fl, held := s.flights.acquire(f, r.inFlight, peek)
 	if fl == nil && (!peek || held >= r.inFlight) {
@@ -94,7 +120,7 @@ func (s *Store) takeInFlight(req core.Request, r *rule) (core.Decision, error) {
 	var d core.Decision
 	var err error
 	if r.limited || r.quota {
-		d, err = s.takeLimits(req, r)
+		d, err = s.takeAt(sh, f, req, r)
 	} else {
 		d = core.Decision{Allowed: true, DecidedBy: core.KindInFlight, Limit: r.inFlight, Remaining: r.inFlight - held}
 	}

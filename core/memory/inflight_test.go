@@ -3,6 +3,8 @@ package memory
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -160,4 +162,74 @@ func TestInFlightMerge(t *testing.T) {
 	if err := (&core.Policy{ID: "neg", InFlight: -1}).Validate(); !errors.Is(err, core.ErrInvalidLimit) {
 		t.Fatalf("negative in flight: %v", err)
 	}
+}
+
+// TestInFlightSweepsExact: goroutines taking and releasing slots of one
+// key under cap 3 while others churn through new keys (so the counters'
+// map is swept of zeros again and again): never more than 3 held at once,
+// none left, and the map stays bounded.
+func TestInFlightSweepsExact(t *testing.T) {
+	e, s := inFlightEngine(t, core.Policy{ID: "p", InFlight: 3})
+	hot := &core.Consumer{ID: "hot", Policies: []string{"p"}}
+	ctx := context.Background()
+	var inside, most, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				d, err := e.Decide(ctx, hot, "api", 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !d.Allowed {
+					continue
+				}
+				admitted.Add(1)
+				n := inside.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				runtime.Gosched() // let others try while this holds its slot
+				inside.Add(-1)
+				d.Hold.Release()
+			}
+		}()
+	}
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20000; i++ {
+				c := &core.Consumer{ID: "churn-" + strconv.Itoa(g) + "-" + strconv.Itoa(i), Policies: []string{"p"}}
+				d, err := e.Decide(ctx, c, "api", 1)
+				if err != nil || !d.Allowed {
+					t.Errorf("churn: %+v %v", d, err)
+					return
+				}
+				d.Hold.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	if most.Load() > 3 || admitted.Load() == 0 {
+		t.Fatalf("most held at once %d (cap 3), admitted %d", most.Load(), admitted.Load())
+	}
+	if n := s.InFlight("hot", ""); n != 0 {
+		t.Fatalf("hot key holds %d after all releases", n)
+	}
+	total := 0
+	for i := range s.flights.shards {
+		sh := &s.flights.shards[i]
+		sh.mu.RLock()
+		total += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	// 40,000 keys came and went; a shard sweeps at 64 counters (then at
+	// twice what a sweep leaves), so at most 64 per shard are kept.
+	if max := len(s.flights.shards) * minFlightSweep; total > max {
+		t.Fatalf("%d counters kept, want at most %d", total, max)
+	}
+	t.Logf("admitted %d on the hot key, most at once %d, %d counters kept of 40,001 keys", admitted.Load(), most.Load(), total)
 }

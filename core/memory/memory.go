@@ -891,6 +891,11 @@ func (s *Store) takeLimits(req core.Request, r *rule) (core.Decision, error) {
 		return core.Decision{Allowed: true}, nil
 	}
 	sh, f := s.locate(req.Consumer, req.Rule.Scope())
+	return s.takeAt(sh, f, req, r)
+}
+
+// takeAt is takeLimits for the key located at (sh, f).
+func (s *Store) takeAt(sh *shard, f fingerprint, req core.Request, r *rule) (core.Decision, error) {
 	now := s.clock.now()
 	t := sh.tab.Load()
 	var e *entry
