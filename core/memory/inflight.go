@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
@@ -110,8 +111,8 @@ func (s *Store) InFlight(consumer, scope string) int64 {
 // first (a denial there spends nothing), then the rate limit and quota
 // are taken as for any rule, and the slot is given back unless they allow.
 // A cost of 0 peeks: it is denied when the cap is held, and takes nothing.
-func (s *Store) takeInFlight(req core.Request, r *rule) (core.Decision, error) {
-	sh, f := s.locate(req.Consumer, req.Rule.Scope())
+func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
+	_, f := s.locate(req.Consumer, req.Rule.Scope())
 	peek := req.Cost == 0
 	fl, held := s.flights.acquire(f, r.inFlight, peek)
 	if fl == nil && (!peek || held >= r.inFlight) {
@@ -119,8 +120,9 @@ func (s *Store) takeInFlight(req core.Request, r *rule) (core.Decision, error) {
 	}
 	var d core.Decision
 	var err error
-	if r.limited || r.quota {
-		d, err = s.takeAt(sh, f, req, r)
+	if r.limits != nil {
+		req.Rule = r.limits // the same limits without the cap
+		err = s.TakeInto(ctx, &req, &d)
 	} else {
 		d = core.Decision{Allowed: true, DecidedBy: core.KindInFlight, Limit: r.inFlight, Remaining: r.inFlight - held}
 	}

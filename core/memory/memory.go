@@ -698,6 +698,10 @@ type rule struct {
 	qt     core.Quota
 	// inFlight is the in-flight cap (core.LimitSet.InFlight); 0: none.
 	inFlight int64
+	// limits is, with an in-flight cap and a rate limit or quota, the
+	// rule of the same limits without the cap: takeInFlight takes it
+	// through TakeInto's fast path.
+	limits *core.Rule
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. A rate
@@ -741,6 +745,14 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 	}
 	r.inFlight = ls.InFlight
 	r.fast = r.limited && !r.quota && r.inFlight == 0
+	if r.inFlight > 0 && (r.limited || r.quota) {
+		inner := ls
+		inner.InFlight = 0
+		var err error
+		if r.limits, err = s.Prepare(inner); err != nil {
+			return nil, err
+		}
+	}
 	return core.NewRule(ls, r)
 }
 
@@ -880,7 +892,7 @@ func (s *Store) take(ctx context.Context, req core.Request) (core.Decision, erro
 		return core.Decision{}, core.ErrForeignRule
 	}
 	if r.inFlight > 0 && !core.InFlightSkipped(ctx) {
-		return s.takeInFlight(req, r)
+		return s.takeInFlight(ctx, req, r)
 	}
 	return s.takeLimits(req, r)
 }
