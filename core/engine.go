@@ -239,7 +239,7 @@ func (e *Engine) SetConfig(cfg Config) error {
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
-		if p.solo.prepared, err = e.prepare(LimitSet{Rate: p.Rate, Quota: quotaOf(&p.Policy), Distributed: p.Distributed, InFlight: p.InFlight}); err != nil {
+		if p.solo.prepared, err = e.prepare(LimitSet{Rate: p.Rate, Quota: quotaOf(&p.Policy), Distributed: p.Distributed, InFlight: p.InFlight, Settle: p.Settle && !p.Quota.IsZero()}); err != nil {
 			return fmt.Errorf("policy %q: %w", p.ID, err)
 		}
 		if !p.Rate.IsZero() {
@@ -417,7 +417,7 @@ func (e *Engine) pairRule(snap *snapshot, rate, quota, inFlight *policyEntry) (*
 		ids = append(ids, rate.ID)
 	}
 	if quota != nil {
-		ls.Quota = quotaOf(&quota.Policy)
+		ls.Quota, ls.Settle = quotaOf(&quota.Policy), quota.Settle
 		r.quotaPolicy, r.quotaShadow = quota.ID, quota.Shadow
 		ids = append(ids, quota.ID)
 	}

@@ -44,6 +44,36 @@ func NewHold(r Releaser) Hold {
 	return Hold{&hold{r: r}}
 }
 
+// Settler is a Releaser that can also settle a cost known only after the
+// response (LimitSet.Settle): Settle(actual) charges or refunds the
+// difference between actual and the estimate the request was charged, in
+// the quota period it was charged in (never another), never taking a
+// counter below zero, and ends the hold as Release does. Like Release it
+// must not depend on the request's context.
+type Settler interface {
+	Releaser
+	Settle(actual int64)
+}
+
+// Settle ends h as Release does, first settling the cost of a request
+// whose limits settle after the response (LimitSet.Settle) to actual
+// units (≥ 0; a negative actual is taken as 0): the difference from the
+// estimate charged at Decide is charged or refunded in the quota period
+// that estimate went to. A request whose actual cost is unknown (the
+// upstream sent none) calls Release instead and keeps the estimate. Only
+// the first of Release and Settle, on h or any copy, does anything. A
+// store that fails to settle keeps the estimate.
+func (h Hold) Settle(actual int64) {
+	if h.h == nil || !h.h.done.CompareAndSwap(false, true) {
+		return
+	}
+	if s, ok := h.h.r.(Settler); ok {
+		s.Settle(max(actual, 0))
+		return
+	}
+	h.h.r.Release()
+}
+
 // Held reports whether h holds anything not yet released.
 func (h Hold) Held() bool { return h.h != nil && !h.h.done.Load() }
 
@@ -73,6 +103,11 @@ type joined [2]*hold
 func (j joined) Release() {
 	Hold{j[0]}.Release()
 	Hold{j[1]}.Release()
+}
+
+func (j joined) Settle(actual int64) {
+	Hold{j[0]}.Settle(actual)
+	Hold{j[1]}.Settle(actual)
 }
 
 // inFlightKey is the context key of WithoutInFlight.

@@ -366,6 +366,10 @@ type Policy struct {
 	// policy that leaves it out takes no part. It counts on the API's
 	// key-wide counters, as the rate limit does, and not at endpoints.
 	InFlight int64
+	// Settle makes the policy's quota charge an estimate (the request's
+	// cost) settled to the actual cost after the response
+	// (LimitSet.Settle, core.Hold.Settle).
+	Settle bool
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API

@@ -31,6 +31,13 @@ type LimitSet struct {
 	// no in-flight limit; negative is refused. A slot is taken only when
 	// the rate limit and the quota also allow the request.
 	InFlight int64
+	// Settle makes the quota's charge an estimate settled after the
+	// response: an admitted request's Decision.Hold remembers the quota
+	// period it charged and the cost, and Hold.Settle(actual) charges or
+	// refunds the difference there (never below zero, never in another
+	// period). Without a quota it does nothing. The rate limit keeps the
+	// estimate. Stores that cannot settle keep the estimate (no Hold).
+	Settle bool
 }
 
 // Validate reports why s's rate limit or quota cannot be enforced, wrapping

@@ -130,8 +130,36 @@ func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (co
 		if err != nil || !d.Allowed {
 			fl.Release()
 		} else {
-			d.Hold = core.NewHold(fl)
+			d.Hold = core.JoinHolds(core.NewHold(fl), d.Hold) // d's: a settlement
 		}
 	}
 	return d, err
+}
+
+// settlement is the core.Settler of an admitted request under a rule that
+// settles (core.LimitSet.Settle): the quota period its cost went to and
+// that cost. A period is never reused: once the key's period has ended or
+// been reset, settling changes only the old period, which nothing counts
+// any more, so no other period is ever credited or charged.
+type settlement struct {
+	q       *period
+	charged int64
+}
+
+// Release implements core.Releaser: the estimate stands.
+func (*settlement) Release() {}
+
+// Settle implements core.Settler: the period's count moves by actual −
+// charged, never below zero.
+func (st *settlement) Settle(actual int64) {
+	delta := actual - st.charged
+	if delta == 0 {
+		return
+	}
+	for {
+		u := st.q.used.Load()
+		if st.q.used.CompareAndSwap(u, max(u+delta, 0)) {
+			return
+		}
+	}
 }

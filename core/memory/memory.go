@@ -698,6 +698,9 @@ type rule struct {
 	qt     core.Quota
 	// inFlight is the in-flight cap (core.LimitSet.InFlight); 0: none.
 	inFlight int64
+	// settle: the quota's charge is settled after the response
+	// (core.LimitSet.Settle).
+	settle bool
 	// limits is, with an in-flight cap and a rate limit or quota, the
 	// rule of the same limits without the cap: takeInFlight takes it
 	// through TakeInto's fast path.
@@ -743,7 +746,7 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		r.tag = s.tags.tagOf(r.p.T)
 		r.tagWord = uint64(r.tag) << 32
 	}
-	r.inFlight = ls.InFlight
+	r.inFlight, r.settle = ls.InFlight, ls.Settle && r.quota
 	r.fast = r.limited && !r.quota && r.inFlight == 0
 	if r.inFlight > 0 && (r.limited || r.quota) {
 		inner := ls
@@ -917,7 +920,7 @@ func (s *Store) takeAt(sh *shard, f fingerprint, req core.Request, r *rule) (cor
 		e = &sl.entry
 	case sl == nil && (req.Cost == 0 || (r.limited && req.Cost > r.p.Burst) || (r.quota && req.Cost > r.qt.Max)):
 		// Cannot change state: answer from the empty state, create nothing.
-		return sh.decide(nil, nil, r, req, now)
+		return sh.decide(nil, nil, r, req, now, nil)
 	default:
 		// A new key, or one whose TAT is in another interval's units:
 		// put inserts or converts it.
@@ -926,9 +929,13 @@ func (s *Store) takeAt(sh *shard, f fingerprint, req core.Request, r *rule) (cor
 		}
 	}
 	for {
-		d, err := sh.decide(t, e, r, req, now)
+		var spent *period
+		d, err := sh.decide(t, e, r, req, now, &spent)
 		runtime.KeepAlive(t) // e is in t
 		if err != errRetry {
+			if r.settle && spent != nil && d.Allowed && err == nil {
+				d.Hold = core.NewHold(&settlement{q: spent, charged: req.Cost})
+			}
 			return d, err
 		}
 		if t, e = s.insert(sh, f, r, now); e == nil {
@@ -960,8 +967,9 @@ func (s *Store) tooMany() error {
 }
 
 // decide applies req to e, an entry of table t (nil means the empty state,
-// read-only).
-func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int64) (core.Decision, error) {
+// read-only). When spent is not nil and req's cost went to a quota period,
+// *spent is set to that period.
+func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int64, spent **period) (core.Decision, error) {
 	var d core.Decision
 	n := req.Cost
 	p, limited, quota, qt := cr.p, cr.limited, cr.quota, cr.qt
@@ -1077,6 +1085,9 @@ func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int6
 			if q.used.CompareAndSwap(used, used+n) {
 				break
 			}
+		}
+		if spent != nil && n > 0 {
+			*spent = q
 		}
 		used := int64(0)
 		if q != nil && q.end > now {
