@@ -169,7 +169,7 @@ func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (co
 	}
 	m[member] = struct{}{}
 	f.mu.Unlock()
-	d.Hold = core.NewHold(sl)
+	d.Hold = core.JoinHolds(core.NewHold(sl), d.Hold) // d's: a settlement
 	return d, nil
 }
 

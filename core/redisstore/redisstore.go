@@ -501,6 +501,9 @@ type rule struct {
 	gargs  [2]any
 	// inFlight is the in-flight cap (core.LimitSet.InFlight); 0: none.
 	inFlight int64
+	// settle: the quota's charge is settled after the response
+	// (core.LimitSet.Settle; not for a global quota).
+	settle bool
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. Errors
@@ -514,6 +517,7 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		return nil, err
 	}
 	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota, global: s.follows && ls.Quota.IsGlobal(), inFlight: ls.InFlight}
+	r.settle = ls.Settle && r.quota && !r.global
 	if r.global {
 		if err := ls.Quota.Global.Validate(ls.Quota.Max); err != nil {
 			return nil, fmt.Errorf("quota: %w", err)
@@ -620,11 +624,18 @@ func (s *Store) takeLimits(ctx context.Context, req core.Request, r *rule) (core
 		c.args = append(c.args, "0")
 	}
 
-	v, err := s.run(ctx, c, 9)
+	var qkey string
+	if r.settle && quota && n > 0 {
+		qkey = string(c.keys[1].b) // c goes back to its pool in run
+	}
+	v, err := s.run(ctx, c, 11)
 	if err != nil {
 		return core.Decision{}, err
 	}
 	d, err := decision(req, r, v)
+	if err == nil && qkey != "" && d.Allowed && v[9] > 0 {
+		d.Hold = core.NewHold(&settlement{s: s, key: qkey, charged: n, end: strconv.FormatInt(v[9]*1000+v[10], 10)})
+	}
 	if err == nil && r.seed != nil {
 		s.seedWith(req, r, d)
 	}
