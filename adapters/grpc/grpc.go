@@ -39,6 +39,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -96,6 +97,17 @@ type Options struct {
 	// OnDecision, if set, is called once per call, stream opening and
 	// metered message with the decision or error (for metrics and logs).
 	OnDecision func(ctx context.Context, fullMethod string, d core.Decision, err error)
+	// SettleTrailer, when set, names the trailer metadata key (lower
+	// case, e.g. "x-usage-tokens") in which the handler gives a call's
+	// (or stream's) actual cost with grpc.SetTrailer or SetTrailer: once
+	// the handler returns, a policy that settles (core.Policy.Settle)
+	// charges or refunds the difference from the estimate (the call's
+	// cost) in the quota period it charged. Settle, when set, is asked
+	// first. A call without either keeps the estimate.
+	SettleTrailer string
+	// Settle, when set, returns a unary call's actual cost from its
+	// response and error (ok false: unknown, keep the estimate).
+	Settle func(ctx context.Context, fullMethod string, resp any, err error) (actual int64, ok bool)
 }
 
 // interceptor holds what both interceptors share.
@@ -139,7 +151,27 @@ func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Op
 		if err != nil {
 			return nil, err
 		}
-		return handler(ctx, req)
+		if !hold.Held() || (in.o.SettleTrailer == "" && in.o.Settle == nil) {
+			return handler(ctx, req)
+		}
+		var tc *trailerCapture
+		if in.o.SettleTrailer != "" {
+			if sts := grpc.ServerTransportStreamFromContext(ctx); sts != nil {
+				tc = &trailerCapture{ServerTransportStream: sts}
+				ctx = grpc.NewContextWithServerTransportStream(ctx, tc)
+			}
+		}
+		resp, herr := handler(ctx, req)
+		if in.o.Settle != nil {
+			if n, ok := in.o.Settle(ctx, info.FullMethod, resp, herr); ok {
+				hold.Settle(n)
+				return resp, herr
+			}
+		}
+		if tc != nil {
+			admit.Finish(hold, tc.value(in.o.SettleTrailer))
+		}
+		return resp, herr
 	}
 }
 
@@ -157,6 +189,11 @@ func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts O
 		if err != nil {
 			return err
 		}
+		if in.o.SettleTrailer != "" && hold.Held() {
+			sc := &settleStream{ServerStream: ss}
+			defer func() { admit.Finish(hold, sc.value(in.o.SettleTrailer)) }()
+			ss = sc
+		}
 		if !in.o.PerMessage {
 			return handler(srv, ss)
 		}
@@ -167,6 +204,53 @@ func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts O
 		}
 		return herr
 	}
+}
+
+// trailerCapture records the trailer metadata a unary handler sets.
+type trailerCapture struct {
+	grpc.ServerTransportStream
+	mu sync.Mutex
+	md metadata.MD
+}
+
+func (t *trailerCapture) SetTrailer(md metadata.MD) error {
+	t.mu.Lock()
+	t.md = metadata.Join(t.md, md)
+	t.mu.Unlock()
+	return t.ServerTransportStream.SetTrailer(md)
+}
+
+// value is the last value of key in the trailers set.
+func (t *trailerCapture) value(key string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if vs := t.md.Get(key); len(vs) > 0 {
+		return vs[len(vs)-1]
+	}
+	return ""
+}
+
+// settleStream records the trailer metadata a stream handler sets.
+type settleStream struct {
+	grpc.ServerStream
+	mu sync.Mutex
+	md metadata.MD
+}
+
+func (s *settleStream) SetTrailer(md metadata.MD) {
+	s.mu.Lock()
+	s.md = metadata.Join(s.md, md)
+	s.mu.Unlock()
+	s.ServerStream.SetTrailer(md)
+}
+
+func (s *settleStream) value(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if vs := s.md.Get(key); len(vs) > 0 {
+		return vs[len(vs)-1]
+	}
+	return ""
 }
 
 // MethodRoute is an Options.Route: the full method name

@@ -6,6 +6,7 @@ package admit
 
 import (
 	"context"
+	"strings"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -80,4 +81,34 @@ func Decide(ctx context.Context, l core.Decider, auth identity.Authenticator, r 
 	d, err := decide(ctx, l, &s.c, api, route, cost)
 	s.c = core.Consumer{}
 	return d, err
+}
+
+// Finish ends h once the response is done: with the actual cost in value
+// (a response header's or trailer's value: a decimal integer in
+// [0, core.MaxCost], surrounding spaces allowed) it settles h to it
+// (core.Hold.Settle); with none (value empty) or a malformed one it
+// releases h, keeping the estimate.
+func Finish(h core.Hold, value string) {
+	if n, ok := ParseCost(value); ok {
+		h.Settle(n)
+		return
+	}
+	h.Release()
+}
+
+// ParseCost reads an actual cost: a decimal integer in [0, core.MaxCost],
+// surrounding spaces and tabs allowed; ok is false for anything else.
+func ParseCost(s string) (n int64, ok bool) {
+	s = strings.Trim(s, " \t")
+	if s == "" || len(s) > 16 {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, n <= core.MaxCost
 }
