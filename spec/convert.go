@@ -78,6 +78,7 @@ func (p *Policy) Core() core.Policy {
 		Distributed: p.Distributed,
 		Endpoints:   p.coreEndpoints(),
 		InFlight:    p.InFlight,
+		Settle:      p.Settle,
 	}
 }
 

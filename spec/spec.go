@@ -106,6 +106,12 @@ type Policy struct {
 	// negative is refused. Merged over a consumer's policies as the other
 	// limits are (the largest cap wins).
 	InFlight int64 `json:"in_flight,omitempty"`
+	// Settle makes the quota's charge an estimate (the request's cost)
+	// settled to the actual cost when the response is done, from the
+	// response header the API names (API.SettleHeader) or what a service's
+	// middleware is given (core.Policy.Settle): the difference is charged
+	// or refunded in the quota period the estimate went to. Needs a quota.
+	Settle bool `json:"settle,omitempty"`
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API.
@@ -381,6 +387,12 @@ type API struct {
 	// gateway matches the path after the listen path, a service its own
 	// request's path (or route pattern, or gRPC full method name).
 	Endpoints []Endpoint `json:"endpoints,omitempty"`
+	// SettleHeader names the response header (or trailer) in which the
+	// upstream gives a request's actual cost, e.g. "X-Usage-Tokens", for
+	// the policies that settle (Policy.Settle). A response without it (or
+	// with a value that is not an integer in [0, 2^53)) keeps the
+	// estimate. An HTTP field name.
+	SettleHeader string `json:"settle_header,omitempty"`
 }
 
 // Endpoint is a part of an API with limits of its own (core.Endpoint).
