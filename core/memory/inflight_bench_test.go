@@ -67,3 +67,43 @@ func TestDecisionSize(t *testing.T) {
 }
 
 func unsafeSizeofDecision() uintptr { return unsafe.Sizeof(core.Decision{}) }
+
+// BenchmarkSettle is Engine.Decide and the end of the request for a quota
+// that settles: the estimate stands ("quota", Release) or is settled to
+// another cost ("quota+settle"); "quota, no settle" is the same quota on
+// a policy that does not settle. Coarse clock, one goroutine.
+func BenchmarkSettle(b *testing.B) {
+	ctx := context.Background()
+	coarse := core.NewCoarseClock(core.NewSystemClock(), time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	q := core.Quota{Max: 1 << 50, Renewal: time.Hour}
+	for _, tc := range []struct {
+		name   string
+		p      core.Policy
+		settle bool
+	}{
+		{"quota, no settle", core.Policy{ID: "p", Quota: q}, false},
+		{"quota", core.Policy{ID: "p", Quota: q, Settle: true}, false},
+		{"quota+settle", core.Policy{ID: "p", Quota: q, Settle: true}, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			s := memory.New(memory.Options{Clock: coarse})
+			b.Cleanup(func() { s.Close() })
+			e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{tc.p}}, core.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := &core.Consumer{ID: "hot-consumer", Policies: []string{"p"}}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				d, _ := e.Decide(ctx, c, "api", 100)
+				if tc.settle {
+					d.Hold.Settle(7)
+				} else {
+					d.Hold.Release()
+				}
+			}
+		})
+	}
+}
