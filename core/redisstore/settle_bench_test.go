@@ -23,7 +23,6 @@ func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }
 
-
 // BenchmarkSettleRedis is Engine.Decide and the end of the request (Hold's
 // Release or Settle) for one caller on a throwaway redis-server: a quota
 // whose estimate stands ("quota", Release), the same quota settled to
