@@ -611,6 +611,7 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	}
 	da, err := e.take(ctx, Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}, r.fallback)
 	if err != nil {
+		de.Hold.Release()
 		return Decision{}, err
 	}
 	r.label(&da, e.opts.Shadow)
@@ -619,12 +620,15 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	}
 	switch {
 	case !da.Allowed:
+		de.Hold.Release() // an API refusal gives back the endpoint's slots
 		return da, nil
 	case da.DecidedBy != KindNone && (de.DecidedBy == KindNone || da.Remaining < de.Remaining):
 		da.Shadowed = da.Shadowed || de.Shadowed // a shadowed endpoint's refusal is still reported
+		da.Hold = JoinHolds(de.Hold, da.Hold)
 		return da, nil
 	}
 	de.Shadowed = de.Shadowed || da.Shadowed
+	de.Hold = JoinHolds(de.Hold, da.Hold)
 	return de, nil
 }
 

@@ -82,8 +82,9 @@ type snapshot struct {
 	// none is what a request no limit applies to resolves to.
 	none resolved
 	// pairs holds the rules of a rate limit from one policy with a quota
-	// from another ([2]*policyEntry{rate, quota} → *resolved), prepared on
-	// first use; at most (policies)² entries.
+	// from another and an in-flight cap from a third
+	// ([3]*policyEntry{rate, quota, inFlight} → *resolved), prepared on
+	// first use; at most (policies)³ entries, in practice a handful.
 	pairs sync.Map
 	// limits holds the rules of consumers' per-API Limits (LimitSet →
 	// *resolved), prepared on first use; at most maxCachedLimits entries,
@@ -116,7 +117,9 @@ type policyEntry struct {
 type resolved struct {
 	prepared
 	ratePolicy, quotaPolicy string // "" where no policy set the limit
+	inFlightPolicy          string
 	rateShadow, quotaShadow bool
+	inFlightShadow          bool
 	// thresholds are the quota policy's (Policy.Thresholds) in
 	// ascending order, nil for none: one length check per request then.
 	thresholds []int64
@@ -135,6 +138,11 @@ func (r *resolved) label(d *Decision, shadow bool) {
 	case KindQuota:
 		d.Policy = r.quotaPolicy
 		if !d.Allowed && (r.quotaShadow || shadow) {
+			d.Allowed, d.Shadowed, d.RetryAfter = true, true, 0
+		}
+	case KindInFlight:
+		d.Policy = r.inFlightPolicy
+		if !d.Allowed && (r.inFlightShadow || shadow) {
 			d.Allowed, d.Shadowed, d.RetryAfter = true, true, 0
 		}
 	}
@@ -306,7 +314,7 @@ func (e *Engine) SetConfig(cfg Config) error {
 		if _, dup := s.policies[p.ID]; dup {
 			return fmt.Errorf("%w: duplicate policy id %q", ErrInvalidLimit, p.ID)
 		}
-		if p.solo.prepared, err = e.prepare(LimitSet{Rate: p.Rate, Quota: quotaOf(&p.Policy), Distributed: p.Distributed}); err != nil {
+		if p.solo.prepared, err = e.prepare(LimitSet{Rate: p.Rate, Quota: quotaOf(&p.Policy), Distributed: p.Distributed, InFlight: p.InFlight, Settle: p.Settle && !p.Quota.IsZero()}); err != nil {
 			return fmt.Errorf("policy %q: %w", p.ID, err)
 		}
 		if !p.Rate.IsZero() {
@@ -318,6 +326,9 @@ func (e *Engine) SetConfig(cfg Config) error {
 				p.solo.thresholds = slices.Clone(p.Thresholds)
 				slices.Sort(p.solo.thresholds)
 			}
+		}
+		if p.InFlight > 0 {
+			p.solo.inFlightPolicy, p.solo.inFlightShadow = p.ID, p.Shadow
 		}
 		p.APIs = append([]string(nil), p.APIs...)
 		s.policies[p.ID] = p
@@ -423,7 +434,7 @@ func (e *Engine) resolveIn(snap *snapshot, c *Consumer, api string) (*resolved, 
 		}
 		return &p.solo, c.QuotaEpoch, nil
 	}
-	var rate, quota *policyEntry
+	var rate, quota, inFlight *policyEntry
 	found := false
 	for _, id := range c.Policies {
 		p, ok := snap.policies[id]
@@ -442,33 +453,63 @@ func (e *Engine) resolveIn(snap *snapshot, c *Consumer, api string) (*resolved, 
 		if !p.Quota.IsZero() && (quota == nil || quotaPerNs(p.Quota) > quotaPerNs(quota.Quota)) {
 			quota = p
 		}
+		if p.InFlight > 0 && (inFlight == nil || p.InFlight > inFlight.InFlight) {
+			inFlight = p
+		}
 	}
-	switch {
-	case !found:
+	if !found {
 		return nil, 0, ErrNoPolicy
-	case rate != nil && quota != nil && rate != quota:
-		r, err := e.pairRule(snap, rate, quota)
-		return r, c.QuotaEpoch, err
-	case rate != nil:
-		return &rate.solo, c.QuotaEpoch, nil // its quota is either the winner or left out
-	case quota != nil:
-		return &quota.solo, c.QuotaEpoch, nil // its rate is left out
 	}
-	return &snap.none, c.QuotaEpoch, nil
+	// One policy that wins every limit it sets (the others left out by
+	// every policy) is its own rule; a winner that sets a limit it does
+	// not win is not.
+	var one *policyEntry
+	for _, w := range [3]*policyEntry{rate, quota, inFlight} {
+		switch {
+		case w == nil:
+		case one == nil:
+			one = w
+		case one != w:
+			r, err := e.pairRule(snap, rate, quota, inFlight)
+			return r, c.QuotaEpoch, err
+		}
+	}
+	if one == nil {
+		return &snap.none, c.QuotaEpoch, nil
+	}
+	return &one.solo, c.QuotaEpoch, nil
 }
 
-// pairRule returns the rule of rate's rate limit with quota's quota,
-// preparing it on first use.
-func (e *Engine) pairRule(snap *snapshot, rate, quota *policyEntry) (*resolved, error) {
-	k := [2]*policyEntry{rate, quota}
+// pairRule returns the rule of rate's rate limit with quota's quota and
+// inFlight's in-flight cap (each nil: none), preparing it on first use.
+func (e *Engine) pairRule(snap *snapshot, rate, quota, inFlight *policyEntry) (*resolved, error) {
+	k := [3]*policyEntry{rate, quota, inFlight}
 	if v, ok := snap.pairs.Load(k); ok {
 		return v.(*resolved), nil
 	}
-	pr, err := e.prepare(LimitSet{Rate: rate.Rate, Quota: quotaOf(&quota.Policy), Distributed: rate.Distributed})
-	if err != nil {
-		return nil, fmt.Errorf("policies %q and %q: %w", rate.ID, quota.ID, err)
+	var ls LimitSet
+	r := &resolved{}
+	var ids []string
+	if rate != nil {
+		ls.Rate, ls.Distributed = rate.Rate, rate.Distributed
+		r.ratePolicy, r.rateShadow = rate.ID, rate.Shadow
+		ids = append(ids, rate.ID)
 	}
-	r := &resolved{prepared: pr, ratePolicy: rate.ID, quotaPolicy: quota.ID, rateShadow: rate.Shadow, quotaShadow: quota.Shadow, thresholds: quota.solo.thresholds}
+	if quota != nil {
+		ls.Quota, ls.Settle = quotaOf(&quota.Policy), quota.Settle
+		r.quotaPolicy, r.quotaShadow, r.thresholds = quota.ID, quota.Shadow, quota.solo.thresholds
+		ids = append(ids, quota.ID)
+	}
+	if inFlight != nil {
+		ls.InFlight = inFlight.InFlight
+		r.inFlightPolicy, r.inFlightShadow = inFlight.ID, inFlight.Shadow
+		ids = append(ids, inFlight.ID)
+	}
+	pr, err := e.prepare(ls)
+	if err != nil {
+		return nil, fmt.Errorf("policies %q: %w", ids, err)
+	}
+	r.prepared = pr
 	v, _ := snap.pairs.LoadOrStore(k, r)
 	return v.(*resolved), nil
 }
@@ -507,7 +548,7 @@ func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api 
 	// the result: on a large store every store this path makes shortens
 	// the overlap between one request's cache miss and the next's. Go
 	// 1.26 still moves a (Decision, error) result through a temporary
-	// (zeroed, then copied twice: 168 bytes each), a cost of the Store
+	// (zeroed, then copied twice: 176 bytes each since Decision.Hold), a cost of the Store
 	// interface's shape (see benchmarks/README.md).
 	var start time.Time
 	if e.opts.Observer != nil {
@@ -565,6 +606,10 @@ func (e *Engine) planIn(snap *snapshot, c *Consumer, api string, cost int64) (*r
 // Wait does not sleep for it either. Options.Observer is told once per
 // Wait call, with the final decision and error, not about each retry; its
 // took is the time spent in store calls, without the time slept.
+//
+// Wait leaves in-flight limits out (WithoutInFlight): it has no response
+// whose end would give a slot back, so it takes no slot and is limited by
+// the rate limit and the quota alone, and its Decision holds nothing.
 func (e *Engine) Wait(ctx context.Context, c *Consumer, api string, cost int64) (Decision, error) {
 	return e.wait(ctx, c, api, cost, time.Now, newStdTimer)
 }
@@ -576,6 +621,9 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 	took := time.Since(start)
 	var d Decision
 	if err == nil {
+		if r.rule.InFlight() > 0 {
+			ctx = WithoutInFlight(ctx) // no response bounds a slot: see Wait
+		}
 		take := func(ctx context.Context, req Request) (Decision, error) {
 			start := time.Now()
 			d, err := e.take(ctx, req, r.fallback)

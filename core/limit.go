@@ -366,6 +366,17 @@ type Policy struct {
 	// global (a data plane's decisions show its leases, not what every
 	// data plane spent); none costs nothing.
 	Thresholds []int64
+	// InFlight caps the consumer's requests in flight at once (Stripe's
+	// concurrent-request limiter): 0 leaves it out, a positive value is
+	// the most held at once (LimitSet.InFlight). Merged over a consumer's
+	// policies as the other limits are: the largest cap wins, and a
+	// policy that leaves it out takes no part. It counts on the API's
+	// key-wide counters, as the rate limit does, and not at endpoints.
+	InFlight int64
+	// Settle makes the policy's quota charge an estimate (the request's
+	// cost) settled to the actual cost after the response
+	// (LimitSet.Settle, core.Hold.Settle).
+	Settle bool
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API
@@ -394,6 +405,9 @@ func (p *Policy) Validate() error {
 	}
 	if err := p.Quota.Validate(); err != nil {
 		return fmt.Errorf("policy %q: quota: %w", p.ID, err)
+	}
+	if p.InFlight < 0 || p.InFlight > MaxCount {
+		return fmt.Errorf("policy %q: in_flight: %w: %d must be in [0, 2^53) (0: none)", p.ID, ErrInvalidLimit, p.InFlight)
 	}
 	if err := CheckThresholds(p.Thresholds); err != nil {
 		return fmt.Errorf("policy %q: %w", p.ID, err)

@@ -25,6 +25,19 @@ type LimitSet struct {
 	// (core/drl) to decide the rate limit against this process's share of
 	// it (Policy.Distributed). Other stores ignore it.
 	Distributed bool
+	// InFlight caps the requests of one consumer (on Scope's counters) in
+	// flight at once: a request is admitted only if fewer are held, and
+	// holds a slot (Decision.Hold) until the caller releases it. 0 means
+	// no in-flight limit; negative is refused. A slot is taken only when
+	// the rate limit and the quota also allow the request.
+	InFlight int64
+	// Settle makes the quota's charge an estimate settled after the
+	// response: an admitted request's Decision.Hold remembers the quota
+	// period it charged and the cost, and Hold.Settle(actual) charges or
+	// refunds the difference there (never below zero, never in another
+	// period). Without a quota it does nothing. The rate limit keeps the
+	// estimate. Stores that cannot settle keep the estimate (no Hold).
+	Settle bool
 }
 
 // Validate reports why s's rate limit or quota cannot be enforced, wrapping
@@ -35,6 +48,9 @@ func (s LimitSet) Validate() error {
 	}
 	if err := s.Quota.Validate(); err != nil {
 		return fmt.Errorf("quota: %w", err)
+	}
+	if s.InFlight < 0 || s.InFlight > MaxCount {
+		return fmt.Errorf("in_flight: %w: %d must be in [0, 2^53) (0: none)", ErrInvalidLimit, s.InFlight)
 	}
 	return nil
 }
@@ -116,9 +132,12 @@ func (r *Rule) RateEnforced() bool { return r != nil && r.rate }
 // QuotaEnforced reports whether the rule has a quota to count.
 func (r *Rule) QuotaEnforced() bool { return r != nil && r.quota }
 
+// InFlight returns the rule's in-flight cap (LimitSet.InFlight); 0: none.
+func (r *Rule) InFlight() int64 { return r.Limits().InFlight }
+
 // Enforced reports whether the rule limits anything: a request under a rule
 // that does not is allowed without asking a store.
-func (r *Rule) Enforced() bool { return r != nil && (r.rate || r.quota) }
+func (r *Rule) Enforced() bool { return r != nil && (r.rate || r.quota || r.set.InFlight > 0) }
 
 // GCRA returns the rate limit's GCRA constants, computed once by NewRule;
 // the zero GCRAParams when the rate limit is not enforced. For a window

@@ -16,15 +16,21 @@ const (
 	KindRate
 	// KindQuota: the quota decided.
 	KindQuota
+	// KindInFlight: the in-flight limit decided (LimitSet.InFlight): a
+	// denial because the consumer has that many requests in flight, or an
+	// admission under a rule with no rate limit or quota.
+	KindInFlight
 )
 
-// String returns "none", "rate" or "quota".
+// String returns "none", "rate", "quota" or "in_flight".
 func (k Kind) String() string {
 	switch k {
 	case KindRate:
 		return "rate"
 	case KindQuota:
 		return "quota"
+	case KindInFlight:
+		return "in_flight"
 	}
 	return "none"
 }
@@ -57,6 +63,13 @@ type Status struct {
 // decided (the one that denied, or when allowed the rate limit if there is
 // one, else the quota), so a caller who only wants one set of numbers can
 // read them directly.
+//
+// A request denied by an in-flight limit (DecidedBy KindInFlight) has
+// Limit the cap, Remaining 0 and RetryAfter 0: when a slot frees depends
+// on other requests' responses, which no store knows; its Rate and Quota
+// are zero (they were not asked). An admitted request under an in-flight
+// limit carries the slot in Hold, which the caller must Release when the
+// response is done.
 type Decision struct {
 	// Allowed reports whether the request may proceed. With a shadow policy
 	// it is true even when the limit would have denied (see Shadowed).
@@ -84,6 +97,10 @@ type Decision struct {
 	// Delay is set when the request was admitted by reservation
 	// (Request.MaxDelay): the caller must wait this long before acting.
 	Delay time.Duration
+	// Hold is what the admitted request holds until its response is done
+	// (an in-flight slot); the zero Hold when it holds nothing, and
+	// always for a denied request. Release it with defer.
+	Hold Hold
 }
 
 // Request is one question put to a Store: spend Cost units of Rule's rate

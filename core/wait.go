@@ -31,7 +31,13 @@ var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
 // process or many sharing a Redis store, are served in reservation order at
 // exactly the limit's pace; the limit itself is never exceeded. This is how
 // worker processes share one rate.
+//
+// Wait leaves req's in-flight limit out (WithoutInFlight): no response
+// would give a slot back, so none is taken and the Decision holds nothing.
 func Wait(ctx context.Context, s Store, req Request) (Decision, error) {
+	if req.Rule.InFlight() > 0 {
+		ctx = WithoutInFlight(ctx)
+	}
 	return wait(ctx, s.Take, req, true, time.Now, newStdTimer)
 }
 

@@ -192,7 +192,7 @@ func (g *Gateway) attach(a *spec.API, b live.Built) (http.Handler, error) {
 		}
 		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
 	}
-	mo := nethttp.Options{API: a.ID, Renderer: g.render, CostHeader: a.CoreCostHeader()}
+	mo := nethttp.Options{API: a.ID, Renderer: g.render, CostHeader: a.CoreCostHeader(), SettleHeader: a.SettleHeader}
 	if len(a.Endpoints) > 0 {
 		// Endpoints' paths are relative to the listen path: the path
 		// the upstream sees when the listen path is stripped. Request

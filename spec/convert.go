@@ -78,6 +78,8 @@ func (p *Policy) Core() core.Policy {
 		Distributed: p.Distributed,
 		Endpoints:   p.coreEndpoints(),
 		Thresholds:  slices.Clone(p.Thresholds),
+		InFlight:    p.InFlight,
+		Settle:      p.Settle,
 	}
 }
 

@@ -106,6 +106,18 @@ type Policy struct {
 	// to its threshold webhook when the key's spend reaches one
 	// (core.Policy.Thresholds).
 	Thresholds []int64 `json:"thresholds,omitempty"`
+	// InFlight caps each consumer's requests in flight at once
+	// (core.Policy.InFlight): a request over it is refused with 429 "too
+	// many concurrent requests" and no Retry-After. 0 or absent: none;
+	// negative is refused. Merged over a consumer's policies as the other
+	// limits are (the largest cap wins).
+	InFlight int64 `json:"in_flight,omitempty"`
+	// Settle makes the quota's charge an estimate (the request's cost)
+	// settled to the actual cost when the response is done, from the
+	// response header the API names (API.SettleHeader) or what a service's
+	// middleware is given (core.Policy.Settle): the difference is charged
+	// or refunded in the quota period the estimate went to. Needs a quota.
+	Settle bool `json:"settle,omitempty"`
 }
 
 // PolicyEndpoint is a policy's own limits at one endpoint of an API.
@@ -392,6 +404,12 @@ type API struct {
 	// MaxCost bounds CostHeader's values, 1 to 2^53 − 1; required with
 	// CostHeader, refused without it.
 	MaxCost *int64 `json:"max_cost,omitempty"`
+	// SettleHeader names the response header (or trailer) in which the
+	// upstream gives a request's actual cost, e.g. "X-Usage-Tokens", for
+	// the policies that settle (Policy.Settle). A response without it (or
+	// with a value that is not an integer in [0, 2^53)) keeps the
+	// estimate. An HTTP field name.
+	SettleHeader string `json:"settle_header,omitempty"`
 }
 
 // Endpoint is a part of an API with limits of its own (core.Endpoint).

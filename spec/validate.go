@@ -133,6 +133,12 @@ func (v *validator) snapshot(s *Snapshot) {
 		}
 		v.rate(at+".rate", p.Rate)
 		v.quota(at+".quota", p.Quota)
+		if p.InFlight < 0 || p.InFlight > core.MaxCount {
+			v.fail(at+".in_flight", "%d must be in [0, 2^53) (0: no in-flight limit)", p.InFlight)
+		}
+		if p.Settle && (p.Quota == nil || p.Quota.Max == core.Unlimited) {
+			v.fail(at+".settle", "settles the quota's charge after the response: give the policy a quota")
+		}
 	}
 
 	apis := map[string]*API{}
@@ -482,6 +488,9 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 	}
 	v.endpoints(at, a, policies)
 	v.costHeader(at, a)
+	if a.SettleHeader != "" && !headerName(a.SettleHeader) {
+		v.fail(at+".settle_header", "%q is not an HTTP field name", a.SettleHeader)
+	}
 	seen := map[string]bool{}
 	for j, t := range a.Tags {
 		tat := fmt.Sprintf("%s.tags[%d]", at, j)
@@ -894,4 +903,15 @@ func durationOr(d Duration, def time.Duration) time.Duration {
 		return def
 	}
 	return time.Duration(d)
+}
+
+// headerName reports whether s is an HTTP field name (RFC 9110's token).
+func headerName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -51,6 +51,14 @@ type Options struct {
 	// OnDecision, if set, is called once per request with the decision or
 	// error (for metrics and logs). It must not retain c.
 	OnDecision func(c *gin.Context, d core.Decision, err error)
+	// SettleHeader, when set, names the response header (or trailer) in
+	// which the handler (or the upstream) gives a request's actual cost,
+	// e.g. "X-Usage-Tokens": once the handler returns, a policy that
+	// settles (core.Policy.Settle) charges or refunds the difference from
+	// the estimate (the request's cost) in the quota period it charged. A
+	// response without it, or with a value that is not an integer in
+	// [0, 2^53), keeps the estimate.
+	SettleHeader string
 }
 
 // Middleware returns Gin middleware that authenticates each request with
@@ -102,7 +110,13 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 			c.Abort()
 			return
 		}
+		// The in-flight slot is held until the rest of the chain returns,
+		// however it ends (a panic too).
+		defer d.Hold.Release()
 		c.Next()
+		if opts.SettleHeader != "" && d.Hold.Held() {
+			admit.Finish(d.Hold, c.Writer.Header().Get(opts.SettleHeader))
+		}
 	}
 }
 

@@ -114,6 +114,17 @@ type Options struct {
 	// OnDecision, if set, is called once per call, stream opening and
 	// metered message with the decision or error (for metrics and logs).
 	OnDecision func(ctx context.Context, fullMethod string, d core.Decision, err error)
+	// SettleTrailer, when set, names the trailer metadata key (lower
+	// case, e.g. "x-usage-tokens") in which the handler gives a call's
+	// (or stream's) actual cost with grpc.SetTrailer or SetTrailer: once
+	// the handler returns, a policy that settles (core.Policy.Settle)
+	// charges or refunds the difference from the estimate (the call's
+	// cost) in the quota period it charged. Settle, when set, is asked
+	// first. A call without either keeps the estimate.
+	SettleTrailer string
+	// Settle, when set, returns a unary call's actual cost from its
+	// response and error (ok false: unknown, keep the estimate).
+	Settle func(ctx context.Context, fullMethod string, resp any, err error) (actual int64, ok bool)
 }
 
 // interceptor holds what both interceptors share.
@@ -215,14 +226,35 @@ func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *int
 func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		_, md, err := in.admit(ctx, info.FullMethod, false)
+		_, md, hold, err := in.admit(ctx, info.FullMethod, false)
+		defer hold.Release() // the in-flight slot, whatever the handler does
 		if md != nil {
 			grpc.SetHeader(ctx, md) // fails only without a server transport stream
 		}
 		if err != nil {
 			return nil, err
 		}
-		return handler(ctx, req)
+		if !hold.Held() || (in.o.SettleTrailer == "" && in.o.Settle == nil) {
+			return handler(ctx, req)
+		}
+		var tc *trailerCapture
+		if in.o.SettleTrailer != "" {
+			if sts := grpc.ServerTransportStreamFromContext(ctx); sts != nil {
+				tc = &trailerCapture{ServerTransportStream: sts}
+				ctx = grpc.NewContextWithServerTransportStream(ctx, tc)
+			}
+		}
+		resp, herr := handler(ctx, req)
+		if in.o.Settle != nil {
+			if n, ok := in.o.Settle(ctx, info.FullMethod, resp, herr); ok {
+				hold.Settle(n)
+				return resp, herr
+			}
+		}
+		if tc != nil {
+			admit.Finish(hold, tc.value(in.o.SettleTrailer))
+		}
+		return resp, herr
 	}
 }
 
@@ -232,12 +264,18 @@ func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Op
 func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
 	in := newInterceptor(l, auth, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		c, md, err := in.admit(ss.Context(), info.FullMethod, in.o.PerMessage)
+		c, md, hold, err := in.admit(ss.Context(), info.FullMethod, in.o.PerMessage)
+		defer hold.Release() // a stream holds its in-flight slot until it ends
 		if md != nil {
 			ss.SetHeader(md) // fails only once headers are sent, which they are not yet
 		}
 		if err != nil {
 			return err
+		}
+		if in.o.SettleTrailer != "" && hold.Held() {
+			sc := &settleStream{ServerStream: ss}
+			defer func() { admit.Finish(hold, sc.value(in.o.SettleTrailer)) }()
+			ss = sc
 		}
 		if !in.o.PerMessage {
 			return handler(srv, ss)
@@ -251,6 +289,53 @@ func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts O
 	}
 }
 
+// trailerCapture records the trailer metadata a unary handler sets.
+type trailerCapture struct {
+	grpc.ServerTransportStream
+	mu sync.Mutex
+	md metadata.MD
+}
+
+func (t *trailerCapture) SetTrailer(md metadata.MD) error {
+	t.mu.Lock()
+	t.md = metadata.Join(t.md, md)
+	t.mu.Unlock()
+	return t.ServerTransportStream.SetTrailer(md)
+}
+
+// value is the last value of key in the trailers set.
+func (t *trailerCapture) value(key string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if vs := t.md.Get(key); len(vs) > 0 {
+		return vs[len(vs)-1]
+	}
+	return ""
+}
+
+// settleStream records the trailer metadata a stream handler sets.
+type settleStream struct {
+	grpc.ServerStream
+	mu sync.Mutex
+	md metadata.MD
+}
+
+func (s *settleStream) SetTrailer(md metadata.MD) {
+	s.mu.Lock()
+	s.md = metadata.Join(s.md, md)
+	s.mu.Unlock()
+	s.ServerStream.SetTrailer(md)
+}
+
+func (s *settleStream) value(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if vs := s.md.Get(key); len(vs) > 0 {
+		return vs[len(vs)-1]
+	}
+	return ""
+}
+
 // MethodRoute is an Options.Route: the full method name
 // ("/shop.Orders/Create") as the path, and POST, the method of every gRPC
 // call over HTTP/2.
@@ -260,14 +345,15 @@ func MethodRoute(fullMethod string) core.Route {
 
 // admit authenticates and decides a call or stream opening. It returns the
 // consumer when keep is set (a metered stream decides its messages for
-// it; nil otherwise), the header metadata to send (nil if none) and, when
-// the call must not proceed, its status error.
+// it; nil otherwise), the header metadata to send (nil if none), what the
+// admitted call holds (its in-flight slot: the caller releases it when the
+// call ends) and, when the call must not proceed, its status error.
 //
 // Its memory comes from the interceptor's pool: with an
 // identity.ConsumerWriter (keyless APIs) and without keep, an admitted call
 // allocates only the metadata gRPC keeps (Metadata), and a denied one also
-// its status.
-func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*core.Consumer, metadata.MD, error) {
+// its status. A hold refers to none of that memory.
+func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*core.Consumer, metadata.MD, core.Hold, error) {
 	s := in.scratch.Get().(*scratch)
 	defer in.scratch.Put(s)
 	var cost func() int64
@@ -279,7 +365,7 @@ func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*co
 		n, err := ch.Cost(metadataValues(ctx, ch.Name))
 		if err != nil {
 			md, _, serr := in.answer(ctx, method, "", core.Decision{}, err, true, &s.resp)
-			return nil, md, serr
+			return nil, md, core.Hold{}, serr
 		}
 		if n > 0 {
 			cost = func() int64 { return n }
@@ -305,8 +391,11 @@ func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*co
 	} else {
 		d, subject, err = admit.DecideID(ctx, in.l, in.auth, &s.req, api, route, cost, &s.cons)
 	}
-	md, _, serr := in.answer(ctx, method, subject, d, err, true, &s.resp)
-	return c, md, serr
+	md, st, serr := in.answer(ctx, method, subject, d, err, true, &s.resp)
+	if st != nil {
+		return c, md, core.Hold{}, serr // admit released any hold
+	}
+	return c, md, d.Hold, nil
 }
 
 // answer renders a decision into rs and returns its metadata and, unless
@@ -358,7 +447,9 @@ func (s *meteredStream) RecvMsg(m any) error {
 		return err
 	}
 	ctx := s.Context()
-	d, err := s.in.l.Decide(ctx, s.c, s.api, s.in.o.MessageCost)
+	// A message has no response to end a slot: the stream holds its one
+	// slot, and messages are limited by rate and quota alone.
+	d, err := s.in.l.Decide(core.WithoutInFlight(ctx), s.c, s.api, s.in.o.MessageCost)
 	if err == nil && d.Allowed {
 		if s.in.o.OnDecision != nil {
 			s.in.o.OnDecision(ctx, s.method, d, err)
@@ -384,8 +475,11 @@ func (s *meteredStream) RecvMsg(m any) error {
 //
 //   - a denied decision (HTTP 429, or QuotaExceededStatus), and an
 //     identity.LimitError: ResourceExhausted with RetryInfo (RetryAfter
-//     rounded up to the millisecond; none when the cost can never pass)
-//     and QuotaFailure details;
+//     rounded up to the millisecond; none when the cost can never pass, or
+//     when an in-flight limit refused: then the message is "too many
+//     concurrent requests" and no time is promised) and QuotaFailure
+//     details (QuotaMetric "in_flight" for an in-flight refusal,
+//     QuotaValue its cap);
 //   - 401: Unauthenticated; 403: PermissionDenied;
 //   - core.ErrStoreUnavailable: Unavailable (whatever StoreFailureStatus);
 //   - 400: InvalidArgument; anything else: Internal.
@@ -408,7 +502,7 @@ func Status(res response.Result, d core.Decision, subject string, err error) *st
 	}
 	st := status.New(codes.ResourceExhausted, msg)
 	details := make([]protoadapt.MessageV1, 0, 2)
-	if d.RetryAfter >= 0 {
+	if d.RetryAfter >= 0 && d.DecidedBy != core.KindInFlight {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay(d.RetryAfter))})
 	}
 	details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{

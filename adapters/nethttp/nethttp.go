@@ -46,6 +46,14 @@ type Options struct {
 	// OnDecision, if set, is called once per request with the decision or
 	// error (for metrics and logs). It must not retain r.
 	OnDecision func(r *http.Request, d core.Decision, err error)
+	// SettleHeader, when set, names the response header (or trailer) in
+	// which the handler (or the upstream) gives a request's actual cost,
+	// e.g. "X-Usage-Tokens": once the handler returns, a policy that
+	// settles (core.Policy.Settle) charges or refunds the difference from
+	// the estimate (the request's cost) in the quota period it charged. A
+	// response without it, or with a value that is not an integer in
+	// [0, 2^53), keeps the estimate.
+	SettleHeader string
 }
 
 // Middleware returns net/http middleware that authenticates each request
@@ -94,10 +102,26 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			pass := writeScratch(w, rend.RenderScratch(&s.answer, d, err))
 			pool.Put(s)
 			if pass {
+				// The in-flight slot is held until next returns, however
+				// it ends (a panic, a client gone, a timeout).
+				defer d.Hold.Release()
 				next.ServeHTTP(w, r)
+				if opts.SettleHeader != "" && d.Hold.Held() {
+					admit.Finish(d.Hold, settleValue(w.Header(), opts.SettleHeader))
+				}
 			}
 		})
 	}
+}
+
+// settleValue is the value of the header or trailer name in h, as a
+// handler sets it after its response (or httputil.ReverseProxy copies the
+// upstream's trailers: under their names, or with http.TrailerPrefix).
+func settleValue(h http.Header, name string) string {
+	if v := h.Get(name); v != "" {
+		return v
+	}
+	return h.Get(http.TrailerPrefix + name)
 }
 
 // PathRoute is an Options.Route: the request's method and its path

@@ -36,6 +36,13 @@ import (
 	"github.com/limitplane/limitplane/identity"
 )
 
+// MessageInFlight is the error of a request refused by an in-flight limit
+// (core.KindInFlight): 429 with the body {"error":"too many concurrent
+// requests"}, no Retry-After and no rate-limit fields (a cap on
+// concurrent requests has no window or reset time to state; see
+// Renderer.Render).
+const MessageInFlight = "too many concurrent requests"
+
 // Header field names, in Go's canonical form.
 const (
 	HeaderPolicy     = "Ratelimit-Policy"
@@ -193,6 +200,12 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 		return res
 	}
 	res.Status = http.StatusTooManyRequests
+	if d.DecidedBy == core.KindInFlight && !authLimited {
+		// No Retry-After: when a slot frees depends on other requests'
+		// responses, which nothing here knows.
+		res.Body, res.Message = errorBody(s, MessageInFlight, -1), MessageInFlight
+		return res
+	}
 	msg := "rate limit exceeded"
 	if d.DecidedBy == core.KindQuota {
 		res.Status, msg = r.o.QuotaExceededStatus, "quota exceeded"
@@ -256,7 +269,7 @@ func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Resul
 // answer — all but RateLimit-Policy's, which is cached — are written to one
 // buffer and share one string: s's, when s is not nil.
 func (r *Renderer) headers(dst []Header, s *Scratch, d core.Decision) []Header {
-	if d.DecidedBy == core.KindNone || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
+	if d.DecidedBy == core.KindNone || d.DecidedBy == core.KindInFlight || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
 		return dst
 	}
 	if !r.o.NoRateLimitFields {

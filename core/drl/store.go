@@ -257,6 +257,8 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		return nil, err
 	}
 	data.hot, data.inMemory = s.lim.compile(r)
+	// An in-flight limit is counted exactly, by the exact store.
+	data.inMemory = data.inMemory && ls.InFlight == 0
 	return r, nil
 }
 

@@ -351,6 +351,8 @@ type Store struct {
 	windows bool
 	// tags numbers the emission intervals of the rules prepared.
 	tags intervals
+	// flights counts the requests in flight under in-flight limits.
+	flights flights
 }
 
 // New returns a Store configured by opts.
@@ -362,7 +364,7 @@ func New(opts Options) *Store {
 			n, shift = n<<1, shift-1
 		}
 	}
-	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n), windows: opts.WindowsAsGCRA}
+	s := &Store{clock: newClock(opts.Clock), shift: shift, tabs: make([]atomic.Pointer[table], n), shards: make([]shard, n), windows: opts.WindowsAsGCRA, flights: newFlights(n)}
 	s.count.max = int64(max(opts.MaxKeys, 0))
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -694,6 +696,15 @@ type rule struct {
 	// GCRA limit.
 	window core.Limit
 	qt     core.Quota
+	// inFlight is the in-flight cap (core.LimitSet.InFlight); 0: none.
+	inFlight int64
+	// settle: the quota's charge is settled after the response
+	// (core.LimitSet.Settle).
+	settle bool
+	// limits is, with an in-flight cap and a rate limit or quota, the
+	// rule of the same limits without the cap: takeInFlight takes it
+	// through TakeInto's fast path.
+	limits *core.Rule
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. A rate
@@ -735,7 +746,16 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		r.tag = s.tags.tagOf(r.p.T)
 		r.tagWord = uint64(r.tag) << 32
 	}
-	r.fast = r.limited && !r.quota
+	r.inFlight, r.settle = ls.InFlight, ls.Settle && r.quota
+	r.fast = r.limited && !r.quota && r.inFlight == 0
+	if r.inFlight > 0 && (r.limited || r.quota) {
+		inner := ls
+		inner.InFlight = 0
+		var err error
+		if r.limits, err = s.Prepare(inner); err != nil {
+			return nil, err
+		}
+	}
 	return core.NewRule(ls, r)
 }
 
@@ -772,7 +792,7 @@ func (s *Store) Take(ctx context.Context, req core.Request) (d core.Decision, er
 // key): on a hot in-process key the Decision copy it avoids is about a
 // third of the cost; on a store of a million keys it costs about half what
 // Take does in a tight loop (benchmarks/README.md).
-func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision) error {
+func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decision) error {
 	// The common case is decided here: a GCRA rate limit alone, on a key
 	// already held whose state is not being moved. Everything else
 	// (errors included) goes to take.
@@ -787,7 +807,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	// once, field by field, not zeroed and then filled.
 	r, n := s.ruleOf(req), req.Cost
 	if r == nil || !r.fast || uint64(n) > core.MaxCost {
-		return s.slow(req, d)
+		return s.slow(ctx, req, d)
 	}
 	var now int64 // s.clock.now(), inlined by hand
 	switch c := &s.clock; {
@@ -820,14 +840,14 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 	if atHome == h && home.check.Load() == word {
 		e = &home.entry
 	} else if e = t.findWord(h, word); e == nil {
-		return s.slow(req, d)
+		return s.slow(ctx, req, d)
 	}
 	md := req.Reservation()
 	tat := e.tat.Load()
 	for {
 		if tat < frozen {
-			runtime.KeepAlive(t)  // e is in t
-			return s.slow(req, d) // swept or moved: take looks up again
+			runtime.KeepAlive(t)       // e is in t
+			return s.slow(ctx, req, d) // swept or moved: take looks up again
 		}
 		next, ok := p.ConformWithin(tat, now, n, md)
 		if !ok {
@@ -836,7 +856,7 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 			d.Allowed, d.DecidedBy, d.Policy, d.Shadowed = false, core.KindRate, "", false
 			d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.Delay = p.Burst, rem, reset, time.Duration(p.RetryAfter(tat, now, n)), 0
 			d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter, d.Rate.Window, d.Rate.Policy = p.Burst, rem, reset, time.Duration(p.Tau), ""
-			d.Quota = core.Status{}
+			d.Quota, d.Hold = core.Status{}, core.Hold{}
 			runtime.KeepAlive(t) // e is in t
 			return nil
 		}
@@ -852,21 +872,21 @@ func (s *Store) TakeInto(_ context.Context, req *core.Request, d *core.Decision)
 		// A positive delay: admitted by reservation.
 		d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.Delay = p.Burst, rem, reset, 0, time.Duration(max(next-p.Tau-now, 0))
 		d.Rate.Limit, d.Rate.Remaining, d.Rate.ResetAfter, d.Rate.Window, d.Rate.Policy = p.Burst, rem, reset, time.Duration(p.Tau), ""
-		d.Quota = core.Status{}
+		d.Quota, d.Hold = core.Status{}, core.Hold{}
 		runtime.KeepAlive(t) // e is in t
 		return nil
 	}
 }
 
 // slow is TakeInto's general path, take writing into *d.
-func (s *Store) slow(req *core.Request, d *core.Decision) (err error) {
-	*d, err = s.take(*req)
+func (s *Store) slow(ctx context.Context, req *core.Request, d *core.Decision) (err error) {
+	*d, err = s.take(ctx, *req)
 	return err
 }
 
 // take is Take's general path: errors, new keys, quotas, and entries
 // being swept.
-func (s *Store) take(req core.Request) (core.Decision, error) {
+func (s *Store) take(ctx context.Context, req core.Request) (core.Decision, error) {
 	if req.Cost < 0 || req.Cost > core.MaxCost {
 		return core.Decision{}, core.ErrInvalidCost
 	}
@@ -874,10 +894,23 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 	if r == nil {
 		return core.Decision{}, core.ErrForeignRule
 	}
+	if r.inFlight > 0 && !core.InFlightSkipped(ctx) {
+		return s.takeInFlight(ctx, req, r)
+	}
+	return s.takeLimits(req, r)
+}
+
+// takeLimits is take for r's rate limit and quota.
+func (s *Store) takeLimits(req core.Request, r *rule) (core.Decision, error) {
 	if !r.limited && !r.quota {
 		return core.Decision{Allowed: true}, nil
 	}
 	sh, f := s.locate(req.Consumer, req.Rule.Scope())
+	return s.takeAt(sh, f, req, r)
+}
+
+// takeAt is takeLimits for the key located at (sh, f).
+func (s *Store) takeAt(sh *shard, f fingerprint, req core.Request, r *rule) (core.Decision, error) {
 	now := s.clock.now()
 	t := sh.tab.Load()
 	var e *entry
@@ -887,7 +920,7 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 		e = &sl.entry
 	case sl == nil && (req.Cost == 0 || (r.limited && req.Cost > r.p.Burst) || (r.quota && req.Cost > r.qt.Max)):
 		// Cannot change state: answer from the empty state, create nothing.
-		return sh.decide(nil, nil, r, req, now)
+		return sh.decide(nil, nil, r, req, now, nil)
 	default:
 		// A new key, or one whose TAT is in another interval's units:
 		// put inserts or converts it.
@@ -896,9 +929,13 @@ func (s *Store) take(req core.Request) (core.Decision, error) {
 		}
 	}
 	for {
-		d, err := sh.decide(t, e, r, req, now)
+		var spent *period
+		d, err := sh.decide(t, e, r, req, now, &spent)
 		runtime.KeepAlive(t) // e is in t
 		if err != errRetry {
+			if r.settle && spent != nil && d.Allowed && err == nil {
+				d.Hold = core.NewHold(&settlement{q: spent, charged: req.Cost})
+			}
 			return d, err
 		}
 		if t, e = s.insert(sh, f, r, now); e == nil {
@@ -930,8 +967,9 @@ func (s *Store) tooMany() error {
 }
 
 // decide applies req to e, an entry of table t (nil means the empty state,
-// read-only).
-func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int64) (core.Decision, error) {
+// read-only). When spent is not nil and req's cost went to a quota period,
+// *spent is set to that period.
+func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int64, spent **period) (core.Decision, error) {
 	var d core.Decision
 	n := req.Cost
 	p, limited, quota, qt := cr.p, cr.limited, cr.quota, cr.qt
@@ -1047,6 +1085,9 @@ func (sh *shard) decide(t *table, e *entry, cr *rule, req core.Request, now int6
 			if q.used.CompareAndSwap(used, used+n) {
 				break
 			}
+		}
+		if spent != nil && n > 0 {
+			*spent = q
 		}
 		used := int64(0)
 		if q != nil && q.end > now {

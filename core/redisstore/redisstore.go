@@ -230,6 +230,14 @@ type Options struct {
 	// DefaultGlobalCutOff.
 	GlobalCutOff time.Duration
 
+	// InFlightLease is how long an in-flight slot (core.LimitSet.InFlight)
+	// stays held without being renewed: the store renews the slots it
+	// holds every InFlightLease/3, so a slot of a process that died is
+	// free again within InFlightLease of its last renewal. Default
+	// DefaultInFlightLease (30 s); whole milliseconds. Slot expiry is
+	// Redis TIME, also when Clock is set.
+	InFlightLease time.Duration
+
 	// Clock is a test seam: when set, the script uses Clock.Nanotime()
 	// as now instead of Redis TIME, so the conformance suite can freeze
 	// and step time. Production code leaves it nil: then app-server clocks
@@ -254,6 +262,7 @@ type Store struct {
 	// follows is Options.FollowsControlPlane, cutoff Options.GlobalCutOff,
 	// activeKey the global quotas' active set (GlobalActiveKey).
 	follows   bool
+	flights   flights // in-flight slots held (inflight.go)
 	cutoff    time.Duration
 	activeKey string
 	activeArg any    // activeKey, boxed once
@@ -275,6 +284,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		s.prefix = DefaultKeyPrefix
 	}
 	s.head = s.prefix + "{"
+	s.flights.init(opts.InFlightLease)
 	s.follows, s.cutoff, s.activeKey = opts.FollowsControlPlane, opts.GlobalCutOff, GlobalActiveKey(s.prefix)
 	s.activeArg = s.activeKey
 	if s.follows {
@@ -317,7 +327,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 // Close makes later Takes fail with ErrClosed when batching is on (Takes
 // already waiting still get their replies). With FollowsControlPlane it
 // also stops the goroutine that writes global quotas' active-set marks,
-// dropping marks not yet written. It does not close the client, which
+// dropping marks not yet written, and it stops the goroutine that renews
+// in-flight slots' leases (slots still held then lapse within
+// Options.InFlightLease). It does not close the client, which
 // belongs to the caller.
 func (s *Store) Close() error {
 	if s.pipe != nil {
@@ -326,6 +338,7 @@ func (s *Store) Close() error {
 	if s.follows {
 		s.marks.close()
 	}
+	s.flights.close()
 	return nil
 }
 
@@ -486,6 +499,11 @@ type rule struct {
 	// per-rule arguments (scope, policy), boxed once.
 	global bool
 	gargs  [2]any
+	// inFlight is the in-flight cap (core.LimitSet.InFlight); 0: none.
+	inFlight int64
+	// settle: the quota's charge is settled after the response
+	// (core.LimitSet.Settle; not for a global quota).
+	settle bool
 }
 
 // Prepare implements core.Store: it validates ls and compiles it. Errors
@@ -498,7 +516,8 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 	if err := ls.Validate(); err != nil {
 		return nil, err
 	}
-	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota, global: s.follows && ls.Quota.IsGlobal()}
+	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), rate: ls.Rate, qt: ls.Quota, global: s.follows && ls.Quota.IsGlobal(), inFlight: ls.InFlight}
+	r.settle = ls.Settle && r.quota && !r.global
 	if r.global {
 		if err := ls.Quota.Global.Validate(ls.Quota.Max); err != nil {
 			return nil, fmt.Errorf("quota: %w", err)
@@ -542,6 +561,15 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 	if !ok {
 		return core.Decision{}, core.ErrForeignRule
 	}
+	if r.inFlight > 0 && !core.InFlightSkipped(ctx) {
+		return s.takeInFlight(ctx, req, r)
+	}
+	return s.takeLimits(ctx, req, r)
+}
+
+// takeLimits is Take for r's rate limit and quota.
+func (s *Store) takeLimits(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
+	n := req.Cost
 	limited, quota, p, alg := r.limited, r.quota, r.p, r.alg
 	if !limited && !quota {
 		return core.Decision{Allowed: true}, nil
@@ -596,11 +624,18 @@ func (s *Store) Take(ctx context.Context, req core.Request) (core.Decision, erro
 		c.args = append(c.args, "0")
 	}
 
-	v, err := s.run(ctx, c, 9)
+	var qkey string
+	if r.settle && quota && n > 0 {
+		qkey = string(c.keys[1].b) // c goes back to its pool in run
+	}
+	v, err := s.run(ctx, c, 11)
 	if err != nil {
 		return core.Decision{}, err
 	}
 	d, err := decision(req, r, v)
+	if err == nil && qkey != "" && d.Allowed && v[9] > 0 {
+		d.Hold = core.NewHold(&settlement{s: s, key: qkey, charged: n, end: strconv.FormatInt(v[9]*1000+v[10], 10)})
+	}
 	if err == nil && r.seed != nil {
 		s.seedWith(req, r, d)
 	}

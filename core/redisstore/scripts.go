@@ -33,7 +33,9 @@ import (
 //	ARGV[8]           "1" when a rate limit applies
 //	ARGV[9...]        the algorithm's parameters
 //
-// Reply: {code, a, b, c, d, e, quota_used, quota_reset_u, quota_reset_r}
+// Reply: {code, a, b, c, d, e, quota_used, quota_reset_u, quota_reset_r,
+// quota_end_u, quota_end_r} (the quota period's end, 0 0 when none: what a
+// settle names the period by)
 // with code 0 allowed, 1 denied by the rate limit, 2 denied by the quota;
 // a..e are the algorithm's (see each chunk).
 const prelude = `
@@ -337,7 +339,7 @@ if q_on then q_used, q_eu, q_er = win_load(KEYS[2]) end
 local function reply(code, a, b, c, d, e)
   local ru, rr = ren_u, ren_r
   if q_eu then ru, rr = sub(q_eu, q_er, now_u, now_r) end
-  return {code, a, b, c, d, e, q_used, ru, rr}
+  return {code, a, b, c, d, e, q_used, ru, rr, q_eu or 0, q_er}
 end
 if q_on and q_used + n > qmax then
   if rate_on then return reply(2, rate_peek()) end

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 )
@@ -65,8 +66,14 @@ func dirty(v reflect.Value) {
 	switch v.Kind() {
 	case reflect.Struct:
 		for i := range v.NumField() {
-			dirty(v.Field(i))
+			f := v.Field(i)
+			if !f.CanSet() { // an unexported field (core.Hold's)
+				f = reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem()
+			}
+			dirty(f)
 		}
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem())) // a Hold no store made
 	case reflect.Bool:
 		v.SetBool(true)
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:

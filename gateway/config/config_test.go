@@ -52,7 +52,7 @@ func TestRefusals(t *testing.T) {
 		{"unknown nested field", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, bust: 5}\n" + api,
 			`t.yaml:3:34: policies[0].rate.bust: unknown field (known here: requests, per, burst, algorithm)`},
 		{"unknown api field", "apis:\n  - {id: a, listen_path: /a/, target: \"builtin:echo\", upstream: x}\n",
-			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data, tags, endpoints, cost_header, max_cost)`},
+			`t.yaml:2:55: apis[0].upstream: unknown field (known here: id, listen_path, target, auth, policies, jwt, failure_limit, strip_listen_path, strip_auth_data, tags, endpoints, cost_header, max_cost, settle_header)`},
 		{"field given twice", "policies:\n  - id: p\n    rate:\n      requests: 5\n      requests: 6\n" + api,
 			`t.yaml:5:7: policies[0].rate.requests: given twice (first at line 4)`},
 		{"negative quota_epoch", "keys:\n  - key: k\n    api_limits: {a: {quota: {max: 1, renewal: 1h}}}\n    quota_epoch: -1\n" + api,

@@ -332,36 +332,36 @@ func TestRedisConfig(t *testing.T) {
 	}{
 		{"defaults", "store: redis://cache:6379/2\n",
 			config.Redis{URL: "redis://cache:6379/2", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"redis://cache:6379/2"},
 		{"every setting", "store: rediss://app@cache:6380/1?dial_timeout=1s\nredis:\n  timeout: 100ms\n  key_prefix: \"gw:\"\n  pipeline: 64\n" +
-			"  breaker_failures: 3\n  breaker_cooldown: 2s\n  password_env: LP_REDIS_PW\n",
+			"  breaker_failures: 3\n  breaker_cooldown: 2s\n  in_flight_lease: 5s\n  password_env: LP_REDIS_PW\n",
 			config.Redis{URL: "rediss://app:p%40ss%3Aword@cache:6380/1?dial_timeout=1s", Password: "p@ss:word", Options: redisstore.Options{
-				KeyPrefix: "gw:", Timeout: 100 * time.Millisecond, Pipeline: 64, BreakerFailures: 3, BreakerCooldown: 2 * time.Second}},
+				KeyPrefix: "gw:", Timeout: 100 * time.Millisecond, Pipeline: 64, BreakerFailures: 3, BreakerCooldown: 2 * time.Second, InFlightLease: 5 * time.Second}},
 			"rediss://app@cache:6380/1?dial_timeout=1s"},
 		{"batching off", "store: redis://cache:6379/2\nredis: {pipeline: 0}\n",
 			config.Redis{URL: "redis://cache:6379/2", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: -1, BreakerFailures: 5, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: -1, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"redis://cache:6379/2"},
 		{"breaker off, password file", "store: redis+cluster://n1:7000,n2:7001\nredis: {breaker_failures: 0, password_file: " + dir + "/pw}\n",
 			config.Redis{URL: "redis+cluster://:from%20file@n1:7000,n2:7001", Password: "from file", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: -1, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: -1, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"redis+cluster://n1:7000,n2:7001"},
 		{"sentinel password", "store: redis+sentinel://mymaster@s1,s2:26380/3\nredis: {password_env: LP_REDIS_PW}\n",
 			config.Redis{URL: "redis+sentinel://mymaster@s1,s2:26380/3?password=p%40ss%3Aword", Password: "p@ss:word", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"redis+sentinel://mymaster@s1,s2:26380/3"},
 		{"scheme in upper case", "store: REDIS://Cache:6379/2\n",
 			config.Redis{URL: "redis://Cache:6379/2", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"REDIS://Cache:6379/2"},
 		{"cluster scheme in mixed case, password", "store: Redis+Cluster://n1:7000,n2:7001\nredis: {password_env: LP_REDIS_PW}\n",
 			config.Redis{URL: "redis+cluster://:p%40ss%3Aword@n1:7000,n2:7001", Password: "p@ss:word", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"Redis+Cluster://n1:7000,n2:7001"},
 		{"unix socket", "store: unix:///run/redis.sock?db=4\n",
 			config.Redis{URL: "unix:///run/redis.sock?db=4", Options: redisstore.Options{
-				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second}},
+				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"unix:///run/redis.sock?db=4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -34,6 +34,7 @@ func (v *loader) redis(store string, r *rawRedis) *Redis {
 		Pipeline:        cmp.Or(number(v, "redis.pipeline", r.Pipeline, redisstore.DefaultPipeline, nonNegative, " must be >= 0 (0 turns batching off)"), -1),
 		BreakerFailures: cmp.Or(number(v, "redis.breaker_failures", r.BreakerFailures, redisstore.DefaultBreakerFailures, nonNegative, " must be >= 0 (0 turns the breaker off)"), -1),
 		BreakerCooldown: number(v, "redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown, positive, mustBePositive),
+		InFlightLease:   number(v, "redis.in_flight_lease", r.InFlightLease, redisstore.DefaultInFlightLease, positive, mustBePositive),
 	}}
 	if r.KeyPrefix != "" {
 		if strings.ContainsAny(r.KeyPrefix, "{}") {

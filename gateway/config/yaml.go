@@ -51,6 +51,7 @@ type rawRedis struct {
 	Pipeline        *int           `json:"pipeline"`
 	BreakerFailures *int           `json:"breaker_failures"`
 	BreakerCooldown *time.Duration `json:"breaker_cooldown"`
+	InFlightLease   *time.Duration `json:"in_flight_lease"`
 	PasswordEnv     string         `json:"password_env"`
 	PasswordFile    string         `json:"password_file"`
 }

@@ -6,6 +6,7 @@ package admit
 
 import (
 	"context"
+	"strings"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -16,7 +17,10 @@ import (
 // authenticated request). A request that fails authentication never reaches
 // l, so it creates no limiter state: the error is auth's and the consumer
 // nil. Otherwise the consumer is returned with l's decision and error. Pass
-// the decision and error to response.Renderer.Render.
+// the decision and error to response.Renderer.Render. An admitted
+// decision's Hold (its in-flight slots) is the caller's to release, with
+// defer, once the response is done; a refusal or an error holds nothing
+// (a hold a decider returned with one is released here).
 //
 // route, when not nil, says where the request goes within api: when l is
 // a core.RouteDecider the request is decided at the endpoint it matches
@@ -37,12 +41,20 @@ func decide(ctx context.Context, l core.Decider, c *core.Consumer, api string, r
 	if cost != nil {
 		n = cost()
 	}
-	if route != nil {
-		if rd, ok := l.(core.RouteDecider); ok {
-			return rd.DecideRoute(ctx, c, api, route(), n)
-		}
+	var d core.Decision
+	var err error
+	if rd, ok := l.(core.RouteDecider); ok && route != nil {
+		d, err = rd.DecideRoute(ctx, c, api, route(), n)
+	} else {
+		d, err = l.Decide(ctx, c, api, n)
 	}
-	return l.Decide(ctx, c, api, n)
+	if err != nil || !d.Allowed {
+		// Only an admitted request holds a slot: a decider that returned
+		// one with a refusal gets it back here, so no adapter leaks it.
+		d.Hold.Release()
+		d.Hold = core.Hold{}
+	}
+	return d, err
 }
 
 // Consumer is the memory Decide writes a consumer into. Its zero value is
@@ -99,4 +111,34 @@ func CostHeader(l core.Decider, api string, h core.CostHeader) core.CostHeader {
 		return src.CostHeader(api)
 	}
 	return core.CostHeader{}
+}
+
+// Finish ends h once the response is done: with the actual cost in value
+// (a response header's or trailer's value: a decimal integer in
+// [0, core.MaxCost], surrounding spaces allowed) it settles h to it
+// (core.Hold.Settle); with none (value empty) or a malformed one it
+// releases h, keeping the estimate.
+func Finish(h core.Hold, value string) {
+	if n, ok := ParseCost(value); ok {
+		h.Settle(n)
+		return
+	}
+	h.Release()
+}
+
+// ParseCost reads an actual cost: a decimal integer in [0, core.MaxCost],
+// surrounding spaces and tabs allowed; ok is false for anything else.
+func ParseCost(s string) (n int64, ok bool) {
+	s = strings.Trim(s, " \t")
+	if s == "" || len(s) > 16 {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, n <= core.MaxCost
 }

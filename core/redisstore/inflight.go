@@ -1,0 +1,248 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultInFlightLease is a slot's lease unless Options.InFlightLease is
+// set.
+const DefaultInFlightLease = 30 * time.Second
+
+// In-flight limits (core.LimitSet.InFlight). Each (consumer, scope) with
+// requests in flight has a sorted set, <prefix>{<consumer-hash>}:inflight:
+// <scope>, one member per slot held, scored by the slot's expiry in ms of
+// Redis TIME. Taking a slot (inFlightAcquire) first removes the members
+// whose lease has passed, then adds one only when fewer than the cap are
+// left, atomically. The store renews the leases of the slots it holds
+// every lease/3, from one goroutine for all of them (started with the
+// first slot, stopped by Close), and a release removes the member. So a
+// slot of a process that died (or lost Redis for longer than the lease)
+// is free again at most a lease after its last renewal. Every write sets
+// the key's TTL to the lease: the latest member's expiry.
+const inFlightAcquire = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZCARD', KEYS[1])
+if n >= cap or ARGV[4] == '1' then
+  return {0, n}
+end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], lease)
+return {1, n + 1}
+`
+
+// inFlightRenew moves the expiry of the members ARGV[2:] that are still
+// held (ZADD XX: a lapsed member is not revived) to now + lease.
+const inFlightRenew = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
+return 0
+`
+
+var (
+	inFlightAcquireScript = redis.NewScript(inFlightAcquire)
+	inFlightRenewScript   = redis.NewScript(inFlightRenew)
+)
+
+// inFlightKind names the in-flight sorted set.
+var inFlightKind = []byte("inflight")
+
+// flights is a store's registry of the slots it holds, renewed by one
+// goroutine.
+type flights struct {
+	lease   time.Duration
+	leaseMs int64
+	prefix  string        // random per store: members are <prefix>:<n>
+	seq     atomic.Uint64 // n
+	start   sync.Once
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	held    map[string]map[string]struct{} // key → members; guarded by mu
+	closed  bool                           // guarded by mu
+}
+
+func (f *flights) init(lease time.Duration) {
+	if lease <= 0 {
+		lease = DefaultInFlightLease
+	}
+	f.lease = lease
+	f.leaseMs = max(int64(lease/time.Millisecond), 1)
+	var b [8]byte
+	rand.Read(b[:])
+	f.prefix = hex.EncodeToString(b[:])
+	f.stop, f.done = make(chan struct{}), make(chan struct{})
+	f.held = make(map[string]map[string]struct{})
+}
+
+// slot is one held slot: its core.Releaser.
+type slot struct {
+	s           *Store
+	key, member string
+}
+
+// Release implements core.Releaser: it removes the slot's member, under
+// the store's timeout and a context of its own (the request's may have
+// ended), and stops renewing it. A release that fails leaves the member to
+// expire within the lease.
+func (sl *slot) Release() {
+	f := &sl.s.flights
+	f.mu.Lock()
+	if m := f.held[sl.key]; m != nil {
+		delete(m, sl.member)
+		if len(m) == 0 {
+			delete(f.held, sl.key)
+		}
+	}
+	f.mu.Unlock()
+	ctx, cancel := sl.s.callCtx()
+	defer cancel()
+	sl.s.client.ZRem(ctx, sl.key, sl.member)
+}
+
+// takeInFlight is Take for a rule with an in-flight limit: a slot is taken
+// first, in one script call (a denial there spends nothing), then the rate
+// limit and quota as for any rule, and the slot is given back unless they
+// allow: two round trips for an admitted request, three for one the rate
+// limit or quota denies. A cost of 0 peeks: denied when the cap is held,
+// nothing taken.
+func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
+	f := &s.flights
+	f.start.Do(func() { go f.renew(s) })
+	key := s.key(req.Consumer, inFlightKind, req.Rule.Scope())
+	member := f.prefix + ":" + strconv.FormatUint(f.seq.Add(1), 10)
+	peek := "0"
+	if req.Cost == 0 {
+		peek = "1"
+	}
+	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
+		return inFlightAcquireScript.Run(ctx, s.client, []string{key}, r.inFlight, f.leaseMs, member, peek).Int64Slice()
+	})
+	if err != nil {
+		return core.Decision{}, fmt.Errorf("redisstore: take in-flight slot: %w", err)
+	}
+	if len(v) != 2 {
+		return core.Decision{}, fmt.Errorf("redisstore: take in-flight slot: script replied %d values, want 2", len(v))
+	}
+	got, held := v[0] == 1, v[1]
+	if !got && (req.Cost > 0 || held >= r.inFlight) {
+		return core.Decision{DecidedBy: core.KindInFlight, Limit: r.inFlight}, nil
+	}
+	var d core.Decision
+	if r.limited || r.quota {
+		d, err = s.takeLimits(ctx, req, r)
+	} else {
+		d = core.Decision{Allowed: true, DecidedBy: core.KindInFlight, Limit: r.inFlight, Remaining: r.inFlight - held}
+	}
+	if !got {
+		return d, err
+	}
+	sl := &slot{s: s, key: key, member: member}
+	if err != nil || !d.Allowed {
+		sl.Release()
+		return d, err
+	}
+	f.mu.Lock()
+	m := f.held[key]
+	if m == nil {
+		m = make(map[string]struct{})
+		f.held[key] = m
+	}
+	m[member] = struct{}{}
+	f.mu.Unlock()
+	d.Hold = core.JoinHolds(core.NewHold(sl), d.Hold) // d's: a settlement
+	return d, nil
+}
+
+// renew renews the leases of the slots s holds every lease/3 until Close.
+func (f *flights) renew(s *Store) {
+	defer close(f.done)
+	t := time.NewTicker(max(f.lease/3, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-t.C:
+			f.renewOnce(s)
+		}
+	}
+}
+
+// renewOnce renews every held slot's lease: one script call per key, all
+// in one pipeline.
+func (f *flights) renewOnce(s *Store) {
+	f.mu.Lock()
+	if len(f.held) == 0 {
+		f.mu.Unlock()
+		return
+	}
+	batch := make(map[string][]any, len(f.held))
+	for key, m := range f.held {
+		args := make([]any, 0, len(m)+1)
+		args = append(args, f.leaseMs)
+		for member := range m {
+			args = append(args, member)
+		}
+		batch[key] = args
+	}
+	f.mu.Unlock()
+	ctx, cancel := s.callCtx()
+	defer cancel()
+	pipe := s.client.Pipeline()
+	for key, args := range batch {
+		inFlightRenewScript.EvalSha(ctx, pipe, []string{key}, args...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && isNoScript(err) {
+		pipe := s.client.Pipeline()
+		for key, args := range batch {
+			inFlightRenewScript.Eval(ctx, pipe, []string{key}, args...)
+		}
+		pipe.Exec(ctx)
+	}
+}
+
+// close stops the renewing goroutine, if it started. Slots still held are
+// left to expire within the lease; their Release still removes them.
+func (f *flights) close() {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
+	f.closed = true
+	f.mu.Unlock()
+	f.start.Do(func() { close(f.done) }) // never started: nothing to stop
+	close(f.stop)
+	<-f.done
+}
+
+// InFlight returns the slots of (consumer, scope) held now in Redis, by
+// every process, lapsed leases left out: for tests and tools.
+func (s *Store) InFlight(ctx context.Context, consumer, scope string) (int64, error) {
+	key := s.key(consumer, inFlightKind, scope)
+	v, err := inFlightAcquireScript.Run(ctx, s.client, []string{key}, 0, 1, "", "1").Int64Slice()
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: in flight: %w", err)
+	}
+	return v[1], nil
+}

@@ -1,0 +1,166 @@
+package redisstore_test
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// inFlightStore returns a store with the lease over a new client of srv.
+func inFlightStore(t *testing.T, srv *redistest.Server, lease time.Duration) *redisstore.Store {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 64})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, InFlightLease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestInFlightSlotsConcurrent: cap 5, 50 goroutines of one consumer
+// through two stores (two processes' worth) on one Redis, holding what
+// they get: exactly 5 admitted, 45 denied by the in-flight limit; after
+// the releases no slot is left, and a rate denial gives its slot back.
+func TestInFlightSlotsConcurrent(t *testing.T) {
+	srv := redistest.Start(t)
+	stores := []*redisstore.Store{inFlightStore(t, srv, 0), inFlightStore(t, srv, 0)}
+	var engines []*core.Engine
+	for _, s := range stores {
+		e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "p", InFlight: 5, Rate: core.PerMinute(1000)}}}, core.Options{FailurePolicy: core.FailClosed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	c := &core.Consumer{ID: "k", Policies: []string{"p"}}
+	ctx := context.Background()
+	for round := 0; round < 2; round++ {
+		var wg sync.WaitGroup
+		var admitted, denied atomic.Int64
+		holds := make(chan core.Hold, 50)
+		for i := 0; i < 50; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := engines[i%2].Decide(ctx, c, "api", 1)
+				switch {
+				case err != nil:
+					t.Error(err)
+				case d.Allowed:
+					admitted.Add(1)
+					holds <- d.Hold
+				default:
+					denied.Add(1)
+					if d.DecidedBy != core.KindInFlight || d.Limit != 5 || d.Policy != "p" || d.RetryAfter != 0 {
+						t.Errorf("denied: %+v", d)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(holds)
+		if admitted.Load() != 5 || denied.Load() != 45 {
+			t.Fatalf("admitted %d, denied %d; want 5, 45", admitted.Load(), denied.Load())
+		}
+		if n, err := stores[0].InFlight(ctx, "k", ""); err != nil || n != 5 {
+			t.Fatalf("in flight %d %v, want 5", n, err)
+		}
+		for h := range holds {
+			h.Release()
+			h.Release()
+		}
+		if n, err := stores[1].InFlight(ctx, "k", ""); err != nil || n != 0 {
+			t.Fatalf("in flight after release %d %v, want 0", n, err)
+		}
+	}
+	// A rate denial gives its slot back.
+	e, err := core.NewEngine(stores[0], core.Config{Policies: []core.Policy{{ID: "r", InFlight: 5, Rate: core.PerMinute(2)}}}, core.Options{FailurePolicy: core.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &core.Consumer{ID: "r", Policies: []string{"r"}}
+	for i, want := range []bool{true, true, false} {
+		d, err := e.Decide(ctx, rc, "api", 1)
+		if err != nil || d.Allowed != want || d.Hold.Held() != want {
+			t.Fatalf("request %d: %+v %v", i, d, err)
+		}
+		if !want && (d.DecidedBy != core.KindRate || d.RetryAfter <= 29*time.Second || d.RetryAfter > 30*time.Second) { // Redis TIME runs
+			t.Fatalf("rate denial: %+v", d)
+		}
+	}
+	if n, err := stores[0].InFlight(ctx, "r", ""); err != nil || n != 2 {
+		t.Fatalf("in flight %d %v, want 2", n, err)
+	}
+}
+
+// TestInFlightLease: slots of a store that stops renewing (closed without
+// releasing, as a process that died) are free again within the lease;
+// slots whose store renews them stay held well past the lease.
+func TestInFlightLease(t *testing.T) {
+	srv := redistest.Start(t)
+	const lease = time.Second
+	ctx := context.Background()
+	before := runtime.NumGoroutine()
+	a, b := inFlightStore(t, srv, lease), inFlightStore(t, srv, lease)
+	pol := core.Config{Policies: []core.Policy{{ID: "p", InFlight: 5}}}
+	ea, _ := core.NewEngine(a, pol, core.Options{FailurePolicy: core.FailClosed})
+	eb, _ := core.NewEngine(b, pol, core.Options{FailurePolicy: core.FailClosed})
+	c := &core.Consumer{ID: "k", Policies: []string{"p"}}
+	var holds []core.Hold
+	for i := 0; i < 5; i++ {
+		d, err := ea.Decide(ctx, c, "api", 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		holds = append(holds, d.Hold)
+	}
+	// Renewed: still held three leases later.
+	time.Sleep(3 * lease)
+	if d, err := eb.Decide(ctx, c, "api", 1); err != nil || d.Allowed {
+		t.Fatalf("renewed slots were free: %+v %v", d, err)
+	}
+	// a stops renewing: within the lease (and not much sooner than its
+	// last renewal allows) the slots are free.
+	a.Close()
+	stopped := time.Now()
+	for {
+		d, err := eb.Decide(ctx, c, "api", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			d.Hold.Release()
+			break
+		}
+		if time.Since(stopped) > lease+200*time.Millisecond {
+			t.Fatalf("slots still held %v after the renewals stopped (lease %v)", time.Since(stopped), lease)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("slots free %v after the renewals stopped (lease %v)", time.Since(stopped), lease)
+	for _, h := range holds {
+		h.Release() // a late release of lapsed slots removes nothing of b's
+	}
+	if n, err := b.InFlight(ctx, "k", ""); err != nil || n != 0 {
+		t.Fatalf("in flight %d %v, want 0", n, err)
+	}
+	b.Close()
+	// No goroutine left behind by either store's renewals.
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) { // the clients' pools may keep a goroutine each
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+2 {
+		t.Fatalf("%d goroutines, %d before", n, before)
+	}
+}

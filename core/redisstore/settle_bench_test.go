@@ -1,0 +1,80 @@
+package redisstore_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// callCounter counts the commands a client sends (a pipeline's each).
+type callCounter struct{ n atomic.Int64 }
+
+func (c *callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(int64(len(cmds))); return next(ctx, cmds) }
+}
+
+// BenchmarkSettleRedis is Engine.Decide and the end of the request (Hold's
+// Release or Settle) for one caller on a throwaway redis-server: a quota
+// whose estimate stands ("quota", Release), the same quota settled to
+// another cost ("quota+settle"), and an in-flight cap ("in_flight",
+// Release). redis-calls/op counts the commands sent per request (an
+// EVALSHA each; a NOSCRIPT retry would count twice).
+func BenchmarkSettleRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, tc := range []struct {
+		name   string
+		p      core.Policy
+		settle bool
+	}{
+		{"quota", core.Policy{ID: "p", Quota: core.Quota{Max: 1 << 50, Renewal: time.Hour}, Settle: true}, false},
+		{"quota+settle", core.Policy{ID: "p", Quota: core.Quota{Max: 1 << 50, Renewal: time.Hour}, Settle: true}, true},
+		{"in_flight", core.Policy{ID: "p", InFlight: 1000}, false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			defer c.Close()
+			cc := &callCounter{}
+			c.AddHook(cc)
+			s, err := redisstore.New(c, redisstore.Options{Pipeline: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{tc.p}}, core.Options{FailurePolicy: core.FailClosed})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cons := &core.Consumer{ID: "bench", Policies: []string{"p"}}
+			ctx := context.Background()
+			end := func() {
+				d, err := e.Decide(ctx, cons, "api", 100)
+				if err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+				if tc.settle {
+					d.Hold.Settle(7)
+				} else {
+					d.Hold.Release()
+				}
+			}
+			end() // scripts loaded
+			cc.n.Store(0)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				end()
+			}
+			b.ReportMetric(float64(cc.n.Load())/float64(b.N), "redis-calls/op")
+		})
+	}
+}

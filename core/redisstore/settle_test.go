@@ -1,0 +1,164 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// quotaKey is the key-wide quota hash of consumer at epoch 0.
+func quotaKey(consumer string) string {
+	h := sha256.Sum256([]byte(consumer))
+	return redisstore.DefaultKeyPrefix + "{" + hex.EncodeToString(h[:])[:32] + "}:quota:"
+}
+
+// quotaUsed reads the quota hash's count.
+func quotaUsed(t *testing.T, c *redis.Client, consumer string) int64 {
+	t.Helper()
+	s, err := c.HGet(context.Background(), quotaKey(consumer), "used").Result()
+	if err == redis.Nil {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func settleEngine(t *testing.T, srv *redistest.Server, clock core.Clock) (*core.Engine, *redis.Client) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Clock: clock, TTLMargin: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "tokens", Quota: core.Quota{Max: 10_000, Renewal: time.Minute}, Settle: true}}}, core.Options{FailurePolicy: core.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, c
+}
+
+// TestSettleConcurrentRedis: estimate 100, actual 1,000 / 10 / absent,
+// budget 10,000 per minute, 16 concurrent clients: the quota count in
+// Redis is exactly the sum of the admitted requests' actual costs (100
+// where absent); over budget after settling, the next request is refused
+// with Retry-After from the period's real end.
+func TestSettleConcurrentRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	e, rc := settleEngine(t, srv, nil)
+	c := &core.Consumer{ID: "k", Policies: []string{"tokens"}}
+	ctx := context.Background()
+	actuals := []int64{1000, 10, -1}
+	var sum, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 30; i++ {
+				d, err := e.Decide(ctx, c, "api", 100)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !d.Allowed {
+					continue
+				}
+				admitted.Add(1)
+				if a := actuals[(g+i)%3]; a < 0 {
+					sum.Add(100)
+					d.Hold.Release()
+				} else {
+					sum.Add(a)
+					d.Hold.Settle(a)
+				}
+				d.Hold.Settle(5000) // only the first ends the hold
+			}
+		}()
+	}
+	wg.Wait()
+	if got := quotaUsed(t, rc, "k"); got != sum.Load() {
+		t.Fatalf("count %d, want the sum of actual costs %d (%d admitted)", got, sum.Load(), admitted.Load())
+	}
+	for {
+		d, err := e.Decide(ctx, c, "api", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+		d.Hold.Settle(1000)
+		sum.Add(1000)
+	}
+	if got := quotaUsed(t, rc, "k"); got != sum.Load() || got <= 10_000-100 {
+		t.Fatalf("count %d, want the sum of actual costs %d, above 9,900", got, sum.Load())
+	}
+	d, err := e.Decide(ctx, c, "api", 100)
+	if err != nil || d.Allowed || d.DecidedBy != core.KindQuota || d.RetryAfter <= 50*time.Second || d.RetryAfter > time.Minute || d.Quota.Remaining != max(10_000-sum.Load(), 0) {
+		t.Fatalf("over budget: %+v %v", d, err)
+	}
+	t.Logf("%d admitted, count %d = sum of actual costs; refused with Retry-After %v", admitted.Load(), sum.Load(), d.RetryAfter)
+}
+
+// TestSettleBoundsRedis: a refund stops at zero; a settle after the
+// period rolled over (a manual clock) or after a reset changes nothing in
+// the new period.
+func TestSettleBoundsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := core.NewManualClock(int64(1_000_000 * time.Hour))
+	e, rc := settleEngine(t, srv, clock)
+	c := &core.Consumer{ID: "k", Policies: []string{"tokens"}}
+	ctx := context.Background()
+	d1, _ := e.Decide(ctx, c, "api", 100)
+	d2, _ := e.Decide(ctx, c, "api", 100)
+	if got := quotaUsed(t, rc, "k"); got != 200 || !d1.Hold.Held() {
+		t.Fatalf("count %d, want 200; hold %v", got, d1.Hold.Held())
+	}
+	rc.HSet(ctx, quotaKey("k"), "used", 50) // lowered under the holds
+	d1.Hold.Settle(0)
+	if got := quotaUsed(t, rc, "k"); got != 0 {
+		t.Fatalf("count %d after a refund past zero, want 0", got)
+	}
+	clock.Advance(time.Minute)
+	d3, _ := e.Decide(ctx, c, "api", 100)
+	if got := quotaUsed(t, rc, "k"); !d3.Allowed || got != 100 {
+		t.Fatalf("new period: %+v, count %d", d3, got)
+	}
+	d2.Hold.Settle(0) // a refund to the period that ended
+	if got := quotaUsed(t, rc, "k"); got != 100 {
+		t.Fatalf("count %d after a late refund, want 100", got)
+	}
+	d3.Hold.Settle(1000)
+	if got := quotaUsed(t, rc, "k"); got != 1000 {
+		t.Fatalf("count %d, want 1000", got)
+	}
+	d4, _ := e.Decide(ctx, c, "api", 100)
+	if err := e.ResetQuota(ctx, c, "api"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Millisecond) // the new period ends later than the reset one
+	d5, _ := e.Decide(ctx, c, "api", 100)
+	d4.Hold.Settle(5000)
+	d5.Hold.Release()
+	if got := quotaUsed(t, rc, "k"); got != 100 {
+		t.Fatalf("count %d after a settle across a reset, want 100", got)
+	}
+}
