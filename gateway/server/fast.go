@@ -1,0 +1,188 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/valyala/fasthttp"
+)
+
+// FastMaxBodyBytes is the largest request body the fasthttp engine
+// takes, in bytes: it reads each body whole before the gateway sees the
+// request, and answers a larger one 413.
+const FastMaxBodyBytes = 16 << 20
+
+// headerSlop is what net/http's server reads of a header beyond
+// MaxHeaderBytes before it answers 431 (its "bufio slop"): the fasthttp
+// engine takes the same headers.
+const headerSlop = 4096
+
+// fastEngine is fasthttp's server as an engine (server.engine:
+// fasthttp). fasthttp's server cannot close the connections it serves, so
+// the engine keeps them (conns) and close closes them.
+type fastEngine struct {
+	s       *fasthttp.Server
+	conns   *connSet
+	closing atomic.Bool
+}
+
+// newFastEngine is a fasthttp server for f with the file's server
+// settings: read_header_timeout bounds the request header,
+// read_timeout the body from the end of the header, write_timeout the
+// response's write, idle_timeout a keep-alive connection's wait,
+// max_header_bytes the header (431 above it and headerSlop, as net/http).
+func (s *Server) newFastEngine(f *inFlight) *fastEngine {
+	sc := s.cfg.Server
+	e := &fastEngine{conns: &connSet{m: make(map[net.Conn]struct{})}}
+	e.s = &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			f.n.Add(1)
+			defer f.n.Add(-1)
+			f.h.ServeFastHTTP(ctx)
+		},
+		ErrorHandler: fastErrorHandler,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: sc.ReadTimeout}
+		},
+		ReadTimeout:                  sc.ReadHeaderTimeout,
+		WriteTimeout:                 sc.WriteTimeout,
+		IdleTimeout:                  sc.IdleTimeout,
+		ReadBufferSize:               sc.MaxHeaderBytes + headerSlop,
+		MaxRequestBodySize:           FastMaxBodyBytes,
+		DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader:        true,
+		NoDefaultContentType:         true,
+		CloseOnShutdown:              true,
+		Logger:                       fastLogger{s.log},
+	}
+	return e
+}
+
+func (e *fastEngine) serve(ln net.Listener) error {
+	err := e.s.Serve(trackedListener{ln, e.conns})
+	if e.closing.Load() || err == nil {
+		// fasthttp returns nil once its listener is closed.
+		return http.ErrServerClosed
+	}
+	return err
+}
+
+func (e *fastEngine) shutdown(ctx context.Context) error {
+	e.closing.Store(true)
+	return e.s.ShutdownWithContext(ctx)
+}
+
+func (e *fastEngine) close() {
+	e.closing.Store(true)
+	// The listener is closed by the Server's Close; a connection accepted
+	// meanwhile is closed as it is added (connSet.add).
+	e.conns.closeAll()
+}
+
+// fastErrorHandler answers the requests fasthttp cannot read as net/http's
+// server does: 431 for a header over max_header_bytes, 413 for a body over
+// FastMaxBodyBytes, 408 for a request not read in time, 400 for anything
+// else, each with a text/plain body and the connection closed.
+func fastErrorHandler(ctx *fasthttp.RequestCtx, err error) {
+	status := http.StatusBadRequest
+	var small *fasthttp.ErrSmallBuffer
+	var timeout interface{ Timeout() bool }
+	switch {
+	case errors.As(err, &small):
+		status = http.StatusRequestHeaderFieldsTooLarge
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status = http.StatusRequestEntityTooLarge
+	case errors.As(err, &timeout) && timeout.Timeout():
+		status = http.StatusRequestTimeout
+	}
+	ctx.Response.Reset()
+	ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
+	ctx.Response.SetStatusCode(status)
+	ctx.Response.SetBodyString(fmt.Sprintf("%d %s", status, http.StatusText(status)))
+	ctx.SetConnectionClose()
+}
+
+// fastLogger writes fasthttp's log lines as warnings.
+type fastLogger struct{ l *slog.Logger }
+
+func (l fastLogger) Printf(format string, args ...any) {
+	l.l.Warn("fasthttp: " + fmt.Sprintf(format, args...))
+}
+
+// connSet is the connections a listener accepted and that are not closed
+// yet.
+type connSet struct {
+	mu     sync.Mutex
+	m      map[net.Conn]struct{}
+	closed bool
+}
+
+// add keeps c, or closes it when the set is closed already.
+func (s *connSet) add(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return false
+	}
+	s.m[c] = struct{}{}
+	return true
+}
+
+func (s *connSet) remove(c net.Conn) {
+	s.mu.Lock()
+	delete(s.m, c)
+	s.mu.Unlock()
+}
+
+// closeAll closes every connection kept, and those added later.
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	s.closed = true
+	conns := make([]net.Conn, 0, len(s.m))
+	for c := range s.m {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// trackedListener keeps each connection it accepts in a connSet until
+// the connection is closed.
+type trackedListener struct {
+	net.Listener
+	conns *connSet
+}
+
+func (l trackedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		tc := &trackedConn{Conn: c, conns: l.conns}
+		if l.conns.add(tc) {
+			return tc, nil
+		}
+	}
+}
+
+// trackedConn leaves its connSet when closed.
+type trackedConn struct {
+	net.Conn
+	conns *connSet
+	once  sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() { c.conns.remove(c) })
+	return c.Conn.Close()
+}
