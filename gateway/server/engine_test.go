@@ -26,6 +26,26 @@ import (
 // engines are the values of server.engine every engine test runs with.
 var engines = []string{config.EngineNetHTTP, config.EngineFastHTTP}
 
+// forEngines runs f as a subtest on each engine.
+func forEngines(t *testing.T, f func(t *testing.T, engine string)) {
+	t.Helper()
+	for _, e := range engines {
+		t.Run(strings.ReplaceAll(e, "/", ""), func(t *testing.T) { f(t, e) })
+	}
+}
+
+// onEngine returns the gateway file yaml with server.engine set to
+// engine, in its server section if it has one.
+func onEngine(yaml, engine string) string {
+	switch {
+	case strings.Contains(yaml, "\nserver: {"):
+		return strings.Replace(yaml, "\nserver: {", "\nserver: {engine: "+engine+", ", 1)
+	case strings.Contains(yaml, "\nserver:\n"):
+		return strings.Replace(yaml, "\nserver:\n", "\nserver:\n  engine: "+engine+"\n", 1)
+	}
+	return yaml + "server: {engine: " + engine + "}\n"
+}
+
 // engineYAML is the gateway file of the differential test: an upstream
 // API with a rate-limited key and a quota-limited key, the built-in echo
 // under a longer listen path of it, a keyless API, endpoints, and the

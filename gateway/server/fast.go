@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -28,7 +29,7 @@ const headerSlop = 4096
 // the engine keeps them (conns) and close closes them.
 type fastEngine struct {
 	s       *fasthttp.Server
-	conns   *connSet
+	ln      *trackedListener // the gateway's listener
 	closing atomic.Bool
 }
 
@@ -37,9 +38,9 @@ type fastEngine struct {
 // read_timeout the body from the end of the header, write_timeout the
 // response's write, idle_timeout a keep-alive connection's wait,
 // max_header_bytes the header (431 above it and headerSlop, as net/http).
-func (s *Server) newFastEngine(f *inFlight) *fastEngine {
+func (s *Server) newFastEngine(f *inFlight, ln net.Listener) *fastEngine {
 	sc := s.cfg.Server
-	e := &fastEngine{conns: &connSet{m: make(map[net.Conn]struct{})}}
+	e := &fastEngine{ln: &trackedListener{Listener: ln, conns: &connSet{m: make(map[net.Conn]struct{})}}}
 	e.s = &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			f.n.Add(1)
@@ -64,8 +65,12 @@ func (s *Server) newFastEngine(f *inFlight) *fastEngine {
 	return e
 }
 
-func (e *fastEngine) serve(ln net.Listener) error {
-	err := e.s.Serve(trackedListener{ln, e.conns})
+// serve serves the listener the engine was made with (ln is that one).
+func (e *fastEngine) serve(net.Listener) error {
+	if e.closing.Load() {
+		return http.ErrServerClosed
+	}
+	err := e.s.Serve(e.ln)
 	if e.closing.Load() || err == nil {
 		// fasthttp returns nil once its listener is closed.
 		return http.ErrServerClosed
@@ -73,16 +78,19 @@ func (e *fastEngine) serve(ln net.Listener) error {
 	return err
 }
 
+// shutdown closes the listener itself first: fasthttp's Shutdown does
+// nothing when Serve has not registered the listener yet, and Serve would
+// then serve on.
 func (e *fastEngine) shutdown(ctx context.Context) error {
 	e.closing.Store(true)
+	e.ln.Close()
 	return e.s.ShutdownWithContext(ctx)
 }
 
 func (e *fastEngine) close() {
 	e.closing.Store(true)
-	// The listener is closed by the Server's Close; a connection accepted
-	// meanwhile is closed as it is added (connSet.add).
-	e.conns.closeAll()
+	e.ln.Close()
+	e.ln.conns.closeAll()
 }
 
 // fastErrorHandler answers the requests fasthttp cannot read as net/http's
@@ -156,13 +164,20 @@ func (s *connSet) closeAll() {
 }
 
 // trackedListener keeps each connection it accepts in a connSet until
-// the connection is closed.
+// the connection is closed. Closing it again returns nil.
 type trackedListener struct {
 	net.Listener
 	conns *connSet
+	once  sync.Once
 }
 
-func (l trackedListener) Accept() (net.Conn, error) {
+func (l *trackedListener) Close() error {
+	var err error
+	l.once.Do(func() { err = l.Listener.Close() })
+	return err
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -175,14 +190,40 @@ func (l trackedListener) Accept() (net.Conn, error) {
 	}
 }
 
-// trackedConn leaves its connSet when closed.
+// trackedConn leaves its connSet when closed. Once closed, setting its
+// deadlines does nothing: fasthttp panics when that fails, as it does on a
+// connection that close cut under a request; its next read or write
+// fails instead, which fasthttp handles.
 type trackedConn struct {
 	net.Conn
-	conns *connSet
-	once  sync.Once
+	conns  *connSet
+	once   sync.Once
+	closed atomic.Bool
 }
 
 func (c *trackedConn) Close() error {
+	c.closed.Store(true)
 	c.once.Do(func() { c.conns.remove(c) })
 	return c.Conn.Close()
+}
+
+func (c *trackedConn) SetDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return nil
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *trackedConn) SetReadDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *trackedConn) SetWriteDeadline(t time.Time) error {
+	if c.closed.Load() {
+		return nil
+	}
+	return c.Conn.SetWriteDeadline(t)
 }

@@ -188,7 +188,7 @@ func Open(ctx context.Context, o Options) (*Server, error) {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
 	if cfg.Server.Engine == config.EngineFastHTTP {
-		s.http = s.newFastEngine(s.active)
+		s.http = s.newFastEngine(s.active, s.ln)
 	} else {
 		s.http = netEngine{s.newHTTPServer(s.active)}
 	}
