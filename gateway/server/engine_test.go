@@ -50,7 +50,7 @@ func onEngine(yaml, engine string) string {
 // API with a rate-limited key and a quota-limited key, the built-in echo
 // under a longer listen path of it, a keyless API, endpoints, and the
 // loopback as a trusted proxy.
-func engineYAML(upstream, engine string) string {
+func engineYAML(upstream, deadUpstream, engine string) string {
 	return fmt.Sprintf(`listen: 127.0.0.1:0
 store: memory
 client_ip:
@@ -73,13 +73,14 @@ apis:
   - {id: up, listen_path: /up/, target: %q, auth: api_key}
   - {id: echo, listen_path: /up/echo/, target: "builtin:echo", auth: api_key}
   - {id: open, listen_path: /open/, target: %q, auth: keyless, policies: [anon]}
+  - {id: down, listen_path: /down/, target: %q, auth: keyless, policies: [anon]}
   - id: shop
     listen_path: /shop/
     target: %q
     endpoints:
       - {method: POST, path: /orders, policies: [post-orders]}
   - {id: raw, listen_path: /raw/, target: %q, auth: api_key, strip_listen_path: false, strip_auth_data: false}
-`, engine, upstream, upstream+"/base", upstream, upstream)
+`, engine, upstream, upstream+"/base", deadUpstream, upstream, upstream)
 }
 
 // mirror is a real upstream that answers with what it received: method,
@@ -211,7 +212,14 @@ func openEngines(t *testing.T, yaml func(engine string) string, o server.Options
 // and requires identical answers: status, header fields but Date, body.
 func TestEnginesAnswerAlike(t *testing.T) {
 	up := mirror(t)
-	srvs := openEngines(t, func(e string) string { return engineYAML(up.URL, e) }, server.Options{})
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadURL := "http://" + dead.Addr().String()
+	dead.Close()
+	srvs := openEngines(t, func(e string) string { return engineYAML(up.URL, deadURL, e) },
+		server.Options{Logger: slog.New(slog.DiscardHandler)})
 	key := func(k string) string { return "X-Api-Key: " + k }
 	big := "X-Big: " + strings.Repeat("b", 5000)
 	cases := []struct{ name, raw string }{
@@ -229,6 +237,9 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		{"echo, HEAD", req("HEAD", "/up/echo/x", key("k-quota"))},
 		{"keyless", req("GET", "/open/p%20q?r=1", "X-Forwarded-For: 198.51.100.1")},
 		{"keyless, target with a query", req("GET", "/open/?z=9")},
+		{"HEAD to an upstream", req("HEAD", "/open/h")},
+		{"large body both ways", req("POST", "/open/big", fmt.Sprintf("Content-Length: %d", 40<<10)) + strings.Repeat("y", 40<<10)},
+		{"upstream down", req("GET", "/down/x")},
 		{"keyless, escaped slash", req("GET", "/open/a%2Fb")},
 		{"no stripping", req("GET", "/raw/a?api_key=k-quota", "Cookie: c=1;d=2")},
 		{"endpoint 1", req("POST", "/shop/orders", key("k-rate"), "Content-Length: 0")},
