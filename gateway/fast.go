@@ -403,6 +403,10 @@ type fastClients struct {
 // fasthttp engine (fasthttp's default, 4 KiB, refuses common ones).
 const fastReadBufferSize = 64 << 10
 
+// fastMaxConns is the most connections the fasthttp engine opens to one
+// upstream: more than a gateway's file descriptors would let it.
+const fastMaxConns = 1 << 20
+
 // get returns the client for target, made on first use.
 func (c *fastClients) get(target *url.URL) *fasthttp.HostClient {
 	key := target.Scheme + "://" + target.Host
@@ -425,9 +429,12 @@ func (c *fastClients) get(target *url.URL) *fasthttp.HostClient {
 		IsTLS:                    tls,
 		NoDefaultUserAgentHeader: true, // as ReverseProxy: no User-Agent unless the client sent one
 		DisablePathNormalizing:   true, // the path is sent as net/http would send it
-		MaxConns:                 1024,
-		MaxIdleConnDuration:      90 * time.Second, // http.DefaultTransport's IdleConnTimeout
-		ReadBufferSize:           fastReadBufferSize,
+		// No cap on connections, as http.DefaultTransport has none:
+		// fasthttp's default (512) would answer 502 above it.
+		MaxConns:            fastMaxConns,
+		MaxConnWaitTimeout:  30 * time.Second,
+		MaxIdleConnDuration: 90 * time.Second, // http.DefaultTransport's IdleConnTimeout
+		ReadBufferSize:      fastReadBufferSize,
 	}
 	if c.m == nil {
 		c.m = make(map[string]*fasthttp.HostClient)

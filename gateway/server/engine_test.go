@@ -212,12 +212,7 @@ func openEngines(t *testing.T, yaml func(engine string) string, o server.Options
 // and requires identical answers: status, header fields but Date, body.
 func TestEnginesAnswerAlike(t *testing.T) {
 	up := mirror(t)
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + dead.Addr().String()
-	dead.Close()
+	deadURL := "http://" + deadAddr(t)
 	srvs := openEngines(t, func(e string) string { return engineYAML(up.URL, deadURL, e) },
 		server.Options{Logger: slog.New(slog.DiscardHandler)})
 	key := func(k string) string { return "X-Api-Key: " + k }
@@ -275,12 +270,7 @@ func TestEnginesAnswerAlike(t *testing.T) {
 // TestEnginesBeforeFirstApply: a data-plane gateway whose control plane
 // has not answered yet answers 503 on both engines alike.
 func TestEnginesBeforeFirstApply(t *testing.T) {
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpAddr := dead.Addr().String()
-	dead.Close()
+	cpAddr := deadAddr(t)
 	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
 	dir := t.TempDir()
 	srvs := openEngines(t, func(e string) string {

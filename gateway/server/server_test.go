@@ -43,6 +43,18 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
+// deadAddr returns a loopback address nothing listens on (a port just
+// freed): a control plane or an upstream that is down.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 // writeFile writes s to file whole (renamed into place, so a reload never
 // reads half a file).
 func writeFile(t *testing.T, file, s string) {
@@ -323,12 +335,7 @@ apis: [{id: slow, listen_path: /, target: %q, auth: keyless, policies: [p]}]
 // memory store.
 func TestControlPlanePersistedIn(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
-		dead, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cpAddr := dead.Addr().String()
-		dead.Close()
+		cpAddr := deadAddr(t)
 		t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
 		section := fmt.Sprintf(`listen: 127.0.0.1:0
 control_plane:
