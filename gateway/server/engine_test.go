@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,5 +285,44 @@ func TestEnginesBeforeFirstApply(t *testing.T) {
 	}
 	if got := rawExchange(t, srvs[config.EngineFastHTTP].Addr().String(), raw); got != want {
 		t.Errorf("fasthttp:\n%s\nnet/http:\n%s", got, want)
+	}
+}
+
+// TestEnginesReadHeaderTimeout: a client that never finishes its request
+// header (slowloris) has its connection closed once read_header_timeout
+// has passed, on both engines, and nothing reaches the upstream. net/http
+// closes without an answer; fasthttp answers 408 first. (The 30 s guard
+// only ends a test that would hang; it is not what is checked.)
+func TestEnginesReadHeaderTimeout(t *testing.T) {
+	up := mirror(t)
+	var hits atomic.Int32
+	counted := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		up.Config.Handler.ServeHTTP(w, r)
+	}))
+	defer counted.Close()
+	srvs := openEngines(t, func(e string) string {
+		return fmt.Sprintf("listen: 127.0.0.1:0\nserver: {engine: %s, read_header_timeout: 200ms}\npolicies: [{id: p, rate: {requests: 5, per: 1m}}]\napis: [{id: a, listen_path: /, target: %q, auth: keyless, policies: [p]}]\n", e, counted.URL)
+	}, server.Options{})
+	want := map[string]string{config.EngineNetHTTP: "", config.EngineFastHTTP: "HTTP/1.1 408 Request Timeout\r\n"}
+	for _, e := range engines {
+		c, err := net.Dial("tcp", srvs[e].Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		io.WriteString(c, "GET /x HTTP/1.1\r\nHost: gw.test\r\nX-Slow: ")
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil {
+			t.Errorf("%s: the connection was not closed: %v", e, err)
+			continue
+		}
+		if first, _, _ := strings.Cut(string(got), "\n"); !strings.HasPrefix(string(got), want[e]) || (want[e] == "" && len(got) != 0) {
+			t.Errorf("%s: answered %q, want %q", e, first, want[e])
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the upstream got %d requests, want 0", n)
 	}
 }
