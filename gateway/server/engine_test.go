@@ -236,6 +236,7 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		{"HEAD to an upstream", req("HEAD", "/open/h")},
 		{"large body both ways", req("POST", "/open/big", fmt.Sprintf("Content-Length: %d", 40<<10)) + strings.Repeat("y", 40<<10)},
 		{"upstream down", req("GET", "/down/x")},
+		{"absolute-form target", req("GET", "http://other.test/open/abs?q=1")},
 		{"keyless, escaped slash", req("GET", "/open/a%2Fb")},
 		{"no stripping", req("GET", "/raw/a?api_key=k-quota", "Cookie: c=1;d=2")},
 		{"endpoint 1", req("POST", "/shop/orders", key("k-rate"), "Content-Length: 0")},
