@@ -228,6 +228,7 @@ func (p *fastProxy) serve(ctx *fasthttp.RequestCtx, fr *fastRequest) {
 	}
 	req.SetRequestURI(out.Scheme + "://" + out.Host + out.RequestURI())
 	req.Header.SetNoDefaultContentType(true) // none unless the client sent one
+	req.Header.SetProtocol("HTTP/1.1")       // as net/http's proxy, whatever the client spoke
 	if chunked {
 		// A chunked request goes on chunked, as net/http's proxy sends
 		// a body of unknown length (SetBodyStream releases the body

@@ -93,7 +93,7 @@ func mirror(t *testing.T) *httptest.Server {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var b strings.Builder
-		fmt.Fprintf(&b, "%s %s host=%s\n", r.Method, r.RequestURI, r.Host)
+		fmt.Fprintf(&b, "%s %s %s host=%s\n", r.Method, r.RequestURI, r.Proto, r.Host)
 		names := make([]string, 0, len(r.Header))
 		for k := range r.Header {
 			if k != "Accept-Encoding" {
@@ -237,6 +237,7 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		{"large body both ways", req("POST", "/open/big", fmt.Sprintf("Content-Length: %d", 40<<10)) + strings.Repeat("y", 40<<10)},
 		{"upstream down", req("GET", "/down/x")},
 		{"absolute-form target", req("GET", "http://other.test/open/abs?q=1")},
+		{"HTTP/1.0 client", "GET /open/old HTTP/1.0\r\nHost: gw.test\r\n\r\n"},
 		{"keyless, escaped slash", req("GET", "/open/a%2Fb")},
 		{"no stripping", req("GET", "/raw/a?api_key=k-quota", "Cookie: c=1;d=2")},
 		{"endpoint 1", req("POST", "/shop/orders", key("k-rate"), "Content-Length: 0")},
