@@ -108,7 +108,7 @@ func newRig(t *testing.T, o rigOptions) *adminRig {
 	if o.admin.Gatherer == nil {
 		o.admin.Gatherer = reg
 	}
-	srv := httptest.NewServer(gw)
+	srv := gateway.ServeTest(t, gw)
 	t.Cleanup(srv.Close)
 	adm := httptest.NewServer(gw.AdminHandler(o.admin))
 	t.Cleanup(adm.Close)

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/gateway"
@@ -122,6 +125,32 @@ func BenchmarkServeHTTP(b *testing.B) {
 			})
 		})
 	}
+
+	// The fasthttp engine's path: the same gateway's ServeFastHTTP, a
+	// RequestCtx per goroutine reused as fasthttp's server reuses it.
+	b.Run("gateway-fasthttp", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			var ctx fasthttp.RequestCtx
+			var tmpl fasthttp.Request
+			tmpl.SetRequestURI("/bench/x")
+			tmpl.Header.SetHost("gw.test")
+			tmpl.Header.Set("X-API-Key", "bench-key")
+			tmpl.Header.Set("User-Agent", "bench")
+			tmpl.Header.Set("Accept", "*/*")
+			peer := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+			for pb.Next() {
+				var req fasthttp.Request
+				tmpl.CopyTo(&req)
+				ctx.Init(&req, peer, nil)
+				gw.ServeFastHTTP(&ctx)
+				if st := ctx.Response.StatusCode(); st != 200 {
+					b.Errorf("status %d", st)
+					return
+				}
+			}
+		})
+	})
 }
 
 // BenchmarkApplyKeys measures Apply of a snapshot of n keys that differs

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
@@ -61,41 +62,53 @@ func echo(id string) http.Handler {
 			writeError(w, http.StatusBadRequest, "malformed request body")
 			return
 		}
-		rep := EchoReply{
-			API:        id,
-			Method:     r.Method,
-			Path:       r.URL.Path,
-			Query:      redactQuery(r.URL.RawQuery, echoSecretParams),
-			RemoteAddr: r.RemoteAddr,
-			Headers:    make(map[string]string, len(r.Header)),
-			BodyBytes:  n,
-		}
-		hop := slices.Clone(hopHeaders)
-		for _, v := range r.Header["Connection"] {
-			for _, name := range strings.Split(v, ",") {
-				if name = textproto.TrimString(name); name != "" {
-					hop = append(hop, http.CanonicalHeaderKey(name))
-				}
-			}
-		}
-		for name, vals := range r.Header {
-			if slices.Contains(hop, name) {
-				continue
-			}
-			v := strings.Join(vals, ", ")
-			if slices.Contains(echoSecretHeaders, name) {
-				v = "[redacted]"
-			}
-			rep.Headers[name] = v
-		}
-		b, err := json.MarshalIndent(rep, "", "  ")
+		b, err := echoBody(id, r.Method, r.URL, r.RemoteAddr, r.Header, n)
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, "internal error")
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(append(b, '\n'))
+		w.Write(b)
 	})
+}
+
+// echoBody is the echo's JSON answer (an EchoReply and a newline) to a
+// request of method for u from remoteAddr with header h (as net/http's
+// Request.Header: no Host) and a body of n bytes: what both engines'
+// echoes send.
+func echoBody(id, method string, u *url.URL, remoteAddr string, h http.Header, n int64) ([]byte, error) {
+	rep := EchoReply{
+		API:        id,
+		Method:     method,
+		Path:       u.Path,
+		Query:      redactQuery(u.RawQuery, echoSecretParams),
+		RemoteAddr: remoteAddr,
+		Headers:    make(map[string]string, len(h)),
+		BodyBytes:  n,
+	}
+	hop := slices.Clone(hopHeaders)
+	for _, v := range h["Connection"] {
+		for _, name := range strings.Split(v, ",") {
+			if name = textproto.TrimString(name); name != "" {
+				hop = append(hop, http.CanonicalHeaderKey(name))
+			}
+		}
+	}
+	for name, vals := range h {
+		if slices.Contains(hop, name) {
+			continue
+		}
+		v := strings.Join(vals, ", ")
+		if slices.Contains(echoSecretHeaders, name) {
+			v = "[redacted]"
+		}
+		rep.Headers[name] = v
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("echo: %w", err)
+	}
+	return append(b, '\n'), nil
 }
 
 // redactQuery returns the raw query with the value of every parameter

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -95,7 +94,7 @@ func redisGateway(t *testing.T, c redis.UniversalClient) *testGateway {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gw.Close() })
-	srv := httptest.NewServer(gw)
+	srv := gateway.ServeTest(t, gw)
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}
 	t.Cleanup(tr.CloseIdleConnections)

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -83,7 +82,7 @@ func TestStoreFailuresCountedAndLogged(t *testing.T) {
 	if err := g.Apply(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(g)
+	hs := ServeTest(t, g)
 	defer hs.Close()
 	srv.Kill()
 	for i := range 200 {

@@ -31,8 +31,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
+	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
@@ -117,6 +121,10 @@ type Gateway struct {
 	ownsTrans *http.Transport // closed by Close when the gateway made it
 	render    *response.Renderer
 	buffers   bufferPool // the proxies' copy buffers, shared by every state
+	// fast and fastRequests serve the fasthttp engine (ServeFastHTTP):
+	// its upstreams' clients and its requests' parsed targets.
+	fast         fastClients
+	fastRequests sync.Pool
 }
 
 // New returns a gateway with opts and no snapshot: it answers 503 until
@@ -183,26 +191,38 @@ func (g *Gateway) attach(a *spec.API, b live.Built) (http.Handler, error) {
 		strip.sources = b.Sources
 	}
 	var up http.Handler
+	var fastUp fasthttp.RequestHandler
 	if a.Target == spec.BuiltinEcho {
 		up = strip.handler(echo(a.ID))
+		fastUp = strip.fastUpstream(fastEcho(a.ID))
 	} else {
 		target, err := spec.ParseTarget(a.Target)
 		if err != nil {
 			return nil, err
 		}
 		up = newProxy(a.ID, target, strip, g.transport, &g.buffers, g.opts.ClientIP.TrustedProxies, g.log)
+		fp := &fastProxy{api: a.ID, target: target, client: g.fast.get(target), trusted: g.opts.ClientIP.TrustedProxies, log: g.log}
+		fastUp = strip.fastUpstream(fp.serve)
 	}
 	mo := nethttp.Options{API: a.ID, Renderer: g.render, CostHeader: a.CoreCostHeader(), SettleHeader: a.SettleHeader}
+	fo := lpfasthttp.Options{API: a.ID, Renderer: g.render, CostHeader: a.CoreCostHeader(), SettleHeader: a.SettleHeader}
 	if len(a.Endpoints) > 0 {
 		// Endpoints' paths are relative to the listen path: the path
 		// the upstream sees when the listen path is stripped. Request
-		// paths are clean here (ServeHTTP redirects others).
+		// paths are clean here (route redirects others).
 		prefix := strings.TrimSuffix(a.ListenPath, "/")
 		mo.Route = func(r *http.Request) core.Route {
 			return core.Route{Method: r.Method, Path: strings.TrimPrefix(r.URL.Path, prefix)}
 		}
+		fo.Route = func(ctx *fasthttp.RequestCtx) core.Route {
+			fr := fastRequestOf(ctx)
+			return core.Route{Method: fr.method, Path: strings.TrimPrefix(fr.url.Path, prefix)}
+		}
 	}
-	return nethttp.Middleware(b.Limiter, b.Auth, mo)(up), nil
+	return &apiHandler{
+		Handler: nethttp.Middleware(b.Limiter, b.Auth, mo)(up),
+		fast:    lpfasthttp.Middleware(b.Limiter, b.Auth, fo)(fastUp),
+	}, nil
 }
 
 // Close stops the JWKS refreshes and the fallback store, and drops idle
@@ -214,5 +234,6 @@ func (g *Gateway) Close() error {
 	if g.ownsTrans != nil {
 		g.ownsTrans.CloseIdleConnections()
 	}
+	g.fast.closeIdle()
 	return err
 }

@@ -25,7 +25,7 @@ var epoch = time.Unix(1_700_000_000, 0)
 type testGateway struct {
 	gw    *gateway.Gateway
 	clock *core.ManualClock
-	srv   *httptest.Server
+	srv   *gateway.TestServer
 	c     *http.Client
 }
 
@@ -44,7 +44,7 @@ func newTestGateway(t *testing.T) *testGateway {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gw.Close() })
-	srv := httptest.NewServer(gw)
+	srv := gateway.ServeTest(t, gw)
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}
 	t.Cleanup(tr.CloseIdleConnections)

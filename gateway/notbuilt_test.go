@@ -139,7 +139,7 @@ func TestNotBuiltAPIRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gw.Close() })
-	srv := httptest.NewServer(gw)
+	srv := gateway.ServeTest(t, gw)
 	t.Cleanup(srv.Close)
 
 	secretFile := filepath.Join(t.TempDir(), "hmac.secret")

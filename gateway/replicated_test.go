@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,7 +57,7 @@ func TestReplicatedRedisFailover(t *testing.T) {
 		APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: spec.BuiltinEcho}},
 	}
 	url := "redis+sentinel://dp@" + sentinel.Addr
-	var gws []*httptest.Server
+	var gws []*gateway.TestServer
 	for range 2 { // one gateway in each of two data planes
 		store, closeStore, err := gateway.OpenStore(ctx, gateway.StoreOptions{URL: url, FailurePolicy: core.FailClosed,
 			// The test is about exactness across a failover, not latency: a
@@ -78,7 +77,7 @@ func TestReplicatedRedisFailover(t *testing.T) {
 		if err := gw.Apply(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(gw)
+		srv := gateway.ServeTest(t, gw)
 		t.Cleanup(srv.Close)
 		gws = append(gws, srv)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/live"
 )
 
 // allowedMethods is the Allow field of the gateway's 405 answer: it
@@ -29,52 +30,69 @@ const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 // not a path, 308 to the clean path for one with "." or ".." segments,
 // 404 when no listen path matches.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a, ans := g.route(r.Method, r.URL.Path, r.URL.RawQuery)
+	if a == nil {
+		if ans.allow {
+			w.Header().Set("Allow", allowedMethods)
+		}
+		if ans.location != "" {
+			w.Header().Set("Location", ans.location)
+		}
+		writeError(w, ans.status, ans.msg)
+		return
+	}
+	a.Handler().ServeHTTP(w, r)
+}
+
+// answer is the gateway's own answer to a request no API takes.
+type answer struct {
+	status   int
+	msg      string // the JSON body's error
+	allow    bool   // 405: send Allow: allowedMethods
+	location string // 308: where to
+}
+
+// route chooses the built API that serves a request of method for the
+// decoded path p (rawQuery is kept on a redirect), or the answer to send
+// instead: the one decision both engines make, in the order ServeHTTP
+// documents.
+func (g *Gateway) route(method, p, rawQuery string) (*live.API, answer) {
 	st := g.State()
 	if st == nil {
-		writeError(w, http.StatusServiceUnavailable, "no configuration applied yet")
-		return
+		return nil, answer{status: http.StatusServiceUnavailable, msg: "no configuration applied yet"}
 	}
 	if reason := g.Unavailable(); reason != "" {
-		writeError(w, http.StatusServiceUnavailable, reason)
-		return
+		return nil, answer{status: http.StatusServiceUnavailable, msg: reason}
 	}
-	if r.Method == http.MethodConnect {
+	if method == http.MethodConnect {
 		// A reverse proxy opens no tunnels.
-		w.Header().Set("Allow", allowedMethods)
-		writeError(w, http.StatusMethodNotAllowed, "method CONNECT is not allowed")
-		return
+		return nil, answer{status: http.StatusMethodNotAllowed, msg: "method CONNECT is not allowed", allow: true}
 	}
-	p := r.URL.Path
 	if p != "" && p[0] != '/' {
 		// "GET *": net/http answers only OPTIONS * itself.
-		writeError(w, http.StatusBadRequest, "request target must be a path starting with /")
-		return
+		return nil, answer{status: http.StatusBadRequest, msg: "request target must be a path starting with /"}
 	}
 	if c := cleanPath(p); c != p {
 		// "/open/../echo/x" must not reach the open API's upstream, which
 		// might resolve it to a path the echo API protects: send the
 		// client to the clean path, whose route decides.
-		u := url.URL{Path: c, RawQuery: r.URL.RawQuery}
-		w.Header().Set("Location", u.String())
-		writeError(w, http.StatusPermanentRedirect, "request path is not clean; use "+c)
-		return
+		u := url.URL{Path: c, RawQuery: rawQuery}
+		return nil, answer{status: http.StatusPermanentRedirect, msg: "request path is not clean; use " + c, location: u.String()}
 	}
 	for _, a := range st.Routes() {
 		// prefix "/echo" matches "/echo" and "/echo/...", not "/echoes".
 		if pre := a.Prefix(); strings.HasPrefix(p, pre) && (len(p) == len(pre) || p[len(pre)] == '/') {
-			if h := a.Handler(); h != nil {
-				h.ServeHTTP(w, r)
-				return
+			if a.Handler() != nil {
+				return a, answer{}
 			}
 			// Not built (yet). The problem itself (an environment
 			// variable's name and length, a file's path) is for
 			// operators, in /readyz and the control plane's
 			// /api/dataplanes, not for whoever calls the API.
-			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("API %q is not built on this gateway; its operators see why in the gateway's /readyz", a.ID()))
-			return
+			return nil, answer{status: http.StatusServiceUnavailable, msg: fmt.Sprintf("API %q is not built on this gateway; its operators see why in the gateway's /readyz", a.ID())}
 		}
 	}
-	writeError(w, http.StatusNotFound, "no API is served at this path")
+	return nil, answer{status: http.StatusNotFound, msg: "no API is served at this path"}
 }
 
 // cleanPath is path.Clean that keeps a final slash.
@@ -109,10 +127,28 @@ type outbound struct {
 // apply strips r, whose Header and URL the caller owns (a copy, never a
 // request a handler was given).
 func (o outbound) apply(r *http.Request) {
+	o.rewriteURL(r.URL)
+	for _, s := range o.sources {
+		switch s.In {
+		case identity.InHeader:
+			r.Header.Del(s.Name)
+		case identity.InCookie:
+			if lines, ok := dropCookie(r.Header["Cookie"], s.Name); ok {
+				if len(lines) == 0 {
+					r.Header.Del("Cookie")
+				} else {
+					r.Header["Cookie"] = lines
+				}
+			}
+		}
+	}
+}
+
+// rewriteURL strips u, which the caller owns, of the listen path and the
+// credential query parameters: the part of apply both engines share.
+func (o outbound) rewriteURL(u *url.URL) {
 	if o.prefix != "" {
-		u := r.URL
-		p := u.Path
-		u.Path = orSlash(strings.TrimPrefix(p, o.prefix))
+		u.Path = orSlash(strings.TrimPrefix(u.Path, o.prefix))
 		if u.RawPath != "" {
 			if rest, ok := strings.CutPrefix(u.RawPath, o.prefix); ok {
 				u.RawPath = orSlash(rest)
@@ -122,20 +158,9 @@ func (o outbound) apply(r *http.Request) {
 		}
 	}
 	for _, s := range o.sources {
-		switch s.In {
-		case identity.InHeader:
-			r.Header.Del(s.Name)
-		case identity.InQuery:
-			if q, ok := dropParam(r.URL.RawQuery, s.Name); ok {
-				r.URL.RawQuery = q
-			}
-		case identity.InCookie:
-			if lines, ok := dropCookie(r.Header["Cookie"], s.Name); ok {
-				if len(lines) == 0 {
-					r.Header.Del("Cookie")
-				} else {
-					r.Header["Cookie"] = lines
-				}
+		if s.In == identity.InQuery {
+			if q, ok := dropParam(u.RawQuery, s.Name); ok {
+				u.RawQuery = q
 			}
 		}
 	}
@@ -289,12 +314,18 @@ func newTransport() *http.Transport {
 // writeError answers with status and a JSON body shaped like the
 // middleware's: {"error": msg}.
 func writeError(w http.ResponseWriter, status int, msg string) {
-	b, _ := json.Marshal(struct {
-		Error string `json:"error"`
-	}{msg})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	w.Write(errorBody(msg))
+}
+
+// errorBody is the JSON body of the gateway's own answers, both engines':
+// {"error": msg} and a newline.
+func errorBody(msg string) []byte {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	return append(b, '\n')
 }

@@ -11,15 +11,14 @@
 package fiber
 
 import (
-	"net"
 	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
-	"unsafe"
 
 	"github.com/gofiber/fiber/v2"
 
+	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	"github.com/limitplane/limitplane/adapters/internal/admit"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
@@ -165,44 +164,11 @@ type scratch struct {
 
 // Write sets res's header fields on c's response and, when res does not
 // pass, its status and JSON body. It reports whether the request should go
-// on to the next handler.
+// on to the next handler. It is adapters/fasthttp's Write on c's
+// response.
 func Write(c *fiber.Ctx, res response.Result) bool {
-	for _, f := range res.Headers {
-		set(c, f.Name, f.Value)
-	}
-	if res.Pass {
-		return true
-	}
-	for _, f := range response.BodyHeaders() {
-		set(c, f.Name, f.Value)
-	}
-	c.Status(res.Status)
-	// fasthttp copies the body into its own buffer.
-	c.Response().SetBody(res.Body)
-	return false
+	return lpfasthttp.Write(c.Response(), res)
 }
-
-// set is c.Set(name, value). For the fields adapters/response renders,
-// already in the form fasthttp normalizes names to, and for a value
-// without CR or LF (which c.Set would turn into spaces), it hands both to
-// SetCanonical as they are, which is where c.Set ends too (Content-Type,
-// which fasthttp keeps apart, included): fasthttp copies them, and skips
-// the copy and normalization c.Set makes first.
-func set(c *fiber.Ctx, name, value string) {
-	switch name {
-	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
-		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options", "Content-Type":
-		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
-			c.Response().Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
-			return
-		}
-	}
-	c.Set(name, value)
-}
-
-// readOnlyBytes returns s's bytes without a copy; they must not be
-// written.
-func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // Request adapts *fiber.Ctx to identity.Request.
 //
@@ -248,34 +214,14 @@ func (q Request) QueryValues(name string) []string {
 func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(name)) }
 
 // RemoteAddr implements identity.Request: the TCP peer of the connection,
-// as net.TCPAddr.String writes it ("192.0.2.1:40000", "[2001:db8::1]:443").
-// A *net.TCPAddr is written through netip.AddrPort, in one allocation
-// instead of net.JoinHostPort's and net.IP.String's (up to three).
-func (q Request) RemoteAddr() string {
-	a := q.C.Context().RemoteAddr()
-	if ap, ok := tcpPeer(a); ok {
-		return ap.String()
-	}
-	return a.String()
-}
+// as net.TCPAddr.String writes it ("192.0.2.1:40000", "[2001:db8::1]:443"),
+// as adapters/fasthttp's Request reads it.
+func (q Request) RemoteAddr() string { return lpfasthttp.Request{Ctx: q.C.Context()}.RemoteAddr() }
 
 // PeerAddr implements identity.PeerAddrer: the address of a TCP peer that
-// RemoteAddr writes through netip.AddrPort, with no text in between; false
-// for any other peer (a zoned or out-of-range TCP address, a Unix socket),
-// whose RemoteAddr identity parses as before.
+// RemoteAddr writes, with no text in between; false for any other peer (a
+// zoned or out-of-range TCP address, a Unix socket), whose RemoteAddr
+// identity parses as before.
 func (q Request) PeerAddr() (netip.Addr, bool) {
-	ap, ok := tcpPeer(q.C.Context().RemoteAddr())
-	return ap.Addr(), ok
-}
-
-// tcpPeer returns a as a netip.AddrPort, IPv4 unmapped, when a is a
-// *net.TCPAddr with an IP, no zone and a port in 0..65535.
-func tcpPeer(a net.Addr) (netip.AddrPort, bool) {
-	if t, ok := a.(*net.TCPAddr); ok && t.Zone == "" {
-		if ip, ok := netip.AddrFromSlice(t.IP); ok && t.Port >= 0 && t.Port <= 0xffff {
-			// net.IP holds IPv4 in 16 bytes too; TCPAddr.String writes it as IPv4.
-			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)), true
-		}
-	}
-	return netip.AddrPort{}, false
+	return lpfasthttp.Request{Ctx: q.C.Context()}.PeerAddr()
 }

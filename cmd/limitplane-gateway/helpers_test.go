@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -148,11 +149,33 @@ func start(t *testing.T, e env, args ...string) *running {
 	return r
 }
 
-// writeConfig writes a config file into a temporary directory.
+// engine is the server.engine of every file these tests write (through
+// writeConfig and sighupConfig): "" leaves the field out (net/http).
+// go test ./cmd/limitplane-gateway -engine fasthttp runs them all on the
+// fasthttp engine.
+var engine = flag.String("engine", "", "server.engine of every gateway file the tests write (net/http or fasthttp; empty: the default)")
+
+// withEngine returns the gateway file yaml with server.engine set to
+// -engine, in its server section if it has one.
+func withEngine(yaml string) string {
+	e := *engine
+	switch {
+	case e == "":
+		return yaml
+	case strings.Contains(yaml, "\nserver: {"):
+		return strings.Replace(yaml, "\nserver: {", "\nserver: {engine: "+e+", ", 1)
+	case strings.Contains(yaml, "\nserver:\n"):
+		return strings.Replace(yaml, "\nserver:\n", "\nserver:\n  engine: "+e+"\n", 1)
+	}
+	return yaml + "\nserver: {engine: " + e + "}\n"
+}
+
+// writeConfig writes a config file, with -engine, into a temporary
+// directory.
 func writeConfig(t *testing.T, yaml string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "gateway.yaml")
-	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte(withEngine(yaml)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p

@@ -78,7 +78,7 @@ func buildGateway(t *testing.T) string {
 // sighupConfig is the file of TestSIGHUP: key k1 and key k2 with policy
 // p's quota of max an hour, listening on listen.
 func sighupConfig(listen string, max int, extra string) string {
-	return fmt.Sprintf(`listen: %s
+	return withEngine(fmt.Sprintf(`listen: %s
 store: memory
 policies:
   - id: p
@@ -92,7 +92,7 @@ apis:
   - id: echo
     listen_path: /echo/
     target: builtin:echo
-%s`, listen, max, extra)
+%s`, listen, max, extra))
 }
 
 // TestSIGHUP runs the built command and changes its file under it. A key

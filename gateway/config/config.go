@@ -55,6 +55,11 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	// DefaultMaxHeaderBytes bounds a request's header size.
 	DefaultMaxHeaderBytes = 64 << 10
+	// EngineNetHTTP and EngineFastHTTP are the values of server.engine:
+	// the HTTP implementation serving the gateway's listener. EngineNetHTTP
+	// is the default.
+	EngineNetHTTP  = "net/http"
+	EngineFastHTTP = "fasthttp"
 	// DefaultAdminListen is the address of the operations endpoint when
 	// the admin section leaves listen out: the loopback only.
 	DefaultAdminListen = "127.0.0.1:8090"
@@ -136,9 +141,13 @@ type Redis struct {
 // decided by failure_policy. 0 means unbounded. The rest is left zero.
 type Memory = memory.Options
 
-// Server holds the HTTP server's timeouts and limits, each > 0. The file's
-// server section decodes into it, over the defaults.
+// Server holds the HTTP server's engine, timeouts and limits (each > 0).
+// The file's server section decodes into it, over the defaults.
 type Server struct {
+	// Engine is the HTTP implementation serving the gateway's listener:
+	// EngineNetHTTP (the default) or EngineFastHTTP (experimental; HTTP/1.1
+	// only). The admin endpoint is served by net/http either way.
+	Engine string `json:"engine"`
 	// ReadHeaderTimeout bounds reading a request's header.
 	ReadHeaderTimeout time.Duration `json:"read_header_timeout"`
 	// ReadTimeout bounds reading a whole request, body included.

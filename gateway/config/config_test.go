@@ -379,7 +379,7 @@ func TestDemoConfig(t *testing.T) {
 		Listen: "127.0.0.1:8080",
 		Store:  "memory",
 		Server: config.Server{
-			ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second,
+			Engine: config.EngineNetHTTP, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second,
 			IdleTimeout: 120 * time.Second, ShutdownTimeout: 10 * time.Second, MaxHeaderBytes: 65536,
 		},
 		Response: response.Options{XRateLimit: true, XRateLimitReset: response.ResetEpoch, QuotaExceededStatus: 429, StoreFailureStatus: 503},
@@ -460,6 +460,7 @@ client_ip:
   ipv4_prefix_len: 24
   ipv6_prefix_len: 48
 server:
+  engine: fasthttp
   read_header_timeout: 1s
   read_timeout: 2s
   write_timeout: 3s
@@ -509,7 +510,7 @@ apis:
     policies: [free]
 `
 	// key_hash prefixes are case-sensitive: the one above is refused.
-	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:45:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
+	if _, err := config.Parse("t.yaml", []byte(doc)); err == nil || err.Error() != `t.yaml:46:15: keys[1].key_hash: "SHA256:ABC" is not sha256:<64 hex digits>` {
 		t.Fatalf("err = %v", err)
 	}
 	h := identity.HashKey("k2")
@@ -530,7 +531,7 @@ apis:
 			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")},
 			Header:         identity.Forwarded, IPv4PrefixLen: 24, IPv6PrefixLen: 48,
 		},
-		Server:   config.Server{ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
+		Server:   config.Server{Engine: config.EngineFastHTTP, ReadHeaderTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, ShutdownTimeout: 5 * time.Second, MaxHeaderBytes: 4096},
 		Response: response.Options{NoRateLimitFields: true, XRateLimit: true, XRateLimitReset: response.ResetSeconds, QuotaExceededStatus: 403, StoreFailureStatus: 500},
 	}
 	wantPolicies := []core.Policy{

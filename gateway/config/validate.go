@@ -200,11 +200,16 @@ func (v *loader) clientIP(r rawClientIP) identity.ClientIPOptions {
 	return o
 }
 
-// server checks the server section, decoded over the defaults: each
-// value must be > 0.
+// server checks the server section, decoded over the defaults: the
+// engine must be one the gateway has, each number > 0.
 func (v *loader) server(s Server) Server {
+	s.Engine = oneOf(v, "server.engine", "engine", s.Engine,
+		[]string{EngineNetHTTP, EngineFastHTTP}, EngineNetHTTP, EngineFastHTTP)
 	sv := reflect.ValueOf(s)
 	for i := range sv.NumField() {
+		if sv.Field(i).Kind() == reflect.String {
+			continue
+		}
 		if sv.Field(i).Int() <= 0 {
 			v.bad("server."+sv.Type().Field(i).Tag.Get("json"), mustBePositive)
 		}

@@ -449,7 +449,7 @@ func (v *loader) decode(data []byte) (raw *rawConfig) {
 		return nil
 	}
 	x, _ := v.value(root.Content[0], reflect.TypeFor[rawConfig](), "")
-	raw = &rawConfig{Server: Server{ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+	raw = &rawConfig{Server: Server{Engine: EngineNetHTTP, ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
 		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ShutdownTimeout: DefaultShutdownTimeout,
 		MaxHeaderBytes: DefaultMaxHeaderBytes}}
 	if x != nil {

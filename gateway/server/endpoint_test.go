@@ -98,99 +98,105 @@ func (u *upstream) count(what string) int {
 // Redis, where the key's counters for the API, POST /orders and GET
 // /orders are three keys.
 func TestGatewayEndpoints(t *testing.T) {
-	rs := redistest.Start(t)
-	for _, store := range []string{"memory", "redis://" + rs.Addr} {
-		t.Run(strings.SplitN(store, ":", 2)[0], func(t *testing.T) {
-			if store != "memory" {
-				rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-				defer rdb.Close()
-				if err := rdb.FlushAll(t.Context()).Err(); err != nil {
-					t.Fatal(err)
+	forEngines(t, func(t *testing.T, engine string) {
+		rs := redistest.Start(t)
+		for _, store := range []string{"memory", "redis://" + rs.Addr} {
+			t.Run(strings.SplitN(store, ":", 2)[0], func(t *testing.T) {
+				if store != "memory" {
+					rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+					defer rdb.Close()
+					if err := rdb.FlushAll(t.Context()).Err(); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			up, target := newUpstream(t)
-			dir := t.TempDir()
-			file := filepath.Join(dir, "gateway.yaml")
-			writeFile(t, file, shopYAML(store, target, 1000))
-			srv, _ := serve(t, server.Options{ConfigPath: file})
-			base := srv.URL() + "/shop"
+				up, target := newUpstream(t)
+				dir := t.TempDir()
+				file := filepath.Join(dir, "gateway.yaml")
+				writeFile(t, file, onEngine(shopYAML(store, target, 1000), engine))
+				srv, _ := serve(t, server.Options{ConfigPath: file})
+				base := srv.URL() + "/shop"
 
-			if ok, no := send(t, "POST", base+"/orders", 5); ok != 2 || no != 3 {
-				t.Fatalf("POST /orders: %d admitted, %d refused; want 2 and 3", ok, no)
-			}
-			// A method in another case counts against the same endpoint
-			// (an upstream may take "post" for POST): it does not escape.
-			for _, m := range []string{"post", "Post"} {
-				if ok, no := send(t, m, base+"/orders", 2); ok != 0 || no != 2 {
-					t.Fatalf("%s /orders after POST's 2: %d admitted, %d refused; want 0 and 2", m, ok, no)
+				if ok, no := send(t, "POST", base+"/orders", 5); ok != 2 || no != 3 {
+					t.Fatalf("POST /orders: %d admitted, %d refused; want 2 and 3", ok, no)
 				}
-			}
-			if ok, no := send(t, "GET", base+"/orders", 15); ok != 10 || no != 5 {
-				t.Fatalf("GET /orders: %d admitted, %d refused; want 10 and 5", ok, no)
-			}
-			if got := up.count("POST /orders") + up.count("GET /orders"); got != 12 {
-				t.Fatalf("upstream got %d requests to /orders, want 12", got)
-			}
-			// Other paths are the API's alone.
-			if ok, _ := send(t, "DELETE", base+"/orders-archive", 3); ok != 3 {
-				t.Fatalf("DELETE /orders-archive: %d admitted, want 3", ok)
-			}
-			if store != "memory" {
-				rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-				defer rdb.Close()
-				keys, err := rdb.Keys(t.Context(), "*").Result()
-				if err != nil {
-					t.Fatal(err)
+				// A method in another case counts against the same endpoint
+				// (an upstream may take "post" for POST): it does not escape.
+				for _, m := range []string{"post", "Post"} {
+					if ok, no := send(t, m, base+"/orders", 2); ok != 0 || no != 2 {
+						t.Fatalf("%s /orders after POST's 2: %d admitted, %d refused; want 0 and 2", m, ok, no)
+					}
 				}
-				slices.Sort(keys)
-				// The consumer's hash, then the kind and scope (spaces
-				// escaped).
-				var scopes []string
-				for _, k := range keys {
-					_, rest, _ := strings.Cut(k, "}:")
-					scopes = append(scopes, rest)
+				if ok, no := send(t, "GET", base+"/orders", 15); ok != 10 || no != 5 {
+					t.Fatalf("GET /orders: %d admitted, %d refused; want 10 and 5", ok, no)
 				}
-				if got := strings.Join(scopes, " | "); got != "gcra: | gcra:shop%20GET%20/orders | gcra:shop%20POST%20/orders" {
-					t.Fatalf("Redis keys %q (%q), want the API's and one per endpoint", got, keys)
+				if got := up.count("POST /orders") + up.count("GET /orders"); got != 12 {
+					t.Fatalf("upstream got %d requests to /orders, want 12", got)
 				}
-			}
-		})
-	}
+				// Other paths are the API's alone.
+				if ok, _ := send(t, "DELETE", base+"/orders-archive", 3); ok != 3 {
+					t.Fatalf("DELETE /orders-archive: %d admitted, want 3", ok)
+				}
+				if store != "memory" {
+					rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+					defer rdb.Close()
+					keys, err := rdb.Keys(t.Context(), "*").Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					slices.Sort(keys)
+					// The consumer's hash, then the kind and scope (spaces
+					// escaped).
+					var scopes []string
+					for _, k := range keys {
+						_, rest, _ := strings.Cut(k, "}:")
+						scopes = append(scopes, rest)
+					}
+					if got := strings.Join(scopes, " | "); got != "gcra: | gcra:shop%20GET%20/orders | gcra:shop%20POST%20/orders" {
+						t.Fatalf("Redis keys %q (%q), want the API's and one per endpoint", got, keys)
+					}
+				}
+			})
+		}
+	})
 }
 
 // TestGatewayEndpointsBothApply: with the API's own limit at 11 a
 // minute, POST /orders and GET /orders together get 11 through.
 func TestGatewayEndpointsBothApply(t *testing.T) {
-	up, target := newUpstream(t)
-	file := filepath.Join(t.TempDir(), "gateway.yaml")
-	writeFile(t, file, shopYAML("memory", target, 11))
-	srv, _ := serve(t, server.Options{ConfigPath: file})
-	base := srv.URL() + "/shop"
-	if ok, _ := send(t, "POST", base+"/orders", 4); ok != 2 {
-		t.Fatalf("POST: %d admitted, want 2", ok)
-	}
-	if ok, _ := send(t, "GET", base+"/orders", 12); ok != 9 {
-		t.Fatalf("GET: %d admitted, want 9 (11 across both)", ok)
-	}
-	if got := up.count("POST /orders") + up.count("GET /orders"); got != 11 {
-		t.Fatalf("upstream got %d, want 11", got)
-	}
+	forEngines(t, func(t *testing.T, engine string) {
+		up, target := newUpstream(t)
+		file := filepath.Join(t.TempDir(), "gateway.yaml")
+		writeFile(t, file, onEngine(shopYAML("memory", target, 11), engine))
+		srv, _ := serve(t, server.Options{ConfigPath: file})
+		base := srv.URL() + "/shop"
+		if ok, _ := send(t, "POST", base+"/orders", 4); ok != 2 {
+			t.Fatalf("POST: %d admitted, want 2", ok)
+		}
+		if ok, _ := send(t, "GET", base+"/orders", 12); ok != 9 {
+			t.Fatalf("GET: %d admitted, want 9 (11 across both)", ok)
+		}
+		if got := up.count("POST /orders") + up.count("GET /orders"); got != 11 {
+			t.Fatalf("upstream got %d, want 11", got)
+		}
+	})
 }
 
 // TestGatewayEndpointCost: an endpoint's cost is what each request
 // spends of the API's limit.
 func TestGatewayEndpointCost(t *testing.T) {
-	_, target := newUpstream(t)
-	file := filepath.Join(t.TempDir(), "gateway.yaml")
-	writeFile(t, file, shopYAML("memory", target, 12))
-	srv, _ := serve(t, server.Options{ConfigPath: file})
-	base := srv.URL() + "/shop"
-	if ok, no := send(t, "GET", base+"/reports/2026", 3); ok != 2 || no != 1 {
-		t.Fatalf("reports: %d admitted, %d refused; want 2 and 1 (cost 5 of 12)", ok, no)
-	}
-	if ok, no := send(t, "GET", base+"/other", 3); ok != 2 || no != 1 {
-		t.Fatalf("other: %d admitted, %d refused; want 2 and 1 (2 of 12 left)", ok, no)
-	}
+	forEngines(t, func(t *testing.T, engine string) {
+		_, target := newUpstream(t)
+		file := filepath.Join(t.TempDir(), "gateway.yaml")
+		writeFile(t, file, onEngine(shopYAML("memory", target, 12), engine))
+		srv, _ := serve(t, server.Options{ConfigPath: file})
+		base := srv.URL() + "/shop"
+		if ok, no := send(t, "GET", base+"/reports/2026", 3); ok != 2 || no != 1 {
+			t.Fatalf("reports: %d admitted, %d refused; want 2 and 1 (cost 5 of 12)", ok, no)
+		}
+		if ok, no := send(t, "GET", base+"/other", 3); ok != 2 || no != 1 {
+			t.Fatalf("other: %d admitted, %d refused; want 2 and 1 (2 of 12 left)", ok, no)
+		}
+	})
 }
 
 // TestGatewayEndpointConfigErrors: the file's endpoint problems are

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,12 +19,7 @@ import (
 // and a Redis store runs the data plane's global-quota runner (elected:
 // its lease is in Redis), and Close stops it (the lease is given up).
 func TestControlPlaneRunsQuotaRunner(t *testing.T) {
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpAddr := dead.Addr().String()
-	dead.Close()
+	cpAddr := deadAddr(t)
 	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
 	rs := redistest.Start(t)
 	client := rs.Client(t, nil)
@@ -61,12 +55,7 @@ control_plane:
 // with the in-process store cannot spend a global quota's leases (they live
 // in the data plane's Redis), and says so in an info line at start.
 func TestControlPlaneMemoryStoreNotes(t *testing.T) {
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpAddr := dead.Addr().String()
-	dead.Close()
+	cpAddr := deadAddr(t)
 	t.Setenv("LP_TEST_DP_TOKEN", "dp-token")
 	file := filepath.Join(t.TempDir(), "gateway.yaml")
 	writeFile(t, file, fmt.Sprintf(`listen: 127.0.0.1:0

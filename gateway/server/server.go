@@ -100,7 +100,7 @@ type Server struct {
 	reloader   *reloader
 	ln         net.Listener
 	active     *inFlight
-	http       *http.Server
+	http       engine       // the gateway listener's server, net/http's or fasthttp's
 	admin      *http.Server // nil without an admin section
 	adminLn    net.Listener
 	closeOnce  sync.Once
@@ -187,7 +187,11 @@ func Open(ctx context.Context, o Options) (*Server, error) {
 	if err := s.listenAdmin(); err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
-	s.http = s.newHTTPServer(s.active)
+	if cfg.Server.Engine == config.EngineFastHTTP {
+		s.http = s.newFastEngine(s.active, s.ln)
+	} else {
+		s.http = netEngine{s.newHTTPServer(s.active)}
+	}
 	ok = true
 	return s, nil
 }
@@ -218,7 +222,7 @@ func (s *Server) Serve() error {
 		return errors.New("gateway server: Serve called twice")
 	}
 	served := make(chan error, 1)
-	go func() { served <- s.http.Serve(s.ln) }()
+	go func() { served <- s.http.serve(s.ln) }()
 	var adminServed chan error // nil, never ready, without an admin endpoint
 	if s.admin != nil {
 		adminServed = make(chan error, 1)
@@ -276,10 +280,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.admin.Close()
 		}
 	}
-	switch err := s.http.Shutdown(sctx); {
+	switch err := s.http.shutdown(sctx); {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		cut := s.active.n.Load()
-		s.http.Close()
+		s.http.close()
 		if ctx.Err() != nil {
 			s.log.Warn("shutdown context ended; closed the connections of requests still in flight",
 				"err", ctx.Err(), "requests_cut", cut)
@@ -288,7 +292,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 				"shutdown_timeout", timeout, "requests_cut", cut)
 		}
 	case err != nil:
-		s.http.Close()
+		s.http.close()
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
@@ -310,7 +314,7 @@ func (s *Server) Close() error {
 			s.admin.Close()
 		}
 		if s.http != nil {
-			s.http.Close()
+			s.http.close()
 		}
 		// An http.Server's Close closes only the listeners it serves.
 		for _, ln := range []net.Listener{s.adminLn, s.ln} {
@@ -385,7 +389,7 @@ func (s *Server) PersistedIn() string { return s.persisted }
 // log line.
 type inFlight struct {
 	n atomic.Int64
-	h http.Handler
+	h *gateway.Gateway
 }
 
 // ServeHTTP implements http.Handler.
@@ -394,6 +398,27 @@ func (f *inFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer f.n.Add(-1)
 	f.h.ServeHTTP(w, r)
 }
+
+// engine is the server of the gateway's listener: net/http's (netEngine)
+// or fasthttp's (fastEngine, server.engine: fasthttp).
+type engine interface {
+	// serve serves ln until shutdown or close, then returns
+	// http.ErrServerClosed, or the error that stopped it.
+	serve(ln net.Listener) error
+	// shutdown closes the listener and waits for the requests in flight,
+	// until ctx ends: it returns ctx's error then, with requests still
+	// running.
+	shutdown(ctx context.Context) error
+	// close closes the listener and every connection at once.
+	close()
+}
+
+// netEngine is net/http's server as an engine.
+type netEngine struct{ s *http.Server }
+
+func (e netEngine) serve(ln net.Listener) error        { return e.s.Serve(ln) }
+func (e netEngine) shutdown(ctx context.Context) error { return e.s.Shutdown(ctx) }
+func (e netEngine) close()                             { e.s.Close() }
 
 // baseURL returns the URL clients reach addr at (a wildcard address is
 // reached on the loopback).

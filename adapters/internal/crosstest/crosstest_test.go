@@ -11,7 +11,9 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
+	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
 	lpgin "github.com/limitplane/limitplane/adapters/gin"
 	"github.com/limitplane/limitplane/adapters/nethttp"
@@ -128,6 +130,22 @@ var servers = []struct {
 		t.Cleanup(func() { app.Shutdown() })
 		return "http://" + ln.Addr().String()
 	}},
+	{"fasthttp", func(t *testing.T) string {
+		eng, auth, rend := limiter(t)
+		return serveFast(t, lpfasthttp.Middleware(eng, auth, lpfasthttp.Options{API: "x", Renderer: rend})(func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType(textPlain)
+			ctx.SetBodyString("ok")
+		}))
+	}},
+}
+
+// serveFast serves h with fasthttp's server until the end of the test.
+func serveFast(t *testing.T, h fasthttp.RequestHandler) string {
+	ln := listen(t)
+	s := &fasthttp.Server{Handler: h}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Shutdown() })
+	return "http://" + ln.Addr().String()
 }
 
 var client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}

@@ -8,7 +8,9 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
+	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
 	lpgin "github.com/limitplane/limitplane/adapters/gin"
 	"github.com/limitplane/limitplane/adapters/nethttp"
@@ -97,6 +99,11 @@ var shopServers = []struct {
 		app.Get("/orders", mw, h)
 		app.Get("/orders/:id", mw, h)
 		return serveFiber(t, app)
+	}},
+	{"fasthttp PathRoute", func(t *testing.T, eng core.Decider, auth identity.Authenticator) string {
+		return serveFast(t, lpfasthttp.Middleware(eng, auth, lpfasthttp.Options{API: "shop", Route: lpfasthttp.PathRoute})(func(ctx *fasthttp.RequestCtx) {
+			ctx.SetBodyString("ok")
+		}))
 	}},
 }
 

@@ -1,11 +1,12 @@
 // Command proxybench measures the gateway's HTTP throughput against peers in
 // the same run: a bare net/http/httputil.ReverseProxy and, when installed,
-// nginx, each in its own process in front of the same upstream, driven by
-// wrk in interleaved rounds.
+// nginx (plain, and with limit_req keyed on the API key), each in its own
+// process in front of the same upstream, driven by wrk in interleaved rounds.
 //
 //	go run ./cmd/proxybench -rounds 6 -duration 10s
 //
-// The gateway is cmd/limitplane-gateway built from this checkout, run with a
+// The gateway is cmd/limitplane-gateway built from this checkout, run on
+// each engine (net/http, and fasthttp as "limitplane-gateway-fasthttp") with a
 // memory store and one API key whose policy (10^9 requests a second and a
 // quota of 10^15 a day) is checked on every request and never denies, so
 // the numbers are those of a gateway with limiting on. Each -gateway-before
@@ -220,9 +221,20 @@ apis:
 		}
 		gateways = append(gateways, [2]string{name, b})
 	}
-	for _, g := range gateways {
+	// The same file on the fasthttp engine, for this checkout's gateway
+	// (older builds may not know server.engine).
+	cfgFast := filepath.Join(dir, "gateway-fasthttp.yaml")
+	if err := os.WriteFile(cfgFast, []byte(yaml+"server: {engine: fasthttp}\n"), 0o600); err != nil {
+		return err
+	}
+	type gatewayRun struct{ name, bin, cfg string }
+	runs := []gatewayRun{{gateways[0][0], gateways[0][1], cfg}, {"limitplane-gateway-fasthttp", gatewayBin, cfgFast}}
+	for _, g := range gateways[1:] {
+		runs = append(runs, gatewayRun{g[0], g[1], cfg})
+	}
+	for _, g := range runs {
 		gwAddr, _ := freeAddr()
-		gw, err := start(g[0], exec.Command(g[1], "-config", cfg, "-listen", gwAddr), gwAddr, "/bench/")
+		gw, err := start(g.name, exec.Command(g.bin, "-config", g.cfg, "-listen", gwAddr), gwAddr, "/bench/")
 		if err != nil {
 			return err
 		}
@@ -230,7 +242,11 @@ apis:
 	}
 
 	if ng, err := exec.LookPath("nginx"); err == nil {
+		// One nginx serves two listeners: plain, and with limit_req keyed
+		// on the API key at a rate nobody reaches (the peer the gateway,
+		// which checks a limit on every request, is measured against).
 		ngAddr, _ := freeAddr()
+		ngLimAddr, _ := freeAddr()
 		conf := filepath.Join(dir, "nginx.conf")
 		os.WriteFile(conf, []byte(fmt.Sprintf(`daemon off;
 worker_processes auto;
@@ -245,6 +261,7 @@ http {
   uwsgi_temp_path %[1]s/uwsgi;
   scgi_temp_path %[1]s/scgi;
   upstream up { server %[2]s; keepalive 256; }
+  limit_req_zone $http_x_api_key zone=bykey:10m rate=1000000000r/s;
   server {
     listen %[3]s;
     location / {
@@ -254,16 +271,27 @@ http {
       proxy_set_header X-Forwarded-For $remote_addr;
     }
   }
+  server {
+    listen %[4]s;
+    location / {
+      limit_req zone=bykey burst=1000000 nodelay;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For $remote_addr;
+    }
+  }
 }
-`, dir, upAddr, ngAddr)), 0o600)
+`, dir, upAddr, ngAddr, ngLimAddr)), 0o600)
 		n, err := start("nginx", exec.Command(ng, "-c", conf, "-p", dir), ngAddr, "/bench")
 		if err != nil {
 			return err
 		}
-		procs, targets = append(procs, n), append(targets, n)
+		// The second listener is the same process: stopped with it.
+		lim := &proc{name: "nginx+limit_req", cmd: &exec.Cmd{}, url: "http://" + ngLimAddr + "/bench"}
+		procs, targets = append(procs, n), append(targets, n, lim)
 	}
 
-	// Every target must answer 200 before it is measured.
 	for _, t := range targets {
 		req, _ := http.NewRequestWithContext(context.Background(), "GET", t.url, nil)
 		req.Header.Set("X-API-Key", benchKey)
@@ -301,6 +329,9 @@ http {
 		line := fmt.Sprintf("proxy=%s median_req_per_s=%.0f vs_bare=%.2f", t.name, med[t.name], med[t.name]/med["bare-httputil"])
 		if n, ok := med["nginx"]; ok {
 			line += fmt.Sprintf(" vs_nginx=%.2f", med[t.name]/n)
+		}
+		if n, ok := med["nginx+limit_req"]; ok {
+			line += fmt.Sprintf(" vs_nginx_limit_req=%.2f", med[t.name]/n)
 		}
 		fmt.Println(line)
 	}

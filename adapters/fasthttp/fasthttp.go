@@ -1,0 +1,255 @@
+// Package fasthttp is limitplane's middleware for valyala/fasthttp: the same
+// identity, decision, header fields and 401/403/429/503 answers as
+// adapters/nethttp, rendered by adapters/response, around a
+// fasthttp.RequestHandler. The gateway's fasthttp engine is built on it.
+//
+// Import it under a name that does not clash with fasthttp itself:
+//
+//	import lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
+//
+//	h := lpfasthttp.Middleware(engine, auth, lpfasthttp.Options{API: "orders"})(next)
+//	fasthttp.ListenAndServe(":8080", h)
+package fasthttp
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/limitplane/limitplane/adapters/internal/admit"
+	"github.com/limitplane/limitplane/adapters/response"
+	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// Options configure the middleware. The zero value limits every request at
+// cost 1 under API "" with the default Renderer.
+type Options struct {
+	// API is the API ID the engine decides for (policies may be scoped to
+	// APIs).
+	API string
+	// Cost returns a request's cost; nil means 1. An endpoint with a
+	// cost of its own overrides it (core.Endpoint.Cost).
+	Cost func(*fasthttp.RequestCtx) int64
+	// CostHeader, when it names a header, reads a request's cost from
+	// it (core.CostHeader: bounded, a malformed value answered 400 with
+	// a JSON body naming the header, before authentication, nothing
+	// counted); a request without it costs what Cost says. When Name is
+	// "" and l is a core.CostHeaderSource (a data-plane member's
+	// Limiter), the header of the running API definition is read.
+	CostHeader core.CostHeader
+	// SettleHeader, when set, names the response header in which the
+	// handler (or the upstream) gives a request's actual cost, e.g.
+	// "X-Usage-Tokens": once the handler returns, a policy that settles
+	// (core.Policy.Settle) charges or refunds the difference from the
+	// estimate in the quota period it charged. A response without it, or
+	// with a value that is not an integer in [0, 2^53), keeps the
+	// estimate. (fasthttp has no trailers.)
+	SettleHeader string
+	// Route, when set, says where a request goes within API, so that a
+	// core.RouteDecider decides it at the endpoint it matches (PathRoute:
+	// the request's method and path). nil decides every request for the
+	// API as a whole.
+	Route func(*fasthttp.RequestCtx) core.Route
+	// Renderer renders answers; nil means response.NewRenderer with zero
+	// Options.
+	Renderer *response.Renderer
+	// OnDecision, if set, is called once per request with the decision or
+	// error (for metrics and logs). It must not retain ctx.
+	OnDecision func(ctx *fasthttp.RequestCtx, d core.Decision, err error)
+}
+
+// Middleware returns middleware that authenticates each request with auth
+// and limits it with l. An allowed request goes on to next with the
+// rate-limit fields already set on its response; any other answer (429,
+// 401, 403, 400, 503) is sent with its JSON body and next is not called.
+// What an admitted request holds (an in-flight slot) is released when next
+// returns, however it ends (a panic too).
+// Requests that fail authentication never reach the engine, so they
+// create no limiter state.
+//
+// The engine is asked with context.Background(): a RequestCtx as a
+// context is cancelled when the server shuts down, and a request being
+// drained then must still be decided.
+//
+// l is any core.Decider: a *core.Engine, or the Limiter(api) of a
+// data-plane member (live.Config, dataplane.Follower).
+func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(fasthttp.RequestHandler) fasthttp.RequestHandler {
+	rend := opts.Renderer
+	if rend == nil {
+		rend = response.NewRenderer(response.Options{})
+	}
+	// fasthttp copies every header value and the body it is given, so a
+	// request's consumer and answer are rendered into memory reused by
+	// later requests.
+	pool := &sync.Pool{New: func() any { return new(scratch) }}
+	return func(next fasthttp.RequestHandler) fasthttp.RequestHandler {
+		return func(ctx *fasthttp.RequestCtx) {
+			var cost func() int64
+			if opts.Cost != nil {
+				cost = func() int64 { return opts.Cost(ctx) }
+			}
+			if ch := admit.CostHeader(l, opts.API, opts.CostHeader); ch.Name != "" {
+				n, err := ch.Cost(Request{ctx}.HeaderValues(ch.Name))
+				if err != nil {
+					if opts.OnDecision != nil {
+						opts.OnDecision(ctx, core.Decision{}, err)
+					}
+					Write(&ctx.Response, rend.Render(nil, core.Decision{}, err))
+					return
+				}
+				if n > 0 {
+					cost = func() int64 { return n }
+				}
+			}
+			var route func() core.Route
+			if opts.Route != nil {
+				route = func() core.Route { return opts.Route(ctx) }
+			}
+			s := pool.Get().(*scratch)
+			d, err := admit.Decide(context.Background(), l, auth, Request{ctx}, opts.API, route, cost, &s.consumer)
+			if opts.OnDecision != nil {
+				opts.OnDecision(ctx, d, err)
+			}
+			pass := Write(&ctx.Response, rend.RenderScratch(&s.answer, d, err))
+			pool.Put(s)
+			if !pass {
+				return
+			}
+			defer d.Hold.Release()
+			next(ctx)
+			if opts.SettleHeader != "" && d.Hold.Held() {
+				admit.Finish(d.Hold, string(ctx.Response.Header.Peek(opts.SettleHeader)))
+			}
+		}
+	}
+}
+
+// PathRoute is an Options.Route: the request's method and its path as
+// fasthttp normalizes it (decoded, with "." and ".." segments and
+// repeated slashes resolved).
+func PathRoute(ctx *fasthttp.RequestCtx) core.Route {
+	return core.Route{Method: string(ctx.Method()), Path: string(ctx.Path())}
+}
+
+// scratch is one request's memory in Middleware.
+type scratch struct {
+	consumer admit.Consumer
+	answer   response.Scratch
+}
+
+// Write sets res's header fields on resp and, when res does not pass, its
+// status and JSON body (fasthttp copies both). It reports whether the
+// request should go on to the next handler.
+func Write(resp *fasthttp.Response, res response.Result) bool {
+	for _, f := range res.Headers {
+		set(resp, f.Name, f.Value)
+	}
+	if res.Pass {
+		return true
+	}
+	for _, f := range response.BodyHeaders() {
+		set(resp, f.Name, f.Value)
+	}
+	resp.SetStatusCode(res.Status)
+	resp.SetBody(res.Body)
+	return false
+}
+
+// set is resp.Header.Set(name, value). The names adapters/response
+// renders are already in the form fasthttp normalizes names to, so for a
+// value without CR or LF (which Set would turn into spaces) both are
+// handed to SetCanonical as they are, without the copy Set makes first.
+func set(resp *fasthttp.Response, name, value string) {
+	switch name {
+	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
+		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options", "Content-Type":
+		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
+			resp.Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
+			return
+		}
+	}
+	resp.Header.Set(name, value)
+}
+
+// readOnlyBytes returns s's bytes without a copy; they must not be
+// written.
+func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// Request adapts *fasthttp.RequestCtx to identity.Request.
+//
+// fasthttp reuses its request buffers once the handler returns. Every
+// method therefore returns a copy, so an Authenticator may keep what it
+// reads (as a cache key, say) without it changing under it.
+type Request struct{ Ctx *fasthttp.RequestCtx }
+
+var (
+	_ identity.QueryValuer = Request{}
+	_ identity.PeerAddrer  = Request{}
+)
+
+// Header implements identity.Request: the first value of the named field.
+func (q Request) Header(name string) string { return string(q.Ctx.Request.Header.Peek(name)) }
+
+// HeaderValues returns every value of the named header, one per header
+// line, in the order received (nil when absent).
+func (q Request) HeaderValues(name string) []string {
+	var vs []string
+	for _, v := range q.Ctx.Request.Header.PeekAll(name) {
+		vs = append(vs, string(v))
+	}
+	return vs
+}
+
+// Query implements identity.Request: the first value of the named query
+// parameter.
+func (q Request) Query(name string) string { return string(q.Ctx.QueryArgs().Peek(name)) }
+
+// QueryValues implements identity.QueryValuer: every value of the named
+// query parameter, in the order given (nil when absent), so that identity
+// refuses a credential parameter given twice.
+func (q Request) QueryValues(name string) []string {
+	var vs []string
+	for _, v := range q.Ctx.QueryArgs().PeekMulti(name) {
+		vs = append(vs, string(v))
+	}
+	return vs
+}
+
+// Cookie implements identity.Request.
+func (q Request) Cookie(name string) string { return string(q.Ctx.Request.Header.Cookie(name)) }
+
+// RemoteAddr implements identity.Request: the TCP peer of the connection,
+// as net.TCPAddr.String writes it ("192.0.2.1:40000", "[2001:db8::1]:443").
+func (q Request) RemoteAddr() string {
+	a := q.Ctx.RemoteAddr()
+	if ap, ok := tcpPeer(a); ok {
+		return ap.String()
+	}
+	return a.String()
+}
+
+// PeerAddr implements identity.PeerAddrer: the address of a TCP peer,
+// with no text in between; false for any other peer (a zoned or
+// out-of-range TCP address, a Unix socket), whose RemoteAddr identity
+// parses instead.
+func (q Request) PeerAddr() (netip.Addr, bool) {
+	ap, ok := tcpPeer(q.Ctx.RemoteAddr())
+	return ap.Addr(), ok
+}
+
+// tcpPeer returns a as a netip.AddrPort, IPv4 unmapped, when a is a
+// *net.TCPAddr with an IP, no zone and a port in 0..65535.
+func tcpPeer(a net.Addr) (netip.AddrPort, bool) {
+	if t, ok := a.(*net.TCPAddr); ok && t.Zone == "" {
+		if ip, ok := netip.AddrFromSlice(t.IP); ok && t.Port >= 0 && t.Port <= 0xffff {
+			return netip.AddrPortFrom(ip.Unmap(), uint16(t.Port)), true
+		}
+	}
+	return netip.AddrPort{}, false
+}

@@ -1,0 +1,454 @@
+package gateway
+
+import (
+	"bytes"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
+	"github.com/limitplane/limitplane/identity"
+)
+
+// The gateway's fasthttp engine: ServeFastHTTP routes as ServeHTTP does
+// (Gateway.route), each API's fasthttp chain (apiHandler.fast) runs
+// adapters/fasthttp's middleware over the same limiter and renderer as
+// the net/http chain, and proxies with a fasthttp.HostClient per
+// upstream. What differs from net/http is listed in README ("The fasthttp
+// engine").
+
+// apiHandler is an API's handler on both engines, what attach gives
+// live.Config: the net/http chain, and the fasthttp chain over the same
+// limiter, authenticator and renderer.
+type apiHandler struct {
+	http.Handler
+	fast fasthttp.RequestHandler
+}
+
+// fastRequestKey is the user value under which ServeFastHTTP hands an
+// API's chain the request target it parsed.
+const fastRequestKey = "limitplane.gateway.request"
+
+// fastRequest is what ServeFastHTTP parsed of a request, as net/http
+// parses it: the method and the target (Path decoded, RawPath,
+// RawQuery). Its strings are the gateway's own, not fasthttp's buffers.
+type fastRequest struct {
+	method string
+	url    url.URL
+}
+
+// fastRequestOf returns the request ServeFastHTTP parsed for ctx.
+func fastRequestOf(ctx *fasthttp.RequestCtx) *fastRequest {
+	fr, _ := ctx.UserValue(fastRequestKey).(*fastRequest)
+	return fr
+}
+
+// ServeFastHTTP is ServeHTTP for the fasthttp engine: the same routes,
+// answers and limiter under the snapshot running when ctx arrives. A
+// request target net/http would refuse to parse gets net/http's own 400;
+// "OPTIONS *" its empty 200.
+func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
+	fr, _ := g.fastRequests.Get().(*fastRequest)
+	if fr == nil {
+		fr = new(fastRequest)
+	}
+	defer func() {
+		*fr = fastRequest{}
+		g.fastRequests.Put(fr)
+	}()
+	if !fr.parse(ctx) {
+		// As net/http's server answers a target it cannot parse.
+		ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
+		ctx.Response.SetStatusCode(http.StatusBadRequest)
+		ctx.Response.SetBodyString("400 Bad Request")
+		ctx.SetConnectionClose()
+		return
+	}
+	if fr.method == http.MethodOptions && fr.url.Path == "*" {
+		return // net/http answers OPTIONS * with an empty 200 itself
+	}
+	a, ans := g.route(fr.method, fr.url.Path, fr.url.RawQuery)
+	if a == nil {
+		if ans.allow {
+			ctx.Response.Header.Set("Allow", allowedMethods)
+		}
+		if ans.location != "" {
+			ctx.Response.Header.Set("Location", ans.location)
+		}
+		writeFastError(&ctx.Response, ans.status, ans.msg)
+		return
+	}
+	ctx.SetUserValue(fastRequestKey, fr)
+	a.Handler().(*apiHandler).fast(ctx)
+}
+
+// parse reads ctx's method and target into fr, the target as
+// url.ParseRequestURI reads it (net/http's server does the same); false
+// for a target that does not parse. A target of a path without escapes
+// and control bytes, the usual one, is split without the parser.
+func (fr *fastRequest) parse(ctx *fasthttp.RequestCtx) bool {
+	fr.method = methodString(ctx.Method())
+	raw := ctx.Request.Header.RequestURI()
+	plain := len(raw) > 0 && raw[0] == '/'
+	for _, c := range raw {
+		if c == '%' || c < 0x20 || c == 0x7f {
+			plain = false
+			break
+		}
+	}
+	if !plain {
+		u, err := url.ParseRequestURI(string(raw))
+		if err != nil {
+			return false
+		}
+		fr.url = *u
+		return true
+	}
+	s := string(raw)
+	p, q, ok := strings.Cut(s, "?")
+	fr.url = url.URL{Path: p, RawQuery: q, ForceQuery: ok && q == ""}
+	return true
+}
+
+// methodString returns m as a string, without a copy for the usual
+// methods.
+func methodString(m []byte) string {
+	for _, s := range [...]string{http.MethodGet, http.MethodPost, http.MethodHead, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions, http.MethodConnect} {
+		if string(m) == s {
+			return s
+		}
+	}
+	return string(m)
+}
+
+// writeFastError is writeError for the fasthttp engine.
+func writeFastError(resp *fasthttp.Response, status int, msg string) {
+	resp.Header.SetContentType("application/json")
+	resp.Header.Set("X-Content-Type-Options", "nosniff")
+	resp.SetStatusCode(status)
+	resp.SetBody(errorBody(msg))
+}
+
+// fastUpstream is an API's upstream on the fasthttp engine: it strips
+// the request as o says, then serves it.
+func (o outbound) fastUpstream(serve func(ctx *fasthttp.RequestCtx, fr *fastRequest)) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		fr := fastRequestOf(ctx)
+		o.applyFast(&ctx.Request.Header, &fr.url)
+		serve(ctx, fr)
+	}
+}
+
+// applyFast is apply for the fasthttp engine: it strips h, the request's
+// own header (the upstream gets the request itself, not a copy), and u.
+func (o outbound) applyFast(h *fasthttp.RequestHeader, u *url.URL) {
+	o.rewriteURL(u)
+	for _, s := range o.sources {
+		switch s.In {
+		case identity.InHeader:
+			h.Del(s.Name)
+		case identity.InCookie:
+			h.DelCookie(s.Name)
+		}
+	}
+}
+
+// fastEcho is the built-in echo upstream on the fasthttp engine: the
+// same answer as echo's, from the stripped request.
+func fastEcho(id string) func(ctx *fasthttp.RequestCtx, fr *fastRequest) {
+	return func(ctx *fasthttp.RequestCtx, fr *fastRequest) {
+		h := make(http.Header)
+		ctx.Request.Header.VisitAll(func(k, v []byte) {
+			if name := string(k); name != "Host" { // net/http keeps Host apart
+				h[name] = append(h[name], string(v))
+			}
+		})
+		n := int64(min(len(ctx.Request.Body()), maxEchoBody))
+		b, err := echoBody(id, fr.method, &fr.url, lpfasthttp.Request{Ctx: ctx}.RemoteAddr(), h, n)
+		if err != nil {
+			writeFastError(&ctx.Response, http.StatusInternalServerError, "internal error")
+			return
+		}
+		ctx.Response.Header.SetContentType("application/json")
+		ctx.Response.SetBody(b)
+	}
+}
+
+// fastProxy is an API's reverse proxy on the fasthttp engine: what
+// newProxy's httputil.ReverseProxy does, with a fasthttp.HostClient.
+type fastProxy struct {
+	api     string
+	target  *url.URL
+	client  *fasthttp.HostClient
+	trusted []netip.Prefix
+	log     *slog.Logger
+}
+
+// serve sends ctx's request, already stripped, to the upstream and its
+// answer to the client under the rate-limit fields already set: the
+// path joined to the target's, the Host the target's, hop-by-hop fields
+// dropped both ways, X-Forwarded-For, -Host and -Proto as newProxy sets
+// them.
+func (p *fastProxy) serve(ctx *fasthttp.RequestCtx, fr *fastRequest) {
+	req := &ctx.Request
+	inHost := fr.url.Host
+	if inHost == "" {
+		inHost = string(req.Header.Host())
+	}
+	var xff []string
+	if vs := req.Header.PeekAll("X-Forwarded-For"); len(vs) > 0 && p.fromTrusted(ctx) {
+		for _, v := range vs {
+			xff = append(xff, string(v))
+		}
+	}
+	chunked := req.Header.ContentLength() == -1 // before Transfer-Encoding goes
+	te := headerHasToken(&req.Header, "Te", "trailers")
+	dropHopFields(&req.Header)
+	if te {
+		req.Header.Set("Te", "trailers")
+	}
+	for _, f := range [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		req.Header.Del(f)
+	}
+	out := url.URL{Scheme: p.target.Scheme, Host: p.target.Host, ForceQuery: fr.url.ForceQuery}
+	out.Path, out.RawPath = joinURLPath(p.target, &fr.url)
+	if p.target.RawQuery == "" || fr.url.RawQuery == "" {
+		out.RawQuery = p.target.RawQuery + fr.url.RawQuery
+	} else {
+		out.RawQuery = p.target.RawQuery + "&" + fr.url.RawQuery
+	}
+	req.SetRequestURI(out.Scheme + "://" + out.Host + out.RequestURI())
+	req.Header.SetNoDefaultContentType(true) // none unless the client sent one
+	req.Header.SetProtocol("HTTP/1.1")       // as net/http's proxy, whatever the client spoke
+	if chunked {
+		// A chunked request goes on chunked, as net/http's proxy sends
+		// a body of unknown length (SetBodyStream releases the body
+		// buffer: the stream reads a copy).
+		req.SetBodyStream(bytes.NewReader(bytes.Clone(req.Body())), -1)
+	}
+	client := lpfasthttp.Request{Ctx: ctx}.RemoteAddr()
+	if ip, _, err := net.SplitHostPort(client); err == nil {
+		if len(xff) > 0 {
+			ip = strings.Join(xff, ", ") + ", " + ip
+		}
+		req.Header.Set("X-Forwarded-For", ip)
+	}
+	req.Header.Set("X-Forwarded-Host", inHost)
+	req.Header.Set("X-Forwarded-Proto", "http")
+
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := p.client.Do(req, resp); err != nil {
+		p.log.Warn("upstream failed", "api", p.api, "target", p.target.String(), "err", err)
+		writeFastError(&ctx.Response, http.StatusBadGateway, "upstream unavailable")
+		return
+	}
+	copyFastResponse(&ctx.Response, resp, ctx.IsHead())
+}
+
+// fromTrusted reports whether ctx's peer is one of the trusted proxies.
+func (p *fastProxy) fromTrusted(ctx *fasthttp.RequestCtx) bool {
+	if len(p.trusted) == 0 {
+		return false
+	}
+	a, err := identity.PeerAddr(lpfasthttp.Request{Ctx: ctx})
+	if err != nil {
+		return false
+	}
+	for _, t := range p.trusted {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// copyFastResponse adds up's status, fields (but the hop-by-hop ones and
+// Content-Length) and body to dst, whose rate-limit fields stay. For a
+// HEAD request dst keeps up's Content-Length, as net/http's proxy does.
+func copyFastResponse(dst, up *fasthttp.Response, head bool) {
+	hop := connectionTokens(up.Header.PeekAll("Connection"))
+	up.Header.VisitAll(func(k, v []byte) {
+		name := string(k)
+		if name == "Content-Length" || isHopField(name) || hop[name] {
+			return
+		}
+		dst.Header.AddBytesKV(k, v)
+	})
+	dst.SetStatusCode(up.StatusCode())
+	if head {
+		dst.SkipBody = true
+		dst.Header.SetContentLength(up.Header.ContentLength())
+		return
+	}
+	if up.Header.ContentLength() < 0 {
+		// Chunked (or ended by the connection's close) from the
+		// upstream: chunked to the client, as net/http's proxy sends it.
+		dst.SetBodyStream(bytes.NewReader(bytes.Clone(up.Body())), -1)
+		return
+	}
+	// The body changes hands without a copy; up gets dst's empty buffer.
+	b := up.SwapBody(nil)
+	up.SwapBody(dst.SwapBody(b))
+}
+
+// dropHopFields removes the hop-by-hop fields from h: those hopHeaders
+// names and those its Connection fields name.
+func dropHopFields(h *fasthttp.RequestHeader) {
+	// PeekAll("Connection") hides the other lines behind a "close".
+	var conn [][]byte
+	h.VisitAll(func(k, v []byte) {
+		if string(k) == "Connection" {
+			conn = append(conn, v)
+		}
+	})
+	for name := range connectionTokens(conn) {
+		h.Del(name)
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+// connectionTokens returns the field names that Connection values list,
+// canonical.
+func connectionTokens(vals [][]byte) map[string]bool {
+	if len(vals) == 0 {
+		return nil
+	}
+	names := make(map[string]bool)
+	for _, v := range vals {
+		for _, name := range strings.Split(string(v), ",") {
+			if name = textproto.TrimString(name); name != "" {
+				names[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return names
+}
+
+// isHopField reports whether name (canonical) is one of hopHeaders.
+func isHopField(name string) bool {
+	for _, h := range hopHeaders {
+		if h == name {
+			return true
+		}
+	}
+	return false
+}
+
+// headerHasToken reports whether a field name of h lists token (compared
+// without case), as httpguts.HeaderValuesContainsToken.
+func headerHasToken(h *fasthttp.RequestHeader, name, token string) bool {
+	for _, v := range h.PeekAll(name) {
+		for _, t := range strings.Split(string(v), ",") {
+			if t, _, _ = strings.Cut(t, ";"); strings.EqualFold(textproto.TrimString(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// joinURLPath is net/http/httputil's: b's path under a's, escaped forms
+// kept, so the fasthttp proxy sends the path the net/http one does.
+func joinURLPath(a, b *url.URL) (path, rawpath string) {
+	if a.RawPath == "" && b.RawPath == "" {
+		return singleJoiningSlash(a.Path, b.Path), ""
+	}
+	apath := a.EscapedPath()
+	bpath := b.EscapedPath()
+	aslash := strings.HasSuffix(apath, "/")
+	bslash := strings.HasPrefix(bpath, "/")
+	switch {
+	case aslash && bslash:
+		return a.Path + b.Path[1:], apath + bpath[1:]
+	case !aslash && !bslash:
+		return a.Path + "/" + b.Path, apath + "/" + bpath
+	}
+	return a.Path + b.Path, apath + bpath
+}
+
+// singleJoiningSlash is net/http/httputil's.
+func singleJoiningSlash(a, b string) string {
+	aslash := strings.HasSuffix(a, "/")
+	bslash := strings.HasPrefix(b, "/")
+	switch {
+	case aslash && bslash:
+		return a + b[1:]
+	case !aslash && !bslash:
+		return a + "/" + b
+	}
+	return a + b
+}
+
+// fastClients holds the gateway's fasthttp clients, one per upstream
+// (scheme and host), shared by every API and every snapshot that proxies
+// to it, as one http.Transport is on the net/http engine: keep-alive
+// connections survive an Apply.
+type fastClients struct {
+	mu sync.Mutex
+	m  map[string]*fasthttp.HostClient
+}
+
+// fastReadBufferSize bounds an upstream's response header on the
+// fasthttp engine (fasthttp's default, 4 KiB, refuses common ones).
+const fastReadBufferSize = 64 << 10
+
+// fastMaxConns is the most connections the fasthttp engine opens to one
+// upstream: more than a gateway's file descriptors would let it.
+const fastMaxConns = 1 << 20
+
+// get returns the client for target, made on first use.
+func (c *fastClients) get(target *url.URL) *fasthttp.HostClient {
+	key := target.Scheme + "://" + target.Host
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hc := c.m[key]; hc != nil {
+		return hc
+	}
+	addr := target.Host
+	tls := target.Scheme == "https"
+	if target.Port() == "" {
+		port := "80"
+		if tls {
+			port = "443"
+		}
+		addr = net.JoinHostPort(target.Hostname(), port)
+	}
+	hc := &fasthttp.HostClient{
+		Addr:                     addr,
+		IsTLS:                    tls,
+		NoDefaultUserAgentHeader: true, // as ReverseProxy: no User-Agent unless the client sent one
+		DisablePathNormalizing:   true, // the path is sent as net/http would send it
+		// No cap on connections, as http.DefaultTransport has none:
+		// fasthttp's default (512) would answer 502 above it.
+		MaxConns:            fastMaxConns,
+		MaxConnWaitTimeout:  30 * time.Second,
+		MaxIdleConnDuration: 90 * time.Second, // http.DefaultTransport's IdleConnTimeout
+		ReadBufferSize:      fastReadBufferSize,
+	}
+	if c.m == nil {
+		c.m = make(map[string]*fasthttp.HostClient)
+	}
+	c.m[key] = hc
+	return hc
+}
+
+// closeIdle drops every client's idle connections.
+func (c *fastClients) closeIdle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, hc := range c.m {
+		hc.CloseIdleConnections()
+	}
+}
