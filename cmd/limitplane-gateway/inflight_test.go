@@ -190,6 +190,12 @@ func TestInFlightGateway(t *testing.T) {
 		checkFive(t, u, gw.base+"/slow/hold")
 	})
 	t.Run("cancelled clients", func(t *testing.T) {
+		if *engine == "fasthttp" {
+			// README, "The fasthttp engine": a client that goes away
+			// does not cancel the upstream call, so its slot is held
+			// until the upstream answers.
+			t.Skip("the fasthttp engine does not cancel upstream calls of clients that went away")
+		}
 		u.reopen()
 		ctx, cancel := context.WithCancel(context.Background())
 		_, _, other, wg := burst(t, ctx, gw.base+"/slow/hold", 5, false)
