@@ -427,6 +427,14 @@ func (a *admin) engine(st *live.State) (*core.Engine, error) {
 // resolve finds the consumer id names under st, for API api ("" when not
 // given). On failure it returns the status and message to answer with.
 func (a *admin) resolve(st *live.State, id, api string) (*core.Consumer, consumerState, int, string) {
+	// Longer than any consumer id or API id: refused without echoing it.
+	const maxEcho = 256
+	switch {
+	case len(id) > maxEcho:
+		return nil, consumerState{}, http.StatusBadRequest, fmt.Sprintf("consumer id of %d bytes: too long (at most %d)", len(id), maxEcho)
+	case len(api) > maxEcho:
+		return nil, consumerState{}, http.StatusBadRequest, fmt.Sprintf("api of %d bytes: too long (at most %d)", len(api), maxEcho)
+	}
 	out := consumerState{API: api}
 	var spa *spec.API
 	if api != "" {

@@ -340,6 +340,9 @@ func TestAdminErrors(t *testing.T) {
 		{"GET", "/consumers/ip:nowhere?api=open", 400, `{"error":"consumer \"ip:nowhere\": want an IP address or a client group prefix"}`, ""},
 		{"GET", "/consumers/ip:2001:db8::%2F48?api=open", 400, `{"error":"consumer \"ip:2001:db8::/48\": 2001:db8::/48 is not a client group of this gateway (groups are /32 for IPv4, /64 for IPv6)"}`, ""},
 		{"GET", "/consumers/" + unknown.String() + "?api=nope", 400, `{"error":"unknown API \"nope\""}`, ""},
+		// Overlong ids and APIs are refused without being echoed back.
+		{"GET", "/consumers/ip:" + strings.Repeat("x", 3000), 400, `{"error":"consumer id of 3003 bytes: too long (at most 256)"}`, ""},
+		{"GET", "/consumers/" + unknown.String() + "?api=" + strings.Repeat("a", 257), 400, `{"error":"api of 257 bytes: too long (at most 256)"}`, ""},
 		{"GET", "/consumers/" + identity.HashKey("k-admin").String() + "?api=open", 400, `{"error":"API \"open\" is keyless: API keys are not its consumers"}`, ""},
 		{"POST", "/consumers/" + identity.HashKey("k-admin").String(), 405, `{"error":"method POST is not allowed; use GET"}`, "GET, HEAD"},
 		{"GET", "/consumers/" + identity.HashKey("k-admin").String() + "/reset-quota", 405, `{"error":"method GET is not allowed; use POST"}`, "POST"},
