@@ -112,6 +112,9 @@ Ctrl-C stops it.
 // runClient makes n health checks with key and prints, for each, the status
 // code, the rate-limit metadata and, when denied, the RetryInfo delay.
 func runClient(ctx context.Context, addr, key string, n int, out io.Writer) error {
+	if n < 1 {
+		return fmt.Errorf("-n %d: the client makes at least one call", n)
+	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -69,5 +70,16 @@ func TestClientWithoutServerFails(t *testing.T) {
 	err := runClient(context.Background(), "127.0.0.1:1", "demo-key", 3, &out)
 	if err == nil || !strings.Contains(err.Error(), "call 1: ") || out.Len() != 0 {
 		t.Fatalf("err %v, output %q", err, out.String())
+	}
+}
+
+// -n below 1 is an error, not a client that does nothing and exits 0.
+func TestClientNeedsACall(t *testing.T) {
+	var out bytes.Buffer
+	for _, n := range []int{0, -3} {
+		err := runClient(context.Background(), "127.0.0.1:1", "demo-key", n, &out)
+		if want := fmt.Sprintf("-n %d: the client makes at least one call", n); err == nil || err.Error() != want || out.Len() != 0 {
+			t.Fatalf("-n %d: err %v, output %q; want %q", n, err, out.String(), want)
+		}
 	}
 }
