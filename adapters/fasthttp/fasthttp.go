@@ -94,18 +94,14 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			if opts.Cost != nil {
 				cost = func() int64 { return opts.Cost(ctx) }
 			}
-			if ch := admit.CostHeader(l, opts.API, opts.CostHeader); ch.Name != "" {
-				n, err := ch.Cost(Request{ctx}.HeaderValues(ch.Name))
-				if err != nil {
-					if opts.OnDecision != nil {
-						opts.OnDecision(ctx, core.Decision{}, err)
-					}
-					Write(&ctx.Response, rend.Render(nil, core.Decision{}, err))
-					return
+			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{ctx}.HeaderValues); err != nil {
+				if opts.OnDecision != nil {
+					opts.OnDecision(ctx, core.Decision{}, err)
 				}
-				if n > 0 {
-					cost = func() int64 { return n }
-				}
+				Write(&ctx.Response, rend.Render(nil, core.Decision{}, err))
+				return
+			} else if n > 0 {
+				cost = func() int64 { return n }
 			}
 			var route func() core.Route
 			if opts.Route != nil {

@@ -92,18 +92,14 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		if ch := admit.CostHeader(l, opts.API, opts.CostHeader); ch.Name != "" {
-			n, err := ch.Cost(Request{c}.HeaderValues(ch.Name))
-			if err != nil {
-				if opts.OnDecision != nil {
-					opts.OnDecision(c, core.Decision{}, err)
-				}
-				Write(c, rend.Render(nil, core.Decision{}, err))
-				return nil
+		if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{c}.HeaderValues); err != nil {
+			if opts.OnDecision != nil {
+				opts.OnDecision(c, core.Decision{}, err)
 			}
-			if n > 0 {
-				cost = func() int64 { return n }
-			}
+			Write(c, rend.Render(nil, core.Decision{}, err))
+			return nil
+		} else if n > 0 {
+			cost = func() int64 { return n }
 		}
 		var route func() core.Route
 		if opts.Route != nil {

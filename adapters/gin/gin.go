@@ -81,19 +81,15 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		if ch := admit.CostHeader(l, opts.API, opts.CostHeader); ch.Name != "" {
-			n, err := ch.Cost(c.Request.Header.Values(ch.Name))
-			if err != nil {
-				if opts.OnDecision != nil {
-					opts.OnDecision(c, core.Decision{}, err)
-				}
-				nethttp.Write(c.Writer, rend.Render(nil, core.Decision{}, err))
-				c.Abort()
-				return
+		if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, c.Request.Header.Values); err != nil {
+			if opts.OnDecision != nil {
+				opts.OnDecision(c, core.Decision{}, err)
 			}
-			if n > 0 {
-				cost = func() int64 { return n }
-			}
+			nethttp.Write(c.Writer, rend.Render(nil, core.Decision{}, err))
+			c.Abort()
+			return
+		} else if n > 0 {
+			cost = func() int64 { return n }
 		}
 		var route func() core.Route
 		if opts.Route != nil {

@@ -355,28 +355,26 @@ func MethodRoute(fullMethod string) core.Route {
 // its status. A hold refers to none of that memory.
 func (in *interceptor) admit(ctx context.Context, method string, keep bool) (*core.Consumer, metadata.MD, core.Hold, error) {
 	s := in.scratch.Get().(*scratch)
-	defer in.scratch.Put(s)
+	defer func() {
+		s.req = Request{} // no ctx kept in the pool
+		in.scratch.Put(s)
+	}()
 	var cost func() int64
 	if in.o.Cost != nil {
 		cost = func() int64 { return in.o.Cost(ctx, method) }
 	}
 	api := in.o.API(method)
-	if ch := admit.CostHeader(in.l, api, in.o.CostHeader); ch.Name != "" {
-		n, err := ch.Cost(metadataValues(ctx, ch.Name))
-		if err != nil {
-			md, _, serr := in.answer(ctx, method, "", core.Decision{}, err, true, &s.resp)
-			return nil, md, core.Hold{}, serr
-		}
-		if n > 0 {
-			cost = func() int64 { return n }
-		}
+	if n, err := admit.HeaderCost(in.l, api, in.o.CostHeader, func(name string) []string { return metadataValues(ctx, name) }); err != nil {
+		md, _, serr := in.answer(ctx, method, "", core.Decision{}, err, true, &s.resp)
+		return nil, md, core.Hold{}, serr
+	} else if n > 0 {
+		cost = func() int64 { return n }
 	}
 	var route func() core.Route
 	if in.o.Route != nil {
 		route = func() core.Route { return in.o.Route(method) }
 	}
 	s.req = Request{ctx}
-	defer func() { s.req = Request{} }()
 	var (
 		c       *core.Consumer
 		subject string

@@ -77,18 +77,14 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 			if opts.Cost != nil {
 				cost = func() int64 { return opts.Cost(r) }
 			}
-			if ch := admit.CostHeader(l, opts.API, opts.CostHeader); ch.Name != "" {
-				n, err := ch.Cost(r.Header.Values(ch.Name))
-				if err != nil {
-					if opts.OnDecision != nil {
-						opts.OnDecision(r, core.Decision{}, err)
-					}
-					Write(w, rend.Render(nil, core.Decision{}, err))
-					return
+			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, r.Header.Values); err != nil {
+				if opts.OnDecision != nil {
+					opts.OnDecision(r, core.Decision{}, err)
 				}
-				if n > 0 {
-					cost = func() int64 { return n }
-				}
+				Write(w, rend.Render(nil, core.Decision{}, err))
+				return
+			} else if n > 0 {
+				cost = func() int64 { return n }
 			}
 			var route func() core.Route
 			if opts.Route != nil {

@@ -140,6 +140,7 @@ type Notifier struct {
 	once   sync.Once
 
 	queued, dropped, delivered, duplicates, failed atomic.Int64
+	unsent                                         atomic.Int64 // taken or left at Close, not sent
 }
 
 var _ core.QuotaObserver = (*Notifier)(nil)
@@ -252,18 +253,12 @@ func (n *Notifier) Close() error {
 	n.once.Do(func() {
 		n.cancel()
 		n.wg.Wait()
-		left := 0
-		for {
-			select {
-			case <-n.queue:
-				left++
-				continue
-			default:
-			}
-			break
+		for len(n.queue) > 0 { // the senders have stopped: no one else reads
+			<-n.queue
+			n.unsent.Add(1)
 		}
-		if left > 0 {
-			n.dropped.Add(int64(left))
+		if left := n.unsent.Load(); left > 0 {
+			n.dropped.Add(left)
 			n.o.Logger.Warn("threshold webhook: closed with events not sent", "events", left)
 		}
 	})
@@ -279,10 +274,9 @@ func (n *Notifier) run() {
 			return
 		case r := <-n.queue:
 			if n.ctx.Err() != nil {
-				// Closed while both were ready: not sent, as those
-				// Close finds queued.
-				n.dropped.Add(1)
-				n.o.Logger.Warn("threshold webhook: closed with events not sent", "events", 1)
+				// Closed while both were ready: not sent, counted with
+				// those Close finds queued.
+				n.unsent.Add(1)
 				return
 			}
 			n.send(n.event(r))

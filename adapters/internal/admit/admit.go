@@ -97,13 +97,26 @@ func DecideID(ctx context.Context, l core.Decider, auth identity.Authenticator, 
 	return d, id, err
 }
 
-// CostHeader returns the cost header of a request for api: h when it
+// HeaderCost is a request's cost from the cost header of api (costHeader
+// chooses it; values(name) gives the request's values of a header): 0
+// when there is no such header or the request does not give it, and an
+// error (core.ErrMalformedCost) for a malformed value, which the adapter
+// renders (400) without authenticating or deciding.
+func HeaderCost(l core.Decider, api string, h core.CostHeader, values func(name string) []string) (int64, error) {
+	ch := costHeader(l, api, h)
+	if ch.Name == "" {
+		return 0, nil
+	}
+	return ch.Cost(values(ch.Name))
+}
+
+// costHeader returns the cost header of a request for api: h when it
 // names one, else the one l knows for api (core.CostHeaderSource: a
 // data-plane member's running API definition), else none. The adapter
 // reads the request's values of it with core.CostHeader.Cost, before
 // Check: a malformed one is rendered (400) without authenticating or
 // deciding, and a cost it gives replaces the adapter's own.
-func CostHeader(l core.Decider, api string, h core.CostHeader) core.CostHeader {
+func costHeader(l core.Decider, api string, h core.CostHeader) core.CostHeader {
 	if h.Name != "" {
 		return h
 	}
