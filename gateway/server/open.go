@@ -103,6 +103,23 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			log.Warn("policies name thresholds but there is no threshold_webhook section: no threshold events are sent", "policies", with)
 		}
 	}
+	if log != nil {
+		// Settling policies need an API that names where the actual cost
+		// comes from; without one every request keeps its estimate.
+		var settle []string
+		for _, p := range cfg.Snapshot.Policies {
+			if p.Settle {
+				settle = append(settle, p.ID)
+			}
+		}
+		named := false
+		for _, a := range cfg.Snapshot.APIs {
+			named = named || a.SettleHeader != ""
+		}
+		if len(settle) > 0 && !named && cfg.ControlPlane == nil {
+			log.Warn("policies settle but no API names a settle_header: every request keeps its estimate", "policies", settle)
+		}
+	}
 	if w := cfg.ThresholdWebhook; w != nil {
 		var claimer threshold.Claimer
 		exact := store

@@ -112,3 +112,32 @@ apis:
 		t.Fatalf("log (%d lines naming threshold_webhook) lacks\n%s\ngot:\n%s", got, want, log.String())
 	}
 }
+
+// TestSettleWithoutHeaderWarns: settling policies and no API naming a
+// settle_header start, and the log says once that every request keeps its
+// estimate, naming the policies; an API that names one silences it.
+func TestSettleWithoutHeaderWarns(t *testing.T) {
+	const want = `level=WARN msg="policies settle but no API names a settle_header: every request keeps its estimate" policies="[tokens bytes]"`
+	for _, header := range []string{"", ", settle_header: X-Usage-Tokens"} {
+		file := filepath.Join(t.TempDir(), "gateway.yaml")
+		writeFile(t, file, `listen: 127.0.0.1:0
+policies:
+  - {id: tokens, quota: {max: 10000, renewal: 1m}, settle: true}
+  - {id: plain, quota: {max: 5, renewal: 1h}}
+  - {id: bytes, quota: {max: 100, renewal: 1h}, settle: true}
+apis:
+  - {id: a, listen_path: /a/, target: "builtin:echo", auth: keyless, policies: [tokens]`+header+`}
+`)
+		var log strings.Builder
+		srv, err := server.Open(t.Context(), server.Options{ConfigPath: file, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got, warned := strings.Count(log.String(), "settle_header"), header == ""; got != map[bool]int{true: 1, false: 0}[warned] || warned != strings.Contains(log.String(), want) {
+			t.Fatalf("settle_header %q: log (%d lines naming settle_header) should warn: %v, with\n%s\ngot:\n%s", header, got, warned, want, log.String())
+		}
+	}
+}
