@@ -30,7 +30,7 @@ type Usage struct {
 	// Totals sums every entry's totals.
 	Totals UsageTotals `json:"totals"`
 	// Thresholds are the quota thresholds the key reached, per API,
-	// policy, epoch and period (any quota, global or not: the data
+	// endpoint, policy, epoch and period (any quota, global or not: the data
 	// planes report them with their lease batches, asynchronously), by
 	// period start, API, policy and epoch; left out when none.
 	Thresholds []ThresholdUsage `json:"thresholds,omitempty"`
@@ -38,7 +38,11 @@ type Usage struct {
 
 // ThresholdUsage is one quota period's thresholds reached.
 type ThresholdUsage struct {
-	API         string    `json:"api"`
+	API string `json:"api"`
+	// Endpoint is the endpoint's method and canonical path for the
+	// quota of one of the API's endpoints ("POST /orders"), left out for
+	// the API's own quota.
+	Endpoint    string    `json:"endpoint,omitempty"`
 	Policy      string    `json:"policy"`
 	Epoch       uint64    `json:"epoch"`
 	PeriodStart time.Time `json:"period_start"`
@@ -149,9 +153,9 @@ func (a *admin) keyUsage(w http.ResponseWriter, r *http.Request) {
 // period; nil when there are none.
 func thresholdUsage(ctx context.Context, ls QuotaLedgerStore, consumer string) ([]ThresholdUsage, error) {
 	type period struct {
-		api, policy string
-		epoch       uint64
-		start       time.Time
+		api, endpoint, policy string
+		epoch                 uint64
+		start                 time.Time
 	}
 	by := map[period]*ThresholdUsage{}
 	err := ls.ScanQuota(ctx, thresholdPrefix(consumer), func(id string, rec QuotaRecord) error {
@@ -159,10 +163,10 @@ func thresholdUsage(ctx context.Context, ls QuotaLedgerStore, consumer string) (
 		if err := json.Unmarshal(rec.Value, &ev); err != nil {
 			return fmt.Errorf("controlplane: usage: threshold event %q: %w", id, err)
 		}
-		k := period{ev.API, ev.Policy, ev.Epoch, ev.PeriodStart.UTC()}
+		k := period{ev.API, ev.Endpoint, ev.Policy, ev.Epoch, ev.PeriodStart.UTC()}
 		tu := by[k]
 		if tu == nil {
-			tu = &ThresholdUsage{API: ev.API, Policy: ev.Policy, Epoch: ev.Epoch, PeriodStart: k.start, PeriodEnd: ev.PeriodEnd.UTC()}
+			tu = &ThresholdUsage{API: ev.API, Endpoint: ev.Endpoint, Policy: ev.Policy, Epoch: ev.Epoch, PeriodStart: k.start, PeriodEnd: ev.PeriodEnd.UTC()}
 			by[k] = tu
 		}
 		tu.Events = append(tu.Events, ev)
@@ -182,7 +186,7 @@ func thresholdUsage(ctx context.Context, ls QuotaLedgerStore, consumer string) (
 		out = append(out, *tu)
 	}
 	slices.SortFunc(out, func(a, b ThresholdUsage) int {
-		return cmp.Or(a.PeriodStart.Compare(b.PeriodStart), cmp.Compare(a.API, b.API), cmp.Compare(a.Policy, b.Policy), cmp.Compare(a.Epoch, b.Epoch))
+		return cmp.Or(a.PeriodStart.Compare(b.PeriodStart), cmp.Compare(a.API, b.API), cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Policy, b.Policy), cmp.Compare(a.Epoch, b.Epoch))
 	})
 	return out, nil
 }

@@ -55,8 +55,12 @@ type Endpoint struct {
 	Path string
 	// Policies are the IDs of the policies the endpoint's requests are
 	// limited by, per consumer, on counters of their own (see
-	// EndpointScope), merged as a consumer's are (the most generous rate
-	// and quota win). None: the endpoint only sets a cost.
+	// EndpointScope), merged as a consumer's are: the most generous rate
+	// and quota win, the largest in-flight cap (Policy.InFlight) holds a
+	// slot at the endpoint, and the winning quota's policy brings its
+	// settling (Policy.Settle) and its thresholds (Policy.Thresholds,
+	// reported with ThresholdReached.Endpoint set). None: the endpoint
+	// only sets a cost.
 	Policies []string
 	// Cost, when > 0, is what every request to the endpoint costs, on the
 	// endpoint's limits and the API's, whatever cost the caller asked; 0
@@ -246,6 +250,9 @@ type endpointEntry struct {
 	plans map[string]*endpointPlan
 	pairs sync.Map
 	scope string
+	// key is the endpoint's EndpointKey ("POST /orders/{}"), which
+	// threshold events name (ThresholdReached.Endpoint).
+	key string
 }
 
 // endpointPlan is one policy's own limits at an endpoint, prepared.
@@ -417,7 +424,7 @@ func (e *Engine) compileEndpoints(s *snapshot, order []*policyEntry, api string,
 		segs, _ := parseEndpointPath(ep.Path)
 		method, _ := canonicalMethod(ep.Method)
 		ent := &endpointEntry{method: method, cost: ep.Cost, refuse: ep.Refuse}
-		var rate, quota *policyEntry
+		var rate, quota, inFlight *policyEntry
 		for _, id := range ep.Policies {
 			p, ok := s.policies[id]
 			if !ok {
@@ -429,8 +436,12 @@ func (e *Engine) compileEndpoints(s *snapshot, order []*policyEntry, api string,
 			if !p.Quota.IsZero() && (quota == nil || quotaPerNs(p.Quota) > quotaPerNs(quota.Quota)) {
 				quota = p
 			}
+			if p.InFlight > 0 && (inFlight == nil || p.InFlight > inFlight.InFlight) {
+				inFlight = p
+			}
 		}
 		ent.scope = EndpointScope(api, *ep)
+		ent.key = key
 		ls := LimitSet{Scope: ent.scope}
 		if rate != nil {
 			ls.Rate, ls.Distributed = rate.Rate, rate.Distributed
@@ -440,8 +451,14 @@ func (e *Engine) compileEndpoints(s *snapshot, order []*policyEntry, api string,
 			if quota.Quota.Global.Mode != NotGlobal {
 				return nil, fmt.Errorf("API %q endpoint %d (%s): policy %q: quota: %w: an endpoint's quota cannot be global", api, i, key, quota.ID, ErrInvalidLimit)
 			}
-			ls.Quota = quota.Quota
-			ent.quotaPolicy, ent.quotaShadow = quota.ID, quota.Shadow
+			// The quota policy's settling and thresholds come with its
+			// quota, as they do at the API (pairRule).
+			ls.Quota, ls.Settle = quota.Quota, quota.Settle
+			ent.quotaPolicy, ent.quotaShadow, ent.thresholds = quota.ID, quota.Shadow, quota.solo.thresholds
+		}
+		if inFlight != nil {
+			ls.InFlight = inFlight.InFlight
+			ent.inFlightPolicy, ent.inFlightShadow = inFlight.ID, inFlight.Shadow
 		}
 		var err error
 		if ent.prepared, err = e.prepare(ls); err != nil {
@@ -609,6 +626,9 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	if !de.Allowed {
 		return de, nil
 	}
+	if len(er.thresholds) > 0 && e.opts.QuotaObserver != nil {
+		e.observeThresholds(c, api, ep.key, er, c.QuotaEpoch, cost, &de)
+	}
 	da, err := e.take(ctx, Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}, r.fallback)
 	if err != nil {
 		de.Hold.Release()
@@ -616,7 +636,7 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	}
 	r.label(&da, e.opts.Shadow)
 	if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
-		e.observeThresholds(c, api, r, epoch, cost, &da)
+		e.observeThresholds(c, api, "", r, epoch, cost, &da)
 	}
 	switch {
 	case !da.Allowed:

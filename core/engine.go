@@ -217,6 +217,11 @@ type ThresholdReached struct {
 	// API is the scope of the quota's counter: the API id the request
 	// was decided for.
 	API string
+	// Endpoint is, for the quota of one of the API's endpoints
+	// (Config.Endpoints), the endpoint's EndpointKey ("POST /orders",
+	// "* /orders/{}"): its counter is apart from the API's; "" for the
+	// quota of the API itself.
+	Endpoint string
 	// Policy is the policy whose quota and thresholds these are.
 	Policy string
 	// Percent is the threshold, 1 to 100.
@@ -233,8 +238,9 @@ type ThresholdReached struct {
 }
 
 // observeThresholds tells the QuotaObserver of every threshold of r that
-// the admitted request d, of cost units, reached.
-func (e *Engine) observeThresholds(c *Consumer, api string, r *resolved, epoch uint64, cost int64, d *Decision) {
+// the admitted request d, of cost units, reached; endpoint is the
+// EndpointKey of the endpoint whose counter r is, "" for the API's.
+func (e *Engine) observeThresholds(c *Consumer, api, endpoint string, r *resolved, epoch uint64, cost int64, d *Decision) {
 	q := d.Quota
 	if !d.Allowed || d.Shadowed || q.Limit <= 0 || cost <= 0 {
 		return
@@ -258,7 +264,7 @@ func (e *Engine) observeThresholds(c *Consumer, api string, r *resolved, epoch u
 		if u > used {
 			break
 		}
-		e.opts.QuotaObserver.ObserveThreshold(c, ThresholdReached{API: api, Policy: r.quotaPolicy, Percent: pct, Units: u, Epoch: epoch, Quota: q})
+		e.opts.QuotaObserver.ObserveThreshold(c, ThresholdReached{API: api, Endpoint: endpoint, Policy: r.quotaPolicy, Percent: pct, Units: u, Epoch: epoch, Quota: q})
 	}
 }
 
@@ -571,7 +577,7 @@ func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api 
 		if err == nil {
 			r.label(&d, e.opts.Shadow)
 			if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
-				e.observeThresholds(c, api, r, epoch, cost, &d)
+				e.observeThresholds(c, api, "", r, epoch, cost, &d)
 			}
 		}
 	}

@@ -294,3 +294,39 @@ func TestInFlightRedisGatewayKilled(t *testing.T) {
 		t.Fatalf("most requests in the upstream at once: %d, want 5", m)
 	}
 }
+
+// TestInFlightEndpointGateway: an in-flight cap of 5 set by an endpoint's
+// policy (GET /hold of the API) through the gateway: 50 concurrent held
+// requests there get 5 into the upstream and 45 refusals; while those 5
+// hold their slots, requests to another path of the API are not capped.
+func TestInFlightEndpointGateway(t *testing.T) {
+	u := newSlowUpstream(t)
+	gw := start(t, env{}, "-config", writeConfig(t, fmt.Sprintf(`store: memory
+policies:
+  - {id: plain, rate: {requests: 100000, per: 1s}}
+  - {id: reports, in_flight: 5}
+keys:
+  - {key: k-conc, policies: [plain]}
+apis:
+  - id: slow
+    listen_path: /slow/
+    target: "%s"
+    auth: api_key
+    endpoints:
+      - {method: GET, path: /hold, policies: [reports]}
+`, u.URL)))
+	checkFive(t, u, gw.base+"/slow/hold")
+
+	u.reopen()
+	ok, refused, other, wg := burst(t, context.Background(), gw.base+"/slow/hold", 5, false)
+	u.waitIn(t, 5)
+	fastOK, fastRefused, fastOther, _ := burst(t, context.Background(), gw.base+"/slow/fast", 20, true)
+	if fastOK.Load() != 20 || fastRefused.Load() != 0 || fastOther.Load() != 0 {
+		t.Fatalf("/fast while /hold holds 5: admitted %d, refused %d, other %d; want 20, 0, 0", fastOK.Load(), fastRefused.Load(), fastOther.Load())
+	}
+	u.release()
+	wg.Wait()
+	if ok.Load() != 5 || refused.Load() != 0 || other.Load() != 0 {
+		t.Fatalf("/hold: admitted %d, refused %d, other %d; want 5, 0, 0", ok.Load(), refused.Load(), other.Load())
+	}
+}

@@ -244,9 +244,12 @@ type ThresholdEvent struct {
 	ID string `json:"id"`
 	// DataPlane is the data plane whose request reached it; the control
 	// plane sets it to the call's group.
-	DataPlane   string    `json:"data_plane"`
-	Consumer    string    `json:"consumer"`
-	API         string    `json:"api"`
+	DataPlane string `json:"data_plane"`
+	Consumer  string `json:"consumer"`
+	API       string `json:"api"`
+	// Endpoint is the endpoint's method and canonical path for an
+	// endpoint's quota ("POST /orders"); "" for the API's own.
+	Endpoint    string    `json:"endpoint,omitempty"`
 	Policy      string    `json:"policy"`
 	Threshold   int64     `json:"threshold"`
 	Epoch       uint64    `json:"epoch"`

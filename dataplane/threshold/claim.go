@@ -110,7 +110,7 @@ func (r *RedisClaimer) Record(ctx context.Context, e Event) error {
 	if !r.Reports {
 		return nil
 	}
-	v, err := json.Marshal(lease.ThresholdEvent{ID: e.ID, DataPlane: e.DataPlane, Consumer: e.Consumer, API: e.API, Policy: e.Policy,
+	v, err := json.Marshal(lease.ThresholdEvent{ID: e.ID, DataPlane: e.DataPlane, Consumer: e.Consumer, API: e.API, Endpoint: e.Endpoint, Policy: e.Policy,
 		Threshold: e.Threshold, Epoch: e.Epoch, PeriodStart: e.PeriodStart, PeriodEnd: e.PeriodEnd, At: e.At})
 	if err != nil {
 		return err

@@ -41,14 +41,19 @@ const EventIDHeader = "X-Limitplane-Event-Id"
 
 // Event is what the webhook receives, as the JSON body of a POST.
 type Event struct {
-	// ID is deterministic: the hex of the first 16 bytes of SHA-256 over
-	// the consumer, API, policy, threshold, period start (Unix seconds)
-	// and epoch, so every data-plane member names one event alike.
+	// ID is deterministic (EventID): the hex of the first 16 bytes of
+	// SHA-256 over the consumer, API, policy, threshold, period start
+	// (Unix seconds), epoch and endpoint, so every data-plane member
+	// names one event alike.
 	ID string `json:"id"`
 	// Consumer is the consumer's ID ("key:<32 hex>" for an API key: the
 	// key hash's ConsumerID, never the key).
 	Consumer string `json:"consumer"`
 	API      string `json:"api"`
+	// Endpoint is, for the quota of an endpoint of the API, its method
+	// and canonical path ("POST /orders", "* /orders/{}":
+	// core.ThresholdReached.Endpoint); left out for the API's own quota.
+	Endpoint string `json:"endpoint,omitempty"`
 	Policy   string `json:"policy"`
 	// Threshold is the percentage reached; Units the count it stands
 	// for; Used the count after the request that reached it; Quota the
@@ -215,20 +220,26 @@ func (n *Notifier) event(r reached) Event {
 	t := r.t
 	end := r.at.Add(t.Quota.ResetAfter).Round(time.Second)
 	start := end.Add(-t.Quota.Window)
-	e := Event{Consumer: r.consumer, API: t.API, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
+	e := Event{Consumer: r.consumer, API: t.API, Endpoint: t.Endpoint, Policy: t.Policy, Threshold: t.Percent, Units: t.Units,
 		Used: t.Quota.Limit - t.Quota.Remaining, Quota: t.Quota.Limit, Epoch: t.Epoch,
 		PeriodStart: start.UTC(), PeriodEnd: end.UTC(), DataPlane: n.o.DataPlane, At: r.at.UTC()}
-	e.ID = EventID(e.Consumer, e.API, e.Policy, e.Threshold, start, e.Epoch)
+	e.ID = EventID(e.Consumer, e.API, e.Endpoint, e.Policy, e.Threshold, start, e.Epoch)
 	return e
 }
 
 // EventID returns the id of the event of consumer reaching percent of
-// policy's quota on api in the period starting at start (to the second)
-// under epoch.
-func EventID(consumer, api, policy string, percent int64, start time.Time, epoch uint64) string {
+// policy's quota on api (at endpoint, its EndpointKey; "" for the API's
+// own quota) in the period starting at start (to the second) under
+// epoch. An API's own quota's id hashes no endpoint, so its ids are those
+// of releases before endpoints had thresholds.
+func EventID(consumer, api, endpoint, policy string, percent int64, start time.Time, epoch uint64) string {
 	h := sha256.New()
 	for _, s := range []string{consumer, api, policy, strconv.FormatInt(percent, 10), strconv.FormatInt(start.Unix(), 10), strconv.FormatUint(epoch, 10)} {
 		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	if endpoint != "" {
+		h.Write([]byte(endpoint))
 		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])

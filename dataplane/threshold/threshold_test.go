@@ -381,3 +381,73 @@ func TestCloseCountsQueued(t *testing.T) {
 		t.Fatalf("stats %+v, want 3 queued, 2 dropped, 1 failed", s)
 	}
 }
+
+// TestEndpointEvents: one policy's quota with thresholds 80 and 100
+// limits both an API and one of its endpoints (two counters): the
+// receiver gets exactly one event per counter and threshold, the
+// endpoint's naming it, under ids of their own; a refund that takes the
+// endpoint's counter back under 80 % and a request that reaches it again
+// is the same event, not sent twice.
+func TestEndpointEvents(t *testing.T) {
+	rcv := newReceiver(t)
+	n, err := threshold.New(threshold.Options{URL: rcv.srv.URL, Secret: secret, DataPlane: "dp1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	ps := policies()
+	ps[0].Settle = true
+	e, err := core.NewEngine(store, core.Config{Policies: ps, Endpoints: map[string][]core.Endpoint{
+		"shop": {{Method: "POST", Path: "/complete", Policies: []string{"q"}}},
+	}}, core.Options{QuotaObserver: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &core.Consumer{ID: "key:a", Policies: []string{"q"}}
+	ctx := context.Background()
+	post := core.Route{Method: "POST", Path: "/complete"}
+	// 8 at the endpoint (and the API): both reach 80 %.
+	d, err := e.DecideRoute(ctx, c, "shop", post, 8)
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	d.Hold.Settle(1) // back to 1 on both counters
+	d, err = e.DecideRoute(ctx, c, "shop", post, 7)
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	d.Hold.Release()
+	d, err = e.DecideRoute(ctx, c, "shop", core.Route{Method: "GET", Path: "/"}, 2)
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	// The endpoint counts 2 more (100 %); the API, at 10, refuses.
+	d, err = e.DecideRoute(ctx, c, "shop", post, 2)
+	if err != nil || d.Allowed || d.Quota.Limit != 10 || d.Quota.Remaining != 0 {
+		t.Fatalf("%+v, %v: want refused by the API's quota", d, err)
+	}
+	waitFor(t, "4 events", func() bool { got, _ := rcv.events(); return len(got) >= 4 })
+	time.Sleep(300 * time.Millisecond) // no more come
+	rcv.mu.Lock()
+	var got []string
+	ids := map[string]bool{}
+	for _, ev := range rcv.got {
+		got = append(got, fmt.Sprintf("[%s] %d%% used=%d", ev.Endpoint, ev.Threshold, ev.Used))
+		ids[ev.ID] = true
+	}
+	rcv.mu.Unlock()
+	sort.Strings(got)
+	// The API's counter: 8, settled to 1, +7 = 8 (80 % again: the same
+	// event), +2 = 10 (100 %) at GET /; the endpoint's: 8, 1, 8 (again),
+	// then 10 by the last POST, which the API refused after the endpoint
+	// counted it (Engine.DecideRoute).
+	want := []string{"[POST /complete] 100% used=10", "[POST /complete] 80% used=8", "[] 100% used=10", "[] 80% used=8"}
+	if fmt.Sprint(got) != fmt.Sprint(want) || len(ids) != 4 {
+		t.Fatalf("received %q under %d ids, want %q under 4", got, len(ids), want)
+	}
+	if s := n.Stats(); s.Delivered != 4 || s.Duplicates != 2 {
+		t.Fatalf("stats %+v: want 4 delivered, 2 duplicates (80 %% reached again on each counter)", s)
+	}
+}
