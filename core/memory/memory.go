@@ -416,7 +416,8 @@ var (
 // locate returns the shard and the fingerprint of (consumer, scope). Scopes
 // are hashed with seeds of their own, so swapping consumer and scope gives
 // an unrelated fingerprint. TakeInto's fast path computes the same
-// fingerprint in line, with the same calls: keep the two alike.
+// fingerprint in line, with the same calls (the scope's hashes prepared
+// in its rule: rule.scopeH): keep the two alike.
 func (s *Store) locate(consumer, scope string) (*shard, fingerprint) {
 	hc := maphash.Comparable(consumerSeed, consumer)
 	h, check := hc, maphash.Comparable(consumerCheckSeed, consumer)
@@ -683,6 +684,10 @@ type rule struct {
 	// tagWord is tag shifted into a check word's high half: a slot holds
 	// a TAT this rule may step iff its check word's high half is tagWord.
 	tagWord uint64
+	// scopeH and scopeCheck are the hashes of the rule's scope
+	// (core.LimitSet.Scope) that locate XORs into a key's fingerprint,
+	// computed once here; 0 and 0 for no scope, which changes nothing.
+	scopeH, scopeCheck uint64
 	// owner is the store that prepared the rule: tags are its own.
 	owner *Store
 	// limited and quota: the rate limit and the quota are enforced.
@@ -733,6 +738,9 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 		return nil, err
 	}
 	r := &rule{limited: ls.Rate.Enforced(), quota: ls.Quota.Enforced(), qt: ls.Quota, owner: s}
+	if ls.Scope != "" {
+		r.scopeH, r.scopeCheck = maphash.Comparable(scopeSeed, ls.Scope), maphash.Comparable(scopeCheckSeed, ls.Scope)
+	}
 	if r.limited {
 		l := ls.Rate
 		if l.Algorithm != core.GCRA {
@@ -821,10 +829,8 @@ func (s *Store) TakeInto(ctx context.Context, req *core.Request, d *core.Decisio
 	h := maphash.Comparable(consumerSeed, req.Consumer)
 	check := maphash.Comparable(consumerCheckSeed, req.Consumer)
 	sh := h >> s.shift
-	if scope := req.Rule.Scope(); scope != "" {
-		h ^= maphash.Comparable(scopeSeed, scope)
-		check ^= maphash.Comparable(scopeCheckSeed, scope)
-	}
+	h ^= r.scopeH // the scope's hashes, as locate XORs them in (0 for none)
+	check ^= r.scopeCheck
 	if h < firstHash {
 		h += firstHash
 	}
