@@ -136,8 +136,11 @@ func (v *validator) snapshot(s *Snapshot) {
 		if p.InFlight < 0 || p.InFlight > core.MaxCount {
 			v.fail(at+".in_flight", "%d must be in [0, 2^53) (0: no in-flight limit)", p.InFlight)
 		}
-		if p.Settle && (p.Quota == nil || p.Quota.Max == core.Unlimited) {
-			v.fail(at+".settle", "settles the quota's charge after the response: give the policy a quota")
+		switch {
+		case p.Settle && p.Quota == nil:
+			v.fail(at+".settle", "settles the quota's charge after the response, but the policy has no quota: give it one")
+		case p.Settle && p.Quota.Max == core.Unlimited:
+			v.fail(at+".settle", "settles the quota's charge after the response, but the quota is unlimited (max: -1) and charges nothing: give it a max")
 		}
 	}
 
@@ -488,8 +491,14 @@ func (v *validator) api(at string, a *API, policies map[string]*Policy) {
 	}
 	v.endpoints(at, a, policies)
 	v.costHeader(at, a)
-	if a.SettleHeader != "" && !headerName(a.SettleHeader) {
-		v.fail(at+".settle_header", "%q is not an HTTP field name", a.SettleHeader)
+	switch h := a.SettleHeader; {
+	case h == "":
+	case !headerName(h):
+		v.fail(at+".settle_header", "%q is not an HTTP field name", h)
+	case hopByHop(h):
+		v.fail(at+".settle_header", "%q is a hop-by-hop field, which a proxy drops before anything reads it: a field of its own, like X-Usage-Tokens", h)
+	case strings.EqualFold(h, "Set-Cookie"):
+		v.fail(at+".settle_header", "%q carries credentials (cookies): a field of its own, like X-Usage-Tokens", h)
 	}
 	seen := map[string]bool{}
 	for j, t := range a.Tags {
@@ -544,6 +553,20 @@ func (v *validator) costHeader(at string, a *API) {
 	case *a.MaxCost < 1 || *a.MaxCost > core.MaxCost:
 		v.fail(at+".max_cost", "%d: a cost is 1 to 2^53 − 1", *a.MaxCost)
 	}
+}
+
+// hopByHop reports whether name (in any case) is a hop-by-hop field
+// (RFC 9110 section 7.6.1, and Keep-Alive, Proxy-Connection and
+// Proxy-Authenticate, which proxies drop too): the gateway's proxy
+// removes it from the upstream's response, so a settle header by that
+// name would never be read.
+func hopByHop(name string) bool {
+	for _, h := range []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade"} {
+		if strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // credentialHeader reports whether name (in any case) is a header a
