@@ -96,7 +96,7 @@ control_plane:
 `, cpAddr))
 	cmd, stdout, stderr, base := startProcess(t, "-config", file)
 	lines := strings.Split(stdout.String(), "\n")
-	wantFirst := fmt.Sprintf("limitplane gateway listening on %s (config: %s, store: memory, control plane: %s group dp1)", base, file, cpAddr)
+	wantFirst := fmt.Sprintf("limitplane gateway listening on %s (config: %s, store: memory%s, control plane: %s group dp1)", base, file, engineNote(), cpAddr)
 	if lines[0] != wantFirst {
 		t.Fatalf("banner line 1:\n%s\nwant\n%s", lines[0], wantFirst)
 	}

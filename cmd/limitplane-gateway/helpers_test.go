@@ -170,6 +170,15 @@ func withEngine(yaml string) string {
 	return yaml + "\nserver: {engine: " + e + "}\n"
 }
 
+// engineNote is what the start banner says of -engine after the store:
+// nothing for the default engine.
+func engineNote() string {
+	if *engine == "" || *engine == "net/http" {
+		return ""
+	}
+	return ", engine: " + *engine
+}
+
 // writeConfig writes a config file, with -engine, into a temporary
 // directory.
 func writeConfig(t *testing.T, yaml string) string {

@@ -274,10 +274,14 @@ func printBanner(out io.Writer, base, admin string, cfg *config.Config, file, pe
 	if name == "" {
 		name = "built-in demo"
 	}
+	store := cfg.RedactedStore()
+	if e := cfg.Server.Engine; e != "" && e != config.EngineNetHTTP {
+		store += ", engine: " + e // the default engine goes unsaid
+	}
 	if cp := cfg.ControlPlane; cp != nil {
-		fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s, control plane: %s group %s)\n", base, name, cfg.RedactedStore(), cp.Address, cp.Group)
+		fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s, control plane: %s group %s)\n", base, name, store, cp.Address, cp.Group)
 	} else {
-		fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, cfg.RedactedStore())
+		fmt.Fprintf(w, "limitplane gateway listening on %s (config: %s, store: %s)\n", base, name, store)
 	}
 	if admin != "" {
 		token := "token required for changes"

@@ -86,7 +86,7 @@ func TestRedisTwoGatewaysOneLimit(t *testing.T) {
 	e := frozen() // one clock for both, as if they read one Redis TIME
 	gw1 := start(t, e, "-config", cfg)
 	gw2 := start(t, e, "-config", cfg)
-	if want := "(config: " + cfg + ", store: redis://" + srv.Addr + "/0)"; !strings.Contains(gw1.stdout.String(), want) {
+	if want := "(config: " + cfg + ", store: redis://" + srv.Addr + "/0" + engineNote() + ")"; !strings.Contains(gw1.stdout.String(), want) {
 		t.Errorf("banner %q does not say %q", gw1.stdout, want)
 	}
 
@@ -422,7 +422,7 @@ func TestRedisSchemeCase(t *testing.T) {
 	srv := redistest.Start(t)
 	store := "REDIS://" + srv.Addr + "/0"
 	gw := start(t, frozen(), "-config", writeConfig(t, "store: "+store+"\n"+fmt.Sprintf(faultConfig, "closed")))
-	if want := ", store: " + store + ")\n"; !strings.Contains(gw.stdout.String(), want) {
+	if want := ", store: " + store + engineNote() + ")\n"; !strings.Contains(gw.stdout.String(), want) {
 		t.Errorf("banner %q lacks %q", gw.stdout, want)
 	}
 	exactly3(t, "REDIS://", gw.base, "a")
