@@ -2,27 +2,13 @@ package core_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 )
-
-// endpointSeen records threshold events with the endpoint they name.
-type endpointSeen struct {
-	mu  sync.Mutex
-	got []string
-}
-
-func (s *endpointSeen) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got = append(s.got, fmt.Sprintf("%s %s [%s] %s %d%% used=%d", c.ID, t.API, t.Endpoint, t.Policy, t.Percent, t.Quota.Limit-t.Quota.Remaining))
-}
 
 // kindsConfig: the API's quota (thresholds at 50 %), an endpoint capped
 // at 2 in flight, and an endpoint whose token budget settles after the
@@ -100,7 +86,7 @@ func TestEndpointInFlight(t *testing.T) {
 func TestEndpointSettleAndThresholds(t *testing.T) {
 	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
 	defer store.Close()
-	obs := &endpointSeen{}
+	obs := &seen{}
 	e, err := core.NewEngine(store, kindsConfig(), core.Options{QuotaObserver: obs})
 	if err != nil {
 		t.Fatal(err)
@@ -157,10 +143,10 @@ func TestEndpointSettleAndThresholds(t *testing.T) {
 		t.Fatalf("%+v, %v", d, err)
 	}
 	want := []string{
-		"k shop [POST /complete] tokens 50% used=500",
-		"k shop [POST /complete] tokens 50% used=510",
-		"k shop [POST /complete] tokens 100% used=1000",
-		"k shop [] api 50% used=5790",
+		"k shop [POST /complete] tokens 50%=500 e0 used=500",
+		"k shop [POST /complete] tokens 50%=500 e0 used=510",
+		"k shop [POST /complete] tokens 100%=1000 e0 used=1000",
+		"k shop api 50%=5000 e0 used=5790",
 	}
 	if got := strings.Join(obs.got, "\n"); got != strings.Join(want, "\n") {
 		t.Fatalf("told:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))

@@ -20,7 +20,11 @@ type seen struct {
 func (s *seen) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.got = append(s.got, fmt.Sprintf("%s %s %s %d%%=%d e%d used=%d", c.ID, t.API, t.Policy, t.Percent, t.Units, t.Epoch, t.Quota.Limit-t.Quota.Remaining))
+	api := t.API
+	if t.Endpoint != "" {
+		api += " [" + t.Endpoint + "]"
+	}
+	s.got = append(s.got, fmt.Sprintf("%s %s %s %d%%=%d e%d used=%d", c.ID, api, t.Policy, t.Percent, t.Units, t.Epoch, t.Quota.Limit-t.Quota.Remaining))
 }
 
 // TestThresholds: each threshold is told once, by the request whose
