@@ -589,50 +589,79 @@ func (e *Engine) DecideRoute(ctx context.Context, c *Consumer, api string, route
 	if e.opts.Observer != nil {
 		start = time.Now()
 	}
-	d, err = e.decideEndpoint(ctx, snap, c, api, ep, cost)
+	if err = e.decideEndpoint(ctx, snap, c, api, ep, cost, &d); err != nil {
+		d = Decision{}
+	}
 	if e.opts.Observer != nil {
 		e.opts.Observer.ObserveDecision(api, d, err, time.Since(start))
 	}
 	return d, err
 }
 
-// decideEndpoint is DecideRoute at the endpoint ep, without the Observer.
-func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer, api string, ep *endpointEntry, cost int64) (Decision, error) {
+// decideEndpoint is DecideRoute at the endpoint ep, without the
+// Observer: it writes the decision into *d (the zero Decision with an
+// error). Both store calls are made here, not through take, so each
+// Decision crosses one call less (see decideIn).
+func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer, api string, ep *endpointEntry, cost int64, d *Decision) error {
 	if ep.refuse != nil {
-		return Decision{}, ep.refuse
+		return ep.refuse
 	}
 	if ep.cost > 0 {
 		cost = ep.cost
 	}
 	if cost < 0 || cost > MaxCost {
-		return Decision{}, fmt.Errorf("%w: got %d", ErrInvalidCost, cost)
+		return fmt.Errorf("%w: got %d", ErrInvalidCost, cost)
 	}
 	if c == nil {
-		return Decision{}, ErrNoConsumer
+		return ErrNoConsumer
 	}
 	r, epoch, err := e.resolveIn(snap, c, api)
 	if err != nil {
-		return Decision{}, err
+		return err
 	}
 	er, err := e.endpointRule(ep, c)
 	if err != nil {
-		return Decision{}, err
+		return err
 	}
-	de, err := e.take(ctx, Request{Consumer: c.ID, Rule: er.rule, Cost: cost, QuotaEpoch: c.QuotaEpoch}, er.fallback)
+	// The endpoint's limits, into *d.
+	req := Request{Consumer: c.ID, Rule: er.rule, Cost: cost, QuotaEpoch: c.QuotaEpoch}
+	switch {
+	case !req.Rule.Enforced():
+		*d = Decision{Allowed: true}
+	case e.opts.StoreTimeout > 0:
+		*d, err = e.takeWithin(ctx, req)
+	default:
+		*d, err = e.store.Take(ctx, req)
+	}
 	if err != nil {
-		return Decision{}, err
+		if *d, err = e.failed(ctx, req, er.fallback, err); err != nil {
+			return err
+		}
 	}
-	er.label(&de, e.opts.Shadow)
-	if !de.Allowed {
-		return de, nil
+	er.label(d, e.opts.Shadow)
+	if !d.Allowed {
+		return nil
 	}
 	if len(er.thresholds) > 0 && e.opts.QuotaObserver != nil {
-		e.observeThresholds(c, api, ep.key, er, c.QuotaEpoch, cost, &de)
+		e.observeThresholds(c, api, ep.key, er, c.QuotaEpoch, cost, d)
 	}
-	da, err := e.take(ctx, Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}, r.fallback)
+	// The API's, into da.
+	var da Decision
+	req = Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}
+	switch {
+	case !req.Rule.Enforced():
+		da = Decision{Allowed: true}
+	case e.opts.StoreTimeout > 0:
+		da, err = e.takeWithin(ctx, req)
+	default:
+		da, err = e.store.Take(ctx, req)
+	}
 	if err != nil {
-		de.Hold.Release()
-		return Decision{}, err
+		if da, err = e.failed(ctx, req, r.fallback, err); err != nil {
+			d.Hold.Release()
+			*d = Decision{}
+			return err
+		}
 	}
 	r.label(&da, e.opts.Shadow)
 	if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
@@ -640,16 +669,17 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	}
 	switch {
 	case !da.Allowed:
-		de.Hold.Release() // an API refusal gives back the endpoint's slots
-		return da, nil
-	case da.DecidedBy != KindNone && (de.DecidedBy == KindNone || da.Remaining < de.Remaining):
-		da.Shadowed = da.Shadowed || de.Shadowed // a shadowed endpoint's refusal is still reported
-		da.Hold = JoinHolds(de.Hold, da.Hold)
-		return da, nil
+		d.Hold.Release() // an API refusal gives back the endpoint's slots
+		*d = da
+	case da.DecidedBy != KindNone && (d.DecidedBy == KindNone || da.Remaining < d.Remaining):
+		da.Shadowed = da.Shadowed || d.Shadowed // a shadowed endpoint's refusal is still reported
+		da.Hold = JoinHolds(d.Hold, da.Hold)
+		*d = da
+	default:
+		d.Shadowed = d.Shadowed || da.Shadowed
+		d.Hold = JoinHolds(d.Hold, da.Hold)
 	}
-	de.Shadowed = de.Shadowed || da.Shadowed
-	de.Hold = JoinHolds(de.Hold, da.Hold)
-	return de, nil
+	return nil
 }
 
 var _ RouteDecider = (*Engine)(nil)
