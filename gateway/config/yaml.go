@@ -307,6 +307,12 @@ func (v *loader) value(n *yaml.Node, t reflect.Type, path string) (x any, ok boo
 		want, tags = "a number", []string{"!!int", "!!float"}
 	}
 	p := reflect.New(t)
+	if n.Kind == yaml.ScalarNode && want == "an integer" && (tag == "!!float" && decimalDigits(n.Value) || tag == "!!int" && n.Decode(p.Interface()) != nil) {
+		// An integer the field cannot hold (yaml tags one past 64 bits
+		// a float): say so, not that it is no integer.
+		v.refuse(at, path, "%s is out of range (%s)", n.Value, intRange(t))
+		return nil, false
+	}
 	if n.Kind != yaml.ScalarNode || !slices.Contains(tags, tag) || n.Decode(p.Interface()) != nil {
 		return wrong(want)
 	}
@@ -314,6 +320,22 @@ func (v *loader) value(n *yaml.Node, t reflect.Type, path string) (x any, ok boo
 		return wrong("a finite number")
 	}
 	return p.Elem().Interface(), true
+}
+
+// decimalDigits reports whether s is a decimal integer: an optional
+// sign and digits.
+func decimalDigits(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// intRange describes the values an integer type holds.
+func intRange(t reflect.Type) string {
+	bits := t.Bits()
+	if t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uintptr {
+		return "0 to " + strconv.FormatUint(math.MaxUint64>>(64-bits), 10)
+	}
+	return strconv.FormatInt(-1<<(bits-1), 10) + " to " + strconv.FormatInt(1<<(bits-1)-1, 10)
 }
 
 // mapping decodes a mapping as the struct or map type t.
