@@ -186,10 +186,9 @@ func (r *Renderer) RenderMessage(s *Scratch, d core.Decision, err error) Result 
 func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, body bool) Result {
 	authLimited := false
 	if err != nil {
-		// le is declared here so that it reaches the heap (errors.As
-		// takes its address) only when there is an error.
-		var le *identity.LimitError
-		if !errors.As(err, &le) {
+		// errors.AsType, unlike errors.As, needs no target on the heap.
+		le, ok := errors.AsType[*identity.LimitError](err)
+		if !ok {
 			return r.failure(dst, s, err, body)
 		}
 		d, authLimited = le.Decision, true
@@ -243,14 +242,26 @@ func BodyHeaders() [2]Header {
 }
 
 func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Result {
-	var ie *identity.Error
-	var mc *core.MalformedCostError
 	status, msg := http.StatusInternalServerError, "internal error"
-	switch {
-	case errors.As(err, &ie):
+	// errors.AsType, unlike errors.As, needs no target on the heap.
+	if ie, ok := errors.AsType[*identity.Error](err); ok {
 		status, msg = ie.Status, ie.Reason
-	case errors.As(err, &mc):
+	} else if mc, ok := errors.AsType[*core.MalformedCostError](err); ok {
 		status, msg = http.StatusBadRequest, mc.Error()
+	} else {
+		status, msg = r.failureStatus(err, status, msg)
+	}
+	res := Result{Status: status, Message: msg, Headers: dst}
+	if body {
+		res.Body = errorBody(s, msg, -1)
+	}
+	return res
+}
+
+// failureStatus is failure's status and message for an engine error:
+// status and msg when err is none it knows.
+func (r *Renderer) failureStatus(err error, status int, msg string) (int, string) {
+	switch {
 	case errors.Is(err, core.ErrNoPolicy), errors.Is(err, core.ErrUnknownPolicy):
 		status, msg = http.StatusForbidden, "access to this API is not allowed"
 	case errors.Is(err, core.ErrStoreUnavailable):
@@ -258,11 +269,7 @@ func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Resul
 	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
 		status, msg = http.StatusBadRequest, "invalid request cost"
 	}
-	res := Result{Status: status, Message: msg, Headers: dst}
-	if body {
-		res.Body = errorBody(s, msg, -1)
-	}
-	return res
+	return status, msg
 }
 
 // headers appends the limit fields for d. The values rendered for this
