@@ -180,14 +180,49 @@ func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), 
 // Request adapts *fasthttp.RequestCtx to identity.Request.
 //
 // fasthttp reuses its request buffers once the handler returns. Every
-// method therefore returns a copy, so an Authenticator may keep what it
-// reads (as a cache key, say) without it changing under it.
+// method of identity.Request therefore returns a copy, so an Authenticator
+// may keep what it reads (as a cache key, say) without it changing under
+// it; the identity.Peeker methods lend the values instead, for an
+// Authenticator that keeps nothing (identity.APIKey).
 type Request struct{ Ctx *fasthttp.RequestCtx }
 
 var (
 	_ identity.QueryValuer = Request{}
 	_ identity.PeerAddrer  = Request{}
+	_ identity.Peeker      = Request{}
 )
+
+// PeekHeader implements identity.Peeker: the first field line's value of
+// the named header and the number of lines, HeaderValues without the
+// copies. The value is fasthttp's request memory: valid only until the
+// handler returns.
+func (q Request) PeekHeader(name string) (first string, lines int) {
+	vs := q.Ctx.Request.Header.PeekAll(name)
+	if len(vs) == 0 {
+		return "", 0
+	}
+	return lent(vs[0]), len(vs)
+}
+
+// PeekQuery implements identity.Peeker: the first value of the named
+// query parameter and the number of times it is given, QueryValues
+// without the copies (nor the list). The value is fasthttp's request
+// memory: valid only until the handler returns.
+func (q Request) PeekQuery(name string) (first string, n int) {
+	var v []byte
+	q.Ctx.QueryArgs().VisitAll(func(k, val []byte) {
+		if string(k) == name {
+			if n++; n == 1 {
+				v = val
+			}
+		}
+	})
+	return lent(v), n
+}
+
+// lent returns b's bytes as a string without a copy: b must not change
+// while the string is in use.
+func lent(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // Header implements identity.Request: the first value of the named field.
 func (q Request) Header(name string) string { return string(q.Ctx.Request.Header.Peek(name)) }

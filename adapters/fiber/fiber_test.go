@@ -320,3 +320,120 @@ func TestKeylessAllocations(t *testing.T) {
 		}
 	}
 }
+
+// apiKeyApp is a Fiber app behind the middleware with identity.APIKey over
+// one known key ("good-key", policy "k", 100 requests an hour).
+func apiKeyApp(t *testing.T) fasthttp.RequestHandler {
+	t.Helper()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	t.Cleanup(func() { store.Close() })
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "k", Rate: core.Limit{Rate: 100, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := identity.NewKeys([]identity.KeyRecord{{Hash: identity.HashKey("good-key"), Policies: []string{"k"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(lpfiber.Middleware(eng, identity.NewAPIKey(keys, identity.APIKeyOptions{}), lpfiber.Options{}))
+	app.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	return app.Handler()
+}
+
+// TestAPIKeyRefusals checks the exact answers of the key check on Fiber,
+// which reads the key through Request's identity.Peeker methods (no copy),
+// and the allocations of a refusal repeated: an unknown key (64 bytes,
+// over the 32 that []byte(key) could keep on the stack) refused again
+// allocates only its *identity.Error; a key header given twice, the error
+// and its reason.
+func TestAPIKeyRefusals(t *testing.T) {
+	h := apiKeyApp(t)
+	unknown := strings.Repeat("u", 64)
+	for _, tc := range []struct {
+		name   string
+		header [][2]string
+		uri    string
+		status int
+		body   string
+		allocs float64
+	}{
+		{"unknown key", [][2]string{{"X-API-Key", unknown}}, "/", 403, `{"error":"unknown API key"}` + "\n", 1},
+		{"unknown bearer key", [][2]string{{"Authorization", "Bearer " + unknown}}, "/", 403, `{"error":"unknown API key"}` + "\n", 1},
+		{"unknown query key", nil, "/?api_key=" + unknown, 403, `{"error":"unknown API key"}` + "\n", 1},
+		{"key header twice", [][2]string{{"X-API-Key", unknown}, {"X-API-Key", unknown}}, "/", 401,
+			`{"error":"ambiguous credentials: more than one X-API-Key header"}` + "\n", 2},
+		{"query key twice", nil, "/?api_key=a&api_key=a", 401,
+			`{"error":"ambiguous credentials: more than one api_key query parameter"}` + "\n", 2},
+		{"header and query differ", [][2]string{{"X-API-Key", "good-key"}}, "/?api_key=other", 401,
+			`{"error":"ambiguous credentials: X-API-Key header and api_key query parameter differ"}` + "\n", 2},
+		{"no key", nil, "/", 401, `{"error":"no API key"}` + "\n", 1},
+		{"good key", [][2]string{{"X-API-Key", " good-key "}}, "/?api_key=good-key", 200, "ok", 0},
+	} {
+		var req fasthttp.Request
+		req.Header.SetMethod("GET") // else fasthttp allocates "GET" per Method()
+		req.SetRequestURI(tc.uri)
+		for _, kv := range tc.header {
+			req.Header.Add(kv[0], kv[1])
+		}
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 40000}, nil)
+		h(ctx)
+		if c, b := ctx.Response.StatusCode(), string(ctx.Response.Body()); c != tc.status || b != tc.body {
+			t.Errorf("%s: %d %q, want %d %q", tc.name, c, b, tc.status, tc.body)
+		}
+		n := testing.AllocsPerRun(200, func() {
+			ctx.Response.Reset()
+			h(ctx)
+		})
+		if n != tc.allocs {
+			t.Errorf("%s: %v allocations per request, want %v", tc.name, n, tc.allocs)
+		}
+	}
+}
+
+// TestPeekAgreesWithValues checks Request's identity.Peeker methods
+// against HeaderValues and QueryValues: the first value and the count,
+// for absent, empty, single and repeated headers and query parameters.
+func TestPeekAgreesWithValues(t *testing.T) {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	for _, tc := range []struct {
+		uri    string
+		header [][2]string
+	}{
+		{"/", nil},
+		{"/?k=", [][2]string{{"K", ""}}},
+		{"/?k=a%20b&x=1", [][2]string{{"K", " a b "}}},
+		{"/?k=a&k=b&k", [][2]string{{"K", "a"}, {"k", "b"}}},
+		{"/?K=a&k", [][2]string{{"k", "a"}, {"X", "b"}, {"K", ""}}},
+	} {
+		var req fasthttp.Request
+		req.SetRequestURI(tc.uri)
+		for _, kv := range tc.header {
+			req.Header.Add(kv[0], kv[1])
+		}
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Init(&req, nil, nil)
+		c := app.AcquireCtx(ctx)
+		q := lpfiber.Request{C: c}
+		hv, qv := q.HeaderValues("K"), q.QueryValues("k")
+		first := func(vs []string) string {
+			if len(vs) == 0 {
+				return ""
+			}
+			return vs[0]
+		}
+		if v, n := q.PeekHeader("K"); v != first(hv) || n != len(hv) {
+			t.Errorf("%s %q: PeekHeader %q %d, HeaderValues %q", tc.uri, tc.header, v, n, hv)
+		}
+		if v, n := q.PeekQuery("k"); v != first(qv) || n != len(qv) {
+			t.Errorf("%s: PeekQuery %q %d, QueryValues %q", tc.uri, v, n, qv)
+		}
+		if n := testing.AllocsPerRun(100, func() { q.PeekHeader("K"); q.PeekQuery("k") }); n != 0 {
+			t.Errorf("%s: Peek allocates %v", tc.uri, n)
+		}
+		app.ReleaseCtx(c)
+	}
+}
