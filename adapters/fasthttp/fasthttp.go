@@ -142,16 +142,27 @@ type scratch struct {
 // Write sets res's header fields on resp and, when res does not pass, its
 // status and JSON body (fasthttp copies both). It reports whether the
 // request should go on to the next handler.
+//
+// The fields of a Result a Renderer returned (res.Canonical) are handed
+// to fasthttp as they are, and so are the body's Content-Type and
+// X-Content-Type-Options: the same bytes as resp.Header.Set, without its
+// copy, normalization and checks (TestWriteSetsAsCtxSet).
 func Write(resp *fasthttp.Response, res response.Result) bool {
-	for _, f := range res.Headers {
-		set(resp, f.Name, f.Value)
+	if res.Canonical {
+		for _, f := range res.Headers {
+			resp.Header.SetCanonical(readOnlyBytes(f.Name), readOnlyBytes(f.Value))
+		}
+	} else {
+		for _, f := range res.Headers {
+			set(resp, f.Name, f.Value)
+		}
 	}
 	if res.Pass {
 		return true
 	}
-	for _, f := range response.BodyHeaders() {
-		set(resp, f.Name, f.Value)
-	}
+	bh := response.BodyHeaders()
+	resp.Header.SetContentTypeBytes(readOnlyBytes(bh[0].Value))
+	resp.Header.SetCanonical(readOnlyBytes(bh[1].Name), readOnlyBytes(bh[1].Value))
 	resp.SetStatusCode(res.Status)
 	resp.SetBody(res.Body)
 	return false
