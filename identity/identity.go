@@ -61,6 +61,26 @@ type QueryValuer interface {
 	QueryValues(name string) []string
 }
 
+// Peeker is implemented by Requests whose framework keeps header and query
+// values in memory it reuses once the request is handled (fasthttp, so
+// Fiber), so that an authenticator that only measures, hashes and compares
+// a credential (APIKey: a key refused once is refused again with nothing
+// copied) reads it without a copy. Every value it returns is lent: valid
+// only while the request is being handled; the caller must not keep it, nor
+// anything sliced from it, past that, and clones what it keeps (as
+// APIKey.Extract and JWT.Extract do before returning a credential).
+type Peeker interface {
+	// PeekHeader returns the value of the first field line of the named
+	// header (case-insensitive name) and the number of its field lines:
+	// "" and 0 when absent. The first value is HeaderValues(name)[0], the
+	// count len(HeaderValues(name)).
+	PeekHeader(name string) (first string, lines int)
+	// PeekQuery returns the first value of the named query parameter and
+	// the number of times it is given, as QueryValues(name) lists them
+	// (unescaped): "" and 0 when absent.
+	PeekQuery(name string) (first string, n int)
+}
+
 // Authenticator resolves a request to the consumer it is charged to. It
 // returns an *Error (match with errors.Is against ErrMissingCredentials,
 // ErrInvalidCredentials) when the request is not authenticated.

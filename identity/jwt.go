@@ -409,7 +409,9 @@ func lookup(m map[string]any, path []string) (any, bool) {
 // Extract returns the presented token, or "" when there is none. It fails
 // with a 401 *Error when the request is ambiguous (see APIKey.Extract) or
 // its Authorization header does not use the Bearer scheme.
-func (j *JWT) Extract(r Request) (string, error) { return extract(r, j.sources, j.lookup, true) }
+func (j *JWT) Extract(r Request) (string, error) {
+	return owned(extract(r, j.sources, j.lookup, true))
+}
 
 // Sources returns the sources the token is read from.
 func (j *JWT) Sources() []Source { return append([]Source(nil), j.sources...) }

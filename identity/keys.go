@@ -25,7 +25,11 @@ import (
 type KeyHash [sha256.Size]byte
 
 // HashKey returns the SHA-256 of raw.
-func HashKey(raw string) KeyHash { return sha256.Sum256([]byte(raw)) }
+func HashKey(raw string) KeyHash {
+	// sha256 only reads its input: hashing raw's own bytes spares the
+	// copy (an allocation for a key over 32 bytes) that []byte(raw) is.
+	return sha256.Sum256(unsafe.Slice(unsafe.StringData(raw), len(raw)))
+}
 
 // ParseKeyHash parses "sha256:<64 hex digits>".
 func ParseKeyHash(s string) (KeyHash, error) {
@@ -699,7 +703,16 @@ func lookupNames(sources []Source) []string {
 // Header.Get and url.Values.Get do, or the last) a client could then pass
 // the gateway with one key while a component behind it acts on the other.
 func (a *APIKey) Extract(r Request) (string, error) {
-	return extract(r, a.opts.Sources, a.lookup, false)
+	return owned(extract(r, a.opts.Sources, a.lookup, false))
+}
+
+// owned returns extract's credential as a string of its own: a copy when
+// it was lent by a Peeker.
+func owned(cred string, lent bool, err error) (string, error) {
+	if lent {
+		cred = strings.Clone(cred)
+	}
+	return cred, err
 }
 
 // Sources returns the sources the key is read from.
@@ -713,29 +726,44 @@ func (a *APIKey) Sources() []Source { return append([]Source(nil), a.opts.Source
 // QueryValuer), or two sources with different non-empty values, is
 // refused as ambiguous. With bearerOnly, an Authorization header in any other
 // scheme (or a bare credential) is refused too.
-func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (string, error) {
-	var cred string
+//
+// When r is a Peeker, header and query values are read through it without
+// a copy: lent is then true when cred may be such a value, valid only
+// while r's request is handled; a caller that keeps it clones it (owned).
+func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (cred string, lent bool, err error) {
+	p, peeks := r.(Peeker)
 	var from Source
 	for i, s := range sources {
 		var v string
 		switch s.In {
 		case InHeader:
-			var err error
-			if v, err = headerCredential(r.HeaderValues(lookup[i]), s, bearerOnly); err != nil {
-				return "", err
+			var first string
+			var lines int
+			if peeks {
+				first, lines = p.PeekHeader(lookup[i])
+			} else {
+				vals := r.HeaderValues(lookup[i])
+				if lines = len(vals); lines > 0 {
+					first = vals[0]
+				}
+			}
+			if v, err = headerLines(first, lines, s, bearerOnly); err != nil {
+				return "", false, err
 			}
 		case InQuery:
-			qv, ok := r.(QueryValuer)
-			if !ok {
+			var n int
+			if peeks {
+				v, n = p.PeekQuery(s.Name)
+			} else if qv, ok := r.(QueryValuer); ok {
+				vals := qv.QueryValues(s.Name)
+				if n = len(vals); n > 0 {
+					v = vals[0]
+				}
+			} else {
 				v = r.Query(s.Name)
-				break
 			}
-			vals := qv.QueryValues(s.Name)
-			if len(vals) > 1 {
-				return "", invalid(401, "ambiguous credentials: more than one "+s.String())
-			}
-			if len(vals) == 1 {
-				v = vals[0]
+			if n > 1 {
+				return "", false, invalid(401, "ambiguous credentials: more than one "+s.String())
 			}
 		case InCookie:
 			v = r.Cookie(s.Name)
@@ -744,11 +772,12 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (str
 		case v == "":
 		case cred == "":
 			cred, from = v, s
+			lent = peeks && s.In != InCookie
 		case v != cred:
-			return "", invalid(401, "ambiguous credentials: "+from.String()+" and "+s.String()+" differ")
+			return "", false, invalid(401, "ambiguous credentials: "+from.String()+" and "+s.String()+" differ")
 		}
 	}
-	return cred, nil
+	return cred, lent, nil
 }
 
 // headerCredential returns the credential in the field lines vals of
@@ -757,13 +786,20 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (str
 // "Bearer" scheme is removed, and with bearerOnly another scheme is
 // refused.
 func headerCredential(vals []string, s Source, bearerOnly bool) (string, error) {
-	if len(vals) > 1 {
+	var first string
+	if len(vals) > 0 {
+		first = vals[0]
+	}
+	return headerLines(first, len(vals), s, bearerOnly)
+}
+
+// headerLines is headerCredential of a header source given in lines field
+// lines, the first of them first.
+func headerLines(first string, lines int, s Source, bearerOnly bool) (string, error) {
+	if lines > 1 {
 		return "", invalid(401, "ambiguous credentials: more than one "+s.String())
 	}
-	var v string
-	if len(vals) == 1 {
-		v = strings.TrimSpace(vals[0])
-	}
+	v := strings.TrimSpace(first)
 	if strings.EqualFold(s.Name, "Authorization") && v != "" {
 		if len(v) >= 6 && strings.EqualFold(v[:6], "bearer") && (len(v) == 6 || v[6] == ' ' || v[6] == '\t') {
 			v = v[6:] // "Bearer" alone is no credential
@@ -800,8 +836,12 @@ const reasonNotBearer = "Authorization scheme is not Bearer"
 // Authenticate implements Authenticator: no key → 401 ErrMissingCredentials;
 // an ambiguous request (see Extract) → 401 ErrInvalidCredentials; unknown,
 // expired, inactive or over-long key → 403 ErrInvalidCredentials.
+//
+// When r is a Peeker, the presented key is read, hashed and refused
+// without a copy of it being made.
 func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
-	raw, err := a.Extract(r)
+	// raw may be lent by r (a Peeker): it is only measured and hashed.
+	raw, _, err := extract(r, a.opts.Sources, a.lookup, false)
 	if err != nil {
 		return nil, err
 	}

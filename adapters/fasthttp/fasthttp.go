@@ -142,16 +142,27 @@ type scratch struct {
 // Write sets res's header fields on resp and, when res does not pass, its
 // status and JSON body (fasthttp copies both). It reports whether the
 // request should go on to the next handler.
+//
+// The fields of a Result a Renderer returned (res.Canonical) are handed
+// to fasthttp as they are, and so are the body's Content-Type and
+// X-Content-Type-Options: the same bytes as resp.Header.Set, without its
+// copy, normalization and checks (TestWriteSetsAsCtxSet).
 func Write(resp *fasthttp.Response, res response.Result) bool {
-	for _, f := range res.Headers {
-		set(resp, f.Name, f.Value)
+	if res.Canonical {
+		for _, f := range res.Headers {
+			resp.Header.SetCanonical(readOnlyBytes(f.Name), readOnlyBytes(f.Value))
+		}
+	} else {
+		for _, f := range res.Headers {
+			set(resp, f.Name, f.Value)
+		}
 	}
 	if res.Pass {
 		return true
 	}
-	for _, f := range response.BodyHeaders() {
-		set(resp, f.Name, f.Value)
-	}
+	bh := response.BodyHeaders()
+	resp.Header.SetContentTypeBytes(readOnlyBytes(bh[0].Value))
+	resp.Header.SetCanonical(readOnlyBytes(bh[1].Name), readOnlyBytes(bh[1].Value))
 	resp.SetStatusCode(res.Status)
 	resp.SetBody(res.Body)
 	return false
@@ -180,14 +191,49 @@ func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), 
 // Request adapts *fasthttp.RequestCtx to identity.Request.
 //
 // fasthttp reuses its request buffers once the handler returns. Every
-// method therefore returns a copy, so an Authenticator may keep what it
-// reads (as a cache key, say) without it changing under it.
+// method of identity.Request therefore returns a copy, so an Authenticator
+// may keep what it reads (as a cache key, say) without it changing under
+// it; the identity.Peeker methods lend the values instead, for an
+// Authenticator that keeps nothing (identity.APIKey).
 type Request struct{ Ctx *fasthttp.RequestCtx }
 
 var (
 	_ identity.QueryValuer = Request{}
 	_ identity.PeerAddrer  = Request{}
+	_ identity.Peeker      = Request{}
 )
+
+// PeekHeader implements identity.Peeker: the first field line's value of
+// the named header and the number of lines, HeaderValues without the
+// copies. The value is fasthttp's request memory: valid only until the
+// handler returns.
+func (q Request) PeekHeader(name string) (first string, lines int) {
+	vs := q.Ctx.Request.Header.PeekAll(name)
+	if len(vs) == 0 {
+		return "", 0
+	}
+	return lent(vs[0]), len(vs)
+}
+
+// PeekQuery implements identity.Peeker: the first value of the named
+// query parameter and the number of times it is given, QueryValues
+// without the copies (nor the list). The value is fasthttp's request
+// memory: valid only until the handler returns.
+func (q Request) PeekQuery(name string) (first string, n int) {
+	var v []byte
+	q.Ctx.QueryArgs().VisitAll(func(k, val []byte) {
+		if string(k) == name {
+			if n++; n == 1 {
+				v = val
+			}
+		}
+	})
+	return lent(v), n
+}
+
+// lent returns b's bytes as a string without a copy: b must not change
+// while the string is in use.
+func lent(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // Header implements identity.Request: the first value of the named field.
 func (q Request) Header(name string) string { return string(q.Ctx.Request.Header.Peek(name)) }

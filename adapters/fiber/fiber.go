@@ -169,15 +169,32 @@ func Write(c *fiber.Ctx, res response.Result) bool {
 // Request adapts *fiber.Ctx to identity.Request.
 //
 // fasthttp reuses its request buffers once the handler returns, and Fiber's
-// getters return strings that point into them. Every method therefore
-// returns a copy, so an Authenticator may keep what it reads (as a cache
-// key, say) without it changing under it.
+// getters return strings that point into them. Every method of
+// identity.Request therefore returns a copy, so an Authenticator may keep
+// what it reads (as a cache key, say) without it changing under it; the
+// identity.Peeker methods lend the values instead, for an Authenticator
+// that keeps nothing (identity.APIKey).
 type Request struct{ C *fiber.Ctx }
 
 var (
 	_ identity.QueryValuer = Request{}
 	_ identity.PeerAddrer  = Request{}
+	_ identity.Peeker      = Request{}
 )
+
+// PeekHeader implements identity.Peeker: HeaderValues' first value and
+// count without the copies, as adapters/fasthttp's Request reads them;
+// the value is valid only until the handler returns.
+func (q Request) PeekHeader(name string) (first string, lines int) {
+	return lpfasthttp.Request{Ctx: q.C.Context()}.PeekHeader(name)
+}
+
+// PeekQuery implements identity.Peeker: QueryValues' first value and
+// count without the copies, as adapters/fasthttp's Request reads them;
+// the value is valid only until the handler returns.
+func (q Request) PeekQuery(name string) (first string, n int) {
+	return lpfasthttp.Request{Ctx: q.C.Context()}.PeekQuery(name)
+}
 
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return strings.Clone(q.C.Get(name)) }

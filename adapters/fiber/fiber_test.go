@@ -190,6 +190,30 @@ func TestWriteSetsAsCtxSet(t *testing.T) {
 		{Name: response.HeaderXLimit, Value: "5"}, {Name: response.HeaderXRemaining, Value: "a\r\nb\nc\rd"}, {Name: response.HeaderXReset, Value: ""},
 		{Name: "x-custom-field", Value: "v"}, {Name: "Content-Type", Value: "text/plain"}, {Name: "Server", Value: "s"},
 	}}
+	testWriteSetsAsCtxSet(t, "by hand", res, []string{"Ratelimit: \"basic\";r=0;t=12\r\n", "X-Ratelimit-Remaining: a  b c d\r\n", "Retry-After: 12\r\n", "X-Content-Type-Options: nosniff\r\n"})
+
+	// Rendered answers (Canonical: set as they are), a policy ID with CR
+	// and LF in it among them.
+	rend := response.NewRenderer(response.Options{XRateLimit: true, XRateLimitReset: response.ResetSeconds})
+	st := core.Status{Policy: "basic\r\nX: y", Limit: 5, ResetAfter: 12 * time.Second, Window: time.Minute}
+	var s response.Scratch
+	denied := rend.RenderScratch(&s, core.Decision{DecidedBy: core.KindRate, Limit: 5, ResetAfter: 12 * time.Second, RetryAfter: 12 * time.Second, Rate: st}, nil)
+	testWriteSetsAsCtxSet(t, "denied", denied, []string{
+		"Ratelimit-Policy: \"basic__X: y\";q=5;w=60\r\n", "Ratelimit: \"basic__X: y\";r=0;t=12\r\n", "X-Ratelimit-Limit: 5\r\n",
+		"X-Ratelimit-Remaining: 0\r\n", "X-Ratelimit-Reset: 12\r\n", "Retry-After: 12\r\n", "Content-Type: application/json\r\n",
+		"X-Content-Type-Options: nosniff\r\n", "\r\n\r\n{\"error\":\"rate limit exceeded\",\"retry_after_ms\":12000}\n"})
+	st.Remaining = 4
+	admitted := rend.RenderScratch(&s, core.Decision{Allowed: true, DecidedBy: core.KindRate, Limit: 5, Remaining: 4, ResetAfter: 12 * time.Second, Rate: st}, nil)
+	testWriteSetsAsCtxSet(t, "admitted", admitted, []string{"Ratelimit: \"basic__X: y\";r=4;t=12\r\n", "X-Ratelimit-Remaining: 4\r\n"})
+	failed := rend.RenderScratch(&s, core.Decision{}, &identity.Error{Status: 403, Kind: identity.ErrInvalidCredentials, Reason: "unknown API key"})
+	testWriteSetsAsCtxSet(t, "403", failed, []string{"HTTP/1.1 403 Forbidden\r\n", "Content-Type: application/json\r\n", "\r\n\r\n{\"error\":\"unknown API key\"}\n"})
+}
+
+// testWriteSetsAsCtxSet checks that lpfiber.Write writes res as c.Set
+// writes it, byte for byte, with Fiber's header normalizing on and off,
+// and that the response holds each of lines.
+func testWriteSetsAsCtxSet(t *testing.T, name string, res response.Result, lines []string) {
+	t.Helper()
 	for _, disable := range []bool{false, true} {
 		app := fiber.New(fiber.Config{DisableStartupMessage: true, DisableHeaderNormalizing: disable})
 		render := func(write func(*fiber.Ctx)) string {
@@ -201,13 +225,16 @@ func TestWriteSetsAsCtxSet(t *testing.T) {
 			return ctx.Response().String()
 		}
 		got := render(func(c *fiber.Ctx) {
-			if lpfiber.Write(c, res) {
-				t.Fatal("Write passed a 429")
+			if lpfiber.Write(c, res) != res.Pass {
+				t.Fatalf("%s: Write's pass is not %v", name, res.Pass)
 			}
 		})
 		want := render(func(c *fiber.Ctx) {
 			for _, f := range res.Headers {
 				c.Set(f.Name, f.Value)
+			}
+			if res.Pass {
+				return
 			}
 			for _, f := range response.BodyHeaders() {
 				c.Set(f.Name, f.Value)
@@ -216,11 +243,11 @@ func TestWriteSetsAsCtxSet(t *testing.T) {
 			c.Response().SetBody(res.Body)
 		})
 		if got != want {
-			t.Errorf("DisableHeaderNormalizing %v: Write wrote\n%s\nc.Set writes\n%s", disable, got, want)
+			t.Errorf("%s, DisableHeaderNormalizing %v: Write wrote\n%s\nc.Set writes\n%s", name, disable, got, want)
 		}
-		for _, line := range []string{"Ratelimit: \"basic\";r=0;t=12\r\n", "X-Ratelimit-Remaining: a  b c d\r\n", "Retry-After: 12\r\n", "X-Content-Type-Options: nosniff\r\n"} {
+		for _, line := range lines {
 			if !strings.Contains(got, line) {
-				t.Errorf("DisableHeaderNormalizing %v: no %q in\n%s", disable, line, got)
+				t.Errorf("%s, DisableHeaderNormalizing %v: no %q in\n%s", name, disable, line, got)
 			}
 		}
 	}
@@ -317,6 +344,149 @@ func TestKeylessAllocations(t *testing.T) {
 		}
 		if n != base {
 			t.Errorf("%s: %v allocations per request, want %v (Fiber's own)", tc.name, n, base)
+		}
+	}
+}
+
+// apiKeyApp is a Fiber app behind the middleware with identity.APIKey over
+// one known key ("good-key", policy "k", 100 requests an hour).
+func apiKeyApp(t *testing.T) fasthttp.RequestHandler {
+	t.Helper()
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	t.Cleanup(func() { store.Close() })
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "k", Rate: core.Limit{Rate: 100, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := identity.NewKeys([]identity.KeyRecord{{Hash: identity.HashKey("good-key"), Policies: []string{"k"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(lpfiber.Middleware(eng, identity.NewAPIKey(keys, identity.APIKeyOptions{}), lpfiber.Options{}))
+	app.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	return app.Handler()
+}
+
+// TestAPIKeyRefusals checks the exact answers of the key check on Fiber,
+// which reads the key through Request's identity.Peeker methods (no copy),
+// and the allocations of a refusal repeated: an unknown key (64 bytes,
+// over the 32 that []byte(key) could keep on the stack) refused again
+// allocates only its *identity.Error; a key header given twice, the error
+// and its reason.
+func TestAPIKeyRefusals(t *testing.T) {
+	h := apiKeyApp(t)
+	unknown := strings.Repeat("u", 64)
+	for _, tc := range []struct {
+		name   string
+		header [][2]string
+		uri    string
+		status int
+		body   string
+		allocs float64
+	}{
+		{"unknown key", [][2]string{{"X-API-Key", unknown}}, "/", 403, `{"error":"unknown API key"}` + "\n", 1},
+		{"unknown bearer key", [][2]string{{"Authorization", "Bearer " + unknown}}, "/", 403, `{"error":"unknown API key"}` + "\n", 1},
+		{"unknown query key", nil, "/?api_key=" + unknown, 403, `{"error":"unknown API key"}` + "\n", 1},
+		{"key header twice", [][2]string{{"X-API-Key", unknown}, {"X-API-Key", unknown}}, "/", 401,
+			`{"error":"ambiguous credentials: more than one X-API-Key header"}` + "\n", 2},
+		{"query key twice", nil, "/?api_key=a&api_key=a", 401,
+			`{"error":"ambiguous credentials: more than one api_key query parameter"}` + "\n", 2},
+		{"header and query differ", [][2]string{{"X-API-Key", "good-key"}}, "/?api_key=other", 401,
+			`{"error":"ambiguous credentials: X-API-Key header and api_key query parameter differ"}` + "\n", 2},
+		{"no key", nil, "/", 401, `{"error":"no API key"}` + "\n", 1},
+		{"good key", [][2]string{{"X-API-Key", " good-key "}}, "/?api_key=good-key", 200, "ok", 0},
+	} {
+		var req fasthttp.Request
+		req.Header.SetMethod("GET") // else fasthttp allocates "GET" per Method()
+		req.SetRequestURI(tc.uri)
+		for _, kv := range tc.header {
+			req.Header.Add(kv[0], kv[1])
+		}
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 40000}, nil)
+		h(ctx)
+		if c, b := ctx.Response.StatusCode(), string(ctx.Response.Body()); c != tc.status || b != tc.body {
+			t.Errorf("%s: %d %q, want %d %q", tc.name, c, b, tc.status, tc.body)
+		}
+		n := testing.AllocsPerRun(200, func() {
+			ctx.Response.Reset()
+			h(ctx)
+		})
+		if n != tc.allocs && !raceEnabled {
+			t.Errorf("%s: %v allocations per request, want %v", tc.name, n, tc.allocs)
+		}
+	}
+}
+
+// TestPeekAgreesWithValues checks Request's identity.Peeker methods
+// against HeaderValues and QueryValues: the first value and the count,
+// for absent, empty, single and repeated headers and query parameters.
+func TestPeekAgreesWithValues(t *testing.T) {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	for _, tc := range []struct {
+		uri    string
+		header [][2]string
+	}{
+		{"/", nil},
+		{"/?k=", [][2]string{{"K", ""}}},
+		{"/?k=a%20b&x=1", [][2]string{{"K", " a b "}}},
+		{"/?k=a&k=b&k", [][2]string{{"K", "a"}, {"k", "b"}}},
+		{"/?K=a&k", [][2]string{{"k", "a"}, {"X", "b"}, {"K", ""}}},
+	} {
+		var req fasthttp.Request
+		req.SetRequestURI(tc.uri)
+		for _, kv := range tc.header {
+			req.Header.Add(kv[0], kv[1])
+		}
+		ctx := new(fasthttp.RequestCtx)
+		ctx.Init(&req, nil, nil)
+		c := app.AcquireCtx(ctx)
+		q := lpfiber.Request{C: c}
+		hv, qv := q.HeaderValues("K"), q.QueryValues("k")
+		first := func(vs []string) string {
+			if len(vs) == 0 {
+				return ""
+			}
+			return vs[0]
+		}
+		if v, n := q.PeekHeader("K"); v != first(hv) || n != len(hv) {
+			t.Errorf("%s %q: PeekHeader %q %d, HeaderValues %q", tc.uri, tc.header, v, n, hv)
+		}
+		if v, n := q.PeekQuery("k"); v != first(qv) || n != len(qv) {
+			t.Errorf("%s: PeekQuery %q %d, QueryValues %q", tc.uri, v, n, qv)
+		}
+		if n := testing.AllocsPerRun(100, func() { q.PeekHeader("K"); q.PeekQuery("k") }); n != 0 {
+			t.Errorf("%s: Peek allocates %v", tc.uri, n)
+		}
+		app.ReleaseCtx(c)
+	}
+}
+
+// TestKeylessDenialBytes: the whole response to a keyless client over its
+// limit, and to an admitted one, byte for byte (as at 4afa043, before the
+// rendering and writing were made cheaper).
+func TestKeylessDenialBytes(t *testing.T) {
+	h := keylessApp(t)
+	ctx := keylessCtx(7)
+	ctx.Request.Header.SetMethod("GET")
+	want := []string{
+		"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 2\r\nRatelimit-Policy: \"ip\";q=3;w=3600\r\nRatelimit: \"ip\";r=2;t=1200\r\n\r\nok",
+		"", "",
+		"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: 57\r\nRatelimit-Policy: \"ip\";q=3;w=3600\r\nRatelimit: \"ip\";r=0;t=1200\r\nRetry-After: 1200\r\nX-Content-Type-Options: nosniff\r\n\r\n" +
+			`{"error":"rate limit exceeded","retry_after_ms":1200000}` + "\n",
+	}
+	for i, w := range want {
+		ctx.Response.Reset()
+		h(ctx)
+		got := ctx.Response.String()
+		if d := strings.Index(got, "\r\nDate: "); d > 0 { // fasthttp's, of the wall clock
+			got = got[:d] + got[d+len("\r\nDate: Sun, 06 Dec 2026 21:27:17 GMT"):]
+		}
+		if w != "" && got != w {
+			t.Errorf("request %d:\n got %q\nwant %q", i+1, got, w)
 		}
 	}
 }

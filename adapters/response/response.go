@@ -100,6 +100,12 @@ type Result struct {
 	Message string
 	// Headers are the fields to set, in order.
 	Headers []Header
+	// Canonical is true when every name in Headers is in the form
+	// net/http and fasthttp normalize names to and no value holds a CR or
+	// LF, as in every Result a Renderer returns: an adapter may then set
+	// the fields as they are, without normalizing or checking them. A
+	// Result built otherwise leaves it false.
+	Canonical bool
 }
 
 // Renderer renders decisions. It is immutable and safe for concurrent use.
@@ -186,16 +192,15 @@ func (r *Renderer) RenderMessage(s *Scratch, d core.Decision, err error) Result 
 func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, body bool) Result {
 	authLimited := false
 	if err != nil {
-		// le is declared here so that it reaches the heap (errors.As
-		// takes its address) only when there is an error.
-		var le *identity.LimitError
-		if !errors.As(err, &le) {
+		// errors.AsType, unlike errors.As, needs no target on the heap.
+		le, ok := errors.AsType[*identity.LimitError](err)
+		if !ok {
 			return r.failure(dst, s, err, body)
 		}
 		d, authLimited = le.Decision, true
 		d.Allowed = false // never let a LimitError pass
 	}
-	res := Result{Pass: d.Allowed, Headers: r.headers(dst, s, d)}
+	res := Result{Pass: d.Allowed, Headers: r.headers(dst, s, &d), Canonical: true}
 	if d.Allowed {
 		return res
 	}
@@ -203,23 +208,23 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 	if d.DecidedBy == core.KindInFlight && !authLimited {
 		// No Retry-After: when a slot frees depends on other requests'
 		// responses, which nothing here knows.
-		res.Body, res.Message = errorBody(s, MessageInFlight, -1), MessageInFlight
+		res.Body, res.Message = constBody(s, bodyInFlight, -1), MessageInFlight
 		return res
 	}
-	msg := "rate limit exceeded"
+	msg, open := messageRateLimited, bodyRateLimited
 	if d.DecidedBy == core.KindQuota {
-		res.Status, msg = r.o.QuotaExceededStatus, "quota exceeded"
+		res.Status, msg, open = r.o.QuotaExceededStatus, messageQuotaExceeded, bodyQuotaExceeded
 	}
 	if d.RetryAfter < 0 {
-		msg = "request cost exceeds the burst and can never be allowed"
-		res.Message = msg
+		res.Message = messageNeverAllowed
 		if body {
-			res.Body = errorBody(s, msg, -1)
+			res.Body = constBody(s, bodyNeverAllowed, -1)
 		}
 		return res
 	}
 	if authLimited {
 		msg = identity.ErrTooManyFailures.Error()
+		open = ""
 	}
 	var retry string
 	if s != nil {
@@ -231,10 +236,28 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 	res.Headers = append(res.Headers, Header{HeaderRetryAfter, retry})
 	res.Message = msg
 	if body {
-		res.Body = errorBody(s, msg, ceilMillis(d.RetryAfter))
+		if open != "" {
+			res.Body = constBody(s, open, ceilMillis(d.RetryAfter))
+		} else {
+			res.Body = errorBody(s, msg, ceilMillis(d.RetryAfter))
+		}
 	}
 	return res
 }
+
+// The messages of denials, and the start of their JSON bodies written out
+// (errorBody of the message up to its closing quote), so that a denial's
+// body is copied rather than escaped byte by byte (TestConstBodies).
+const (
+	messageRateLimited   = "rate limit exceeded"
+	messageQuotaExceeded = "quota exceeded"
+	messageNeverAllowed  = "request cost exceeds the burst and can never be allowed"
+
+	bodyRateLimited   = `{"error":"` + messageRateLimited + `"`
+	bodyQuotaExceeded = `{"error":"` + messageQuotaExceeded + `"`
+	bodyNeverAllowed  = `{"error":"` + messageNeverAllowed + `"`
+	bodyInFlight      = `{"error":"` + MessageInFlight + `"`
+)
 
 // BodyHeaders returns the fields that go with a Body (a Result that does not
 // pass): it is JSON, and must not be sniffed as anything else.
@@ -243,14 +266,26 @@ func BodyHeaders() [2]Header {
 }
 
 func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Result {
-	var ie *identity.Error
-	var mc *core.MalformedCostError
 	status, msg := http.StatusInternalServerError, "internal error"
-	switch {
-	case errors.As(err, &ie):
+	// errors.AsType, unlike errors.As, needs no target on the heap.
+	if ie, ok := errors.AsType[*identity.Error](err); ok {
 		status, msg = ie.Status, ie.Reason
-	case errors.As(err, &mc):
+	} else if mc, ok := errors.AsType[*core.MalformedCostError](err); ok {
 		status, msg = http.StatusBadRequest, mc.Error()
+	} else {
+		status, msg = r.failureStatus(err, status, msg)
+	}
+	res := Result{Status: status, Message: msg, Headers: dst, Canonical: true}
+	if body {
+		res.Body = errorBody(s, msg, -1)
+	}
+	return res
+}
+
+// failureStatus is failure's status and message for an engine error:
+// status and msg when err is none it knows.
+func (r *Renderer) failureStatus(err error, status int, msg string) (int, string) {
+	switch {
 	case errors.Is(err, core.ErrNoPolicy), errors.Is(err, core.ErrUnknownPolicy):
 		status, msg = http.StatusForbidden, "access to this API is not allowed"
 	case errors.Is(err, core.ErrStoreUnavailable):
@@ -258,17 +293,13 @@ func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Resul
 	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
 		status, msg = http.StatusBadRequest, "invalid request cost"
 	}
-	res := Result{Status: status, Message: msg, Headers: dst}
-	if body {
-		res.Body = errorBody(s, msg, -1)
-	}
-	return res
+	return status, msg
 }
 
 // headers appends the limit fields for d. The values rendered for this
 // answer — all but RateLimit-Policy's, which is cached — are written to one
 // buffer and share one string: s's, when s is not nil.
-func (r *Renderer) headers(dst []Header, s *Scratch, d core.Decision) []Header {
+func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header {
 	if d.DecidedBy == core.KindNone || d.DecidedBy == core.KindInFlight || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
 		return dst
 	}
@@ -304,14 +335,14 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d core.Decision) []Header {
 // values appends the values rendered for d to buf: the RateLimit value
 // ends at cur, X-RateLimit-Limit's at limit and X-RateLimit-Remaining's at
 // remaining; X-RateLimit-Reset's follows.
-func (r *Renderer) values(buf []byte, d core.Decision) (_ []byte, cur, limit, remaining int) {
+func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, remaining int) {
 	if !r.o.NoRateLimitFields {
 		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
 		if d.Rate.Limit > 0 {
-			buf = current(buf, d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+			buf = current(buf, &d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			buf = current(buf, d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+			buf = current(buf, &d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
 		}
 	}
 	cur = len(buf)
@@ -335,7 +366,7 @@ func (r *Renderer) values(buf []byte, d core.Decision) (_ []byte, cur, limit, re
 
 // policyField returns the RateLimit-Policy value for d, from the cache
 // when the same policies were rendered before.
-func (r *Renderer) policyField(d core.Decision) string {
+func (r *Renderer) policyField(d *core.Decision) string {
 	var k policyKey
 	if d.Rate.Limit > 0 {
 		k.rateName, k.rateLimit, k.rateWin = d.Rate.Policy, d.Rate.Limit, d.Rate.Window
@@ -394,7 +425,7 @@ func policyItem(pol []byte, name, suffix string, limit int64, window time.Durati
 }
 
 // current appends one policy's state to a RateLimit list.
-func current(cur []byte, s core.Status, name, suffix string, denied bool, retry time.Duration) []byte {
+func current(cur []byte, s *core.Status, name, suffix string, denied bool, retry time.Duration) []byte {
 	if len(cur) > 0 {
 		cur = append(cur, ", "...)
 	}
@@ -454,6 +485,24 @@ func errorBody(s *Scratch, msg string, ms int64) []byte {
 		}
 	}
 	b = append(b, '"')
+	return closeBody(b, ms)
+}
+
+// constBody is errorBody of a message whose body up to its closing quote
+// is open (one of the body constants): the same bytes, copied.
+func constBody(s *Scratch, open string, ms int64) []byte {
+	var b []byte
+	if s != nil {
+		b = s.body[:0]
+	} else {
+		b = make([]byte, 0, len(open)+40)
+	}
+	return closeBody(append(b, open...), ms)
+}
+
+// closeBody ends a JSON error body: "retry_after_ms" when ms ≥ 0, the
+// closing brace and a newline.
+func closeBody(b []byte, ms int64) []byte {
 	if ms >= 0 {
 		b = append(b, `,"retry_after_ms":`...)
 		b = strconv.AppendInt(b, ms, 10)

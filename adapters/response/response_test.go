@@ -3,6 +3,7 @@ package response
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -240,6 +241,60 @@ func TestRenderScratchAllocations(t *testing.T) {
 		r.RenderScratch(s, d, nil)
 		if n := testing.AllocsPerRun(100, func() { r.RenderScratch(s, d, nil) }); n != 0 {
 			t.Errorf("allowed %v: %v allocations, want 0", d.Allowed, n)
+		}
+	}
+}
+
+// TestConstBodies: each denial body written from its constant is
+// errorBody's, byte for byte, with and without retry_after_ms.
+func TestConstBodies(t *testing.T) {
+	for open, msg := range map[string]string{
+		bodyRateLimited:   "rate limit exceeded",
+		bodyQuotaExceeded: "quota exceeded",
+		bodyNeverAllowed:  "request cost exceeds the burst and can never be allowed",
+		bodyInFlight:      "too many concurrent requests",
+	} {
+		for _, ms := range []int64{-1, 0, 3_600_000} {
+			var s Scratch
+			want := string(errorBody(nil, msg, ms))
+			if got := string(constBody(nil, open, ms)); got != want {
+				t.Errorf("constBody(nil, %q, %d) = %q, want %q", open, ms, got, want)
+			}
+			if got := string(constBody(&s, open, ms)); got != want {
+				t.Errorf("constBody(scratch, %q, %d) = %q, want %q", open, ms, got, want)
+			}
+		}
+	}
+	got := string(NewRenderer(Options{}).Render(nil, core.Decision{DecidedBy: core.KindInFlight}, nil).Body)
+	if want := `{"error":"too many concurrent requests"}` + "\n"; got != want {
+		t.Errorf("in-flight denial body %q, want %q", got, want)
+	}
+}
+
+// TestCanonical: every Result a Renderer returns says its fields may be
+// set as they are, and they may: canonical names (as net/http writes
+// them), no CR or LF in a value, even from a policy ID that holds them.
+func TestCanonical(t *testing.T) {
+	r := NewRenderer(Options{XRateLimit: true})
+	st := core.Status{Policy: "a\r\nX-Evil: 1", Limit: 5, ResetAfter: time.Second, Window: time.Second}
+	for _, d := range []core.Decision{
+		{Allowed: true, DecidedBy: core.KindRate, Limit: 5, Rate: st},
+		{DecidedBy: core.KindRate, Limit: 5, RetryAfter: time.Second, Rate: st},
+		{DecidedBy: core.KindInFlight},
+	} {
+		for _, err := range []error{nil, core.ErrStoreUnavailable} {
+			var s Scratch
+			for _, res := range []Result{r.Render(nil, d, err), r.RenderScratch(&s, d, err)} {
+				if !res.Canonical {
+					t.Errorf("decision %+v, error %v: Canonical false", d, err)
+				}
+				bh := BodyHeaders()
+				for _, h := range append(res.Headers, bh[:]...) {
+					if h.Name != http.CanonicalHeaderKey(h.Name) || strings.ContainsAny(h.Value, "\r\n") {
+						t.Errorf("decision %+v, error %v: field %q: %q", d, err, h.Name, h.Value)
+					}
+				}
+			}
 		}
 	}
 }
