@@ -273,18 +273,36 @@ func (a *endpointEntry) morePath(b *endpointEntry) bool {
 	return a.mask > b.mask
 }
 
-// methodScore is how well e's method matches m (in any case): 3 exact, 2
-// a GET endpoint for HEAD, 1 any, 0 not at all.
+// methodScore is how well e's method matches m, a request's method as
+// requestMethod returns it: 3 exact, 2 a GET endpoint for HEAD, 1 any, 0
+// not at all.
 func (e *endpointEntry) methodScore(m string) int {
 	switch {
-	case e.method == m || (e.method != "*" && strings.EqualFold(e.method, m)):
+	case e.method == m:
 		return 3
-	case e.method == "GET" && strings.EqualFold(m, "HEAD"):
-		return 2
 	case e.method == "*":
 		return 1
+	case e.method == "GET" && m == "HEAD":
+		return 2
 	}
 	return 0
+}
+
+// requestMethod returns m as endpoints' methods are written when it is
+// one of them in any case ("post" → "POST"), else m: so endpoints compare
+// it exactly. It allocates nothing.
+func requestMethod(m string) string {
+	for _, c := range endpointMethods {
+		if c == m {
+			return c
+		}
+	}
+	for _, c := range endpointMethods {
+		if strings.EqualFold(c, m) {
+			return c
+		}
+	}
+	return m
 }
 
 // litChild is a literal child of an endpoint node.
@@ -298,19 +316,20 @@ type litChild struct {
 type endpointNode struct {
 	eps []*endpointEntry
 	// lits are the literal children; byLit indexes them when they are
-	// many (a linear scan of a few short strings beats a map).
+	// more than maxLinearLits (a linear scan of a few short strings
+	// beats hashing).
 	lits  []litChild
-	byLit map[string]*endpointNode
+	byLit litTable
 	param *endpointNode
 }
 
 // maxLinearLits is how many literal children a node scans before it
-// indexes them in a map.
+// indexes them in a litTable.
 const maxLinearLits = 8
 
 func (n *endpointNode) lit(seg string) *endpointNode {
-	if n.byLit != nil {
-		return n.byLit[seg]
+	if n.byLit.slots != nil {
+		return n.byLit.find(seg)
 	}
 	for i := range n.lits {
 		if n.lits[i].seg == seg {
@@ -318,6 +337,69 @@ func (n *endpointNode) lit(seg string) *endpointNode {
 		}
 	}
 	return nil
+}
+
+// litTable finds a node's literal child by its segment: an open-addressed
+// table of at least twice as many slots as children, probed linearly
+// from the segment's FNV-1a hash. It is built once (set) and only read
+// by requests, so a request's segment, however chosen, probes at most
+// every child once; a segment longer than every child's is not hashed.
+// Map lookups hashed each segment with the runtime's string hash and
+// cost twice as much here.
+type litTable struct {
+	slots  []litChild // seg "" and n nil: empty
+	mask   uint32
+	maxLen int
+}
+
+// add indexes the last of lits, the others being indexed already (or
+// none, for the first call): it doubles the table when half full, so
+// building n children costs O(n).
+func (t *litTable) add(lits []litChild) {
+	if 2*len(lits) <= len(t.slots) {
+		t.put(lits[len(lits)-1])
+		return
+	}
+	size := 1
+	for size < 4*len(lits) {
+		size <<= 1
+	}
+	t.slots, t.mask = make([]litChild, size), uint32(size-1)
+	for _, l := range lits {
+		t.put(l)
+	}
+}
+
+func (t *litTable) put(l litChild) {
+	t.maxLen = max(t.maxLen, len(l.seg))
+	i := segHash(l.seg) & t.mask
+	for t.slots[i].n != nil {
+		i = (i + 1) & t.mask
+	}
+	t.slots[i] = l
+}
+
+func (t *litTable) find(seg string) *endpointNode {
+	if len(seg) > t.maxLen {
+		return nil
+	}
+	for i := segHash(seg) & t.mask; ; i = (i + 1) & t.mask {
+		switch sl := &t.slots[i]; {
+		case sl.n == nil:
+			return nil
+		case sl.seg == seg:
+			return sl.n
+		}
+	}
+}
+
+// segHash is FNV-1a of s.
+func segHash(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
 }
 
 // endpointMatcher finds the most specific endpoint of an API for a route.
@@ -346,14 +428,8 @@ func (m *endpointMatcher) add(segs []segment, e *endpointEntry) {
 		if c == nil {
 			c = &endpointNode{}
 			n.lits = append(n.lits, litChild{s.lit, c})
-			if n.byLit != nil || len(n.lits) > maxLinearLits {
-				if n.byLit == nil {
-					n.byLit = make(map[string]*endpointNode, len(n.lits))
-					for _, l := range n.lits {
-						n.byLit[l.seg] = l.n
-					}
-				}
-				n.byLit[s.lit] = c
+			if len(n.lits) > maxLinearLits {
+				n.byLit.add(n.lits)
 			}
 		}
 		n = c
@@ -370,7 +446,7 @@ func (m *endpointMatcher) add(segs []segment, e *endpointEntry) {
 func (m *endpointMatcher) match(method, path string) *endpointEntry {
 	var best *endpointEntry
 	bestScore := 0
-	m.root.match(method, path, &best, &bestScore)
+	m.root.match(requestMethod(method), path, &best, &bestScore)
 	return best
 }
 
@@ -391,8 +467,11 @@ func (n *endpointNode) match(method, path string, best **endpointEntry, bestScor
 		return
 	}
 	seg, rest := path, ""
-	if i := strings.IndexByte(path, '/'); i >= 0 {
-		seg, rest = path[:i], path[i:]
+	for i := 0; i < len(path); i++ { // segments are short: no call to IndexByte
+		if path[i] == '/' {
+			seg, rest = path[:i], path[i:]
+			break
+		}
 	}
 	if c := n.lit(seg); c != nil {
 		c.match(method, rest, best, bestScore)

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -27,5 +28,36 @@ func BenchmarkEndpointMatch(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestManyLiterals: a node with many literal children (indexed in a
+// litTable once past maxLinearLits) finds each child, and misses
+// segments no child has: unknown ones, longer ones, prefixes and
+// extensions of children, and the empty segment.
+func TestManyLiterals(t *testing.T) {
+	for _, n := range []int{maxLinearLits, maxLinearLits + 1, 1000} {
+		m := &endpointMatcher{}
+		want := map[string]*endpointEntry{}
+		for i := range n {
+			p := fmt.Sprintf("/v%d/items", i)
+			segs, err := parseEndpointPath(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := &endpointEntry{method: "GET"}
+			m.add(segs, e)
+			want[p] = e
+		}
+		for p, e := range want {
+			if got := m.match("GET", p+"/42"); got != e {
+				t.Fatalf("%d children: %s matched %p, want %p", n, p, got, e)
+			}
+		}
+		for _, p := range []string{"/v/items", fmt.Sprintf("/v%d/items", n), "/v1x/items", "/1/items", "//items", "/" + strings.Repeat("v", 5000) + "/items", "/v10"} {
+			if got := m.match("GET", p); got != nil {
+				t.Fatalf("%d children: %s matched %+v, want none", n, p, got)
+			}
+		}
 	}
 }
