@@ -238,6 +238,18 @@ type Options struct {
 	// Redis TIME, also when Clock is set.
 	InFlightLease time.Duration
 
+	// SyncSettle makes core.Hold.Settle send its settle script on the
+	// caller's goroutine and return once Redis has answered (or the call
+	// failed), as before settling became asynchronous. By default Settle
+	// returns at once and the script is sent in the background; this
+	// store's later Takes of the same quota wait for it, but another
+	// process sharing the Redis does not know of it, so for about one
+	// round trip after a response it may still see the estimate. Set
+	// SyncSettle when a client's next request may reach another process
+	// (gateways behind a load balancer) and must be refused by a settle
+	// that took the quota over budget. See the package comment.
+	SyncSettle bool
+
 	// Clock is a test seam: when set, the script uses Clock.Nanotime()
 	// as now instead of Redis TIME, so the conformance suite can freeze
 	// and step time. Production code leaves it nil: then app-server clocks
@@ -267,6 +279,10 @@ type Store struct {
 	activeKey string
 	activeArg any    // activeKey, boxed once
 	marks     marker // with follows: writes the active set's marks
+	// settles sends settles in the background (settle.go), unless
+	// syncSettle (Options.SyncSettle).
+	settles    settles
+	syncSettle bool
 }
 
 // New returns a Store over client (a *redis.Client, *redis.ClusterClient or
@@ -321,11 +337,16 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if opts.Pipeline >= 0 {
 		s.pipe = newBatcher(s, client, opts)
 	}
+	s.syncSettle = opts.SyncSettle
+	s.settles.init(s, client, opts)
 	return s, nil
 }
 
 // Close makes later Takes fail with ErrClosed when batching is on (Takes
-// already waiting still get their replies). With FollowsControlPlane it
+// already waiting still get their replies). It waits for the settles
+// (core.Hold.Settle) not yet sent or answered, each bounded by
+// Options.Timeout, so a clean shutdown loses none; a Settle after Close
+// sends its script on the caller's goroutine. With FollowsControlPlane it
 // also stops the goroutine that writes global quotas' active-set marks,
 // dropping marks not yet written, and it stops the goroutine that renews
 // in-flight slots' leases (slots still held then lapse within
@@ -335,6 +356,7 @@ func (s *Store) Close() error {
 	if s.pipe != nil {
 		s.pipe.close()
 	}
+	s.settles.close()
 	if s.follows {
 		s.marks.close()
 	}
@@ -627,6 +649,13 @@ func (s *Store) takeLimits(ctx context.Context, req core.Request, r *rule) (core
 	var qkey string
 	if r.settle && quota && n > 0 {
 		qkey = string(c.keys[1].b) // c goes back to its pool in run
+	}
+	if quota && s.settles.pending.Load() != 0 {
+		// Settles of this quota sent in the background first (settle.go).
+		if err := s.settles.wait(ctx, c.keys[1].b); err != nil {
+			s.calls.Put(c)
+			return core.Decision{}, fmt.Errorf("redisstore: take: waiting for a settle of the quota: %w", err)
+		}
 	}
 	v, err := s.run(ctx, c, 11)
 	if err != nil {
