@@ -203,18 +203,20 @@ func (ss *settles) enqueue(st *settlement) bool {
 		return false
 	}
 	ss.queue = append(ss.queue, st)
-	if ss.running < ss.workers {
-		ss.running++
-		var buf []*settlement
-		if n := len(ss.bufs); n > 0 {
-			buf, ss.bufs = ss.bufs[n-1], ss.bufs[:n-1]
-		} else {
-			buf = make([]*settlement, 0, ss.batch)
-		}
-		ss.wg.Add(1)
-		go ss.send(buf)
+	if ss.running >= ss.workers {
+		ss.mu.Unlock()
+		return true
 	}
+	ss.running++
+	var buf []*settlement
+	if n := len(ss.bufs); n > 0 {
+		buf, ss.bufs = ss.bufs[n-1], ss.bufs[:n-1]
+	} else {
+		buf = make([]*settlement, 0, ss.batch)
+	}
+	ss.wg.Add(1) // before close's Wait: closed is false under mu
 	ss.mu.Unlock()
+	go ss.send(buf) // (outside mu, which the sender takes first)
 	return true
 }
 
