@@ -83,6 +83,32 @@
 // reset; once that key has expired it starts a period of its own there.
 // Rate-limit keys do not depend on the epoch.
 //
+// # Settling
+//
+// A rule with core.LimitSet.Settle charges its quota an estimate, and the
+// Hold of an admitted request settles it (core.Hold.Settle) with one
+// script that changes only the period charged (see settle.go). Settle
+// returns at once, without a round trip: the script is sent in the
+// background, in pipelines of up to 64 settles (Options.Pipeline when
+// smaller; one at a time with batching off), by at most max(2,
+// GOMAXPROCS) goroutines (no more than the client's PoolSize) that start
+// when there are settles to send and end when there are none, each call
+// under Options.Timeout and the breaker. A settle that fails keeps the
+// estimate. A Take of this store whose quota has settles pending first
+// waits for the ones whose Settle returned before it began, not for later
+// ones, so a consumer over budget after settling is refused on its next
+// request to this process, with Retry-After from the settled count; the
+// wait is bounded by the Take's context and Options.Timeout, past which
+// the Take fails (wrapping context.DeadlineExceeded) and the
+// FailurePolicy decides. Takes of other quotas, and every Take while no
+// settle is pending, do not wait (one atomic load). Another process
+// sharing the Redis sees a settle once it has landed, about one round
+// trip after Settle returned; Options.SyncSettle sends it on the caller's
+// goroutine instead, for deployments where that window matters. With
+// 4,096 settles waiting to be sent, Settle sends its own (backpressure:
+// none is dropped). Close waits for the settles pending; a Settle after
+// Close is sent on the caller's goroutine.
+//
 // # Failures
 //
 // Every call is bounded by Options.Timeout and goes through a circuit
@@ -569,6 +595,8 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 // Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
 // connection it is unknown whether Redis ran the script, so the request may
 // have been counted; core.Engine's FailurePolicy decides the request.
+// A Take of a quota with settles pending (core.Hold.Settle) waits for them
+// first, up to Options.Timeout (see the package comment).
 //
 // Window algorithms (FixedWindow, SlidingWindow, SlidingLog) count up to
 // Rate per Period and ignore Burst; their Status has Limit = Rate and

@@ -89,17 +89,17 @@ func BenchmarkSettleRedis(b *testing.B) {
 // call it before the response is done): the settle call alone, timed, on
 // a hold taken with the timer stopped and, in the background mode, after
 // the previous settle has landed (so each one starts a sender, as for a
-// lone request). "sync" is Options.SyncSettle (one round trip on the
-// caller's goroutine), "async" the default; p50-ns and p99-ns are the
+// lone request). mode=sync is Options.SyncSettle (one round trip on the
+// caller's goroutine), mode=async the default; p50-ns and p99-ns are the
 // median and 99th percentile of the settle calls' times. B/op and
 // allocs/op count every goroutine's allocations while the clock runs, so
-// for "async" they include part of the sender's (the script call's) work.
+// for mode=async they include part of the sender's (the script call's) work.
 // Run with a fixed -benchtime
 // (e.g. 5000x): each iteration also takes a hold, off the clock.
 func BenchmarkSettleCall(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, mode := range []string{"sync", "async"} {
-		b.Run(mode, func(b *testing.B) {
+		b.Run("mode="+mode, func(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			defer c.Close()
 			s, err := redisstore.New(c, redisstore.Options{SyncSettle: mode == "sync"})
