@@ -678,14 +678,23 @@ func (s *Store) takeLimits(ctx context.Context, req core.Request, r *rule) (core
 	if r.settle && quota && n > 0 {
 		qkey = string(c.keys[1].b) // c goes back to its pool in run
 	}
+	var claimed []*settlement
 	if quota && s.settles.pending.Load() != 0 {
-		// Settles of this quota sent in the background first (settle.go).
-		if err := s.settles.wait(ctx, c.keys[1].b); err != nil {
+		// Settles of this quota pending in the background go first
+		// (settle.go): still queued, in this Take's round trip.
+		var err error
+		if claimed, err = s.settles.before(ctx, c.keys[1].b); err != nil {
 			s.calls.Put(c)
 			return core.Decision{}, fmt.Errorf("redisstore: take: waiting for a settle of the quota: %w", err)
 		}
 	}
-	v, err := s.run(ctx, c, 11)
+	var v []int64
+	var err error
+	if claimed != nil {
+		v, err = s.runAfter(ctx, c, claimed, 11)
+	} else {
+		v, err = s.run(ctx, c, 11)
+	}
 	if err != nil {
 		return core.Decision{}, err
 	}

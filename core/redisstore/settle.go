@@ -163,19 +163,47 @@ func (ss *settles) done(st *settlement) {
 // errSettleWait is the wait's own bound (Options.Timeout) passing.
 var errSettleWait = fmt.Errorf("settles pending longer than the store's timeout: %w", context.DeadlineExceeded)
 
-// wait returns once the settles of the quota key registered before it
-// was called are done, or with ctx's error, or with errSettleWait after
-// Options.Timeout. Callers check ss.pending first.
-func (ss *settles) wait(ctx context.Context, key []byte) error {
+// before is called by a Take of the quota key before it sends its
+// script; callers check ss.pending first. When every settle of the key
+// pending is still queued (no sender has taken it), it claims them all
+// (the senders skip them) and returns them: the Take sends them itself,
+// in one pipeline before its own script (Store.runAfter, which calls
+// claimDone). Otherwise it returns nil once the settles registered before
+// it was called are done, or with ctx's error, or with errSettleWait
+// after Options.Timeout.
+func (ss *settles) before(ctx context.Context, key []byte) ([]*settlement, error) {
 	sh := ss.shard(key[len(ss.s.head)])
 	sh.mu.Lock()
 	l, ok := sh.m[string(key)]
 	if !ok {
 		sh.mu.Unlock()
-		return nil
+		return nil, nil
 	}
+	ss.mu.Lock()
+	all := !ss.closed
+	for st := l.head; all && st != nil; st = st.next {
+		all = st.queued
+	}
+	if all {
+		var claimed []*settlement
+		for st := l.head; st != nil; st = st.next {
+			st.queued = false
+			claimed = append(claimed, st)
+		}
+		ss.wg.Add(1) // Close waits for the claim's pipeline too
+		ss.mu.Unlock()
+		sh.mu.Unlock()
+		return claimed, nil
+	}
+	ss.mu.Unlock()
+	return nil, ss.wait(ctx, sh, l.tail)
+}
+
+// wait waits for last, the last settle pending on its key, and every
+// settle before it; sh is the key's shard, locked, which wait unlocks.
+func (ss *settles) wait(ctx context.Context, sh *settleShard, last *settlement) error {
 	w := make(chan struct{})
-	l.tail.waits = append(l.tail.waits, w)
+	last.waits = append(last.waits, w)
 	sh.mu.Unlock()
 	var expired <-chan time.Time
 	if ss.s.timeout > 0 {
@@ -193,6 +221,14 @@ func (ss *settles) wait(ctx context.Context, key []byte) error {
 	}
 }
 
+// claimDone ends a claim of before: the claimed settles are done.
+func (ss *settles) claimDone(claimed []*settlement) {
+	for _, st := range claimed {
+		ss.done(st)
+	}
+	ss.wg.Done()
+}
+
 // enqueue queues st for the senders, starting one if fewer than workers
 // are running. It reports false, queueing nothing, after close or when
 // maxQueuedSettles are queued.
@@ -203,6 +239,7 @@ func (ss *settles) enqueue(st *settlement) bool {
 		return false
 	}
 	ss.queue = append(ss.queue, st)
+	st.queued = true
 	if ss.running >= ss.workers {
 		ss.mu.Unlock()
 		return true
@@ -233,11 +270,20 @@ func (ss *settles) send(buf []*settlement) {
 			ss.mu.Unlock()
 			return
 		}
-		buf = append(buf[:0], ss.queue[:n]...)
+		buf = buf[:0]
+		for _, st := range ss.queue[:n] {
+			if st.queued { // not claimed by a Take
+				st.queued = false
+				buf = append(buf, st)
+			}
+		}
 		rest := copy(ss.queue, ss.queue[n:])
 		clear(ss.queue[rest:])
 		ss.queue = ss.queue[:rest]
 		ss.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
 		ss.s.settleBatch(buf)
 		for i, st := range buf {
 			ss.done(st)
@@ -263,6 +309,9 @@ type settlement struct {
 	charged int64
 	end     string
 	delta   int64 // actual − charged, once settled
+	// queued: in settles.queue, for a sender to send (false once a
+	// sender or a Take took it); guarded by settles.mu.
+	queued bool
 
 	// Its place among its key's pending settles, and the channels of
 	// the Takes waiting for it and the settles before it; guarded by
@@ -312,6 +361,48 @@ func (s *Store) settleOne(st *settlement) error {
 		return fmt.Errorf("redisstore: settle: %w", err)
 	}
 	return nil
+}
+
+// runAfter runs c, a Take's call, in one pipeline after the settles a
+// Take claimed (settles.before): so the Take sees them, in one round trip
+// for all. The settles go as EVAL, so none can meet NOSCRIPT and be left
+// behind the Take; the Take's EVALSHA is sent again as EVAL after
+// NOSCRIPT, after them either way. The settles are done whatever the
+// outcome (a failure keeps their estimates). It checks that c replied
+// want integers and gives c back to the pool.
+//
+// The settles must not depend on the request's context: the pipeline runs
+// on ctx without its cancellation or deadline, under Options.Timeout, so
+// a Take whose caller has gone or whose deadline is sooner may return up
+// to one round trip late (as a batched Take sending its batch does).
+func (s *Store) runAfter(ctx context.Context, c *call, claimed []*settlement, want int) ([]int64, error) {
+	defer s.settles.claimDone(claimed)
+	v, err := s.call(context.WithoutCancel(ctx), func(ctx context.Context) ([]int64, error) {
+		pipe := s.client.Pipeline()
+		for _, st := range claimed {
+			settleQuotaScript.Eval(ctx, pipe, []string{st.key}, st.delta, st.end)
+		}
+		c.cmd = c.evalCmd(ctx)
+		pipe.Process(ctx, c.cmd)
+		_, err := pipe.Exec(ctx)
+		var rerr redis.Error
+		if err != nil && !errors.As(err, &rerr) {
+			return nil, err
+		}
+		if isNoScript(c.cmd.Err()) {
+			c.cmd = c.evalFallback(ctx)
+		}
+		return c.cmd.Result()
+	})
+	c.cmd, c.ctx, c.v, c.batch = nil, nil, nil, nil
+	s.calls.Put(c)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: take: %w", err)
+	}
+	if len(v) != want {
+		return nil, fmt.Errorf("redisstore: take: script replied %d values, want %d", len(v), want)
+	}
+	return v, nil
 }
 
 // settleBatch sends batch's settle scripts in one pipeline of EVALSHAs

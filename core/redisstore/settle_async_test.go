@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,25 +15,40 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// settleGate holds every settle script go-redis processes (EVALSHA or EVAL
-// of settleQuota, alone or in a pipeline) until release is closed, telling
-// entered as each arrives. Other commands pass.
+// settleGate holds every settle script the senders send (EVALSHA of
+// settleQuota, alone or in a pipeline) until release is closed, telling
+// entered as each arrives. Other commands pass, among them the EVALs of
+// the settles a Take claimed (Store.runAfter); pipelines records the
+// commands of every pipeline, as "settle" (an EVAL of settleQuota) or
+// the command's name.
 type settleGate struct {
 	entered, release chan struct{}
+	mu               sync.Mutex
+	pipelines        [][]string
 }
 
 func newSettleGate() *settleGate {
 	return &settleGate{entered: make(chan struct{}, 1024), release: make(chan struct{})}
 }
 
-func isSettle(cmd redis.Cmder) bool {
-	a := cmd.Args()
-	return len(a) > 1 && (a[1] == settleQuotaScript.Hash() || a[1] == settleQuota)
-}
-
 func (g *settleGate) hold(cmds ...redis.Cmder) {
+	if len(cmds) > 1 {
+		var names []string
+		for _, c := range cmds {
+			if a := c.Args(); len(a) > 1 && a[1] == settleQuota {
+				names = append(names, "settle")
+			} else {
+				names = append(names, c.Name())
+			}
+		}
+		if slices.ContainsFunc(names, func(n string) bool { return n == "settle" || n == "evalsha" }) {
+			g.mu.Lock() // (not a new connection's HELLO and CLIENT SETINFO)
+			g.pipelines = append(g.pipelines, names)
+			g.mu.Unlock()
+		}
+	}
 	for _, c := range cmds {
-		if isSettle(c) {
+		if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == settleQuotaScript.Hash() {
 			g.entered <- struct{}{}
 			<-g.release
 			return
@@ -290,8 +307,8 @@ func TestSettleWaitOnlyEarlier(t *testing.T) {
 	waiter := func() <-chan struct{} {
 		ch := make(chan struct{})
 		go func() {
-			if err := ss.wait(context.Background(), []byte(key)); err != nil {
-				t.Error(err)
+			if claimed, err := ss.before(context.Background(), []byte(key)); err != nil || claimed != nil {
+				t.Error(claimed, err)
 			}
 			close(ch)
 		}()
@@ -332,8 +349,8 @@ func TestSettleWaitOnlyEarlier(t *testing.T) {
 	if n, m := ss.pending.Load(), len(ss.shard(key[len(s.head)]).m); n != 0 || m != 0 {
 		t.Fatalf("%d pending, %d keys in the shard, want none", n, m)
 	}
-	if err := ss.wait(context.Background(), []byte(key)); err != nil {
-		t.Fatalf("wait with nothing pending: %v", err)
+	if claimed, err := ss.before(context.Background(), []byte(key)); err != nil || claimed != nil {
+		t.Fatalf("wait with nothing pending: %v, %v", claimed, err)
 	}
 }
 
@@ -363,5 +380,115 @@ func TestSettleWaitBounded(t *testing.T) {
 	}
 	if d := take(t, s, settleRequest(t, s, "unrelated", 1000, 100)); !d.Allowed || d.Remaining != 900 {
 		t.Fatalf("another consumer's Take: %+v", d)
+	}
+}
+
+// TestSettleCluster: on a 3-node Cluster, 40 consumers (keys in slots
+// across the nodes) are each charged 100 and settled to 10·i, all Settles
+// returning before any is sent, so the senders send them in pipelines
+// spanning nodes; each consumer's next Take sees its own settle exactly
+// (1,000 − 10·i − 1 remaining), and so does its hash in Redis.
+func TestSettleCluster(t *testing.T) {
+	const n = 40
+	cl := redistest.StartCluster(t, 3)
+	c := cl.Client(t, &redis.ClusterOptions{PoolSize: 8})
+	s, err := New(c, Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	reqs := make([]core.Request, n)
+	holds := make([]core.Hold, n)
+	for i := range reqs {
+		reqs[i] = settleRequest(t, s, "cluster-"+strconv.Itoa(i), 1000, 100)
+		d := take(t, s, reqs[i])
+		if !d.Allowed || d.Remaining != 900 {
+			t.Fatalf("Take %d: %+v", i, d)
+		}
+		holds[i] = d.Hold
+	}
+	for i, h := range holds {
+		h.Settle(int64(10 * i))
+	}
+	for i, req := range reqs {
+		req.Cost = 1
+		d := take(t, s, req)
+		if want := int64(1000 - 10*i - 1); !d.Allowed || d.Remaining != want {
+			t.Fatalf("consumer %d after its settle: %+v, want %d remaining", i, d, want)
+		}
+		d.Hold.Release()
+	}
+	WaitSettles(t, s)
+	for i := range reqs {
+		if used := hashUsed(t, s, c, "cluster-"+strconv.Itoa(i)); used != int64(10*i+1) {
+			t.Fatalf("consumer %d: count %d, want %d", i, used, 10*i+1)
+		}
+	}
+}
+
+// TestSettleClaimedByTake: with both senders held (two other consumers'
+// settles), a third consumer's settle stays queued; that consumer's next
+// Take does not wait for a sender but sends the settle itself, in one
+// pipeline before its own script, and sees it (1,000 − 700 − 100 = 200
+// remaining). Once the senders are let through they skip it: the count
+// is 800, the settle applied once.
+func TestSettleClaimedByTake(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t, &redis.Options{PoolSize: 4})
+	g := newSettleGate()
+	c.AddHook(g)
+	s, err := New(c, Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if s.settles.workers != 2 {
+		t.Fatalf("%d senders, want 2 (2 CPUs or more, a pool of 4)", s.settles.workers)
+	}
+	var holds []core.Hold
+	for _, id := range []string{"busy-1", "busy-2", "claimed"} {
+		d := take(t, s, settleRequest(t, s, id, 1000, 100))
+		if !d.Allowed {
+			t.Fatalf("%s: %+v", id, d)
+		}
+		holds = append(holds, d.Hold)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { close(g.release) }) }
+	t.Cleanup(release) // (before Close, on a failure)
+	holds[0].Settle(10)
+	within(t, g.entered, 5*time.Second, "the first sender's settle reaching go-redis")
+	holds[1].Settle(20)
+	within(t, g.entered, 5*time.Second, "the second sender's settle reaching go-redis")
+	holds[2].Settle(700)
+	s.settles.mu.Lock()
+	queued := len(s.settles.queue)
+	s.settles.mu.Unlock()
+	if queued != 1 {
+		t.Fatalf("%d settles queued, want 1", queued)
+	}
+	got := takeAsync(s, settleRequest(t, s, "claimed", 1000, 100))
+	var r takeResult
+	select {
+	case r = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Take waited for a held sender instead of sending the queued settle itself")
+	}
+	if r.err != nil || !r.d.Allowed || r.d.Remaining != 200 {
+		t.Fatalf("Take after the queued settle: %+v, %v; want allowed, 200 remaining", r.d, r.err)
+	}
+	r.d.Hold.Release()
+	g.mu.Lock()
+	pipes := slices.Clone(g.pipelines)
+	g.mu.Unlock()
+	if len(pipes) != 1 || !slices.Equal(pipes[0], []string{"settle", "evalsha"}) {
+		t.Fatalf("pipelines %v, want one: the claimed settle, then the Take's EVALSHA", pipes)
+	}
+	release()
+	WaitSettles(t, s)
+	for id, want := range map[string]int64{"busy-1": 10, "busy-2": 20, "claimed": 800} {
+		if used := hashUsed(t, s, c, id); used != want {
+			t.Errorf("%s: count %d, want %d", id, used, want)
+		}
 	}
 }
