@@ -94,13 +94,16 @@
 // GOMAXPROCS) goroutines (no more than the client's PoolSize) that start
 // when there are settles to send and end when there are none, each call
 // under Options.Timeout and the breaker. A settle that fails keeps the
-// estimate. A Take of this store whose quota has settles pending first
-// waits for the ones whose Settle returned before it began, not for later
-// ones, so a consumer over budget after settling is refused on its next
-// request to this process, with Retry-After from the settled count; the
-// wait is bounded by the Take's context and Options.Timeout, past which
-// the Take fails (wrapping context.DeadlineExceeded) and the
-// FailurePolicy decides. Takes of other quotas, and every Take while no
+// estimate. A Take of this store whose quota has settles pending sees
+// the ones whose Settle returned before it began, so a consumer over
+// budget after settling is refused on its next request to this process,
+// with Retry-After from the settled count: when all of them are still
+// queued, the Take sends them itself, in one pipeline before its own
+// script (one round trip for all; up to one round trip more than its
+// context allows, as a batched Take sending its batch); otherwise it waits
+// for them (not for later ones), bounded by its context and
+// Options.Timeout, past which it fails (wrapping
+// context.DeadlineExceeded) and the FailurePolicy decides. Takes of other quotas, and every Take while no
 // settle is pending, do not wait (one atomic load). Another process
 // sharing the Redis sees a settle once it has landed, about one round
 // trip after Settle returned; Options.SyncSettle sends it on the caller's

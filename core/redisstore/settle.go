@@ -36,10 +36,13 @@ var settleQuotaScript = redis.NewScript(settleQuota)
 // send the queue in pipelines of up to settles.batch settle scripts, and
 // once a settle's reply (or failure) is back, unregister it. A Take whose
 // quota key has settles pending (a store-wide count says whether any
-// are, so Takes pay one atomic load while none are) first waits for the
-// ones registered before it began, so it sees their effect: a consumer
-// over budget after settling is refused on its next request in this
-// process. Beyond maxQueuedSettles waiting to be sent, and after Close,
+// are, so Takes pay one atomic load while none are) sees the ones
+// registered before it began: a consumer over budget after settling is
+// refused on its next request in this process. When every one pending
+// on the key is still queued, the Take claims them (the senders skip
+// them) and sends them in one pipeline before its own script, one round
+// trip for all (settles.before, Store.runAfter); otherwise it waits for
+// them. Beyond maxQueuedSettles waiting to be sent, and after Close,
 // Settle sends its own settle on the caller's goroutine: nothing is
 // dropped. Close waits for the senders.
 //
