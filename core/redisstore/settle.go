@@ -139,14 +139,13 @@ func (ss *settles) done(st *settlement) {
 	sh := ss.shard(st.key[len(ss.s.head)])
 	sh.mu.Lock()
 	l := sh.m[st.key]
+	var wake []chan struct{}
 	if st.prev != nil {
 		st.prev.next = st.next
 		st.prev.waits = append(st.prev.waits, st.waits...)
 	} else {
 		l.head = st.next
-		for _, w := range st.waits {
-			close(w)
-		}
+		wake = st.waits
 	}
 	if st.next != nil {
 		st.next.prev = st.prev
@@ -161,6 +160,9 @@ func (ss *settles) done(st *settlement) {
 	st.prev, st.next, st.waits = nil, nil, nil
 	ss.pending.Add(-1)
 	sh.mu.Unlock()
+	for _, w := range wake { // (after the count: a woken Take sees it)
+		close(w)
+	}
 }
 
 // errSettleWait is the wait's own bound (Options.Timeout) passing.
