@@ -84,7 +84,7 @@ type settles struct {
 type settleShard struct {
 	mu sync.Mutex
 	m  map[string]pendingSettles
-	_  [40]byte // a shard to a cache line
+	_  [48]byte // a shard to a 64-byte cache line
 }
 
 // pendingSettles is the list of one key's pending settles, oldest first.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/internal/redistest"
@@ -490,5 +491,13 @@ func TestSettleClaimedByTake(t *testing.T) {
 		if used := hashUsed(t, s, c, id); used != want {
 			t.Errorf("%s: count %d, want %d", id, used, want)
 		}
+	}
+}
+
+// TestSettleShardSize: a shard of the pending settles' map fills one
+// 64-byte cache line.
+func TestSettleShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(settleShard{}); n != 64 {
+		t.Errorf("settleShard is %d bytes, want 64", n)
 	}
 }
