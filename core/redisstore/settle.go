@@ -297,8 +297,9 @@ func (ss *settles) send(buf []*settlement) {
 	}
 }
 
-// close makes later settles synchronous and waits for the senders to
-// send what is queued.
+// close makes later settles synchronous (and stops Takes claiming
+// queued ones), then waits for the senders to send what is queued and
+// for the Takes sending settles they claimed.
 func (ss *settles) close() {
 	ss.mu.Lock()
 	ss.closed = true
