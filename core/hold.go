@@ -49,7 +49,9 @@ func NewHold(r Releaser) Hold {
 // difference between actual and the estimate the request was charged, in
 // the quota period it was charged in (never another), never taking a
 // counter below zero, and ends the hold as Release does. Like Release it
-// must not depend on the request's context.
+// must not depend on the request's context, and must not block for long:
+// a store may apply the settle after Settle returns, provided its later
+// decisions of the same quota see it.
 type Settler interface {
 	Releaser
 	Settle(actual int64)
@@ -63,6 +65,13 @@ type Settler interface {
 // upstream sent none) calls Release instead and keeps the estimate. Only
 // the first of Release and Settle, on h or any copy, does anything. A
 // store that fails to settle keeps the estimate.
+//
+// When the settle lands is the store's: core/memory applies it before
+// Settle returns (a compare-and-swap on the period's count, no I/O);
+// core/redisstore returns at once and sends it in the background, and
+// its later decisions of the same quota wait for it, so the request after
+// a settle sees it either way (redisstore.Options.SyncSettle sends it
+// before returning instead).
 func (h Hold) Settle(actual int64) {
 	if h.h == nil || !h.h.done.CompareAndSwap(false, true) {
 		return

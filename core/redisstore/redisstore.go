@@ -83,6 +83,35 @@
 // reset; once that key has expired it starts a period of its own there.
 // Rate-limit keys do not depend on the epoch.
 //
+// # Settling
+//
+// A rule with core.LimitSet.Settle charges its quota an estimate, and the
+// Hold of an admitted request settles it (core.Hold.Settle) with one
+// script that changes only the period charged (see settle.go). Settle
+// returns at once, without a round trip: the script is sent in the
+// background, in pipelines of up to 64 settles (Options.Pipeline when
+// smaller; one at a time with batching off), by at most max(2,
+// GOMAXPROCS) goroutines (no more than the client's PoolSize) that start
+// when there are settles to send and end when there are none, each call
+// under Options.Timeout and the breaker. A settle that fails keeps the
+// estimate. A Take of this store whose quota has settles pending sees
+// the ones whose Settle returned before it began, so a consumer over
+// budget after settling is refused on its next request to this process,
+// with Retry-After from the settled count: when all of them are still
+// queued, the Take sends them itself, in one pipeline before its own
+// script (one round trip for all; up to one round trip more than its
+// context allows, as a batched Take sending its batch); otherwise it waits
+// for them (not for later ones), bounded by its context and
+// Options.Timeout, past which it fails (wrapping
+// context.DeadlineExceeded) and the FailurePolicy decides. Takes of other quotas, and every Take while no
+// settle is pending, do not wait (one atomic load). Another process
+// sharing the Redis sees a settle once it has landed, about one round
+// trip after Settle returned; Options.SyncSettle sends it on the caller's
+// goroutine instead, for deployments where that window matters. With
+// 4,096 settles waiting to be sent, Settle sends its own (backpressure:
+// none is dropped). Close waits for the settles pending; a Settle after
+// Close is sent on the caller's goroutine.
+//
 // # Failures
 //
 // Every call is bounded by Options.Timeout and goes through a circuit
@@ -238,6 +267,18 @@ type Options struct {
 	// Redis TIME, also when Clock is set.
 	InFlightLease time.Duration
 
+	// SyncSettle makes core.Hold.Settle send its settle script on the
+	// caller's goroutine and return once Redis has answered (or the call
+	// failed), as before settling became asynchronous. By default Settle
+	// returns at once and the script is sent in the background; this
+	// store's later Takes of the same quota wait for it, but another
+	// process sharing the Redis does not know of it, so for about one
+	// round trip after a response it may still see the estimate. Set
+	// SyncSettle when a client's next request may reach another process
+	// (gateways behind a load balancer) and must be refused by a settle
+	// that took the quota over budget. See the package comment.
+	SyncSettle bool
+
 	// Clock is a test seam: when set, the script uses Clock.Nanotime()
 	// as now instead of Redis TIME, so the conformance suite can freeze
 	// and step time. Production code leaves it nil: then app-server clocks
@@ -267,6 +308,10 @@ type Store struct {
 	activeKey string
 	activeArg any    // activeKey, boxed once
 	marks     marker // with follows: writes the active set's marks
+	// settles sends settles in the background (settle.go), unless
+	// syncSettle (Options.SyncSettle).
+	settles    settles
+	syncSettle bool
 }
 
 // New returns a Store over client (a *redis.Client, *redis.ClusterClient or
@@ -321,11 +366,16 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if opts.Pipeline >= 0 {
 		s.pipe = newBatcher(s, client, opts)
 	}
+	s.syncSettle = opts.SyncSettle
+	s.settles.init(s, client, opts)
 	return s, nil
 }
 
 // Close makes later Takes fail with ErrClosed when batching is on (Takes
-// already waiting still get their replies). With FollowsControlPlane it
+// already waiting still get their replies). It waits for the settles
+// (core.Hold.Settle) not yet sent or answered, each bounded by
+// Options.Timeout, so a clean shutdown loses none; a Settle after Close
+// sends its script on the caller's goroutine. With FollowsControlPlane it
 // also stops the goroutine that writes global quotas' active-set marks,
 // dropping marks not yet written, and it stops the goroutine that renews
 // in-flight slots' leases (slots still held then lapse within
@@ -335,6 +385,7 @@ func (s *Store) Close() error {
 	if s.pipe != nil {
 		s.pipe.close()
 	}
+	s.settles.close()
 	if s.follows {
 		s.marks.close()
 	}
@@ -547,6 +598,8 @@ func (s *Store) Prepare(ls core.LimitSet) (*core.Rule, error) {
 // Options.Timeout, or ErrCircuitOpen). After a timeout or a lost
 // connection it is unknown whether Redis ran the script, so the request may
 // have been counted; core.Engine's FailurePolicy decides the request.
+// A Take of a quota with settles pending (core.Hold.Settle) waits for them
+// first, up to Options.Timeout (see the package comment).
 //
 // Window algorithms (FixedWindow, SlidingWindow, SlidingLog) count up to
 // Rate per Period and ignore Burst; their Status has Limit = Rate and
@@ -628,7 +681,23 @@ func (s *Store) takeLimits(ctx context.Context, req core.Request, r *rule) (core
 	if r.settle && quota && n > 0 {
 		qkey = string(c.keys[1].b) // c goes back to its pool in run
 	}
-	v, err := s.run(ctx, c, 11)
+	var claimed []*settlement
+	if quota && s.settles.pending.Load() != 0 {
+		// Settles of this quota pending in the background go first
+		// (settle.go): still queued, in this Take's round trip.
+		var err error
+		if claimed, err = s.settles.before(ctx, c.keys[1].b); err != nil {
+			s.calls.Put(c)
+			return core.Decision{}, fmt.Errorf("redisstore: take: waiting for a settle of the quota: %w", err)
+		}
+	}
+	var v []int64
+	var err error
+	if claimed != nil {
+		v, err = s.runAfter(ctx, c, claimed, 11)
+	} else {
+		v, err = s.run(ctx, c, 11)
+	}
 	if err != nil {
 		return core.Decision{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,11 +40,18 @@ func quotaUsed(t *testing.T, c *redis.Client, consumer string) int64 {
 	return n
 }
 
-func settleEngine(t *testing.T, srv *redistest.Server, clock core.Clock) (*core.Engine, *redis.Client) {
+// settleModes are the ways a store settles: in the background (the
+// default) and on the caller's goroutine (Options.SyncSettle).
+var settleModes = []struct {
+	name string
+	sync bool
+}{{"async", false}, {"sync", true}}
+
+func settleEngine(t *testing.T, srv *redistest.Server, clock core.Clock, sync bool) (*core.Engine, *redis.Client, *redisstore.Store) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 	t.Cleanup(func() { c.Close() })
-	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Clock: clock, TTLMargin: 10 * time.Minute})
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Clock: clock, TTLMargin: 10 * time.Minute, SyncSettle: sync})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,18 +60,27 @@ func settleEngine(t *testing.T, srv *redistest.Server, clock core.Clock) (*core.
 	if err != nil {
 		t.Fatal(err)
 	}
-	return e, c
+	return e, c, s
 }
 
 // TestSettleConcurrentRedis: estimate 100, actual 1,000 / 10 / absent,
 // budget 10,000 per minute, 16 concurrent clients: the quota count in
 // Redis is exactly the sum of the admitted requests' actual costs (100
 // where absent); over budget after settling, the next request is refused
-// with Retry-After from the period's real end.
+// with Retry-After from the period's real end. Settling in the background
+// and on the caller's goroutine; in the background, every Decide waits for
+// the settles of the same quota that returned before it, and the count is
+// read once none is pending (redisstore.WaitSettles).
 func TestSettleConcurrentRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	e, rc := settleEngine(t, srv, nil)
-	c := &core.Consumer{ID: "k", Policies: []string{"tokens"}}
+	for i, m := range settleModes {
+		t.Run(m.name, func(t *testing.T) { settleConcurrent(t, srv, fmt.Sprint("k", i), m.sync) })
+	}
+}
+
+func settleConcurrent(t *testing.T, srv *redistest.Server, id string, syncSettle bool) {
+	e, rc, s := settleEngine(t, srv, nil, syncSettle)
+	c := &core.Consumer{ID: id, Policies: []string{"tokens"}}
 	ctx := context.Background()
 	actuals := []int64{1000, 10, -1}
 	var sum, admitted atomic.Int64
@@ -94,7 +111,8 @@ func TestSettleConcurrentRedis(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if got := quotaUsed(t, rc, "k"); got != sum.Load() {
+	redisstore.WaitSettles(t, s)
+	if got := quotaUsed(t, rc, id); got != sum.Load() {
 		t.Fatalf("count %d, want the sum of actual costs %d (%d admitted)", got, sum.Load(), admitted.Load())
 	}
 	for {
@@ -108,46 +126,55 @@ func TestSettleConcurrentRedis(t *testing.T) {
 		d.Hold.Settle(1000)
 		sum.Add(1000)
 	}
-	if got := quotaUsed(t, rc, "k"); got != sum.Load() || got <= 10_000-100 {
-		t.Fatalf("count %d, want the sum of actual costs %d, above 9,900", got, sum.Load())
-	}
 	d, err := e.Decide(ctx, c, "api", 100)
 	if err != nil || d.Allowed || d.DecidedBy != core.KindQuota || d.RetryAfter <= 50*time.Second || d.RetryAfter > time.Minute || d.Quota.Remaining != max(10_000-sum.Load(), 0) {
 		t.Fatalf("over budget: %+v %v", d, err)
+	}
+	redisstore.WaitSettles(t, s)
+	if got := quotaUsed(t, rc, id); got != sum.Load() || got <= 10_000-100 {
+		t.Fatalf("count %d, want the sum of actual costs %d, above 9,900", got, sum.Load())
 	}
 	t.Logf("%d admitted, count %d = sum of actual costs; refused with Retry-After %v", admitted.Load(), sum.Load(), d.RetryAfter)
 }
 
 // TestSettleBoundsRedis: a refund stops at zero; a settle after the
 // period rolled over (a manual clock) or after a reset changes nothing in
-// the new period.
+// the new period. Settling in the background and on the caller's
+// goroutine; the count is read once no settle is pending.
 func TestSettleBoundsRedis(t *testing.T) {
+	for _, m := range settleModes {
+		t.Run(m.name, func(t *testing.T) { settleBounds(t, m.sync) })
+	}
+}
+
+func settleBounds(t *testing.T, sync bool) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(1_000_000 * time.Hour))
-	e, rc := settleEngine(t, srv, clock)
+	e, rc, s := settleEngine(t, srv, clock, sync)
+	used := func() int64 { redisstore.WaitSettles(t, s); return quotaUsed(t, rc, "k") }
 	c := &core.Consumer{ID: "k", Policies: []string{"tokens"}}
 	ctx := context.Background()
 	d1, _ := e.Decide(ctx, c, "api", 100)
 	d2, _ := e.Decide(ctx, c, "api", 100)
-	if got := quotaUsed(t, rc, "k"); got != 200 || !d1.Hold.Held() {
+	if got := used(); got != 200 || !d1.Hold.Held() {
 		t.Fatalf("count %d, want 200; hold %v", got, d1.Hold.Held())
 	}
 	rc.HSet(ctx, quotaKey("k"), "used", 50) // lowered under the holds
 	d1.Hold.Settle(0)
-	if got := quotaUsed(t, rc, "k"); got != 0 {
+	if got := used(); got != 0 {
 		t.Fatalf("count %d after a refund past zero, want 0", got)
 	}
 	clock.Advance(time.Minute)
 	d3, _ := e.Decide(ctx, c, "api", 100)
-	if got := quotaUsed(t, rc, "k"); !d3.Allowed || got != 100 {
+	if got := used(); !d3.Allowed || got != 100 {
 		t.Fatalf("new period: %+v, count %d", d3, got)
 	}
 	d2.Hold.Settle(0) // a refund to the period that ended
-	if got := quotaUsed(t, rc, "k"); got != 100 {
+	if got := used(); got != 100 {
 		t.Fatalf("count %d after a late refund, want 100", got)
 	}
 	d3.Hold.Settle(1000)
-	if got := quotaUsed(t, rc, "k"); got != 1000 {
+	if got := used(); got != 1000 {
 		t.Fatalf("count %d, want 1000", got)
 	}
 	d4, _ := e.Decide(ctx, c, "api", 100)
@@ -158,7 +185,7 @@ func TestSettleBoundsRedis(t *testing.T) {
 	d5, _ := e.Decide(ctx, c, "api", 100)
 	d4.Hold.Settle(5000)
 	d5.Hold.Release()
-	if got := quotaUsed(t, rc, "k"); got != 100 {
+	if got := used(); got != 100 {
 		t.Fatalf("count %d after a settle across a reset, want 100", got)
 	}
 }

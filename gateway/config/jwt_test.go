@@ -335,9 +335,9 @@ func TestRedisConfig(t *testing.T) {
 				KeyPrefix: "limitplane:", Timeout: 250 * time.Millisecond, Pipeline: redisstore.DefaultPipeline, BreakerFailures: 5, BreakerCooldown: time.Second, InFlightLease: redisstore.DefaultInFlightLease}},
 			"redis://cache:6379/2"},
 		{"every setting", "store: rediss://app@cache:6380/1?dial_timeout=1s\nredis:\n  timeout: 100ms\n  key_prefix: \"gw:\"\n  pipeline: 64\n" +
-			"  breaker_failures: 3\n  breaker_cooldown: 2s\n  in_flight_lease: 5s\n  password_env: LP_REDIS_PW\n",
+			"  breaker_failures: 3\n  breaker_cooldown: 2s\n  in_flight_lease: 5s\n  sync_settle: true\n  password_env: LP_REDIS_PW\n",
 			config.Redis{URL: "rediss://app:p%40ss%3Aword@cache:6380/1?dial_timeout=1s", Password: "p@ss:word", Options: redisstore.Options{
-				KeyPrefix: "gw:", Timeout: 100 * time.Millisecond, Pipeline: 64, BreakerFailures: 3, BreakerCooldown: 2 * time.Second, InFlightLease: 5 * time.Second}},
+				KeyPrefix: "gw:", Timeout: 100 * time.Millisecond, Pipeline: 64, BreakerFailures: 3, BreakerCooldown: 2 * time.Second, InFlightLease: 5 * time.Second, SyncSettle: true}},
 			"rediss://app@cache:6380/1?dial_timeout=1s"},
 		{"batching off", "store: redis://cache:6379/2\nredis: {pipeline: 0}\n",
 			config.Redis{URL: "redis://cache:6379/2", Options: redisstore.Options{

@@ -35,6 +35,7 @@ func (v *loader) redis(store string, r *rawRedis) *Redis {
 		BreakerFailures: cmp.Or(number(v, "redis.breaker_failures", r.BreakerFailures, redisstore.DefaultBreakerFailures, nonNegative, " must be >= 0 (0 turns the breaker off)"), -1),
 		BreakerCooldown: number(v, "redis.breaker_cooldown", r.BreakerCooldown, redisstore.DefaultBreakerCooldown, positive, mustBePositive),
 		InFlightLease:   number(v, "redis.in_flight_lease", r.InFlightLease, redisstore.DefaultInFlightLease, positive, mustBePositive),
+		SyncSettle:      r.SyncSettle,
 	}}
 	if r.KeyPrefix != "" {
 		if strings.ContainsAny(r.KeyPrefix, "{}") {

@@ -52,6 +52,7 @@ type rawRedis struct {
 	BreakerFailures *int           `json:"breaker_failures"`
 	BreakerCooldown *time.Duration `json:"breaker_cooldown"`
 	InFlightLease   *time.Duration `json:"in_flight_lease"`
+	SyncSettle      bool           `json:"sync_settle"`
 	PasswordEnv     string         `json:"password_env"`
 	PasswordFile    string         `json:"password_file"`
 }

@@ -1,0 +1,21 @@
+package redisstore
+
+import (
+	"testing"
+	"time"
+)
+
+// WaitSettles waits up to 10 s for s to have no settle pending (queued or
+// on its way to Redis), for tests that read the quota hash straight from
+// Redis after Hold.Settle.
+func WaitSettles(t testing.TB, s *Store) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.settles.pending.Load() != 0; time.Sleep(100 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d settles still pending after 10 s", s.settles.pending.Load())
+		}
+	}
+}
+
+// PendingSettles returns how many settles s has pending.
+func PendingSettles(s *Store) int64 { return s.settles.pending.Load() }
