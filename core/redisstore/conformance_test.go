@@ -8,6 +8,7 @@ import (
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/core/storetest"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,7 +20,7 @@ import (
 func suite(client redis.UniversalClient, pipeline int) storetest.Suite {
 	return storetest.Suite{
 		New: func(t *testing.T, clock core.Clock) core.Store {
-			s, err := redisstore.New(client, redisstore.Options{Clock: clock, TTLMargin: time.Minute, Pipeline: pipeline, Timeout: 5 * time.Second})
+			s, err := redisstore.New(client, redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute, Pipeline: pipeline, Timeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}

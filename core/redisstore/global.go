@@ -24,7 +24,7 @@ import (
 //	<prefix>{<consumer-hash>}:gq.<epoch>:<escaped scope>:<escaped policy>
 //
 // with the fields (times in µs of the data plane's clock, Redis TIME or
-// Options.Clock; counts in units):
+// a test clock (Options.Seams); counts in units):
 //
 //	c s p e       consumer, scope, policy, epoch (written with each mark)
 //	m f0 ren      mode (core.GlobalMode), configured floor, renewal (ns)

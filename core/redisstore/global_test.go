@@ -11,6 +11,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 )
 
 // TestGlobalQuotaSpend drives the global quota script with leases written
@@ -29,8 +30,8 @@ func testGlobalSpend(t *testing.T, c redis.UniversalClient) {
 	const nowNs = int64(1e15) // 1e12 µs
 	nowUs := nowNs / 1000
 	clock := core.NewManualClock(nowNs)
-	s := newStore(t, c, redisstore.Options{FollowsControlPlane: true, Clock: clock, TTLMargin: time.Minute, GlobalCutOff: time.Second})
-	plain := newStore(t, c, redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{FollowsControlPlane: true, Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute, GlobalCutOff: time.Second})
+	plain := newStore(t, c, redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	for i, mode := range []core.GlobalMode{core.GlobalStrict, core.GlobalReserved, core.GlobalOptimistic} {
 		clock.Set(nowNs)
 		consumer := fmt.Sprintf("consumer-%d", i)

@@ -11,6 +11,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -109,7 +110,7 @@ func TestLimitChangeStandalone(t *testing.T) {
 		t.Run(fmt.Sprintf("pipeline=%d", pipeline), func(t *testing.T) {
 			c.FlushAll(context.Background())
 			clock := core.NewManualClock(int64(1000 * time.Hour))
-			s := newStore(t, c, redisstore.Options{KeyPrefix: "lc:", Clock: clock, TTLMargin: time.Minute, Pipeline: pipeline})
+			s := newStore(t, c, redisstore.Options{KeyPrefix: "lc:", Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute, Pipeline: pipeline})
 			t.Cleanup(func() { s.Close() })
 			limitChangeCases(t, c, s, clock, "lc:")
 		})
@@ -120,7 +121,7 @@ func TestLimitChangeCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	c := cl.Client(t, nil)
 	clock := core.NewManualClock(int64(1000 * time.Hour))
-	s := newStore(t, c, redisstore.Options{KeyPrefix: "lc:", Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "lc:", Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	t.Cleanup(func() { s.Close() })
 	limitChangeCases(t, c, s, clock, "lc:")
 }
@@ -133,7 +134,7 @@ func TestLimitChangeOldKey(t *testing.T) {
 	c := srv.Client(t, nil)
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
-	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	now := clock.Nanotime()
 	for _, id := range []string{"old-same", "old-raised"} {
 		// 3 of 3 per minute spent, as the previous release stored it.
@@ -171,7 +172,7 @@ func TestRescaleExact(t *testing.T) {
 	c := srv.Client(t, nil)
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000*time.Hour) + 123) // not whole µs
-	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	now := clock.Nanotime()
 	maxDebt := new(big.Int).Lsh(big.NewInt(1), 62)
 	want := func(debt, from, to int64) int64 {

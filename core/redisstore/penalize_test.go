@@ -15,6 +15,7 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -66,7 +67,7 @@ func TestPenalizeExact(t *testing.T) {
 	c := srv.Client(t, nil)
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
-	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5} // T = 100ms, τ = 500ms
 	req := prepare(t, s, core.Call{Consumer: "p", Rate: l, Cost: 1})
 	key := gcraKey("lp:", "p")
@@ -109,7 +110,7 @@ func TestPenalizeNeverBackwards(t *testing.T) {
 	c := srv.Client(t, nil)
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
-	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{KeyPrefix: "lp:", Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
 	spend := prepare(t, s, core.Call{Consumer: "b", Rate: l, Cost: 5})
 	if d, _ := s.Take(ctx, spend); !d.Allowed || d.Remaining != 0 {
@@ -200,8 +201,8 @@ func TestPenaltySharedAcrossStores(t *testing.T) {
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
 	l := core.Limit{Rate: 100, Period: time.Second, Burst: 10} // T = 10ms, τ = 100ms
-	a := newStore(t, srv.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute})
-	b := newStore(t, srv.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute, Pipeline: -1})
+	a := newStore(t, srv.Client(t, nil), redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
+	b := newStore(t, srv.Client(t, nil), redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute, Pipeline: -1})
 	ra := prepare(t, a, core.Call{Consumer: "shared", Rate: l, Cost: 1})
 	rb := prepare(t, b, core.Call{Consumer: "shared", Rate: l, Cost: 1})
 	if d, _ := b.Take(ctx, rb); !d.Allowed || d.Remaining != 9 {
@@ -249,7 +250,7 @@ func TestPenalizeSeedsFallback(t *testing.T) {
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
 	fb := memory.New(memory.Options{Clock: clock})
-	s := newStore(t, srv.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute, Seed: fb})
+	s := newStore(t, srv.Client(t, nil), redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute, Seed: fb})
 	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
 	if err := s.Penalize(ctx, prepare(t, s, core.Call{Consumer: "f", Rate: l}), 2*time.Second); err != nil {
 		t.Fatal(err)
@@ -267,8 +268,8 @@ func TestPenalizeCluster(t *testing.T) {
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
 	l := core.Limit{Rate: 10, Period: time.Second, Burst: 5}
-	a := newStore(t, cl.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute})
-	b := newStore(t, cl.Client(t, nil), redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	a := newStore(t, cl.Client(t, nil), redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
+	b := newStore(t, cl.Client(t, nil), redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	for i := range 20 { // consumers spread over the slots of all three nodes
 		id := fmt.Sprint("cluster-", i)
 		if err := a.Penalize(ctx, prepare(t, a, core.Call{Consumer: id, Rate: l}), time.Duration(i+1)*time.Second); err != nil {

@@ -160,6 +160,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -203,7 +204,7 @@ type Options struct {
 	// probe call may try Redis again; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
 	// TTLMargin is added to every key's TTL; default 0. Tests that drive
-	// a manual Clock set it, since Redis expires keys in real time.
+	// a manual clock (Options.Seams) set it, since Redis expires keys in real time.
 	TTLMargin time.Duration
 	// Pipeline is the most Takes sent to Redis in one pipeline of
 	// EVALSHAs (one round trip for all; each script still runs atomically
@@ -264,7 +265,7 @@ type Options struct {
 	// holds every InFlightLease/3, so a slot of a process that died is
 	// free again within InFlightLease of its last renewal. Default
 	// DefaultInFlightLease (30 s); whole milliseconds. Slot expiry is
-	// Redis TIME, also when Clock is set.
+	// Redis TIME, also under a test clock (Options.Seams).
 	InFlightLease time.Duration
 
 	// SyncSettle makes core.Hold.Settle send its settle script on the
@@ -279,12 +280,13 @@ type Options struct {
 	// that took the quota over budget. See the package comment.
 	SyncSettle bool
 
-	// Clock is a test seam: when set, the script uses Clock.Nanotime()
-	// as now instead of Redis TIME, so the conformance suite can freeze
-	// and step time. Production code leaves it nil: then app-server clocks
-	// are never read and cannot skew decisions. Readings must be ≥ 0;
-	// sliding windows and logs truncate them to whole microseconds.
-	Clock core.Clock
+	// Seams are this module's tests' (internal/seams), which code outside
+	// the module cannot make: leave it nil. When its Clock is set, the
+	// scripts use Clock.Nanotime() as now instead of Redis TIME, so the
+	// conformance suite can freeze and step time; with nil, app-server
+	// clocks are never read and cannot skew decisions. Readings must be
+	// ≥ 0; sliding windows and logs truncate them to whole microseconds.
+	Seams *seams.Seams
 }
 
 // Store is the Redis Store. It is safe for concurrent use; create it with
@@ -324,7 +326,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if strings.ContainsAny(opts.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("redisstore: New: key prefix %q must not contain '{' or '}'", opts.KeyPrefix)
 	}
-	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, clock: opts.Clock, seed: opts.Seed}
+	s := &Store{client: client, prefix: opts.KeyPrefix, timeout: opts.Timeout, clock: opts.Seams.Or().Clock, seed: opts.Seed}
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
 	}
@@ -754,7 +756,7 @@ func (s *Store) takeGCRA(ctx context.Context, req core.Request, r *rule) (core.D
 // as it is: "evalsha", the SHA-1, the number of keys, the keys, then the
 // script's ARGV (see call).
 
-// appendNow appends the scripts' ARGV[1], ARGV[2]: Options.Clock's
+// appendNow appends the scripts' ARGV[1], ARGV[2]: the test clock's (Options.Seams)
 // reading as a pair, or "" (read Redis TIME) and "0".
 func (s *Store) appendNow(c *call) {
 	if s.clock != nil {
@@ -881,7 +883,7 @@ func (s *Store) ResetQuota(ctx context.Context, consumer, scope string, epoch ui
 // Backoff). It never moves the TAT backwards; the key gets the TTL a GCRA
 // Take would give it (ceil(TAT − now) plus Options.TTLMargin). d above
 // core.MaxReservation (2^61 ns, about 73 years) is treated as that. Time
-// is Redis TIME (Options.Clock in tests), as for Take. A rule without an
+// is Redis TIME (a test clock in tests: Options.Seams), as for Take. A rule without an
 // enforced GCRA rate limit (none, or a window algorithm) changes nothing
 // and Redis is not called; nor for d ≤ 0. A nil or foreign rule is
 // refused with core.ErrForeignRule. With Options.Seed set, the TAT the

@@ -14,6 +14,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -54,7 +55,7 @@ func TestOracleNonMicrosecondT(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t, nil)
 	clock := core.NewManualClock(int64(1_000_000 * time.Hour))
-	s := newStore(t, c, redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 	limits := []core.Limit{
 		{Rate: 3, Period: time.Second, Burst: 4},                   // T = 333333333 ns
 		{Rate: 7, Period: time.Second + 1},                         // T = 142857143 ns

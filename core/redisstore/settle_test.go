@@ -14,6 +14,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -51,7 +52,7 @@ func settleEngine(t *testing.T, srv *redistest.Server, clock core.Clock, sync bo
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 32})
 	t.Cleanup(func() { c.Close() })
-	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Clock: clock, TTLMargin: 10 * time.Minute, SyncSettle: sync})
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Seams: &seams.Seams{Clock: clock}, TTLMargin: 10 * time.Minute, SyncSettle: sync})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/internal/redistest"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -51,7 +52,7 @@ func TestSlidingLogWorkBounded(t *testing.T) {
 	c := srv.Client(t, nil)
 	ctx := context.Background()
 	clock := core.NewManualClock(int64(1000 * time.Hour))
-	s := newStore(t, c, redisstore.Options{Clock: clock, TTLMargin: time.Minute})
+	s := newStore(t, c, redisstore.Options{Seams: &seams.Seams{Clock: clock}, TTLMargin: time.Minute})
 
 	for _, tc := range []struct {
 		rate, cost int64

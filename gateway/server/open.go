@@ -15,6 +15,7 @@ import (
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
 	"github.com/limitplane/limitplane/gateway/config"
+	"github.com/limitplane/limitplane/internal/seams"
 	"github.com/limitplane/limitplane/metrics"
 )
 
@@ -45,7 +46,7 @@ func open(ctx context.Context, cfg *config.Config, o Options, m *opsMetrics) (*g
 			// A test froze the clock: the scripts take its time instead
 			// of Redis TIME, and keys outlive the frozen instant in real
 			// time.
-			so.Redis.Clock, so.Redis.TTLMargin = clock, time.Minute
+			so.Redis.Seams, so.Redis.TTLMargin = &seams.Seams{Clock: clock}, time.Minute
 		}
 	}
 	if cfg.ControlPlane != nil && cfg.Redis != nil {
