@@ -796,8 +796,11 @@ func headerCredential(vals []string, s Source, bearerOnly bool) (string, error) 
 // headerLines is headerCredential of a header source given in lines field
 // lines, the first of them first.
 func headerLines(first string, lines int, s Source, bearerOnly bool) (string, error) {
-	if lines > 1 {
+	switch {
+	case lines > 1:
 		return "", invalid(401, "ambiguous credentials: more than one "+s.String())
+	case first == "":
+		return "", nil // no field, or an empty one: the common case of every source but one
 	}
 	v := strings.TrimSpace(first)
 	if strings.EqualFold(s.Name, "Authorization") && v != "" {

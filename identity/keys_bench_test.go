@@ -3,6 +3,7 @@ package identity_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,6 +115,23 @@ func BenchmarkAPIKeyAuthenticate(b *testing.B) {
 					b.Fatal(d, err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkHashKey is the floor of the key check while keys are known by
+// hash only: HashKey (SHA-256) of a presented key of the size given,
+// which APIKey.Authenticate does once per request before its lookup.
+func BenchmarkHashKey(b *testing.B) {
+	for _, n := range []int{6, 32, 64} {
+		key := strings.Repeat("k", n)
+		b.Run(strconv.Itoa(n)+"B", func(b *testing.B) {
+			b.ReportAllocs()
+			var sink identity.KeyHash
+			for b.Loop() {
+				sink = identity.HashKey(key)
+			}
+			_ = sink
 		})
 	}
 }
