@@ -465,7 +465,7 @@ func TestRunRedisYAML(t *testing.T) {
 		t.Errorf("README.md does not show:\n%s", out.String())
 	}
 	banner := strings.Replace(gws["8080"].stdout.String(), gws["8080"].base, "http://127.0.0.1:8080", 1)
-	banner = strings.Replace(banner, "config: "+cfg+", store: redis://"+srv.Addr+"/0", "config: cmd/limitplane-gateway/redis.yaml, store: "+fileURL, 1)
+	banner = strings.Replace(banner, "config: "+cfg+", store: redis://"+srv.Addr+"/0"+engineNote(), "config: cmd/limitplane-gateway/redis.yaml, store: "+fileURL, 1)
 	if !strings.Contains(readme, "```\n"+banner+"```\n") {
 		t.Errorf("README.md does not show the banner:\n%s", banner)
 	}
