@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +23,14 @@ type Route struct {
 	// request sent as "post" counts against POST's endpoint rather than
 	// escaping it.
 	Method string
-	// Path is the request's path; empty segments ("//") are skipped.
+	// Path is the request's path; empty segments ("//") are skipped. It
+	// may be escaped as the client sent it (url.URL.RawPath, EscapedPath):
+	// each segment is decoded before it is compared with a literal, so an
+	// encoded "/" (%2F) stays inside its segment, as routers that split
+	// the escaped path see it (net/http's ServeMux among them), and a
+	// {param} matches it whole. Give the escaped path when the service
+	// behind routes on it, so that "/orders/1%2F2/items" cannot leave
+	// "/orders/{id}/items" by splitting one segment in two.
 	Path string
 }
 
@@ -467,10 +475,19 @@ func (n *endpointNode) match(method, path string, best **endpointEntry, bestScor
 		return
 	}
 	seg, rest := path, ""
+	escaped := false
 	for i := 0; i < len(path); i++ { // segments are short: no call to IndexByte
 		if path[i] == '/' {
 			seg, rest = path[:i], path[i:]
 			break
+		}
+		escaped = escaped || path[i] == '%'
+	}
+	if escaped {
+		// A literal is compared decoded ("ord%65rs" is "orders"); an
+		// encoded "/" stays in its segment, which only a {param} matches.
+		if u, err := url.PathUnescape(seg); err == nil {
+			seg = u
 		}
 	}
 	if c := n.lit(seg); c != nil {

@@ -61,3 +61,34 @@ func TestManyLiterals(t *testing.T) {
 		}
 	}
 }
+
+// TestEscapedSegments: a route's path may be escaped: each segment is
+// decoded before a literal is compared, and an encoded "/" stays in its
+// segment, which only a {param} takes.
+func TestEscapedSegments(t *testing.T) {
+	m := &endpointMatcher{}
+	eps := map[string]*endpointEntry{}
+	for _, p := range []string{"/orders", "/o/{id}/items", "/o/a/items"} {
+		segs, err := parseEndpointPath(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps[p] = &endpointEntry{method: "*"}
+		m.add(segs, eps[p])
+	}
+	for _, tc := range []struct{ path, want string }{
+		{"/ord%65rs", "/orders"},
+		{"/ord%65rs/42", "/orders"},
+		{"/o/1%2F2/items", "/o/{id}/items"},
+		{"/o/a%2Fb/items", "/o/{id}/items"}, // "a/b" is no "a"
+		{"/o/%61/items", "/o/a/items"},
+		{"/o/%zz/items", "/o/{id}/items"}, // not decodable: taken as it is
+		{"/o%2F1/items", ""},              // "o/1" is no "o"
+		{"/orders%2F", ""},
+	} {
+		got := m.match("GET", tc.path)
+		if want := eps[tc.want]; got != want {
+			t.Errorf("%s matched %p, want %s (%p)", tc.path, got, tc.want, want)
+		}
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -212,17 +213,32 @@ func (g *Gateway) attach(a *spec.API, b live.Built) (http.Handler, error) {
 		// paths are clean here (route redirects others).
 		prefix := strings.TrimSuffix(a.ListenPath, "/")
 		mo.Route = func(r *http.Request) core.Route {
-			return core.Route{Method: r.Method, Path: strings.TrimPrefix(r.URL.Path, prefix)}
+			return core.Route{Method: r.Method, Path: endpointPath(r.URL, prefix)}
 		}
 		fo.Route = func(ctx *fasthttp.RequestCtx) core.Route {
 			fr := fastRequestOf(ctx)
-			return core.Route{Method: fr.method, Path: strings.TrimPrefix(fr.url.Path, prefix)}
+			return core.Route{Method: fr.method, Path: endpointPath(&fr.url, prefix)}
 		}
 	}
 	return &apiHandler{
 		Handler: nethttp.Middleware(b.Limiter, b.Auth, mo)(up),
 		fast:    lpfasthttp.Middleware(b.Limiter, b.Auth, fo)(fastUp),
 	}, nil
+}
+
+// endpointPath is the path u's endpoint is found by: the path after
+// prefix (the listen path without its final "/") as the upstream gets it
+// (outbound.rewriteURL): escaped as the client sent it when its escaped
+// form starts with prefix, so that an encoded "/" (%2F) stays inside its
+// segment, where the upstream's router sees it (core.Route.Path); else
+// decoded, as the upstream then gets it re-escaped.
+func endpointPath(u *url.URL, prefix string) string {
+	if u.RawPath != "" {
+		if rest, ok := strings.CutPrefix(u.RawPath, prefix); ok {
+			return rest
+		}
+	}
+	return strings.TrimPrefix(u.Path, prefix)
 }
 
 // Close stops the JWKS refreshes and the fallback store, and drops idle

@@ -120,10 +120,13 @@ func settleValue(h http.Header, name string) string {
 	return h.Get(http.TrailerPrefix + name)
 }
 
-// PathRoute is an Options.Route: the request's method and its path
-// (URL.Path, unescaped), matched against the endpoints' patterns.
+// PathRoute is an Options.Route: the request's method and its path as
+// the client escaped it (URL.EscapedPath), matched against the endpoints'
+// patterns segment by segment, each decoded (core.Route.Path): an encoded
+// "/" stays inside its segment, as ServeMux's patterns see it, so
+// "/orders/1%2F2/items" is at "/orders/{id}/items".
 func PathRoute(r *http.Request) core.Route {
-	return core.Route{Method: r.Method, Path: r.URL.Path}
+	return core.Route{Method: r.Method, Path: r.URL.EscapedPath()}
 }
 
 // PatternRoute is an Options.Route for a middleware inside a ServeMux

@@ -284,3 +284,55 @@ keys:
 		t.Fatalf("Load: %v\nwant %s", err, want)
 	}
 }
+
+// TestGatewayEndpointEscapedSegments: an encoded "/" inside a {param}
+// segment does not take a request out of its endpoint. The upstream is
+// a ServeMux with the pattern "GET /o/{id}/items", which splits the
+// escaped path, so it serves "/o/1%2F2/items" as id "1/2"; the gateway
+// must count those requests against the endpoint "/o/{id}/items" too (1
+// an hour): once the first is admitted, every other id is refused, with
+// or without an encoded slash, and a literal spelled with escapes
+// ("/%6F/") is the same endpoint. The upstream gets exactly one request.
+func TestGatewayEndpointEscapedSegments(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		var mu sync.Mutex
+		var ids []string
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /o/{id}/items", func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			ids = append(ids, r.PathValue("id"))
+			mu.Unlock()
+		})
+		up := httptest.NewServer(mux)
+		t.Cleanup(up.Close)
+		file := filepath.Join(t.TempDir(), "gateway.yaml")
+		writeFile(t, file, onEngine(fmt.Sprintf(`listen: 127.0.0.1:0
+policies:
+  - {id: api, rate: {requests: 1000, per: 1m}}
+  - {id: one, rate: {requests: 1, per: 1h}}
+keys:
+  - {key: k1, policies: [api]}
+apis:
+  - id: shop
+    listen_path: /shop/
+    target: %s
+    endpoints:
+      - {method: GET, path: "/o/{id}/items", policies: [one]}
+`, up.URL), engine))
+		srv, _ := serve(t, server.Options{ConfigPath: file})
+		base := srv.URL() + "/shop"
+		if ok, no := send(t, "GET", base+"/o/1/items", 1); ok != 1 || no != 0 {
+			t.Fatalf("GET /o/1/items: %d admitted, %d refused; want 1 and 0", ok, no)
+		}
+		for _, p := range []string{"/o/1%2F2/items", "/o/1%2f3/items", "/%6F/4/items", "/o/5%2F/items", "/o/%2F6/items"} {
+			if ok, no := send(t, "GET", base+p, 1); ok != 0 || no != 1 {
+				t.Errorf("GET %s: %d admitted, %d refused; want the endpoint's refusal", p, ok, no)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(ids) != "[1]" {
+			t.Fatalf("the upstream served ids %q, want only [1]", ids)
+		}
+	})
+}
