@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // ErrMalformedCost is wrapped by the errors of CostHeader.Cost: a request
@@ -78,7 +79,9 @@ func (h CostHeader) Cost(values []string) (int64, error) {
 	if len(values) > 1 {
 		return 0, &MalformedCostError{Header: h.Name, Reason: "given more than once"}
 	}
-	v := values[0]
+	// A field value's surrounding spaces and tabs are no part of it (RFC
+	// 9110 section 5.5): net/http trims them, fasthttp leaves tabs.
+	v := strings.Trim(values[0], " \t")
 	if v == "" || len(v) > 16 {
 		return 0, h.malformed(max)
 	}

@@ -24,7 +24,10 @@ func TestCostHeader(t *testing.T) {
 		{[]string{"+3"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
 		{[]string{"03"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
 		{[]string{"2.5"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
-		{[]string{" 3"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
+		{[]string{" 3"}, 3, ""},    // a field value's surrounding white space is no part of it
+		{[]string{"\t7\t"}, 7, ""}, // (fasthttp leaves tabs, net/http trims them)
+		{[]string{" \t"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
+		{[]string{"3 3"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
 		{[]string{"abc"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
 		{[]string{""}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},
 		{[]string{"99999999999999999999"}, 0, "malformed X-Cost header: want a whole number from 1 to 100"},

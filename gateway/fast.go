@@ -64,12 +64,12 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 		*fr = fastRequest{}
 		g.fastRequests.Put(fr)
 	}()
+	if status, body := fastFraming(&ctx.Request.Header); status != 0 {
+		fastRefuse(ctx, status, body)
+		return
+	}
 	if !fr.parse(ctx) {
-		// As net/http's server answers a target it cannot parse.
-		ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
-		ctx.Response.SetStatusCode(http.StatusBadRequest)
-		ctx.Response.SetBodyString("400 Bad Request")
-		ctx.SetConnectionClose()
+		fastRefuse(ctx, http.StatusBadRequest, "400 Bad Request") // as net/http answers a target it cannot parse
 		return
 	}
 	if fr.method == http.MethodOptions && fr.url.Path == "*" {
@@ -88,6 +88,67 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetUserValue(fastRequestKey, fr)
 	a.Handler().(*apiHandler).fast(ctx)
+}
+
+// fastRefuse answers ctx as net/http's server answers a request it will
+// not serve: status, a text/plain body, and the connection closed, so
+// nothing after the request on it is read as another.
+func fastRefuse(ctx *fasthttp.RequestCtx, status int, body string) {
+	ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
+	ctx.Response.SetStatusCode(status)
+	ctx.Response.SetBodyString(body)
+	ctx.SetConnectionClose()
+}
+
+// fastFraming returns the status and body net/http's server answers a
+// request with whose framing or header it refuses, which fasthttp's
+// server reads and serves (0 and "" for none): a protocol other than
+// HTTP/1.0 and HTTP/1.1 (505); an HTTP/1.1 request without a Host field,
+// or with two (400); Content-Length fields that disagree (400: the
+// request-smuggling shape RFC 9112 section 6.3 tells servers to refuse);
+// Transfer-Encoding given twice (501). It reads the request's raw header
+// lines, which fasthttp keeps as they came.
+func fastFraming(h *fasthttp.RequestHeader) (int, string) {
+	if p := h.Protocol(); string(p) != "HTTP/1.1" && string(p) != "HTTP/1.0" {
+		return http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported: unsupported protocol version"
+	}
+	hosts, tes := 0, 0
+	var length []byte
+	lengths := false // Content-Length fields that disagree
+	for raw := h.RawHeaders(); len(raw) > 0; {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		name, value, ok := bytes.Cut(bytes.TrimSuffix(line, []byte("\r")), []byte(":"))
+		if !ok {
+			continue
+		}
+		switch {
+		case bytes.EqualFold(name, []byte("Host")):
+			hosts++
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			tes++
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			v := bytes.TrimSpace(value)
+			if length != nil && !bytes.Equal(v, length) {
+				lengths = true
+			}
+			length = v
+		}
+	}
+	switch {
+	case hosts == 0 && !h.IsHTTP11():
+	case hosts == 0:
+		return http.StatusBadRequest, "400 Bad Request: missing required Host header"
+	case hosts > 1, lengths:
+		return http.StatusBadRequest, "400 Bad Request"
+	case tes > 1:
+		return http.StatusNotImplemented, "Unsupported transfer encoding"
+	}
+	return 0, ""
 }
 
 // parse reads ctx's method and target into fr, the target as

@@ -260,6 +260,14 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		// see README.)
 		{"chunked POST", "POST /open/c HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"},
 		{"keep-alive pair", "GET /open/1 HTTP/1.1\r\nHost: gw.test\r\n\r\n" + req("GET", "/open/2")},
+		// Framing net/http refuses (found by a new-user trial: fasthttp
+		// served them all).
+		{"HTTP/1.1 without Host", "GET /open/a HTTP/1.1\r\nConnection: close\r\n\r\n"},
+		{"two Host fields", "GET /open/a HTTP/1.1\r\nHost: gw.test\r\nHost: other.test\r\nConnection: close\r\n\r\n"},
+		{"two Content-Lengths", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\nContent-Length: 40\r\nConnection: close\r\n\r\nabc" + strings.Repeat("z", 37)},
+		{"the same Content-Length twice", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"},
+		{"two Transfer-Encodings", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n"},
+		{"HTTP/2.0 request line", "GET /open/a HTTP/2.0\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
 	}
 	for _, c := range cases {
 		want := rawExchange(t, srvs[config.EngineNetHTTP].Addr().String(), c.raw)
