@@ -740,6 +740,7 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	}
 	if len(er.thresholds) > 0 && e.opts.QuotaObserver != nil {
 		e.observeThresholds(c, api, ep.key, er, c.QuotaEpoch, cost, d)
+		e.watchSettle(d, c, api, ep.key, er, c.QuotaEpoch, cost)
 	}
 	// The API's, into da.
 	var da Decision
@@ -762,6 +763,7 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	r.label(&da, e.opts.Shadow)
 	if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
 		e.observeThresholds(c, api, "", r, epoch, cost, &da)
+		e.watchSettle(&da, c, api, "", r, epoch, cost)
 	}
 	switch {
 	case !da.Allowed:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,7 +210,8 @@ type QuotaObserver interface {
 
 // ThresholdReached is a quota threshold reached by one request: the
 // request whose spend took the quota's count from below the threshold's
-// units to at or above them, so in one quota period of one counter only
+// units to at or above them (its cost at Decide or, for a quota that
+// settles after the response, its settle's charge beyond the estimate), so in one quota period of one counter only
 // one request, on whatever process, reaches each threshold (a counter
 // that went down, by a refund, may reach it again: the observer's event
 // id makes that the same event).
@@ -267,6 +269,62 @@ func (e *Engine) observeThresholds(c *Consumer, api, endpoint string, r *resolve
 		e.opts.QuotaObserver.ObserveThreshold(c, ThresholdReached{API: api, Endpoint: endpoint, Policy: r.quotaPolicy, Percent: pct, Units: u, Epoch: epoch, Quota: q})
 	}
 }
+
+// watchSettle makes the admitted decision d, of cost units under r,
+// tell the QuotaObserver of the thresholds its settle reaches, when r's
+// quota settles after the response (LimitSet.Settle) and has thresholds:
+// a settle that charges more than the estimate can take the count past a
+// threshold no Decide crossed. d.Hold then settles through a settleWatch.
+func (e *Engine) watchSettle(d *Decision, c *Consumer, api, endpoint string, r *resolved, epoch uint64, cost int64) {
+	if !d.Allowed || d.Shadowed || !d.Hold.Held() || !r.rule.Limits().Settle {
+		return
+	}
+	d.Hold = NewHold(&settleWatch{e: e, inner: d.Hold, c: Consumer{ID: strings.Clone(c.ID)}, api: api, endpoint: endpoint,
+		r: r, epoch: epoch, estimate: cost, end: time.Now().Add(d.Quota.ResetAfter)})
+}
+
+// settleWatch is the Settler of a decision watchSettle watches: it
+// settles inner, then, when the actual cost was above the estimate, reads
+// the quota's count (a store call that spends nothing, after the settle:
+// stores order a key's later calls after its settle) and tells the
+// QuotaObserver of the thresholds between the count before the
+// difference and after it, as Decide does for its own cost. Nothing is
+// told when the quota period is no longer the one the estimate went to
+// (the settle changed nothing then), or when the read fails.
+type settleWatch struct {
+	e             *Engine
+	inner         Hold
+	c             Consumer // its ID copied: the caller's consumer may be reused
+	api, endpoint string
+	r             *resolved
+	epoch         uint64
+	estimate      int64
+	end           time.Time // when the estimate's quota period ends
+}
+
+func (w *settleWatch) Release() { w.inner.Release() }
+
+func (w *settleWatch) Settle(actual int64) {
+	w.inner.Settle(actual)
+	extra := actual - w.estimate
+	if extra <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(WithoutInFlight(context.Background()), settleReadTimeout)
+	defer cancel()
+	d, err := w.e.take(ctx, Request{Consumer: w.c.ID, Rule: w.r.rule, QuotaEpoch: w.epoch}, w.r.fallback)
+	if err != nil || d.Quota.Limit <= 0 {
+		return
+	}
+	if end := time.Now().Add(d.Quota.ResetAfter); end.Sub(w.end).Abs() > time.Second {
+		return // another period: the settle went nowhere
+	}
+	d.Allowed, d.Shadowed = true, false // a read: only its quota status counts
+	w.e.observeThresholds(&w.c, w.api, w.endpoint, w.r, w.epoch, extra, &d)
+}
+
+// settleReadTimeout bounds settleWatch's read of the quota.
+const settleReadTimeout = 2 * time.Second
 
 // Observer is told about every decision the engine makes, for metrics and
 // logs: once per Engine.Decide or Engine.Wait call. took is the time spent
@@ -578,6 +636,7 @@ func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api 
 			r.label(&d, e.opts.Shadow)
 			if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
 				e.observeThresholds(c, api, "", r, epoch, cost, &d)
+				e.watchSettle(&d, c, api, "", r, epoch, cost)
 			}
 		}
 	}

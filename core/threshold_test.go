@@ -80,3 +80,41 @@ func TestThresholds(t *testing.T) {
 		t.Error("thresholds without a quota accepted")
 	}
 }
+
+// TestThresholdsReachedBySettle: a quota that settles after the response
+// is told of the thresholds its settles reach, not only its estimates:
+// estimate 1 each, settled to 30, 30, 1, 0 and 35, then a request of 4
+// reaches 100 % at Decide. A settle that refunds, or charges nothing
+// more, tells nothing.
+func TestThresholdsReachedBySettle(t *testing.T) {
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	obs := &seen{}
+	e, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "q", Quota: core.Quota{Max: 100, Renewal: time.Hour}, Settle: true, Thresholds: []int64{50, 90, 100}},
+	}}, core.Options{QuotaObserver: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &core.Consumer{ID: "k", Policies: []string{"q"}}
+	for _, actual := range []int64{30, 30, 1, 0, 35} {
+		d, err := e.Decide(context.Background(), c, "api", 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		d.Hold.Settle(actual)
+	}
+	d, err := e.Decide(context.Background(), c, "api", 4)
+	if err != nil || !d.Allowed || d.Quota.Remaining != 0 {
+		t.Fatalf("%+v, %v: want admitted, 0 left", d, err)
+	}
+	d.Hold.Release()
+	want := []string{
+		"k api q 50%=50 e0 used=60",
+		"k api q 90%=90 e0 used=96",
+		"k api q 100%=100 e0 used=100",
+	}
+	if got := strings.Join(obs.got, "\n"); got != strings.Join(want, "\n") {
+		t.Fatalf("told:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -188,5 +189,60 @@ func settleBounds(t *testing.T, sync bool) {
 	d5.Hold.Release()
 	if got := used(); got != 100 {
 		t.Fatalf("count %d after a settle across a reset, want 100", got)
+	}
+}
+
+// thresholdLog records the thresholds an engine tells of.
+type thresholdLog struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *thresholdLog) ObserveThreshold(c *core.Consumer, t core.ThresholdReached) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, fmt.Sprintf("%s %d%% used=%d", c.ID, t.Percent, t.Quota.Limit-t.Quota.Remaining))
+}
+
+// TestThresholdsReachedBySettleRedis: on Redis, in both settle modes, a
+// settle that takes a quota past a threshold is told of it (read after
+// the settle has landed), as core's test of the memory store shows:
+// estimate 1, settled to 30, 30, 1, 0, 35, then 4 at Decide.
+func TestThresholdsReachedBySettleRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, m := range settleModes {
+		t.Run(m.name, func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { c.Close() })
+			s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, KeyPrefix: "th-" + m.name + ":", SyncSettle: m.sync})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			log := &thresholdLog{}
+			e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{
+				{ID: "q", Quota: core.Quota{Max: 100, Renewal: time.Hour}, Settle: true, Thresholds: []int64{50, 90, 100}},
+			}}, core.Options{FailurePolicy: core.FailClosed, QuotaObserver: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := &core.Consumer{ID: "k", Policies: []string{"q"}}
+			for _, actual := range []int64{30, 30, 1, 0, 35} {
+				d, err := e.Decide(context.Background(), k, "api", 1)
+				if err != nil || !d.Allowed {
+					t.Fatalf("%+v, %v", d, err)
+				}
+				d.Hold.Settle(actual)
+			}
+			d, err := e.Decide(context.Background(), k, "api", 4)
+			if err != nil || !d.Allowed || d.Quota.Remaining != 0 {
+				t.Fatalf("%+v, %v: want admitted, 0 left", d, err)
+			}
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			if got, want := strings.Join(log.got, ", "), "k 50% used=60, k 90% used=96, k 100% used=100"; got != want {
+				t.Fatalf("told %q, want %q", got, want)
+			}
+		})
 	}
 }
