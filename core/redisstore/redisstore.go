@@ -468,8 +468,11 @@ func (s *Store) guard(run func() ([]int64, error)) ([]int64, error) {
 		return run()
 	}
 	v, err := s.breaker.Execute(run)
-	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		return nil, fmt.Errorf("%w (%w)", ErrCircuitOpen, err)
+	switch {
+	case errors.Is(err, gobreaker.ErrOpenState):
+		return nil, ErrCircuitOpen // its text says it all ("circuit breaker open (circuit breaker is open)" did twice)
+	case errors.Is(err, gobreaker.ErrTooManyRequests):
+		return nil, fmt.Errorf("%w (half-open: %w)", ErrCircuitOpen, err)
 	}
 	return v, err
 }

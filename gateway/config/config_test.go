@@ -74,7 +74,7 @@ func TestRefusals(t *testing.T) {
 
 		// Top-level settings.
 		{"listen without port", "listen: 127.0.0.1\n" + api, `t.yaml:1:9: listen: "127.0.0.1" is not host:port (like 127.0.0.1:8080 or :8080)`},
-		{"listen port out of range", "listen: \":70000\"\n" + api, `t.yaml:1:9: listen: ":70000" is not host:port (like 127.0.0.1:8080 or :8080)`},
+		{"listen port out of range", "listen: \":70000\"\n" + api, `t.yaml:1:9: listen: ":70000": port "70000" is not a number from 0 to 65535`},
 		{"unknown store", "store: etcd\n" + api,
 			`t.yaml:1:8: store: unknown store "etcd" (want memory, or a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL)`},
 		{"unknown store scheme", "store: \"http://u:pw@r:6379\"\n" + api,
@@ -610,8 +610,14 @@ func TestCheckListen(t *testing.T) {
 			t.Errorf("CheckListen(%q) = %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"8080", "127.0.0.1", ":http", ":-1", "[::1]"} {
+	for _, bad := range []string{"8080", "127.0.0.1", "[::1]"} {
 		want := `"` + bad + `" is not host:port (like 127.0.0.1:8080 or :8080)`
+		if err := config.CheckListen(bad); err == nil || err.Error() != want {
+			t.Errorf("CheckListen(%q) = %v, want %s", bad, err, want)
+		}
+	}
+	for bad, port := range map[string]string{":http": "http", ":-1": "-1", "127.0.0.1:99999": "99999"} {
+		want := `"` + bad + `": port "` + port + `" is not a number from 0 to 65535`
 		if err := config.CheckListen(bad); err == nil || err.Error() != want {
 			t.Errorf("CheckListen(%q) = %v, want %s", bad, err, want)
 		}

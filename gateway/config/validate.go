@@ -89,11 +89,11 @@ func (v *loader) config(raw *rawConfig) *Config {
 // CheckListen reports why addr is not a "host:port" listen address.
 func CheckListen(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
-	if err == nil {
-		_, err = strconv.ParseUint(port, 10, 16)
-	}
 	if err != nil {
 		return fmt.Errorf("%q is not host:port (like 127.0.0.1:8080 or :8080)", addr)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: port %q is not a number from 0 to 65535", addr, port)
 	}
 	return nil
 }
