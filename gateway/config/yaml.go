@@ -311,7 +311,11 @@ func (v *loader) value(n *yaml.Node, t reflect.Type, path string) (x any, ok boo
 	if n.Kind == yaml.ScalarNode && want == "an integer" && (tag == "!!float" && decimalDigits(n.Value) || tag == "!!int" && n.Decode(p.Interface()) != nil) {
 		// An integer the field cannot hold (yaml tags one past 64 bits
 		// a float): say so, not that it is no integer.
-		v.refuse(at, path, "%s is out of range (%s)", n.Value, intRange(t))
+		if strings.HasPrefix(n.Value, "-") {
+			v.refuse(at, path, "%s is too small (below %s)", n.Value, intBound(t, true))
+		} else {
+			v.refuse(at, path, "%s is too large (above %s)", n.Value, intBound(t, false))
+		}
 		return nil, false
 	}
 	if n.Kind != yaml.ScalarNode || !slices.Contains(tags, tag) || n.Decode(p.Interface()) != nil {
@@ -330,13 +334,19 @@ func decimalDigits(s string) bool {
 	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
-// intRange describes the values an integer type holds.
-func intRange(t reflect.Type) string {
+// intBound returns the least value an integer type holds (least) or
+// the greatest: what an out-of-range value is past.
+func intBound(t reflect.Type, least bool) string {
 	bits := t.Bits()
-	if t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uintptr {
-		return "0 to " + strconv.FormatUint(math.MaxUint64>>(64-bits), 10)
+	switch {
+	case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uintptr && least:
+		return "0"
+	case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uintptr:
+		return strconv.FormatUint(math.MaxUint64>>(64-bits), 10)
+	case least:
+		return strconv.FormatInt(-1<<(bits-1), 10)
 	}
-	return strconv.FormatInt(-1<<(bits-1), 10) + " to " + strconv.FormatInt(1<<(bits-1)-1, 10)
+	return strconv.FormatInt(1<<(bits-1)-1, 10)
 }
 
 // mapping decodes a mapping as the struct or map type t.
