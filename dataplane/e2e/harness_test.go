@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -547,6 +548,11 @@ control_plane:
   gateway_id: %[6]s
 %[7]s`
 
+// engine is the server.engine of every gateway these tests start: ""
+// leaves it out (net/http). go test ./dataplane/e2e -engine fasthttp runs
+// them on the fasthttp engine.
+var engine = flag.String("engine", "", "server.engine of every gateway the tests start (net/http or fasthttp; empty: the default)")
+
 // gwAdminToken is every test gateway's operations endpoint token.
 const gwAdminToken = "e2e-gateway-admin-token"
 
@@ -581,6 +587,9 @@ func startGateway(t testing.TB, dp *dataPlane, cpAddr, id string, o gwOptions) *
 		store = "redis://" + dp.redisAddr + "/0"
 	}
 	yaml := fmt.Sprintf(gatewayYAML, host, store, addr, dp.group, strings.Join(tags, ", "), id, extra)
+	if *engine != "" {
+		yaml += "server: {engine: " + *engine + "}\n"
+	}
 	if err := os.WriteFile(g.file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
