@@ -259,8 +259,9 @@ type endpointEntry struct {
 	pairs sync.Map
 	scope string
 	// key is the endpoint's EndpointKey ("POST /orders/{}"), which
-	// threshold events name (ThresholdReached.Endpoint).
-	key string
+	// threshold events name (ThresholdReached.Endpoint); path is its path
+	// as the configuration wrote it.
+	key, path string
 }
 
 // endpointPlan is one policy's own limits at an endpoint, prepared.
@@ -537,7 +538,7 @@ func (e *Engine) compileEndpoints(s *snapshot, order []*policyEntry, api string,
 			}
 		}
 		ent.scope = EndpointScope(api, *ep)
-		ent.key = key
+		ent.key, ent.path = key, ep.Path
 		ls := LimitSet{Scope: ent.scope}
 		if rate != nil {
 			ls.Rate, ls.Distributed = rate.Rate, rate.Distributed
@@ -781,6 +782,46 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 }
 
 var _ RouteDecider = (*Engine)(nil)
+
+// EndpointStatus is a consumer's counters at one endpoint of an API
+// (Engine.EndpointStatuses).
+type EndpointStatus struct {
+	// Method is the endpoint's method in upper case, "*" for any; Path
+	// its path as the configuration wrote it.
+	Method, Path string
+	// Rate and Quota are the endpoint's limits for the consumer, as a
+	// Decision's are (the zero Status for a limit it does not have).
+	Rate, Quota Status
+}
+
+// EndpointStatuses returns c's counters at each endpoint of api that
+// limits c (Config.Endpoints, Policy.Endpoints), in the order api lists
+// them, read as a Decide of cost 0 reads them: nothing is spent and no
+// in-flight slot is taken. Errors are the store's, as Decide's.
+func (e *Engine) EndpointStatuses(ctx context.Context, c *Consumer, api string) ([]EndpointStatus, error) {
+	m := e.snap.Load().endpoints[api]
+	if m == nil || c == nil {
+		return nil, nil
+	}
+	ctx = WithoutInFlight(ctx)
+	var out []EndpointStatus
+	for _, ep := range m.all {
+		r, err := e.endpointRule(ep, c)
+		if err != nil {
+			return nil, err
+		}
+		if !r.rule.Enforced() {
+			continue
+		}
+		d, err := e.take(ctx, Request{Consumer: c.ID, Rule: r.rule, QuotaEpoch: c.QuotaEpoch}, r.fallback)
+		if err != nil {
+			return nil, err
+		}
+		r.label(&d, false)
+		out = append(out, EndpointStatus{Method: ep.method, Path: ep.path, Rate: d.Rate, Quota: d.Quota})
+	}
+	return out, nil
+}
 
 // resetEndpointQuotas deletes the quota counters c has at the endpoints
 // of api ("": of every API) whose rule for c counts a quota, at c's

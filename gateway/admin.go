@@ -345,6 +345,17 @@ type consumerState struct {
 	Reset    bool        `json:"quota_reset,omitempty"`
 	Rate     *limitState `json:"rate"`
 	Quota    *limitState `json:"quota"`
+	// Endpoints are the consumer's counters at the API's endpoints that
+	// limit it, when the call names the API.
+	Endpoints []endpointState `json:"endpoints,omitempty"`
+}
+
+// endpointState is a consumer's counters at one endpoint.
+type endpointState struct {
+	Method string      `json:"method"`
+	Path   string      `json:"path"`
+	Rate   *limitState `json:"rate"`
+	Quota  *limitState `json:"quota"`
 }
 
 // consumer answers GET /consumers/{id} and, with reset, POST
@@ -387,6 +398,14 @@ func (a *admin) consumer(w http.ResponseWriter, r *http.Request, id string, rese
 		return
 	}
 	out.Rate, out.Quota = stateOf(d.Rate), stateOf(d.Quota)
+	eps, err := eng.EndpointStatuses(r.Context(), c, api)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "limit store unavailable: "+err.Error())
+		return
+	}
+	for _, ep := range eps {
+		out.Endpoints = append(out.Endpoints, endpointState{Method: ep.Method, Path: ep.Path, Rate: stateOf(ep.Rate), Quota: stateOf(ep.Quota)})
+	}
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -412,7 +431,10 @@ func (a *admin) engine(st *live.State) (*core.Engine, error) {
 	if p := a.peek.Load(); p != nil && p.st == st {
 		return p.eng, nil
 	}
-	eng, err := core.NewEngine(a.g.opts.Store, core.Config{Policies: st.Base().CorePolicies()}, core.Options{
+	// The endpoints too: a reset starts their quota periods as well, and
+	// a state shows their counters.
+	base := st.Base()
+	eng, err := core.NewEngine(a.g.opts.Store, core.Config{Policies: base.CorePolicies(), Endpoints: base.CoreEndpoints()}, core.Options{
 		FailurePolicy: core.FailClosed,
 		StoreTimeout:  a.g.opts.StoreTimeout,
 		OnStoreError:  a.g.StoreFailed,

@@ -523,3 +523,25 @@ func TestAdminReadyzRedis(t *testing.T) {
 	srv.Restart(t)
 	want(t, "closed, back", call(t, "GET", closed.admin+"/readyz"), 200, `{"ready":true,"revision":1,"store":"ok","failure_policy":"closed"}`)
 }
+
+// TestAdminEndpointQuotas: a key's quota at an endpoint (3 a day at GET
+// /reports of the echo API, apart from the API's own) is reset by POST
+// reset-quota with the API named, as README says, and GET shows it
+// under "endpoints".
+func TestAdminEndpointQuotas(t *testing.T) {
+	snap := adminSnapshot(t, 0)
+	snap.Policies = append(snap.Policies, spec.Policy{ID: "reports", Quota: &spec.Quota{Max: 3, Renewal: spec.Duration(24 * time.Hour)}})
+	snap.APIs[0].Endpoints = []spec.Endpoint{{Method: "GET", Path: "/reports", Policies: []string{"reports"}}}
+	rig := newRig(t, rigOptions{apply: snap, admin: gateway.AdminOptions{Token: adminToken, ReadsWithoutToken: true}})
+	if got := statuses(t, 4, rig.base+"/echo/reports", "X-API-Key", "k-admin"); fmt.Sprint(got) != "[200 200 200 429]" {
+		t.Fatalf("statuses %v, want 3 of the endpoint's quota then 429", got)
+	}
+	h := identity.HashKey("k-admin")
+	want(t, "state", call(t, http.MethodGet, rig.admin+"/consumers/"+h.String()+"?api=echo"), 200,
+		fmt.Sprintf(`{"consumer":%q,"key_hash":%q,"api":"echo","policies":["default"],"rate":{"limit":5,"remaining":2,"reset_after_ms":36000,"window_ms":60000,"policy":"default"},"quota":null,"endpoints":[{"method":"GET","path":"/reports","rate":null,"quota":{"limit":3,"remaining":0,"reset_after_ms":86400000,"window_ms":86400000,"policy":"reports"}}]}`,
+			h.ConsumerID(), h.String()))
+	call(t, http.MethodPost, rig.admin+"/consumers/"+h.String()+"/reset-quota?api=echo", bearer...)
+	if got := statuses(t, 1, rig.base+"/echo/reports", "X-API-Key", "k-admin"); fmt.Sprint(got) != "[200]" {
+		t.Fatalf("after the reset: %v, want the endpoint's quota back", got)
+	}
+}
