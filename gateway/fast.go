@@ -107,8 +107,13 @@ func fastRefuse(ctx *fasthttp.RequestCtx, status int, body string) {
 // or with two (400); Content-Length fields that disagree (400: the
 // request-smuggling shape RFC 9112 section 6.3 tells servers to refuse);
 // Transfer-Encoding given twice (501). It reads the request's raw header
-// lines, which fasthttp keeps as they came.
+// lines, which fasthttp keeps as they came; a request with a Host and no
+// raw lines was not read from a connection (a caller of ServeFastHTTP
+// built it) and is not checked.
 func fastFraming(h *fasthttp.RequestHeader) (int, string) {
+	if len(h.RawHeaders()) == 0 && len(h.Host()) > 0 {
+		return 0, ""
+	}
 	if p := h.Protocol(); string(p) != "HTTP/1.1" && string(p) != "HTTP/1.0" {
 		return http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported: unsupported protocol version"
 	}
@@ -140,7 +145,7 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		}
 	}
 	switch {
-	case hosts == 0 && !h.IsHTTP11():
+	case hosts == 0 && (!h.IsHTTP11() || h.IsConnect()):
 	case hosts == 0:
 		return http.StatusBadRequest, "400 Bad Request: missing required Host header"
 	case hosts > 1, lengths:

@@ -263,6 +263,7 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		// Framing net/http refuses (found by a new-user trial: fasthttp
 		// served them all).
 		{"HTTP/1.1 without Host", "GET /open/a HTTP/1.1\r\nConnection: close\r\n\r\n"},
+		{"HTTP/1.1 without any field", "GET /open/a HTTP/1.1\r\n\r\n"},
 		{"two Host fields", "GET /open/a HTTP/1.1\r\nHost: gw.test\r\nHost: other.test\r\nConnection: close\r\n\r\n"},
 		{"two Content-Lengths", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\nContent-Length: 40\r\nConnection: close\r\n\r\nabc" + strings.Repeat("z", 37)},
 		{"the same Content-Length twice", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"},
