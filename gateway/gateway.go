@@ -227,18 +227,15 @@ func (g *Gateway) attach(a *spec.API, b live.Built) (http.Handler, error) {
 }
 
 // endpointPath is the path u's endpoint is found by: the path after
-// prefix (the listen path without its final "/") as the upstream gets it
-// (outbound.rewriteURL): escaped as the client sent it when its escaped
-// form starts with prefix, so that an encoded "/" (%2F) stays inside its
-// segment, where the upstream's router sees it (core.Route.Path); else
-// decoded, as the upstream then gets it re-escaped.
+// prefix as the upstream gets it (cutListenPath), escaped as the client
+// sent it where it is sent so, so that an encoded "/" (%2F) stays inside
+// its segment, where the upstream's router sees it (core.Route.Path).
 func endpointPath(u *url.URL, prefix string) string {
-	if u.RawPath != "" {
-		if rest, ok := strings.CutPrefix(u.RawPath, prefix); ok {
-			return rest
-		}
+	path, raw := cutListenPath(u, prefix)
+	if raw != "" {
+		return raw
 	}
-	return strings.TrimPrefix(u.Path, prefix)
+	return path
 }
 
 // Close stops the JWKS refreshes and the fallback store, and drops idle

@@ -144,17 +144,30 @@ func (o outbound) apply(r *http.Request) {
 	}
 }
 
+// cutListenPath returns u's path after prefix (a listen path without its
+// final "/"), decoded and, when u keeps the client's escaping (RawPath)
+// and it starts with prefix, escaped as the client sent it; raw is ""
+// when the path is to be escaped anew (no RawPath, or a prefix spelled
+// with escapes). The upstream gets these (rewriteURL), and endpoints are
+// matched on the same (endpointPath).
+func cutListenPath(u *url.URL, prefix string) (path, raw string) {
+	path = strings.TrimPrefix(u.Path, prefix)
+	if u.RawPath != "" {
+		if rest, ok := strings.CutPrefix(u.RawPath, prefix); ok && rest != "" {
+			raw = rest
+		}
+	}
+	return path, raw
+}
+
 // rewriteURL strips u, which the caller owns, of the listen path and the
 // credential query parameters: the part of apply both engines share.
 func (o outbound) rewriteURL(u *url.URL) {
 	if o.prefix != "" {
-		u.Path = orSlash(strings.TrimPrefix(u.Path, o.prefix))
-		if u.RawPath != "" {
-			if rest, ok := strings.CutPrefix(u.RawPath, o.prefix); ok {
-				u.RawPath = orSlash(rest)
-			} else {
-				u.RawPath = "" // prefix spelled with escapes: re-escape Path
-			}
+		path, raw := cutListenPath(u, o.prefix)
+		u.Path, u.RawPath = orSlash(path), ""
+		if raw != "" {
+			u.RawPath = orSlash(raw)
 		}
 	}
 	for _, s := range o.sources {

@@ -779,6 +779,13 @@ func (s *Store) run(ctx context.Context, c *call, want int) ([]int64, error) {
 	} else {
 		v, err = s.direct(ctx, c)
 	}
+	return s.done(c, v, err, want)
+}
+
+// done ends a Take's call c that replied v or err: it gives c back to the
+// pool (unless a batch it left still holds it) and checks that the
+// script replied want integers.
+func (s *Store) done(c *call, v []int64, err error, want int) ([]int64, error) {
 	if !c.abandoned {
 		c.cmd, c.ctx, c.v, c.batch = nil, nil, nil, nil
 		s.calls.Put(c)

@@ -374,8 +374,8 @@ func (s *Store) settleOne(st *settlement) error {
 // for all. The settles go as EVAL, so none can meet NOSCRIPT and be left
 // behind the Take; the Take's EVALSHA is sent again as EVAL after
 // NOSCRIPT, after them either way. The settles are done whatever the
-// outcome (a failure keeps their estimates). It checks that c replied
-// want integers and gives c back to the pool.
+// outcome (a failure keeps their estimates). It ends c as run does
+// (Store.done).
 //
 // The settles must not depend on the request's context: the pipeline runs
 // on ctx without its cancellation or deadline, under Options.Timeout, so
@@ -400,15 +400,7 @@ func (s *Store) runAfter(ctx context.Context, c *call, claimed []*settlement, wa
 		}
 		return c.cmd.Result()
 	})
-	c.cmd, c.ctx, c.v, c.batch = nil, nil, nil, nil
-	s.calls.Put(c)
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: take: %w", err)
-	}
-	if len(v) != want {
-		return nil, fmt.Errorf("redisstore: take: script replied %d values, want %d", len(v), want)
-	}
-	return v, nil
+	return s.done(c, v, err, want)
 }
 
 // settleBatch sends batch's settle scripts in one pipeline of EVALSHAs
