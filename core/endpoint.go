@@ -697,8 +697,8 @@ func (e *Engine) DecideRoute(ctx context.Context, c *Consumer, api string, route
 
 // decideEndpoint is DecideRoute at the endpoint ep, without the
 // Observer: it writes the decision into *d (the zero Decision with an
-// error). Both store calls are made here, not through take, so each
-// Decision crosses one call less (see decideIn).
+// error). Both store calls go through takeInto, so no Decision is
+// returned by value on the way (see decideIn).
 func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer, api string, ep *endpointEntry, cost int64, d *Decision) error {
 	if ep.refuse != nil {
 		return ep.refuse
@@ -721,19 +721,8 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 		return err
 	}
 	// The endpoint's limits, into *d.
-	req := Request{Consumer: c.ID, Rule: er.rule, Cost: cost, QuotaEpoch: c.QuotaEpoch}
-	switch {
-	case !req.Rule.Enforced():
-		*d = Decision{Allowed: true}
-	case e.opts.StoreTimeout > 0:
-		*d, err = e.takeWithin(ctx, req)
-	default:
-		*d, err = e.store.Take(ctx, req)
-	}
-	if err != nil {
-		if *d, err = e.failed(ctx, req, er.fallback, err); err != nil {
-			return err
-		}
+	if err := e.takeInto(ctx, Request{Consumer: c.ID, Rule: er.rule, Cost: cost, QuotaEpoch: c.QuotaEpoch}, er.fallback, d); err != nil {
+		return err
 	}
 	er.label(d, e.opts.Shadow)
 	if !d.Allowed {
@@ -745,21 +734,10 @@ func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer
 	}
 	// The API's, into da.
 	var da Decision
-	req = Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}
-	switch {
-	case !req.Rule.Enforced():
-		da = Decision{Allowed: true}
-	case e.opts.StoreTimeout > 0:
-		da, err = e.takeWithin(ctx, req)
-	default:
-		da, err = e.store.Take(ctx, req)
-	}
-	if err != nil {
-		if da, err = e.failed(ctx, req, r.fallback, err); err != nil {
-			d.Hold.Release()
-			*d = Decision{}
-			return err
-		}
+	if err := e.takeInto(ctx, Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}, r.fallback, &da); err != nil {
+		d.Hold.Release()
+		*d = Decision{}
+		return err
 	}
 	r.label(&da, e.opts.Shadow)
 	if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {

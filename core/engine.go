@@ -758,6 +758,24 @@ func (e *Engine) take(ctx context.Context, req Request, fallback *Rule) (Decisio
 	return d, nil
 }
 
+// takeInto is take writing the decision into *d (the zero Decision with
+// an error), for callers that keep it in place.
+func (e *Engine) takeInto(ctx context.Context, req Request, fallback *Rule, d *Decision) (err error) {
+	switch {
+	case !req.Rule.Enforced():
+		*d = Decision{Allowed: true}
+		return nil
+	case e.opts.StoreTimeout > 0:
+		*d, err = e.takeWithin(ctx, req)
+	default:
+		*d, err = e.store.Take(ctx, req)
+	}
+	if err != nil {
+		*d, err = e.failed(ctx, req, fallback, err)
+	}
+	return err
+}
+
 // failed is the decision on req when the store answered err: err itself
 // for a request the store refused, else what the failure policy says
 // (fallback is req's rule on the fallback store).
