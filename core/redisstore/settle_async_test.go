@@ -113,6 +113,30 @@ func takeAsync(s *Store, req core.Request) <-chan takeResult {
 	return ch
 }
 
+// stillWaiting fails t if the Take of got returns within 100 ms: it
+// waits for a settle held before it.
+func stillWaiting(t *testing.T, got <-chan takeResult) {
+	t.Helper()
+	select {
+	case r := <-got:
+		t.Fatalf("Take returned %+v, %v while the settle before it was held", r.d, r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// awaitTake returns the result of the Take of got, failing t when it has
+// none within limit (after what).
+func awaitTake(t *testing.T, got <-chan takeResult, limit time.Duration, what string) takeResult {
+	t.Helper()
+	select {
+	case r := <-got:
+		return r
+	case <-time.After(limit):
+		t.Fatalf("Take still waiting %v after %s", limit, what)
+	}
+	return takeResult{}
+}
+
 // TestSettleReturnsBeforeScript: with every settle script held in a
 // go-redis hook, Settle returns (so the caller does not wait for Redis);
 // a Take of the same consumer made after it returned waits while the
@@ -152,18 +176,9 @@ func TestSettleReturnsBeforeScript(t *testing.T) {
 	other.Hold.Release()
 
 	got := takeAsync(s, req)
-	select {
-	case r := <-got:
-		t.Fatalf("Take returned %+v, %v while the settle before it was held", r.d, r.err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	stillWaiting(t, got)
 	close(g.release)
-	var r takeResult
-	select {
-	case r = <-got:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Take still waiting 5 s after the settle was let through")
-	}
+	r := awaitTake(t, got, 5*time.Second, "the settle was let through")
 	if r.err != nil || !r.d.Allowed || r.d.Remaining != 200 || r.d.Quota.Remaining != 200 {
 		t.Fatalf("Take after the settle: %+v, %v; want allowed, 200 remaining", r.d, r.err)
 	}
@@ -254,18 +269,9 @@ func TestSettleRedisDown(t *testing.T) {
 	srv.Kill()
 	t0 := time.Now()
 	got := takeAsync(s, req)
-	select {
-	case r := <-got:
-		t.Fatalf("Take returned %+v, %v while the settle before it was held", r.d, r.err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	stillWaiting(t, got)
 	close(g.release)
-	var r takeResult
-	select {
-	case r = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Take still waiting 10 s after the failed settle")
-	}
+	r := awaitTake(t, got, 10*time.Second, "the failed settle")
 	if r.err == nil || errors.Is(r.err, errSettleWait) || time.Since(t0) > 2500*time.Millisecond {
 		t.Fatalf("Take with Redis down after %v: %+v, %v; want Redis's error, not the wait's bound", time.Since(t0), r.d, r.err)
 	}
