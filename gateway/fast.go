@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/valyala/fasthttp"
 
@@ -460,10 +461,16 @@ func singleJoiningSlash(a, b string) string {
 // fastClients holds the gateway's fasthttp clients, one per upstream
 // (scheme and host), shared by every API and every snapshot that proxies
 // to it, as one http.Transport is on the net/http engine: keep-alive
-// connections survive an Apply.
+// connections survive an Apply. The map holds its clients weakly: the
+// handlers built for the running configuration (and for requests still
+// in flight under an older one) hold them, and a client none holds,
+// whose idle connections fasthttp has closed (MaxIdleConnDuration), is
+// collected and its entry dropped by the next get. So upstreams a
+// control plane stops naming cost nothing once their connections are
+// idle long enough, however many there have been.
 type fastClients struct {
 	mu sync.Mutex
-	m  map[string]*fasthttp.HostClient
+	m  map[string]weak.Pointer[fasthttp.HostClient]
 }
 
 // fastReadBufferSize bounds an upstream's response header on the
@@ -479,8 +486,13 @@ func (c *fastClients) get(target *url.URL) *fasthttp.HostClient {
 	key := target.Scheme + "://" + target.Host
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if hc := c.m[key]; hc != nil {
+	if hc := c.m[key].Value(); hc != nil {
 		return hc
+	}
+	for k, p := range c.m { // get runs when an API is built: rarely
+		if p.Value() == nil {
+			delete(c.m, k)
+		}
 	}
 	addr := target.Host
 	tls := target.Scheme == "https"
@@ -504,17 +516,32 @@ func (c *fastClients) get(target *url.URL) *fasthttp.HostClient {
 		ReadBufferSize:      fastReadBufferSize,
 	}
 	if c.m == nil {
-		c.m = make(map[string]*fasthttp.HostClient)
+		c.m = make(map[string]weak.Pointer[fasthttp.HostClient])
 	}
-	c.m[key] = hc
+	c.m[key] = weak.Make(hc)
 	return hc
+}
+
+// len returns the number of upstreams with a client still held.
+func (c *fastClients) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, p := range c.m {
+		if p.Value() != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // closeIdle drops every client's idle connections.
 func (c *fastClients) closeIdle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, hc := range c.m {
-		hc.CloseIdleConnections()
+	for _, p := range c.m {
+		if hc := p.Value(); hc != nil {
+			hc.CloseIdleConnections()
+		}
 	}
 }
