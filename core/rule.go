@@ -167,6 +167,8 @@ type Call struct {
 	Rate        Limit
 	Quota       Quota
 	Distributed bool
+	InFlight    int64
+	Settle      bool
 	QuotaEpoch  uint64
 	Cost        int64
 	MaxDelay    time.Duration
@@ -174,7 +176,7 @@ type Call struct {
 
 // Limits returns c's LimitSet.
 func (c Call) Limits() LimitSet {
-	return LimitSet{Rate: c.Rate, Quota: c.Quota, Scope: c.Scope, Distributed: c.Distributed}
+	return LimitSet{Rate: c.Rate, Quota: c.Quota, Scope: c.Scope, Distributed: c.Distributed, InFlight: c.InFlight, Settle: c.Settle}
 }
 
 // Request returns c as a Request under rule.

@@ -118,6 +118,8 @@ func Run(t *testing.T, s Suite) {
 	t.Run("Errors", func(t *testing.T) { runErrors(t, s) })
 	t.Run("Counts", func(t *testing.T) { runCounts(t, s) })
 	t.Run("LimitChange", func(t *testing.T) { runLimitChange(t, s) })
+	t.Run("Settle", func(t *testing.T) { runSettle(t, s) })
+	t.Run("InFlight", func(t *testing.T) { runInFlight(t, s) })
 	for _, a := range s.Algorithms {
 		switch a {
 		case core.FixedWindow:
