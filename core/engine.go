@@ -280,17 +280,20 @@ func (e *Engine) watchSettle(d *Decision, c *Consumer, api, endpoint string, r *
 		return
 	}
 	d.Hold = NewHold(&settleWatch{e: e, inner: d.Hold, c: Consumer{ID: strings.Clone(c.ID)}, api: api, endpoint: endpoint,
-		r: r, epoch: epoch, estimate: cost, end: time.Now().Add(d.Quota.ResetAfter)})
+		r: r, epoch: epoch, estimate: cost, end: time.Now().Add(d.Quota.ResetAfter), quota: d.Quota})
 }
 
 // settleWatch is the Settler of a decision watchSettle watches: it
-// settles inner, then, when the actual cost was above the estimate, reads
-// the quota's count (a store call that spends nothing, after the settle:
-// stores order a key's later calls after its settle) and tells the
-// QuotaObserver of the thresholds between the count before the
-// difference and after it, as Decide does for its own cost. Nothing is
-// told when the quota period is no longer the one the estimate went to
-// (the settle changed nothing then), or when the read fails.
+// settles inner and, when the actual cost was above the estimate, tells
+// the QuotaObserver of the thresholds between the count before the
+// difference and after it, as Decide does for its own cost. The count is
+// the one the store reports with the settle (Settler's landed: no store
+// call, and on an asynchronous store no wait on the caller's goroutine);
+// from a store that cannot say it, it is read (a store call that spends
+// nothing, after the settle: stores order a key's later calls after its
+// settle). Nothing is told when the quota period is no longer the one
+// the estimate went to (the settle changed nothing then), or when the
+// read fails.
 type settleWatch struct {
 	e             *Engine
 	inner         Hold
@@ -300,16 +303,44 @@ type settleWatch struct {
 	epoch         uint64
 	estimate      int64
 	end           time.Time // when the estimate's quota period ends
+	quota         Status    // the estimate's decision's quota status
 }
 
 func (w *settleWatch) Release() { w.inner.Release() }
 
-func (w *settleWatch) Settle(actual int64) {
-	w.inner.Settle(actual)
+func (w *settleWatch) Settle(actual int64, landed func(used int64, known bool)) {
 	extra := actual - w.estimate
 	if extra <= 0 {
+		w.inner.settle(actual, landed)
 		return
 	}
+	w.inner.settle(actual, func(used int64, known bool) {
+		if known {
+			w.observe(extra, used)
+		} else {
+			w.read(extra)
+		}
+		if landed != nil {
+			landed(used, known)
+		}
+	})
+}
+
+// observe tells of the thresholds a settle of extra units beyond the
+// estimate reached, the period's count being used after it.
+func (w *settleWatch) observe(extra, used int64) {
+	left := time.Until(w.end)
+	if left <= 0 {
+		return // the period ended since
+	}
+	q := w.quota
+	q.Remaining, q.ResetAfter = max(q.Limit-used, 0), left
+	d := Decision{Allowed: true, Quota: q}
+	w.e.observeThresholds(&w.c, w.api, w.endpoint, w.r, w.epoch, extra, &d)
+}
+
+// read is observe for a store that did not say the count: it reads it.
+func (w *settleWatch) read(extra int64) {
 	ctx, cancel := context.WithTimeout(WithoutInFlight(context.Background()), settleReadTimeout)
 	defer cancel()
 	d, err := w.e.take(ctx, Request{Consumer: w.c.ID, Rule: w.r.rule, QuotaEpoch: w.epoch}, w.r.fallback)

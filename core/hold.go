@@ -45,16 +45,29 @@ func NewHold(r Releaser) Hold {
 }
 
 // Settler is a Releaser that can also settle a cost known only after the
-// response (LimitSet.Settle): Settle(actual) charges or refunds the
-// difference between actual and the estimate the request was charged, in
-// the quota period it was charged in (never another), never taking a
-// counter below zero, and ends the hold as Release does. Like Release it
-// must not depend on the request's context, and must not block for long:
-// a store may apply the settle after Settle returns, provided its later
-// decisions of the same quota see it.
+// response (LimitSet.Settle): Settle(actual, landed) charges or refunds
+// the difference between actual (≥ 0) and the estimate the request was
+// charged, in the quota period it was charged in (never another), never
+// taking a counter below zero, and ends the hold as Release does. Like
+// Release it must not depend on the request's context, and must not block
+// for long: a store may apply the settle after Settle returns, provided
+// its later decisions of the same quota see it.
+//
+// landed, when not nil, is called at most once, once the settle has
+// landed: with known true and the count of units its period holds after
+// it, when the store learnt that count (core/redisstore, from its
+// script's reply), on whatever goroutine sent the settle but before the
+// store's later decisions of the quota see it, so landed must not block
+// or call the store; or with known false when the store cannot tell the
+// count, or whether the period it changed still counts (core/memory),
+// on the caller's goroutine, so landed may read it. A store that knows
+// the settle changed nothing (the actual cost was the estimate, the
+// period had ended or was reset, or the settle failed and the estimate
+// stands) does not call it. The engine uses it to tell a QuotaObserver
+// of the thresholds a settle reaches without a store call of its own.
 type Settler interface {
 	Releaser
-	Settle(actual int64)
+	Settle(actual int64, landed func(used int64, known bool))
 }
 
 // Settle ends h as Release does, first settling the cost of a request
@@ -72,12 +85,15 @@ type Settler interface {
 // its later decisions of the same quota wait for it, so the request after
 // a settle sees it either way (redisstore.Options.SyncSettle sends it
 // before returning instead).
-func (h Hold) Settle(actual int64) {
+func (h Hold) Settle(actual int64) { h.settle(actual, nil) }
+
+// settle is Settle, with Settler's landed.
+func (h Hold) settle(actual int64, landed func(used int64, known bool)) {
 	if h.h == nil || !h.h.done.CompareAndSwap(false, true) {
 		return
 	}
 	if s, ok := h.h.r.(Settler); ok {
-		s.Settle(max(actual, 0))
+		s.Settle(max(actual, 0), landed)
 		return
 	}
 	h.h.r.Release()
@@ -114,9 +130,11 @@ func (j joined) Release() {
 	Hold{j[1]}.Release()
 }
 
-func (j joined) Settle(actual int64) {
-	Hold{j[0]}.Settle(actual)
-	Hold{j[1]}.Settle(actual)
+// Settle settles both (each Settler among them is told landed; of the
+// holds stores join, an in-flight slot and a settlement, one is).
+func (j joined) Settle(actual int64, landed func(used int64, known bool)) {
+	Hold{j[0]}.settle(actual, landed)
+	Hold{j[1]}.settle(actual, landed)
 }
 
 // inFlightKey is the context key of WithoutInFlight.

@@ -150,8 +150,10 @@ type settlement struct {
 func (*settlement) Release() {}
 
 // Settle implements core.Settler: the period's count moves by actual −
-// charged, never below zero.
-func (st *settlement) Settle(actual int64) {
+// charged, never below zero. landed is told known false: the count
+// moved is the period's, which may have ended or been reset, and only a
+// read says which.
+func (st *settlement) Settle(actual int64, landed func(used int64, known bool)) {
 	delta := actual - st.charged
 	if delta == 0 {
 		return
@@ -159,7 +161,12 @@ func (st *settlement) Settle(actual int64) {
 	for {
 		u := st.q.used.Load()
 		if st.q.used.CompareAndSwap(u, max(u+delta, 0)) {
-			return
+			break
 		}
 	}
+	if landed != nil {
+		landed(0, false)
+	}
 }
+
+var _ core.Settler = (*settlement)(nil)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/limitplane/limitplane/core"
 )
 
 // settleQuota settles a quota charge (core.LimitSet.Settle): KEYS[1] the
@@ -291,6 +293,7 @@ func (ss *settles) send(buf []*settlement) {
 		}
 		ss.s.settleBatch(buf)
 		for i, st := range buf {
+			st.report()
 			ss.done(st)
 			buf[i] = nil
 		}
@@ -315,6 +318,12 @@ type settlement struct {
 	charged int64
 	end     string
 	delta   int64 // actual − charged, once settled
+	// landed is Settle's; once the script's reply is back, changed and
+	// used are its {changed, used}, written by the goroutine that sent
+	// it, which then calls report.
+	landed  func(used int64, known bool)
+	changed bool
+	used    int64
 	// queued: in settles.queue, for a sender to send (false once a
 	// sender or a Take took it); guarded by settles.mu.
 	queued bool
@@ -336,23 +345,48 @@ func (*settlement) Release() {}
 // wait for it first. With Options.SyncSettle, after Close, or with
 // maxQueuedSettles (4,096) settles waiting to be sent, it sends the
 // script itself and returns once it is done. A failure keeps the
-// estimate.
-func (st *settlement) Settle(actual int64) {
+// estimate. landed is told the count the script answers, with known
+// true, by the goroutine that sent it, before this store's later Takes
+// of the quota stop waiting for it; not when the settle failed or its
+// period had ended or was reset (the script changed nothing).
+func (st *settlement) Settle(actual int64, landed func(used int64, known bool)) {
 	st.delta = actual - st.charged
 	if st.delta == 0 {
 		return
 	}
+	st.landed = landed
 	s := st.s
 	if s.syncSettle {
 		s.settleOne(st)
+		st.report()
 		return
 	}
 	s.settles.register(st)
 	if !s.settles.enqueue(st) {
 		s.settleOne(st)
+		st.report()
 		s.settles.done(st)
 	}
 }
+
+// replied records the settle script's reply v ({changed, used}).
+func (st *settlement) replied(v []int64) {
+	if len(v) == 2 {
+		st.changed, st.used = v[0] == 1, v[1]
+	}
+}
+
+// report tells landed of a settle that changed its period, before the
+// settle is done (settles.done): a Take waiting for the settle returns
+// after the thresholds it reached were told. landed gets known true
+// only, so it makes no store call (core.Settler).
+func (st *settlement) report() {
+	if st.landed != nil && st.changed {
+		st.landed(st.used, true)
+	}
+}
+
+var _ core.Settler = (*settlement)(nil)
 
 // settleOne sends st's settle script alone (EVAL after NOSCRIPT) under
 // the store's timeout and breaker. The error is the caller's to ignore:
@@ -360,12 +394,13 @@ func (st *settlement) Settle(actual int64) {
 func (s *Store) settleOne(st *settlement) error {
 	ctx, cancel := s.callCtx()
 	defer cancel()
-	_, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
+	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
 		return settleQuotaScript.Run(ctx, s.client, []string{st.key}, st.delta, st.end).Int64Slice()
 	})
 	if err != nil {
 		return fmt.Errorf("redisstore: settle: %w", err)
 	}
+	st.replied(v)
 	return nil
 }
 
@@ -382,11 +417,20 @@ func (s *Store) settleOne(st *settlement) error {
 // a Take whose caller has gone or whose deadline is sooner may return up
 // to one round trip late (as a batched Take sending its batch does).
 func (s *Store) runAfter(ctx context.Context, c *call, claimed []*settlement, want int) ([]int64, error) {
-	defer s.settles.claimDone(claimed)
+	cmds := make([]*redis.Cmd, len(claimed))
+	defer func() {
+		for i, st := range claimed {
+			if v, err := cmds[i].Int64Slice(); err == nil {
+				st.replied(v)
+				st.report()
+			}
+		}
+		s.settles.claimDone(claimed)
+	}()
 	v, err := s.call(context.WithoutCancel(ctx), func(ctx context.Context) ([]int64, error) {
 		pipe := s.client.Pipeline()
-		for _, st := range claimed {
-			settleQuotaScript.Eval(ctx, pipe, []string{st.key}, st.delta, st.end)
+		for i, st := range claimed {
+			cmds[i] = settleQuotaScript.Eval(ctx, pipe, []string{st.key}, st.delta, st.end)
 		}
 		c.cmd = c.evalCmd(ctx)
 		pipe.Process(ctx, c.cmd)
@@ -432,6 +476,8 @@ func (s *Store) settleBatch(batch []*settlement) {
 	for i, st := range batch {
 		if isNoScript(cmds[i].Err()) {
 			s.settleOne(st)
+		} else if v, err := cmds[i].Int64Slice(); err == nil {
+			st.replied(v)
 		}
 	}
 }

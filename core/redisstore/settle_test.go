@@ -246,3 +246,101 @@ func TestThresholdsReachedBySettleRedis(t *testing.T) {
 		})
 	}
 }
+
+// scriptCalls returns how many EVAL and EVALSHA calls the server has run.
+func scriptCalls(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_eval" && name != "cmdstat_evalsha") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		n += v
+	}
+	return n
+}
+
+// TestSettleThresholdsWithoutRead: with the asynchronous settle, a
+// settle that reaches a threshold is told of it from the settle
+// script's reply: Settle returns while redis-server is paused, nothing is
+// told until the script has run, the event comes before the next
+// decision of the quota returns, and no script runs but the settle's and
+// that decision's (the count is not read back).
+func TestSettleThresholdsWithoutRead(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	log := &thresholdLog{}
+	e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{
+		{ID: "q", Quota: core.Quota{Max: 100, Renewal: time.Hour}, Settle: true, Thresholds: []int64{50}},
+	}}, core.Options{FailurePolicy: core.FailClosed, QuotaObserver: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	decide := func(k *core.Consumer) core.Decision {
+		t.Helper()
+		d, err := e.Decide(ctx, k, "api", 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		return d
+	}
+	told := func() string {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		return strings.Join(log.got, ", ")
+	}
+	// Both scripts loaded, so none is sent twice (NOSCRIPT) below.
+	warm := &core.Consumer{ID: "warm", Policies: []string{"q"}}
+	decide(warm).Hold.Settle(2)
+	decide(warm)
+	log.mu.Lock()
+	log.got = nil
+	log.mu.Unlock()
+
+	k := &core.Consumer{ID: "k", Policies: []string{"q"}}
+	d := decide(k)
+	before := scriptCalls(t, c)
+	srv.Pause()
+	returned := make(chan struct{})
+	go func() {
+		d.Hold.Settle(60)
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(4 * time.Second): // below the store's timeout
+		srv.Resume()
+		t.Fatal("Settle waited for redis-server")
+	}
+	if got := told(); got != "" {
+		srv.Resume()
+		t.Fatalf("told %q before the settle ran", got)
+	}
+	srv.Resume()
+	if d := decide(k); d.Quota.Remaining != 39 {
+		t.Fatalf("after the settle: %d left, want 39", d.Quota.Remaining)
+	}
+	if got, want := told(), "k 50% used=60"; got != want {
+		t.Fatalf("told %q, want %q", got, want)
+	}
+	if n := scriptCalls(t, c) - before; n != 2 {
+		t.Fatalf("%d scripts ran for the settle and the decision after it, want 2 (no read)", n)
+	}
+}
