@@ -81,7 +81,7 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {
-			cp.StateFile = filepath.Join(filepath.Dir(v.Name), cp.StateFile)
+			cp.StateFile = filepath.Join(v.files.Dir, cp.StateFile)
 		}
 	} else {
 		cp.StateFile = DefaultStateFile(v.Name)

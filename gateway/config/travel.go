@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -136,7 +135,7 @@ func (v *loader) gcraOnly(s *spec.Snapshot) {
 // valid, as the gateway will, and checks that identity accepts them:
 // files relative to the file's directory, secrets from the environment.
 func (v *loader) jwtKeys(at string, a *spec.API) {
-	o, jwks, err := a.JWT.Options(a.ID, FileResolver{Dir: filepath.Dir(v.Name)})
+	o, jwks, err := a.JWT.Options(a.ID, v.files)
 	var errs spec.Errors
 	if err != nil && !errors.As(err, &errs) {
 		v.fail(at, "%v", err)

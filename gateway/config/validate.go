@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"net"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -63,7 +62,7 @@ func (v *loader) config(raw *rawConfig) *Config {
 	}
 	// Secret files named in the snapshot, the file's or the control
 	// plane's, are read relative to the file.
-	cfg.Resolver = FileResolver{Dir: filepath.Dir(v.Name)}
+	cfg.Resolver = v.files
 	if raw.ControlPlane != nil {
 		cfg.ControlPlane = v.controlPlane(raw.ControlPlane, raw)
 		// The rest is the control plane's.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -116,14 +117,15 @@ type rawKey struct {
 // (yamlfile.File.Report).
 type loader struct {
 	*yamlfile.File
-	memory bool // the store is the in-process one (GCRA only), for sure
+	memory bool         // the store is the in-process one (GCRA only), for sure
+	files  FileResolver // the file's: what it names is read from its directory
 }
 
 // newLoader returns the loader of the file name: spec's durations are
 // kept as text (spec parses them again), local ones are decoded, and a
 // JWT key's inline pem and secret are not offered.
 func newLoader(name string) *loader {
-	return &loader{File: &yamlfile.File{Name: name, Empty: "empty configuration",
+	return &loader{files: FileResolver{Dir: filepath.Dir(name)}, File: &yamlfile.File{Name: name, Empty: "empty configuration",
 		Omit: map[reflect.Type][]string{reflect.TypeFor[spec.JWTKey](): {"pem", "secret"}},
 		Scalars: map[reflect.Type]yamlfile.Scalar{
 			reflect.TypeFor[spec.Duration](): {Parse: func(path, s string) (any, string) {

@@ -508,7 +508,7 @@ func (f *File) Refused(path string) bool {
 
 // Place returns where the field at path is in the file and the rest of
 // the path below it: for a field that is missing, its nearest ancestor's
-// Place (zero when not even the file has one). Two paths through aliases
+// place (zero when not even the file has one). Two paths through aliases
 // to one text give the same text.
 func (f *File) Place(path string) (Place, string) {
 	for p := path; ; p = parent(p) {
