@@ -156,8 +156,6 @@ func (f *File) Fields(t reflect.Type) []Field {
 	return out
 }
 
-var timeType = reflect.TypeFor[time.Time]()
-
 // maxNodes bounds the nodes a file decodes through aliases: an alias bomb
 // would otherwise decode to more than memory holds.
 const maxNodes = 1 << 16
@@ -256,7 +254,7 @@ func (f *File) value(n *yaml.Node, t reflect.Type, path string) (x any, ok bool)
 		return nil, false
 	}
 	switch {
-	case t == timeType:
+	case t == reflect.TypeFor[time.Time]():
 		if n.Kind != yaml.ScalarNode {
 			return wrong("a string")
 		}
