@@ -451,7 +451,7 @@ func TestSyncStartRefusals(t *testing.T) {
 	}
 	bad := writeFile(t, dir, "bad.yaml", "- group: dp1\n  token_hash: sha256:abc\n")
 	code, out = runExit(t, env, "-data", filepath.Join(dir, "cp.db"), "-dataplanes", bad)
-	if want := "controlplane: dataplanes file " + bad + `: line 1: entry 1 (group "dp1"): token_hash: "sha256:abc" is not "sha256:" and 64 hex digits` + "\n"; code != 1 || out != want {
+	if want := "controlplane: dataplanes file: " + bad + `:2:15: [0].token_hash: "sha256:abc" is not "sha256:" and 64 hex digits` + "\n"; code != 1 || out != want {
 		t.Fatalf("exit %d, output %q; want 1 and %q", code, out, want)
 	}
 
@@ -492,30 +492,35 @@ func TestLoadDataPlanes(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v\nwant %+v", got, want)
 	}
+	// @ stands for the file's name.
 	for _, c := range []struct{ yaml, want string }{
-		{"- tags: [eu]\n  token_env: DP1\n", `line 1: entry 1: group: missing`},
-		{"- group: g\n  token_env: DP1\n  token_hash: " + h2 + "\n", `line 1: entry 1 (group "g"): give exactly one of token_hash, token_env and token_file`},
-		{"- group: g\n", `line 1: entry 1 (group "g"): give exactly one of token_hash, token_env and token_file`},
-		{"- group: g\n  token_hash: " + h2 + "x\n", `line 1: entry 1 (group "g"): token_hash: "` + h2 + `x" is not "sha256:" and 64 hex digits`},
-		{"- group: g\n  token_env: NOPE\n", `line 1: entry 1 (group "g"): token_env: the environment variable NOPE is unset or empty`},
-		{"- group: g\n  token_file: empty.token\n", `line 1: entry 1 (group "g"): token_file: ` + filepath.Join(dir, "empty.token") + ` is empty`},
-		{"- group: g\n  token_file: missing.token\n", `line 1: entry 1 (group "g"): token_file: open ` + filepath.Join(dir, "missing.token") + `: no such file or directory`},
-		{"- group: g\n  tags: [eu, \"\"]\n  token_env: DP1\n", `line 1: entry 1 (group "g"): tags[1]: empty`},
+		{"- tags: [eu]\n  token_env: DP1\n", `@:1:3: [0].group: missing`},
+		{"- group: g\n  token_env: DP1\n  token_hash: " + h2 + "\n", `@:1:3: [0]: give exactly one of token_hash, token_env and token_file`},
+		{"- group: g\n", `@:1:3: [0]: give exactly one of token_hash, token_env and token_file`},
+		{"- group: g\n  token_hash: " + h2 + "x\n", `@:2:15: [0].token_hash: "` + h2 + `x" is not "sha256:" and 64 hex digits`},
+		{"- group: g\n  token_env: NOPE\n", `@:2:14: [0].token_env: the environment variable NOPE is unset or empty`},
+		{"- group: g\n  token_file: empty.token\n", `@:2:15: [0].token_file: ` + filepath.Join(dir, "empty.token") + ` is empty`},
+		{"- group: g\n  token_file: missing.token\n", `@:2:15: [0].token_file: open ` + filepath.Join(dir, "missing.token") + `: no such file or directory`},
+		{"- group: g\n  tags: [eu, \"\"]\n  token_env: DP1\n", `@:2:14: [0].tags[1]: empty`},
 		{"- group: a\n  token_env: DP1\n\n- group: b\n  token_hash: " + controlplane.HashToken("dp1-secret") + "\n",
-			`line 4: entry 2 (group "b"): the same token as entry 1 (line 1); each token has one group and scope`},
-		{"- group: g\n  token_env: DP1\n  tag: [eu]\n", "line 3: entry 1: tag: unknown field (known here: group, tags, token_hash, token_env, token_file)"},
-		{"", "no data-plane tokens (want a list of entries with group, tags and token_hash, token_env or token_file)"},
-		{"group: g\n", "line 1: want a list of entries (- group: ..., token_hash: ...), not a mapping"},
+			`@:4:3: [1]: the same token as [0] (line 1); each token has one group and scope`},
+		{"- group: g\n  token_env: DP1\n  tag: [eu]\n", "@:3:3: [0].tag: unknown field (known here: group, tags, token_hash, token_env, token_file)"},
+		{"", "@: no data-plane tokens (want a list of entries with group, tags and token_hash, token_env or token_file)"},
+		{"[]", "@:1:1: no data-plane tokens (want a list of entries with group, tags and token_hash, token_env or token_file)"},
+		{"group: g\n", "@:1:1: want a list, got a mapping"},
 		{"- group: g\n  tags: dp1\n  token_env: DP1\n- group: [x]\n  colour: red\n  tags: [a, [b]]\n- just-a-string\n",
-			`line 2: entry 1: tags: want a list of strings (tags: [eu, prod]), not "dp1"; line 4: entry 2: group: want a string, not a list; ` +
-				`line 5: entry 2: colour: unknown field (known here: group, tags, token_hash, token_env, token_file); line 6: entry 2: tags[1]: want a string, not a list; ` +
-				`line 7: entry 3: want a mapping (group, tags, token_hash, token_env, token_file), not "just-a-string"`},
-		{"- group:\n  token_env: DP1\n", "line 1: entry 1: group: want a string, not nothing"},
-		{"- group: g\n  token_env: DP1\n  nested: {a: [1, *x]}\n", "unknown anchor 'x' referenced"},
+			"@:2:9: [0].tags: want a list of strings, got \"dp1\"\n@:4:10: [1].group: want a string, got a list\n" +
+				"@:5:3: [1].colour: unknown field (known here: group, tags, token_hash, token_env, token_file)\n@:6:13: [1].tags[1]: want a string, got a list\n" +
+				"@:7:3: [2]: want a mapping, got \"just-a-string\""},
+		{"- group:\n  token_env: DP1\n", "@:1:9: [0].group: missing"},
+		{"- group: g\n  token_env: DP1\n  nested: {a: [1, *x]}\n", "@:3:20: YAML syntax: unknown anchor 'x' referenced"},
+		// Every problem of every entry, not the first only.
+		{"- group: g\n  token_env: NOPE\n- tags: [\"\"]\n  token_env: DP1\n", "@:2:14: [0].token_env: the environment variable NOPE is unset or empty\n" +
+			"@:3:3: [1].group: missing\n@:3:10: [1].tags[0]: empty"},
 	} {
 		p := writeFile(t, dir, "bad.yaml", c.yaml)
 		_, err := loadDataPlanes(p, getenv)
-		if want := "dataplanes file " + p + ": " + c.want; err == nil || err.Error() != want {
+		if want := "dataplanes file: " + strings.ReplaceAll(c.want, "@", p); err == nil || err.Error() != want {
 			t.Errorf("%q:\n got %v\nwant %s", c.yaml, err, want)
 		}
 	}

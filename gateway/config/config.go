@@ -20,11 +20,8 @@
 package config
 
 import (
-	"cmp"
 	"fmt"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/limitplane/limitplane/adapters/response"
@@ -32,8 +29,8 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/identity"
+	"github.com/limitplane/limitplane/internal/yamlfile"
 	"github.com/limitplane/limitplane/spec"
-	"go.yaml.in/yaml/v3"
 )
 
 // Defaults for fields left out of a file.
@@ -203,61 +200,26 @@ func Load(path string) (*Config, error) {
 // secret_env and password_env are read from the process environment, so a
 // missing or weak secret is reported here, at its line.
 func Parse(name string, data []byte) (*Config, error) {
-	v := &loader{file: name, seen: map[reported]bool{}, active: map[*yaml.Node]bool{},
-		places: map[string]place{}, uncertain: map[string]bool{}}
-	raw := v.decode(data)
-	if raw == nil {
-		return nil, v.errs
+	v := newLoader(name)
+	raw := &rawConfig{Server: Server{Engine: EngineNetHTTP, ReadHeaderTimeout: DefaultReadHeaderTimeout, ReadTimeout: DefaultReadTimeout,
+		WriteTimeout: DefaultWriteTimeout, IdleTimeout: DefaultIdleTimeout, ShutdownTimeout: DefaultShutdownTimeout,
+		MaxHeaderBytes: DefaultMaxHeaderBytes}}
+	if !v.Decode(data, raw) {
+		return nil, v.Errs
 	}
 	cfg := v.config(raw)
-	if errs := v.errs; len(errs) > 0 {
-		slices.SortStableFunc(errs, func(a, b *Error) int { return cmp.Or(a.Line-b.Line, a.Column-b.Column) })
-		return nil, errs
+	if err := v.Err(); err != nil {
+		return nil, err
 	}
 	return cfg, nil
 }
 
-// Error is one problem in a configuration file.
-type Error struct {
-	// File is the name given to Parse.
-	File string
-	// Line and Column locate the problem, 1-based; 0 when unknown.
-	Line, Column int
-	// Field is the path of the offending field, like
-	// "policies[1].rate.per"; "" for the file as a whole.
-	Field string
-	// Problem says what is wrong.
-	Problem string
-}
-
-// Error formats the problem as "file:line:column: field: problem".
-func (e *Error) Error() string {
-	var b strings.Builder
-	b.WriteString(e.File)
-	if e.Line > 0 {
-		fmt.Fprintf(&b, ":%d", e.Line)
-		if e.Column > 0 {
-			fmt.Fprintf(&b, ":%d", e.Column)
-		}
-	}
-	b.WriteString(": ")
-	if e.Field != "" {
-		b.WriteString(e.Field)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Problem)
-	return b.String()
-}
+// Error is one problem in a configuration file: its File is the name
+// given to Parse, its Field a path like "policies[1].rate.per" ("" for
+// the file as a whole), and Error formats it as
+// "file:line:column: field: problem".
+type Error = yamlfile.Error
 
 // Errors is every problem found in a file, in file order as far as
-// possible. It is never empty when returned as an error.
-type Errors []*Error
-
-// Error returns the problems one per line.
-func (es Errors) Error() string {
-	s := make([]string, len(es))
-	for i, e := range es {
-		s[i] = e.Error()
-	}
-	return strings.Join(s, "\n")
-}
+// possible, one per line. It is never empty when returned as an error.
+type Errors = yamlfile.Errors

@@ -81,10 +81,10 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 	if r.StateFile != "" {
 		cp.StateFile = r.StateFile
 		if !filepath.IsAbs(cp.StateFile) {
-			cp.StateFile = filepath.Join(filepath.Dir(v.file), cp.StateFile)
+			cp.StateFile = filepath.Join(v.files.Dir, cp.StateFile)
 		}
 	} else {
-		cp.StateFile = DefaultStateFile(v.file)
+		cp.StateFile = DefaultStateFile(v.Name)
 	}
 	return cp
 }

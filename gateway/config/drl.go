@@ -41,7 +41,7 @@ type DRL = drl.Options
 func (v *loader) drl(raw *rawConfig, cfg *Config) *DRL {
 	r := raw.DRL
 	d := &DRL{Group: drl.DefaultGroup}
-	if cfg.Redis == nil && !v.refused("store") && !v.failed("store") {
+	if cfg.Redis == nil && !v.Refused("store") && !v.failed("store") {
 		v.fail("drl", "needs a redis store (store: redis://host:port/db): the gateways of a data plane share their demand and shares through it")
 	}
 	switch {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // readme returns the repository's README.md.
@@ -23,10 +24,10 @@ func readme(t *testing.T) string {
 // The rate and quota blocks are listed in full once, under policies.
 func schemaPaths(t reflect.Type, prefix string, seen map[reflect.Type]bool) []string {
 	var out []string
-	for _, f := range fields(t) {
-		p := prefix + f.name
+	for _, f := range newLoader("").Fields(t) {
+		p := prefix + f.Name
 		out = append(out, p)
-		ft := f.t
+		ft := f.Type
 		for ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
@@ -35,7 +36,7 @@ func schemaPaths(t reflect.Type, prefix string, seen map[reflect.Type]bool) []st
 			out = append(out, schemaPaths(ft.Elem(), p+"[].", seen)...)
 		case ft.Kind() == reflect.Map:
 			out = append(out, schemaPaths(ft.Elem(), p+".<api id>.", seen)...)
-		case ft.Kind() == reflect.Struct && ft != timeType && !seen[ft]:
+		case ft.Kind() == reflect.Struct && ft != reflect.TypeFor[time.Time]() && !seen[ft]:
 			seen[ft] = true
 			out = append(out, schemaPaths(ft, p+".", seen)...)
 		}

@@ -32,8 +32,8 @@ func TestSpecNamesAreTheFileNames(t *testing.T) {
 		{file: spec.JWKS{}, spec: spec.JWKS{}},
 	} {
 		var fileNames []string
-		for _, f := range fields(reflect.TypeOf(tc.file)) {
-			fileNames = append(fileNames, f.name)
+		for _, f := range newLoader("").Fields(reflect.TypeOf(tc.file)) {
+			fileNames = append(fileNames, f.Name)
 		}
 		specNames := tagNames(reflect.TypeOf(tc.spec), "json")
 		var onlyFile, onlySpec []string

@@ -77,7 +77,7 @@ func (v *loader) secret(path, kind, env, file string) (string, bool) {
 	case file == "":
 		return "", false
 	}
-	s, err := spec.Secret(FileResolver{Dir: filepath.Dir(v.file)}, env, file)
+	s, err := spec.Secret(v.files, env, file)
 	if err != nil {
 		v.fail(field, "%v", err)
 	}
@@ -90,7 +90,7 @@ const maxFileSize = 1 << 20
 // read reads a small regular file named in the config (see
 // FileResolver.ReadFile), reporting at path why it cannot.
 func (v *loader) read(path, p string) ([]byte, bool) {
-	b, err := FileResolver{Dir: filepath.Dir(v.file)}.ReadFile(p)
+	b, err := v.files.ReadFile(p)
 	if err != nil {
 		v.fail(path, "%v", err)
 	}

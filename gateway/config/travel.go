@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -75,15 +74,15 @@ func (v *loader) travelling(raw *rawConfig) spec.Snapshot {
 			continue
 		}
 		problem := e.Problem
-		if first, _ := v.place(e.First); e.First != "" {
-			problem = strings.Replace(problem, e.First, fmt.Sprintf("%s on line %d", e.First, first.at.Line), 1)
+		if first, _ := v.Place(e.First); e.First != "" {
+			problem = strings.Replace(problem, e.First, fmt.Sprintf("%s on line %d", e.First, first.At.Line), 1)
 		}
-		v.add(path, problem, e.Missing, e.Unknown)
+		v.Report(path, problem, e.Missing, e.Unknown)
 	}
 	for i, a := range s.APIs {
 		at := fmt.Sprintf("apis[%d].jwt", i)
 		valid := !slices.ContainsFunc(errs, func(e *spec.Error) bool { return e.Path == at || strings.HasPrefix(e.Path, at+".") })
-		if a.JWT != nil && a.Auth == spec.AuthJWT && valid && !v.refused(at) {
+		if a.JWT != nil && a.Auth == spec.AuthJWT && valid && !v.Refused(at) {
 			v.jwtKeys(at, &a)
 		}
 		if lp, err := spec.CleanListenPath(a.ListenPath); err == nil {
@@ -98,7 +97,7 @@ func (v *loader) travelling(raw *rawConfig) spec.Snapshot {
 func authRefused(v *loader, path string) bool {
 	var i int
 	var rest string
-	if n, _ := fmt.Sscanf(path, "apis[%d].%s", &i, &rest); n < 2 || !v.refused(fmt.Sprintf("apis[%d].auth", i)) {
+	if n, _ := fmt.Sscanf(path, "apis[%d].%s", &i, &rest); n < 2 || !v.Refused(fmt.Sprintf("apis[%d].auth", i)) {
 		return false
 	}
 	for _, f := range []string{"policies", "jwt", "strip_auth_data", "failure_limit"} {
@@ -136,7 +135,7 @@ func (v *loader) gcraOnly(s *spec.Snapshot) {
 // valid, as the gateway will, and checks that identity accepts them:
 // files relative to the file's directory, secrets from the environment.
 func (v *loader) jwtKeys(at string, a *spec.API) {
-	o, jwks, err := a.JWT.Options(a.ID, FileResolver{Dir: filepath.Dir(v.file)})
+	o, jwks, err := a.JWT.Options(a.ID, v.files)
 	var errs spec.Errors
 	if err != nil && !errors.As(err, &errs) {
 		v.fail(at, "%v", err)
@@ -154,5 +153,5 @@ func (v *loader) jwtKeys(at string, a *spec.API) {
 
 // failed reports whether a problem was already reported at path.
 func (v *loader) failed(path string) bool {
-	return slices.ContainsFunc(v.errs, func(e *Error) bool { return e.Field == path })
+	return slices.ContainsFunc(v.Errs, func(e *Error) bool { return e.Field == path })
 }

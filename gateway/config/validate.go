@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"net"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -20,25 +19,12 @@ import (
 
 // fail records a problem with the field at path.
 func (v *loader) fail(path, format string, args ...any) {
-	v.add(path, fmt.Sprintf(format, args...), false, "")
+	v.Report(path, fmt.Sprintf(format, args...), false, "")
 }
 
 // require records that something required is missing at path.
 func (v *loader) require(path, format string, args ...any) {
-	v.add(path, fmt.Sprintf(format, args...), true, "")
-}
-
-// add records a problem at the field at path unless it echoes one
-// reported while decoding (see echo).
-func (v *loader) add(path, problem string, missing bool, unknown string) {
-	// A problem reached again through an alias is reported once.
-	pl, rest := v.place(path)
-	k := reported{pl.text, rest + ": " + problem}
-	if v.echo(path, missing, unknown) || v.seen[k] {
-		return
-	}
-	v.seen[k] = true
-	v.errs = append(v.errs, &Error{File: v.file, Line: pl.at.Line, Column: pl.at.Column, Field: path, Problem: problem})
+	v.Report(path, fmt.Sprintf(format, args...), true, "")
 }
 
 func (v *loader) config(raw *rawConfig) *Config {
@@ -48,7 +34,7 @@ func (v *loader) config(raw *rawConfig) *Config {
 	}
 	switch s := raw.Store; {
 	case s == "" || s == "memory":
-		v.memory = !v.refused("store")
+		v.memory = !v.Refused("store")
 		if raw.Redis != nil && v.memory {
 			v.fail("redis", "only used with a redis store (store: redis://host:port/db)")
 		}
@@ -76,7 +62,7 @@ func (v *loader) config(raw *rawConfig) *Config {
 	}
 	// Secret files named in the snapshot, the file's or the control
 	// plane's, are read relative to the file.
-	cfg.Resolver = FileResolver{Dir: filepath.Dir(v.file)}
+	cfg.Resolver = v.files
 	if raw.ControlPlane != nil {
 		cfg.ControlPlane = v.controlPlane(raw.ControlPlane, raw)
 		// The rest is the control plane's.
@@ -149,8 +135,8 @@ func number[T int | float64 | time.Duration](v *loader, path string, n *T, def T
 
 // bad reports the value at path, as the file wrote it, and then words.
 func (v *loader) bad(path, words string) {
-	pl, _ := v.place(path)
-	v.fail(path, "%s%s", pl.text.Value, words)
+	pl, _ := v.Place(path)
+	v.fail(path, "%s%s", pl.Text.Value, words)
 }
 
 // The checks number uses most, and their words.
