@@ -291,3 +291,56 @@ func BenchmarkParts(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkGRPCUnaryDeny times the unary interceptor denying a call (API
+// key, a policy of 1 call an hour already spent, on a manual clock):
+// "again" says what the previous denial said (the same RetryInfo: a denial
+// storm within a millisecond), "anew" advances the clock a millisecond
+// before each call, so every denial's RetryInfo differs and its status is
+// built.
+func BenchmarkGRPCUnaryDeny(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		advance time.Duration
+	}{{"again", 0}, {"anew", time.Millisecond}} {
+		b.Run(tc.name, func(b *testing.B) {
+			call, ts, clock := grpcDenyCall(b)
+			b.ReportAllocs()
+			for b.Loop() {
+				ts.header = nil // a new call
+				clock.Advance(tc.advance)
+				call()
+			}
+		})
+	}
+}
+
+// grpcDenyCall returns a unary call that the interceptor denies, its
+// transport stream and the engine's clock.
+func grpcDenyCall(tb testing.TB) (func() (any, error), *transportStream, *core.ManualClock) {
+	tb.Helper()
+	clock := core.NewManualClock(int64(time.Hour))
+	eng, err := core.NewEngine(memory.New(memory.Options{Clock: clock}), core.Config{Policies: []core.Policy{
+		{ID: "bench", Rate: core.Limit{Rate: 1, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, auth := limiter(tb)
+	ts := &transportStream{}
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", key))
+	ctx = peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}})
+	ctx = grpc.NewContextWithServerTransportStream(ctx, ts)
+	info := &grpc.UnaryServerInfo{FullMethod: ts.Method()}
+	handler := func(ctx context.Context, req any) (any, error) { return req, nil }
+	req := new(int)
+	icpt := lpgrpc.UnaryServerInterceptor(eng, auth, lpgrpc.Options{})
+	call := func() (any, error) { return icpt(ctx, req, info, handler) }
+	if _, err := call(); err != nil {
+		tb.Fatalf("first call: %v", err)
+	}
+	if _, err := call(); err == nil {
+		tb.Fatal("second call admitted, want a denial")
+	}
+	return call, ts, clock
+}
