@@ -261,6 +261,9 @@ func TestUnaryThreeAtOnce(t *testing.T) {
 		v[0].QuotaId != "default" || v[0].QuotaMetric != "rate" || v[0].QuotaValue != 2 {
 		t.Fatalf("QuotaFailure %v", qf)
 	}
+	// What the client decoded is, field for field, what WithDetails builds.
+	sameWire(t, "denial received", st, withDetailsStatus("rate limit exceeded",
+		core.Decision{DecidedBy: core.KindRate, Policy: "default", Limit: 2, RetryAfter: 500 * time.Millisecond}, identity.HashKey("k1").ConsumerID()))
 	if got, w := mdString(denied.md, "ratelimit-policy", "ratelimit", "retry-after"),
 		`ratelimit-policy=["\"default\";q=2;w=1"] ratelimit=["\"default\";r=0;t=1"] retry-after=["1"] `; got != w {
 		t.Fatalf("denied metadata\n got %s\nwant %s", got, w)
