@@ -156,6 +156,7 @@ func benchPeersNetHTTP(b *testing.B, rate peerRate) {
 					serveRecorded(h, r)
 				}
 				b.ReportAllocs()
+				cpu := startCPU(b)
 				i := 0
 				for b.Loop() {
 					r.RemoteAddr = addrs[i]
@@ -164,6 +165,7 @@ func benchPeersNetHTTP(b *testing.B, rate peerRate) {
 					}
 					serveRecorded(h, r)
 				}
+				cpu.report()
 			})
 		}
 	}
@@ -224,6 +226,7 @@ func benchPeersFiber(b *testing.B, rate peerRate) {
 					h(ctx)
 				}
 				b.ReportAllocs()
+				cpu := startCPU(b)
 				i := 0
 				for b.Loop() {
 					ctx.Response.Reset()
@@ -233,6 +236,7 @@ func benchPeersFiber(b *testing.B, rate peerRate) {
 					}
 					h(ctx)
 				}
+				cpu.report()
 			})
 		}
 	}
