@@ -181,6 +181,17 @@ func grpcCall(limited bool, tb testing.TB) (func() (any, error), *transportStrea
 }
 
 func grpcCallOpts(limited bool, opts lpgrpc.Options, tb testing.TB) (func() (any, error), *transportStream) {
+	if !limited {
+		return grpcUnary(nil)
+	}
+	eng, auth := limiter(tb)
+	return grpcUnary(lpgrpc.UnaryServerInterceptor(eng, auth, opts))
+}
+
+// grpcUnary returns a unary call through icpt (the handler alone when
+// icpt is nil), on a context as a server gives one (the API key in the
+// incoming metadata, a peer, a transport stream), and its stream.
+func grpcUnary(icpt grpc.UnaryServerInterceptor) (func() (any, error), *transportStream) {
 	ts := &transportStream{}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", key))
 	ctx = peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}})
@@ -188,11 +199,9 @@ func grpcCallOpts(limited bool, opts lpgrpc.Options, tb testing.TB) (func() (any
 	info := &grpc.UnaryServerInfo{FullMethod: ts.Method()}
 	handler := func(ctx context.Context, req any) (any, error) { return req, nil }
 	req := new(int)
-	if !limited {
+	if icpt == nil {
 		return func() (any, error) { return handler(ctx, req) }, ts
 	}
-	eng, auth := limiter(tb)
-	icpt := lpgrpc.UnaryServerInterceptor(eng, auth, opts)
 	return func() (any, error) { return icpt(ctx, req, info, handler) }, ts
 }
 
@@ -327,15 +336,7 @@ func grpcDenyCall(tb testing.TB) (func() (any, error), *transportStream, *core.M
 		tb.Fatal(err)
 	}
 	_, auth := limiter(tb)
-	ts := &transportStream{}
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", key))
-	ctx = peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}})
-	ctx = grpc.NewContextWithServerTransportStream(ctx, ts)
-	info := &grpc.UnaryServerInfo{FullMethod: ts.Method()}
-	handler := func(ctx context.Context, req any) (any, error) { return req, nil }
-	req := new(int)
-	icpt := lpgrpc.UnaryServerInterceptor(eng, auth, lpgrpc.Options{})
-	call := func() (any, error) { return icpt(ctx, req, info, handler) }
+	call, ts := grpcUnary(lpgrpc.UnaryServerInterceptor(eng, auth, lpgrpc.Options{}))
 	if _, err := call(); err != nil {
 		tb.Fatalf("first call: %v", err)
 	}

@@ -145,15 +145,24 @@ func BenchmarkPeersNetHTTP(b *testing.B) { benchPeersNetHTTP(b, admitRate) }
 func BenchmarkPeersNetHTTPDeny(b *testing.B) { benchPeersNetHTTP(b, denyRate) }
 
 func benchPeersNetHTTP(b *testing.B, rate peerRate) {
+	benchNetHTTPRows(b, rate, func() func(http.Handler, *http.Request) {
+		return func(h http.Handler, r *http.Request) { serveRecorded(h, r) }
+	})
+}
+
+// benchNetHTTPRows runs every net/http row at rate, serving each request
+// with a server newServe makes for the row.
+func benchNetHTTPRows(b *testing.B, rate peerRate, newServe func() func(http.Handler, *http.Request)) {
 	for _, n := range peerShapes {
 		addrs := remoteAddrs(n)
 		for _, p := range netHTTPPeers {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
 				h := p.wrap(b, okHandler(), rate)
 				r := httptest.NewRequest("GET", "/x", nil)
+				serve := newServe()
 				for _, a := range addrs { // every client known before timing
 					r.RemoteAddr = a
-					serveRecorded(h, r)
+					serve(h, r)
 				}
 				b.ReportAllocs()
 				cpu := startCPU(b)
@@ -163,7 +172,7 @@ func benchPeersNetHTTP(b *testing.B, rate peerRate) {
 					if i++; i == n {
 						i = 0
 					}
-					serveRecorded(h, r)
+					serve(h, r)
 				}
 				cpu.report()
 			})

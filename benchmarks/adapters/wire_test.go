@@ -68,33 +68,13 @@ func BenchmarkPeersNetHTTPWire(b *testing.B) { benchPeersNetHTTPWire(b, admitRat
 func BenchmarkPeersNetHTTPWireDeny(b *testing.B) { benchPeersNetHTTPWire(b, denyRate) }
 
 func benchPeersNetHTTPWire(b *testing.B, rate peerRate) {
-	for _, n := range peerShapes {
-		addrs := remoteAddrs(n)
-		for _, p := range netHTTPPeers {
-			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
-				h := p.wrap(b, okHandler(), rate)
-				r := httptest.NewRequest("GET", "/x", nil)
-				w := new(wireWriter)
-				for _, a := range addrs { // every client known before timing
-					r.RemoteAddr = a
-					w.reset()
-					h.ServeHTTP(w, r)
-				}
-				b.ReportAllocs()
-				cpu := startCPU(b)
-				i := 0
-				for b.Loop() {
-					r.RemoteAddr = addrs[i]
-					if i++; i == n {
-						i = 0
-					}
-					w.reset()
-					h.ServeHTTP(w, r)
-				}
-				cpu.report()
-			})
+	benchNetHTTPRows(b, rate, func() func(http.Handler, *http.Request) {
+		w := new(wireWriter)
+		return func(h http.Handler, r *http.Request) {
+			w.reset()
+			h.ServeHTTP(w, r)
 		}
-	}
+	})
 }
 
 // TestWireWriterAsServer checks that a wireWriter writes what net/http's
