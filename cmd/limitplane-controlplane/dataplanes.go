@@ -45,12 +45,15 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 	const none = "no data-plane tokens (want a list of entries with group, tags and token_hash, token_env or token_file)"
 	f := &yamlfile.File{Name: path, Empty: none}
 	var entries []dataPlaneEntry
-	if f.Decode(data, &entries); len(f.Errs) == 0 && len(entries) == 0 {
+	ok := f.Decode(data, &entries)
+	if ok && len(f.Errs) == 0 && len(entries) == 0 {
 		f.Report("", none, false, "")
 	}
-	if len(f.Errs) > 0 {
-		return nil, fmt.Errorf("dataplanes file: %w", f.Err())
+	if !ok {
+		return nil, invalid(f.Err())
 	}
+	// On with the entries' checks whatever their shape: the problems of
+	// an entry or field already refused are not said twice (Report).
 	var out []controlplane.DataPlaneToken
 	first := map[string]int{} // a hash's entry
 	for i, e := range entries {
@@ -105,7 +108,13 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 		out = append(out, controlplane.DataPlaneToken{Hash: hash, Group: e.Group, Tags: e.Tags})
 	}
 	if err := f.Err(); err != nil {
-		return nil, fmt.Errorf("dataplanes file: %w", err)
+		return nil, invalid(err)
 	}
 	return out, nil
+}
+
+// invalid is the error of a -dataplanes file with problems: a line of
+// its own, then each problem on one, as the gateway says of its file.
+func invalid(problems error) error {
+	return fmt.Errorf("dataplanes file: invalid, not starting:\n%w", problems)
 }

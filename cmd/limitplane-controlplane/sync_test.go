@@ -451,7 +451,7 @@ func TestSyncStartRefusals(t *testing.T) {
 	}
 	bad := writeFile(t, dir, "bad.yaml", "- group: dp1\n  token_hash: sha256:abc\n")
 	code, out = runExit(t, env, "-data", filepath.Join(dir, "cp.db"), "-dataplanes", bad)
-	if want := "controlplane: dataplanes file: " + bad + `:2:15: [0].token_hash: "sha256:abc" is not "sha256:" and 64 hex digits` + "\n"; code != 1 || out != want {
+	if want := "controlplane: dataplanes file: invalid, not starting:\n" + bad + `:2:15: [0].token_hash: "sha256:abc" is not "sha256:" and 64 hex digits` + "\n"; code != 1 || out != want {
 		t.Fatalf("exit %d, output %q; want 1 and %q", code, out, want)
 	}
 
@@ -509,10 +509,15 @@ func TestLoadDataPlanes(t *testing.T) {
 		{"[]", "@:1:1: no data-plane tokens (want a list of entries with group, tags and token_hash, token_env or token_file)"},
 		{"group: g\n", "@:1:1: want a list, got a mapping"},
 		{"- group: g\n  tags: dp1\n  token_env: DP1\n- group: [x]\n  colour: red\n  tags: [a, [b]]\n- just-a-string\n",
-			"@:2:9: [0].tags: want a list of strings, got \"dp1\"\n@:4:10: [1].group: want a string, got a list\n" +
+			"@:2:9: [0].tags: want a list of strings, got \"dp1\"\n@:4:3: [1]: give exactly one of token_hash, token_env and token_file\n@:4:10: [1].group: want a string, got a list\n" +
 				"@:5:3: [1].colour: unknown field (known here: group, tags, token_hash, token_env, token_file)\n@:6:13: [1].tags[1]: want a string, got a list\n" +
 				"@:7:3: [2]: want a mapping, got \"just-a-string\""},
 		{"- group:\n  token_env: DP1\n", "@:1:9: [0].group: missing"},
+		// An empty entry is refused at its line; the entry after it keeps
+		// its index.
+		{"- ~\n- group: g\n  token_env: NOPE\n", "@:1:3: [0]: an empty entry (a lone \"-\" or ~): remove it or give it a value\n" +
+			"@:3:14: [1].token_env: the environment variable NOPE is unset or empty"},
+		{"- group: g\n  token_env: DP1\n---\n- group: h\n", "@:4:1: a second YAML document (after ---): a file holds one"},
 		{"- group: g\n  token_env: DP1\n  nested: {a: [1, *x]}\n", "@:3:20: YAML syntax: unknown anchor 'x' referenced"},
 		// Every problem of every entry, not the first only.
 		{"- group: g\n  token_env: NOPE\n- tags: [\"\"]\n  token_env: DP1\n", "@:2:14: [0].token_env: the environment variable NOPE is unset or empty\n" +
@@ -520,7 +525,7 @@ func TestLoadDataPlanes(t *testing.T) {
 	} {
 		p := writeFile(t, dir, "bad.yaml", c.yaml)
 		_, err := loadDataPlanes(p, getenv)
-		if want := "dataplanes file: " + strings.ReplaceAll(c.want, "@", p); err == nil || err.Error() != want {
+		if want := "dataplanes file: invalid, not starting:\n" + strings.ReplaceAll(c.want, "@", p); err == nil || err.Error() != want {
 			t.Errorf("%q:\n got %v\nwant %s", c.yaml, err, want)
 		}
 	}

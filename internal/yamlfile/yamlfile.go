@@ -171,6 +171,12 @@ func (f *File) Decode(data []byte, into any) bool {
 		f.Errs = append(f.Errs, syntaxError(f.Name, data, err))
 		return false
 	}
+	if extra := secondDocument(data); extra != nil {
+		// yaml reads the first document only: what follows "---" would
+		// be left out without a word.
+		f.Errs = append(f.Errs, &Error{File: f.Name, Line: extra.Line, Column: extra.Column,
+			Problem: "a second YAML document (after ---): a file holds one"})
+	}
 	if len(root.Content) == 0 {
 		if f.Empty != "" {
 			f.Errs = append(f.Errs, &Error{File: f.Name, Problem: f.Empty})
@@ -189,6 +195,20 @@ func (f *File) Decode(data []byte, into any) bool {
 		}
 	}
 	return true
+}
+
+// secondDocument returns the node of data's second YAML document, or
+// nil when it has one only, the second is empty, or it does not parse.
+func secondDocument(data []byte) *yaml.Node {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if dec.Decode(&doc) != nil || dec.Decode(&doc) != nil {
+		return nil
+	}
+	if len(doc.Content) == 0 || doc.Content[0].ShortTag() == "!!null" {
+		return nil // a "---" with nothing after it
+	}
+	return doc.Content[0]
 }
 
 // Err returns the problems, in file order, or nil when there are none.
@@ -292,9 +312,15 @@ func (f *File) value(n *yaml.Node, t reflect.Type, path string) (x any, ok bool)
 		}
 		out := make([]any, 0, len(n.Content))
 		for i, c := range n.Content {
-			if x, ok := f.value(c, t.Elem(), path+"["+strconv.Itoa(i)+"]"); ok {
-				out = append(out, x)
+			at := path + "[" + strconv.Itoa(i) + "]"
+			x, ok := f.value(c, t.Elem(), at)
+			if !ok && resolve(c).ShortTag() == "!!null" {
+				f.refuse(c, at, "an empty entry (a lone \"-\" or ~): remove it or give it a value")
 			}
+			// A refused entry stays, empty, so that the entries after it
+			// keep their index: the checks of the decoded value name
+			// them by it (and say nothing of the refused one).
+			out = append(out, x)
 		}
 		return out, true
 	case t.Kind() == reflect.String:
@@ -315,6 +341,12 @@ func (f *File) value(n *yaml.Node, t reflect.Type, path string) (x any, ok bool)
 	case reflect.Float32, reflect.Float64:
 		want, tags = "a number", []string{"!!int", "!!float"}
 	}
+	if tag == "!!int" && !plainDecimal(n.Value) {
+		// yaml reads 017 as octal (15), 0x10 as 16 and 1_000 as 1000;
+		// a limit must mean what it looks like.
+		f.refuse(at, path, "want a decimal integer without leading zeros, got %s", n.Value)
+		return nil, false
+	}
 	p := reflect.New(t)
 	if n.Kind == yaml.ScalarNode && want == "an integer" && (tag == "!!float" && decimalDigits(n.Value) || tag == "!!int" && n.Decode(p.Interface()) != nil) {
 		// An integer the field cannot hold (yaml tags one past 64 bits
@@ -333,6 +365,14 @@ func (f *File) value(n *yaml.Node, t reflect.Type, path string) (x any, ok bool)
 		return wrong("a finite number")
 	}
 	return p.Elem().Interface(), true
+}
+
+// plainDecimal reports whether s is an integer written as it reads: an
+// optional sign and decimal digits, with no leading zero but for 0
+// itself.
+func plainDecimal(s string) bool {
+	d := strings.TrimLeft(s, "+-")
+	return decimalDigits(s) && len(s)-len(d) <= 1 && (d == "0" || d[0] != '0')
 }
 
 // decimalDigits reports whether s is a decimal integer: an optional

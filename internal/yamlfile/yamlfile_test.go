@@ -55,6 +55,22 @@ func TestDecode(t *testing.T) {
 		{"base: &b {n: x}\n", "f.yaml:1:1: base: unknown field (known here: name, wait, at, inner, list, tags)"},
 		{"list: [&b {n: 1}, {<<: *b, f: x}]\n", "f.yaml:1:31: list[1].f: want a number, got \"x\""},
 		{"list: [&b {n: 1, f: x}, {<<: *b}, {<<: *b, n: 2}]\n", "f.yaml:1:21: list[0].f: want a number, got \"x\""}, // once, at the anchor
+		// An empty entry is refused where it is, and the entries after
+		// it keep their index.
+		{"list:\n  -\n  - {n: x}\ntags: [~, a]\n", "f.yaml:2:4: list[0]: an empty entry (a lone \"-\" or ~): remove it or give it a value\n" +
+			"f.yaml:3:9: list[1].n: want an integer, got \"x\"\nf.yaml:4:8: tags[0]: an empty entry (a lone \"-\" or ~): remove it or give it a value"},
+		// Integers as they read: no octal, hexadecimal or underscores.
+		{"inner: {n: 017}\n", "f.yaml:1:12: inner.n: want a decimal integer without leading zeros, got 017"},
+		{"inner: {n: 0x10, f: 1_000}\n", "f.yaml:1:12: inner.n: want a decimal integer without leading zeros, got 0x10\n" +
+			"f.yaml:1:21: inner.f: want a decimal integer without leading zeros, got 1_000"},
+		{"inner: {n: 0, f: -10}\n", ""},
+		{"inner: {n: +7}\n", ""},
+		// One document: a second is refused, a leading or trailing
+		// "---" is fine.
+		{"name: a\n---\nname: b\n", "f.yaml:3:1: a second YAML document (after ---): a file holds one"},
+		{"---\nname: a\n", ""},
+		{"name: a\n---\n", ""},
+		{"name: a\n...\n", ""},
 	} {
 		f := newFile()
 		var d doc
