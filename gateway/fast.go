@@ -507,6 +507,7 @@ func (c *fastClients) get(target *url.URL) *fasthttp.HostClient {
 		Addr:                     addr,
 		IsTLS:                    tls,
 		NoDefaultUserAgentHeader: true, // as ReverseProxy: no User-Agent unless the client sent one
+		DialDualStack:            true, // IPv6 upstreams too, as net/http's dialer (fasthttp's default dials tcp4 only)
 		DisablePathNormalizing:   true, // the path is sent as net/http would send it
 		// No cap on connections, as http.DefaultTransport has none:
 		// fasthttp's default (512) would answer 502 above it.

@@ -145,3 +145,48 @@ func TestFastClientsDropUnusedUpstreams(t *testing.T) {
 		t.Fatalf("after Close: %d upstream connections closed; want 1", c)
 	}
 }
+
+// The fasthttp engine proxies to an upstream on an IPv6 address, as the
+// net/http engine does (fasthttp's client dials IPv4 only unless told).
+func TestFastUpstreamIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback on this machine: %v", err)
+	}
+	up := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "up6")
+	})}}
+	up.Start()
+	t.Cleanup(up.Close)
+
+	store := memory.New(memory.Options{})
+	t.Cleanup(func() { store.Close() })
+	g, err := New(Options{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Apply(context.Background(), &spec.Snapshot{
+		Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 1000, Per: spec.Duration(time.Second)}}},
+		APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: up.URL, Auth: spec.AuthKeyless, Policies: []string{"p"}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := &fasthttp.Server{Handler: g.ServeFastHTTP}
+	done := make(chan struct{})
+	go func() { defer close(done); fs.Serve(front) }()
+	t.Cleanup(func() { front.Close(); fs.Shutdown(); <-done })
+	resp, err := http.Get("http://" + front.Addr().String() + "/a/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "up6" {
+		t.Fatalf("through %s: %d %q; want 200 \"up6\"", up.URL, resp.StatusCode, b)
+	}
+}
