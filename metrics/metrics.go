@@ -12,6 +12,8 @@
 package metrics
 
 import (
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +51,21 @@ type Collector struct {
 	refused   prometheus.CounterFunc
 	// storeErrors counts failed store calls.
 	storeErrors prometheus.Counter
+
+	// The children of decisions (decisionLabels → prometheus.Counter)
+	// and of latency (api → prometheus.Observer) found so far, so that a
+	// decision costs a map read instead of WithLabelValues' hashing and
+	// locking. They hold what the vectors hold, one entry per label set
+	// seen, bounded as the labels are.
+	counters  sync.Map
+	observers sync.Map
+}
+
+// decisionLabels are one child's labels of decisions_total.
+type decisionLabels struct {
+	api, policy string
+	limit       core.Kind
+	result      string
 }
 
 // New returns a Collector for o.
@@ -106,8 +123,21 @@ func (c *Collector) ObserveDecision(api string, d core.Decision, err error, took
 	case !d.Allowed:
 		result = "denied"
 	}
-	c.decisions.WithLabelValues(api, d.Policy, d.DecidedBy.String(), result).Inc()
-	c.latency.WithLabelValues(api).Observe(took.Seconds())
+	k := decisionLabels{api, d.Policy, d.DecidedBy, result}
+	n, ok := c.counters.Load(k)
+	if !ok {
+		// api and the policy may be memory the caller reuses: the key
+		// kept has copies (the vector copies its label values too).
+		k.api, k.policy = strings.Clone(api), strings.Clone(d.Policy)
+		n, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(k.api, k.policy, d.DecidedBy.String(), result))
+	}
+	n.(prometheus.Counter).Inc()
+	o, ok := c.observers.Load(api)
+	if !ok {
+		api = strings.Clone(api)
+		o, _ = c.observers.LoadOrStore(api, c.latency.WithLabelValues(api))
+	}
+	o.(prometheus.Observer).Observe(took.Seconds())
 }
 
 // ObserveStoreError counts one failed store call, as
