@@ -33,23 +33,30 @@ func ServeTest(t testing.TB, g *Gateway) *TestServer {
 		t.Cleanup(srv.Close)
 		return &TestServer{URL: srv.URL, close: srv.Close}
 	case "fasthttp":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		fs := &fasthttp.Server{Handler: g.ServeFastHTTP, NoDefaultServerHeader: true, NoDefaultContentType: true}
-		done := make(chan struct{})
-		go func() { defer close(done); fs.Serve(ln) }()
-		stop := func() {
-			ln.Close()
-			fs.Shutdown()
-			<-done
-		}
-		var once sync.Once
-		s := &TestServer{URL: "http://" + ln.Addr().String(), close: func() { once.Do(stop) }}
-		t.Cleanup(s.Close)
-		return s
+		return serveFastTest(t, g)
 	}
 	t.Fatalf("-engine %q: want net/http or fasthttp", *testEngine)
 	return nil
+}
+
+// serveFastTest serves g on a loopback listener with the fasthttp engine,
+// whatever -engine says, until the test ends or Close is called.
+func serveFastTest(t testing.TB, g *Gateway) *TestServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := &fasthttp.Server{Handler: g.ServeFastHTTP, NoDefaultServerHeader: true, NoDefaultContentType: true}
+	done := make(chan struct{})
+	go func() { defer close(done); fs.Serve(ln) }()
+	stop := func() {
+		ln.Close()
+		fs.Shutdown()
+		<-done
+	}
+	var once sync.Once
+	s := &TestServer{URL: "http://" + ln.Addr().String(), close: func() { once.Do(stop) }}
+	t.Cleanup(s.Close)
+	return s
 }

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -42,28 +40,8 @@ func TestFastClientsDropUnusedUpstreams(t *testing.T) {
 	up.Start()
 	t.Cleanup(up.Close)
 
-	store := memory.New(memory.Options{})
-	t.Cleanup(func() { store.Close() })
-	g, err := New(Options{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedGateway := false
-	t.Cleanup(func() {
-		if !closedGateway {
-			g.Close()
-		}
-	})
-	apply := func(target string) {
-		t.Helper()
-		err := g.Apply(context.Background(), &spec.Snapshot{
-			Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 1000, Per: spec.Duration(time.Second)}}},
-			APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: target, Auth: spec.AuthKeyless, Policies: []string{"p"}}},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	g := newFastTestGateway(t)
+	apply := func(target string) { t.Helper(); applyUpstream(t, g, target) }
 
 	// Upstreams nobody connects to: 127.0.0.1 on ports nothing listens
 	// at is fine, no request goes there.
@@ -82,26 +60,8 @@ func TestFastClientsDropUnusedUpstreams(t *testing.T) {
 
 	// One request through the fasthttp engine leaves an idle
 	// connection to up.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fs := &fasthttp.Server{Handler: g.ServeFastHTTP}
-	done := make(chan struct{})
-	go func() { defer close(done); fs.Serve(ln) }()
-	t.Cleanup(func() { ln.Close(); fs.Shutdown(); <-done })
-	get := func() {
-		t.Helper()
-		resp, err := http.Get("http://" + ln.Addr().String() + "/a/x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || string(b) != "up" {
-			t.Fatalf("got %d %q; want 200 \"up\"", resp.StatusCode, b)
-		}
-	}
+	front := serveFastTest(t, g)
+	get := func() { t.Helper(); getBody(t, front.URL+"/a/x", "up") }
 	get()
 	upKey := "http://" + up.Listener.Addr().String()
 	held := g.fast.m[upKey] // weakly: the test must not keep the client
@@ -127,7 +87,6 @@ func TestFastClientsDropUnusedUpstreams(t *testing.T) {
 	if c != 0 {
 		t.Fatalf("%d upstream connections closed before Close; want 0 (one kept alive)", c)
 	}
-	closedGateway = true
 	g.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -149,14 +108,22 @@ func TestFastClientsDropUnusedUpstreams(t *testing.T) {
 func TestFastUpstreamIPv6(t *testing.T) {
 	ln, err := net.Listen("tcp6", "[::1]:0")
 	if err != nil {
-		t.Skipf("no IPv6 loopback on this machine: %v", err)
+		t.Fatalf("listen on the IPv6 loopback (.ci/run enables it): %v", err)
 	}
 	up := &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "up6")
 	})}}
 	up.Start()
 	t.Cleanup(up.Close)
+	g := newFastTestGateway(t)
+	applyUpstream(t, g, up.URL)
+	getBody(t, serveFastTest(t, g).URL+"/a/x", "up6")
+}
 
+// newFastTestGateway returns a gateway on a memory store, closed when the
+// test ends (Close may be called before: a second does nothing).
+func newFastTestGateway(t *testing.T) *Gateway {
+	t.Helper()
 	store := memory.New(memory.Options{})
 	t.Cleanup(func() { store.Close() })
 	g, err := New(Options{Store: store})
@@ -164,27 +131,31 @@ func TestFastUpstreamIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Close() })
-	if err := g.Apply(context.Background(), &spec.Snapshot{
+	return g
+}
+
+// applyUpstream applies one keyless API at /a/ proxying to target.
+func applyUpstream(t *testing.T, g *Gateway, target string) {
+	t.Helper()
+	err := g.Apply(context.Background(), &spec.Snapshot{
 		Policies: []spec.Policy{{ID: "p", Rate: &spec.Rate{Requests: 1000, Per: spec.Duration(time.Second)}}},
-		APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: up.URL, Auth: spec.AuthKeyless, Policies: []string{"p"}}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	front, err := net.Listen("tcp", "127.0.0.1:0")
+		APIs:     []spec.API{{ID: "a", ListenPath: "/a/", Target: target, Auth: spec.AuthKeyless, Policies: []string{"p"}}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := &fasthttp.Server{Handler: g.ServeFastHTTP}
-	done := make(chan struct{})
-	go func() { defer close(done); fs.Serve(front) }()
-	t.Cleanup(func() { front.Close(); fs.Shutdown(); <-done })
-	resp, err := http.Get("http://" + front.Addr().String() + "/a/x")
+}
+
+// getBody GETs url and fails t unless the answer is 200 with body want.
+func getBody(t *testing.T, url, want string) {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || string(b) != "up6" {
-		t.Fatalf("through %s: %d %q; want 200 \"up6\"", up.URL, resp.StatusCode, b)
+	if resp.StatusCode != 200 || string(b) != want {
+		t.Fatalf("GET %s: %d %q; want 200 %q", url, resp.StatusCode, b, want)
 	}
 }
