@@ -75,6 +75,23 @@ func within(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 	}
 }
 
+// gatedStore returns a store (timeout 10 s) on a redis-server of its
+// own, through a client with a pool of 4 whose settle scripts wait in the
+// returned settleGate until let through, and the client. Closing the
+// store is the caller's.
+func gatedStore(t *testing.T) (*Store, *redis.Client, *settleGate) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := srv.Client(t, &redis.Options{PoolSize: 4})
+	g := newSettleGate()
+	c.AddHook(g)
+	s, err := New(c, Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c, g
+}
+
 // settleRequest prepares a quota of max per hour that settles, on s.
 func settleRequest(t *testing.T, s *Store, consumer string, max, cost int64) core.Request {
 	t.Helper()
@@ -144,14 +161,7 @@ func awaitTake(t *testing.T, got <-chan takeResult, limit time.Duration, what st
 // exactly (1,000 − 700 settled − its own 100 = 200 remaining); a Take of
 // another consumer meanwhile does not wait.
 func TestSettleReturnsBeforeScript(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t, &redis.Options{PoolSize: 4})
-	g := newSettleGate()
-	c.AddHook(g)
-	s, err := New(c, Options{Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, g := gatedStore(t)
 	t.Cleanup(func() { s.Close() })
 	req := settleRequest(t, s, "async", 1000, 100)
 	d := take(t, s, req)
@@ -199,14 +209,7 @@ func TestSettleReturnsBeforeScript(t *testing.T) {
 // caller's goroutine: the count has it when Settle returns.
 func TestCloseWaitsForSettles(t *testing.T) {
 	const n = 50
-	srv := redistest.Start(t)
-	c := srv.Client(t, &redis.Options{PoolSize: 4})
-	g := newSettleGate()
-	c.AddHook(g)
-	s, err := New(c, Options{Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, g := gatedStore(t)
 	req := settleRequest(t, s, "closing", 1_000_000, 10)
 	late := take(t, s, req)
 	holds := make([]core.Hold, n)
@@ -440,14 +443,7 @@ func TestSettleCluster(t *testing.T) {
 // remaining). Once the senders are let through they skip it: the count
 // is 800, the settle applied once.
 func TestSettleClaimedByTake(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t, &redis.Options{PoolSize: 4})
-	g := newSettleGate()
-	c.AddHook(g)
-	s, err := New(c, Options{Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, g := gatedStore(t)
 	t.Cleanup(func() { s.Close() })
 	if s.settles.workers != 2 {
 		t.Fatalf("%d senders, want 2 (2 CPUs or more, a pool of 4)", s.settles.workers)
