@@ -18,6 +18,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"reflect"
 	"slices"
@@ -166,13 +167,14 @@ const maxNodes = 1 << 16
 // all, or is empty and Empty is set.
 func (f *File) Decode(data []byte, into any) bool {
 	f.seen, f.active, f.places, f.uncertain = map[reported]bool{}, map[*yaml.Node]bool{}, map[string]Place{}, map[string]bool{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	if err := dec.Decode(&root); err != nil && err != io.EOF {
 		f.Errs = append(f.Errs, syntaxError(f.Name, data, err))
 		return false
 	}
-	if extra := secondDocument(data); extra != nil {
-		// yaml reads the first document only: what follows "---" would
+	if extra := secondDocument(dec); extra != nil {
+		// Only the first document is decoded: what follows "---" would
 		// be left out without a word.
 		f.Errs = append(f.Errs, &Error{File: f.Name, Line: extra.Line, Column: extra.Column,
 			Problem: "a second YAML document (after ---): a file holds one"})
@@ -197,12 +199,11 @@ func (f *File) Decode(data []byte, into any) bool {
 	return true
 }
 
-// secondDocument returns the node of data's second YAML document, or
-// nil when it has one only, the second is empty, or it does not parse.
-func secondDocument(data []byte) *yaml.Node {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
+// secondDocument returns the node of the next document dec holds, past
+// the first, or nil when there is none, it is empty or it does not parse.
+func secondDocument(dec *yaml.Decoder) *yaml.Node {
 	var doc yaml.Node
-	if dec.Decode(&doc) != nil || dec.Decode(&doc) != nil {
+	if dec.Decode(&doc) != nil {
 		return nil
 	}
 	if len(doc.Content) == 0 || doc.Content[0].ShortTag() == "!!null" {
