@@ -680,7 +680,8 @@ func (e *Engine) DecideRoute(ctx context.Context, c *Consumer, api string, route
 		ep = m.match(route.Method, route.Path)
 	}
 	if ep == nil {
-		return e.decideIn(ctx, snap, c, api, cost)
+		err = e.decideInto(ctx, snap, c, api, cost, &d)
+		return d, err
 	}
 	var start time.Time
 	if e.opts.Observer != nil {
@@ -698,7 +699,7 @@ func (e *Engine) DecideRoute(ctx context.Context, c *Consumer, api string, route
 // decideEndpoint is DecideRoute at the endpoint ep, without the
 // Observer: it writes the decision into *d (the zero Decision with an
 // error). Both store calls go through takeInto, so no Decision is
-// returned by value on the way (see decideIn).
+// returned by value on the way (see decideInto).
 func (e *Engine) decideEndpoint(ctx context.Context, snap *snapshot, c *Consumer, api string, ep *endpointEntry, cost int64, d *Decision) error {
 	if ep.refuse != nil {
 		return ep.refuse

@@ -633,18 +633,22 @@ func (e *Engine) limitsRule(snap *snapshot, ls LimitSet) (*resolved, error) {
 // error wrapping ErrStoreUnavailable. A denial by a shadow policy (or any
 // denial under Options.Shadow) is returned allowed, with Shadowed set.
 func (e *Engine) Decide(ctx context.Context, c *Consumer, api string, cost int64) (d Decision, err error) {
-	return e.decideIn(ctx, e.snap.Load(), c, api, cost)
+	// Small enough to inline: a caller that holds the *Engine gets the
+	// decision written into its own variable, with no copy on the way.
+	err = e.decideInto(ctx, e.snap.Load(), c, api, cost, &d)
+	return d, err
 }
 
-// decideIn is Decide under snap.
-func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api string, cost int64) (d Decision, err error) {
+// decideInto is Decide under snap, writing the decision into *d (which
+// must be the zero Decision; it is left so with an error).
+func (e *Engine) decideInto(ctx context.Context, snap *snapshot, c *Consumer, api string, cost int64, d *Decision) (err error) {
 	// Nothing is written on the way to the store but the request (the
 	// resolved answer is shared), and the store's decision is labelled in
-	// the result: on a large store every store this path makes shortens
-	// the overlap between one request's cache miss and the next's. Go
-	// 1.26 still moves a (Decision, error) result through a temporary
-	// (zeroed, then copied twice: 176 bytes each since Decision.Hold), a cost of the Store
-	// interface's shape (see benchmarks/README.md).
+	// place: on a large store every store this path makes shortens the
+	// overlap between one request's cache miss and the next's. The
+	// store's (Decision, error) result still goes through a temporary
+	// (176 bytes since Decision.Hold), a cost of the Store interface's
+	// shape (see benchmarks/README.md).
 	var start time.Time
 	if e.opts.Observer != nil {
 		start = time.Now()
@@ -654,27 +658,27 @@ func (e *Engine) decideIn(ctx context.Context, snap *snapshot, c *Consumer, api 
 		req := Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}
 		switch {
 		case !req.Rule.Enforced():
-			d = Decision{Allowed: true}
+			d.Allowed = true
 		case e.opts.StoreTimeout > 0:
-			d, err = e.takeWithin(ctx, req)
+			*d, err = e.takeWithin(ctx, req)
 		default:
-			d, err = e.store.Take(ctx, req)
+			*d, err = e.store.Take(ctx, req)
 		}
 		if err != nil {
-			d, err = e.failed(ctx, req, r.fallback, err)
+			*d, err = e.failed(ctx, req, r.fallback, err)
 		}
 		if err == nil {
-			r.label(&d, e.opts.Shadow)
+			r.label(d, e.opts.Shadow)
 			if len(r.thresholds) > 0 && e.opts.QuotaObserver != nil {
-				e.observeThresholds(c, api, "", r, epoch, cost, &d)
-				e.watchSettle(&d, c, api, "", r, epoch, cost)
+				e.observeThresholds(c, api, "", r, epoch, cost, d)
+				e.watchSettle(d, c, api, "", r, epoch, cost)
 			}
 		}
 	}
 	if e.opts.Observer != nil {
-		e.opts.Observer.ObserveDecision(api, d, err, time.Since(start))
+		e.opts.Observer.ObserveDecision(api, *d, err, time.Since(start))
 	}
-	return d, err
+	return err
 }
 
 // plan checks a Decide or Wait call and resolves c's limits for api.

@@ -577,13 +577,15 @@ func BenchmarkStoreHotKeyInto(b *testing.B) {
 // BenchmarkEngineRandomKeys is core.Engine.Decide over the coarse-clock
 // store of BenchmarkStoreRandomKeys: one policy with the same limit, the
 // same 1,000,000 keys as consumers, sent in the same order (the consumers
-// lie in a slice in that order, as the keys do, so only the store's slot is
-// a random memory access). The engine calls the store's Take.
+// lie in a slice in that order, as the keys do, and share one policy list,
+// as identity.Keys's records with the same policies do, so only the
+// store's slot is a random memory access). The engine calls the store's Take.
 func BenchmarkEngineRandomKeys(b *testing.B) {
 	f := randomKeys(b)
 	consumers := make([]core.Consumer, manyKeys)
+	policies := []string{"p"} // shared, as identity's registry shares a list among its keys
 	for i, k := range f.keys {
-		consumers[i] = core.Consumer{ID: k, Policies: []string{"p"}}
+		consumers[i] = core.Consumer{ID: k, Policies: policies}
 	}
 	e, err := core.NewEngine(f.coarse, core.Config{Policies: []core.Policy{{ID: "p", Rate: manyLimit}}}, core.Options{})
 	if err != nil {
