@@ -76,7 +76,7 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 	if fr.method == http.MethodOptions && fr.url.Path == "*" {
 		return // net/http answers OPTIONS * with an empty 200 itself
 	}
-	a, ans := g.route(fr.method, fr.url.Path, fr.url.RawQuery)
+	a, ans := g.route(fr.method, fr.url.Path, fr.url.RawPath, fr.url.RawQuery)
 	if a == nil {
 		if ans.allow {
 			ctx.Response.Header.Set("Allow", allowedMethods)

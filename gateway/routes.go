@@ -30,7 +30,7 @@ const allowedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 // not a path, 308 to the clean path for one with "." or ".." segments,
 // 404 when no listen path matches.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	a, ans := g.route(r.Method, r.URL.Path, r.URL.RawQuery)
+	a, ans := g.route(r.Method, r.URL.Path, r.URL.RawPath, r.URL.RawQuery)
 	if a == nil {
 		if ans.allow {
 			w.Header().Set("Allow", allowedMethods)
@@ -53,10 +53,14 @@ type answer struct {
 }
 
 // route chooses the built API that serves a request of method for the
-// decoded path p (rawQuery is kept on a redirect), or the answer to send
-// instead: the one decision both engines make, in the order ServeHTTP
-// documents.
-func (g *Gateway) route(method, p, rawQuery string) (*live.API, answer) {
+// decoded path p, spelled rawPath by the client when that differs from
+// p's default escaping (url.URL.RawPath; rawQuery is kept on a redirect),
+// or the answer to send instead: the one decision both engines make, in
+// the order ServeHTTP documents. A listen path matches whole segments of
+// the path as the client escaped it, so "/shop%2Freports", whose first
+// segment is "shop/reports", is not under "/shop/" (an upstream that
+// decodes it would otherwise serve "/shop/reports" past its endpoints).
+func (g *Gateway) route(method, p, rawPath, rawQuery string) (*live.API, answer) {
 	st := g.State()
 	if st == nil {
 		return nil, answer{status: http.StatusServiceUnavailable, msg: "no configuration applied yet"}
@@ -82,6 +86,11 @@ func (g *Gateway) route(method, p, rawQuery string) (*live.API, answer) {
 	for _, a := range st.Routes() {
 		// prefix "/echo" matches "/echo" and "/echo/...", not "/echoes".
 		if pre := a.Prefix(); strings.HasPrefix(p, pre) && (len(p) == len(pre) || p[len(pre)] == '/') {
+			if rawPath != "" {
+				if _, ok := cutEscapedPrefix(rawPath, pre); !ok {
+					continue // an encoded "/" joins segments the listen path splits
+				}
+			}
 			if a.Handler() != nil {
 				return a, answer{}
 			}
@@ -145,19 +154,50 @@ func (o outbound) apply(r *http.Request) {
 }
 
 // cutListenPath returns u's path after prefix (a listen path without its
-// final "/"), decoded and, when u keeps the client's escaping (RawPath)
-// and it starts with prefix, escaped as the client sent it; raw is ""
-// when the path is to be escaped anew (no RawPath, or a prefix spelled
-// with escapes). The upstream gets these (rewriteURL), and endpoints are
-// matched on the same (endpointPath).
+// final "/"), decoded and, when u keeps the client's escaping (RawPath),
+// escaped as the client sent it (segment by segment, so also when the
+// client spelled the prefix with escapes); raw is "" when the path is to
+// be escaped anew (no RawPath, or nothing after the prefix). The
+// upstream gets these (rewriteURL), and endpoints are matched on the same
+// (endpointPath).
 func cutListenPath(u *url.URL, prefix string) (path, raw string) {
 	path = strings.TrimPrefix(u.Path, prefix)
 	if u.RawPath != "" {
-		if rest, ok := strings.CutPrefix(u.RawPath, prefix); ok && rest != "" {
+		if rest, ok := cutEscapedPrefix(u.RawPath, prefix); ok && rest != "" {
 			raw = rest
 		}
 	}
 	return path, raw
+}
+
+// cutEscapedPrefix returns the escaped path raw after the segments of
+// prefix (a decoded listen path without its final "/", "" for the root),
+// and whether raw starts with them: each segment of raw is decoded before
+// it is compared, so "/sh%6Fp/x" is under "/shop" (rest "/x") while
+// "/shop%2Fx", one segment "shop/x", is not. rest is "" or starts with
+// "/".
+func cutEscapedPrefix(raw, prefix string) (rest string, ok bool) {
+	for prefix != "" {
+		if prefix[0] != '/' || raw == "" || raw[0] != '/' {
+			return "", false
+		}
+		prefix, raw = prefix[1:], raw[1:]
+		i := strings.IndexByte(prefix, '/')
+		if i < 0 {
+			i = len(prefix)
+		}
+		j := strings.IndexByte(raw, '/')
+		if j < 0 {
+			j = len(raw)
+		}
+		if seg := raw[:j]; seg != prefix[:i] {
+			if dec, err := url.PathUnescape(seg); err != nil || dec != prefix[:i] {
+				return "", false
+			}
+		}
+		prefix, raw = prefix[i:], raw[j:]
+	}
+	return raw, true
 }
 
 // rewriteURL strips u, which the caller owns, of the listen path and the

@@ -54,3 +54,31 @@ func TestBufferPoolPutAllocatesNothing(t *testing.T) {
 		t.Errorf("buffer of %d bytes, want %d", got, 32<<10)
 	}
 }
+
+// TestCutEscapedPrefix: a listen path is cut from the client's escaped
+// path segment by segment, each segment decoded before it is compared, so
+// an escaped letter is the same segment and an encoded "/" joins two.
+func TestCutEscapedPrefix(t *testing.T) {
+	for _, c := range []struct {
+		raw, prefix, rest string
+		ok                bool
+	}{
+		{"/shop/a%2Fb", "/shop", "/a%2Fb", true},
+		{"/shop", "/shop", "", true},
+		{"/shop/", "/shop", "/", true},
+		{"/sh%6Fp/a%2Fb", "/shop", "/a%2Fb", true},
+		{"/a/b%2Fc/d", "/a/b", "", false},
+		{"/a%2Fb/c", "/a/b", "", false},
+		{"/a/b/c%2F", "/a/b", "/c%2F", true},
+		{"/shop%2Freports", "/shop", "", false},
+		{"/shopx/a%2Fb", "/shop", "", false},
+		{"/sh%zzp/a%2Fb", "/shop", "", false},
+		{"/a%2Fb", "", "/a%2Fb", true},
+		{"", "/shop", "", false},
+	} {
+		rest, ok := cutEscapedPrefix(c.raw, c.prefix)
+		if rest != c.rest || ok != c.ok {
+			t.Errorf("cutEscapedPrefix(%q, %q) = %q, %v; want %q, %v", c.raw, c.prefix, rest, ok, c.rest, c.ok)
+		}
+	}
+}

@@ -336,3 +336,69 @@ apis:
 		}
 	})
 }
+
+// TestGatewayListenPathEscapedSlash: a listen path matches whole segments
+// of the path as the client escaped it. "/shop%2Freports" is one segment,
+// "shop/reports", so it is not under "/shop/": it gets the gateway's 404
+// and never reaches the shop API's upstream, which (as WSGI and many
+// routers do) would decode it to "/shop/reports" and serve the endpoint
+// "/reports" (1 an hour) past its limit; likewise "/open%2Fhello" is not
+// under "/open/". A listen path spelled with escapes ("/sh%6Fp/") is the
+// same listen path: the endpoint's refusal, and the open API's upstream
+// gets "/a%2Fb" after "/%6Fpen" as the client escaped it. On both
+// engines; the upstream gets exactly the two requests admitted.
+func TestGatewayListenPathEscapedSlash(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		var mu sync.Mutex
+		var got []string
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = append(got, r.URL.EscapedPath())
+			mu.Unlock()
+		}))
+		t.Cleanup(up.Close)
+		file := filepath.Join(t.TempDir(), "gateway.yaml")
+		writeFile(t, file, onEngine(fmt.Sprintf(`listen: 127.0.0.1:0
+policies:
+  - {id: api, rate: {requests: 1000, per: 1m}}
+  - {id: strict, rate: {requests: 1, per: 1h}}
+keys:
+  - {key: k1, policies: [api]}
+apis:
+  - id: shop
+    listen_path: /shop/
+    target: %[1]s
+    strip_listen_path: false
+    endpoints: [{path: /reports, policies: [strict]}]
+  - {id: open, listen_path: /open/, target: %[1]s, auth: keyless, policies: [api]}
+`, up.URL), engine))
+		srv, _ := serve(t, server.Options{ConfigPath: file})
+		if ok, no := send(t, "GET", srv.URL()+"/shop/reports", 1); ok != 1 || no != 0 {
+			t.Fatalf("GET /shop/reports: %d admitted, %d refused; want 1 and 0", ok, no)
+		}
+		for _, p := range []string{"/shop%2Freports", "/shop%2freports", "/sh%6Fp%2Freports", "/open%2Fhello"} {
+			req, _ := http.NewRequest("GET", srv.URL()+p, nil)
+			req.Header.Set("X-API-Key", "k1")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if want := `{"error":"no API is served at this path"}`; resp.StatusCode != http.StatusNotFound || strings.TrimSpace(string(body)) != want {
+				t.Errorf("GET %s: %d %s; want 404 %s", p, resp.StatusCode, body, want)
+			}
+		}
+		if ok, no := send(t, "GET", srv.URL()+"/sh%6Fp/reports", 1); ok != 0 || no != 1 {
+			t.Errorf("GET /sh%%6Fp/reports: %d admitted, %d refused; want the endpoint's refusal", ok, no)
+		}
+		if ok, no := send(t, "GET", srv.URL()+"/%6Fpen/a%2Fb", 1); ok != 1 || no != 0 {
+			t.Errorf("GET /%%6Fpen/a%%2Fb: %d admitted, %d refused; want 1 and 0", ok, no)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := []string{"/shop/reports", "/a%2Fb"}; !slices.Equal(got, want) {
+			t.Fatalf("the upstream got %q, want %q", got, want)
+		}
+	})
+}
