@@ -341,6 +341,9 @@ func (v *validator) rate(at string, r *Rate) {
 		if r.Per < 0 || r.zeroPer {
 			v.fail(at+".per", "%s must be > 0", r.Per)
 		}
+		if r.Burst != 0 || r.zeroBurst {
+			v.fail(at+".burst", "an unlimited rate (requests -1) has no burst; leave burst out")
+		}
 	case r.noRequests:
 		v.missing(at+".requests", "missing (requests per period, or -1 for unlimited)")
 	case r.Requests <= 0:

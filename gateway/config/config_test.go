@@ -147,6 +147,8 @@ func TestRefusals(t *testing.T) {
 			`t.yaml:3:41: policies[0].rate.burst: 0 must be > 0 (leave it out to use requests)`},
 		{"negative burst", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, burst: -1}\n" + api,
 			`t.yaml:3:41: policies[0].rate.burst: -1 must be > 0 (leave it out to use requests)`},
+		{"burst of an unlimited rate", "policies:\n  - id: p\n    rate: {requests: -1, per: 1m, burst: 3}\n" + api,
+			`t.yaml:3:42: policies[0].rate.burst: an unlimited rate (requests -1) has no burst; leave burst out`},
 		{"unknown algorithm", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, algorithm: leaky}\n" + api,
 			`t.yaml:3:45: policies[0].rate.algorithm: unknown algorithm "leaky" (want gcra, sliding_window, fixed_window or sliding_log)`},
 		{"algorithm the memory store lacks", "policies:\n  - id: p\n    rate: {requests: 5, per: 1s, algorithm: fixed_window}\n" + api,
