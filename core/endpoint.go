@@ -684,13 +684,14 @@ func (e *Engine) DecideRoute(ctx context.Context, c *Consumer, api string, route
 		return d, err
 	}
 	var start time.Time
-	if e.opts.Observer != nil {
+	observe := e.opts.Observer != nil && (cost != 0 || ep.cost > 0)
+	if observe {
 		start = time.Now()
 	}
 	if err = e.decideEndpoint(ctx, snap, c, api, ep, cost, &d); err != nil {
 		d = Decision{}
 	}
-	if e.opts.Observer != nil {
+	if observe {
 		e.opts.Observer.ObserveDecision(api, d, err, time.Since(start))
 	}
 	return d, err

@@ -358,7 +358,11 @@ func (w *settleWatch) read(extra int64) {
 const settleReadTimeout = 2 * time.Second
 
 // Observer is told about every decision the engine makes, for metrics and
-// logs: once per Engine.Decide or Engine.Wait call. took is the time spent
+// logs: once per Engine.Decide, DecideRoute or Wait call that spends
+// something. A call of cost 0 (a peek, which spends and stores nothing:
+// identity.FailureLimited's check on every request, a status read) is not
+// a decision and is not reported; an endpoint's own cost counts as the
+// call's. took is the time spent
 // deciding, store round trips included; for Wait it is the sum of its store
 // calls and leaves out the time slept. Implementations must be safe for
 // concurrent use and must not block.
@@ -650,7 +654,8 @@ func (e *Engine) decideInto(ctx context.Context, snap *snapshot, c *Consumer, ap
 	// (176 bytes since Decision.Hold), a cost of the Store interface's
 	// shape (see benchmarks/README.md).
 	var start time.Time
-	if e.opts.Observer != nil {
+	observe := e.opts.Observer != nil && cost != 0
+	if observe {
 		start = time.Now()
 	}
 	r, epoch, err := e.planIn(snap, c, api, cost)
@@ -675,7 +680,7 @@ func (e *Engine) decideInto(ctx context.Context, snap *snapshot, c *Consumer, ap
 			}
 		}
 	}
-	if e.opts.Observer != nil {
+	if observe {
 		e.opts.Observer.ObserveDecision(api, *d, err, time.Since(start))
 	}
 	return err
@@ -736,7 +741,7 @@ func (e *Engine) wait(ctx context.Context, c *Consumer, api string, cost int64, 
 		req := Request{Consumer: c.ID, Rule: r.rule, Cost: cost, QuotaEpoch: epoch}
 		d, err = wait(ctx, take, req, !r.rateShadow && !e.opts.Shadow, now, newTimer)
 	}
-	if e.opts.Observer != nil {
+	if e.opts.Observer != nil && cost != 0 {
 		e.opts.Observer.ObserveDecision(api, d, err, took)
 	}
 	return d, err

@@ -46,15 +46,16 @@ const FailureIDPrefix = "authfail:ip:"
 // sharing an address group (NAT, ClientIPOptions prefix lengths) share the
 // budget, so size Policy for the busiest legitimate group.
 //
-// Policy must be in the engine's config and cover API "" (a policy with
-// no APIs does); its Decide errors (e.g. core.ErrUnknownPolicy, or
+// Policy must be in the engine's config and cover API (a policy with no
+// APIs does); its Decide errors (e.g. core.ErrUnknownPolicy, or
 // core.ErrStoreUnavailable when the engine fails closed) are returned as
 // they are. Requests whose peer address cannot be parsed are passed to
 // Auth unlimited.
 //
 // Cost: one zero-cost Decide (a peek, which stores nothing) per request,
-// and one more per failure; with a Redis store each is a round trip, and an
-// Observer on the engine sees the peeks as decisions of Policy.
+// and one more per failure; with a Redis store each is a round trip. An
+// Observer on the engine sees each failure's charge, as a decision of
+// Policy for API, and not the peeks (core.Observer).
 //
 // Use it as the adapters' Authenticator:
 //
@@ -72,6 +73,10 @@ type FailureLimited struct {
 	// ClientIP says which address is charged; nil means the peer address
 	// (see ClientIP).
 	ClientIP *ClientIP
+	// API is the API the charges are decided for, so an Observer reports
+	// them under it; "" for none. A client has one budget whatever API it
+	// fails on: Policy's counters are not per API.
+	API string
 }
 
 // Authenticate implements Authenticator: Auth's result, or a *LimitError
@@ -86,12 +91,12 @@ func (f *FailureLimited) Authenticate(ctx context.Context, r Request) (*core.Con
 	// A zero-cost peek changes nothing. Remaining < 1 on a configured limit
 	// means a unit-cost request would be denied; spend one to get the
 	// store's own denying Decision (a denial stores nothing).
-	d, err := f.Limiter.Decide(ctx, fc, "", 0)
+	d, err := f.Limiter.Decide(ctx, fc, f.API, 0)
 	if err != nil {
 		return nil, err
 	}
 	if spent(d.Rate) || spent(d.Quota) {
-		if d, err = f.Limiter.Decide(ctx, fc, "", 1); err != nil {
+		if d, err = f.Limiter.Decide(ctx, fc, f.API, 1); err != nil {
 			return nil, err
 		}
 		if !d.Allowed {
@@ -107,7 +112,7 @@ func (f *FailureLimited) Authenticate(ctx context.Context, r Request) (*core.Con
 	if err == nil || !errors.As(err, &ae) {
 		return c, err
 	}
-	d, derr := f.Limiter.Decide(ctx, fc, "", 1)
+	d, derr := f.Limiter.Decide(ctx, fc, f.API, 1)
 	if derr != nil {
 		return nil, derr
 	}

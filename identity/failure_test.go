@@ -3,11 +3,15 @@ package identity
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/limitplane/limitplane/core"
+	"github.com/limitplane/limitplane/core/memory"
 )
 
 // peekFail returns the remaining failure budget of a client key.
@@ -190,3 +194,63 @@ func TestFailureLimitedEdges(t *testing.T) {
 type authFunc func() (*core.Consumer, error)
 
 func (f authFunc) Authenticate(context.Context, Request) (*core.Consumer, error) { return f() }
+
+// observed records what an engine's Observer is told.
+type observed struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (o *observed) ObserveDecision(api string, d core.Decision, err error, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.got = append(o.got, fmt.Sprintf("%s/%s/%v/%v", api, d.Policy, d.Allowed, err))
+}
+
+// TestFailureLimitedObserved: an Observer on the engine sees each failed
+// attempt's charge, under FailureLimited.API, and not the peek every
+// request makes: 3 good keys and 1 bad one are 1 decision of authfail on
+// "echo" (the adapter's own decisions are not made here), and the budget
+// is the client's whatever the API (2 left after the charge on "echo",
+// read on "other").
+func TestFailureLimitedObserved(t *testing.T) {
+	clock := core.NewManualClock(int64(time.Hour))
+	o := &observed{}
+	eng, err := core.NewEngine(memory.New(memory.Options{Clock: clock}), core.Config{Policies: []core.Policy{
+		{ID: "basic", Rate: core.PerMinute(2)},
+		{ID: "authfail", Rate: core.PerMinute(3)},
+	}}, core.Options{Observer: o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := NewKeys([]KeyRecord{{Hash: HashKey("right"), Policies: []string{"basic"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &FailureLimited{Auth: NewAPIKey(ks, APIKeyOptions{}), Limiter: eng, Policy: "authfail", API: "echo"}
+	ctx := context.Background()
+	for range 3 {
+		if _, err := fl.Authenticate(ctx, newReq("198.51.100.7:5555").with("X-API-Key", "right")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := fl.Authenticate(ctx, newReq("198.51.100.7:5555").with("X-API-Key", "wrong")); !errors.Is(err, ErrInvalidCredentials) {
+		t.Fatalf("wrong key: %v", err)
+	}
+	if want := []string{"echo/authfail/true/<nil>"}; !slices.Equal(o.got, want) {
+		t.Fatalf("observed %q, want %q", o.got, want)
+	}
+	other := &FailureLimited{Auth: fl.Auth, Limiter: eng, Policy: "authfail", API: "other"}
+	if got := peekFail(t, eng, "198.51.100.7"); got != 2 {
+		t.Fatalf("budget after one failure: %d left, want 2", got)
+	}
+	if _, err := other.Authenticate(ctx, newReq("198.51.100.7:5555").with("X-API-Key", "wrong")); !errors.Is(err, ErrInvalidCredentials) {
+		t.Fatalf("wrong key on other: %v", err)
+	}
+	if got := peekFail(t, eng, "198.51.100.7"); got != 1 {
+		t.Fatalf("budget after a failure on each API: %d left, want 1", got)
+	}
+	if len(o.got) != 2 || o.got[1] != "other/authfail/true/<nil>" {
+		t.Fatalf("observed %q, want the second charge under other", o.got)
+	}
+}

@@ -841,7 +841,7 @@ func (g *Config) buildAPI(ctx context.Context, st *State, a *spec.API, jwks, run
 		auth, sources = j, j.Sources()
 	}
 	if a.FailureLimit != nil {
-		auth = &identity.FailureLimited{Auth: auth, Limiter: st.limiter, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP}
+		auth = &identity.FailureLimited{Auth: auth, Limiter: st.limiter, Policy: a.FailureLimit.Policy, ClientIP: g.clientIP, API: a.ID}
 	}
 	b := &builtAPI{b: Built{Auth: auth, Sources: sources, Limiter: st.limiter}}
 	if g.opts.Attach != nil {
