@@ -42,9 +42,15 @@ func TestObserverSkipsPeeks(t *testing.T) {
 	steps := []func() (core.Decision, error){
 		func() (core.Decision, error) { return e.Decide(ctx, c, "api", 0) },
 		func() (core.Decision, error) { return e.Decide(ctx, c, "api", 1) },
-		func() (core.Decision, error) { return e.DecideRoute(ctx, c, "api", core.Route{Method: "GET", Path: "/other"}, 0) },
-		func() (core.Decision, error) { return e.DecideRoute(ctx, c, "api", core.Route{Method: "GET", Path: "/other"}, 1) },
-		func() (core.Decision, error) { return e.DecideRoute(ctx, c, "api", core.Route{Method: "GET", Path: "/costly"}, 0) },
+		func() (core.Decision, error) {
+			return e.DecideRoute(ctx, c, "api", core.Route{Method: "GET", Path: "/other"}, 0)
+		},
+		func() (core.Decision, error) {
+			return e.DecideRoute(ctx, c, "api", core.Route{Method: "GET", Path: "/other"}, 1)
+		},
+		func() (core.Decision, error) {
+			return e.DecideRoute(ctx, c, "api", core.Route{Method: "GET", Path: "/costly"}, 0)
+		},
 		func() (core.Decision, error) { return e.Wait(ctx, c, "api", 0) },
 	}
 	for i, step := range steps {
