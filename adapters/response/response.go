@@ -156,7 +156,9 @@ func NewRenderer(o Options) *Renderer {
 // over its failed-authentication budget) renders as its denying decision,
 // with the body "too many failed authentication attempts".
 func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
-	return r.render(dst, nil, d, err, true)
+	var res Result
+	res.Headers = r.render(&res, dst, nil, &d, err, true)
+	return res
 }
 
 // Scratch is the memory RenderScratch renders one answer into. Its zero
@@ -167,6 +169,7 @@ type Scratch struct {
 	text    [128]byte // the values rendered for this answer
 	retry   [20]byte  // Retry-After's value
 	body    [128]byte
+	res     Result // RenderDecision's
 }
 
 // RenderScratch is Render with s as its memory, for an adapter whose
@@ -176,7 +179,19 @@ type Scratch struct {
 // only until s is rendered into again. It renders the same answer as
 // Render, byte for byte, and allocates nothing when everything fits.
 func (r *Renderer) RenderScratch(s *Scratch, d core.Decision, err error) Result {
-	return r.render(s.headers[:0], s, d, err, true)
+	var res Result
+	res.Headers = r.render(&res, s.headers[:0], s, &d, err, true)
+	return res
+}
+
+// RenderDecision is RenderScratch of *d with the Result in s too, for an
+// adapter that holds the decision in a variable of its own: the same
+// answer, without copying the decision (176 bytes) to render it or the
+// Result (88) to return it. d is not changed; the Result is valid only
+// until s is rendered into again.
+func (r *Renderer) RenderDecision(s *Scratch, d *core.Decision, err error) *Result {
+	s.res.Headers = r.render(&s.res, s.headers[:0], s, d, err, true)
+	return &s.res
 }
 
 // RenderMessage is RenderScratch for a transport that carries
@@ -184,32 +199,39 @@ func (r *Renderer) RenderScratch(s *Scratch, d core.Decision, err error) Result 
 // nil, so nothing is rendered that is not sent. Everything else is
 // RenderScratch's answer, byte for byte.
 func (r *Renderer) RenderMessage(s *Scratch, d core.Decision, err error) Result {
-	return r.render(s.headers[:0], s, d, err, false)
+	var res Result
+	res.Headers = r.render(&res, s.headers[:0], s, &d, err, false)
+	return res
 }
 
-// render is Render into dst, with values and body in s when s is not nil;
-// without body, Result.Body is nil.
-func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, body bool) Result {
+// render is Render into *res, but for its Headers, which it appends to dst
+// and returns (so that dst, which may be on the caller's stack, is not
+// stored through res); values and body are in s when s is not nil; without
+// body, Result.Body is nil. *d is not changed.
+func (r *Renderer) render(res *Result, dst []Header, s *Scratch, d *core.Decision, err error, body bool) []Header {
 	authLimited := false
 	if err != nil {
 		// errors.AsType, unlike errors.As, needs no target on the heap.
 		le, ok := errors.AsType[*identity.LimitError](err)
 		if !ok {
-			return r.failure(dst, s, err, body)
+			r.failure(res, s, err, body)
+			return dst
 		}
-		d, authLimited = le.Decision, true
-		d.Allowed = false // never let a LimitError pass
+		ld := le.Decision
+		ld.Allowed = false // never let a LimitError pass
+		d, authLimited = &ld, true
 	}
-	res := Result{Pass: d.Allowed, Headers: r.headers(dst, s, &d), Canonical: true}
+	*res = Result{Pass: d.Allowed, Canonical: true}
+	hs := r.headers(dst, s, d)
 	if d.Allowed {
-		return res
+		return hs
 	}
 	res.Status = http.StatusTooManyRequests
 	if d.DecidedBy == core.KindInFlight && !authLimited {
 		// No Retry-After: when a slot frees depends on other requests'
 		// responses, which nothing here knows.
 		res.Body, res.Message = constBody(s, bodyInFlight, -1), MessageInFlight
-		return res
+		return hs
 	}
 	msg, open := messageRateLimited, bodyRateLimited
 	if d.DecidedBy == core.KindQuota {
@@ -220,7 +242,7 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 		if body {
 			res.Body = constBody(s, bodyNeverAllowed, -1)
 		}
-		return res
+		return hs
 	}
 	if authLimited {
 		msg = identity.ErrTooManyFailures.Error()
@@ -233,7 +255,7 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 	} else {
 		retry = strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)
 	}
-	res.Headers = append(res.Headers, Header{HeaderRetryAfter, retry})
+	hs = append(hs, Header{HeaderRetryAfter, retry})
 	res.Message = msg
 	if body {
 		if open != "" {
@@ -242,7 +264,7 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 			res.Body = errorBody(s, msg, ceilMillis(d.RetryAfter))
 		}
 	}
-	return res
+	return hs
 }
 
 // The messages of denials, and the start of their JSON bodies written out
@@ -265,7 +287,9 @@ func BodyHeaders() [2]Header {
 	return [2]Header{{"Content-Type", "application/json"}, {"X-Content-Type-Options", "nosniff"}}
 }
 
-func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Result {
+// failure is render's answer for an error that is not an
+// *identity.LimitError: no fields of its own.
+func (r *Renderer) failure(res *Result, s *Scratch, err error, body bool) {
 	status, msg := http.StatusInternalServerError, "internal error"
 	// errors.AsType, unlike errors.As, needs no target on the heap.
 	if ie, ok := errors.AsType[*identity.Error](err); ok {
@@ -275,11 +299,10 @@ func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Resul
 	} else {
 		status, msg = r.failureStatus(err, status, msg)
 	}
-	res := Result{Status: status, Message: msg, Headers: dst, Canonical: true}
+	*res = Result{Status: status, Message: msg, Canonical: true}
 	if body {
 		res.Body = errorBody(s, msg, -1)
 	}
-	return res
 }
 
 // failureStatus is failure's status and message for an engine error:
