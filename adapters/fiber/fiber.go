@@ -20,6 +20,7 @@ import (
 
 	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	"github.com/limitplane/limitplane/adapters/internal/admit"
+	"github.com/limitplane/limitplane/adapters/internal/fastresp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -106,11 +107,12 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 			route = func() core.Route { return opts.Route(c) }
 		}
 		s := pool.Get().(*scratch)
-		d, err := admit.Decide(ctx, l, auth, Request{c}, opts.API, route, cost, &s.consumer)
+		var d core.Decision
+		err := admit.DecideInto(ctx, l, auth, Request{c}, opts.API, route, cost, &s.consumer, &d)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
-		pass := Write(c, rend.RenderScratch(&s.answer, d, err))
+		pass := fastresp.Write(c.Response(), rend.RenderDecision(&s.answer, &d, err))
 		pool.Put(s)
 		if !pass {
 			return nil
@@ -163,7 +165,7 @@ type scratch struct {
 // on to the next handler. It is adapters/fasthttp's Write on c's
 // response.
 func Write(c *fiber.Ctx, res response.Result) bool {
-	return lpfasthttp.Write(c.Response(), res)
+	return fastresp.Write(c.Response(), &res)
 }
 
 // Request adapts *fiber.Ctx to identity.Request.
