@@ -26,6 +26,7 @@ package response
 import (
 	"errors"
 	"hash/maphash"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -132,6 +133,9 @@ type policyKey struct {
 type policyValue struct {
 	k policyKey
 	v string
+	// rateOpen and quotaOpen open each limit's item in a RateLimit value:
+	// its name as an sf-string and ";r=" ("" for a limit k has not).
+	rateOpen, quotaOpen string
 }
 
 // NewRenderer returns a Renderer for o.
@@ -250,7 +254,7 @@ func (r *Renderer) render(res *Result, dst []Header, s *Scratch, d *core.Decisio
 	}
 	var retry string
 	if s != nil {
-		b := strconv.AppendInt(s.retry[:0], ceilSeconds(d.RetryAfter), 10)
+		b := appendInt(s.retry[:0], ceilSeconds(d.RetryAfter))
 		retry = unsafe.String(unsafe.SliceData(b), len(b))
 	} else {
 		retry = strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)
@@ -326,8 +330,10 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 	if d.DecidedBy == core.KindNone || d.DecidedBy == core.KindInFlight || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
 		return dst
 	}
+	var pv *policyValue
 	if !r.o.NoRateLimitFields {
-		dst = append(dst, Header{HeaderPolicy, r.policyField(d)})
+		pv = r.policy(d)
+		dst = append(dst, Header{HeaderPolicy, pv.v})
 	}
 	// Two buffers, each its own variable, so that the stack one, whose
 	// bytes are copied, never reaches the heap.
@@ -335,12 +341,12 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 	var cur, limit, remaining int
 	if s != nil {
 		var b []byte
-		b, cur, limit, remaining = r.values(s.text[:0], d)
+		b, cur, limit, remaining = r.values(s.text[:0], d, pv)
 		vals = unsafe.String(unsafe.SliceData(b), len(b))
 	} else {
 		var bb [128]byte
 		var b []byte
-		b, cur, limit, remaining = r.values(bb[:0], d)
+		b, cur, limit, remaining = r.values(bb[:0], d, pv)
 		vals = string(b)
 	}
 	if !r.o.NoRateLimitFields {
@@ -357,15 +363,16 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 
 // values appends the values rendered for d to buf: the RateLimit value
 // ends at cur, X-RateLimit-Limit's at limit and X-RateLimit-Remaining's at
-// remaining; X-RateLimit-Reset's follows.
-func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, remaining int) {
+// remaining; X-RateLimit-Reset's follows. pv is d's RateLimit-Policy
+// value, whose items open RateLimit's (nil with NoRateLimitFields).
+func (r *Renderer) values(buf []byte, d *core.Decision, pv *policyValue) (_ []byte, cur, limit, remaining int) {
 	if !r.o.NoRateLimitFields {
 		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
 		if d.Rate.Limit > 0 {
-			buf = current(buf, &d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+			buf = current(buf, &d.Rate, pv.rateOpen, deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			buf = current(buf, &d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+			buf = current(buf, &d.Quota, pv.quotaOpen, deciding(core.KindQuota), d.RetryAfter)
 		}
 	}
 	cur = len(buf)
@@ -378,18 +385,18 @@ func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, r
 		if r.o.XRateLimitReset == ResetEpoch {
 			reset += r.o.Now().Unix()
 		}
-		buf = strconv.AppendInt(buf, d.Limit, 10)
+		buf = appendInt(buf, d.Limit)
 		limit = len(buf)
-		buf = strconv.AppendInt(buf, d.Remaining, 10)
+		buf = appendInt(buf, d.Remaining)
 		remaining = len(buf)
-		buf = strconv.AppendInt(buf, reset, 10)
+		buf = appendInt(buf, reset)
 	}
 	return buf, cur, limit, remaining
 }
 
-// policyField returns the RateLimit-Policy value for d, from the cache
-// when the same policies were rendered before.
-func (r *Renderer) policyField(d *core.Decision) string {
+// policy returns the RateLimit-Policy value for d, from the cache when
+// the same policies were rendered before.
+func (r *Renderer) policy(d *core.Decision) *policyValue {
 	var k policyKey
 	if d.Rate.Limit > 0 {
 		k.rateName, k.rateLimit, k.rateWin = d.Rate.Policy, d.Rate.Limit, d.Rate.Window
@@ -399,12 +406,12 @@ func (r *Renderer) policyField(d *core.Decision) string {
 	}
 	near := &r.recent[k.near()%uint64(len(r.recent))]
 	if pv := near.Load(); pv != nil && pv.k == k {
-		return pv.v
+		return pv
 	}
 	slot := &r.policies[maphash.Comparable(r.seed, k)%uint64(len(r.policies))]
 	if pv := slot.Load(); pv != nil && pv.k == k {
 		near.Store(pv)
-		return pv.v
+		return pv
 	}
 	var buf [128]byte
 	pol := buf[:0]
@@ -415,9 +422,24 @@ func (r *Renderer) policyField(d *core.Decision) string {
 		pol = policyItem(pol, k.quotaName, "/quota", k.quotaLimit, k.quotaWin)
 	}
 	pv := &policyValue{k: k, v: string(pol)}
+	if k.rateLimit > 0 {
+		pv.rateOpen = itemOpen(k.rateName, "")
+	}
+	if k.quotaLimit > 0 {
+		pv.quotaOpen = itemOpen(k.quotaName, "/quota")
+	}
 	slot.Store(pv)
 	near.Store(pv)
-	return pv.v
+	return pv
+}
+
+// itemOpen is how a limit's item in a RateLimit list opens: its name as
+// an sf-string and ";r=".
+func itemOpen(name, suffix string) string {
+	if name == "" {
+		name = "limit"
+	}
+	return string(append(appendSFString(nil, name, suffix), ";r="...))
 }
 
 // near mixes the addresses of k's names and its numbers: where to look
@@ -447,24 +469,79 @@ func policyItem(pol []byte, name, suffix string, limit int64, window time.Durati
 	return strconv.AppendInt(pol, max(ceilSeconds(window), 1), 10)
 }
 
-// current appends one policy's state to a RateLimit list.
-func current(cur []byte, s *core.Status, name, suffix string, denied bool, retry time.Duration) []byte {
+// current appends one policy's state to a RateLimit list; open is its
+// item's opening (itemOpen).
+func current(cur []byte, s *core.Status, open string, denied bool, retry time.Duration) []byte {
 	if len(cur) > 0 {
 		cur = append(cur, ", "...)
-	}
-	if name == "" {
-		name = "limit"
 	}
 	t := ceilSeconds(s.ResetAfter)
 	if denied && retry >= 0 {
 		t = ceilSeconds(retry)
 	}
-	cur = appendSFString(cur, name, suffix)
-	cur = append(cur, ";r="...)
-	cur = strconv.AppendInt(cur, s.Remaining, 10)
+	cur = append(cur, open...)
+	cur = appendInt(cur, s.Remaining)
 	cur = append(cur, ";t="...)
-	return strconv.AppendInt(cur, t, 10)
+	return appendInt(cur, t)
 }
+
+// appendInt is strconv.AppendInt(b, v, 10), writing the digits of a
+// number of 3 digits or more straight into b (when it has room) rather
+// than into a buffer of their own and then copied.
+func appendInt(b []byte, v int64) []byte {
+	if v < 0 || v >= 1e18 {
+		return strconv.AppendInt(b, v, 10)
+	}
+	u := uint64(v)
+	if u < 10 {
+		return append(b, byte('0'+u))
+	}
+	if u < 100 {
+		return append(b, digitPairs[2*u], digitPairs[2*u+1])
+	}
+	// n, the number of digits: bits.Len64(u)·log10(2), rounded up or one
+	// too many, which the comparison with the power of ten corrects.
+	n := int(uint(bits.Len64(u))*1233>>12) + 1
+	if u < pow10[n-1] {
+		n--
+	}
+	l := len(b)
+	if cap(b)-l < n {
+		return strconv.AppendInt(b, v, 10)
+	}
+	b = b[:l+n]
+	d := b[l:]
+	i := n
+	for u >= 100 {
+		q := u / 100
+		j := 2 * (u - 100*q)
+		i -= 2
+		d[i], d[i+1] = digitPairs[j], digitPairs[j+1]
+		u = q
+	}
+	if u >= 10 {
+		d[0], d[1] = digitPairs[2*u], digitPairs[2*u+1]
+	} else {
+		d[0] = byte('0' + u)
+	}
+	return b
+}
+
+// digitPairs are the numbers 00 to 99, two digits each.
+const digitPairs = "00010203040506070809" +
+	"10111213141516171819" +
+	"20212223242526272829" +
+	"30313233343536373839" +
+	"40414243444546474849" +
+	"50515253545556575859" +
+	"60616263646566676869" +
+	"70717273747576777879" +
+	"80818283848586878889" +
+	"90919293949596979899"
+
+// pow10[i] is 10^i, up to 10^18.
+var pow10 = [19]uint64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
+	1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18}
 
 // appendSFString appends name+suffix as an RFC 8941 sf-string: printable
 // ASCII only (others become '_'), with '"' and '\' escaped.
@@ -528,7 +605,7 @@ func constBody(s *Scratch, open string, ms int64) []byte {
 func closeBody(b []byte, ms int64) []byte {
 	if ms >= 0 {
 		b = append(b, `,"retry_after_ms":`...)
-		b = strconv.AppendInt(b, ms, 10)
+		b = appendInt(b, ms)
 	}
 	return append(b, '}', '\n')
 }
