@@ -11,6 +11,7 @@
 package fiber
 
 import (
+	"context"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -74,7 +75,8 @@ type Options struct {
 // no limiter state.
 //
 // The engine is asked with c.UserContext(), which is context.Background
-// unless an earlier handler set one.
+// unless an earlier handler set one (c.SetUserContext); when none was set,
+// the middleware does not store the context.Background it uses.
 //
 // l is any core.Decider: a *core.Engine, or the Limiter(api) of a
 // data-plane member (live.Config, dataplane.Follower).
@@ -88,7 +90,7 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 	// later requests.
 	pool := &sync.Pool{New: func() any { return new(scratch) }}
 	return func(c *fiber.Ctx) error {
-		ctx := c.UserContext()
+		ctx := userContext(c)
 		var cost func() int64
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
@@ -126,6 +128,22 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		}
 		return err
 	}
+}
+
+// userContext is c.UserContext() without what that does when no user
+// context was set: store the context.Background it returns among the
+// request's user values, for a later call to find. Fiber keeps a user
+// context there (SetUserContext), so a request without user values has
+// none, and its context is context.Background; one with user values is
+// asked c.UserContext(). TestUserContext checks that an earlier handler's
+// context (its values, its cancellation) still reaches the decider.
+func userContext(c *fiber.Ctx) context.Context {
+	none := true
+	c.Context().VisitUserValuesAll(func(any, any) { none = false })
+	if none {
+		return context.Background()
+	}
+	return c.UserContext()
 }
 
 // PathRoute is an Options.Route: the request's method and path
