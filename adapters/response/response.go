@@ -226,7 +226,7 @@ func (r *Renderer) render(res *Result, dst []Header, s *Scratch, d *core.Decisio
 		d, authLimited = &ld, true
 	}
 	*res = Result{Pass: d.Allowed, Canonical: true}
-	hs := r.headers(dst, s, d)
+	hs, retry := r.headers(dst, s, d)
 	if d.Allowed {
 		return hs
 	}
@@ -252,11 +252,13 @@ func (r *Renderer) render(res *Result, dst []Header, s *Scratch, d *core.Decisio
 		msg = identity.ErrTooManyFailures.Error()
 		open = ""
 	}
-	var retry string
-	if s != nil {
+	switch {
+	case retry != "":
+		// The deciding limit's t in RateLimit, the same digits.
+	case s != nil:
 		b := appendInt(s.retry[:0], ceilSeconds(d.RetryAfter))
 		retry = unsafe.String(unsafe.SliceData(b), len(b))
-	} else {
+	default:
 		retry = strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)
 	}
 	hs = append(hs, Header{HeaderRetryAfter, retry})
@@ -325,10 +327,12 @@ func (r *Renderer) failureStatus(err error, status int, msg string) (int, string
 
 // headers appends the limit fields for d. The values rendered for this
 // answer — all but RateLimit-Policy's, which is cached — are written to one
-// buffer and share one string: s's, when s is not nil.
-func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header {
+// buffer and share one string: s's, when s is not nil. retry is the
+// deciding limit's t in RateLimit when it was written from d.RetryAfter
+// (Retry-After's value; "" when not).
+func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) (_ []Header, retry string) {
 	if d.DecidedBy == core.KindNone || d.DecidedBy == core.KindInFlight || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
-		return dst
+		return dst, ""
 	}
 	var pv *policyValue
 	if !r.o.NoRateLimitFields {
@@ -338,16 +342,19 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 	// Two buffers, each its own variable, so that the stack one, whose
 	// bytes are copied, never reaches the heap.
 	var vals string
-	var cur, limit, remaining int
+	var cur, limit, remaining, retryAt int
 	if s != nil {
 		var b []byte
-		b, cur, limit, remaining = r.values(s.text[:0], d, pv)
+		b, cur, limit, remaining, retryAt = r.values(s.text[:0], d, pv)
 		vals = unsafe.String(unsafe.SliceData(b), len(b))
 	} else {
 		var bb [128]byte
 		var b []byte
-		b, cur, limit, remaining = r.values(bb[:0], d, pv)
+		b, cur, limit, remaining, retryAt = r.values(bb[:0], d, pv)
 		vals = string(b)
+	}
+	if retryAt > 0 {
+		retry = vals[retryAt:cur]
 	}
 	if !r.o.NoRateLimitFields {
 		dst = append(dst, Header{HeaderRateLimit, vals[:cur]})
@@ -358,21 +365,23 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 			Header{HeaderXRemaining, vals[limit:remaining]},
 			Header{HeaderXReset, vals[remaining:]})
 	}
-	return dst
+	return dst, retry
 }
 
 // values appends the values rendered for d to buf: the RateLimit value
 // ends at cur, X-RateLimit-Limit's at limit and X-RateLimit-Remaining's at
 // remaining; X-RateLimit-Reset's follows. pv is d's RateLimit-Policy
 // value, whose items open RateLimit's (nil with NoRateLimitFields).
-func (r *Renderer) values(buf []byte, d *core.Decision, pv *policyValue) (_ []byte, cur, limit, remaining int) {
+// When the last item's t is the deciding limit's Retry-After, it starts
+// at retryAt (else 0) and ends at cur.
+func (r *Renderer) values(buf []byte, d *core.Decision, pv *policyValue) (_ []byte, cur, limit, remaining, retryAt int) {
 	if !r.o.NoRateLimitFields {
-		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
+		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k && d.RetryAfter >= 0 }
 		if d.Rate.Limit > 0 {
-			buf = current(buf, &d.Rate, pv.rateOpen, deciding(core.KindRate), d.RetryAfter)
+			buf, retryAt = current(buf, &d.Rate, pv.rateOpen, deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			buf = current(buf, &d.Quota, pv.quotaOpen, deciding(core.KindQuota), d.RetryAfter)
+			buf, retryAt = current(buf, &d.Quota, pv.quotaOpen, deciding(core.KindQuota), d.RetryAfter)
 		}
 	}
 	cur = len(buf)
@@ -391,7 +400,7 @@ func (r *Renderer) values(buf []byte, d *core.Decision, pv *policyValue) (_ []by
 		remaining = len(buf)
 		buf = appendInt(buf, reset)
 	}
-	return buf, cur, limit, remaining
+	return buf, cur, limit, remaining, retryAt
 }
 
 // policy returns the RateLimit-Policy value for d, from the cache when
@@ -470,19 +479,24 @@ func policyItem(pol []byte, name, suffix string, limit int64, window time.Durati
 }
 
 // current appends one policy's state to a RateLimit list; open is its
-// item's opening (itemOpen).
-func current(cur []byte, s *core.Status, open string, denied bool, retry time.Duration) []byte {
+// item's opening (itemOpen). For the deciding limit of a denial with a
+// Retry-After (retry ≥ 0), t is Retry-After's value and retryAt where it
+// starts; else retryAt is 0.
+func current(cur []byte, s *core.Status, open string, deciding bool, retry time.Duration) (_ []byte, retryAt int) {
 	if len(cur) > 0 {
 		cur = append(cur, ", "...)
 	}
 	t := ceilSeconds(s.ResetAfter)
-	if denied && retry >= 0 {
+	if deciding {
 		t = ceilSeconds(retry)
 	}
 	cur = append(cur, open...)
 	cur = appendInt(cur, s.Remaining)
 	cur = append(cur, ";t="...)
-	return appendInt(cur, t)
+	if deciding {
+		retryAt = len(cur)
+	}
+	return appendInt(cur, t), retryAt
 }
 
 // appendInt is strconv.AppendInt(b, v, 10), writing the digits of a
