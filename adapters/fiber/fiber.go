@@ -89,20 +89,26 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 	// request's consumer and answer are rendered into memory reused by
 	// later requests.
 	pool := &sync.Pool{New: func() any { return new(scratch) }}
+	// A request can give its cost in a header only when opts names one or
+	// l may know one for the API (admit.HeaderCost finds none otherwise).
+	_, costSource := l.(core.CostHeaderSource)
+	readCost := opts.CostHeader.Name != "" || costSource
 	return func(c *fiber.Ctx) error {
 		ctx := userContext(c)
 		var cost func() int64
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{c}.HeaderValues); err != nil {
-			if opts.OnDecision != nil {
-				opts.OnDecision(c, core.Decision{}, err)
+		if readCost {
+			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{c}.HeaderValues); err != nil {
+				if opts.OnDecision != nil {
+					opts.OnDecision(c, core.Decision{}, err)
+				}
+				Write(c, rend.Render(nil, core.Decision{}, err))
+				return nil
+			} else if n > 0 {
+				cost = func() int64 { return n }
 			}
-			Write(c, rend.Render(nil, core.Decision{}, err))
-			return nil
-		} else if n > 0 {
-			cost = func() int64 { return n }
 		}
 		var route func() core.Route
 		if opts.Route != nil {
