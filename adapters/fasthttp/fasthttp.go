@@ -15,13 +15,13 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/limitplane/limitplane/adapters/internal/admit"
+	"github.com/limitplane/limitplane/adapters/internal/fastresp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -108,11 +108,12 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 				route = func() core.Route { return opts.Route(ctx) }
 			}
 			s := pool.Get().(*scratch)
-			d, err := admit.Decide(context.Background(), l, auth, Request{ctx}, opts.API, route, cost, &s.consumer)
+			var d core.Decision
+			err := admit.DecideInto(context.Background(), l, auth, Request{ctx}, opts.API, route, cost, &s.consumer, &d)
 			if opts.OnDecision != nil {
 				opts.OnDecision(ctx, d, err)
 			}
-			pass := Write(&ctx.Response, rend.RenderScratch(&s.answer, d, err))
+			pass := fastresp.Write(&ctx.Response, rend.RenderDecision(&s.answer, &d, err))
 			pool.Put(s)
 			if !pass {
 				return
@@ -148,45 +149,8 @@ type scratch struct {
 // X-Content-Type-Options: the same bytes as resp.Header.Set, without its
 // copy, normalization and checks (TestWriteSetsAsCtxSet).
 func Write(resp *fasthttp.Response, res response.Result) bool {
-	if res.Canonical {
-		for _, f := range res.Headers {
-			resp.Header.SetCanonical(readOnlyBytes(f.Name), readOnlyBytes(f.Value))
-		}
-	} else {
-		for _, f := range res.Headers {
-			set(resp, f.Name, f.Value)
-		}
-	}
-	if res.Pass {
-		return true
-	}
-	bh := response.BodyHeaders()
-	resp.Header.SetContentTypeBytes(readOnlyBytes(bh[0].Value))
-	resp.Header.SetCanonical(readOnlyBytes(bh[1].Name), readOnlyBytes(bh[1].Value))
-	resp.SetStatusCode(res.Status)
-	resp.SetBody(res.Body)
-	return false
+	return fastresp.Write(resp, &res)
 }
-
-// set is resp.Header.Set(name, value). The names adapters/response
-// renders are already in the form fasthttp normalizes names to, so for a
-// value without CR or LF (which Set would turn into spaces) both are
-// handed to SetCanonical as they are, without the copy Set makes first.
-func set(resp *fasthttp.Response, name, value string) {
-	switch name {
-	case response.HeaderPolicy, response.HeaderRateLimit, response.HeaderRetryAfter,
-		response.HeaderXLimit, response.HeaderXRemaining, response.HeaderXReset, "X-Content-Type-Options", "Content-Type":
-		if strings.IndexByte(value, '\r') < 0 && strings.IndexByte(value, '\n') < 0 {
-			resp.Header.SetCanonical(readOnlyBytes(name), readOnlyBytes(value))
-			return
-		}
-	}
-	resp.Header.Set(name, value)
-}
-
-// readOnlyBytes returns s's bytes without a copy; they must not be
-// written.
-func readOnlyBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // Request adapts *fasthttp.RequestCtx to identity.Request.
 //

@@ -11,6 +11,7 @@
 package fiber
 
 import (
+	"context"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 
 	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	"github.com/limitplane/limitplane/adapters/internal/admit"
+	"github.com/limitplane/limitplane/adapters/internal/fastresp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/identity"
@@ -73,7 +75,8 @@ type Options struct {
 // no limiter state.
 //
 // The engine is asked with c.UserContext(), which is context.Background
-// unless an earlier handler set one.
+// unless an earlier handler set one (c.SetUserContext); when none was set,
+// the middleware does not store the context.Background it uses.
 //
 // l is any core.Decider: a *core.Engine, or the Limiter(api) of a
 // data-plane member (live.Config, dataplane.Follower).
@@ -86,31 +89,38 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 	// request's consumer and answer are rendered into memory reused by
 	// later requests.
 	pool := &sync.Pool{New: func() any { return new(scratch) }}
+	// A request can give its cost in a header only when opts names one or
+	// l may know one for the API (admit.HeaderCost finds none otherwise).
+	_, costSource := l.(core.CostHeaderSource)
+	readCost := opts.CostHeader.Name != "" || costSource
 	return func(c *fiber.Ctx) error {
-		ctx := c.UserContext()
+		ctx := userContext(c)
 		var cost func() int64
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{c}.HeaderValues); err != nil {
-			if opts.OnDecision != nil {
-				opts.OnDecision(c, core.Decision{}, err)
+		if readCost {
+			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{c}.HeaderValues); err != nil {
+				if opts.OnDecision != nil {
+					opts.OnDecision(c, core.Decision{}, err)
+				}
+				Write(c, rend.Render(nil, core.Decision{}, err))
+				return nil
+			} else if n > 0 {
+				cost = func() int64 { return n }
 			}
-			Write(c, rend.Render(nil, core.Decision{}, err))
-			return nil
-		} else if n > 0 {
-			cost = func() int64 { return n }
 		}
 		var route func() core.Route
 		if opts.Route != nil {
 			route = func() core.Route { return opts.Route(c) }
 		}
 		s := pool.Get().(*scratch)
-		d, err := admit.Decide(ctx, l, auth, Request{c}, opts.API, route, cost, &s.consumer)
+		var d core.Decision
+		err := admit.DecideInto(ctx, l, auth, Request{c}, opts.API, route, cost, &s.consumer, &d)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
-		pass := Write(c, rend.RenderScratch(&s.answer, d, err))
+		pass := fastresp.Write(c.Response(), rend.RenderDecision(&s.answer, &d, err))
 		pool.Put(s)
 		if !pass {
 			return nil
@@ -124,6 +134,22 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 		}
 		return err
 	}
+}
+
+// userContext is c.UserContext() without what that does when no user
+// context was set: store the context.Background it returns among the
+// request's user values, for a later call to find. Fiber keeps a user
+// context there (SetUserContext), so a request without user values has
+// none, and its context is context.Background; one with user values is
+// asked c.UserContext(). TestUserContext checks that an earlier handler's
+// context (its values, its cancellation) still reaches the decider.
+func userContext(c *fiber.Ctx) context.Context {
+	none := true
+	c.Context().VisitUserValuesAll(func(any, any) { none = false })
+	if none {
+		return context.Background()
+	}
+	return c.UserContext()
 }
 
 // PathRoute is an Options.Route: the request's method and path
@@ -163,7 +189,7 @@ type scratch struct {
 // on to the next handler. It is adapters/fasthttp's Write on c's
 // response.
 func Write(c *fiber.Ctx, res response.Result) bool {
-	return lpfasthttp.Write(c.Response(), res)
+	return fastresp.Write(c.Response(), &res)
 }
 
 // Request adapts *fiber.Ctx to identity.Request.

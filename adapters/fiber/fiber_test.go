@@ -490,3 +490,65 @@ func TestKeylessDenialBytes(t *testing.T) {
 		}
 	}
 }
+
+// ctxDecider records the context each decision is asked with.
+type ctxDecider struct{ got []context.Context }
+
+func (d *ctxDecider) Decide(ctx context.Context, _ *core.Consumer, _ string, _ int64) (core.Decision, error) {
+	d.got = append(d.got, ctx)
+	return core.Decision{Allowed: true}, nil
+}
+
+type ctxKey struct{}
+
+// TestUserContext: the decider is asked with the user context an earlier
+// handler set, its values and its cancellation, also among other user
+// values (Locals); with none set, context.Background, and the request's
+// own c.UserContext() is still context.Background.
+func TestUserContext(t *testing.T) {
+	dec := &ctxDecider{}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	cancelled, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "set"))
+	cancel()
+	app.Use(func(c *fiber.Ctx) error {
+		if c.Get("X-Local") != "" {
+			c.Locals("other", 1)
+		}
+		if c.Get("X-Set") != "" {
+			c.SetUserContext(cancelled)
+		}
+		return c.Next()
+	})
+	app.Use(lpfiber.Middleware(dec, &identity.Keyless{}, lpfiber.Options{}))
+	var after []context.Context
+	app.Get("/", func(c *fiber.Ctx) error {
+		after = append(after, c.UserContext())
+		return nil
+	})
+	h := app.Handler()
+	for i, hdr := range [][2]string{{}, {"X-Local", "1"}, {"X-Set", "1"}, {"X-Set", "1"}} {
+		ctx := keylessCtx(i)
+		if i == 3 {
+			ctx.Request.Header.Set("X-Local", "1")
+		}
+		if hdr[0] != "" {
+			ctx.Request.Header.Set(hdr[0], hdr[1])
+		}
+		h(ctx)
+		if ctx.Response.StatusCode() != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, ctx.Response.StatusCode())
+		}
+	}
+	if len(dec.got) != 4 {
+		t.Fatalf("%d decisions, want 4", len(dec.got))
+	}
+	for i, ctx := range dec.got {
+		if set := i >= 2; set {
+			if ctx.Value(ctxKey{}) != "set" || ctx.Err() != context.Canceled {
+				t.Errorf("request %d: decided with %v (value %v, err %v), want the user context set", i, ctx, ctx.Value(ctxKey{}), ctx.Err())
+			}
+		} else if ctx != context.Background() || after[i] != context.Background() {
+			t.Errorf("request %d: decided with %v, handler's UserContext %v, want context.Background", i, ctx, after[i])
+		}
+	}
+}

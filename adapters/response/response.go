@@ -26,6 +26,7 @@ package response
 import (
 	"errors"
 	"hash/maphash"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -132,6 +133,9 @@ type policyKey struct {
 type policyValue struct {
 	k policyKey
 	v string
+	// rateOpen and quotaOpen open each limit's item in a RateLimit value:
+	// its name as an sf-string and ";r=" ("" for a limit k has not).
+	rateOpen, quotaOpen string
 }
 
 // NewRenderer returns a Renderer for o.
@@ -156,7 +160,9 @@ func NewRenderer(o Options) *Renderer {
 // over its failed-authentication budget) renders as its denying decision,
 // with the body "too many failed authentication attempts".
 func (r *Renderer) Render(dst []Header, d core.Decision, err error) Result {
-	return r.render(dst, nil, d, err, true)
+	var res Result
+	res.Headers = r.render(&res, dst, nil, &d, err, true)
+	return res
 }
 
 // Scratch is the memory RenderScratch renders one answer into. Its zero
@@ -167,6 +173,7 @@ type Scratch struct {
 	text    [128]byte // the values rendered for this answer
 	retry   [20]byte  // Retry-After's value
 	body    [128]byte
+	res     Result // RenderDecision's
 }
 
 // RenderScratch is Render with s as its memory, for an adapter whose
@@ -176,7 +183,19 @@ type Scratch struct {
 // only until s is rendered into again. It renders the same answer as
 // Render, byte for byte, and allocates nothing when everything fits.
 func (r *Renderer) RenderScratch(s *Scratch, d core.Decision, err error) Result {
-	return r.render(s.headers[:0], s, d, err, true)
+	var res Result
+	res.Headers = r.render(&res, s.headers[:0], s, &d, err, true)
+	return res
+}
+
+// RenderDecision is RenderScratch of *d with the Result in s too, for an
+// adapter that holds the decision in a variable of its own: the same
+// answer, without copying the decision (176 bytes) to render it or the
+// Result (88) to return it. d is not changed; the Result is valid only
+// until s is rendered into again.
+func (r *Renderer) RenderDecision(s *Scratch, d *core.Decision, err error) *Result {
+	s.res.Headers = r.render(&s.res, s.headers[:0], s, d, err, true)
+	return &s.res
 }
 
 // RenderMessage is RenderScratch for a transport that carries
@@ -184,32 +203,39 @@ func (r *Renderer) RenderScratch(s *Scratch, d core.Decision, err error) Result 
 // nil, so nothing is rendered that is not sent. Everything else is
 // RenderScratch's answer, byte for byte.
 func (r *Renderer) RenderMessage(s *Scratch, d core.Decision, err error) Result {
-	return r.render(s.headers[:0], s, d, err, false)
+	var res Result
+	res.Headers = r.render(&res, s.headers[:0], s, &d, err, false)
+	return res
 }
 
-// render is Render into dst, with values and body in s when s is not nil;
-// without body, Result.Body is nil.
-func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, body bool) Result {
+// render is Render into *res, but for its Headers, which it appends to dst
+// and returns (so that dst, which may be on the caller's stack, is not
+// stored through res); values and body are in s when s is not nil; without
+// body, Result.Body is nil. *d is not changed.
+func (r *Renderer) render(res *Result, dst []Header, s *Scratch, d *core.Decision, err error, body bool) []Header {
 	authLimited := false
 	if err != nil {
 		// errors.AsType, unlike errors.As, needs no target on the heap.
 		le, ok := errors.AsType[*identity.LimitError](err)
 		if !ok {
-			return r.failure(dst, s, err, body)
+			r.failure(res, s, err, body)
+			return dst
 		}
-		d, authLimited = le.Decision, true
-		d.Allowed = false // never let a LimitError pass
+		ld := le.Decision
+		ld.Allowed = false // never let a LimitError pass
+		d, authLimited = &ld, true
 	}
-	res := Result{Pass: d.Allowed, Headers: r.headers(dst, s, &d), Canonical: true}
+	*res = Result{Pass: d.Allowed, Canonical: true}
+	hs, retry := r.headers(dst, s, d)
 	if d.Allowed {
-		return res
+		return hs
 	}
 	res.Status = http.StatusTooManyRequests
 	if d.DecidedBy == core.KindInFlight && !authLimited {
 		// No Retry-After: when a slot frees depends on other requests'
 		// responses, which nothing here knows.
 		res.Body, res.Message = constBody(s, bodyInFlight, -1), MessageInFlight
-		return res
+		return hs
 	}
 	msg, open := messageRateLimited, bodyRateLimited
 	if d.DecidedBy == core.KindQuota {
@@ -220,20 +246,22 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 		if body {
 			res.Body = constBody(s, bodyNeverAllowed, -1)
 		}
-		return res
+		return hs
 	}
 	if authLimited {
 		msg = identity.ErrTooManyFailures.Error()
 		open = ""
 	}
-	var retry string
-	if s != nil {
-		b := strconv.AppendInt(s.retry[:0], ceilSeconds(d.RetryAfter), 10)
+	switch {
+	case retry != "":
+		// The deciding limit's t in RateLimit, the same digits.
+	case s != nil:
+		b := appendInt(s.retry[:0], ceilSeconds(d.RetryAfter))
 		retry = unsafe.String(unsafe.SliceData(b), len(b))
-	} else {
+	default:
 		retry = strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)
 	}
-	res.Headers = append(res.Headers, Header{HeaderRetryAfter, retry})
+	hs = append(hs, Header{HeaderRetryAfter, retry})
 	res.Message = msg
 	if body {
 		if open != "" {
@@ -242,7 +270,7 @@ func (r *Renderer) render(dst []Header, s *Scratch, d core.Decision, err error, 
 			res.Body = errorBody(s, msg, ceilMillis(d.RetryAfter))
 		}
 	}
-	return res
+	return hs
 }
 
 // The messages of denials, and the start of their JSON bodies written out
@@ -265,7 +293,9 @@ func BodyHeaders() [2]Header {
 	return [2]Header{{"Content-Type", "application/json"}, {"X-Content-Type-Options", "nosniff"}}
 }
 
-func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Result {
+// failure is render's answer for an error that is not an
+// *identity.LimitError: no fields of its own.
+func (r *Renderer) failure(res *Result, s *Scratch, err error, body bool) {
 	status, msg := http.StatusInternalServerError, "internal error"
 	// errors.AsType, unlike errors.As, needs no target on the heap.
 	if ie, ok := errors.AsType[*identity.Error](err); ok {
@@ -275,11 +305,10 @@ func (r *Renderer) failure(dst []Header, s *Scratch, err error, body bool) Resul
 	} else {
 		status, msg = r.failureStatus(err, status, msg)
 	}
-	res := Result{Status: status, Message: msg, Headers: dst, Canonical: true}
+	*res = Result{Status: status, Message: msg, Canonical: true}
 	if body {
 		res.Body = errorBody(s, msg, -1)
 	}
-	return res
 }
 
 // failureStatus is failure's status and message for an engine error:
@@ -298,27 +327,34 @@ func (r *Renderer) failureStatus(err error, status int, msg string) (int, string
 
 // headers appends the limit fields for d. The values rendered for this
 // answer — all but RateLimit-Policy's, which is cached — are written to one
-// buffer and share one string: s's, when s is not nil.
-func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header {
+// buffer and share one string: s's, when s is not nil. retry is the
+// deciding limit's t in RateLimit when it was written from d.RetryAfter
+// (Retry-After's value; "" when not).
+func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) (_ []Header, retry string) {
 	if d.DecidedBy == core.KindNone || d.DecidedBy == core.KindInFlight || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
-		return dst
+		return dst, ""
 	}
+	var pv *policyValue
 	if !r.o.NoRateLimitFields {
-		dst = append(dst, Header{HeaderPolicy, r.policyField(d)})
+		pv = r.policy(d)
+		dst = append(dst, Header{HeaderPolicy, pv.v})
 	}
 	// Two buffers, each its own variable, so that the stack one, whose
 	// bytes are copied, never reaches the heap.
 	var vals string
-	var cur, limit, remaining int
+	var cur, limit, remaining, retryAt int
 	if s != nil {
 		var b []byte
-		b, cur, limit, remaining = r.values(s.text[:0], d)
+		b, cur, limit, remaining, retryAt = r.values(s.text[:0], d, pv)
 		vals = unsafe.String(unsafe.SliceData(b), len(b))
 	} else {
 		var bb [128]byte
 		var b []byte
-		b, cur, limit, remaining = r.values(bb[:0], d)
+		b, cur, limit, remaining, retryAt = r.values(bb[:0], d, pv)
 		vals = string(b)
+	}
+	if retryAt > 0 {
+		retry = vals[retryAt:cur]
 	}
 	if !r.o.NoRateLimitFields {
 		dst = append(dst, Header{HeaderRateLimit, vals[:cur]})
@@ -329,20 +365,23 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 			Header{HeaderXRemaining, vals[limit:remaining]},
 			Header{HeaderXReset, vals[remaining:]})
 	}
-	return dst
+	return dst, retry
 }
 
 // values appends the values rendered for d to buf: the RateLimit value
 // ends at cur, X-RateLimit-Limit's at limit and X-RateLimit-Remaining's at
-// remaining; X-RateLimit-Reset's follows.
-func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, remaining int) {
+// remaining; X-RateLimit-Reset's follows. pv is d's RateLimit-Policy
+// value, whose items open RateLimit's (nil with NoRateLimitFields).
+// When the last item's t is the deciding limit's Retry-After, it starts
+// at retryAt (else 0) and ends at cur.
+func (r *Renderer) values(buf []byte, d *core.Decision, pv *policyValue) (_ []byte, cur, limit, remaining, retryAt int) {
 	if !r.o.NoRateLimitFields {
-		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
+		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k && d.RetryAfter >= 0 }
 		if d.Rate.Limit > 0 {
-			buf = current(buf, &d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+			buf, retryAt = current(buf, &d.Rate, pv.rateOpen, deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			buf = current(buf, &d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+			buf, retryAt = current(buf, &d.Quota, pv.quotaOpen, deciding(core.KindQuota), d.RetryAfter)
 		}
 	}
 	cur = len(buf)
@@ -355,18 +394,18 @@ func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, r
 		if r.o.XRateLimitReset == ResetEpoch {
 			reset += r.o.Now().Unix()
 		}
-		buf = strconv.AppendInt(buf, d.Limit, 10)
+		buf = appendInt(buf, d.Limit)
 		limit = len(buf)
-		buf = strconv.AppendInt(buf, d.Remaining, 10)
+		buf = appendInt(buf, d.Remaining)
 		remaining = len(buf)
-		buf = strconv.AppendInt(buf, reset, 10)
+		buf = appendInt(buf, reset)
 	}
-	return buf, cur, limit, remaining
+	return buf, cur, limit, remaining, retryAt
 }
 
-// policyField returns the RateLimit-Policy value for d, from the cache
-// when the same policies were rendered before.
-func (r *Renderer) policyField(d *core.Decision) string {
+// policy returns the RateLimit-Policy value for d, from the cache when
+// the same policies were rendered before.
+func (r *Renderer) policy(d *core.Decision) *policyValue {
 	var k policyKey
 	if d.Rate.Limit > 0 {
 		k.rateName, k.rateLimit, k.rateWin = d.Rate.Policy, d.Rate.Limit, d.Rate.Window
@@ -376,12 +415,12 @@ func (r *Renderer) policyField(d *core.Decision) string {
 	}
 	near := &r.recent[k.near()%uint64(len(r.recent))]
 	if pv := near.Load(); pv != nil && pv.k == k {
-		return pv.v
+		return pv
 	}
 	slot := &r.policies[maphash.Comparable(r.seed, k)%uint64(len(r.policies))]
 	if pv := slot.Load(); pv != nil && pv.k == k {
 		near.Store(pv)
-		return pv.v
+		return pv
 	}
 	var buf [128]byte
 	pol := buf[:0]
@@ -392,9 +431,24 @@ func (r *Renderer) policyField(d *core.Decision) string {
 		pol = policyItem(pol, k.quotaName, "/quota", k.quotaLimit, k.quotaWin)
 	}
 	pv := &policyValue{k: k, v: string(pol)}
+	if k.rateLimit > 0 {
+		pv.rateOpen = itemOpen(k.rateName, "")
+	}
+	if k.quotaLimit > 0 {
+		pv.quotaOpen = itemOpen(k.quotaName, "/quota")
+	}
 	slot.Store(pv)
 	near.Store(pv)
-	return pv.v
+	return pv
+}
+
+// itemOpen is how a limit's item in a RateLimit list opens: its name as
+// an sf-string and ";r=".
+func itemOpen(name, suffix string) string {
+	if name == "" {
+		name = "limit"
+	}
+	return string(append(appendSFString(nil, name, suffix), ";r="...))
 }
 
 // near mixes the addresses of k's names and its numbers: where to look
@@ -424,24 +478,84 @@ func policyItem(pol []byte, name, suffix string, limit int64, window time.Durati
 	return strconv.AppendInt(pol, max(ceilSeconds(window), 1), 10)
 }
 
-// current appends one policy's state to a RateLimit list.
-func current(cur []byte, s *core.Status, name, suffix string, denied bool, retry time.Duration) []byte {
+// current appends one policy's state to a RateLimit list; open is its
+// item's opening (itemOpen). For the deciding limit of a denial with a
+// Retry-After (retry ≥ 0), t is Retry-After's value and retryAt where it
+// starts; else retryAt is 0.
+func current(cur []byte, s *core.Status, open string, deciding bool, retry time.Duration) (_ []byte, retryAt int) {
 	if len(cur) > 0 {
 		cur = append(cur, ", "...)
 	}
-	if name == "" {
-		name = "limit"
-	}
 	t := ceilSeconds(s.ResetAfter)
-	if denied && retry >= 0 {
+	if deciding {
 		t = ceilSeconds(retry)
 	}
-	cur = appendSFString(cur, name, suffix)
-	cur = append(cur, ";r="...)
-	cur = strconv.AppendInt(cur, s.Remaining, 10)
+	cur = append(cur, open...)
+	cur = appendInt(cur, s.Remaining)
 	cur = append(cur, ";t="...)
-	return strconv.AppendInt(cur, t, 10)
+	if deciding {
+		retryAt = len(cur)
+	}
+	return appendInt(cur, t), retryAt
 }
+
+// appendInt is strconv.AppendInt(b, v, 10), writing the digits of a
+// number of 3 digits or more straight into b (when it has room) rather
+// than into a buffer of their own and then copied.
+func appendInt(b []byte, v int64) []byte {
+	if v < 0 || v >= 1e18 {
+		return strconv.AppendInt(b, v, 10)
+	}
+	u := uint64(v)
+	if u < 10 {
+		return append(b, byte('0'+u))
+	}
+	if u < 100 {
+		return append(b, digitPairs[2*u], digitPairs[2*u+1])
+	}
+	// n, the number of digits: bits.Len64(u)·log10(2), rounded up or one
+	// too many, which the comparison with the power of ten corrects.
+	n := int(uint(bits.Len64(u))*1233>>12) + 1
+	if u < pow10[n-1] {
+		n--
+	}
+	l := len(b)
+	if cap(b)-l < n {
+		return strconv.AppendInt(b, v, 10)
+	}
+	b = b[:l+n]
+	d := b[l:]
+	i := n
+	for u >= 100 {
+		q := u / 100
+		j := 2 * (u - 100*q)
+		i -= 2
+		d[i], d[i+1] = digitPairs[j], digitPairs[j+1]
+		u = q
+	}
+	if u >= 10 {
+		d[0], d[1] = digitPairs[2*u], digitPairs[2*u+1]
+	} else {
+		d[0] = byte('0' + u)
+	}
+	return b
+}
+
+// digitPairs are the numbers 00 to 99, two digits each.
+const digitPairs = "00010203040506070809" +
+	"10111213141516171819" +
+	"20212223242526272829" +
+	"30313233343536373839" +
+	"40414243444546474849" +
+	"50515253545556575859" +
+	"60616263646566676869" +
+	"70717273747576777879" +
+	"80818283848586878889" +
+	"90919293949596979899"
+
+// pow10[i] is 10^i, up to 10^18.
+var pow10 = [19]uint64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9,
+	1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18}
 
 // appendSFString appends name+suffix as an RFC 8941 sf-string: printable
 // ASCII only (others become '_'), with '"' and '\' escaped.
@@ -505,7 +619,7 @@ func constBody(s *Scratch, open string, ms int64) []byte {
 func closeBody(b []byte, ms int64) []byte {
 	if ms >= 0 {
 		b = append(b, `,"retry_after_ms":`...)
-		b = strconv.AppendInt(b, ms, 10)
+		b = appendInt(b, ms)
 	}
 	return append(b, '}', '\n')
 }

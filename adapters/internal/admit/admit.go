@@ -36,17 +36,21 @@ func Check(ctx context.Context, l core.Decider, auth identity.Authenticator, r i
 
 // decide decides for c: at route's endpoint when route is set and l is a
 // core.RouteDecider, else with l.Decide.
-func decide(ctx context.Context, l core.Decider, c *core.Consumer, api string, route func() core.Route, cost func() int64) (core.Decision, error) {
+func decide(ctx context.Context, l core.Decider, c *core.Consumer, api string, route func() core.Route, cost func() int64) (d core.Decision, err error) {
+	err = decideInto(ctx, l, c, api, route, cost, &d)
+	return d, err
+}
+
+// decideInto is decide writing the decision into *d.
+func decideInto(ctx context.Context, l core.Decider, c *core.Consumer, api string, route func() core.Route, cost func() int64, d *core.Decision) (err error) {
 	n := int64(1)
 	if cost != nil {
 		n = cost()
 	}
-	var d core.Decision
-	var err error
 	if rd, ok := l.(core.RouteDecider); ok && route != nil {
-		d, err = rd.DecideRoute(ctx, c, api, route(), n)
+		*d, err = rd.DecideRoute(ctx, c, api, route(), n)
 	} else {
-		d, err = l.Decide(ctx, c, api, n)
+		*d, err = l.Decide(ctx, c, api, n)
 	}
 	if err != nil || !d.Allowed {
 		// Only an admitted request holds a slot: a decider that returned
@@ -54,7 +58,7 @@ func decide(ctx context.Context, l core.Decider, c *core.Consumer, api string, r
 		d.Hold.Release()
 		d.Hold = core.Hold{}
 	}
-	return d, err
+	return err
 }
 
 // Consumer is the memory Decide writes a consumer into. Its zero value is
@@ -72,6 +76,26 @@ type Consumer struct {
 func Decide(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer) (core.Decision, error) {
 	d, _, err := DecideID(ctx, l, auth, r, api, route, cost, s)
 	return d, err
+}
+
+// DecideInto is Decide writing the decision into *d, which must be the
+// zero Decision (it is left so when authentication fails), for an adapter
+// that keeps the decision in a variable of its own and renders it from
+// there (response.Renderer.RenderDecision): the decision is not copied on
+// its way back.
+func DecideInto(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer, d *core.Decision) error {
+	w, ok := auth.(identity.ConsumerWriter)
+	if !ok {
+		var err error
+		_, *d, err = Check(ctx, l, auth, r, api, route, cost)
+		return err
+	}
+	if err := w.AuthenticateInto(ctx, r, &s.c, s.id[:0]); err != nil {
+		return err
+	}
+	err := decideInto(ctx, l, &s.c, api, route, cost, d)
+	s.c = core.Consumer{}
+	return err
 }
 
 // DecideID is Decide that also returns the consumer's ID ("" when
