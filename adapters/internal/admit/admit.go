@@ -43,7 +43,11 @@ func decide(ctx context.Context, l core.Decider, c *core.Consumer, api string, r
 	}
 	var d core.Decision
 	var err error
-	if rd, ok := l.(core.RouteDecider); ok && route != nil {
+	var rd core.RouteDecider
+	if route != nil { // without a route, l needs no type check
+		rd, _ = l.(core.RouteDecider)
+	}
+	if rd != nil {
 		d, err = rd.DecideRoute(ctx, c, api, route(), n)
 	} else {
 		d, err = l.Decide(ctx, c, api, n)
