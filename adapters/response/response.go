@@ -132,6 +132,9 @@ type policyKey struct {
 type policyValue struct {
 	k policyKey
 	v string
+	// rate and quota are the names of k's items as RateLimit lists them
+	// too (appendSFString of the name and its suffix).
+	rate, quota string
 }
 
 // NewRenderer returns a Renderer for o.
@@ -303,8 +306,10 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 	if d.DecidedBy == core.KindNone || d.DecidedBy == core.KindInFlight || (r.o.NoRateLimitFields && !r.o.XRateLimit) {
 		return dst
 	}
+	var pv *policyValue
 	if !r.o.NoRateLimitFields {
-		dst = append(dst, Header{HeaderPolicy, r.policyField(d)})
+		pv = r.policyField(d)
+		dst = append(dst, Header{HeaderPolicy, pv.v})
 	}
 	// Two buffers, each its own variable, so that the stack one, whose
 	// bytes are copied, never reaches the heap.
@@ -312,12 +317,12 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 	var cur, limit, remaining int
 	if s != nil {
 		var b []byte
-		b, cur, limit, remaining = r.values(s.text[:0], d)
+		b, cur, limit, remaining = r.values(s.text[:0], d, pv)
 		vals = unsafe.String(unsafe.SliceData(b), len(b))
 	} else {
 		var bb [128]byte
 		var b []byte
-		b, cur, limit, remaining = r.values(bb[:0], d)
+		b, cur, limit, remaining = r.values(bb[:0], d, pv)
 		vals = string(b)
 	}
 	if !r.o.NoRateLimitFields {
@@ -334,15 +339,16 @@ func (r *Renderer) headers(dst []Header, s *Scratch, d *core.Decision) []Header 
 
 // values appends the values rendered for d to buf: the RateLimit value
 // ends at cur, X-RateLimit-Limit's at limit and X-RateLimit-Remaining's at
-// remaining; X-RateLimit-Reset's follows.
-func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, remaining int) {
-	if !r.o.NoRateLimitFields {
+// remaining; X-RateLimit-Reset's follows. pv is d's RateLimit-Policy
+// value (nil when the IETF fields are left out), which names its items.
+func (r *Renderer) values(buf []byte, d *core.Decision, pv *policyValue) (_ []byte, cur, limit, remaining int) {
+	if pv != nil {
 		deciding := func(k core.Kind) bool { return !d.Allowed && d.DecidedBy == k }
 		if d.Rate.Limit > 0 {
-			buf = current(buf, &d.Rate, d.Rate.Policy, "", deciding(core.KindRate), d.RetryAfter)
+			buf = current(buf, &d.Rate, pv.rate, deciding(core.KindRate), d.RetryAfter)
 		}
 		if d.Quota.Limit > 0 {
-			buf = current(buf, &d.Quota, d.Quota.Policy, "/quota", deciding(core.KindQuota), d.RetryAfter)
+			buf = current(buf, &d.Quota, pv.quota, deciding(core.KindQuota), d.RetryAfter)
 		}
 	}
 	cur = len(buf)
@@ -366,7 +372,7 @@ func (r *Renderer) values(buf []byte, d *core.Decision) (_ []byte, cur, limit, r
 
 // policyField returns the RateLimit-Policy value for d, from the cache
 // when the same policies were rendered before.
-func (r *Renderer) policyField(d *core.Decision) string {
+func (r *Renderer) policyField(d *core.Decision) *policyValue {
 	var k policyKey
 	if d.Rate.Limit > 0 {
 		k.rateName, k.rateLimit, k.rateWin = d.Rate.Policy, d.Rate.Limit, d.Rate.Window
@@ -376,25 +382,37 @@ func (r *Renderer) policyField(d *core.Decision) string {
 	}
 	near := &r.recent[k.near()%uint64(len(r.recent))]
 	if pv := near.Load(); pv != nil && pv.k == k {
-		return pv.v
+		return pv
 	}
 	slot := &r.policies[maphash.Comparable(r.seed, k)%uint64(len(r.policies))]
 	if pv := slot.Load(); pv != nil && pv.k == k {
 		near.Store(pv)
-		return pv.v
+		return pv
 	}
 	var buf [128]byte
 	pol := buf[:0]
+	pv := &policyValue{k: k}
 	if k.rateLimit > 0 {
-		pol = policyItem(pol, k.rateName, "", k.rateLimit, k.rateWin)
+		pv.rate = itemName(k.rateName, "")
+		pol = policyItem(pol, pv.rate, k.rateLimit, k.rateWin)
 	}
 	if k.quotaLimit > 0 {
-		pol = policyItem(pol, k.quotaName, "/quota", k.quotaLimit, k.quotaWin)
+		pv.quota = itemName(k.quotaName, "/quota")
+		pol = policyItem(pol, pv.quota, k.quotaLimit, k.quotaWin)
 	}
-	pv := &policyValue{k: k, v: string(pol)}
+	pv.v = string(pol)
 	slot.Store(pv)
 	near.Store(pv)
-	return pv.v
+	return pv
+}
+
+// itemName is the sf-string naming one item of RateLimit-Policy and
+// RateLimit: the policy's name ("limit" when it has none) and suffix.
+func itemName(name, suffix string) string {
+	if name == "" {
+		name = "limit"
+	}
+	return string(appendSFString(nil, name, suffix))
 }
 
 // near mixes the addresses of k's names and its numbers: where to look
@@ -409,34 +427,30 @@ func (k *policyKey) near() uint64 {
 	return h >> 32
 }
 
-// policyItem appends one policy to a RateLimit-Policy list.
-func policyItem(pol []byte, name, suffix string, limit int64, window time.Duration) []byte {
+// policyItem appends one policy, named item (itemName), to a
+// RateLimit-Policy list.
+func policyItem(pol []byte, item string, limit int64, window time.Duration) []byte {
 	if len(pol) > 0 {
 		pol = append(pol, ", "...)
 	}
-	if name == "" {
-		name = "limit"
-	}
-	pol = appendSFString(pol, name, suffix)
+	pol = append(pol, item...)
 	pol = append(pol, ";q="...)
 	pol = strconv.AppendInt(pol, limit, 10)
 	pol = append(pol, ";w="...)
 	return strconv.AppendInt(pol, max(ceilSeconds(window), 1), 10)
 }
 
-// current appends one policy's state to a RateLimit list.
-func current(cur []byte, s *core.Status, name, suffix string, denied bool, retry time.Duration) []byte {
+// current appends one policy's state, named item (itemName), to a
+// RateLimit list.
+func current(cur []byte, s *core.Status, item string, denied bool, retry time.Duration) []byte {
 	if len(cur) > 0 {
 		cur = append(cur, ", "...)
-	}
-	if name == "" {
-		name = "limit"
 	}
 	t := ceilSeconds(s.ResetAfter)
 	if denied && retry >= 0 {
 		t = ceilSeconds(retry)
 	}
-	cur = appendSFString(cur, name, suffix)
+	cur = append(cur, item...)
 	cur = append(cur, ";r="...)
 	cur = strconv.AppendInt(cur, s.Remaining, 10)
 	cur = append(cur, ";t="...)
