@@ -159,23 +159,34 @@ type scratch struct {
 // them): the value slices' array and the bytes of the values rendered into
 // the request's scratch memory, in one allocation. Values that are not in
 // the scratch (constants, the Renderer's cached RateLimit-Policy values)
-// are immutable and are not copied. fieldBlock2 fits an admitted answer
-// with the default response.Options and one policy (64 bytes),
-// fieldBlock5 a denied one or an admitted one with X-RateLimit fields
-// (128 bytes); a larger answer takes two allocations.
+// are immutable and are not copied. With the default response.Options an
+// admitted answer takes 64 bytes (96 with a quota too) and a denied one
+// 112; with X-RateLimit fields 144 and 224.
 type (
 	fieldBlock2 struct {
 		vals [2]string
 		text [32]byte
 	}
+	fieldBlock2L struct {
+		vals [2]string
+		text [64]byte
+	}
 	fieldBlock5 struct {
 		vals [5]string
-		text [48]byte
+		text [32]byte
+	}
+	fieldBlock5L struct {
+		vals [5]string
+		text [64]byte
+	}
+	fieldBlock8 struct {
+		vals [8]string
+		text [96]byte
 	}
 )
 
 // fieldMemory returns n value slots and room for size bytes of text, in
-// the smallest block that fits.
+// the smallest block that fits, or in two allocations when none does.
 func fieldMemory(n, size int) ([]string, []byte) {
 	switch {
 	case n == 0:
@@ -183,8 +194,17 @@ func fieldMemory(n, size int) ([]string, []byte) {
 	case n <= 2 && size <= 32:
 		b := new(fieldBlock2)
 		return b.vals[:n], b.text[:0]
-	case n <= 5 && size <= 48:
+	case n <= 2 && size <= 64:
+		b := new(fieldBlock2L)
+		return b.vals[:n], b.text[:0]
+	case n <= 5 && size <= 32:
 		b := new(fieldBlock5)
+		return b.vals[:n], b.text[:0]
+	case n <= 5 && size <= 64:
+		b := new(fieldBlock5L)
+		return b.vals[:n], b.text[:0]
+	case n <= 8 && size <= 96:
+		b := new(fieldBlock8)
 		return b.vals[:n], b.text[:0]
 	}
 	return make([]string, n), make([]byte, 0, size)
