@@ -71,20 +71,26 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 	// A request's consumer and answer are rendered into memory reused by
 	// later requests; writeScratch copies what the header map keeps.
 	pool := &sync.Pool{New: func() any { return new(scratch) }}
+	// A request's cost header is looked for only when there may be one:
+	// opts names it, or l knows one per API (admit.HeaderCost).
+	_, costSource := l.(core.CostHeaderSource)
+	costHeader := opts.CostHeader.Name != "" || costSource
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var cost func() int64
 			if opts.Cost != nil {
 				cost = func() int64 { return opts.Cost(r) }
 			}
-			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, r.Header.Values); err != nil {
-				if opts.OnDecision != nil {
-					opts.OnDecision(r, core.Decision{}, err)
+			if costHeader {
+				if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, r.Header.Values); err != nil {
+					if opts.OnDecision != nil {
+						opts.OnDecision(r, core.Decision{}, err)
+					}
+					Write(w, rend.Render(nil, core.Decision{}, err))
+					return
+				} else if n > 0 {
+					cost = func() int64 { return n }
 				}
-				Write(w, rend.Render(nil, core.Decision{}, err))
-				return
-			} else if n > 0 {
-				cost = func() int64 { return n }
 			}
 			var route func() core.Route
 			if opts.Route != nil {
