@@ -233,13 +233,79 @@ func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, er
 // with the same ID, written to c, its ID's bytes in id's array when they
 // fit (else in memory of their own).
 func (k *Keyless) AuthenticateInto(_ context.Context, r Request, c *core.Consumer, id []byte) error {
-	p, err := k.ClientIP.Prefix(r)
-	if err != nil {
-		return missing("no client address")
+	b, ok := k.ClientIP.appendPeerKey(append(id[:0], "ip:"...), r)
+	if !ok {
+		p, err := k.ClientIP.Prefix(r)
+		if err != nil {
+			return missing("no client address")
+		}
+		b = appendKey(b, p)
 	}
-	b := append(appendKey(append(id[:0], "ip:"...), p), k.IDSuffix...)
+	b = append(b, k.IDSuffix...)
 	*c = core.Consumer{ID: unsafe.String(unsafe.SliceData(b), len(b)), Policies: k.Policies}
 	return nil
+}
+
+// appendPeerKey appends Key(r) to b when it is the transport peer's
+// address as r.RemoteAddr() writes it: no proxy is trusted, each IPv4
+// address is its own group and the peer is "a.b.c.d:port" with the
+// address in its canonical form (parseIPv4Port), which is what Key would
+// format back. ok false means it is not, and nothing is appended: Prefix
+// and appendKey find the key.
+func (c *ClientIP) appendPeerKey(b []byte, r Request) ([]byte, bool) {
+	if c == nil {
+		c = defaultClientIP
+	}
+	if len(c.trusted) > 0 || c.v4 != 32 {
+		return b, false
+	}
+	if _, ok := r.(PeerAddrer); ok {
+		return b, false
+	}
+	host, ok := parseIPv4Port(r.RemoteAddr())
+	if !ok {
+		return b, false
+	}
+	return append(b, host...), true
+}
+
+// parseIPv4Port returns the address of s, "a.b.c.d:port", when the
+// address is an IPv4 address as netip.Addr.String writes it (four decimal
+// octets of at most 255, no leading zeros) and the port is one to five
+// decimal digits worth at most 65535: parseAddrPort accepts every such s,
+// and its address's String is the host returned. ok is false for
+// anything else, which parseAddrPort may still accept.
+func parseIPv4Port(s string) (host string, ok bool) {
+	i := 0
+	for field := range 4 {
+		if field > 0 {
+			if i == len(s) || s[i] != '.' {
+				return "", false
+			}
+			i++
+		}
+		start, v := i, 0
+		for i < len(s) && i-start < 3 && '0' <= s[i] && s[i] <= '9' {
+			v = v*10 + int(s[i]-'0')
+			i++
+		}
+		if n := i - start; n == 0 || v > 255 || (n > 1 && s[start] == '0') {
+			return "", false
+		}
+	}
+	host, port := s[:i], s[i:]
+	if len(port) < 2 || len(port) > 6 || port[0] != ':' {
+		return "", false
+	}
+	v := 0
+	for j := 1; j < len(port); j++ {
+		c := port[j]
+		if c < '0' || c > '9' {
+			return "", false
+		}
+		v = v*10 + int(c-'0')
+	}
+	return host, v <= 0xffff
 }
 
 // appendKey appends ClientIP.Key's text for the address group p (valid and

@@ -47,6 +47,75 @@ func FuzzParseAddrPort(f *testing.F) {
 	f.Fuzz(checkParseAddrPort)
 }
 
+// parseIPv4PortCases are peer addresses for parseIPv4Port beside
+// parseAddrPortCases: canonical and non-canonical IPv4 forms and ports.
+var parseIPv4PortCases = []string{
+	"10.0.0.1:40000", "255.255.255.255:65535", "0.0.0.0:0", "1.2.3.4:00000",
+	"01.2.3.4:80", "1.2.3.04:80", "1.2.3.4567:80", "1.2.3.256:80", "1.2.3.4:000080",
+	"1.2.3.4:65536", "1.2.3.4:99999", "1.2.3.4::80", "1.2.3.4.5:80", "1.2.3:4:80",
+	"1..3.4:80", ".1.2.3:80", "1.2.3.4.:80", "1.2.3.4", "1.2.3.4:", "1.2.3.4:8a",
+	"1000.2.3.4:80", "1.2.3.4:80:80", "1.2.3.4%z:80", "[1.2.3.4]:80",
+}
+
+// checkParseIPv4Port: every address parseIPv4Port takes, parseAddrPort
+// takes too, as an IPv4 address whose String is the host returned.
+func checkParseIPv4Port(t *testing.T, s string) {
+	t.Helper()
+	host, ok := parseIPv4Port(s)
+	if !ok {
+		return
+	}
+	a, aok := parseAddrPort(s)
+	if !aok || !a.Is4() || a.String() != host {
+		t.Fatalf("parseIPv4Port(%q) = %q; parseAddrPort: %v, %v", s, host, a, aok)
+	}
+}
+
+func TestParseIPv4Port(t *testing.T) {
+	took := 0
+	for _, s := range append(parseAddrPortCases, parseIPv4PortCases...) {
+		checkParseIPv4Port(t, s)
+		if _, ok := parseIPv4Port(s); ok {
+			took++
+		}
+	}
+	for _, s := range []string{"10.0.0.1:40000", "255.255.255.255:65535", "0.0.0.0:0", "1.2.3.4:00000", "192.0.2.1:80"} {
+		if host, ok := parseIPv4Port(s); !ok || host+s[len(host):] != s {
+			t.Fatalf("parseIPv4Port(%q) = %q, %v", s, host, ok)
+		}
+	}
+	if took == 0 {
+		t.Fatal("parseIPv4Port took none of the cases")
+	}
+}
+
+func FuzzParseIPv4Port(f *testing.F) {
+	for _, s := range append(parseAddrPortCases, parseIPv4PortCases...) {
+		f.Add(s)
+	}
+	f.Fuzz(checkParseIPv4Port)
+}
+
+// AuthenticateInto, which reads a plain IPv4 peer's key from its text,
+// writes the ID Authenticate finds, for every peer address and ClientIP.
+func TestKeylessAuthenticateIntoAgrees(t *testing.T) {
+	grouped := mustClientIP(t, ClientIPOptions{IPv4PrefixLen: 24})
+	proxied := mustClientIP(t, ClientIPOptions{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	for _, ip := range []*ClientIP{nil, grouped, proxied} {
+		for _, peer := range append(parseAddrPortCases, parseIPv4PortCases...) {
+			r := newReq(peer).with("X-Forwarded-For", "192.0.2.9")
+			k := &Keyless{Policies: []string{"basic"}, ClientIP: ip, IDSuffix: "@s"}
+			c, err := k.Authenticate(context.Background(), r)
+			var into core.Consumer
+			var id [64]byte
+			ierr := k.AuthenticateInto(context.Background(), r, &into, id[:0])
+			if (err == nil) != (ierr == nil) || err == nil && into.ID != c.ID {
+				t.Fatalf("%q: AuthenticateInto %q, %v; Authenticate %v, %v", peer, into.ID, ierr, c, err)
+			}
+		}
+	}
+}
+
 func TestKeylessConsumerIDs(t *testing.T) {
 	grouped := mustClientIP(t, ClientIPOptions{IPv4PrefixLen: 24, IPv6PrefixLen: 128})
 	long := strings.Repeat("x", 60)

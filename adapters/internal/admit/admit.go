@@ -47,7 +47,11 @@ func decideInto(ctx context.Context, l core.Decider, c *core.Consumer, api strin
 	if cost != nil {
 		n = cost()
 	}
-	if rd, ok := l.(core.RouteDecider); ok && route != nil {
+	var rd core.RouteDecider
+	if route != nil { // without a route, l needs no type check
+		rd, _ = l.(core.RouteDecider)
+	}
+	if rd != nil {
 		*d, err = rd.DecideRoute(ctx, c, api, route(), n)
 	} else {
 		*d, err = l.Decide(ctx, c, api, n)
