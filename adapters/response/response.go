@@ -242,9 +242,13 @@ func (r *Renderer) render(res *Result, dst []Header, s *Scratch, d *core.Decisio
 		res.Status, msg, open = r.o.QuotaExceededStatus, messageQuotaExceeded, bodyQuotaExceeded
 	}
 	if d.RetryAfter < 0 {
-		res.Message = messageNeverAllowed
+		never, nbody := messageNeverAllowed, bodyNeverAllowed
+		if d.DecidedBy == core.KindQuota {
+			never, nbody = messageQuotaNeverAllowed, bodyQuotaNeverAllowed
+		}
+		res.Message = never
 		if body {
-			res.Body = constBody(s, bodyNeverAllowed, -1)
+			res.Body = constBody(s, nbody, -1)
 		}
 		return hs
 	}
@@ -280,11 +284,15 @@ const (
 	messageRateLimited   = "rate limit exceeded"
 	messageQuotaExceeded = "quota exceeded"
 	messageNeverAllowed  = "request cost exceeds the burst and can never be allowed"
+	// messageQuotaNeverAllowed: a cost above the quota's max (a quota has
+	// no burst).
+	messageQuotaNeverAllowed = "request cost exceeds the quota and can never be allowed"
 
-	bodyRateLimited   = `{"error":"` + messageRateLimited + `"`
-	bodyQuotaExceeded = `{"error":"` + messageQuotaExceeded + `"`
-	bodyNeverAllowed  = `{"error":"` + messageNeverAllowed + `"`
-	bodyInFlight      = `{"error":"` + MessageInFlight + `"`
+	bodyRateLimited       = `{"error":"` + messageRateLimited + `"`
+	bodyQuotaExceeded     = `{"error":"` + messageQuotaExceeded + `"`
+	bodyNeverAllowed      = `{"error":"` + messageNeverAllowed + `"`
+	bodyQuotaNeverAllowed = `{"error":"` + messageQuotaNeverAllowed + `"`
+	bodyInFlight          = `{"error":"` + MessageInFlight + `"`
 )
 
 // BodyHeaders returns the fields that go with a Body (a Result that does not

@@ -67,6 +67,17 @@ func TestRender(t *testing.T) {
 			},
 		},
 		{
+			name:   "cost exceeds quota",
+			d:      core.Decision{DecidedBy: core.KindQuota, Limit: 100, Remaining: 100, ResetAfter: 90 * time.Second, RetryAfter: -1, Quota: quota(100, 90*time.Second)},
+			status: 429,
+			body:   `{"error":"request cost exceeds the quota and can never be allowed"}` + "\n",
+			headers: []Header{
+				{HeaderPolicy, `"default/quota";q=100;w=86400`},
+				{HeaderRateLimit, `"default/quota";r=100;t=90`},
+				{HeaderXLimit, "100"}, {HeaderXRemaining, "100"}, {HeaderXReset, "1800000090"},
+			},
+		},
+		{
 			name:   "cost exceeds burst",
 			d:      core.Decision{DecidedBy: core.KindRate, Limit: 5, Remaining: 5, RetryAfter: -1, Rate: rate(5, 0)},
 			status: 429,
@@ -249,10 +260,11 @@ func TestRenderScratchAllocations(t *testing.T) {
 // errorBody's, byte for byte, with and without retry_after_ms.
 func TestConstBodies(t *testing.T) {
 	for open, msg := range map[string]string{
-		bodyRateLimited:   "rate limit exceeded",
-		bodyQuotaExceeded: "quota exceeded",
-		bodyNeverAllowed:  "request cost exceeds the burst and can never be allowed",
-		bodyInFlight:      "too many concurrent requests",
+		bodyRateLimited:       "rate limit exceeded",
+		bodyQuotaExceeded:     "quota exceeded",
+		bodyNeverAllowed:      "request cost exceeds the burst and can never be allowed",
+		bodyQuotaNeverAllowed: "request cost exceeds the quota and can never be allowed",
+		bodyInFlight:          "too many concurrent requests",
 	} {
 		for _, ms := range []int64{-1, 0, 3_600_000} {
 			var s Scratch
