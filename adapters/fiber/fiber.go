@@ -79,8 +79,10 @@ type Options struct {
 // the middleware does not store the context.Background it uses.
 //
 // l is any core.Decider: a *core.Engine, or the Limiter(api) of a
-// data-plane member (live.Config, dataplane.Follower).
+// data-plane member (live.Config, dataplane.Follower). Middleware panics
+// when l or auth is nil.
 func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber.Handler {
+	admit.Require("fiber.Middleware", l, auth)
 	rend := opts.Renderer
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})

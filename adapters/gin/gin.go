@@ -69,8 +69,10 @@ type Options struct {
 // create no limiter state.
 //
 // l is any core.Decider: a *core.Engine, or the Limiter(api) of a
-// data-plane member (live.Config, dataplane.Follower).
+// data-plane member (live.Config, dataplane.Follower). Middleware panics
+// when l or auth is nil.
 func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.HandlerFunc {
+	admit.Require("gin.Middleware", l, auth)
 	rend := opts.Renderer
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})

@@ -228,7 +228,8 @@ type scratch struct {
 	st   statusProto
 }
 
-func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *interceptor {
+func newInterceptor(who string, l core.Decider, auth identity.Authenticator, o Options) *interceptor {
+	admit.Require(who, l, auth)
 	if o.Renderer == nil {
 		o.Renderer = response.NewRenderer(response.Options{})
 	}
@@ -251,9 +252,10 @@ func newInterceptor(l core.Decider, auth identity.Authenticator, o Options) *int
 // the answers).
 //
 // l is any core.Decider: a *core.Engine, or the Limiter(api) of a
-// data-plane member (live.Config, dataplane.Follower).
+// data-plane member (live.Config, dataplane.Follower). It panics when l or
+// auth is nil.
 func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.UnaryServerInterceptor {
-	in := newInterceptor(l, auth, opts)
+	in := newInterceptor("grpc.UnaryServerInterceptor", l, auth, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		_, md, hold, err := in.admit(ctx, info.FullMethod, false)
 		defer hold.Release() // the in-flight slot, whatever the handler does
@@ -289,9 +291,10 @@ func UnaryServerInterceptor(l core.Decider, auth identity.Authenticator, opts Op
 
 // StreamServerInterceptor returns an interceptor that authenticates each
 // stream with auth and limits its opening with l and, with
-// Options.PerMessage, each message it receives.
+// Options.PerMessage, each message it receives. It panics when l or auth
+// is nil.
 func StreamServerInterceptor(l core.Decider, auth identity.Authenticator, opts Options) grpc.StreamServerInterceptor {
-	in := newInterceptor(l, auth, opts)
+	in := newInterceptor("grpc.StreamServerInterceptor", l, auth, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		c, md, hold, err := in.admit(ss.Context(), info.FullMethod, in.o.PerMessage)
 		defer hold.Release() // a stream holds its in-flight slot until it ends

@@ -12,6 +12,18 @@ import (
 	"github.com/limitplane/limitplane/identity"
 )
 
+// Require panics when l or auth is nil, naming the constructor (who): a
+// middleware built without them could only fail every request, so it
+// fails where it is built, as net/http's Handle does for a nil handler.
+func Require(who string, l core.Decider, auth identity.Authenticator) {
+	if l == nil {
+		panic(who + ": nil core.Decider (a *core.Engine, or a data-plane member's Limiter(api))")
+	}
+	if auth == nil {
+		panic(who + ": nil identity.Authenticator (&identity.Keyless{} limits by client address)")
+	}
+}
+
 // Check authenticates r with auth and, only when that succeeds, decides
 // cost units for api with l (cost nil means 1; it is only called for an
 // authenticated request). A request that fails authentication never reaches

@@ -16,6 +16,7 @@ import (
 	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
 	lpgin "github.com/limitplane/limitplane/adapters/gin"
+	lpgrpc "github.com/limitplane/limitplane/adapters/grpc"
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
@@ -354,5 +355,40 @@ func TestSameAnswersAcrossFrameworks(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNilDeciderOrAuthenticator: every adapter refuses a nil decider or
+// authenticator where it is built, with a message naming the constructor
+// and the argument, instead of answering every request with a panic.
+func TestNilDeciderOrAuthenticator(t *testing.T) {
+	eng, auth, _ := limiter(t)
+	builders := map[string]func(core.Decider, identity.Authenticator){
+		"nethttp.Middleware":           func(l core.Decider, a identity.Authenticator) { nethttp.Middleware(l, a, nethttp.Options{}) },
+		"gin.Middleware":               func(l core.Decider, a identity.Authenticator) { lpgin.Middleware(l, a, lpgin.Options{}) },
+		"fiber.Middleware":             func(l core.Decider, a identity.Authenticator) { lpfiber.Middleware(l, a, lpfiber.Options{}) },
+		"fasthttp.Middleware":          func(l core.Decider, a identity.Authenticator) { lpfasthttp.Middleware(l, a, lpfasthttp.Options{}) },
+		"grpc.UnaryServerInterceptor":  func(l core.Decider, a identity.Authenticator) { lpgrpc.UnaryServerInterceptor(l, a, lpgrpc.Options{}) },
+		"grpc.StreamServerInterceptor": func(l core.Decider, a identity.Authenticator) { lpgrpc.StreamServerInterceptor(l, a, lpgrpc.Options{}) },
+	}
+	for who, build := range builders {
+		for _, c := range []struct {
+			l    core.Decider
+			a    identity.Authenticator
+			want string
+		}{
+			{nil, auth, who + ": nil core.Decider (a *core.Engine, or a data-plane member's Limiter(api))"},
+			{eng, nil, who + ": nil identity.Authenticator (&identity.Keyless{} limits by client address)"},
+		} {
+			func() {
+				defer func() {
+					if got := fmt.Sprint(recover()); got != c.want {
+						t.Errorf("%s: panic %q, want %q", who, got, c.want)
+					}
+				}()
+				build(c.l, c.a)
+			}()
+		}
+		build(eng, auth) // and both given: no panic
 	}
 }
