@@ -76,7 +76,9 @@ type Options struct {
 	API func(fullMethod string) string
 	// Cost returns the cost of a unary call or of opening a stream; nil
 	// means 1. An endpoint with a cost of its own overrides it
-	// (core.Endpoint.Cost).
+	// (core.Endpoint.Cost). 0 admits the call without spending anything
+	// (a peek, core.Request.Cost); a cost below 0 or above core.MaxCost is
+	// answered InvalidArgument, so clamp what comes from the request.
 	Cost func(ctx context.Context, fullMethod string) int64
 	// CostHeader, when it names a metadata key, reads the cost of a
 	// unary call or a stream's opening from the incoming metadata of

@@ -24,7 +24,10 @@ type Options struct {
 	// APIs).
 	API string
 	// Cost returns a request's cost; nil means 1. An endpoint with a
-	// cost of its own overrides it (core.Endpoint.Cost).
+	// cost of its own overrides it (core.Endpoint.Cost). 0 admits the
+	// request without spending anything (a peek, core.Request.Cost); a
+	// cost below 0 or above core.MaxCost is answered 400 ("invalid
+	// request cost"), so clamp what comes from the request.
 	Cost func(*http.Request) int64
 	// CostHeader, when it names a header, reads a request's cost from
 	// it (core.CostHeader: bounded, a malformed value answered 400 with
