@@ -102,11 +102,13 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 				route = func() core.Route { return opts.Route(r) }
 			}
 			s := pool.Get().(*scratch)
-			d, err := admit.Decide(r.Context(), l, auth, Request{r}, opts.API, route, cost, &s.consumer)
+			// The decision stays in d: decided into it, rendered from it.
+			var d core.Decision
+			err := admit.DecideInto(r.Context(), l, auth, Request{r}, opts.API, route, cost, &s.consumer, &d)
 			if opts.OnDecision != nil {
 				opts.OnDecision(r, d, err)
 			}
-			pass := writeScratch(w, s, rend.RenderScratch(&s.answer, d, err))
+			pass := writeScratch(w, s, rend.RenderDecision(&s.answer, &d, err))
 			pool.Put(s)
 			if pass {
 				// The in-flight slot is held until next returns, however
@@ -229,11 +231,11 @@ func inScratch(s *scratch, v string) bool {
 	return p-base < unsafe.Sizeof(*s)
 }
 
-// writeScratch is Write for a res rendered into s (response.RenderScratch),
+// writeScratch is Write for a res rendered into s (response.RenderDecision),
 // whose values and body are in memory that is reused once it returns: it
 // sets the same fields, copying the values that are in s, in one
 // allocation when they fit a block, and writes the same status and body.
-func writeScratch(w http.ResponseWriter, s *scratch, res response.Result) bool {
+func writeScratch(w http.ResponseWriter, s *scratch, res *response.Result) bool {
 	h := w.Header()
 	bh := response.BodyHeaders()
 	n, size := len(res.Headers), 0
