@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,24 +11,12 @@ import (
 	"github.com/limitplane/limitplane/core/memory"
 )
 
-// peekObserver records the API and Remaining of each decision it is told.
-type peekObserver struct {
-	mu  sync.Mutex
-	got []string
-}
-
-func (o *peekObserver) ObserveDecision(api string, d core.Decision, err error, _ time.Duration) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.got = append(o.got, fmt.Sprintf("%s:%d", api, d.Remaining))
-}
-
 // TestObserverSkipsPeeks: a cost-0 call (a peek) is not reported to the
 // Observer, from Decide, DecideRoute and Wait alike; a call that spends
 // is, and so is a cost-0 call at an endpoint whose own cost makes it
 // spend (2 of the endpoint's 10 and 2 of the API's, 6 left there).
 func TestObserverSkipsPeeks(t *testing.T) {
-	o := &peekObserver{}
+	o := &recorder{}
 	e, err := core.NewEngine(memory.New(memory.Options{}), core.Config{
 		Policies:  []core.Policy{{ID: "p", Rate: core.Limit{Rate: 10, Period: time.Hour}}, {ID: "e", Rate: core.Limit{Rate: 10, Period: time.Hour}}},
 		Endpoints: map[string][]core.Endpoint{"api": {{Path: "/costly", Policies: []string{"e"}, Cost: 2}}},
@@ -58,7 +45,11 @@ func TestObserverSkipsPeeks(t *testing.T) {
 			t.Fatalf("step %d: %v", i, err)
 		}
 	}
-	if want := []string{"api:9", "api:8", "api:6"}; !slices.Equal(o.got, want) {
-		t.Fatalf("observed %q, want %q", o.got, want)
+	var got []string
+	for _, c := range o.got() {
+		got = append(got, fmt.Sprintf("%s:%d", c.api, c.d.Remaining))
+	}
+	if want := []string{"api:9", "api:8", "api:6"}; !slices.Equal(got, want) {
+		t.Fatalf("observed %q, want %q", got, want)
 	}
 }
