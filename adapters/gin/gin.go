@@ -12,10 +12,12 @@ package gin
 
 import (
 	"strings"
+	"sync"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/limitplane/limitplane/adapters/internal/admit"
+	"github.com/limitplane/limitplane/adapters/internal/httpresp"
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
@@ -80,34 +82,44 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 	if rend == nil {
 		rend = response.NewRenderer(response.Options{})
 	}
+	// As nethttp.Middleware: a request's consumer and answer are rendered
+	// into memory reused by later requests, and the cost header is looked
+	// for only when there may be one.
+	pool := &sync.Pool{New: func() any { return new(httpresp.Scratch) }}
+	_, costSource := l.(core.CostHeaderSource)
+	costHeader := opts.CostHeader.Name != "" || costSource
 	return func(c *gin.Context) {
-		ctx := c.Request.Context()
 		var cost func() int64
 		if opts.Cost != nil {
 			cost = func() int64 { return opts.Cost(c) }
 		}
-		if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, c.Request.Header.Values); err != nil {
-			if opts.OnDecision != nil {
-				opts.OnDecision(c, core.Decision{}, err)
+		if costHeader {
+			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, c.Request.Header.Values); err != nil {
+				if opts.OnDecision != nil {
+					opts.OnDecision(c, core.Decision{}, err)
+				}
+				nethttp.Write(c.Writer, rend.Render(nil, core.Decision{}, err))
+				c.Abort()
+				return
+			} else if n > 0 {
+				cost = func() int64 { return n }
 			}
-			nethttp.Write(c.Writer, rend.Render(nil, core.Decision{}, err))
-			c.Abort()
-			return
-		} else if n > 0 {
-			cost = func() int64 { return n }
 		}
 		var route func() core.Route
 		if opts.Route != nil {
 			route = func() core.Route { return opts.Route(c) }
 		}
-		_, d, err := admit.Check(ctx, l, auth, nethttp.Request{R: c.Request}, opts.API, route, cost)
+		s := pool.Get().(*httpresp.Scratch)
+		var d core.Decision
+		err := admit.DecideInto(c.Request.Context(), l, auth, nethttp.Request{R: c.Request}, opts.API, route, cost, &s.Consumer, &d)
 		if opts.OnDecision != nil {
 			opts.OnDecision(c, d, err)
 		}
-		var buf [8]response.Header
 		// gin's ResponseWriter is an http.ResponseWriter, so the net/http
 		// writer sets the same fields, status and body.
-		if !nethttp.Write(c.Writer, rend.Render(buf[:0], d, err)) {
+		pass := httpresp.Write(c.Writer, s, rend.RenderDecision(&s.Answer, &d, err))
+		pool.Put(s)
+		if !pass {
 			c.Abort()
 			return
 		}
