@@ -31,15 +31,18 @@ import (
 	"time"
 
 	"github.com/didip/tollbooth/v7"
+	"github.com/gin-gonic/gin"
 	"github.com/go-chi/httprate"
 	"github.com/gofiber/fiber/v2"
 	fiberlimiter "github.com/gofiber/fiber/v2/middleware/limiter"
 	ulule "github.com/ulule/limiter/v3"
+	ululegin "github.com/ulule/limiter/v3/drivers/middleware/gin"
 	"github.com/ulule/limiter/v3/drivers/middleware/stdlib"
 	ulmemory "github.com/ulule/limiter/v3/drivers/store/memory"
 	"github.com/valyala/fasthttp"
 
 	lpfiber "github.com/limitplane/limitplane/adapters/fiber"
+	lpgin "github.com/limitplane/limitplane/adapters/gin"
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/adapters/response"
 	"github.com/limitplane/limitplane/core"
@@ -94,12 +97,15 @@ func keylessEngineAt(tb testing.TB, r peerRate) (*core.Engine, *memory.Store, id
 	return eng, store, &identity.Keyless{Policies: []string{"bench"}}
 }
 
-// netHTTPPeers are the net/http rows, in table order: each wraps next in
-// its library's middleware.
-var netHTTPPeers = []struct {
+// netHTTPPeer is one row: next wrapped in a library's middleware.
+type netHTTPPeer struct {
 	name string
 	wrap func(tb testing.TB, next http.Handler, r peerRate) http.Handler
-}{
+}
+
+// netHTTPPeers are the net/http rows, in table order: each wraps next in
+// its library's middleware.
+var netHTTPPeers = []netHTTPPeer{
 	{"bare", func(_ testing.TB, next http.Handler, _ peerRate) http.Handler { return next }},
 	{"limitplane", func(tb testing.TB, next http.Handler, r peerRate) http.Handler {
 		eng, _, auth := keylessEngineAt(tb, r)
@@ -150,12 +156,58 @@ func benchPeersNetHTTP(b *testing.B, rate peerRate) {
 	})
 }
 
+// ginPeers are the Gin rows, in table order: each a gin.Engine (gin.New,
+// no logger or recovery) with its library's middleware in front of the
+// handler of /x, served as an http.Handler.
+var ginPeers = []netHTTPPeer{
+	{"bare", func(_ testing.TB, next http.Handler, _ peerRate) http.Handler { return ginApp(next) }},
+	{"limitplane", func(tb testing.TB, next http.Handler, r peerRate) http.Handler {
+		eng, _, auth := keylessEngineAt(tb, r)
+		return ginApp(next, lpgin.Middleware(eng, auth, lpgin.Options{API: "x"}))
+	}},
+	{"ulule", func(_ testing.TB, next http.Handler, r peerRate) http.Handler {
+		lim := ulule.New(ulmemory.NewStore(), ulule.Rate{Period: r.per, Limit: int64(r.n)})
+		return ginApp(next, ululegin.NewMiddleware(lim))
+	}},
+}
+
+// ginApp is a gin.Engine that runs mw, then next, for GET /x.
+func ginApp(next http.Handler, mw ...gin.HandlerFunc) http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	app := gin.New()
+	app.Use(mw...)
+	app.GET("/x", gin.WrapH(next))
+	return app
+}
+
+// BenchmarkPeersGin is BenchmarkPeersNetHTTP for Gin: limitplane's Gin
+// middleware beside ulule/limiter's Gin driver, each on its in-memory
+// store (issue 24).
+func BenchmarkPeersGin(b *testing.B) {
+	benchRows(b, ginPeers, admitRate, func() func(http.Handler, *http.Request) {
+		return func(h http.Handler, r *http.Request) { serveRecorded(h, r) }
+	})
+}
+
+// BenchmarkPeersGinDeny is BenchmarkPeersGin at denyRate.
+func BenchmarkPeersGinDeny(b *testing.B) {
+	benchRows(b, ginPeers, denyRate, func() func(http.Handler, *http.Request) {
+		return func(h http.Handler, r *http.Request) { serveRecorded(h, r) }
+	})
+}
+
 // benchNetHTTPRows runs every net/http row at rate, serving each request
 // with a server newServe makes for the row.
 func benchNetHTTPRows(b *testing.B, rate peerRate, newServe func() func(http.Handler, *http.Request)) {
+	benchRows(b, netHTTPPeers, rate, newServe)
+}
+
+// benchRows runs every row of peers at rate, serving each request with a
+// server newServe makes for the row.
+func benchRows(b *testing.B, peers []netHTTPPeer, rate peerRate, newServe func() func(http.Handler, *http.Request)) {
 	for _, n := range peerShapes {
 		addrs := remoteAddrs(n)
-		for _, p := range netHTTPPeers {
+		for _, p := range peers {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
 				h := p.wrap(b, okHandler(), rate)
 				r := httptest.NewRequest("GET", "/x", nil)
