@@ -171,6 +171,9 @@ var ginPeers = []netHTTPPeer{
 	}},
 }
 
+// httpPeers are the rows served as an http.Handler, by framework.
+var httpPeers = map[string][]netHTTPPeer{"net/http": netHTTPPeers, "gin": ginPeers}
+
 // ginApp is a gin.Engine that runs mw, then next, for GET /x.
 func ginApp(next http.Handler, mw ...gin.HandlerFunc) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
@@ -329,21 +332,23 @@ var peerRemaining = map[string]struct {
 // admitted, keyed requests.
 func TestPeerSetups(t *testing.T) {
 	addrs := remoteAddrs(3)
-	for _, p := range netHTTPPeers {
-		h := p.wrap(t, okHandler(), admitRate)
-		r := httptest.NewRequest("GET", "/x", nil)
-		var got []string
-		for _, a := range []string{addrs[1], addrs[2], addrs[1]} {
-			r.RemoteAddr = a
-			w := serveRecorded(h, r)
-			if w.Code != 200 || w.Body.String() != "ok" {
-				t.Fatalf("%s: %d %q, want 200 \"ok\"", p.name, w.Code, w.Body.String())
+	for fw, peers := range httpPeers {
+		for _, p := range peers {
+			h := p.wrap(t, okHandler(), admitRate)
+			r := httptest.NewRequest("GET", "/x", nil)
+			var got []string
+			for _, a := range []string{addrs[1], addrs[2], addrs[1]} {
+				r.RemoteAddr = a
+				w := serveRecorded(h, r)
+				if w.Code != 200 || w.Body.String() != "ok" {
+					t.Fatalf("%s %s: %d %q, want 200 \"ok\"", fw, p.name, w.Code, w.Body.String())
+				}
+				if want, ok := peerRemaining[p.name]; ok {
+					got = append(got, w.Header().Get(want.header))
+				}
 			}
-			if want, ok := peerRemaining[p.name]; ok {
-				got = append(got, w.Header().Get(want.header))
-			}
+			checkRemaining(t, fw+" "+p.name, p.name, got)
 		}
-		checkRemaining(t, "net/http "+p.name, p.name, got)
 	}
 	for _, p := range fiberPeers {
 		h, ctx := fiberPeerHandler(t, p.use, admitRate), fiberPeerCtx()
@@ -393,22 +398,24 @@ func checkRemaining(t *testing.T, row, name string, got []string) {
 // client's second request 429 (limitplane with its Retry-After field and
 // JSON body) and "bare" still 200: the deny benchmarks measure denials.
 func TestPeerDenials(t *testing.T) {
-	for _, p := range netHTTPPeers {
-		h := p.wrap(t, okHandler(), denyRate)
-		r := httptest.NewRequest("GET", "/x", nil)
-		r.RemoteAddr = remoteAddrs(2)[1]
-		serveRecorded(h, r)
-		w := serveRecorded(h, r)
-		want := http.StatusTooManyRequests
-		if p.name == "bare" {
-			want = http.StatusOK
-		}
-		if w.Code != want {
-			t.Errorf("net/http %s: second request %d, want %d", p.name, w.Code, want)
-		}
-		if p.name == "limitplane" {
-			if ra, body := w.Header().Get("Retry-After"), w.Body.String(); ra != "3600" || body != "{\"error\":\"rate limit exceeded\",\"retry_after_ms\":3600000}\n" {
-				t.Errorf("net/http limitplane: Retry-After %q, body %q", ra, body)
+	for fw, peers := range httpPeers {
+		for _, p := range peers {
+			h := p.wrap(t, okHandler(), denyRate)
+			r := httptest.NewRequest("GET", "/x", nil)
+			r.RemoteAddr = remoteAddrs(2)[1]
+			serveRecorded(h, r)
+			w := serveRecorded(h, r)
+			want := http.StatusTooManyRequests
+			if p.name == "bare" {
+				want = http.StatusOK
+			}
+			if w.Code != want {
+				t.Errorf("%s %s: second request %d, want %d", fw, p.name, w.Code, want)
+			}
+			if p.name == "limitplane" {
+				if ra, body := w.Header().Get("Retry-After"), w.Body.String(); ra != "3600" || body != "{\"error\":\"rate limit exceeded\",\"retry_after_ms\":3600000}\n" {
+					t.Errorf("%s limitplane: Retry-After %q, body %q", fw, ra, body)
+				}
 			}
 		}
 	}
