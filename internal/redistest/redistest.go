@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -138,7 +139,7 @@ func (s *Server) launch() error {
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
-	if err := waitReady(s.Addr, done); err != nil {
+	if err := waitReady(s.Addr, cmd.Process.Pid, done); err != nil {
 		s.kill(syscall.SIGKILL)
 		return fmt.Errorf("%w; log:\n%s", err, s.Log())
 	}
@@ -146,8 +147,12 @@ func (s *Server) launch() error {
 }
 
 // waitReady polls addr with PING until it answers PONG, the process exits
-// (exited is closed), or startTimeout passes.
-func waitReady(addr string, exited <-chan struct{}) error {
+// (exited is closed), or startTimeout passes. The server that answers must
+// be process pid: a port found free can be taken by another test
+// process's redis-server before this one binds it (this one then exits,
+// and the other would answer the PING), which would make two tests share
+// one server until the other stops it.
+func waitReady(addr string, pid int, exited <-chan struct{}) error {
 	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) {
 		select {
@@ -156,11 +161,49 @@ func waitReady(addr string, exited <-chan struct{}) error {
 		default:
 		}
 		if ping(addr) == nil {
+			switch got, err := serverPID(addr); {
+			case err != nil:
+				return err
+			case got != pid:
+				return fmt.Errorf("%s is served by another redis-server (pid %d, not %d)", addr, got, pid)
+			}
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return fmt.Errorf("redis-server at %s not ready after %v", addr, startTimeout)
+}
+
+// serverPID returns the process_id INFO server reports at addr.
+func serverPID(addr string) (int, error) {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
+	}
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return 0, fmt.Errorf("INFO server answered %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 // ping sends an inline PING over a fresh connection.

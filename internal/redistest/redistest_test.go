@@ -83,3 +83,24 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("Stop of a paused server took %v", d)
 	}
 }
+
+// TestPortTakenByAnotherServer: a server launched on a port another
+// redis-server already serves is not taken for ready because the other
+// one answers its PING (as when another test process's server binds the
+// port found free first); launch fails, naming both processes, and Start
+// would try another port.
+func TestPortTakenByAnotherServer(t *testing.T) {
+	other := Start(t)
+	s := &Server{t: t, Dir: t.TempDir(), Port: other.Port, Addr: other.Addr}
+	err := s.launch()
+	if err == nil {
+		s.Stop()
+		t.Fatal("launch on a port another redis-server serves: ready, want an error")
+	}
+	if !strings.Contains(err.Error(), "is served by another redis-server") && !strings.Contains(err.Error(), "exited during start-up") {
+		t.Fatalf("launch: %v", err)
+	}
+	if err := other.Client(t, nil).Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("the other server: %v", err)
+	}
+}
