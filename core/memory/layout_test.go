@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -168,6 +169,9 @@ func TestExactUnderConcurrentGrowth(t *testing.T) {
 				// At least per requests each, and on until the flood ends,
 				// so resizes happen under them.
 				for i := 0; i < per || !flooded.Load(); i++ {
+					if i >= per {
+						runtime.Gosched() // past its share: let the flooder run (see TestRetagExactUnderConcurrentGrowth)
+					}
 					k := (w*7 + i) % hot
 					r := core.Request{Consumer: "hot" + strconv.Itoa(k), Rule: rate, Cost: 1}
 					var err error
