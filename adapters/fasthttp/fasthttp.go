@@ -93,20 +93,23 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 	// request's consumer and answer are rendered into memory reused by
 	// later requests.
 	pool := &sync.Pool{New: func() any { return new(scratch) }}
+	readCost := admit.ReadsCostHeader(l, opts.CostHeader)
 	return func(next fasthttp.RequestHandler) fasthttp.RequestHandler {
 		return func(ctx *fasthttp.RequestCtx) {
 			var cost func() int64
 			if opts.Cost != nil {
 				cost = func() int64 { return opts.Cost(ctx) }
 			}
-			if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{ctx}.HeaderValues); err != nil {
-				if opts.OnDecision != nil {
-					opts.OnDecision(ctx, core.Decision{}, err)
+			if readCost {
+				if n, err := admit.HeaderCost(l, opts.API, opts.CostHeader, Request{ctx}.HeaderValues); err != nil {
+					if opts.OnDecision != nil {
+						opts.OnDecision(ctx, core.Decision{}, err)
+					}
+					Write(&ctx.Response, rend.Render(nil, core.Decision{}, err))
+					return
+				} else if n > 0 {
+					cost = func() int64 { return n }
 				}
-				Write(&ctx.Response, rend.Render(nil, core.Decision{}, err))
-				return
-			} else if n > 0 {
-				cost = func() int64 { return n }
 			}
 			var route func() core.Route
 			if opts.Route != nil {

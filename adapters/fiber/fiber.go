@@ -96,8 +96,7 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) fiber
 	pool := &sync.Pool{New: func() any { return new(scratch) }}
 	// A request can give its cost in a header only when opts names one or
 	// l may know one for the API (admit.HeaderCost finds none otherwise).
-	_, costSource := l.(core.CostHeaderSource)
-	readCost := opts.CostHeader.Name != "" || costSource
+	readCost := admit.ReadsCostHeader(l, opts.CostHeader)
 	return func(c *fiber.Ctx) error {
 		ctx := userContext(c)
 		var cost func() int64

@@ -86,8 +86,7 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) gin.H
 	// into memory reused by later requests, and the cost header is looked
 	// for only when there may be one.
 	pool := &sync.Pool{New: func() any { return new(httpresp.Scratch) }}
-	_, costSource := l.(core.CostHeaderSource)
-	costHeader := opts.CostHeader.Name != "" || costSource
+	costHeader := admit.ReadsCostHeader(l, opts.CostHeader)
 	return func(c *gin.Context) {
 		var cost func() int64
 		if opts.Cost != nil {

@@ -78,8 +78,7 @@ func Middleware(l core.Decider, auth identity.Authenticator, opts Options) func(
 	pool := &sync.Pool{New: func() any { return new(httpresp.Scratch) }}
 	// A request's cost header is looked for only when there may be one:
 	// opts names it, or l knows one per API (admit.HeaderCost).
-	_, costSource := l.(core.CostHeaderSource)
-	costHeader := opts.CostHeader.Name != "" || costSource
+	costHeader := admit.ReadsCostHeader(l, opts.CostHeader)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			var cost func() int64

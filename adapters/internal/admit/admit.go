@@ -85,20 +85,14 @@ type Consumer struct {
 	id [64]byte
 }
 
-// Decide is Check for an adapter that does not keep the consumer: when
-// auth is an identity.ConsumerWriter, the consumer is written into s and
-// used only by l.Decide, so finding it allocates nothing; s may be reused
-// once Decide returns. Otherwise it is Check.
-func Decide(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer) (core.Decision, error) {
-	d, _, err := DecideID(ctx, l, auth, r, api, route, cost, s)
-	return d, err
-}
-
-// DecideInto is Decide writing the decision into *d, which must be the
-// zero Decision (it is left so when authentication fails), for an adapter
-// that keeps the decision in a variable of its own and renders it from
-// there (response.Renderer.RenderDecision): the decision is not copied on
-// its way back.
+// DecideInto is Check for an adapter that does not keep the consumer,
+// writing the decision into *d, which must be the zero Decision (it is
+// left so when authentication fails): when auth is an
+// identity.ConsumerWriter, the consumer is written into s and used only by
+// l, so finding it allocates nothing, and s may be reused once DecideInto
+// returns; otherwise it is Check. The adapter keeps the decision in a
+// variable of its own and renders it from there
+// (response.Renderer.RenderDecision), so it is not copied on its way back.
 func DecideInto(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer, d *core.Decision) error {
 	w, ok := auth.(identity.ConsumerWriter)
 	if !ok {
@@ -114,9 +108,9 @@ func DecideInto(ctx context.Context, l core.Decider, auth identity.Authenticator
 	return err
 }
 
-// DecideID is Decide that also returns the consumer's ID ("" when
-// authentication failed), for an answer that names it (gRPC's
-// QuotaFailure). The ID may be in s: it is valid only until s is used
+// DecideID is DecideInto returning the decision, and the consumer's ID
+// too ("" when authentication failed), for an answer that names it
+// (gRPC's QuotaFailure). The ID may be in s: it is valid only until s is used
 // again, so a caller that keeps it clones it.
 func DecideID(ctx context.Context, l core.Decider, auth identity.Authenticator, r identity.Request, api string, route func() core.Route, cost func() int64, s *Consumer) (core.Decision, string, error) {
 	w, ok := auth.(identity.ConsumerWriter)
@@ -148,6 +142,15 @@ func HeaderCost(l core.Decider, api string, h core.CostHeader, values func(name 
 		return 0, nil
 	}
 	return ch.Cost(values(ch.Name))
+}
+
+// ReadsCostHeader reports whether a request to l may give its cost in a
+// header, so that HeaderCost is worth calling: h names one, or l may know
+// one per API (core.CostHeaderSource). An adapter asks once, when it is
+// built, and skips HeaderCost on every request when it is false.
+func ReadsCostHeader(l core.Decider, h core.CostHeader) bool {
+	_, src := l.(core.CostHeaderSource)
+	return h.Name != "" || src
 }
 
 // costHeader returns the cost header of a request for api: h when it
