@@ -175,17 +175,12 @@ func (c *ClientIP) Prefix(r Request) (netip.Prefix, error) {
 // address itself when the group is a single address ("192.0.2.1"),
 // otherwise the masked prefix ("2001:db8:1:2::/64").
 func (c *ClientIP) Key(r Request) (string, error) {
-	if c == nil {
-		c = defaultClientIP
-	}
-	p, err := c.Prefix(r)
+	var buf [64]byte
+	b, err := c.appendKeyOf(buf[:0], r)
 	if err != nil {
 		return "", err
 	}
-	if p.IsSingleIP() {
-		return p.Addr().String(), nil
-	}
-	return p.String(), nil
+	return string(b), nil
 }
 
 func (c *ClientIP) group(a netip.Addr) netip.Prefix {

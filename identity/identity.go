@@ -233,17 +233,26 @@ func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, er
 // with the same ID, written to c, its ID's bytes in id's array when they
 // fit (else in memory of their own).
 func (k *Keyless) AuthenticateInto(_ context.Context, r Request, c *core.Consumer, id []byte) error {
-	b, ok := k.ClientIP.appendPeerKey(append(id[:0], "ip:"...), r)
-	if !ok {
-		p, err := k.ClientIP.Prefix(r)
-		if err != nil {
-			return missing("no client address")
-		}
-		b = appendKey(b, p)
+	b, err := k.ClientIP.appendKeyOf(append(id[:0], "ip:"...), r)
+	if err != nil {
+		return missing("no client address")
 	}
 	b = append(b, k.IDSuffix...)
 	*c = core.Consumer{ID: unsafe.String(unsafe.SliceData(b), len(b)), Policies: k.Policies}
 	return nil
+}
+
+// appendKeyOf appends Key(r) to b: the peer's address as it is written
+// when appendPeerKey can take it so, else Prefix's group (appendKey).
+func (c *ClientIP) appendKeyOf(b []byte, r Request) ([]byte, error) {
+	if kb, ok := c.appendPeerKey(b, r); ok {
+		return kb, nil
+	}
+	p, err := c.Prefix(r)
+	if err != nil {
+		return b, err
+	}
+	return appendKey(b, p), nil
 }
 
 // appendPeerKey appends Key(r) to b when it is the transport peer's
