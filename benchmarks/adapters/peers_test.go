@@ -235,11 +235,14 @@ func benchRows(b *testing.B, peers []netHTTPPeer, rate peerRate, newServe func()
 	}
 }
 
-// fiberPeers are the Fiber rows, in table order.
-var fiberPeers = []struct {
+// fiberPeer is one Fiber row: use adds its library's middleware to app.
+type fiberPeer struct {
 	name string
 	use  func(tb testing.TB, app *fiber.App, r peerRate)
-}{
+}
+
+// fiberPeers are the Fiber rows, in table order.
+var fiberPeers = []fiberPeer{
 	{"bare", func(testing.TB, *fiber.App, peerRate) {}},
 	{"limitplane", func(tb testing.TB, app *fiber.App, r peerRate) {
 		eng, _, auth := keylessEngineAt(tb, r)
@@ -275,13 +278,16 @@ func BenchmarkPeersFiber(b *testing.B) { benchPeersFiber(b, admitRate) }
 // request is answered 429 by the middleware ("bare" still answers "ok").
 func BenchmarkPeersFiberDeny(b *testing.B) { benchPeersFiber(b, denyRate) }
 
-func benchPeersFiber(b *testing.B, rate peerRate) {
+func benchPeersFiber(b *testing.B, rate peerRate) { benchFiberRows(b, fiberPeers, rate) }
+
+// benchFiberRows runs every Fiber row of peers at rate.
+func benchFiberRows(b *testing.B, peers []fiberPeer, rate peerRate) {
 	for _, n := range peerShapes {
 		addrs := make([]net.Addr, n)
 		for i := range addrs {
 			addrs[i] = clientAddr(i)
 		}
-		for _, p := range fiberPeers {
+		for _, p := range peers {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
 				h, ctx := fiberPeerHandler(b, p.use, rate), fiberPeerCtx()
 				for _, a := range addrs {
