@@ -18,7 +18,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -54,7 +53,7 @@ func main() {
 	}
 	rounds := flag.Int("rounds", 6, "interleaved rounds")
 	duration := flag.Duration("duration", 10*time.Second, "wrk duration of each measurement")
-	conns := flag.Int("c", 64, "wrk connections")
+	conns := flag.String("c", "64,256", "wrk connections: a comma-separated list, each measured in every round")
 	threads := flag.Int("t", 2, "wrk threads")
 	gatewayBin := flag.String("gateway", "", "a built cmd/limitplane-gateway binary (default: built from ../cmd/limitplane-gateway)")
 	var before []string
@@ -63,9 +62,26 @@ func main() {
 		return nil
 	})
 	flag.Parse()
-	if err := run(*rounds, *duration, *conns, *threads, *gatewayBin, before); err != nil {
+	cs, err := parseConns(*conns)
+	if err != nil {
 		log.Fatal(err)
 	}
+	if err := run(*rounds, *duration, cs, *threads, *gatewayBin, before); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// parseConns parses -c: connection counts separated by commas.
+func parseConns(s string) ([]int, error) {
+	var cs []int
+	for f := range strings.SplitSeq(s, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 {
+			return nil, fmt.Errorf("-c: %q is not a connection count", f)
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
 }
 
 // serveUpstream answers every request with the same 1 KiB body.
@@ -144,7 +160,7 @@ func (p *proc) stop() {
 	}
 }
 
-func run(rounds int, duration time.Duration, conns, threads int, gatewayBin string, before []string) error {
+func run(rounds int, duration time.Duration, conns []int, threads int, gatewayBin string, before []string) error {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return errors.New("wrk not found on PATH (Debian: apt-get install wrk)")
 	}
@@ -305,66 +321,103 @@ http {
 		}
 	}
 
-	results := map[string][]float64{}
+	// For each connection count and row, one sample a round.
+	type series struct {
+		c    int
+		name string
+	}
+	rps, p99 := map[series][]float64{}, map[series][]float64{}
 	for r := 1; r <= rounds; r++ {
-		for _, t := range targets {
-			rps, err := wrk(t.url, duration, conns, threads)
-			if err != nil {
-				return fmt.Errorf("%s: %w", t.name, err)
+		for _, c := range conns {
+			for _, t := range targets {
+				m, err := wrk(t.url, duration, c, threads)
+				if err != nil {
+					return fmt.Errorf("%s at %d connections: %w", t.name, c, err)
+				}
+				k := series{c, t.name}
+				rps[k] = append(rps[k], m.rps)
+				p99[k] = append(p99[k], ms(m.p99))
+				fmt.Printf("round=%d c=%d proxy=%s req_per_s=%.0f p99_ms=%.3f\n", r, c, t.name, m.rps, ms(m.p99))
 			}
-			results[t.name] = append(results[t.name], rps)
-			fmt.Printf("round=%d proxy=%s req_per_s=%.0f\n", r, t.name, rps)
 		}
 	}
-	med := map[string]float64{}
-	for name, v := range results {
-		slices.Sort(v)
-		med[name] = v[len(v)/2]
-		if len(v)%2 == 0 {
-			med[name] = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	for _, c := range conns {
+		fmt.Printf("\nconnections=%d\n", c)
+		lim, hasLim := series{c, "nginx+limit_req"}, rps[series{c, "nginx+limit_req"}] != nil
+		ng, hasNg := series{c, "nginx"}, rps[series{c, "nginx"}] != nil
+		bare := series{c, "bare-httputil"}
+		for _, t := range targets {
+			k := series{c, t.name}
+			line := fmt.Sprintf("c=%d proxy=%s median_req_per_s=%.0f vs_bare=%.2f", c, t.name, median(rps[k]), median(rps[k])/median(rps[bare]))
+			if hasLim {
+				line += fmt.Sprintf(" vs_nginx_limit_req=%.2f", median(rps[k])/median(rps[lim]))
+			}
+			if hasNg {
+				line += fmt.Sprintf(" vs_nginx=%.2f", median(rps[k])/median(rps[ng]))
+			}
+			line += fmt.Sprintf(" median_p99_ms=%.3f", median(p99[k]))
+			if hasLim {
+				line += fmt.Sprintf(" p99_vs_nginx_limit_req=%.2f", median(p99[k])/median(p99[lim]))
+			}
+			fmt.Println(line)
 		}
-	}
-	fmt.Println()
-	for _, t := range targets {
-		line := fmt.Sprintf("proxy=%s median_req_per_s=%.0f vs_bare=%.2f", t.name, med[t.name], med[t.name]/med["bare-httputil"])
-		if n, ok := med["nginx"]; ok {
-			line += fmt.Sprintf(" vs_nginx=%.2f", med[t.name]/n)
-		}
-		if n, ok := med["nginx+limit_req"]; ok {
-			line += fmt.Sprintf(" vs_nginx_limit_req=%.2f", med[t.name]/n)
-		}
-		fmt.Println(line)
 	}
 	return nil
 }
 
+// median returns the median of v, sorting v.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	if len(v)%2 == 0 {
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
+// ms returns d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
 var (
 	rpsRe  = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	p99Re  = regexp.MustCompile(`(?m)^\s+99%\s+([0-9.]+(?:us|ms|s|m|h))\s*$`)
 	non2xx = regexp.MustCompile(`Non-2xx or 3xx responses:\s+(\d+)`)
 )
 
-// wrk runs wrk against url with the bench key and returns requests/s. Any
-// non-2xx answer is an error: a proxy that answers 429 or 502 is not being
-// measured.
-func wrk(u string, d time.Duration, conns, threads int) (float64, error) {
-	cmd := exec.Command("wrk", "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns), "-d"+d.String(),
+// A measurement is what one wrk run reports.
+type measurement struct {
+	rps float64       // requests/s
+	p99 time.Duration // 99th percentile latency
+}
+
+// wrk runs wrk against url with the bench key and returns what it measured.
+// Any non-2xx answer or socket error is an error: a proxy that answers 429
+// or 502, or drops connections, is not being measured.
+func wrk(u string, d time.Duration, conns, threads int) (measurement, error) {
+	cmd := exec.Command("wrk", "--latency", "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns), "-d"+d.String(),
 		"-H", "X-API-Key: "+benchKey, u)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return 0, fmt.Errorf("wrk: %w: %s", err, out)
+		return measurement{}, fmt.Errorf("wrk: %w: %s", err, out)
 	}
 	if m := non2xx.FindSubmatch(out); m != nil {
-		return 0, fmt.Errorf("wrk saw %s non-2xx answers:\n%s", m[1], out)
+		return measurement{}, fmt.Errorf("wrk saw %s non-2xx answers:\n%s", m[1], out)
 	}
-	m := rpsRe.FindSubmatch(out)
-	if m == nil {
-		return 0, fmt.Errorf("no Requests/sec in wrk output:\n%s", out)
-	}
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "Socket errors") {
-			return 0, fmt.Errorf("wrk: %s", sc.Text())
+	for line := range strings.Lines(string(out)) {
+		if strings.Contains(line, "Socket errors") {
+			return measurement{}, fmt.Errorf("wrk: %s", strings.TrimSpace(line))
 		}
 	}
-	return strconv.ParseFloat(string(m[1]), 64)
+	r, p := rpsRe.FindSubmatch(out), p99Re.FindSubmatch(out)
+	if r == nil || p == nil {
+		return measurement{}, fmt.Errorf("no Requests/sec or 99%% latency in wrk output:\n%s", out)
+	}
+	var m measurement
+	if m.rps, err = strconv.ParseFloat(string(r[1]), 64); err != nil {
+		return measurement{}, fmt.Errorf("wrk requests/s: %w", err)
+	}
+	// wrk writes latencies as Go does durations: 812.00us, 1.20ms, 2.01s.
+	if m.p99, err = time.ParseDuration(string(p[1])); err != nil {
+		return measurement{}, fmt.Errorf("wrk p99: %w", err)
+	}
+	return m, nil
 }
