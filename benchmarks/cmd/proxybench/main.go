@@ -30,7 +30,7 @@
 // connection count each row's median requests/s with its ratio to the bare
 // proxy, to nginx+limit_req and to nginx, and its median p99 latency with
 // its ratio to nginx+limit_req's. Every process it starts is stopped at the
-// end.
+// end, also on an error, an interrupt or SIGTERM.
 package main
 
 import (
@@ -46,6 +46,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -93,7 +94,10 @@ func main() {
 	if o.conns, err = parseConns(*conns); err != nil {
 		log.Fatal(err)
 	}
-	if err := run(o); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err = run(ctx, o)
+	stop()
+	if err != nil {
 		log.Fatal(err)
 	}
 }
@@ -245,7 +249,7 @@ http {
 }
 `
 
-func run(o options) error {
+func run(ctx context.Context, o options) error {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return errors.New("wrk not found on PATH (Debian: apt-get install wrk)")
 	}
@@ -267,7 +271,7 @@ func run(o options) error {
 	}
 	if o.gateway == "" {
 		o.gateway = filepath.Join(dir, "gateway")
-		build := exec.Command("go", "build", "-o", o.gateway, "./cmd/limitplane-gateway")
+		build := exec.CommandContext(ctx, "go", "build", "-o", o.gateway, "./cmd/limitplane-gateway")
 		build.Dir, build.Stderr = "..", os.Stderr
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("build gateway: %w", err)
@@ -388,7 +392,7 @@ func run(o options) error {
 	}
 
 	for _, t := range rows {
-		req, err := http.NewRequestWithContext(context.Background(), "GET", t.url, nil)
+		req, err := http.NewRequestWithContext(ctx, "GET", t.url, nil)
 		if err != nil {
 			return fmt.Errorf("%s: %w", t.name, err)
 		}
@@ -412,7 +416,7 @@ func run(o options) error {
 	for r := 1; r <= o.rounds; r++ {
 		for _, c := range o.conns {
 			for _, t := range rows {
-				m, err := wrk(t.url, o.duration, c, o.threads)
+				m, err := wrk(ctx, t.url, o.duration, c, o.threads)
 				if err != nil {
 					return fmt.Errorf("%s at %d connections: %w", t.name, c, err)
 				}
@@ -474,10 +478,14 @@ type measurement struct {
 // wrk runs wrk against url with the bench key and returns what it measured.
 // Any non-2xx answer or socket error is an error: a proxy that answers 429
 // or 502, or drops connections, is not being measured.
-func wrk(u string, d time.Duration, conns, threads int) (measurement, error) {
-	cmd := exec.Command("wrk", "--latency", "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns), "-d"+d.String(),
+func wrk(ctx context.Context, u string, d time.Duration, conns, threads int) (measurement, error) {
+	cmd := exec.CommandContext(ctx, "wrk", "--latency", "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns), "-d"+d.String(),
 		"-H", "X-API-Key: "+benchKey, u)
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		// An interrupt: wrk was killed, or stopped early on its own SIGINT.
+		return measurement{}, ctx.Err()
+	}
 	if err != nil {
 		return measurement{}, fmt.Errorf("wrk: %w: %s", err, out)
 	}
