@@ -489,6 +489,11 @@ func wrk(ctx context.Context, u string, d time.Duration, conns, threads int) (me
 	if err != nil {
 		return measurement{}, fmt.Errorf("wrk: %w: %s", err, out)
 	}
+	return parseWrk(out)
+}
+
+// parseWrk reads a measurement from the output of wrk --latency.
+func parseWrk(out []byte) (measurement, error) {
 	if m := non2xx.FindSubmatch(out); m != nil {
 		return measurement{}, fmt.Errorf("wrk saw %s non-2xx answers:\n%s", m[1], out)
 	}
@@ -502,6 +507,7 @@ func wrk(ctx context.Context, u string, d time.Duration, conns, threads int) (me
 		return measurement{}, fmt.Errorf("no Requests/sec or 99%% latency in wrk output:\n%s", out)
 	}
 	var m measurement
+	var err error
 	if m.rps, err = strconv.ParseFloat(string(r[1]), 64); err != nil {
 		return measurement{}, fmt.Errorf("wrk requests/s: %w", err)
 	}
