@@ -11,7 +11,9 @@
 //   - gateway-nethttp-redis, gateway-fasthttp-redis: the same on the Redis
 //     store, a redis-server from PATH that proxybench starts on a free
 //     loopback port without persistence, with failure_policy: closed (a
-//     request Redis did not decide is a 503, which fails the run).
+//     request Redis did not decide is a 503, which fails the run; the
+//     "limit store failed ... context canceled" lines they log as a
+//     measurement ends are wrk closing connections mid-request).
 //     -redis=false leaves these rows out.
 //   - gateway-before, gateway-before-2, ...: each -gateway-before binary (an
 //     older build, on net/http with the memory store), so a change is
@@ -143,10 +145,7 @@ func serveBare(addr, target string) {
 }
 
 // A proc is a process proxybench started, in a process group of its own.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-}
+type proc struct{ cmd *exec.Cmd }
 
 // freeAddr returns a loopback address whose port nothing listens on.
 func freeAddr() (string, error) {
@@ -166,7 +165,7 @@ func start(name string, cmd *exec.Cmd, addr string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd}
+	p := &proc{cmd}
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
@@ -429,9 +428,9 @@ func run(ctx context.Context, o options) error {
 	}
 	for _, c := range o.conns {
 		fmt.Printf("\nconnections=%d\n", c)
-		lim, hasLim := series{c, "nginx+limit_req"}, rps[series{c, "nginx+limit_req"}] != nil
-		ng, hasNg := series{c, "nginx"}, rps[series{c, "nginx"}] != nil
-		bare := series{c, "bare-httputil"}
+		lim, ng, bare := series{c, "nginx+limit_req"}, series{c, "nginx"}, series{c, "bare-httputil"}
+		_, hasLim := rps[lim]
+		_, hasNg := rps[ng]
 		for _, t := range rows {
 			k := series{c, t.name}
 			line := fmt.Sprintf("c=%d proxy=%s median_req_per_s=%.0f vs_bare=%.2f", c, t.name, median(rps[k]), median(rps[k])/median(rps[bare]))
