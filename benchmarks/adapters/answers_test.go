@@ -19,6 +19,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 )
@@ -112,27 +113,61 @@ func replay(a *answer, next http.Handler) http.Handler {
 }
 
 // answerRows returns, for each row of peers named in names, the row and
-// its answer: row, answer:row, in that order, after peers' bare row.
-func answerRows(peers []netHTTPPeer, names ...string) []netHTTPPeer {
+// its answer: row, answer:row, in that order, after peers' bare row;
+// serve makes the answer: row's handler from the captured answer.
+func answerRows(peers []netHTTPPeer, serve func(a *answer, next http.Handler) http.Handler, names ...string) []netHTTPPeer {
 	rows := []netHTTPPeer{peers[0]}
 	for _, p := range peers {
 		if !slices.Contains(names, p.name) {
 			continue
 		}
 		rows = append(rows, p, netHTTPPeer{"answer:" + p.name, func(tb testing.TB, next http.Handler, r peerRate) http.Handler {
-			return replay(captureAnswer(tb, p, r), next)
+			return serve(captureAnswer(tb, p, r), next)
 		}})
 	}
 	return rows
 }
 
-// BenchmarkPeersNetHTTPAnswers runs limitplane and httprate (the cheapest
-// peer in almost every round of BenchmarkPeersNetHTTP) each beside the
-// replay of its own answer, admitted and denied, with the recorder and
-// with the wire writer: limitplane − answer:limitplane is limitplane's own
-// work, httprate − answer:httprate httprate's.
-func BenchmarkPeersNetHTTPAnswers(b *testing.B) {
-	rows := answerRows(netHTTPPeers, "limitplane", "httprate")
+// ginReplay is replay as Gin middleware, in a Gin app as the Gin rows'
+// middleware is: it ends the chain (Abort) after an answer of its own.
+func ginReplay(a *answer, next http.Handler) http.Handler {
+	return ginApp(next, func(c *gin.Context) {
+		h := c.Writer.Header()
+		for _, f := range a.fields {
+			h[f.name] = f.values
+		}
+		if a.pass {
+			c.Next()
+			return
+		}
+		c.Writer.WriteHeader(a.status)
+		c.Writer.Write(a.body)
+		c.Abort()
+	})
+}
+
+// answerTables are the answer rows of each framework served as an
+// http.Handler: limitplane and the cheapest peer (httprate for net/http in
+// almost every round of BenchmarkPeersNetHTTP; ulule's driver, the only
+// one, for Gin), each beside the replay of its own answer.
+func answerTables() map[string][]netHTTPPeer {
+	return map[string][]netHTTPPeer{
+		"net/http": answerRows(netHTTPPeers, replay, "limitplane", "httprate"),
+		"gin":      answerRows(ginPeers, ginReplay, "limitplane", "ulule"),
+	}
+}
+
+// BenchmarkPeersNetHTTPAnswers runs answerTables' net/http rows, admitted
+// and denied, with the recorder and with the wire writer:
+// limitplane − answer:limitplane is limitplane's own work, httprate −
+// answer:httprate httprate's.
+func BenchmarkPeersNetHTTPAnswers(b *testing.B) { benchAnswers(b, answerTables()["net/http"], true) }
+
+// BenchmarkPeersGinAnswers is BenchmarkPeersNetHTTPAnswers for Gin, with
+// the recorder, as BenchmarkPeersGin.
+func BenchmarkPeersGinAnswers(b *testing.B) { benchAnswers(b, answerTables()["gin"], false) }
+
+func benchAnswers(b *testing.B, rows []netHTTPPeer, wire bool) {
 	for _, rate := range []struct {
 		name string
 		r    peerRate
@@ -142,6 +177,9 @@ func BenchmarkPeersNetHTTPAnswers(b *testing.B) {
 				return func(h http.Handler, r *http.Request) { serveRecorded(h, r) }
 			})
 		})
+		if !wire {
+			continue
+		}
 		b.Run(rate.name+"/wire", func(b *testing.B) {
 			benchRows(b, rows, rate.r, func() func(http.Handler, *http.Request) {
 				w := new(wireWriter)
@@ -164,26 +202,27 @@ var resetLine = regexp.MustCompile(`X-Ratelimit-Reset: [0-9]+`)
 // second of httprate's window end), so that the difference between the two
 // rows is the row's own work.
 func TestAnswerReplay(t *testing.T) {
-	rows := answerRows(netHTTPPeers, "limitplane", "httprate")
-	if len(rows) != 5 {
-		t.Fatalf("%d rows, want bare and two pairs", len(rows))
-	}
-	for _, rate := range []peerRate{admitRate, denyRate} {
-		for i := 1; i < len(rows); i += 2 {
-			var got [2]string
-			for j, p := range rows[i : i+2] {
-				h := p.wrap(t, okHandler(), rate)
-				r := httptest.NewRequest("GET", "/x", nil)
-				r.RemoteAddr = clientAddr(1).String()
-				w := new(wireWriter)
-				for range 2 { // the second is the one compared
-					w.reset()
-					h.ServeHTTP(w, r)
+	for fw, rows := range answerTables() {
+		if len(rows) != 5 {
+			t.Fatalf("%s: %d rows, want bare and two pairs", fw, len(rows))
+		}
+		for _, rate := range []peerRate{admitRate, denyRate} {
+			for i := 1; i < len(rows); i += 2 {
+				var got [2]string
+				for j, p := range rows[i : i+2] {
+					h := p.wrap(t, okHandler(), rate)
+					r := httptest.NewRequest("GET", "/x", nil)
+					r.RemoteAddr = clientAddr(1).String()
+					w := new(wireWriter)
+					for range 2 { // the second is the one compared
+						w.reset()
+						h.ServeHTTP(w, r)
+					}
+					got[j] = resetLine.ReplaceAllString(w.buf.String(), "X-Ratelimit-Reset: (the window's end)")
 				}
-				got[j] = resetLine.ReplaceAllString(w.buf.String(), "X-Ratelimit-Reset: (the window's end)")
-			}
-			if got[0] != got[1] {
-				t.Errorf("rate %v: %s wrote\n%q\n%s wrote\n%q", rate, rows[i].name, got[0], rows[i+1].name, got[1])
+				if got[0] != got[1] {
+					t.Errorf("%s, rate %v: %s wrote\n%q\n%s wrote\n%q", fw, rate, rows[i].name, got[0], rows[i+1].name, got[1])
+				}
 			}
 		}
 	}
