@@ -155,7 +155,9 @@ type prepared struct {
 	rule, fallback *Rule
 }
 
-// FailurePolicy says what the engine does when its store fails.
+// FailurePolicy says what the engine does when its store fails. A store
+// error that comes after the caller's context was canceled is not a
+// failure: see Options.OnStoreError.
 type FailurePolicy uint8
 
 const (
@@ -185,7 +187,10 @@ type Options struct {
 	// computed and reported but nothing is denied.
 	Shadow bool
 	// OnStoreError, if set, is called with every store error (for logs and
-	// metrics). It must be safe for concurrent use.
+	// metrics), but for one that came while the caller's context was
+	// canceled: Decide and Wait then return an error wrapping
+	// context.Canceled under every FailurePolicy, and adapters answer 499
+	// (gRPC: Canceled). It must be safe for concurrent use.
 	OnStoreError func(error)
 	// Observer, if set, is told about every Decide and every Wait call:
 	// once per call, with its final decision and error (see Engine.Wait).
@@ -822,6 +827,14 @@ func (e *Engine) takeInto(ctx context.Context, req Request, fallback *Rule, d *D
 func (e *Engine) failed(ctx context.Context, req Request, fallback *Rule, err error) (Decision, error) {
 	if errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrUnsupportedAlgorithm) || errors.Is(err, ErrForeignRule) {
 		return Decision{}, err
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		// The caller gave up while the store was deciding (a client that
+		// went away): not the store's failure, so it is not reported,
+		// no fallback counts a request nobody waits for, and nothing is
+		// admitted. A deadline of the caller's that passes is still the
+		// store's failure: the store was too slow for it.
+		return Decision{}, fmt.Errorf("%w (the store's error: %w)", context.Canceled, err)
 	}
 	if e.opts.OnStoreError != nil {
 		e.opts.OnStoreError(err)

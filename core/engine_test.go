@@ -189,6 +189,46 @@ func TestEngineStoreTimeout(t *testing.T) {
 	}
 }
 
+// TestEngineCanceledCaller: a store error that comes after the caller's
+// context was canceled is not a store failure under any policy: the
+// engine returns an error wrapping context.Canceled (and the store's),
+// admits nothing, tells OnStoreError nothing and asks no fallback. A
+// deadline of the caller's that passes is still a failure.
+func TestEngineCanceledCaller(t *testing.T) {
+	cfg := core.Config{Policies: []core.Policy{{ID: "p", Rate: core.Limit{Rate: 1, Period: time.Minute}}}}
+	c := &core.Consumer{ID: "c", Policies: []string{"p"}}
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, policy := range []core.FailurePolicy{core.FailOpen, core.FailClosed, core.FailFallback} {
+		var seen atomic.Int64
+		fb := memory.New(memory.Options{Clock: core.NewManualClock(1)})
+		e, err := core.NewEngine(&brokenStore{}, cfg, core.Options{FailurePolicy: policy, Fallback: fb, OnStoreError: func(error) { seen.Add(1) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := e.Decide(canceled, c, "", 1)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, errDown) || errors.Is(err, core.ErrStoreUnavailable) || d.Allowed {
+			t.Errorf("policy %d, canceled caller: allowed %v, err %v; want refused with context.Canceled and the store's error", policy, d.Allowed, err)
+		}
+		if _, err := e.Wait(canceled, c, "", 1); !errors.Is(err, context.Canceled) {
+			t.Errorf("policy %d, Wait of a canceled caller: err %v, want context.Canceled", policy, err)
+		}
+		if n := seen.Load(); n != 0 {
+			t.Errorf("policy %d: OnStoreError told %d times of a canceled caller's errors, want 0", policy, n)
+		}
+		if n := fb.Len(); n != 0 {
+			t.Errorf("policy %d: the fallback holds %d keys after canceled callers only, want 0", policy, n)
+		}
+	}
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	var seen atomic.Int64
+	e, _ := core.NewEngine(slowStore{}, cfg, core.Options{FailurePolicy: core.FailClosed, OnStoreError: func(error) { seen.Add(1) }})
+	if _, err := e.Decide(expired, c, "", 1); !errors.Is(err, core.ErrStoreUnavailable) || seen.Load() != 1 {
+		t.Errorf("caller's deadline passed: err %v, OnStoreError told %d times; want ErrStoreUnavailable, told once", err, seen.Load())
+	}
+}
+
 // slowStore blocks until its context ends, like a Redis that stopped answering.
 type slowStore struct{}
 

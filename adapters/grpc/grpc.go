@@ -533,6 +533,8 @@ func errStatus(res response.Result, d core.Decision, subject string, err error, 
 			d = le.Decision
 		case errors.Is(err, core.ErrStoreUnavailable):
 			return status.New(codes.Unavailable, msg)
+		case errors.Is(err, context.Canceled):
+			return status.New(codes.Canceled, msg)
 		default:
 			return status.New(errorCode(res.Status), msg)
 		}
@@ -621,6 +623,8 @@ func errorCode(httpStatus int) codes.Code {
 		return codes.InvalidArgument
 	case http.StatusServiceUnavailable:
 		return codes.Unavailable
+	case response.StatusClientClosedRequest:
+		return codes.Canceled
 	}
 	return codes.Internal
 }

@@ -473,6 +473,7 @@ func TestStatus(t *testing.T) {
 		{"unknown policy", core.Decision{}, core.ErrUnknownPolicy, codes.PermissionDenied, -2},
 		{"store unavailable", core.Decision{}, fmt.Errorf("%w: %w", core.ErrStoreUnavailable, errors.New("dial")), codes.Unavailable, -2},
 		{"invalid cost", core.Decision{}, core.ErrInvalidCost, codes.InvalidArgument, -2},
+		{"caller canceled", core.Decision{}, fmt.Errorf("%w (the store's error: %w)", context.Canceled, errors.New("i/o timeout")), codes.Canceled, -2},
 		{"too many auth failures", core.Decision{}, limited, codes.ResourceExhausted, 20 * time.Second},
 		{"unexpected", core.Decision{}, errors.New("boom"), codes.Internal, -2},
 	}

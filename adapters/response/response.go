@@ -24,6 +24,7 @@
 package response
 
 import (
+	"context"
 	"errors"
 	"hash/maphash"
 	"math/bits"
@@ -43,6 +44,13 @@ import (
 // concurrent requests has no window or reset time to state; see
 // Renderer.Render).
 const MessageInFlight = "too many concurrent requests"
+
+// StatusClientClosedRequest (499, nginx's "client closed request") is the
+// status of a request whose decision ended because its context was
+// canceled, a client that went away while the store was deciding
+// (core.Options.OnStoreError): no client reads it, but logs and metrics
+// tell it from a store failure.
+const StatusClientClosedRequest = 499
 
 // Header field names, in Go's canonical form.
 const (
@@ -327,6 +335,8 @@ func (r *Renderer) failureStatus(err error, status int, msg string) (int, string
 		status, msg = http.StatusForbidden, "access to this API is not allowed"
 	case errors.Is(err, core.ErrStoreUnavailable):
 		status, msg = r.o.StoreFailureStatus, "rate limit store unavailable"
+	case errors.Is(err, context.Canceled):
+		status, msg = StatusClientClosedRequest, "client closed request"
 	case errors.Is(err, core.ErrInvalidCost), errors.Is(err, core.ErrCostExceedsBurst):
 		status, msg = http.StatusBadRequest, "invalid request cost"
 	}

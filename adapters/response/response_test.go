@@ -1,6 +1,7 @@
 package response
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -143,6 +144,7 @@ func TestRenderErrors(t *testing.T) {
 		{core.ErrNoPolicy, 403, `{"error":"access to this API is not allowed"}`},
 		{fmt.Errorf("%w: %w", core.ErrStoreUnavailable, errors.New("dial tcp: refused")), 503, `{"error":"rate limit store unavailable"}`},
 		{core.ErrInvalidCost, 400, `{"error":"invalid request cost"}`},
+		{fmt.Errorf("%w (the store's error: %w)", context.Canceled, errors.New("i/o timeout")), 499, `{"error":"client closed request"}`},
 		{errors.New("boom"), 500, `{"error":"internal error"}`},
 	}
 	for _, c := range cases {
