@@ -4,7 +4,8 @@
 // core.Options.Observer.
 //
 // Labels are bounded by configuration — api, policy, limit (rate, quota,
-// none) and result (allowed, denied, shadow_denied, error) — never one value
+// none) and result (allowed, denied, shadow_denied, error, canceled: the
+// caller's context was canceled while the store decided) — never one value
 // per consumer. Store failures are counted apart, by ObserveStoreError
 // (pass it as core.Options.OnStoreError): under the open and fallback
 // failure policies a failed store call still ends in a decision without
@@ -12,6 +13,8 @@
 package metrics
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -79,7 +82,7 @@ func New(o Options) *Collector {
 	c := &Collector{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: o.Namespace, Name: "decisions_total",
-			Help: "Rate-limit and quota decisions by API, policy, deciding limit and result (allowed, denied, shadow_denied, error).",
+			Help: "Rate-limit and quota decisions by API, policy, deciding limit and result (allowed, denied, shadow_denied, error, canceled).",
 		}, []string{"api", "policy", "limit", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: o.Namespace, Name: "decision_duration_seconds",
@@ -116,6 +119,8 @@ func New(o Options) *Collector {
 func (c *Collector) ObserveDecision(api string, d core.Decision, err error, took time.Duration) {
 	result := "allowed"
 	switch {
+	case errors.Is(err, context.Canceled):
+		result = "canceled" // the caller went away: no one's error
 	case err != nil:
 		result = "error"
 	case d.Shadowed:

@@ -55,6 +55,9 @@ func TestMetricsEndpointShowsExactCounts(t *testing.T) {
 	}
 	down, _ := core.NewEngine(downStore{}, cfg, core.Options{Observer: col, FailurePolicy: core.FailClosed})
 	down.Decide(ctx, &core.Consumer{ID: "c", Policies: []string{"gold"}}, "orders", 1)
+	gone, cancel := context.WithCancel(ctx)
+	cancel() // a client that went away while the store decided
+	down.Decide(gone, &core.Consumer{ID: "c", Policies: []string{"gold"}}, "orders", 1)
 
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
@@ -71,7 +74,8 @@ func TestMetricsEndpointShowsExactCounts(t *testing.T) {
 		`limitplane_decisions_total{api="orders",limit="rate",policy="trial",result="allowed"} 1`,
 		`limitplane_decisions_total{api="orders",limit="rate",policy="trial",result="shadow_denied"} 3`,
 		`limitplane_decisions_total{api="orders",limit="none",policy="",result="error"} 1`,
-		`limitplane_decision_duration_seconds_count{api="orders"} 10`,
+		`limitplane_decisions_total{api="orders",limit="none",policy="",result="canceled"} 1`,
+		`limitplane_decision_duration_seconds_count{api="orders"} 11`,
 		`limitplane_keys 2`,
 	} {
 		if !strings.Contains(body, line+"\n") {

@@ -37,7 +37,7 @@ func TestStoreErrorsCounted(t *testing.T) {
 		fallback.Decide(ctx, c, "orders", 1)
 	}
 	want := `
-# HELP limitplane_decisions_total Rate-limit and quota decisions by API, policy, deciding limit and result (allowed, denied, shadow_denied, error).
+# HELP limitplane_decisions_total Rate-limit and quota decisions by API, policy, deciding limit and result (allowed, denied, shadow_denied, error, canceled).
 # TYPE limitplane_decisions_total counter
 limitplane_decisions_total{api="orders",limit="none",policy="",result="allowed"} 3
 limitplane_decisions_total{api="orders",limit="rate",policy="gold",result="allowed"} 2
