@@ -28,7 +28,9 @@ func TestThrottle(t *testing.T) {
 	// stall of this goroutine after it can only shorten b's own wait).
 	start := time.Now()
 	a.Backoff(ctx, time.Hour) // capped at MaxBackoff
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	// A deadline inside the 300ms backoff, far enough off that a loaded
+	// machine does not pass it before Wait looks.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	if err := a.Wait(short, 1); !errors.Is(err, core.ErrWaitExceedsDeadline) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("wait past the deadline: %v", err)

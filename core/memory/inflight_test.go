@@ -98,7 +98,9 @@ func TestInFlightWithRate(t *testing.T) {
 		t.Fatalf("in flight %d, want 3 (the denied request's slot given back)", n)
 	}
 	// Wait leaves the in-flight limit out: denied by rate, not in flight.
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	// Its deadline is far enough off to outlast a loaded machine and well
+	// before the 20 s the rate limit asks for, so Wait refuses at once.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := e.Wait(wctx, c, "api", 1); !errors.Is(err, core.ErrWaitExceedsDeadline) {
 		t.Fatalf("Wait: %v, want ErrWaitExceedsDeadline", err)
