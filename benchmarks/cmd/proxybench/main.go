@@ -11,9 +11,7 @@
 //   - gateway-nethttp-redis, gateway-fasthttp-redis: the same on the Redis
 //     store, a redis-server from PATH that proxybench starts on a free
 //     loopback port without persistence, with failure_policy: closed (a
-//     request Redis did not decide is a 503, which fails the run; the
-//     "limit store failed ... context canceled" lines they log as a
-//     measurement ends are wrk closing connections mid-request).
+//     request Redis did not decide is a 503, which fails the run).
 //     -redis=false leaves these rows out.
 //   - gateway-before, gateway-before-2, ...: each -gateway-before binary (an
 //     older build, on net/http with the memory store), so a change is
