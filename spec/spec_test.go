@@ -135,6 +135,7 @@ func TestValidateReportsEveryProblemWithItsPath(t *testing.T) {
 			{ID: "", Rate: &spec.Rate{Requests: 2, Per: spec.Duration(time.Second), Burst: 3, Algorithm: "fixed_window"}},
 			{ID: "q", APIs: []string{"nope"}},
 			{ID: "fast", Rate: &spec.Rate{Requests: 2, Per: 1}},
+			{ID: "both", Rate: &spec.Rate{Requests: -5, Per: spec.Duration(-time.Minute)}, Quota: &spec.Quota{Max: 0, Renewal: spec.Duration(-time.Hour)}},
 		},
 		Keys: []spec.Key{
 			{KeyHash: "sha256:zz", Policies: []string{"missing"}},
@@ -164,6 +165,10 @@ func TestValidateReportsEveryProblemWithItsPath(t *testing.T) {
 		"policies[2].id: missing",
 		"policies[2].rate.burst: fixed_window has no burst (it counts up to requests per per); leave burst out",
 		"policies[4].rate: rate 2 per 1ns is finer than one event per nanosecond",
+		"policies[5].rate.requests: -5 must be > 0 (or -1 for unlimited)",
+		"policies[5].rate.per: -1m0s must be > 0",
+		"policies[5].quota.max: 0 must be > 0 (or -1 for unlimited)",
+		"policies[5].quota.renewal: -1h0m0s must be > 0",
 		`apis[0].target: "ftp://x" is not builtin:echo or an http:// or https:// URL`,
 		`apis[0].failure_limit.policy: policy "q" has an apis list; failures are charged outside any API, so a failure_limit policy must leave apis out`,
 		`apis[1].id: duplicate API id "a" (first at apis[0].id)`,

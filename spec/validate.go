@@ -344,16 +344,23 @@ func (v *validator) rate(at string, r *Rate) {
 		if r.Burst != 0 || r.zeroBurst {
 			v.fail(at+".burst", "an unlimited rate (requests -1) has no burst; leave burst out")
 		}
-	case r.noRequests:
-		v.missing(at+".requests", "missing (requests per period, or -1 for unlimited)")
-	case r.Requests <= 0:
-		v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
-	case r.Per == 0 && r.zeroPer:
-		v.fail(at+".per", "%s must be > 0", r.Per)
-	case r.Per == 0:
-		v.missing(at+".per", "missing (the period, like 1s, 1m or 24h)")
-	case r.Per < 0:
-		v.fail(at+".per", "%s must be > 0", r.Per)
+	default:
+		// The count and the period are checked apart, so that a block
+		// wrong in both is told both.
+		switch {
+		case r.noRequests:
+			v.missing(at+".requests", "missing (requests per period, or -1 for unlimited)")
+		case r.Requests <= 0:
+			v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
+		}
+		switch {
+		case r.Per == 0 && r.zeroPer:
+			v.fail(at+".per", "%s must be > 0", r.Per)
+		case r.Per == 0:
+			v.missing(at+".per", "missing (the period, like 1s, 1m or 24h)")
+		case r.Per < 0:
+			v.fail(at+".per", "%s must be > 0", r.Per)
+		}
 	}
 	if r.Burst < 0 || r.zeroBurst {
 		v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", r.Burst)
@@ -387,20 +394,25 @@ func (v *validator) quota(at string, q *Quota) {
 			v.fail(at+".global", "an unlimited quota (max -1) cannot be global")
 		}
 		return
+	}
+	// The count and the period are checked apart, so that a block wrong
+	// in both is told both.
+	n0 := len(v.errs)
+	switch {
 	case q.noMax:
 		v.missing(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
-		return
 	case q.Max <= 0:
 		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", q.Max)
-		return
+	}
+	switch {
 	case q.Renewal == 0 && q.zeroRenewal:
 		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
-		return
 	case q.Renewal == 0:
 		v.missing(at+".renewal", "missing (the period, like 1h or 720h)")
-		return
 	case q.Renewal < 0:
 		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
+	}
+	if len(v.errs) > n0 {
 		return
 	}
 	if err := q.Quota().Validate(); err != nil {
