@@ -14,6 +14,7 @@ import (
 	"weak"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/net/http/httpguts"
 
 	lpfasthttp "github.com/limitplane/limitplane/adapters/fasthttp"
 	"github.com/limitplane/limitplane/identity"
@@ -105,7 +106,9 @@ func fastRefuse(ctx *fasthttp.RequestCtx, status int, body string) {
 // request with whose framing or header it refuses, which fasthttp's
 // server reads and serves (0 and "" for none): a protocol other than
 // HTTP/1.0 and HTTP/1.1 (505); an HTTP/1.1 request without a Host field,
-// or with two (400); Content-Length fields that disagree (400: the
+// or with two (400); a field name that is not a token or a value with a
+// control byte other than a tab (400: net/http's MIME header reader
+// refuses them); Content-Length fields that disagree (400: the
 // request-smuggling shape RFC 9112 section 6.3 tells servers to refuse);
 // Transfer-Encoding given twice (501). It reads the request's raw header
 // lines, which fasthttp keeps as they came; a request with a Host and no
@@ -132,6 +135,12 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		if !ok {
 			continue
 		}
+		if !validFieldName(name) {
+			return http.StatusBadRequest, "400 Bad Request"
+		}
+		if !validFieldValue(value) {
+			return http.StatusBadRequest, "400 Bad Request"
+		}
 		switch {
 		case bytes.EqualFold(name, []byte("Host")):
 			hosts++
@@ -155,6 +164,31 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		return http.StatusNotImplemented, "Unsupported transfer encoding"
 	}
 	return 0, ""
+}
+
+// validFieldName reports whether name is a header field name net/http's
+// server accepts: a token (httpguts.ValidHeaderFieldName).
+func validFieldName(name []byte) bool {
+	if len(name) == 0 {
+		return false
+	}
+	for _, c := range name {
+		if !httpguts.IsTokenRune(rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// validFieldValue reports whether v is a header field value net/http's
+// server accepts: no control byte but a tab (httpguts.ValidHeaderFieldValue).
+func validFieldValue(v []byte) bool {
+	for _, c := range v {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // parse reads ctx's method and target into fr, the target as

@@ -269,6 +269,13 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		{"the same Content-Length twice", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"},
 		{"two Transfer-Encodings", "POST /open/a HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n"},
 		{"HTTP/2.0 request line", "GET /open/a HTTP/2.0\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		// A control byte in a value (a key sent as "demo\x01key": 403
+		// unknown API key on fasthttp before), and a name that is no
+		// token (found by a new-user trial).
+		{"control byte in a value", req("GET", "/up/a", "X-Api-Key: k-\x01rate")},
+		{"DEL in a value", req("GET", "/open/a", "X-Other: a\x7fb")},
+		{"tab in a value", req("GET", "/open/a", "X-Other: a\tb")},
+		{"name that is no token", req("GET", "/open/a", "X(Bad): 1")},
 	}
 	for _, c := range cases {
 		want := rawExchange(t, srvs[config.EngineNetHTTP].Addr().String(), c.raw)
