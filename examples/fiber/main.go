@@ -72,7 +72,7 @@ func run(ctx context.Context, ln net.Listener, out io.Writer, clock core.Clock) 
 	fmt.Fprintf(out, `limitplane Fiber example on %s (policy "demo": 5/s, burst 5; 1000 per hour)
 try:
   curl -i -H 'X-API-Key: demo-key' %[1]s        # 200 with RateLimit fields
-  for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%%{http_code} ' -H 'X-API-Key: demo-key' %[1]s; done; echo   # 200 until the burst of 5 is spent, then 429
+  for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%%{http_code} ' -H 'X-API-Key: demo-key' %[1]s; done; echo   # 200 until the burst of 5 is spent, then 429 (a 200 again for every 200ms the loop takes)
   curl -i %[1]s                                 # 401: no API key
   curl -i -H 'Authorization: Bearer wrong' %[1]s   # 403: unknown API key
 Ctrl-C stops it.
