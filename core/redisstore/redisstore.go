@@ -193,7 +193,9 @@ type Options struct {
 	KeyPrefix string
 	// Timeout bounds each Redis call (script or reset), in addition to the
 	// caller's context; default DefaultTimeout; negative means no bound of
-	// the store's own.
+	// the store's own. It bounds a call's socket reads and writes only on
+	// a client with ContextTimeoutEnabled (NewClientFromURL sets it); on
+	// another, go-redis's ReadTimeout and WriteTimeout do.
 	Timeout time.Duration
 	// BreakerFailures is the number of consecutive failed calls that opens
 	// the circuit breaker; default DefaultBreakerFailures; negative
