@@ -52,6 +52,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -337,24 +338,35 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 
 	// One redis-server per data plane.
 	for _, dp := range all {
-		addr, err := freeAddr()
-		if err != nil {
-			return err
-		}
-		_, port, _ := net.SplitHostPort(addr)
 		rdir := filepath.Join(dir, "redis-"+dp.group)
 		if err := os.Mkdir(rdir, 0o700); err != nil {
 			return err
 		}
-		c, err := d.start("redis-"+dp.group, redisServer, []string{"--port", port, "--bind", "127.0.0.1", "--dir", rdir,
-			"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"}, nil)
-		if err != nil {
-			return err
+		// A port found free can be taken by another program's
+		// redis-server before this one binds it: then this one exits,
+		// the other answers, and the demo would share it. So the
+		// server that answers must be this one; if not, another port.
+		for attempt := 1; ; attempt++ {
+			addr, err := freeAddr()
+			if err != nil {
+				return err
+			}
+			_, port, _ := net.SplitHostPort(addr)
+			c, err := d.start("redis-"+dp.group, redisServer, []string{"--port", port, "--bind", "127.0.0.1", "--dir", rdir,
+				"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"}, nil)
+			if err != nil {
+				return err
+			}
+			err = waitRedis(ctx, addr, c)
+			if errors.Is(err, errOtherRedis) && attempt < 3 {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			dp.redis = addr
+			break
 		}
-		if err := waitRedis(ctx, addr, c); err != nil {
-			return err
-		}
-		dp.redis = addr
 	}
 
 	// The control plane.
@@ -497,18 +509,20 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// waitRedis waits until the redis-server at addr answers PING.
+// errOtherRedis reports a redis-server other than the child answering at
+// the child's address.
+var errOtherRedis = errors.New("another redis-server answers at this address")
+
+// waitRedis waits until the redis-server at addr answers, and checks
+// that it is c (INFO's process_id): errOtherRedis if another is.
 func waitRedis(ctx context.Context, addr string, c *child) error {
 	deadline := time.Now().Add(startTimeout)
 	for {
-		if conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			conn.SetDeadline(time.Now().Add(time.Second))
-			_, werr := conn.Write([]byte("PING\r\n"))
-			line, rerr := bufio.NewReader(conn).ReadString('\n')
-			conn.Close()
-			if werr == nil && rerr == nil && strings.TrimSpace(line) == "+PONG" {
-				return nil
+		if pid, err := redisPID(addr); err == nil {
+			if pid != c.cmd.Process.Pid {
+				return fmt.Errorf("%s at %s: %w (pid %d)", c.name, addr, errOtherRedis, pid)
 			}
+			return nil
 		}
 		select {
 		case <-c.done:
@@ -518,10 +532,42 @@ func waitRedis(ctx context.Context, addr string, c *child) error {
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s does not answer PING at %s", c.name, addr)
+			return fmt.Errorf("%s does not answer at %s", c.name, addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// redisPID returns the process_id INFO server reports at addr.
+func redisPID(addr string) (int, error) {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Second))
+	if _, err := conn.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
+	}
+	r := bufio.NewReader(conn)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return 0, fmt.Errorf("INFO server answered %q", head) // loading, say
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 // adminClient calls the control plane's admin API.

@@ -358,3 +358,36 @@ func spend(framework string, addrs []string, key string, n int) (admitted, denie
 	wg.Wait()
 	return admitted, denied, other
 }
+
+// TestWaitRedisChecksTheServer: waitRedis accepts the redis-server that
+// answers only when it is the child it started: another one answering at
+// the child's address (a port taken between freeAddr and the child's
+// bind) is errOtherRedis, which run answers with another port.
+func TestWaitRedisChecksTheServer(t *testing.T) {
+	redisServer, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server not on PATH:", err)
+	}
+	d := &deployment{stderr: io.Discard}
+	defer d.stop()
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := strings.Cut(addr, ":")
+	srv, err := d.start("redis-squatter", redisServer, []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := waitRedis(ctx, addr, srv); err != nil {
+		t.Fatalf("the server's own child: %v", err)
+	}
+	other, err := d.start("not-redis", "sleep", []string{"30"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRedis(ctx, addr, other); !errors.Is(err, errOtherRedis) {
+		t.Fatalf("another child at the server's address: %v, want errOtherRedis", err)
+	}
+}
