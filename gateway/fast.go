@@ -131,14 +131,20 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		} else {
 			raw = nil
 		}
-		name, value, ok := bytes.Cut(bytes.TrimSuffix(line, []byte("\r")), []byte(":"))
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+			// Obsolete line folding (RFC 9112 section 5.2): more of the
+			// field above; only its bytes are checked.
+			if !validFieldValue(line) {
+				return http.StatusBadRequest, "400 Bad Request"
+			}
+			continue
+		}
+		name, value, ok := bytes.Cut(line, []byte(":"))
 		if !ok {
 			continue
 		}
-		if !validFieldName(name) {
-			return http.StatusBadRequest, "400 Bad Request"
-		}
-		if !validFieldValue(value) {
+		if !validFieldName(name) || !validFieldValue(value) {
 			return http.StatusBadRequest, "400 Bad Request"
 		}
 		switch {
