@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 	"weak"
 
 	"github.com/valyala/fasthttp"
@@ -105,9 +106,10 @@ func fastRefuse(ctx *fasthttp.RequestCtx, status int, body string) {
 
 // fastFraming returns the status and body net/http's server answers a
 // request with whose framing or header it refuses, which fasthttp's
-// server reads and serves (0 and "" for none): a protocol other than
-// HTTP/1.0 and HTTP/1.1 (505); an HTTP/1.1 request without a Host field,
-// or with two (400); a field name that is not a token or a value with a
+// server reads and serves (0 and "" for none): a version that is not
+// HTTP/d.d (400) or not HTTP/1.x (505); a method that is not a token or a
+// target with a space (400); an HTTP/1.1 request without a Host field,
+// with two, or with one that is malformed (400); a field name that is not a token or a value with a
 // control byte other than a tab (400: net/http's MIME header reader
 // refuses them); Content-Length fields that disagree (400: the
 // request-smuggling shape RFC 9112 section 6.3 tells servers to refuse);
@@ -119,10 +121,21 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 	if len(h.RawHeaders()) == 0 && len(h.Host()) > 0 {
 		return 0, ""
 	}
-	if p := h.Protocol(); string(p) != "HTTP/1.1" && string(p) != "HTTP/1.0" {
+	switch p := h.Protocol(); {
+	case string(p) == "HTTP/1.1", string(p) == "HTTP/1.0":
+	case len(p) != len("HTTP/X.Y") || string(p[:5]) != "HTTP/" || p[6] != '.' || !isDigit(p[5]) || !isDigit(p[7]):
+		return http.StatusBadRequest, "400 Bad Request" // not a version http.ParseHTTPVersion reads
+	case p[5] != '1':
 		return http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported: unsupported protocol version"
 	}
+	if !validFieldName(h.Method()) || bytes.IndexByte(h.RequestURI(), ' ') >= 0 {
+		// A method is a token; a space in the target is a request
+		// line net/http does not read (fasthttp takes the last space's
+		// as the one before the version).
+		return http.StatusBadRequest, "400 Bad Request"
+	}
 	hosts, tes := 0, 0
+	var host []byte
 	var length []byte
 	lengths := false // Content-Length fields that disagree
 	for raw := h.RawHeaders(); len(raw) > 0; {
@@ -151,6 +164,7 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		switch {
 		case bytes.EqualFold(name, []byte("Host")):
 			hosts++
+			host = bytes.Trim(value, " \t")
 		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
 			tes++
 		case bytes.EqualFold(name, []byte("Content-Length")):
@@ -165,6 +179,8 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 	case hosts == 0 && (!h.IsHTTP11() || h.IsConnect()):
 	case hosts == 0:
 		return http.StatusBadRequest, "400 Bad Request: missing required Host header"
+	case hosts == 1 && !httpguts.ValidHostHeader(unsafe.String(unsafe.SliceData(host), len(host))):
+		return http.StatusBadRequest, "400 Bad Request: malformed Host header"
 	case hosts > 1, lengths:
 		return http.StatusBadRequest, "400 Bad Request"
 	case tes > 1:
@@ -172,6 +188,9 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 	}
 	return 0, ""
 }
+
+// isDigit reports whether c is an ASCII digit.
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // validFieldName reports whether name is a header field name net/http's
 // server accepts: a token (httpguts.ValidHeaderFieldName).

@@ -280,6 +280,19 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		{"control byte in a folded line", req("GET", "/open/a", "X-Other: a", " b\x01")},
 		{"empty name", req("GET", "/open/a", ": a")},
 		{"high bytes in a value", req("GET", "/open/a", "X-Other: caf\xc3\xa9")},
+		// The request line and Host (a second new-user trial).
+		{"control byte in the method", "G\x01T /open/m HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"method that is no token", "GE(T /open/m HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"malformed Host", "GET /open/h HTTP/1.1\r\nHost: <script>\r\nConnection: close\r\n\r\n"},
+		{"Host with a space", "GET /open/h HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n"},
+		{"Host with a port", "GET /open/h HTTP/1.1\r\nHost: gw.test:8080\r\nConnection: close\r\n\r\n"},
+		{"IPv6 Host", "GET /open/h HTTP/1.1\r\nHost: [::1]:8080\r\nConnection: close\r\n\r\n"},
+		{"HTTP/1.2", "GET /open/v HTTP/1.2\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"lower-case protocol", "GET /open/v http/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"HTTP/1.10", "GET /open/v HTTP/1.10\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"HTTP/01.1", "GET /open/v HTTP/01.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"HTTP/3.0", "GET /open/v HTTP/3.0\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		{"space after the version", "GET /open/t HTTP/1.1 \r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
 	}
 	for _, c := range cases {
 		want := rawExchange(t, srvs[config.EngineNetHTTP].Addr().String(), c.raw)
