@@ -136,6 +136,7 @@ func TestValidateReportsEveryProblemWithItsPath(t *testing.T) {
 			{ID: "q", APIs: []string{"nope"}},
 			{ID: "fast", Rate: &spec.Rate{Requests: 2, Per: 1}},
 			{ID: "both", Rate: &spec.Rate{Requests: -5, Per: spec.Duration(-time.Minute)}, Quota: &spec.Quota{Max: 0, Renewal: spec.Duration(-time.Hour)}},
+			{ID: "global", Quota: &spec.Quota{Max: -3, Renewal: spec.Duration(time.Hour), Global: &spec.GlobalQuota{Mode: "bogus", Floor: -1, LeaseDuration: spec.Duration(2 * time.Hour)}}},
 		},
 		Keys: []spec.Key{
 			{KeyHash: "sha256:zz", Policies: []string{"missing"}},
@@ -169,6 +170,9 @@ func TestValidateReportsEveryProblemWithItsPath(t *testing.T) {
 		"policies[5].rate.per: -1m0s must be > 0",
 		"policies[5].quota.max: 0 must be > 0 (or -1 for unlimited)",
 		"policies[5].quota.renewal: -1h0m0s must be > 0",
+		"policies[6].quota.max: -3 must be > 0 (or -1 for unlimited)",
+		`policies[6].quota.global.mode: "bogus" is not a mode (strict, reserved or optimistic)`,
+		"policies[6].quota.global.floor: -1 must be ≥ 0",
 		`apis[0].target: "ftp://x" is not builtin:echo or an http:// or https:// URL`,
 		`apis[0].failure_limit.policy: policy "q" has an apis list; failures are charged outside any API, so a failure_limit policy must leave apis out`,
 		`apis[1].id: duplicate API id "a" (first at apis[0].id)`,

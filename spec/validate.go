@@ -412,17 +412,19 @@ func (v *validator) quota(at string, q *Quota) {
 	case q.Renewal < 0:
 		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
 	}
-	if len(v.errs) > n0 {
-		return
+	valid := len(v.errs) == n0
+	if valid {
+		if err := q.Quota().Validate(); err != nil {
+			v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+		}
 	}
-	if err := q.Quota().Validate(); err != nil {
-		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
-	}
-	v.global(at+".global", q)
+	v.global(at+".global", q, valid)
 }
 
-// global checks a quota's global block; nil is absent and valid.
-func (v *validator) global(at string, q *Quota) {
+// global checks a quota's global block; nil is absent and valid. Its
+// floor and lease are compared with the quota's max and renewal only when
+// those are valid (counted).
+func (v *validator) global(at string, q *Quota, counted bool) {
 	g := q.Global
 	if g == nil {
 		return
@@ -438,13 +440,13 @@ func (v *validator) global(at string, q *Quota) {
 	switch {
 	case g.Floor < 0:
 		v.fail(at+".floor", "%d must be ≥ 0", g.Floor)
-	case g.Floor > q.Max:
+	case counted && g.Floor > q.Max:
 		v.fail(at+".floor", "%d is above the quota's max %d", g.Floor, q.Max)
 	}
 	switch {
 	case g.LeaseDuration < 0:
 		v.fail(at+".lease_duration", "%s must be > 0", g.LeaseDuration)
-	case g.LeaseDuration > q.Renewal:
+	case counted && g.LeaseDuration > q.Renewal:
 		v.fail(at+".lease_duration", "%s is longer than the quota's renewal %s", g.LeaseDuration, q.Renewal)
 	}
 }
