@@ -335,32 +335,13 @@ func (v *validator) rate(at string, r *Rate) {
 		return
 	}
 	n0 := len(v.errs)
-	switch {
-	case r.Requests == core.Unlimited:
-		// Unlimited needs no period, but one given must be valid.
-		if r.Per < 0 || r.zeroPer {
-			v.fail(at+".per", "%s must be > 0", r.Per)
-		}
-		if r.Burst != 0 || r.zeroBurst {
-			v.fail(at+".burst", "an unlimited rate (requests -1) has no burst; leave burst out")
-		}
-	default:
-		// The count and the period are checked apart, so that a block
-		// wrong in both is told both.
-		switch {
-		case r.noRequests:
-			v.missing(at+".requests", "missing (requests per period, or -1 for unlimited)")
-		case r.Requests <= 0:
-			v.fail(at+".requests", "%d must be > 0 (or -1 for unlimited)", r.Requests)
-		}
-		switch {
-		case r.Per == 0 && r.zeroPer:
-			v.fail(at+".per", "%s must be > 0", r.Per)
-		case r.Per == 0:
-			v.missing(at+".per", "missing (the period, like 1s, 1m or 24h)")
-		case r.Per < 0:
-			v.fail(at+".per", "%s must be > 0", r.Per)
-		}
+	unlimited := r.Requests == core.Unlimited
+	if !unlimited {
+		v.count(at+".requests", r.Requests, r.noRequests, "requests per period")
+	}
+	v.period(at+".per", r.Per, r.zeroPer, unlimited, "1s, 1m or 24h")
+	if unlimited && (r.Burst != 0 || r.zeroBurst) {
+		v.fail(at+".burst", "an unlimited rate (requests -1) has no burst; leave burst out")
 	}
 	if r.Burst < 0 || r.zeroBurst {
 		v.fail(at+".burst", "%d must be > 0 (leave it out to use requests)", r.Burst)
@@ -372,11 +353,36 @@ func (v *validator) rate(at string, r *Rate) {
 	case alg != core.GCRA && (r.Burst != 0 || r.zeroBurst):
 		v.fail(at+".burst", "%s has no burst (it counts up to requests per per); leave burst out", alg)
 	}
-	if len(v.errs) > n0 || r.Requests == core.Unlimited {
+	if len(v.errs) > n0 || unlimited {
 		return
 	}
 	if err := r.Limit().Validate(); err != nil {
 		v.fail(at, "%s", strings.TrimPrefix(err.Error(), core.ErrInvalidLimit.Error()+": "))
+	}
+}
+
+// count checks a limit's count (a rate's requests, a quota's max) other
+// than -1, unlimited; missing reports it left out; what is what it counts.
+// The count and the period are checked apart, so that a block wrong in
+// both is told both.
+func (v *validator) count(at string, n int64, missing bool, what string) {
+	switch {
+	case missing:
+		v.missing(at, "missing (%s, or -1 for unlimited)", what)
+	case n <= 0:
+		v.fail(at, "%d must be > 0 (or -1 for unlimited)", n)
+	}
+}
+
+// period checks a limit's period (a rate's per, a quota's renewal); zero
+// reports a 0 written out, optional a period that may be left out (that of
+// an unlimited limit), like the examples given when one must not be.
+func (v *validator) period(at string, d Duration, zero, optional bool, like string) {
+	switch {
+	case d < 0 || zero:
+		v.fail(at, "%s must be > 0", d)
+	case d == 0 && !optional:
+		v.missing(at, "missing (the period, like %s)", like)
 	}
 }
 
@@ -385,32 +391,17 @@ func (v *validator) quota(at string, q *Quota) {
 	if q == nil {
 		return
 	}
-	switch {
-	case q.Max == core.Unlimited:
-		if q.Renewal < 0 || q.zeroRenewal {
-			v.fail(at+".renewal", "%s must be > 0", q.Renewal)
-		}
+	unlimited := q.Max == core.Unlimited
+	n0 := len(v.errs)
+	if !unlimited {
+		v.count(at+".max", q.Max, q.noMax, "requests per renewal period")
+	}
+	v.period(at+".renewal", q.Renewal, q.zeroRenewal, unlimited, "1h or 720h")
+	if unlimited {
 		if q.Global != nil {
 			v.fail(at+".global", "an unlimited quota (max -1) cannot be global")
 		}
 		return
-	}
-	// The count and the period are checked apart, so that a block wrong
-	// in both is told both.
-	n0 := len(v.errs)
-	switch {
-	case q.noMax:
-		v.missing(at+".max", "missing (requests per renewal period, or -1 for unlimited)")
-	case q.Max <= 0:
-		v.fail(at+".max", "%d must be > 0 (or -1 for unlimited)", q.Max)
-	}
-	switch {
-	case q.Renewal == 0 && q.zeroRenewal:
-		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
-	case q.Renewal == 0:
-		v.missing(at+".renewal", "missing (the period, like 1h or 720h)")
-	case q.Renewal < 0:
-		v.fail(at+".renewal", "%s must be > 0", q.Renewal)
 	}
 	valid := len(v.errs) == n0
 	if valid {
