@@ -168,10 +168,7 @@ func BenchmarkPeersNetHTTPAnswers(b *testing.B) { benchAnswers(b, answerTables()
 func BenchmarkPeersGinAnswers(b *testing.B) { benchAnswers(b, answerTables()["gin"], false) }
 
 func benchAnswers(b *testing.B, rows []netHTTPPeer, wire bool) {
-	for _, rate := range []struct {
-		name string
-		r    peerRate
-	}{{"admit", admitRate}, {"deny", denyRate}} {
+	for _, rate := range peerRates {
 		b.Run(rate.name+"/recorder", func(b *testing.B) {
 			benchRows(b, rows, rate.r, func() func(http.Handler, *http.Request) {
 				return func(h http.Handler, r *http.Request) { serveRecorded(h, r) }

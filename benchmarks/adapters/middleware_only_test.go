@@ -3,7 +3,6 @@ package adapters
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 )
 
@@ -24,35 +23,17 @@ func (w *headerOnlyWriter) Write(p []byte) (int, error) { return len(p), nil }
 // collection of what it allocates.
 func BenchmarkNetHTTPMiddlewareOnly(b *testing.B) {
 	nop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
-	for _, rate := range []struct {
-		name string
-		r    peerRate
-	}{{"admit", admitRate}, {"deny", denyRate}} {
+	for _, rate := range peerRates {
 		for _, n := range peerShapes {
 			b.Run(fmt.Sprintf("%s/keys=%d", rate.name, n), func(b *testing.B) {
 				if netHTTPPeers[1].name != "limitplane" {
 					b.Fatal("netHTTPPeers[1] is not limitplane")
 				}
-				h := netHTTPPeers[1].wrap(b, nop, rate.r)
-				addrs := remoteAddrs(n)
-				r := httptest.NewRequest("GET", "/x", nil)
 				w := &headerOnlyWriter{h: http.Header{}}
-				for _, a := range addrs {
-					r.RemoteAddr = a
-					h.ServeHTTP(w, r)
-				}
-				b.ReportAllocs()
-				cpu := startCPU(b)
-				i := 0
-				for b.Loop() {
-					r.RemoteAddr = addrs[i]
-					if i++; i == n {
-						i = 0
-					}
+				serveClients(b, netHTTPPeers[1].wrap(b, nop, rate.r), remoteAddrs(n), func(h http.Handler, r *http.Request) {
 					clear(w.h)
 					h.ServeHTTP(w, r)
-				}
-				cpu.report()
+				})
 			})
 		}
 	}

@@ -212,28 +212,40 @@ func benchRows(b *testing.B, peers []netHTTPPeer, rate peerRate, newServe func()
 		addrs := remoteAddrs(n)
 		for _, p := range peers {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, p.name), func(b *testing.B) {
-				h := p.wrap(b, okHandler(), rate)
-				r := httptest.NewRequest("GET", "/x", nil)
-				serve := newServe()
-				for _, a := range addrs { // every client known before timing
-					r.RemoteAddr = a
-					serve(h, r)
-				}
-				b.ReportAllocs()
-				cpu := startCPU(b)
-				i := 0
-				for b.Loop() {
-					r.RemoteAddr = addrs[i]
-					if i++; i == n {
-						i = 0
-					}
-					serve(h, r)
-				}
-				cpu.report()
+				serveClients(b, p.wrap(b, okHandler(), rate), addrs, newServe())
 			})
 		}
 	}
 }
+
+// serveClients times serve(h, r) for one request whose RemoteAddr cycles
+// over addrs, every client's first request made before timing, and
+// reports allocations and cpu-ns/op.
+func serveClients(b *testing.B, h http.Handler, addrs []string, serve func(http.Handler, *http.Request)) {
+	r := httptest.NewRequest("GET", "/x", nil)
+	for _, a := range addrs { // every client known before timing
+		r.RemoteAddr = a
+		serve(h, r)
+	}
+	b.ReportAllocs()
+	cpu := startCPU(b)
+	i := 0
+	for b.Loop() {
+		r.RemoteAddr = addrs[i]
+		if i++; i == len(addrs) {
+			i = 0
+		}
+		serve(h, r)
+	}
+	cpu.report()
+}
+
+// peerRates are the two rates each benchmark that is not split into a
+// Deny twin runs: admitted and denied.
+var peerRates = []struct {
+	name string
+	r    peerRate
+}{{"admit", admitRate}, {"deny", denyRate}}
 
 // fiberPeer is one Fiber row: use adds its library's middleware to app.
 type fiberPeer struct {
