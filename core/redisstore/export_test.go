@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"context"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -19,3 +21,17 @@ func WaitSettles(t testing.TB, s *Store) {
 
 // PendingSettles returns how many settles s has pending.
 func PendingSettles(s *Store) int64 { return s.settles.pending.Load() }
+
+// CancelNextSlot cancels, as a failed take's cancel does, the slot of
+// (consumer, scope) that s's next in-flight take will ask for, and waits
+// until Redis has it: a cancel that reaches Redis before its take.
+func CancelNextSlot(t testing.TB, s *Store, consumer, scope string) {
+	t.Helper()
+	f := &s.flights
+	key := s.key(consumer, inFlightKind, scope)
+	member := f.prefix + ":" + strconv.FormatUint(f.seq.Load()+1, 10)
+	err := inFlightCancelScript.Run(context.Background(), s.client, []string{key, canceledKey(key)}, member, int64(canceledMark/time.Millisecond)).Err()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/limitplane/limitplane/core"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,13 +31,22 @@ const DefaultInFlightLease = 30 * time.Second
 // slot of a process that died (or lost Redis for longer than the lease)
 // is free again at most a lease after its last renewal. Every write sets
 // the key's TTL to the lease: the latest member's expiry.
+//
+// A take whose call failed (a timeout, a caller gone, a connection lost)
+// may still run in Redis later (a paused server runs what it had read
+// when it resumes), adding a slot nobody holds: that locked the consumer
+// out for a lease. So the store cancels every member whose take failed
+// (inFlightCancel, sent from the renewing goroutine and retried until
+// Redis answers): it removes the member when the take ran first, and
+// otherwise marks the member canceled in KEYS[2], <key>:canceled, a sorted
+// set scored by the mark's expiry, which the take checks before it adds.
 const inFlightAcquire = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cap, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local n = redis.call('ZCARD', KEYS[1])
-if n >= cap or ARGV[4] == '1' then
+if n >= cap or ARGV[4] == '1' or redis.call('ZSCORE', KEYS[2], ARGV[3]) then
   return {0, n}
 end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
@@ -58,10 +69,42 @@ end
 return 0
 `
 
+// inFlightCancel cancels member ARGV[1] of KEYS[1], whose take failed:
+// removed if the take ran, and marked in KEYS[2] for ARGV[2] ms so that a
+// take that runs later adds nothing; lapsed marks are dropped.
+const inFlightCancel = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 0
+`
+
 var (
 	inFlightAcquireScript = redis.NewScript(inFlightAcquire)
 	inFlightRenewScript   = redis.NewScript(inFlightRenew)
+	inFlightCancelScript  = redis.NewScript(inFlightCancel)
 )
+
+// canceledKey is the sorted set of key's canceled members (same hash
+// slot: key's hash tag comes first, and no scope holds a ':').
+func canceledKey(key string) string { return key + ":canceled" }
+
+// canceledMark is how long a canceled member stays marked: how late after
+// its cancel a failed take may still run. A take reaches Redis after its
+// cancel only if it was held up on its way (the cancel is sent later, by
+// the time the take failed); five minutes covers TCP's retransmissions
+// on a connection that comes back. A slot added later than that is still
+// freed by its lease.
+const canceledMark = 5 * time.Minute
+
+// maxCancels bounds the cancels a store keeps to retry while Redis does
+// not answer; beyond it a failed take's slot, if it ran, is freed by its
+// lease alone.
+const maxCancels = 4096
 
 // inFlightKind names the in-flight sorted set.
 var inFlightKind = []byte("inflight")
@@ -76,10 +119,16 @@ type flights struct {
 	start   sync.Once
 	stop    chan struct{}
 	done    chan struct{}
+	wake    chan struct{} // a cancel is queued (buffered, 1)
 	mu      sync.Mutex
 	held    map[string]map[string]struct{} // key → members; guarded by mu
+	cancels []cancel                       // guarded by mu; at most maxCancels
 	closed  bool                           // guarded by mu
 }
+
+// cancel is a member whose take or release failed, to be canceled
+// (inFlightCancel).
+type cancel struct{ key, member string }
 
 func (f *flights) init(lease time.Duration) {
 	if lease <= 0 {
@@ -90,7 +139,7 @@ func (f *flights) init(lease time.Duration) {
 	var b [8]byte
 	rand.Read(b[:])
 	f.prefix = hex.EncodeToString(b[:])
-	f.stop, f.done = make(chan struct{}), make(chan struct{})
+	f.stop, f.done, f.wake = make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
 	f.held = make(map[string]map[string]struct{})
 }
 
@@ -102,8 +151,8 @@ type slot struct {
 
 // Release implements core.Releaser: it removes the slot's member, under
 // the store's timeout and a context of its own (the request's may have
-// ended), and stops renewing it. A release that fails leaves the member to
-// expire within the lease.
+// ended), and stops renewing it. A release that fails is retried as a
+// failed take's cancel is, until Redis answers.
 func (sl *slot) Release() {
 	f := &sl.s.flights
 	f.mu.Lock()
@@ -116,7 +165,56 @@ func (sl *slot) Release() {
 	f.mu.Unlock()
 	ctx, cancel := sl.s.callCtx()
 	defer cancel()
-	sl.s.client.ZRem(ctx, sl.key, sl.member)
+	if sl.s.client.ZRem(ctx, sl.key, sl.member).Err() != nil {
+		f.cancel(sl.key, sl.member)
+	}
+}
+
+// cancel queues member of key to be canceled by the renewing goroutine
+// (which takeInFlight started) and wakes it; at most maxCancels wait.
+func (f *flights) cancel(key, member string) {
+	f.mu.Lock()
+	if len(f.cancels) < maxCancels {
+		f.cancels = append(f.cancels, cancel{key, member})
+	}
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// cancelQueued sends the queued cancels in one pipeline, under the
+// store's timeout; when the pipeline fails they are queued again (the
+// cancel is idempotent). It reports whether none is left to retry.
+func (f *flights) cancelQueued(s *Store) bool {
+	f.mu.Lock()
+	batch := f.cancels
+	f.cancels = nil
+	f.mu.Unlock()
+	if len(batch) == 0 {
+		return true
+	}
+	ctx, stop := s.callCtx()
+	defer stop()
+	// EVAL, not EVALSHA: a cancel that waits in a paused server's socket
+	// must not fail there for a script the server does not have.
+	mark := int64(canceledMark / time.Millisecond)
+	pipe := s.client.Pipeline()
+	for _, c := range batch {
+		inFlightCancelScript.Eval(ctx, pipe, []string{c.key, canceledKey(c.key)}, c.member, mark)
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil {
+		f.mu.Lock()
+		f.cancels = append(batch, f.cancels...)
+		if len(f.cancels) > maxCancels {
+			f.cancels = f.cancels[:maxCancels]
+		}
+		f.mu.Unlock()
+		return false
+	}
+	return true
 }
 
 // takeInFlight is Take for a rule with an in-flight limit: a slot is taken
@@ -135,9 +233,12 @@ func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (co
 		peek = "1"
 	}
 	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return inFlightAcquireScript.Run(ctx, s.client, []string{key}, r.inFlight, f.leaseMs, member, peek).Int64Slice()
+		return inFlightAcquireScript.Run(ctx, s.client, []string{key, canceledKey(key)}, r.inFlight, f.leaseMs, member, peek).Int64Slice()
 	})
 	if err != nil {
+		if peek == "0" && !errors.Is(err, ErrCircuitOpen) {
+			f.cancel(key, member) // it may have been sent, and may still run
+		}
 		return core.Decision{}, fmt.Errorf("redisstore: take in-flight slot: %w", err)
 	}
 	if len(v) != 2 {
@@ -173,17 +274,39 @@ func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (co
 	return d, nil
 }
 
-// renew renews the leases of the slots s holds every lease/3 until Close.
+// renew renews the leases of the slots s holds every lease/3 until Close,
+// and sends queued cancels as they come, retrying those that fail with
+// exponential backoff from 50 ms up to lease/3: a cancel that waited for a
+// server that was paused or unreachable goes out soon after it answers.
 func (f *flights) renew(s *Store) {
 	defer close(f.done)
-	t := time.NewTicker(max(f.lease/3, time.Millisecond))
+	every := max(f.lease/3, time.Millisecond)
+	t := time.NewTicker(every)
 	defer t.Stop()
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = min(50*time.Millisecond, every), every
+	retry := time.NewTimer(0)
+	<-retry.C
+	defer retry.Stop()
+	send := func() {
+		if f.cancelQueued(s) {
+			b.Reset()
+			retry.Stop()
+			return
+		}
+		retry.Reset(b.NextBackOff())
+	}
 	for {
 		select {
 		case <-f.stop:
 			return
 		case <-t.C:
 			f.renewOnce(s)
+			send()
+		case <-f.wake:
+			send()
+		case <-retry.C:
+			send()
 		}
 	}
 }
@@ -240,7 +363,7 @@ func (f *flights) close() {
 // every process, lapsed leases left out: for tests and tools.
 func (s *Store) InFlight(ctx context.Context, consumer, scope string) (int64, error) {
 	key := s.key(consumer, inFlightKind, scope)
-	v, err := inFlightAcquireScript.Run(ctx, s.client, []string{key}, 0, 1, "", "1").Int64Slice()
+	v, err := inFlightAcquireScript.Run(ctx, s.client, []string{key, canceledKey(key)}, 0, 1, "", "1").Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: in flight: %w", err)
 	}

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -162,5 +163,91 @@ func TestInFlightLease(t *testing.T) {
 	}
 	if n := runtime.NumGoroutine(); n > before+2 {
 		t.Fatalf("%d goroutines, %d before", n, before)
+	}
+}
+
+// TestInFlightFailedTakeFreesItsSlot: a take sent to a paused Redis times
+// out, and Redis runs it when it resumes, adding a slot nobody holds; the
+// store cancels the failed take, so the consumer's one slot is free again
+// as soon as Redis answers, not a lease (30 s) later. A cancel that
+// reaches Redis before its take leaves the take adding nothing.
+func TestInFlightFailedTakeFreesItsSlot(t *testing.T) {
+	srv := redistest.Start(t)
+	// ContextTimeoutEnabled: the store's Timeout bounds the call's read
+	// (else go-redis's own ReadTimeout of 3 s does).
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rc.Close() })
+	s, err := redisstore.New(rc, redisstore.Options{Timeout: 200 * time.Millisecond, InFlightLease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "p", InFlight: 1}}}, core.Options{FailurePolicy: core.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &core.Consumer{ID: "k", Policies: []string{"p"}}
+	ctx := context.Background()
+	// One slot taken and given back first: the pool has an open connection
+	// for the take to go out on, into the paused server's socket, and
+	// Redis has the scripts (a queued EVALSHA of a script it did not have
+	// would fail on resume and add nothing).
+	if d, err := e.Decide(ctx, c, "api", 1); err != nil || !d.Allowed {
+		t.Fatalf("first take: allowed %v, err %v", d.Allowed, err)
+	} else {
+		d.Hold.Release()
+	}
+
+	srv.Pause()
+	d, err := e.Decide(ctx, c, "api", 1)
+	if !errors.Is(err, core.ErrStoreUnavailable) || d.Allowed {
+		srv.Resume()
+		t.Fatalf("take while Redis is paused: allowed %v, err %v; want refused with ErrStoreUnavailable", d.Allowed, err)
+	}
+	// Paused past the cancel's own timeout: the cancel too waits in the
+	// server's socket, on a connection its client gave up.
+	time.Sleep(500 * time.Millisecond)
+	srv.Resume()
+	resumed := time.Now()
+	for {
+		n, err := s.InFlight(ctx, "k", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Since(resumed) > 5*time.Second {
+			t.Fatalf("%d slot(s) held %v after Redis resumed, want 0: the failed take's slot was not canceled", n, time.Since(resumed))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("failed take's slot gone %v after Redis resumed", time.Since(resumed))
+	d, err = e.Decide(ctx, c, "api", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("after the cancel: allowed %v, err %v; want the one slot", d.Allowed, err)
+	}
+	if d2, err := e.Decide(ctx, c, "api", 1); err != nil || d2.Allowed || d2.DecidedBy != core.KindInFlight {
+		t.Fatalf("second while the first is held: allowed %v by %v, err %v; want refused by the in-flight cap", d2.Allowed, d2.DecidedBy, err)
+	}
+	d.Hold.Release()
+
+	// A cancel that comes first: the take it cancels adds nothing (its
+	// caller is gone; here the refusal reaches the test), and the next
+	// take gets the slot.
+	redisstore.CancelNextSlot(t, s, "k", "")
+	if d, err := e.Decide(ctx, c, "api", 1); err != nil || d.Allowed || d.DecidedBy != core.KindInFlight {
+		t.Fatalf("canceled take: allowed %v by %v, err %v; want nothing added", d.Allowed, d.DecidedBy, err)
+	}
+	if n, err := s.InFlight(ctx, "k", ""); err != nil || n != 0 {
+		t.Fatalf("in flight %d %v after a canceled take, want 0", n, err)
+	}
+	d, err = e.Decide(ctx, c, "api", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("after a canceled take: allowed %v, err %v; want the slot", d.Allowed, err)
+	}
+	d.Hold.Release()
+	if n, err := s.InFlight(ctx, "k", ""); err != nil || n != 0 {
+		t.Fatalf("in flight %d %v after the release, want 0", n, err)
 	}
 }
