@@ -36,6 +36,7 @@ import (
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // The parent tells a worker process what it is through its environment,
@@ -46,8 +47,18 @@ const (
 )
 
 func main() {
+	// go-redis logs every failed dial of its pool (several per Take while
+	// Redis is down); a worker reports each failed Take and its retry
+	// itself, so the program (not a library: the logger is process-wide)
+	// silences go-redis's own lines.
+	redis.SetLogger(quietRedis{})
 	os.Exit(exitCode(os.Args[1:], os.Getenv, os.Stdout, os.Stderr, os.Args[0]))
 }
+
+// quietRedis is a go-redis logger that drops what it is given.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // exitCode runs the command and returns its exit status: 0 on success and
 // after -h (which prints the usage), 1 on any error.
