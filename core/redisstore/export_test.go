@@ -35,3 +35,9 @@ func CancelNextSlot(t testing.TB, s *Store, consumer, scope string) {
 		t.Fatal(err)
 	}
 }
+
+// SlowCancelRetries makes s wait up to its lease/3 before it sends a
+// failed cancel again (50 ms at first otherwise), so that a test sees
+// what a request does while cancels wait. Call it before s's first
+// in-flight take.
+func SlowCancelRetries(s *Store) { s.flights.retry = time.Hour }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -114,6 +115,7 @@ var inFlightKind = []byte("inflight")
 type flights struct {
 	lease   time.Duration
 	leaseMs int64
+	retry   time.Duration // first wait before a failed cancel is sent again (50 ms; tests set it)
 	prefix  string        // random per store: members are <prefix>:<n>
 	seq     atomic.Uint64 // n
 	start   sync.Once
@@ -123,6 +125,7 @@ type flights struct {
 	mu      sync.Mutex
 	held    map[string]map[string]struct{} // key → members; guarded by mu
 	cancels []cancel                       // guarded by mu; at most maxCancels
+	queued  atomic.Int64                   // len(cancels), read without mu
 	closed  bool                           // guarded by mu
 }
 
@@ -136,6 +139,7 @@ func (f *flights) init(lease time.Duration) {
 	}
 	f.lease = lease
 	f.leaseMs = max(int64(lease/time.Millisecond), 1)
+	f.retry = 50 * time.Millisecond
 	var b [8]byte
 	rand.Read(b[:])
 	f.prefix = hex.EncodeToString(b[:])
@@ -176,27 +180,55 @@ func (f *flights) cancel(key, member string) {
 	f.mu.Lock()
 	if len(f.cancels) < maxCancels {
 		f.cancels = append(f.cancels, cancel{key, member})
+		f.queued.Store(int64(len(f.cancels)))
 	}
 	f.mu.Unlock()
+	f.kick()
+}
+
+// kick wakes the renewing goroutine to send the queued cancels.
+func (f *flights) kick() {
 	select {
 	case f.wake <- struct{}{}:
 	default:
 	}
 }
 
-// cancelQueued sends the queued cancels in one pipeline, under the
-// store's timeout; when the pipeline fails they are queued again (the
-// cancel is idempotent). It reports whether none is left to retry.
-func (f *flights) cancelQueued(s *Store) bool {
+// takeCancels removes from the queue and returns the cancels of key, or
+// every cancel when key is "".
+func (f *flights) takeCancels(key string) []cancel {
 	f.mu.Lock()
-	batch := f.cancels
-	f.cancels = nil
-	f.mu.Unlock()
-	if len(batch) == 0 {
-		return true
+	defer f.mu.Unlock()
+	var out []cancel
+	if key == "" {
+		out, f.cancels = f.cancels, nil
+	} else {
+		f.cancels = slices.DeleteFunc(f.cancels, func(c cancel) bool {
+			if c.key == key {
+				out = append(out, c)
+				return true
+			}
+			return false
+		})
 	}
-	ctx, stop := s.callCtx()
-	defer stop()
+	f.queued.Store(int64(len(f.cancels)))
+	return out
+}
+
+// requeue puts back cancels that could not be sent, ahead of those queued
+// since, keeping at most maxCancels.
+func (f *flights) requeue(batch []cancel) {
+	f.mu.Lock()
+	f.cancels = append(batch, f.cancels...)
+	if len(f.cancels) > maxCancels {
+		f.cancels = f.cancels[:maxCancels]
+	}
+	f.queued.Store(int64(len(f.cancels)))
+	f.mu.Unlock()
+}
+
+// sendCancels sends batch in one pipeline under ctx.
+func (f *flights) sendCancels(ctx context.Context, s *Store, batch []cancel) error {
 	// EVAL, not EVALSHA: a cancel that waits in a paused server's socket
 	// must not fail there for a script the server does not have.
 	mark := int64(canceledMark / time.Millisecond)
@@ -205,13 +237,21 @@ func (f *flights) cancelQueued(s *Store) bool {
 		inFlightCancelScript.Eval(ctx, pipe, []string{c.key, canceledKey(c.key)}, c.member, mark)
 	}
 	_, err := pipe.Exec(ctx)
-	if err != nil {
-		f.mu.Lock()
-		f.cancels = append(batch, f.cancels...)
-		if len(f.cancels) > maxCancels {
-			f.cancels = f.cancels[:maxCancels]
-		}
-		f.mu.Unlock()
+	return err
+}
+
+// cancelQueued sends the queued cancels in one pipeline, under the
+// store's timeout; when the pipeline fails they are queued again (the
+// cancel is idempotent). It reports whether none is left to retry.
+func (f *flights) cancelQueued(s *Store) bool {
+	batch := f.takeCancels("")
+	if len(batch) == 0 {
+		return true
+	}
+	ctx, stop := s.callCtx()
+	defer stop()
+	if err := f.sendCancels(ctx, s, batch); err != nil {
+		f.requeue(batch)
 		return false
 	}
 	return true
@@ -232,14 +272,34 @@ func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (co
 	if req.Cost == 0 {
 		peek = "1"
 	}
-	v, err := s.call(ctx, func(ctx context.Context) ([]int64, error) {
-		return inFlightAcquireScript.Run(ctx, s.client, []string{key, canceledKey(key)}, r.inFlight, f.leaseMs, member, peek).Int64Slice()
-	})
+	keys := []string{key, canceledKey(key)}
+	acquire := func(ctx context.Context) ([]int64, error) {
+		return inFlightAcquireScript.Run(ctx, s.client, keys, r.inFlight, f.leaseMs, member, peek).Int64Slice()
+	}
+	v, err := s.call(ctx, acquire)
+	if err == nil && len(v) == 2 && v[0] == 0 && peek == "0" && f.queued.Load() > 0 {
+		// Refused while cancels wait: after Redis was paused, the takes
+		// that failed then may hold the slots now. Cancel this key's and
+		// ask again, once.
+		if batch := f.takeCancels(key); len(batch) > 0 {
+			_, err = s.call(ctx, func(ctx context.Context) ([]int64, error) {
+				return nil, f.sendCancels(ctx, s, batch)
+			})
+			if err != nil {
+				f.requeue(batch)
+			} else {
+				v, err = s.call(ctx, acquire)
+			}
+		}
+	}
 	if err != nil {
 		if peek == "0" && !errors.Is(err, ErrCircuitOpen) {
 			f.cancel(key, member) // it may have been sent, and may still run
 		}
 		return core.Decision{}, fmt.Errorf("redisstore: take in-flight slot: %w", err)
+	}
+	if f.queued.Load() > 0 {
+		f.kick() // Redis answers again: send the other keys' cancels now
 	}
 	if len(v) != 2 {
 		return core.Decision{}, fmt.Errorf("redisstore: take in-flight slot: script replied %d values, want 2", len(v))
@@ -284,7 +344,7 @@ func (f *flights) renew(s *Store) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = min(50*time.Millisecond, every), every
+	b.InitialInterval, b.MaxInterval = min(f.retry, every), every
 	retry := time.NewTimer(0)
 	<-retry.C
 	defer retry.Stop()

@@ -172,31 +172,8 @@ func TestInFlightLease(t *testing.T) {
 // as soon as Redis answers, not a lease (30 s) later. A cancel that
 // reaches Redis before its take leaves the take adding nothing.
 func TestInFlightFailedTakeFreesItsSlot(t *testing.T) {
-	srv := redistest.Start(t)
-	// ContextTimeoutEnabled: the store's Timeout bounds the call's read
-	// (else go-redis's own ReadTimeout of 3 s does).
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rc.Close() })
-	s, err := redisstore.New(rc, redisstore.Options{Timeout: 200 * time.Millisecond, InFlightLease: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "p", InFlight: 1}}}, core.Options{FailurePolicy: core.FailClosed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &core.Consumer{ID: "k", Policies: []string{"p"}}
+	srv, s, e, c := pausableInFlight(t, false)
 	ctx := context.Background()
-	// One slot taken and given back first: the pool has an open connection
-	// for the take to go out on, into the paused server's socket, and
-	// Redis has the scripts (a queued EVALSHA of a script it did not have
-	// would fail on resume and add nothing).
-	if d, err := e.Decide(ctx, c, "api", 1); err != nil || !d.Allowed {
-		t.Fatalf("first take: allowed %v, err %v", d.Allowed, err)
-	} else {
-		d.Hold.Release()
-	}
 
 	srv.Pause()
 	d, err := e.Decide(ctx, c, "api", 1)
@@ -250,4 +227,68 @@ func TestInFlightFailedTakeFreesItsSlot(t *testing.T) {
 	if n, err := s.InFlight(ctx, "k", ""); err != nil || n != 0 {
 		t.Fatalf("in flight %d %v after the release, want 0", n, err)
 	}
+}
+
+// pausableInFlight returns a redis-server to pause, a store on it whose
+// calls time out after 200 ms (slow: its failed cancels are sent again
+// only after 10 s), and an engine with one policy, an in-flight cap of 1,
+// for consumer k, whose one slot has been taken and given back.
+func pausableInFlight(t *testing.T, slow bool) (*redistest.Server, *redisstore.Store, *core.Engine, *core.Consumer) {
+	t.Helper()
+	srv := redistest.Start(t)
+	// ContextTimeoutEnabled: the store's Timeout bounds the call's read
+	// (else go-redis's own ReadTimeout of 3 s does).
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rc.Close() })
+	s, err := redisstore.New(rc, redisstore.Options{Timeout: 200 * time.Millisecond, InFlightLease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if slow {
+		redisstore.SlowCancelRetries(s)
+	}
+	e, err := core.NewEngine(s, core.Config{Policies: []core.Policy{{ID: "p", InFlight: 1}}}, core.Options{FailurePolicy: core.FailClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &core.Consumer{ID: "k", Policies: []string{"p"}}
+	// One slot taken and given back first: the pool has an open connection
+	// for the take to go out on, into the paused server's socket, and
+	// Redis has the scripts (a queued EVALSHA of a script it did not have
+	// would fail on resume and add nothing).
+	if d, err := e.Decide(context.Background(), c, "api", 1); err != nil || !d.Allowed {
+		t.Fatalf("first take: allowed %v, err %v", d.Allowed, err)
+	} else {
+		d.Hold.Release()
+	}
+	return srv, s, e, c
+}
+
+// TestInFlightRequestCancelsFailedTakes: Redis paused for 3 s while the
+// store's failed cancels wait 10 s to be sent again (lease/3; after a long
+// outage the backoff between them is that long too), and the take that
+// failed runs when Redis resumes, holding the consumer's one slot. The
+// first request after the resume finds the slot held while cancels wait,
+// cancels that key's and asks again: admitted, not refused for a slot
+// nobody holds.
+func TestInFlightRequestCancelsFailedTakes(t *testing.T) {
+	srv, s, e, c := pausableInFlight(t, true)
+	ctx := context.Background()
+	srv.Pause()
+	if d, err := e.Decide(ctx, c, "api", 1); !errors.Is(err, core.ErrStoreUnavailable) || d.Allowed {
+		srv.Resume()
+		t.Fatalf("take while Redis is paused: allowed %v, err %v; want refused with ErrStoreUnavailable", d.Allowed, err)
+	}
+	time.Sleep(3 * time.Second)
+	srv.Resume()
+	d, err := e.Decide(ctx, c, "api", 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("first request after a 3 s pause: allowed %v by %v, err %v; want the one slot", d.Allowed, d.DecidedBy, err)
+	}
+	if n, err := s.InFlight(ctx, "k", ""); err != nil || n != 1 {
+		t.Fatalf("in flight %d %v while the slot is held, want 1", n, err)
+	}
+	d.Hold.Release()
+
 }
