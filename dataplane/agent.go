@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
@@ -342,7 +343,9 @@ type running struct {
 
 // New checks opts and returns an Agent. It fails when Gateway is nil,
 // neither Address nor Conn is set, a part of a comma-separated Address
-// is empty, or Group or Token is empty, or OnStale is unknown.
+// is empty or neither host:port nor a gRPC target whose scheme gRPC
+// resolves, Group is not ValidGroup, Token is empty, or OnStale is
+// unknown.
 func New(opts AgentOptions) (*Agent, error) {
 	switch {
 	case opts.Target == nil:
@@ -351,6 +354,8 @@ func New(opts AgentOptions) (*Agent, error) {
 		return nil, errors.New("dataplane: AgentOptions.Address is empty")
 	case opts.Group == "":
 		return nil, errors.New("dataplane: AgentOptions.Group is empty")
+	case !ValidGroup(opts.Group):
+		return nil, fmt.Errorf("dataplane: AgentOptions.Group %q: want %s", opts.Group, GroupRule)
 	case opts.Token == "":
 		return nil, errors.New("dataplane: AgentOptions.Token is empty")
 	}
@@ -426,6 +431,26 @@ func New(opts AgentOptions) (*Agent, error) {
 	return a, nil
 }
 
+// GroupRule says what ValidGroup accepts, for error messages.
+const GroupRule = `1 to 128 characters without spaces, control characters, "{" or "}" (it names a Cluster hash tag)`
+
+// ValidGroup reports whether g may name a data-plane group: 1 to 128
+// bytes, none of them a space, a control character (below 0x20, and
+// 0x7f), '{' or '}'. A group names the hash tag of its Redis keys (the
+// persisted configuration, the DRL's, global quotas'), where a brace
+// would move the tag, and appears in log lines and metrics.
+func ValidGroup(g string) bool {
+	if len(g) == 0 || len(g) > 128 {
+		return false
+	}
+	for i := 0; i < len(g); i++ {
+		if c := g[i]; c <= ' ' || c == 0x7f || c == '{' || c == '}' {
+			return false
+		}
+	}
+	return true
+}
+
 // splitAddresses returns the parts of a comma-separated Address, spaces
 // around them trimmed; it fails on an empty part, and on a host:port part
 // with no host or with port 0 (which names no server to connect to).
@@ -436,10 +461,15 @@ func splitAddresses(address string) ([]string, error) {
 		if parts[i] == "" {
 			return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d is empty (want host:port, or host:port,host:port,…)", address, i+1)
 		}
-		// Other gRPC targets (unix:…) are left to the dial.
 		host, port, err := net.SplitHostPort(parts[i])
 		switch {
 		case err != nil:
+			// Other gRPC targets (unix:…, dns:///…) are left to the dial
+			// when gRPC has a resolver for their scheme; anything else
+			// would be retried forever for a typo.
+			if scheme, _, ok := strings.Cut(parts[i], ":"); !ok || resolver.Get(scheme) == nil {
+				return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d, %q: %w (want host:port, or a gRPC target such as unix:///path or dns:///host:port)", address, i+1, parts[i], err)
+			}
 		case host == "":
 			return nil, fmt.Errorf("dataplane: AgentOptions.Address %q: part %d, %q, names no host (want host:port, like cp.example:7071)", address, i+1, parts[i])
 		case port == "0":

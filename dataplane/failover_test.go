@@ -497,10 +497,52 @@ func TestAgentAddressList(t *testing.T) {
 		{"127.0.0.1:1, ", `dataplane: AgentOptions.Address "127.0.0.1:1, ": part 2 is empty (want host:port, or host:port,host:port,…)`},
 		{"127.0.0.1:0", `dataplane: AgentOptions.Address "127.0.0.1:0": part 1, "127.0.0.1:0", has port 0, which names no server (want a port from 1 to 65535)`},
 		{"127.0.0.1:1, :7071", `dataplane: AgentOptions.Address "127.0.0.1:1, :7071": part 2, ":7071", names no host (want host:port, like cp.example:7071)`},
+		// Neither host:port nor a target of a scheme gRPC resolves: a
+		// typo, refused rather than retried forever.
+		{"garbage::::", `dataplane: AgentOptions.Address "garbage::::": part 1, "garbage::::": address garbage::::: too many colons in address (want host:port, or a gRPC target such as unix:///path or dns:///host:port)`},
+		{"cp.example", `dataplane: AgentOptions.Address "cp.example": part 1, "cp.example": address cp.example: missing port in address (want host:port, or a gRPC target such as unix:///path or dns:///host:port)`},
+		// Targets gRPC resolves are left to the dial.
+		{"unix:///tmp/cp.sock", ""},
+		{"dns:///cp.example:7071", ""},
+		{"127.0.0.1:1,passthrough:///127.0.0.1:2", ""},
 	} {
 		_, err := dataplane.New(agentOptions(g.tg, c.address, io.Discard))
-		if err == nil || err.Error() != c.want {
+		if c.want == "" && err != nil {
+			t.Errorf("New(%q): %v, want no error", c.address, err)
+		}
+		if c.want != "" && (err == nil || err.Error() != c.want) {
 			t.Errorf("New(%q): %v, want %s", c.address, err, c.want)
+		}
+	}
+}
+
+// New and Follow refuse a group that is not ValidGroup: it names a
+// Cluster hash tag.
+func TestGroupChecked(t *testing.T) {
+	g := newGateway(t)
+	for _, c := range []struct {
+		group string
+		valid bool
+	}{
+		{"dp1", true}, {"eu-west.1:a_b", true}, {"grüne", true}, {strings.Repeat("g", 128), true},
+		{strings.Repeat("g", 129), false}, {"a b", false}, {"a}b{c", false}, {"{g}", false}, {"a\x01", false}, {"a\x7f", false}, {"tab\t", false},
+	} {
+		if got := dataplane.ValidGroup(c.group); got != c.valid {
+			t.Errorf("ValidGroup(%q) = %v, want %v", c.group, got, c.valid)
+		}
+		o := agentOptions(g.tg, "127.0.0.1:1", io.Discard)
+		o.Group = c.group
+		_, err := dataplane.New(o)
+		want := fmt.Sprintf(`dataplane: AgentOptions.Group %q: want 1 to 128 characters without spaces, control characters, "{" or "}" (it names a Cluster hash tag)`, c.group)
+		if c.valid && err != nil || !c.valid && (err == nil || err.Error() != want) {
+			t.Errorf("New with group %q: %v", c.group, err)
+		}
+		if c.valid {
+			continue
+		}
+		_, err = dataplane.Follow(context.Background(), dataplane.FollowOptions{Address: "127.0.0.1:1", Group: c.group, Token: "t"})
+		if want := strings.Replace(want, "AgentOptions", "FollowOptions", 1); err == nil || err.Error() != want {
+			t.Errorf("Follow with group %q: %v, want %s", c.group, err, want)
 		}
 	}
 }

@@ -140,7 +140,8 @@ type Follower struct {
 // returns at once: until the first configuration is applied (from the
 // control plane, or the persisted one after StartTimeout) every request
 // through it answers 503. The agent runs until ctx is done or Close is
-// called. It fails when opts lack Address, Group or Token, or name an
+// called. It fails when opts lack Address, Group or Token, have a Group
+// that is not ValidGroup, or name an
 // invalid OnStale, MaxStale or ClientIP, or an Address gRPC cannot dial
 // (a malformed target; an unreachable control plane is retried, never an
 // error).
@@ -150,6 +151,8 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 		return nil, errors.New("dataplane: FollowOptions.Address is empty")
 	case opts.Group == "":
 		return nil, errors.New("dataplane: FollowOptions.Group is empty")
+	case !ValidGroup(opts.Group):
+		return nil, fmt.Errorf("dataplane: FollowOptions.Group %q: want %s", opts.Group, GroupRule)
 	case opts.Token == "":
 		return nil, errors.New("dataplane: FollowOptions.Token is empty")
 	}

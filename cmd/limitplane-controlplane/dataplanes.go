@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/limitplane/limitplane/controlplane"
+	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/internal/yamlfile"
 )
 
@@ -33,7 +34,7 @@ type dataPlaneEntry struct {
 // or an unknown field is an error). Plaintext tokens (token_env,
 // token_file) are hashed at once. The error wraps a yamlfile.Errors naming
 // every problem with its line, column and field ([1].token_hash): a
-// missing group, not exactly one of token_hash, token_env and
+// missing group or one that is not dataplane.ValidGroup, not exactly one of token_hash, token_env and
 // token_file, a hash that is not "sha256:" and 64 hex digits, an empty or
 // unset variable, an unreadable or empty token file, an empty tag, the
 // same token twice, or no entry.
@@ -61,6 +62,8 @@ func loadDataPlanes(path string, getenv func(string) string) ([]controlplane.Dat
 		fail := func(field, format string, args ...any) { f.Report(at+field, fmt.Sprintf(format, args...), false, "") }
 		if e.Group == "" {
 			f.Report(at+".group", "missing", true, "")
+		} else if !dataplane.ValidGroup(e.Group) {
+			fail(".group", "%q: want %s", e.Group, dataplane.GroupRule)
 		}
 		for j, t := range e.Tags {
 			if t == "" {

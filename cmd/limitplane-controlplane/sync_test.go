@@ -513,6 +513,9 @@ func TestLoadDataPlanes(t *testing.T) {
 				"@:5:3: [1].colour: unknown field (known here: group, tags, token_hash, token_env, token_file)\n@:6:13: [1].tags[1]: want a string, got a list\n" +
 				"@:7:3: [2]: want a mapping, got \"just-a-string\""},
 		{"- group:\n  token_env: DP1\n", "@:1:9: [0].group: missing"},
+		{"- group: \"a}b{c\"\n  token_env: DP1\n- group: \"a b\"\n  token_hash: " + h2 + "\n",
+			"@:1:10: [0].group: \"a}b{c\": want 1 to 128 characters without spaces, control characters, \"{\" or \"}\" (it names a Cluster hash tag)\n" +
+				"@:3:10: [1].group: \"a b\": want 1 to 128 characters without spaces, control characters, \"{\" or \"}\" (it names a Cluster hash tag)"},
 		// An empty entry is refused at its line; the entry after it keeps
 		// its index.
 		{"- ~\n- group: g\n  token_env: NOPE\n", "@:1:3: [0]: an empty entry (a lone \"-\" or ~): remove it or give it a value\n" +

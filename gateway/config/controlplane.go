@@ -64,6 +64,8 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 	}
 	if r.Group == "" {
 		v.require("control_plane.group", "the data-plane group is required")
+	} else if !dataplane.ValidGroup(r.Group) {
+		v.fail("control_plane.group", "%q: want %s", r.Group, dataplane.GroupRule)
 	}
 	for i, tag := range r.Tags {
 		if tag == "" {

@@ -3,10 +3,10 @@ package config
 import (
 	"cmp"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/limitplane/limitplane/core/drl"
+	"github.com/limitplane/limitplane/dataplane"
 )
 
 // Bounds of the drl section; its defaults are drl's (drl.DefaultGroup,
@@ -46,8 +46,8 @@ func (v *loader) drl(raw *rawConfig, cfg *Config) *DRL {
 	}
 	switch {
 	case r.Group != "":
-		if strings.ContainsAny(r.Group, "{}") || strings.IndexFunc(r.Group, func(c rune) bool { return c <= ' ' || c == 0x7f }) >= 0 || len(r.Group) > 128 {
-			v.fail("drl.group", "%q: want 1 to 128 characters without spaces, control characters, \"{\" or \"}\" (it names a Cluster hash tag)", r.Group)
+		if !dataplane.ValidGroup(r.Group) {
+			v.fail("drl.group", "%q: want %s", r.Group, dataplane.GroupRule)
 		} else {
 			d.Group = r.Group
 		}
