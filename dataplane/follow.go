@@ -126,6 +126,7 @@ type Follower struct {
 	served   []string
 	agent    *Agent
 	store    core.Store
+	failure  core.FailurePolicy
 	closers  []func() error
 	registry *prometheus.Registry
 	cancel   context.CancelFunc
@@ -159,7 +160,7 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	f := &Follower{store: opts.Store, done: make(chan struct{}), registry: prometheus.NewRegistry()}
+	f := &Follower{store: opts.Store, failure: opts.FailurePolicy, done: make(chan struct{}), registry: prometheus.NewRegistry()}
 	if f.store == nil {
 		m := memory.New(memory.Options{SweepInterval: time.Minute})
 		f.store = m
@@ -378,17 +379,31 @@ type Readiness struct {
 	// lists them); the rest is enforced, so the member stays ready.
 	Degraded bool            `json:"degraded,omitempty"`
 	NotBuilt []live.NotBuilt `json:"not_built,omitempty"`
+	// Store says whether the limit store answered a PING: "ok",
+	// "unreachable" (Error says why) or "in-process" (a store with no
+	// Ping method, such as the memory store); "" when Readiness did not
+	// ask, because the member was not ready for another reason.
+	Store string `json:"store,omitempty"`
 	// ControlPlane is the agent's status.
 	ControlPlane Status `json:"control_plane"`
 }
 
+// DefaultReadyPingTimeout bounds the store PING of Readiness (within
+// ctx's own deadline).
+const DefaultReadyPingTimeout = 2 * time.Second
+
 // Readiness reports whether the member may take traffic: not before a
 // configuration is applied, not while SetUnavailable holds (on_stale:
 // fail_closed), not while the control plane refuses this data plane's
-// token (Status.NotReady), and not while one of the service's own APIs
+// token (Status.NotReady), not while one of the service's own APIs
 // (those given to Authenticator) is missing from the running
-// configuration or not built.
-func (f *Follower) Readiness() Readiness {
+// configuration or not built, and, when the FailurePolicy is
+// core.FailClosed, not while the store does not answer a PING (bounded
+// by ctx and DefaultReadyPingTimeout). Under FailOpen or FailFallback a
+// store that does not answer leaves the member ready (requests are
+// served meanwhile), with Store "unreachable" and the failure in Error,
+// as the gateway's GET /readyz does.
+func (f *Follower) Readiness(ctx context.Context) Readiness {
 	s := f.agent.Status()
 	out := Readiness{ControlPlane: s}
 	st := f.State()
@@ -408,15 +423,34 @@ func (f *Follower) Readiness() Readiness {
 		out.Error = f.ownProblem(st)
 	default:
 		out.Ready = true
+		f.pingStore(ctx, &out)
 	}
 	return out
+}
+
+// pingStore sets out.Store, and for a store that does not answer
+// out.Error, and out.Ready under FailClosed.
+func (f *Follower) pingStore(ctx context.Context, out *Readiness) {
+	p, ok := f.store.(interface{ Ping(context.Context) error })
+	if !ok {
+		out.Store = "in-process"
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, DefaultReadyPingTimeout)
+	defer cancel()
+	if err := p.Ping(ctx); err != nil {
+		out.Store, out.Error = "unreachable", "limit store unreachable: "+err.Error()
+		out.Ready = f.failure != core.FailClosed
+		return
+	}
+	out.Store = "ok"
 }
 
 // ReadyHandler returns an http.Handler for the service's GET /readyz: 200
 // with Readiness as JSON when ready, 503 with it otherwise.
 func (f *Follower) ReadyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		out := f.Readiness()
+		out := f.Readiness(r.Context())
 		b, err := json.Marshal(out)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -241,7 +241,7 @@ func followWith(tb testing.TB, noMetrics bool) (core.Decider, identity.Authentic
 	deadline := time.Now().Add(20 * time.Second)
 	for f.Revision() == 0 {
 		if time.Now().After(deadline) {
-			tb.Fatalf("the follower applied nothing in 20 s: %+v", f.Readiness())
+			tb.Fatalf("the follower applied nothing in 20 s: %+v", f.Readiness(context.Background()))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -3,6 +3,7 @@ package dataplane_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,10 +15,12 @@ import (
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/controlplane"
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/redisstore"
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/internal/redistest"
 	"github.com/limitplane/limitplane/spec"
+	"github.com/redis/go-redis/v9"
 )
 
 // adminToken is the control plane's admin token in the Follow tests.
@@ -167,7 +170,7 @@ func TestFollowService(t *testing.T) {
 	cp.Start(t)
 	waitFor(t, "revision 1 applied", func() bool { return f.Revision() == 1 && cp.applied("svc-1") == 1 })
 	st, body = get(t, url+"/readyz", "")
-	if st != 200 || !strings.HasPrefix(body, `{"ready":true,"revision":1,"control_plane":{"state":"connected","applied_revision":1,`) {
+	if st != 200 || !strings.HasPrefix(body, `{"ready":true,"revision":1,"store":"in-process","control_plane":{"state":"connected","applied_revision":1,`) {
 		t.Fatalf("/readyz once applied: %d %s", st, body)
 	}
 	ready = dataplane.Readiness{}
@@ -264,7 +267,7 @@ func TestFollowRedisPersisted(t *testing.T) {
 	if got := orders(t, url2, "orders-key-1", 3); got != "OK, OK, Too Many Requests" {
 		t.Fatalf("under the persisted configuration: %s, want 2 more of 3", got)
 	}
-	if st, body := get(t, url2+"/readyz", ""); st != 200 || !strings.HasPrefix(body, `{"ready":true,"revision":1,"control_plane":{"state":"`) {
+	if st, body := get(t, url2+"/readyz", ""); st != 200 || !strings.HasPrefix(body, `{"ready":true,"revision":1,"store":"ok","control_plane":{"state":"`) {
 		t.Fatalf("/readyz under the persisted configuration: %d %s", st, body)
 	}
 	if s := f2.Agent().Status(); s.AppliedRevision != 1 || s.PersistedRevision != 1 || s.State == "connected" {
@@ -339,14 +342,71 @@ func TestFollowReadinessNeedsOwnAPI(t *testing.T) {
 	f := follow(t, cp, dataplane.FollowOptions{})
 	f.Authenticator("nosuch")
 	waitFor(t, "revision 1 applied", func() bool { return f.Revision() == 1 })
-	r := f.Readiness()
+	r := f.Readiness(context.Background())
 	if want := `API "nosuch" is not in the running configuration (is it defined at the control plane, for this data plane's tags?)`; r.Ready || r.Error != want || r.Revision != 1 {
 		t.Fatalf("readiness with a missing own API: %+v, want not ready: %s", r, want)
 	}
 	g := follow(t, cp, dataplane.FollowOptions{ID: "svc-2"})
 	g.Authenticator("orders")
 	waitFor(t, "revision 1 applied", func() bool { return g.Revision() == 1 })
-	if r := g.Readiness(); !r.Ready || r.Error != "" {
+	if r := g.Readiness(context.Background()); !r.Ready || r.Error != "" {
 		t.Fatalf("readiness with its own API: %+v", r)
+	}
+}
+
+// TestFollowReadinessPingsTheStore: on a Redis store, /readyz says
+// "store":"ok" while the redis-server answers; paused (SIGSTOP), a
+// service under core.FailClosed is not ready (503, "store":"unreachable")
+// while one under FailOpen stays ready and says the store is unreachable;
+// resumed, both are ready again. On the memory store, "in-process".
+func TestFollowReadinessPingsTheStore(t *testing.T) {
+	srv := redistest.Start(t)
+	cp := newControlPlane(t, ordersSnapshot())
+	urls := map[core.FailurePolicy]string{}
+	for i, fp := range []core.FailurePolicy{core.FailClosed, core.FailOpen} {
+		// ContextTimeoutEnabled: Timeout bounds the PING's read too.
+		s, err := redisstore.New(srv.Client(t, &redis.Options{ContextTimeoutEnabled: true}), redisstore.Options{Timeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		f := follow(t, cp, dataplane.FollowOptions{Store: s, FailurePolicy: fp, ID: fmt.Sprintf("svc-%d", i)})
+		f.Authenticator("orders")
+		waitFor(t, "revision 1 applied", func() bool { return f.Revision() == 1 })
+		urls[fp] = service(t, f)
+	}
+	ready := func(fp core.FailurePolicy) (int, map[string]any) {
+		st, body := get(t, urls[fp]+"/readyz", "")
+		var out map[string]any
+		if err := json.Unmarshal([]byte(body), &out); err != nil {
+			t.Fatalf("/readyz: %v: %s", err, body)
+		}
+		return st, out
+	}
+	for fp := range urls {
+		if st, out := ready(fp); st != 200 || out["ready"] != true || out["store"] != "ok" || out["error"] != nil {
+			t.Fatalf("policy %v, Redis up: %d %v; want 200, ready, store ok, no error", fp, st, out)
+		}
+	}
+	srv.Pause()
+	st, out := ready(core.FailClosed)
+	if st != 503 || out["ready"] != false || out["store"] != "unreachable" || !strings.HasPrefix(fmt.Sprint(out["error"]), "limit store unreachable: ") {
+		srv.Resume()
+		t.Fatalf("fail closed, Redis paused: %d %v; want 503, not ready, store unreachable, limit store unreachable: …", st, out)
+	}
+	st, out = ready(core.FailOpen)
+	srv.Resume()
+	if st != 200 || out["ready"] != true || out["store"] != "unreachable" || !strings.HasPrefix(fmt.Sprint(out["error"]), "limit store unreachable: ") {
+		t.Fatalf("fail open, Redis paused: %d %v; want 200, ready, store unreachable, limit store unreachable: …", st, out)
+	}
+	for fp := range urls {
+		if st, out := ready(fp); st != 200 || out["ready"] != true || out["store"] != "ok" {
+			t.Fatalf("policy %v, Redis resumed: %d %v; want 200, ready, store ok", fp, st, out)
+		}
+	}
+	f := follow(t, cp, dataplane.FollowOptions{ID: "svc-mem"})
+	waitFor(t, "revision 1 applied", func() bool { return f.Revision() == 1 })
+	if r := f.Readiness(context.Background()); !r.Ready || r.Store != "in-process" || r.Error != "" {
+		t.Fatalf("memory store: %+v; want ready, in-process", r)
 	}
 }

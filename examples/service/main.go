@@ -82,6 +82,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -134,10 +135,22 @@ func main() {
 		log.Fatalf("-framework must be gin, fiber, nethttp or grpc, not %q", fl.framework)
 	case fl.controlPlane == "":
 		log.Fatal("-control-plane is required")
+	case fl.startTimeout < 0:
+		log.Fatalf("-start-timeout %v is negative (0: the default)", fl.startTimeout)
 	}
+	// go-redis logs each failed dial of its pool (dozens a second while
+	// Redis is down); the program, not a library (the logger is
+	// process-wide), sends them to slog at most once per interval, as
+	// the gateway does.
+	rl := gateway.NewRedisLogger(slog.Default(), nil)
+	redis.SetLogger(rl)
+	defer rl.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, fl); err != nil {
+	err := run(ctx, fl)
+	stop()
+	if err != nil {
+		rl.Close()
 		log.Fatal(err)
 	}
 	slog.Info("stopped")
