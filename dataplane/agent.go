@@ -186,7 +186,10 @@ type AgentOptions struct {
 	// plane before OnStale applies; 0 means never. Staleness counts from
 	// the last contact, which a ContactPersister carries over restarts:
 	// a gateway started from the persisted configuration counts from the
-	// persisted contact, not from its own start.
+	// persisted contact, not from its own start. While the stream is
+	// open the control plane is in contact: one that stops answering
+	// without closing the connection is noticed by Keepalive (Time, then
+	// Timeout: 15 s by default), and staleness counts from then.
 	MaxStale time.Duration
 	// OnStale is what happens then; "" means StaleKeep.
 	OnStale OnStale
