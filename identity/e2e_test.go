@@ -172,7 +172,7 @@ func TestE2EJWTRefusedChargesNobody(t *testing.T) {
 	cases := map[string]struct{ tok, body string }{
 		"alg none":            {none, "invalid token"},
 		"HS256 with RSA PEM":  {signWith(jwt.SigningMethodHS256, pemBytes, "k1", std(nil)), "invalid token"},
-		"no exp":              {signWith(jwt.SigningMethodRS256, e.key, "k1", std(jwt.MapClaims{"exp": nil})), "token lacks a required claim"},
+		"no exp":              {signWith(jwt.SigningMethodRS256, e.key, "k1", std(jwt.MapClaims{"exp": nil})), "token lacks a required claim: exp"},
 		"expired":             {signWith(jwt.SigningMethodRS256, e.key, "k1", std(jwt.MapClaims{"exp": time.Now().Add(-time.Minute).Unix()})), "token expired"},
 		"nbf in the future":   {signWith(jwt.SigningMethodRS256, e.key, "k1", std(jwt.MapClaims{"nbf": time.Now().Add(time.Hour).Unix()})), "token not valid yet"},
 		"wrong iss":           {signWith(jwt.SigningMethodRS256, e.key, "k1", std(jwt.MapClaims{"iss": "https://evil.example"})), "invalid token issuer"},

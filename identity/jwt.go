@@ -276,6 +276,7 @@ type JWT struct {
 	maxSize  int
 	sources  []Source
 	lookup   []string // lookupNames(sources)
+	required []string // the registered claims the parser requires, in the order they are named when missing
 }
 
 // NewJWT returns a JWT authenticator for o. It fails on a missing or
@@ -364,12 +365,15 @@ func NewJWT(o JWTOptions) (*JWT, error) {
 	}
 	if !o.AllowNoExpiry {
 		popts = append(popts, jwt.WithExpirationRequired())
+		j.required = append(j.required, "exp")
 	}
 	if o.Issuer != "" {
 		popts = append(popts, jwt.WithIssuer(o.Issuer))
+		j.required = append(j.required, "iss")
 	}
 	if len(o.Audience) > 0 {
 		popts = append(popts, jwt.WithAudience(o.Audience...))
+		j.required = append(j.required, "aud")
 	}
 	if o.Now != nil {
 		popts = append(popts, jwt.WithTimeFunc(o.Now))
@@ -451,6 +455,15 @@ func (j *JWT) authenticate(ctx context.Context, raw string) (*core.Consumer, err
 	}
 	claims := jwt.MapClaims{}
 	if _, err := j.parser.ParseWithClaims(raw, claims, func(t *jwt.Token) (any, error) { return j.key(ctx, t) }); err != nil {
+		if errors.Is(err, jwt.ErrTokenRequiredClaimMissing) {
+			// Validation runs after the signature is verified and the
+			// claims decoded: name the claim the token lacks.
+			for _, name := range j.required {
+				if v, ok := claims[name]; !ok || absent(v) {
+					return nil, invalid(401, reasonMissing+": "+name)
+				}
+			}
+		}
 		return nil, invalid(401, tokenReason(err))
 	}
 	v, _ := lookup(claims, j.claim)
@@ -475,6 +488,20 @@ func (j *JWT) authenticate(ctx context.Context, raw string) (*core.Consumer, err
 		}
 	}
 	return c, nil
+}
+
+// absent reports whether a decoded claim's value counts as missing, as
+// golang-jwt's validator counts it: null, "" or an empty list.
+func absent(v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return true
+	case string:
+		return v == ""
+	case []any:
+		return len(v) == 0
+	}
+	return false
 }
 
 // tokenReason maps a jwt error to a client-safe reason.

@@ -151,7 +151,7 @@ func TestJWT(t *testing.T) {
 		{"no kid", sign(t, jwt.SigningMethodRS256, k.rsa, "", claims("alice", nil)), "401", "invalid token"},
 		{"wrong secret", sign(t, jwt.SigningMethodHS256, []byte(strings.Repeat("x", 48)), "h1", claims("alice", nil)), "401", "invalid token"},
 		{"expired beyond the leeway", rs(claims("alice", jwt.MapClaims{"exp": epoch - 31})), "401", "token expired"},
-		{"no exp", rs(claims("alice", jwt.MapClaims{"exp": nil})), "401", "token lacks a required claim"},
+		{"no exp", rs(claims("alice", jwt.MapClaims{"exp": nil})), "401", "token lacks a required claim: exp"},
 		{"nbf in the future", rs(claims("alice", jwt.MapClaims{"nbf": epoch + 60})), "401", "token not valid yet"},
 		{"wrong iss", rs(claims("alice", jwt.MapClaims{"iss": "https://evil.example/"})), "401", "invalid token issuer"},
 		{"wrong aud", rs(claims("alice", jwt.MapClaims{"aud": "billing"})), "401", "invalid token audience"},
