@@ -277,6 +277,30 @@ control_plane:
   gateway_id: %s
 `
 
+// tempPrefix names a run's temporary directory in os.TempDir().
+const tempPrefix = "limitplane-multidataplane-"
+
+// sweepStale removes the temporary directories under tmp of earlier runs
+// whose process is gone (killed with SIGKILL: nothing ran their cleanup),
+// as their pid file tells; a directory without one, or whose process
+// still runs, is left alone.
+func sweepStale(tmp string) {
+	dirs, _ := filepath.Glob(filepath.Join(tmp, tempPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "pid"))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(string(b))
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			os.RemoveAll(d)
+		}
+	}
+}
+
 // run starts the deployment, prints what to try and waits for ctx.
 func run(ctx context.Context, stdout, stderr io.Writer) error {
 	redisServer := os.Getenv("REDIS_SERVER")
@@ -291,11 +315,17 @@ func run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		return errors.New("the go command is not on PATH: it builds the control plane and the gateway")
 	}
-	dir, err := os.MkdirTemp("", "limitplane-multidataplane-")
+	sweepStale(os.TempDir())
+	dir, err := os.MkdirTemp("", tempPrefix)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	// The owner's pid, for sweepStale: a run killed with SIGKILL leaves
+	// its directory (the binaries and databases, about 120 MB) behind.
+	if err := os.WriteFile(filepath.Join(dir, "pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return err
+	}
 	d := &deployment{stderr: stderr}
 	defer d.stop()
 

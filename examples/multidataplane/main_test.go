@@ -391,3 +391,41 @@ func TestWaitRedisChecksTheServer(t *testing.T) {
 		t.Fatalf("another child at the server's address: %v, want errOtherRedis", err)
 	}
 }
+
+// TestSweepStale: the directory of a run whose process is gone is
+// removed; those of a live process, of this one, and without a pid file
+// are kept.
+func TestSweepStale(t *testing.T) {
+	tmp := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	live := exec.Command("sleep", "30")
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { live.Process.Kill(); live.Wait() })
+	dirs := map[string]string{ // name → pid file ("" none)
+		"gone": strconv.Itoa(dead.Process.Pid), "live": strconv.Itoa(live.Process.Pid),
+		"self": strconv.Itoa(os.Getpid()), "nopid": "", "garbage": "x",
+	}
+	for name, pid := range dirs {
+		d := filepath.Join(tmp, tempPrefix+name)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if pid != "" {
+			if err := os.WriteFile(filepath.Join(d, "pid"), []byte(pid), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sweepStale(tmp)
+	for name := range dirs {
+		_, err := os.Stat(filepath.Join(tmp, tempPrefix+name))
+		if kept := err == nil; kept != (name != "gone") {
+			t.Errorf("%s: kept %v (%v)", name, kept, err)
+		}
+	}
+}
