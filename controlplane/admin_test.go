@@ -399,7 +399,8 @@ func adminWrites16(b *testing.B, bases ...string) {
 
 // TestAdminRefusesNumberDurations: "per": 3600 once stored 3.6 µs (a
 // number read as nanoseconds: no limit at all). Durations are strings;
-// a number is 422 naming the field, and nothing is written.
+// a number is 422 naming the field, and nothing is written. So is any
+// other value of the wrong type.
 func TestAdminRefusesNumberDurations(t *testing.T) {
 	_, base := server(t, controlplane.BoltOptions{}, nil)
 	const problem = `: a duration is a string with its unit, like \"1h\" or \"500ms\"`
@@ -410,6 +411,11 @@ func TestAdminRefusesNumberDurations(t *testing.T) {
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"a":{"rate":{"requests":1,"per":1}}}}`), 422, refused+`api_limits.a.rate.per","problem":"number 1`+problem+`"}]}`)
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"Orders-1":{"rate":{"requests":1,"per":"1s"}},"b":{"quota":{"max":1,"renewal":"1h"}},"c":{"quota":{"max":1,"renewal":2}}}}`), 422, refused+`api_limits.c.quota.renewal","problem":"number 2`+problem+`"}]}`)
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"Orders-1":{"rate":{"requests":1,"per":[1]}}}}`), 422, refused+`api_limits.\"Orders-1\".rate.per","problem":"array`+problem+`"}]}`)
+	// Any other value of the wrong type: 422 naming the field too.
+	const wrongType = `{"error":"body has a value of the wrong type; nothing was changed","problems":[{"path":"`
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"in_flight":1e18}`), 422, wrongType+`in_flight","problem":"number 1e18: want an integer"}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":"10","per":"1h"}}`), 422, wrongType+`rate.requests","problem":"string: want an integer"}]}`)
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"1h"},"shadow":"yes"}`), 422, wrongType+`shadow","problem":"string: want true or false"}]}`)
 	expect(t, call(t, "GET", base+"/api/revision", ""), 200, `{"revision":0}`)
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"1h"}}`), 200, `{"revision":1}`)
 	expect(t, call(t, "GET", base+"/api/policies/p", ""), 200, `{"id":"p","rate":{"requests":10,"per":"1h0m0s"}}`)
