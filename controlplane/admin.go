@@ -13,12 +13,10 @@ import (
 	"mime"
 	"net/http"
 	"path"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/limitplane/limitplane/identity"
@@ -486,7 +484,7 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 			writeError(w, http.StatusUnprocessableEntity, "body has a duration that is not a string; nothing was changed", spec.Errors{{Path: valuePath(body, path), Problem: problem}})
 			return false
 		}
-		if path, problem, ok := typeProblem(err); ok {
+		if path, problem, ok := spec.TypeProblem(err); ok {
 			writeError(w, http.StatusUnprocessableEntity, "body has a value of the wrong type; nothing was changed", spec.Errors{{Path: valuePath(body, path), Problem: problem}})
 			return false
 		}
@@ -621,40 +619,6 @@ func (a *admin) postKey(w http.ResponseWriter, r *http.Request) {
 		}
 		return tx.PutKey(withEpochs(k, nil, tx.Revision(), false))
 	})
-}
-
-// typeProblem returns, for encoding/json's refusal of a value of the
-// wrong type (found with errors.As: "in_flight": 1e18, "requests": "10"),
-// the path encoding/json gave it (the Go names of embedded structs left
-// out, as spec.DurationTypeProblem does) and the problem: the value's
-// kind and what the field takes. ok is false for any other error.
-func typeProblem(err error) (path, problem string, ok bool) {
-	var te *json.UnmarshalTypeError
-	if !errors.As(err, &te) || te.Field == "" {
-		return "", "", false
-	}
-	parts := strings.Split(te.Field, ".")
-	parts = slices.DeleteFunc(parts, func(p string) bool { return p != "" && unicode.IsUpper(rune(p[0])) })
-	var want string
-	switch te.Type.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		want = "an integer"
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		want = "an integer ≥ 0"
-	case reflect.Float32, reflect.Float64:
-		want = "a number"
-	case reflect.String:
-		want = "a string"
-	case reflect.Bool:
-		want = "true or false"
-	case reflect.Slice, reflect.Array:
-		want = "a list"
-	case reflect.Map, reflect.Struct:
-		want = "an object"
-	default:
-		want = te.Type.String()
-	}
-	return strings.Join(parts, "."), fmt.Sprintf("%s: want %s", te.Value, want), true
 }
 
 // checkKey applies the gateway's key rules (identity.CheckKey) to a

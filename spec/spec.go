@@ -588,11 +588,48 @@ func DurationTypeProblem(err error) (path, problem string, ok bool) {
 	if !errors.As(err, &te) || te.Type != reflect.TypeFor[Duration]() {
 		return "", "", false
 	}
+	return TypeProblem(err)
+}
+
+// TypeProblem is DurationTypeProblem for encoding/json's refusal of any
+// value of the wrong type ("in_flight": 1e18, "requests": "10"): the
+// path, and the value's kind and what the field takes ("number 1e18:
+// want an integer"; a Duration's problem as DurationTypeProblem words
+// it). ok is false for any other error, and for a type error with no
+// field path.
+func TypeProblem(err error) (path, problem string, ok bool) {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field == "" {
+		return "", "", false
+	}
 	// encoding/json names an embedded struct by its Go name; spec's JSON
 	// names are lower case.
 	parts := strings.Split(te.Field, ".")
 	parts = slices.DeleteFunc(parts, func(p string) bool { return p != "" && unicode.IsUpper(rune(p[0])) })
-	return strings.Join(parts, "."), fmt.Sprintf("%s: a duration is a string with its unit, like \"1h\" or \"500ms\"", te.Value), true
+	path = strings.Join(parts, ".")
+	if te.Type == reflect.TypeFor[Duration]() {
+		return path, fmt.Sprintf("%s: a duration is a string with its unit, like \"1h\" or \"500ms\"", te.Value), true
+	}
+	var want string
+	switch te.Type.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		want = "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		want = "an integer ≥ 0"
+	case reflect.Float32, reflect.Float64:
+		want = "a number"
+	case reflect.String:
+		want = "a string"
+	case reflect.Bool:
+		want = "true or false"
+	case reflect.Slice, reflect.Array:
+		want = "a list"
+	case reflect.Map, reflect.Struct:
+		want = "an object"
+	default:
+		want = te.Type.String()
+	}
+	return path, fmt.Sprintf("%s: want %s", te.Value, want), true
 }
 
 // jsonKind names the kind of the JSON value b for a message.

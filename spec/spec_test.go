@@ -559,6 +559,31 @@ func TestSnapshotRefusesNumberDurations(t *testing.T) {
 	}
 }
 
+// TestTypeProblem: any value of the wrong type is named at its path with
+// what the field takes; a duration as DurationTypeProblem words it, which
+// takes no other type's error.
+func TestTypeProblem(t *testing.T) {
+	for _, tc := range []struct{ in, path, problem string }{
+		{`{"policies":[{"id":"p","in_flight":1e18}]}`, "policies.in_flight", "number 1e18: want an integer"},
+		{`{"policies":[{"id":"p","rate":{"requests":"10","per":"1h"}}]}`, "policies.rate.requests", "string: want an integer"},
+		{`{"policies":[{"id":7}]}`, "policies.id", "number: want a string"},
+		{`{"policies":[{"id":"p","rate":{"requests":5,"per":3600}}]}`, "policies.rate.per", `number 3600: a duration is a string with its unit, like "1h" or "500ms"`},
+	} {
+		var s spec.Snapshot
+		err := json.Unmarshal([]byte(tc.in), &s)
+		path, problem, ok := spec.TypeProblem(err)
+		if !ok || path != tc.path || problem != tc.problem {
+			t.Errorf("%s: error %v: got (%q, %q, %v), want (%q, %q)", tc.in, err, path, problem, ok, tc.path, tc.problem)
+		}
+		if _, _, dur := spec.DurationTypeProblem(err); dur != strings.Contains(tc.problem, "duration") {
+			t.Errorf("%s: DurationTypeProblem ok = %v", tc.in, dur)
+		}
+	}
+	if _, _, ok := spec.TypeProblem(errors.New("other")); ok {
+		t.Error("TypeProblem took another error")
+	}
+}
+
 // TestExplicitZeroBurst: "burst": 0 written out is refused as the
 // gateway's file refuses it (left out, it means requests), and it
 // survives a JSON round trip so a stored rate is refused too.
