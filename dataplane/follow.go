@@ -431,19 +431,12 @@ func (f *Follower) Readiness(ctx context.Context) Readiness {
 // pingStore sets out.Store, and for a store that does not answer
 // out.Error, and out.Ready under FailClosed.
 func (f *Follower) pingStore(ctx context.Context, out *Readiness) {
-	p, ok := f.store.(interface{ Ping(context.Context) error })
-	if !ok {
-		out.Store = "in-process"
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, DefaultReadyPingTimeout)
-	defer cancel()
-	if err := p.Ping(ctx); err != nil {
-		out.Store, out.Error = "unreachable", "limit store unreachable: "+err.Error()
+	var err error
+	out.Store, err = live.PingStore(ctx, f.store, DefaultReadyPingTimeout)
+	if err != nil {
+		out.Error = "limit store unreachable: " + err.Error()
 		out.Ready = f.failure != core.FailClosed
-		return
 	}
-	out.Store = "ok"
 }
 
 // ReadyHandler returns an http.Handler for the service's GET /readyz: 200

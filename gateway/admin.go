@@ -247,12 +247,6 @@ type readiness struct {
 	ControlPlane any        `json:"control_plane,omitempty"`
 }
 
-// pinger is a store that can say whether it is reachable
-// (redisstore.Store).
-type pinger interface {
-	Ping(ctx context.Context) error
-}
-
 func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 	out := readiness{FailurePolicy: policyName(a.g.opts.FailurePolicy)}
 	if a.o.ControlPlane != nil {
@@ -282,26 +276,16 @@ func (a *admin) ready(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, out)
 		return
 	}
-	p, ok := a.g.opts.Store.(pinger)
-	if !ok {
-		out.Ready, out.Store = true, "in-process"
-		writeJSON(w, http.StatusOK, out)
+	var err error
+	out.Store, err = live.PingStore(r.Context(), a.g.opts.Store, a.o.PingTimeout)
+	out.Ready = err == nil || a.g.opts.FailurePolicy != core.FailClosed // open or fallback: served meanwhile
+	if err != nil {
+		out.Error = err.Error()
+	}
+	if !out.Ready {
+		writeJSON(w, http.StatusServiceUnavailable, out)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), a.o.PingTimeout)
-	defer cancel()
-	if err := p.Ping(ctx); err != nil {
-		out.Store, out.Error = "unreachable", err.Error()
-		if a.g.opts.FailurePolicy == core.FailClosed {
-			writeJSON(w, http.StatusServiceUnavailable, out)
-			return
-		}
-		// Open or fallback: requests are served meanwhile.
-		out.Ready = true
-		writeJSON(w, http.StatusOK, out)
-		return
-	}
-	out.Ready, out.Store = true, "ok"
 	writeJSON(w, http.StatusOK, out)
 }
 
