@@ -90,9 +90,13 @@ var (
 	inFlightCancelScript  = redis.NewScript(inFlightCancel)
 )
 
-// canceledKey is the sorted set of key's canceled members (same hash
-// slot: key's hash tag comes first, and no scope holds a ':').
-func canceledKey(key string) string { return key + ":canceled" }
+// canceledSuffix makes of an in-flight set's key that of its canceled
+// members (same hash slot: the key's hash tag comes first, and no scope
+// holds a ':').
+const canceledSuffix = ":canceled"
+
+// canceledKey is the sorted set of key's canceled members.
+func canceledKey(key string) string { return key + canceledSuffix }
 
 // canceledMark is how long a canceled member stays marked: how late after
 // its cancel a failed take may still run. A take reaches Redis after its
@@ -266,13 +270,17 @@ func (f *flights) cancelQueued(s *Store) bool {
 func (s *Store) takeInFlight(ctx context.Context, req core.Request, r *rule) (core.Decision, error) {
 	f := &s.flights
 	f.start.Do(func() { go f.renew(s) })
-	key := s.key(req.Consumer, inFlightKind, req.Rule.Scope())
+	// Both keys in one string: the set's is the canceled set's less its
+	// suffix.
+	hx, _ := consumerHash(nil, req.Consumer)
+	marked := string(append(s.appendKey(nil, &hx, inFlightKind, req.Rule.Scope()), canceledSuffix...))
+	key := marked[:len(marked)-len(canceledSuffix)]
 	member := f.prefix + ":" + strconv.FormatUint(f.seq.Add(1), 10)
 	peek := "0"
 	if req.Cost == 0 {
 		peek = "1"
 	}
-	keys := []string{key, canceledKey(key)}
+	keys := []string{key, marked}
 	acquire := func(ctx context.Context) ([]int64, error) {
 		return inFlightAcquireScript.Run(ctx, s.client, keys, r.inFlight, f.leaseMs, member, peek).Int64Slice()
 	}
@@ -345,8 +353,8 @@ func (f *flights) renew(s *Store) {
 	defer t.Stop()
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = min(f.retry, every), every
-	retry := time.NewTimer(0)
-	<-retry.C
+	retry := time.NewTimer(every)
+	retry.Stop() // armed by a failed send
 	defer retry.Stop()
 	send := func() {
 		if f.cancelQueued(s) {
