@@ -144,13 +144,11 @@ func main() {
 	// the gateway does.
 	rl := gateway.NewRedisLogger(slog.Default(), nil)
 	redis.SetLogger(rl)
-	defer rl.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, fl)
-	stop()
+	rl.Close() // its last interval's count; log.Fatal runs no deferred call
 	if err != nil {
-		rl.Close()
 		log.Fatal(err)
 	}
 	slog.Info("stopped")
