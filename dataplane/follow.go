@@ -388,10 +388,6 @@ type Readiness struct {
 	ControlPlane Status `json:"control_plane"`
 }
 
-// DefaultReadyPingTimeout bounds the store PING of Readiness (within
-// ctx's own deadline).
-const DefaultReadyPingTimeout = 2 * time.Second
-
 // Readiness reports whether the member may take traffic: not before a
 // configuration is applied, not while SetUnavailable holds (on_stale:
 // fail_closed), not while the control plane refuses this data plane's
@@ -399,7 +395,7 @@ const DefaultReadyPingTimeout = 2 * time.Second
 // (those given to Authenticator) is missing from the running
 // configuration or not built, and, when the FailurePolicy is
 // core.FailClosed, not while the store does not answer a PING (bounded
-// by ctx and DefaultReadyPingTimeout). Under FailOpen or FailFallback a
+// by ctx and live.DefaultPingTimeout). Under FailOpen or FailFallback a
 // store that does not answer leaves the member ready (requests are
 // served meanwhile), with Store "unreachable" and the failure in Error,
 // as the gateway's GET /readyz does.
@@ -432,7 +428,7 @@ func (f *Follower) Readiness(ctx context.Context) Readiness {
 // out.Error, and out.Ready under FailClosed.
 func (f *Follower) pingStore(ctx context.Context, out *Readiness) {
 	var err error
-	out.Store, err = live.PingStore(ctx, f.store, DefaultReadyPingTimeout)
+	out.Store, err = live.PingStore(ctx, f.store, live.DefaultPingTimeout)
 	if err != nil {
 		out.Error = "limit store unreachable: " + err.Error()
 		out.Ready = f.failure != core.FailClosed

@@ -27,7 +27,7 @@ import (
 
 // DefaultAdminPingTimeout bounds the store PING of GET /readyz when
 // AdminOptions.PingTimeout is 0.
-const DefaultAdminPingTimeout = 2 * time.Second
+const DefaultAdminPingTimeout = live.DefaultPingTimeout
 
 // AdminOptions configure the operations endpoint (AdminHandler).
 type AdminOptions struct {

@@ -14,6 +14,10 @@ const (
 	StoreInProcess   = "in-process"  // it has no Ping method (the memory store): always reachable
 )
 
+// DefaultPingTimeout bounds a readiness check's store PING unless told
+// otherwise (gateway.AdminOptions.PingTimeout).
+const DefaultPingTimeout = 2 * time.Second
+
 // PingStore asks s whether it is reachable, within ctx and timeout (when
 // > 0), for the readiness checks of a gateway and of a service that
 // follows a control plane: StoreOK, StoreUnreachable with the error, or
