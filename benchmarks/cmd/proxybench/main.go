@@ -6,6 +6,8 @@
 //
 //   - upstream-direct: wrk straight at the upstream, no proxy.
 //   - bare-httputil: a bare net/http/httputil.ReverseProxy.
+//   - bare-fasthttp: a bare fasthttp.Server in front of a fasthttp.HostClient,
+//     the fasthttp engine's floor.
 //   - gateway-nethttp-memory, gateway-fasthttp-memory: cmd/limitplane-gateway
 //     built from this checkout, on each server.engine, with the memory store.
 //   - gateway-nethttp-redis, gateway-fasthttp-redis: the same on the Redis
@@ -54,6 +56,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 const benchKey = "proxybench-key"
@@ -76,6 +80,9 @@ func main() {
 		return
 	case "bare":
 		serveBare(os.Getenv("PROXYBENCH_ADDR"), os.Getenv("PROXYBENCH_TARGET"))
+		return
+	case "bare-fasthttp":
+		serveBareFast(os.Getenv("PROXYBENCH_ADDR"), os.Getenv("PROXYBENCH_TARGET"))
 		return
 	}
 	var o options
@@ -140,6 +147,38 @@ func serveBare(addr, target string) {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	log.Fatal(http.ListenAndServe(addr, p))
+}
+
+// serveBareFast is the fasthttp engine's floor: a fasthttp.Server handing
+// each request to a fasthttp.HostClient with the gateway's client and
+// server settings, and only what every proxy must do (the Connection field
+// dropped both ways, X-Forwarded-For set); no routing, no limiting, no
+// framing checks.
+func serveBareFast(addr, target string) {
+	c := &fasthttp.HostClient{
+		Addr:                     target,
+		NoDefaultUserAgentHeader: true,
+		DisablePathNormalizing:   true,
+		MaxConns:                 1 << 20,
+		MaxIdleConnDuration:      90 * time.Second,
+		ReadBufferSize:           64 << 10,
+	}
+	s := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			req := &ctx.Request
+			req.Header.Del("Connection")
+			req.Header.Set("X-Forwarded-For", ctx.RemoteIP().String())
+			if err := c.Do(req, &ctx.Response); err != nil {
+				ctx.Error("upstream unavailable", fasthttp.StatusBadGateway)
+				return
+			}
+			ctx.Response.Header.Del("Connection")
+		},
+		ReadBufferSize:        68 << 10,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+	}
+	log.Fatal(s.ListenAndServe(addr))
 }
 
 // A proc is a process proxybench started, in a process group of its own.
@@ -321,6 +360,11 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	rows = append(rows, row{"bare-httputil", "http://" + bareAddr + "/bench"})
+	bareFastAddr, err := launch("bare-fasthttp", role("PROXYBENCH_ROLE=bare-fasthttp", "PROXYBENCH_TARGET="+upAddr))
+	if err != nil {
+		return err
+	}
+	rows = append(rows, row{"bare-fasthttp", "http://" + bareFastAddr + "/bench"})
 
 	// This checkout's gateway on each engine and store; the older builds on
 	// net/http and memory (they may not know server.engine).
