@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -345,20 +346,8 @@ func (p *fastProxy) serve(ctx *fasthttp.RequestCtx, fr *fastRequest) {
 		inHost = string(req.Header.Host())
 	}
 	var xff []string
-	if vs := req.Header.PeekAll("X-Forwarded-For"); len(vs) > 0 && p.fromTrusted(ctx) {
-		for _, v := range vs {
-			xff = append(xff, string(v))
-		}
-	}
 	chunked := req.Header.ContentLength() == -1 // before Transfer-Encoding goes
-	te := headerHasToken(&req.Header, "Te", "trailers")
-	dropHopFields(&req.Header)
-	if te {
-		req.Header.Set("Te", "trailers")
-	}
-	for _, f := range [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
-		req.Header.Del(f)
-	}
+	xff = scrubProxyFields(&req.Header, func() bool { return p.fromTrusted(ctx) })
 	out := url.URL{Scheme: p.target.Scheme, Host: p.target.Host, ForceQuery: fr.url.ForceQuery}
 	out.Path, out.RawPath = joinURLPath(p.target, &fr.url)
 	if p.target.RawQuery == "" || fr.url.RawQuery == "" {
@@ -375,8 +364,7 @@ func (p *fastProxy) serve(ctx *fasthttp.RequestCtx, fr *fastRequest) {
 		// buffer: the stream reads a copy).
 		req.SetBodyStream(bytes.NewReader(bytes.Clone(req.Body())), -1)
 	}
-	client := lpfasthttp.Request{Ctx: ctx}.RemoteAddr()
-	if ip, _, err := net.SplitHostPort(client); err == nil {
+	if ip, ok := clientIP(ctx); ok {
 		if len(xff) > 0 {
 			ip = strings.Join(xff, ", ") + ", " + ip
 		}
@@ -393,6 +381,79 @@ func (p *fastProxy) serve(ctx *fasthttp.RequestCtx, fr *fastRequest) {
 		return
 	}
 	copyFastResponse(&ctx.Response, resp, ctx.IsHead())
+}
+
+// forwardedFields are the fields a proxy sets afresh (X-Forwarded-For
+// extended from a trusted peer's), as net/http/httputil's SetXForwarded.
+var forwardedFields = [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// scrubProxyFields drops from h the hop-by-hop fields (hopHeaders and
+// those its Connection fields name; Te: trailers is kept) and
+// forwardedFields, and returns the X-Forwarded-For values it had when
+// trusted says they came from a trusted proxy. It looks at h's fields
+// once and deletes only those present, which for most requests (no
+// Connection field) is none. VisitAll shows the fields fasthttp keeps
+// apart from its list too (Connection: close as a flag,
+// Transfer-Encoding, Trailer).
+func scrubProxyFields(h *fasthttp.RequestHeader, trusted func() bool) (xff []string) {
+	var hop, fwd uint16 // bit i: hopHeaders[i], forwardedFields[i] present
+	var connBuf [2][]byte
+	conn := connBuf[:0]
+	h.VisitAll(func(k, v []byte) {
+		name := string(k)
+		if i := slices.Index(hopHeaders, name); i >= 0 {
+			hop |= 1 << i
+			if name == "Connection" {
+				conn = append(conn, v)
+			}
+		} else if i := slices.Index(forwardedFields[:], name); i >= 0 {
+			fwd |= 1 << i
+		}
+	})
+	if hop == 0 && fwd == 0 {
+		return nil
+	}
+	if vs := h.PeekAll("X-Forwarded-For"); len(vs) > 0 && trusted() {
+		for _, v := range vs {
+			xff = append(xff, string(v))
+		}
+	}
+	te := headerHasToken(h, "Te", "trailers")
+	// The fields the Connection fields name, each token deleted as it is
+	// read (conn's values stay as they are while only Del runs).
+	for _, v := range conn {
+		for tok := range bytes.SplitSeq(v, []byte(",")) {
+			if tok = bytes.Trim(tok, " \t"); len(tok) > 0 {
+				h.DelBytes(tok)
+			}
+		}
+	}
+	for i, name := range hopHeaders {
+		if hop&(1<<i) != 0 {
+			h.Del(name)
+		}
+	}
+	if te {
+		h.Set("Te", "trailers")
+	}
+	for i, name := range forwardedFields {
+		if fwd&(1<<i) != 0 {
+			h.Del(name)
+		}
+	}
+	return xff
+}
+
+// clientIP returns ctx's peer address without its port, as
+// net.SplitHostPort of the net/http engine's RemoteAddr gives it; false
+// when the peer's address has no host part.
+func clientIP(ctx *fasthttp.RequestCtx) (string, bool) {
+	q := lpfasthttp.Request{Ctx: ctx}
+	if a, ok := q.PeerAddr(); ok {
+		return a.String(), true
+	}
+	ip, _, err := net.SplitHostPort(q.RemoteAddr())
+	return ip, err == nil
 }
 
 // fromTrusted reports whether ctx's peer is one of the trusted proxies.
@@ -439,24 +500,6 @@ func copyFastResponse(dst, up *fasthttp.Response, head bool) {
 	// The body changes hands without a copy; up gets dst's empty buffer.
 	b := up.SwapBody(nil)
 	up.SwapBody(dst.SwapBody(b))
-}
-
-// dropHopFields removes the hop-by-hop fields from h: those hopHeaders
-// names and those its Connection fields name.
-func dropHopFields(h *fasthttp.RequestHeader) {
-	// PeekAll("Connection") hides the other lines behind a "close".
-	var conn [][]byte
-	h.VisitAll(func(k, v []byte) {
-		if string(k) == "Connection" {
-			conn = append(conn, v)
-		}
-	})
-	for name := range connectionTokens(conn) {
-		h.Del(name)
-	}
-	for _, name := range hopHeaders {
-		h.Del(name)
-	}
 }
 
 // connectionTokens returns the field names that Connection values list,
