@@ -48,7 +48,13 @@ func (s *Server) newFastEngine(f *inFlight, ln net.Listener) *fastEngine {
 			f.h.ServeFastHTTP(ctx)
 		},
 		ErrorHandler: fastErrorHandler,
-		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+		HeaderReceived: func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+			if h.ContentLength() == 0 {
+				// No body to read (fasthttp says 0 for a request
+				// without Content-Length or Transfer-Encoding): no
+				// deadline to move, one timer update a request saved.
+				return fasthttp.RequestConfig{}
+			}
 			return fasthttp.RequestConfig{ReadTimeout: sc.ReadTimeout}
 		},
 		ReadTimeout:                  sc.ReadHeaderTimeout,
