@@ -154,6 +154,19 @@ func (d *DataPlanes) markDuplicates(id string) []DataPlane {
 	return out
 }
 
+// openStreams returns the open streams of gateway id.
+func (d *DataPlanes) openStreams(id string) []DataPlane {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []DataPlane
+	for _, dp := range d.m[id] {
+		if dp.Connected {
+			out = append(out, dp.clone())
+		}
+	}
+	return out
+}
+
 // Connect records a new open stream, dp (GatewayID and Stream set, the
 // stream's number unique), replacing the entries of ended streams of the
 // same gateway. It returns the other open streams of that gateway: none

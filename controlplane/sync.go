@@ -70,6 +70,8 @@ const (
 	// DefaultHelloTimeout is how long a new stream may take to send its
 	// Hello when SyncOptions.HelloTimeout is 0.
 	DefaultHelloTimeout = 10 * time.Second
+	// DefaultDuplicateGrace is SyncOptions.DuplicateGrace when 0.
+	DefaultDuplicateGrace = 2 * time.Second
 	// DefaultMaxStreams bounds the open streams, all connections
 	// together, when SyncOptions.MaxStreams is 0.
 	DefaultMaxStreams = 10000
@@ -118,6 +120,14 @@ type SyncOptions struct {
 	// stream without one by then is ended with DeadlineExceeded. 0 means
 	// DefaultHelloTimeout.
 	HelloTimeout time.Duration
+	// DuplicateGrace is how long a stream whose gateway_id another open
+	// stream has too waits before the control plane logs it and warns
+	// both gateways, if both are still open then: a gateway that
+	// reconnects after a frozen control plane resumed (its old stream
+	// ended on its side, not yet on this one) is no duplicate. Both are
+	// flagged DataPlane.Duplicate at once all the same. 0 means
+	// DefaultDuplicateGrace.
+	DuplicateGrace time.Duration
 	// MaxStreams bounds the open streams, counting those still waiting
 	// for their Hello; one more is refused at once with
 	// ResourceExhausted. 0 means DefaultMaxStreams. (Streams per
@@ -278,6 +288,9 @@ func NewSyncServer(o SyncOptions) (*SyncServer, error) {
 	if o.HelloTimeout <= 0 {
 		o.HelloTimeout = DefaultHelloTimeout
 	}
+	if o.DuplicateGrace <= 0 {
+		o.DuplicateGrace = DefaultDuplicateGrace
+	}
 	if o.MaxStreams <= 0 {
 		o.MaxStreams = DefaultMaxStreams
 	}
@@ -334,25 +347,36 @@ func (s *SyncServer) authenticate(h *syncpb.Hello, peer string) error {
 // connect records a new stream of the gateway of Hello h in DataPlanes
 // and numbers it. The revision the gateway runs is the one its Hello
 // names. When another open stream has the same gateway_id, both are
-// flagged Duplicate, the control plane logs it, and both gateways are
-// sent a Warning (through the channels connect returns and registers).
-// It returns the stream's number and its warnings channel.
-func (s *SyncServer) connect(h *syncpb.Hello, tags []string, peer string) (uint64, chan string) {
+// flagged Duplicate, and dup is true: the stream calls warnDuplicates
+// after DuplicateGrace. It returns the stream's number and its warnings
+// channel.
+func (s *SyncServer) connect(h *syncpb.Hello, tags []string, peer string) (n uint64, warn chan string, dup bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
-	n, warn := s.next, make(chan string, 8)
+	n, warn = s.next, make(chan string, 8)
 	s.warn[n] = warn
 	others := s.o.DataPlanes.Connect(DataPlane{GatewayID: h.GetGatewayId(), Stream: n, Peer: peer, Group: h.GetGroup(), Tags: tags,
 		AppliedRevision: h.GetLastAppliedRevision(), LastSeen: s.o.Now()})
-	for _, o := range others {
+	return n, warn, len(others) > 0
+}
+
+// warnDuplicates logs, and sends both gateways a Warning (through the
+// channels connect registers), for each stream other than n still open
+// with the gateway_id of stream n, whose Hello is h.
+func (s *SyncServer) warnDuplicates(h *syncpb.Hello, n uint64, peer string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.o.DataPlanes.openStreams(h.GetGatewayId()) {
+		if o.Stream == n {
+			continue
+		}
 		s.o.Log.Warn("controlplane: sync: two open streams with the same gateway_id; each gateway needs its own",
 			"gateway", h.GetGatewayId(), "stream", n, "peer", peer, "group", h.GetGroup(),
 			"other_stream", o.Stream, "other_peer", o.Peer, "other_group", o.Group)
 		s.warnLocked(o.Stream, fmt.Sprintf("another gateway opened a sync stream with this gateway_id %q (stream %d from %s): each gateway needs its own gateway_id", h.GetGatewayId(), n, peer))
 		s.warnLocked(n, fmt.Sprintf("another gateway has a sync stream open with this gateway_id %q (stream %d from %s): each gateway needs its own gateway_id", h.GetGatewayId(), o.Stream, o.Peer))
 	}
-	return n, warn
 }
 
 // warnLocked queues a warning for stream n, dropping it when the stream's
@@ -729,8 +753,14 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 			"group", h.GetGroup(), "peer", peerAddr(stream))
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
-	n, warnings := s.connect(h, tags, peerAddr(stream))
+	n, warnings, dup := s.connect(h, tags, peerAddr(stream))
 	defer s.disconnect(id, n)
+	var dupCheck <-chan time.Time // fires once when dup
+	if dup {
+		t := time.NewTimer(s.o.DuplicateGrace)
+		defer t.Stop()
+		dupCheck = t.C
+	}
 	st := &syncStream{s: s, stream: stream, hello: h, n: n, tags: tags, tkey: tagsKey(tags), history: h.GetHistory()}
 	hist, err := s.history(ctx)
 	if err != nil {
@@ -821,6 +851,8 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 		case <-retry:
 		case m := <-msgs:
 			stale = st.receive(m)
+		case <-dupCheck:
+			s.warnDuplicates(h, n, peerAddr(stream))
 		case w := <-warnings:
 			if err := stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_Warning{Warning: &syncpb.Warning{Message: w}}}); err != nil {
 				return err

@@ -489,7 +489,7 @@ func TestBoltRevisionChanged(t *testing.T) {
 // connected, once, when the old stream ends; it is disconnected when the
 // new one ends.
 func TestSyncReconnectKeepsGatewayConnected(t *testing.T) {
-	f := newSyncFixture(t, 0)
+	f := newSyncFixtureOpts(t, fixtureOptions{sync: func(o *controlplane.SyncOptions) { o.DuplicateGrace = 100 * time.Millisecond }})
 	connected := func() bool {
 		t.Helper()
 		dps := f.dps.List()
@@ -524,6 +524,42 @@ func TestSyncReconnectKeepsGatewayConnected(t *testing.T) {
 	closeAndWait(t, renewed)
 	if connected() {
 		t.Fatal("gw-a connected after its last stream ended")
+	}
+}
+
+// A gateway that reconnects while the control plane still has its old
+// stream open, the old one ending within DuplicateGrace (a gateway's
+// reconnect after a frozen control plane resumed: the gateway closed the
+// old stream, the control plane reads its end a moment later), is
+// flagged duplicate until then but neither logged nor warned.
+func TestSyncReconnectWithinGraceIsNoDuplicate(t *testing.T) {
+	const grace = 3 * time.Second
+	f := newSyncFixtureOpts(t, fixtureOptions{sync: func(o *controlplane.SyncOptions) { o.DuplicateGrace = grace }})
+	old := f.open(t, goodHello())
+	recvSnapshot(t, old)
+	opened := time.Now()
+	renewed := f.open(t, goodHello())
+	recvSnapshot(t, renewed)
+	if dps := f.dps.List(); len(dps) != 2 || !dps[0].Duplicate || !dps[1].Duplicate {
+		t.Fatalf("DataPlanes %+v, want gw-a's two streams, both duplicate", dps)
+	}
+	closeAndWait(t, old) // no Warning before its end
+	if time.Since(opened) >= grace {
+		t.Fatalf("the old stream ended %v after the new one opened, not within the grace (%v): a machine this slow cannot run this test", time.Since(opened), grace)
+	}
+	if dps := f.dps.List(); len(dps) != 1 || dps[0].Duplicate || !dps[0].Connected {
+		t.Fatalf("DataPlanes %+v, want gw-a once, connected, not duplicate", dps)
+	}
+	time.Sleep(time.Until(opened.Add(grace + time.Second)))
+	if n := strings.Count(f.log.String(), "two open streams with the same gateway_id"); n != 0 {
+		t.Fatalf("%d log lines on a duplicate, want none:\n%s", n, f.log)
+	}
+	// The stream goes on: its next message is the revision written now
+	// (a snapshot: nothing was acknowledged), not a Warning queued
+	// before it.
+	update(t, f.store, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("global", 200)) })
+	if snap, _, _, _ := recvSnapshot(t, renewed); snap.Revision != 2 {
+		t.Fatalf("revision %d, want 2", snap.Revision)
 	}
 }
 
