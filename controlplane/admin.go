@@ -481,7 +481,11 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if path, problem, ok := spec.DurationTypeProblem(err); ok {
-			writeError(w, http.StatusUnprocessableEntity, "body has a duration that is not a string; nothing was changed", spec.Errors{{Path: valuePath(body, path), Problem: problem}})
+			msg := "body has a duration that is not a string; nothing was changed"
+			if strings.HasPrefix(problem, `"`) { // a string ParseDuration refused
+				msg = "body has a string that is not a duration; nothing was changed"
+			}
+			writeError(w, http.StatusUnprocessableEntity, msg, spec.Errors{{Path: durationPath(body, path, problem), Problem: problem}})
 			return false
 		}
 		if path, problem, ok := spec.TypeProblem(err); ok {

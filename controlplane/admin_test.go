@@ -411,6 +411,11 @@ func TestAdminRefusesNumberDurations(t *testing.T) {
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"a":{"rate":{"requests":1,"per":1}}}}`), 422, refused+`api_limits.a.rate.per","problem":"number 1`+problem+`"}]}`)
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"Orders-1":{"rate":{"requests":1,"per":"1s"}},"b":{"quota":{"max":1,"renewal":"1h"}},"c":{"quota":{"max":1,"renewal":2}}}}`), 422, refused+`api_limits.c.quota.renewal","problem":"number 2`+problem+`"}]}`)
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"Orders-1":{"rate":{"requests":1,"per":[1]}}}}`), 422, refused+`api_limits.\"Orders-1\".rate.per","problem":"array`+problem+`"}]}`)
+	// A string that is no duration, or one out of range: 422 naming the
+	// field, with the file's words.
+	const notDuration = `{"error":"body has a string that is not a duration; nothing was changed","problems":[{"path":"`
+	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"100000000h"}}`), 422, notDuration+`rate.per","problem":"\"100000000h\" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)"}]}`)
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"a":{"quota":{"max":1,"renewal":"1h"}},"Orders-1":{"quota":{"max":1,"renewal":"1d"}}}}`), 422, notDuration+`api_limits.\"Orders-1\".quota.renewal","problem":"\"1d\" is not a duration"}]}`)
 	// Any other value of the wrong type: 422 naming the field too.
 	const wrongType = `{"error":"body has a value of the wrong type; nothing was changed","problems":[{"path":"`
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"in_flight":1e18}`), 422, wrongType+`in_flight","problem":"number 1e18: want an integer"}]}`)

@@ -117,7 +117,7 @@ func batchKey(at string, raw json.RawMessage) (spec.Key, *spec.Error) {
 	var nk newKey
 	if err := decodeStrict(raw, &nk); err != nil {
 		if path, problem, ok := spec.DurationTypeProblem(err); ok {
-			return spec.Key{}, &spec.Error{Path: at + "." + valuePath(raw, path), Problem: problem}
+			return spec.Key{}, &spec.Error{Path: at + "." + durationPath(raw, path, problem), Problem: problem}
 		}
 		return spec.Key{}, &spec.Error{Path: at, Problem: "not a key: " + strings.TrimPrefix(err.Error(), "json: ")}
 	}

@@ -403,7 +403,7 @@ func decodeObject(at, what string, raw json.RawMessage, v any) *spec.Error {
 		return nil
 	}
 	if path, problem, ok := spec.DurationTypeProblem(err); ok {
-		return &spec.Error{Path: at + "." + valuePath(raw, path), Problem: problem}
+		return &spec.Error{Path: at + "." + durationPath(raw, path, problem), Problem: problem}
 	}
 	return &spec.Error{Path: at, Problem: "not a " + what + ": " + strings.TrimPrefix(err.Error(), "json: ")}
 }

@@ -11,6 +11,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/limitplane/limitplane/spec"
 )
 
 // maxNesting bounds the objects and arrays duplicateMember follows into:
@@ -130,9 +132,35 @@ func memberPath(path, name string) string {
 // in order, ending with its last ("policies[2].rate.per",
 // "api_limits.orders.rate.per" for field "api_limits.rate.per"), or field
 // itself when there is none. encoding/json names a field of a failed
-// value without array indexes and map keys; decoding stops at the first
-// failure, so the first such value is the one it names.
+// value without array indexes and map keys; the first failure is the
+// error it returns, so the first such value is the one it names.
 func valuePath(doc []byte, field string) string {
+	return valuePathWhere(doc, field, func(tok json.Token) bool {
+		_, isString := tok.(string)
+		return !isString
+	})
+}
+
+// durationPath is valuePath for spec.DurationTypeProblem's problem: for
+// a string that is not a duration (a problem that starts with the
+// quoted string), the path of the first such string.
+func durationPath(doc []byte, field, problem string) string {
+	if !strings.HasPrefix(problem, `"`) {
+		return valuePath(doc, field)
+	}
+	return valuePathWhere(doc, field, func(tok json.Token) bool {
+		s, isString := tok.(string)
+		if !isString {
+			return false
+		}
+		_, err := spec.ParseDuration(s)
+		return err != nil
+	})
+}
+
+// valuePathWhere is valuePath for the first value (a scalar token, or
+// the '{' or '[' that opens an object or array) that match reports.
+func valuePathWhere(doc []byte, field string, match func(json.Token) bool) string {
 	want := strings.Split(field, ".")
 	type frame struct {
 		object bool
@@ -174,7 +202,7 @@ func valuePath(doc []byte, field string) string {
 			segs = append(segs, "["+strconv.Itoa(stack[n-1].index)+"]")
 			stack[n-1].index++
 		}
-		if _, isString := tok.(string); !isString && len(segs) > 0 && segs[len(segs)-1] == want[len(want)-1] && holds(segs, want) {
+		if len(segs) > 0 && segs[len(segs)-1] == want[len(want)-1] && holds(segs, want) && match(tok) {
 			return displayPath(segs)
 		}
 		switch tok {

@@ -47,6 +47,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -558,9 +559,12 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 }
 
 // UnmarshalJSON reads a duration string. Any other JSON value (a number
-// included) is a *json.UnmarshalTypeError, so that encoding/json adds the
-// field's path to it (Field: "rate.per"; see DurationTypeProblem); a
-// string that is not a duration is an error starting with "spec: ".
+// included), and a string that is not a duration (as ParseDuration
+// refuses it), is a *json.UnmarshalTypeError, so that encoding/json adds
+// the field's path to it (Field: "rate.per"; see DurationTypeProblem).
+// Its Value is the JSON value's kind ("number 3600", "bool"), or for a
+// string the string and why it is refused (`string "1d" (not a
+// duration)`).
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
@@ -572,15 +576,20 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	v, err := ParseDuration(s)
 	if err != nil {
-		return err
+		why := "not a duration"
+		if durationRE.MatchString(s) {
+			why = "out of range"
+		}
+		return &json.UnmarshalTypeError{Value: "string " + strconv.Quote(s) + " (" + why + ")", Type: reflect.TypeFor[Duration]()}
 	}
 	*d = Duration(v)
 	return nil
 }
 
 // DurationTypeProblem returns the problem, worded for a configuration,
-// of err when it is Duration's refusal of a value that is not a string
-// (found with errors.As), and the path encoding/json gave it ("rate.per";
+// of err when it is Duration's refusal of a value (found with errors.As):
+// one that is not a string, or a string ParseDuration refuses (the
+// problem then is ParseDuration's, `"1d" is not a duration`), and the path encoding/json gave it ("rate.per";
 // without array indexes or map keys, which encoding/json does not
 // report; the Go names of embedded structs left out). ok is false for any other error.
 func DurationTypeProblem(err error) (path, problem string, ok bool) {
@@ -608,6 +617,13 @@ func TypeProblem(err error) (path, problem string, ok bool) {
 	parts = slices.DeleteFunc(parts, func(p string) bool { return p != "" && unicode.IsUpper(rune(p[0])) })
 	path = strings.Join(parts, ".")
 	if te.Type == reflect.TypeFor[Duration]() {
+		if q, err := strconv.QuotedPrefix(strings.TrimPrefix(te.Value, "string ")); err == nil && strings.HasPrefix(te.Value, "string ") {
+			if s, err := strconv.Unquote(q); err == nil {
+				if _, err := ParseDuration(s); err != nil {
+					return path, strings.TrimPrefix(err.Error(), "spec: "), true
+				}
+			}
+		}
 		return path, fmt.Sprintf("%s: a duration is a string with its unit, like \"1h\" or \"500ms\"", te.Value), true
 	}
 	var want string

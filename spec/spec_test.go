@@ -110,8 +110,8 @@ func TestDurationJSON(t *testing.T) {
 		// A bare number has no unit: refused, not read as nanoseconds.
 		{in: `1000`, err: `json: cannot unmarshal number 1000 into Go value of type spec.Duration`},
 		{in: `3600`, err: `json: cannot unmarshal number 3600 into Go value of type spec.Duration`},
-		{in: `"soon"`, err: `spec: "soon" is not a duration`},
-		{in: `"3000000h"`, err: `spec: "3000000h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
+		{in: `"soon"`, err: `json: cannot unmarshal string "soon" (not a duration) into Go value of type spec.Duration`},
+		{in: `"3000000h"`, err: `json: cannot unmarshal string "3000000h" (out of range) into Go value of type spec.Duration`},
 		{in: `true`, err: `json: cannot unmarshal bool into Go value of type spec.Duration`},
 	} {
 		var d spec.Duration
@@ -538,7 +538,8 @@ func TestIDs(t *testing.T) {
 
 // TestSnapshotRefusesNumberDurations: every duration of a snapshot's JSON
 // is a string; a number (which once read as nanoseconds, "per": 3600
-// giving 3.6 µs, no limit at all) is refused with the field's path.
+// giving 3.6 µs, no limit at all) is refused with the field's path, and
+// so is a string that is not a duration.
 func TestSnapshotRefusesNumberDurations(t *testing.T) {
 	for _, tc := range []struct{ in, path, problem string }{
 		{`{"policies":[{"id":"p","rate":{"requests":5,"per":3600}}]}`, "policies.rate.per", `number 3600: a duration is a string with its unit, like "1h" or "500ms"`},
@@ -546,6 +547,11 @@ func TestSnapshotRefusesNumberDurations(t *testing.T) {
 		{`{"apis":[{"id":"a","jwt":{"leeway":30}}]}`, "apis.jwt.leeway", `number 30: a duration is a string with its unit, like "1h" or "500ms"`},
 		{`{"apis":[{"id":"a","jwt":{"jwks":{"url":"https://x","refresh_interval":1e9}}}]}`, "apis.jwt.jwks.refresh_interval", `number 1e9: a duration is a string with its unit, like "1h" or "500ms"`},
 		{`{"keys":[{"key_hash":"h","api_limits":{"a":{"rate":{"requests":1,"per":true}}}}]}`, "keys.api_limits.rate.per", `bool: a duration is a string with its unit, like "1h" or "500ms"`},
+		// A string that is no duration: at its path too, as ParseDuration
+		// words it.
+		{`{"policies":[{"id":"p","rate":{"requests":5,"per":"100000000h"}}]}`, "policies.rate.per", `"100000000h" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)`},
+		{`{"policies":[{"id":"p","quota":{"max":5,"renewal":"1d"}}]}`, "policies.quota.renewal", `"1d" is not a duration`},
+		{`{"apis":[{"id":"a","jwt":{"leeway":"\"(x) y\u0001"}}]}`, "apis.jwt.leeway", `"\"(x) y\x01" is not a duration`},
 	} {
 		var s spec.Snapshot
 		err := json.Unmarshal([]byte(tc.in), &s)
