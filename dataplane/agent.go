@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limitplane/limitplane/dataplane/protocol"
+	"github.com/limitplane/limitplane/internal/failurelog"
 	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/spec"
 )
@@ -659,6 +660,10 @@ func refusal(err error) (string, bool) {
 	return st.Message(), true
 }
 
+// reconnectLogInterval is how often, at most, the agent logs attempts to
+// reach the control plane that got no answer, after the first.
+const reconnectLogInterval = 30 * time.Second
+
 // connectLoop opens streams one after another until ctx is done, waiting
 // a backoff delay after each stream that ends without the control plane
 // having answered (and a reset delay after one where it had). Each
@@ -666,8 +671,20 @@ func refusal(err error) (string, bool) {
 // stream ends: a dialled connection left in gRPC's transient failure
 // would wait out gRPC's own backoff after the agent's (a gateway came
 // back 16 s after a 15 s outage), while a fresh one dials at once.
+//
+// A stream that ends after the control plane answered is logged (WARN)
+// each time; attempts that get no answer (a control plane down for a
+// while, retried every second) are each logged at DEBUG, and at WARN as
+// failurelog does it: the first at once, then one line each
+// reconnectLogInterval with their count.
 func (a *Agent) connectLoop(ctx context.Context, connect func() (grpc.ClientConnInterface, func(), error)) {
 	bo := cappedBackOff{a.newBackOff(), a.o.Backoff.Max}
+	unanswered := failurelog.New(a.log, failurelog.Options{
+		Msg:      "dataplane: no answer from the control plane; reconnecting with backoff",
+		Attrs:    []any{"backoff_max", a.o.Backoff.Max},
+		Interval: reconnectLogInterval,
+	})
+	defer unanswered.Close()
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			a.mu.Lock()
@@ -696,7 +713,12 @@ func (a *Agent) connectLoop(ctx context.Context, connect func() (grpc.ClientConn
 			}
 		} else {
 			a.disconnected(err)
-			a.log.Warn("dataplane: sync stream ended; reconnecting", "err", err, "in", delay)
+			if answered {
+				a.log.Warn("dataplane: sync stream ended; reconnecting", "err", err, "in", delay)
+			} else {
+				a.log.Debug("dataplane: sync stream ended; reconnecting", "err", err, "in", delay)
+				unanswered.Failed(err)
+			}
 		}
 		t := time.NewTimer(delay)
 		select {

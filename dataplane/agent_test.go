@@ -3,6 +3,7 @@ package dataplane_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"testing"
@@ -231,15 +232,18 @@ func TestAgentRejectsBadDeliveries(t *testing.T) {
 
 // TestAgentReconnectsWithBackoff: a control plane that refuses the first
 // four streams sees five attempts, spaced by the exponential backoff (no
-// jitter here: 20, 40, 80, 80 ms, capped at 80); once a stream is cut
-// after a delivery, the agent reconnects after the reset delay (20 ms)
-// and its Hello carries the applied revision and digest.
+// jitter here: 20, 40, 80, 80 ms, capped at 80), each logged at DEBUG with
+// its delay and at WARN once (the first; the others within the next 30 s
+// are counted); once a stream is cut after a delivery, the agent
+// reconnects after the reset delay (20 ms), logged at WARN, and its Hello
+// carries the applied revision and digest.
 func TestAgentReconnectsWithBackoff(t *testing.T) {
 	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
 		f, addr := newFakeCP(t, 4)
 		g := newTarget(t)
 		log := &lockedBuffer{}
 		o := agentOptions(g.tg, addr, log)
+		o.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		o.Backoff = dataplane.Backoff{Initial: 20 * time.Millisecond, Max: 80 * time.Millisecond, Multiplier: 2, Jitter: -1}
 		a, err := dataplane.New(o)
 		if err != nil {
@@ -273,6 +277,12 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 		if st := a.Status(); st.Reconnects != 4 || !strings.Contains(st.LastError, "fake: not yet") {
 			t.Errorf("status: %+v", st)
 		}
+		if n := strings.Count(log.String(), `level=WARN msg="dataplane: no answer from the control plane; reconnecting with backoff"`); n != 1 {
+			t.Errorf("%d WARN lines on the refused attempts, want 1:\n%s", n, log)
+		}
+		if n := strings.Count(log.String(), "level=WARN"); n != 1 {
+			t.Errorf("%d WARN lines in all, want 1:\n%s", n, log)
+		}
 
 		snap := snapshot(7, "k1")
 		s.sendSnapshot(t, snap, "snap-7")
@@ -289,6 +299,9 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 		delays = regexp.MustCompile(`reconnecting".*? in=(\S+)`).FindAllStringSubmatch(log.String(), -1)
 		if last := delays[len(delays)-1][1]; len(delays) != 5 || last != "20ms" {
 			t.Errorf("delay after a good stream: %d delays, last %s; want 5, 20ms (reset)", len(delays), last)
+		}
+		if !regexp.MustCompile(`level=WARN msg="dataplane: sync stream ended; reconnecting" .*err=.*cut.* in=20ms`).MatchString(log.String()) {
+			t.Errorf("the end of a stream that had answered not logged at WARN:\n%s", log)
 		}
 		if st := a.Status(); st.Reconnects != 5 || st.AppliedRevision != 7 || st.Source != "control_plane" {
 			t.Errorf("status after the reconnect: %+v", st)
