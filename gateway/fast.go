@@ -73,6 +73,7 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 		fastRefuse(ctx, status, body)
 		return
 	}
+	dropRequestTrailer(&ctx.Request.Header)
 	if !fr.parse(ctx) {
 		fastRefuse(ctx, http.StatusBadRequest, "400 Bad Request") // as net/http answers a target it cannot parse
 		return
@@ -93,6 +94,40 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetUserValue(fastRequestKey, fr)
 	a.Handler().(*apiHandler).fast(ctx)
+}
+
+// dropRequestTrailer removes from a chunked request's header h the fields
+// fasthttp added to it from the request's trailer section (it reads them
+// as header fields, after those of the header section): as on the net/http
+// engine, where they are r.Trailer, not r.Header, no trailer field is
+// taken for a header field, by the key check, the client's address
+// (X-Forwarded-For from a trusted proxy) or the upstream. A name with more
+// values than the header section gave keeps only those, in their order.
+func dropRequestTrailer(h *fasthttp.RequestHeader) {
+	if h.ContentLength() != -1 {
+		return // no chunked body, no trailer
+	}
+	got := map[string]int{}
+	h.VisitAll(func(k, _ []byte) { got[string(k)]++ })
+	sent := map[string][]string{} // the header section's fields, as received
+	h.VisitAllInOrder(func(k, v []byte) { sent[string(k)] = append(sent[string(k)], string(v)) })
+	for name, n := range got {
+		vs := sent[name]
+		switch name {
+		case "Cookie", "Trailer", "Host", "Content-Length":
+			// fasthttp refuses these as trailer fields; VisitAll gives
+			// Cookie lines as one, Trailer's names joined, and Host
+			// and Content-Length as it keeps them.
+			continue
+		}
+		if n <= len(vs) {
+			continue
+		}
+		h.Del(name)
+		for _, v := range vs {
+			h.Add(name, v)
+		}
+	}
 }
 
 // fastRefuse answers ctx as net/http's server answers a request it will
@@ -529,17 +564,15 @@ func isHopField(name string) bool {
 	return false
 }
 
-// headerHasToken reports whether a field name of h lists token (compared
-// without case), as httpguts.HeaderValuesContainsToken.
+// headerHasToken reports whether a field name of h lists token, with
+// httpguts.HeaderValuesContainsToken, as net/http/httputil's proxy asks
+// ("trailers;q=0.5" is not "trailers").
 func headerHasToken(h *fasthttp.RequestHeader, name, token string) bool {
+	var vs []string
 	for _, v := range h.PeekAll(name) {
-		for _, t := range strings.Split(string(v), ",") {
-			if t, _, _ = strings.Cut(t, ";"); strings.EqualFold(textproto.TrimString(t), token) {
-				return true
-			}
-		}
+		vs = append(vs, string(v))
 	}
-	return false
+	return httpguts.HeaderValuesContainsToken(vs, token)
 }
 
 // joinURLPath is net/http/httputil's: b's path under a's, escaped forms
