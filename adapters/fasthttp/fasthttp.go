@@ -15,6 +15,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -180,7 +181,7 @@ var (
 // copies. The value is fasthttp's request memory: valid only until the
 // handler returns.
 func (q Request) PeekHeader(name string) (first string, lines int) {
-	vs := q.Ctx.Request.Header.PeekAll(name)
+	vs := headerValues(&q.Ctx.Request.Header, name)
 	if len(vs) == 0 {
 		return "", 0
 	}
@@ -208,15 +209,39 @@ func (q Request) PeekQuery(name string) (first string, n int) {
 func lent(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // Header implements identity.Request: the first value of the named field.
-func (q Request) Header(name string) string { return string(q.Ctx.Request.Header.Peek(name)) }
+func (q Request) Header(name string) string {
+	if vs := headerValues(&q.Ctx.Request.Header, name); len(vs) > 0 {
+		return string(vs[0])
+	}
+	return ""
+}
 
 // HeaderValues returns every value of the named header, one per header
 // line, in the order received (nil when absent).
 func (q Request) HeaderValues(name string) []string {
 	var vs []string
-	for _, v := range q.Ctx.Request.Header.PeekAll(name) {
+	for _, v := range headerValues(&q.Ctx.Request.Header, name) {
 		vs = append(vs, string(v))
 	}
+	return vs
+}
+
+// headerValues returns the values of the named field that h's header
+// section gave. fasthttp appends a chunked request's trailer fields to its
+// header once it has read the body; they are no header fields (net/http
+// keeps them apart, in Request.Trailer), so a key or an X-Forwarded-For
+// sent in a trailer is not taken. For a chunked request the header
+// section is read again (VisitAllInOrder); otherwise PeekAll.
+func headerValues(h *fasthttp.RequestHeader, name string) [][]byte {
+	if h.ContentLength() != -1 {
+		return h.PeekAll(name)
+	}
+	var vs [][]byte
+	h.VisitAllInOrder(func(k, v []byte) {
+		if strings.EqualFold(lent(k), name) {
+			vs = append(vs, v)
+		}
+	})
 	return vs
 }
 

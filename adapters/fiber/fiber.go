@@ -226,17 +226,18 @@ func (q Request) PeekQuery(name string) (first string, n int) {
 	return lpfasthttp.Request{Ctx: q.C.Context()}.PeekQuery(name)
 }
 
-// Header implements identity.Request.
-func (q Request) Header(name string) string { return strings.Clone(q.C.Get(name)) }
+// Header implements identity.Request: the first value of the named
+// field, as adapters/fasthttp's Request reads it (a chunked request's
+// trailer fields are not header fields).
+func (q Request) Header(name string) string {
+	return lpfasthttp.Request{Ctx: q.C.Context()}.Header(name)
+}
 
 // HeaderValues returns every value of the named header, one per header
-// line, in the order received (nil when absent).
+// line, in the order received (nil when absent), as adapters/fasthttp's
+// Request reads them.
 func (q Request) HeaderValues(name string) []string {
-	var vs []string
-	for _, v := range q.C.Request().Header.PeekAll(name) {
-		vs = append(vs, string(v))
-	}
-	return vs
+	return lpfasthttp.Request{Ctx: q.C.Context()}.HeaderValues(name)
 }
 
 // Query implements identity.Request.

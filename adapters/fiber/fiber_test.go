@@ -1,6 +1,7 @@
 package fiber_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -549,6 +550,58 @@ func TestUserContext(t *testing.T) {
 			}
 		} else if ctx != context.Background() || after[i] != context.Background() {
 			t.Errorf("request %d: decided with %v, handler's UserContext %v, want context.Background", i, ctx, after[i])
+		}
+	}
+}
+
+// TestTrailerFieldsAreNoHeaderFields: fasthttp adds a chunked request's
+// trailer fields to its header once the body is read; Request reads the
+// header section only, so a key sent in a trailer authenticates nothing
+// (401 "no API key"), a key in both places is one key (not "more than
+// one X-API-Key header"), and a trailer's X-Forwarded-For or other field
+// is no header value. Real requests over TCP.
+func TestTrailerFieldsAreNoHeaderFields(t *testing.T) {
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	defer store.Close()
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{{ID: "k", Rate: core.Limit{Rate: 100, Period: time.Hour}}}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := identity.NewKeys([]identity.KeyRecord{{Hash: identity.HashKey("good-key"), Policies: []string{"k"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(lpfiber.Middleware(eng, identity.NewAPIKey(keys, identity.APIKeyOptions{}), lpfiber.Options{}))
+	app.Post("/", func(c *fiber.Ctx) error {
+		q := lpfiber.Request{C: c}
+		return c.SendString(fmt.Sprintf("xff=%q t=%q", q.HeaderValues("X-Forwarded-For"), q.Header("X-T")))
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go app.Listener(ln)
+	defer app.Shutdown()
+	for _, tc := range []struct{ name, header, trailer, want string }{
+		{"key in the trailer only", "", "X-API-Key: good-key\r\n", "401 {\"error\":\"no API key\"}\n"},
+		{"key in both", "X-API-Key: good-key\r\n", "X-API-Key: good-key\r\nX-Forwarded-For: 10.9.9.9\r\nX-T: v\r\n",
+			`200 xff=["192.0.2.1"] t=""`},
+	} {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nX-Forwarded-For: 192.0.2.1\r\n%sConnection: close\r\n\r\n5\r\nhello\r\n0\r\n%s\r\n", tc.header, tc.trailer)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if got := fmt.Sprintf("%d %s", resp.StatusCode, body); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 		}
 	}
 }
