@@ -318,15 +318,16 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 }
 
 // TestAgentBackoffCapIncludesJitter: with a jitter of 0.5 and Max 40 ms,
-// none of ten logged reconnect delays exceeds Max (the library caps the
-// delay before jitter, which let waits reach Max×1.5), and the attempts
-// are spaced by at least 20 ms × 0.5.
+// none of ten reconnect delays logged (at DEBUG) exceeds Max (the library
+// caps the delay before jitter, which let waits reach Max×1.5), and the
+// attempts are spaced by at least 20 ms × 0.5.
 func TestAgentBackoffCapIncludesJitter(t *testing.T) {
 	eachTarget(t, func(t *testing.T, newTarget func(t *testing.T) *testGateway) {
 		f, addr := newFakeCP(t, 10)
 		g := newTarget(t)
 		log := &lockedBuffer{}
 		o := agentOptions(g.tg, addr, log)
+		o.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		o.Backoff = dataplane.Backoff{Initial: 20 * time.Millisecond, Max: 40 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
 		a, err := dataplane.New(o)
 		if err != nil {
