@@ -492,6 +492,10 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 			writeError(w, http.StatusUnprocessableEntity, "body has a value of the wrong type; nothing was changed", spec.Errors{{Path: valuePath(body, path), Problem: problem}})
 			return false
 		}
+		if path, problem, ok := timeProblem(body, err); ok {
+			writeError(w, http.StatusUnprocessableEntity, "body has a string that is not a time; nothing was changed", spec.Errors{{Path: path, Problem: problem}})
+			return false
+		}
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("body is not valid JSON for this object: %v", err), nil)
 		return false
 	}

@@ -416,6 +416,9 @@ func TestAdminRefusesNumberDurations(t *testing.T) {
 	const notDuration = `{"error":"body has a string that is not a duration; nothing was changed","problems":[{"path":"`
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"rate":{"requests":10,"per":"100000000h"}}`), 422, notDuration+`rate.per","problem":"\"100000000h\" is out of range (durations go up to 2562047h47m16.854775807s, about 292 years)"}]}`)
 	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","api_limits":{"a":{"quota":{"max":1,"renewal":"1h"}},"Orders-1":{"quota":{"max":1,"renewal":"1d"}}}}`), 422, notDuration+`api_limits.\"Orders-1\".quota.renewal","problem":"\"1d\" is not a duration"}]}`)
+	// A key's expires that is no time: 422 naming it.
+	expect(t, call(t, "POST", base+"/api/keys", `{"key":"k","expires":"1d"}`), 422,
+		`{"error":"body has a string that is not a time; nothing was changed","problems":[{"path":"expires","problem":"\"1d\" is not a time: want RFC 3339, like \"2027-01-31T00:00:00Z\""}]}`)
 	// Any other value of the wrong type: 422 naming the field too.
 	const wrongType = `{"error":"body has a value of the wrong type; nothing was changed","problems":[{"path":"`
 	expect(t, call(t, "PUT", base+"/api/policies/p", `{"in_flight":1e18}`), 422, wrongType+`in_flight","problem":"number 1e18: want an integer"}]}`)

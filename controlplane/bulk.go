@@ -119,6 +119,9 @@ func batchKey(at string, raw json.RawMessage) (spec.Key, *spec.Error) {
 		if path, problem, ok := spec.DurationTypeProblem(err); ok {
 			return spec.Key{}, &spec.Error{Path: at + "." + durationPath(raw, path, problem), Problem: problem}
 		}
+		if path, problem, ok := timeProblem(raw, err); ok {
+			return spec.Key{}, &spec.Error{Path: at + "." + path, Problem: problem}
+		}
 		return spec.Key{}, &spec.Error{Path: at, Problem: "not a key: " + strings.TrimPrefix(err.Error(), "json: ")}
 	}
 	k := nk.Key

@@ -27,7 +27,8 @@ func TestAdminKeysBatch(t *testing.T) {
 		`{"key":"d","api_limits":{"eu":{"rate":{"requests":1,"per":60}}}},` +
 		`{"key":"e","polices":["gold"]},` +
 		`{"policies":["gold"]},` +
-		`{"key":"f","api_limits":{"us":{"quota":{"max":1,"renewal":"1h"}}}}` +
+		`{"key":"f","api_limits":{"us":{"quota":{"max":1,"renewal":"1h"}}}},` +
+		`{"key":"g","policies":["gold"],"expires":"tomorrow"}` +
 		`]}`
 	// Problems the body alone shows come first; the ones against the
 	// state (unknown policies and APIs) once those are gone.
@@ -37,7 +38,8 @@ func TestAdminKeysBatch(t *testing.T) {
 		`{"path":"keys[4].key","problem":"starts or ends with white space, which the gateway trims from a presented key"},`+
 		`{"path":"keys[5].api_limits.eu.rate.per","problem":"number 60: a duration is a string with its unit, like \"1h\" or \"500ms\""},`+
 		`{"path":"keys[6]","problem":"not a key: unknown field \"polices\""},`+
-		`{"path":"keys[7]","problem":"missing key (plaintext) or key_hash"}]}`)
+		`{"path":"keys[7]","problem":"missing key (plaintext) or key_hash"},`+
+		`{"path":"keys[9].expires","problem":"\"tomorrow\" is not a time: want RFC 3339, like \"2027-01-31T00:00:00Z\""}]}`)
 	bad = `{"keys":[{"key":"a","policies":["gold"]},{"key":"b","policies":["nope"]},{"key":"f","api_limits":{"us":{"quota":{"max":1,"renewal":"1h"}}}}]}`
 	expect(t, call(t, "POST", base+"/api/keys:batch", bad), 422, `{"error":"the change would leave an invalid configuration; nothing was changed","problems":[`+
 		`{"path":"keys[1].policies[0]","problem":"unknown policy \"nope\""},`+

@@ -405,6 +405,9 @@ func decodeObject(at, what string, raw json.RawMessage, v any) *spec.Error {
 	if path, problem, ok := spec.DurationTypeProblem(err); ok {
 		return &spec.Error{Path: at + "." + durationPath(raw, path, problem), Problem: problem}
 	}
+	if path, problem, ok := timeProblem(raw, err); ok {
+		return &spec.Error{Path: at + "." + path, Problem: problem}
+	}
 	return &spec.Error{Path: at, Problem: "not a " + what + ": " + strings.TrimPrefix(err.Error(), "json: ")}
 }
 

@@ -7,10 +7,12 @@ package controlplane
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/limitplane/limitplane/spec"
 )
@@ -156,6 +158,30 @@ func durationPath(doc []byte, field, problem string) string {
 		_, err := spec.ParseDuration(s)
 		return err != nil
 	})
+}
+
+// timeProblem returns, for err when it is time.Time's refusal of a
+// string (found with errors.As), the path in doc of the first "expires"
+// (spec.Key's one time) that is no RFC 3339 time, and the problem; ok is
+// false for any other error.
+func timeProblem(doc []byte, err error) (path, problem string, ok bool) {
+	var pe *time.ParseError
+	if !errors.As(err, &pe) {
+		return "", "", false
+	}
+	var bad string
+	path = valuePathWhere(doc, "expires", func(tok json.Token) bool {
+		s, isString := tok.(string)
+		if !isString {
+			return false
+		}
+		if _, err := time.Parse(time.RFC3339, s); err != nil {
+			bad = s
+			return true
+		}
+		return false
+	})
+	return path, fmt.Sprintf("%q is not a time: want RFC 3339, like \"2027-01-31T00:00:00Z\"", bad), true
 }
 
 // valuePathWhere is valuePath for the first value (a scalar token, or
