@@ -353,6 +353,15 @@ func TestKeylessAllocations(t *testing.T) {
 // one known key ("good-key", policy "k", 100 requests an hour).
 func apiKeyApp(t *testing.T) fasthttp.RequestHandler {
 	t.Helper()
+	app := apiKeyFiber(t)
+	app.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
+	return app.Handler()
+}
+
+// apiKeyFiber is a Fiber app whose middleware admits the key "good-key"
+// (100 an hour on a manual clock) and refuses any other.
+func apiKeyFiber(t *testing.T) *fiber.App {
+	t.Helper()
 	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
 	t.Cleanup(func() { store.Close() })
 	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
@@ -367,8 +376,7 @@ func apiKeyApp(t *testing.T) fasthttp.RequestHandler {
 	}
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
 	app.Use(lpfiber.Middleware(eng, identity.NewAPIKey(keys, identity.APIKeyOptions{}), lpfiber.Options{}))
-	app.Get("/", func(c *fiber.Ctx) error { return c.SendString("ok") })
-	return app.Handler()
+	return app
 }
 
 // TestAPIKeyRefusals checks the exact answers of the key check on Fiber,
@@ -561,18 +569,7 @@ func TestUserContext(t *testing.T) {
 // one X-API-Key header"), and a trailer's X-Forwarded-For or other field
 // is no header value. Real requests over TCP.
 func TestTrailerFieldsAreNoHeaderFields(t *testing.T) {
-	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
-	defer store.Close()
-	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{{ID: "k", Rate: core.Limit{Rate: 100, Period: time.Hour}}}}, core.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := identity.NewKeys([]identity.KeyRecord{{Hash: identity.HashKey("good-key"), Policies: []string{"k"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	app.Use(lpfiber.Middleware(eng, identity.NewAPIKey(keys, identity.APIKeyOptions{}), lpfiber.Options{}))
+	app := apiKeyFiber(t)
 	app.Post("/", func(c *fiber.Ctx) error {
 		q := lpfiber.Request{C: c}
 		return c.SendString(fmt.Sprintf("xff=%q t=%q", q.HeaderValues("X-Forwarded-For"), q.Header("X-T")))
