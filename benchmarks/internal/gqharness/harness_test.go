@@ -133,9 +133,11 @@ func TestConfigOnlyAndStaticSplit(t *testing.T) {
 	if got := rs[0].MaxOverQ(); got != 180 {
 		t.Errorf("config_only: max over Q %d, want 180", got)
 	}
-	// A control plane and per data plane a redis-server and a gateway, per mode.
-	if left, n := st.leftOver(t, dir); left != "" || n != 2*(1+2+2) {
-		t.Errorf("%d processes started (want 10); left after the run:\n%s", n, left)
+	// A control plane and per data plane a redis-server and a gateway, per
+	// mode; more when a free port was taken before a process bound it
+	// (the harness starts that one again: startRedis, startGateway).
+	if left, n := st.leftOver(t, dir); left != "" || n < 2*(1+2+2) {
+		t.Errorf("%d processes started (want at least 10); left after the run:\n%s", n, left)
 	}
 }
 
@@ -157,8 +159,8 @@ func TestCancel(t *testing.T) {
 	if d := time.Since(start); d > 25*time.Second {
 		t.Errorf("Run took %v after a cancel during a 30 s load", d)
 	}
-	if left, n := st.leftOver(t, dir); left != "" || n != 1+2+4 {
-		t.Errorf("%d processes started (want 7); left after the cancel:\n%s", n, left)
+	if left, n := st.leftOver(t, dir); left != "" || n < 1+2+4 { // more after a port race, as above
+		t.Errorf("%d processes started (want at least 7); left after the cancel:\n%s", n, left)
 	}
 }
 
