@@ -120,7 +120,9 @@ func TestUnaryAllocations(t *testing.T) {
 				if got := header().Get("ratelimit-policy"); len(got) != 1 || got[0] != `"p";q=`+map[bool]string{true: "1000000", false: "1"}[tc.allowed]+`;w=3600` {
 					t.Fatalf("ratelimit-policy %q", got)
 				}
-				if n := testing.AllocsPerRun(200, func() { clock.Advance(tc.advance); call() }); n != tc.want {
+				// Under the race detector sync.Pool drops a quarter of what
+				// it is given: a pool miss can add one on average.
+				if n := testing.AllocsPerRun(200, func() { clock.Advance(tc.advance); call() }); n != tc.want && !(raceEnabled && n == tc.want+1) {
 					t.Errorf("%v allocations per call, want %v", n, tc.want)
 				}
 			})
