@@ -73,7 +73,7 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 		fastRefuse(ctx, status, body)
 		return
 	}
-	dropRequestTrailer(&ctx.Request.Header)
+	lpfasthttp.DropTrailerFields(&ctx.Request.Header)
 	if !fr.parse(ctx) {
 		fastRefuse(ctx, http.StatusBadRequest, "400 Bad Request") // as net/http answers a target it cannot parse
 		return
@@ -94,40 +94,6 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetUserValue(fastRequestKey, fr)
 	a.Handler().(*apiHandler).fast(ctx)
-}
-
-// dropRequestTrailer removes from a chunked request's header h the fields
-// fasthttp added to it from the request's trailer section (it reads them
-// as header fields, after those of the header section): as on the net/http
-// engine, where they are r.Trailer, not r.Header, no trailer field is
-// taken for a header field, by the key check, the client's address
-// (X-Forwarded-For from a trusted proxy) or the upstream. A name with more
-// values than the header section gave keeps only those, in their order.
-func dropRequestTrailer(h *fasthttp.RequestHeader) {
-	if h.ContentLength() != -1 {
-		return // no chunked body, no trailer
-	}
-	got := map[string]int{}
-	h.VisitAll(func(k, _ []byte) { got[string(k)]++ })
-	sent := map[string][]string{} // the header section's fields, as received
-	h.VisitAllInOrder(func(k, v []byte) { sent[string(k)] = append(sent[string(k)], string(v)) })
-	for name, n := range got {
-		vs := sent[name]
-		switch name {
-		case "Cookie", "Trailer", "Host", "Content-Length":
-			// fasthttp refuses these as trailer fields; VisitAll gives
-			// Cookie lines as one, Trailer's names joined, and Host
-			// and Content-Length as it keeps them.
-			continue
-		}
-		if n <= len(vs) {
-			continue
-		}
-		h.Del(name)
-		for _, v := range vs {
-			h.Add(name, v)
-		}
-	}
 }
 
 // fastRefuse answers ctx as net/http's server answers a request it will

@@ -226,6 +226,47 @@ func (q Request) HeaderValues(name string) []string {
 	return vs
 }
 
+// DropTrailerFields removes from a chunked request's header h the fields
+// fasthttp added to it from the request's trailer section: fasthttp (v1.51)
+// reads a trailer's fields as header fields, after those of the header
+// section, once it has read the body. net/http keeps them apart
+// (http.Request.Trailer), and a trailer field is no header field: a proxy
+// that forwards h, or code that reads it after the body, would otherwise
+// take a key or an X-Forwarded-For sent after the body for one sent before
+// it. A name with more values than the header section gave keeps only
+// those, in their order; a request that is not chunked is left as it is.
+// Call it after the body is read (a fasthttp.Server does so before it
+// calls the handler, unless StreamRequestBody is set).
+//
+// The middleware does not call it (it changes no request): its key check
+// and client address read the header section only (see headerValues).
+func DropTrailerFields(h *fasthttp.RequestHeader) {
+	if h.ContentLength() != -1 {
+		return // no chunked body, no trailer
+	}
+	got := map[string]int{}
+	h.VisitAll(func(k, _ []byte) { got[string(k)]++ })
+	sent := map[string][]string{} // the header section's fields, as received
+	h.VisitAllInOrder(func(k, v []byte) { sent[string(k)] = append(sent[string(k)], string(v)) })
+	for name, n := range got {
+		vs := sent[name]
+		switch name {
+		case "Cookie", "Trailer", "Host", "Content-Length":
+			// fasthttp refuses these as trailer fields; VisitAll gives
+			// Cookie lines as one, Trailer's names joined, and Host
+			// and Content-Length as it keeps them.
+			continue
+		}
+		if n <= len(vs) {
+			continue
+		}
+		h.Del(name)
+		for _, v := range vs {
+			h.Add(name, v)
+		}
+	}
+}
+
 // headerValues returns the values of the named field that h's header
 // section gave. fasthttp appends a chunked request's trailer fields to its
 // header once it has read the body; they are no header fields (net/http

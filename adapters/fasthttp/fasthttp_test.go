@@ -1,6 +1,7 @@
 package fasthttp_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -134,5 +135,91 @@ func TestRequestPeer(t *testing.T) {
 	}
 	if got := q.RemoteAddr(); got != "192.0.2.7:4000" {
 		t.Errorf("RemoteAddr %q, want 192.0.2.7:4000", got)
+	}
+}
+
+// TestTrailerFields: over a real connection, a chunked request's trailer
+// fields (which fasthttp appends to the header) are no key to the
+// middleware, and DropTrailerFields leaves the header section as it was
+// sent: a name sent in both keeps the header section's values, a name only
+// in the trailer is gone, and a request that is not chunked is untouched.
+func TestTrailerFields(t *testing.T) {
+	eng, auth := limiter(t, 100)
+	seen := make(chan string, 1)
+	mw := lpfasthttp.Middleware(eng, auth, lpfasthttp.Options{API: "a"})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/keyed" {
+			mw(func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("admitted") })(ctx)
+			return
+		}
+		lpfasthttp.DropTrailerFields(&ctx.Request.Header)
+		// The fields by name; one name's values in their order.
+		var fields [][2]string
+		ctx.Request.Header.VisitAll(func(k, v []byte) {
+			switch string(k) {
+			case "X-Forwarded-For", "X-Api-Key", "X-Tag":
+				fields = append(fields, [2]string{string(k), string(v)})
+			}
+		})
+		sort.SliceStable(fields, func(i, j int) bool { return fields[i][0] < fields[j][0] })
+		var b strings.Builder
+		for _, f := range fields {
+			fmt.Fprintf(&b, "%s=%s;", f[0], f[1])
+		}
+		seen <- b.String()
+	}}
+	go fs.Serve(ln)
+	defer fs.Shutdown()
+
+	send := func(req string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}
+	chunked := func(path, head, trailer string) string {
+		return "POST " + path + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + head +
+			"Connection: close\r\n\r\n2\r\nhi\r\n0\r\n" + trailer + "\r\n"
+	}
+
+	if got := send(chunked("/keyed", "", "X-Api-Key: k1\r\n")); !strings.HasPrefix(got, "401 ") {
+		t.Errorf("key in a trailer: %s, want 401", got)
+	}
+	if got := send(chunked("/keyed", "X-Api-Key: k1\r\n", "X-Api-Key: k1\r\n")); got != "200 admitted" {
+		t.Errorf("key in the header and again in the trailer: %s, want 200 admitted (one line in the header section)", got)
+	}
+
+	for _, c := range []struct{ name, req, want string }{
+		{"both", chunked("/", "X-Forwarded-For: 192.0.2.1\r\nX-Tag: a\r\n", "X-Forwarded-For: 198.51.100.9\r\nX-Api-Key: k1\r\n"),
+			"X-Forwarded-For=192.0.2.1;X-Tag=a;"},
+		{"trailer only", chunked("/", "", "X-Forwarded-For: 198.51.100.9\r\n"), ""},
+		{"two lines kept", chunked("/", "X-Tag: a\r\nX-Tag: b\r\n", "X-Tag: c\r\n"), "X-Tag=a;X-Tag=b;"},
+		{"not chunked", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nX-Tag: a\r\nX-Api-Key: k1\r\nConnection: close\r\n\r\nhi",
+			"X-Api-Key=k1;X-Tag=a;"},
+	} {
+		if got := send(c.req); !strings.HasPrefix(got, "200 ") {
+			t.Errorf("%s: answer %s, want 200", c.name, got)
+			continue
+		}
+		if got := <-seen; got != c.want {
+			t.Errorf("%s: header after DropTrailerFields %q, want %q", c.name, got, c.want)
+		}
 	}
 }
