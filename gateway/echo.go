@@ -43,8 +43,11 @@ var (
 // never receives them, and the echo upstream does not show them.
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	hopTe: "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
+
+// hopTe is Te's index in hopHeaders.
+const hopTe = 5
 
 // echo returns the builtin:echo upstream for API id: it answers every
 // request whose body it can read (400 otherwise) with 200 and JSON describing it as an http(s) upstream would

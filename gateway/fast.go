@@ -386,7 +386,10 @@ func (p *fastProxy) serve(ctx *fasthttp.RequestCtx, fr *fastRequest) {
 
 // forwardedFields are the fields a proxy sets afresh (X-Forwarded-For
 // extended from a trusted peer's), as net/http/httputil's SetXForwarded.
-var forwardedFields = [...]string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+var forwardedFields = [...]string{"Forwarded", fwdXFF: "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// fwdXFF is X-Forwarded-For's index in forwardedFields.
+const fwdXFF = 1
 
 // scrubProxyFields drops from h the hop-by-hop fields (hopHeaders and
 // those its Connection fields name; Te: trailers is kept) and
@@ -414,12 +417,12 @@ func scrubProxyFields(h *fasthttp.RequestHeader, trusted func() bool) (xff []str
 	if hop == 0 && fwd == 0 {
 		return nil
 	}
-	if vs := h.PeekAll("X-Forwarded-For"); len(vs) > 0 && trusted() {
-		for _, v := range vs {
+	if fwd&(1<<fwdXFF) != 0 && trusted() {
+		for _, v := range h.PeekAll("X-Forwarded-For") {
 			xff = append(xff, string(v))
 		}
 	}
-	te := headerHasToken(h, "Te", "trailers")
+	te := hop&(1<<hopTe) != 0 && headerHasToken(h, "Te", "trailers")
 	// The fields the Connection fields name, each token deleted as it is
 	// read (conn's values stay as they are while only Del runs).
 	for _, v := range conn {
