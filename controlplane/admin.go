@@ -482,10 +482,10 @@ func (a *admin) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit
 	if err := dec.Decode(v); err != nil {
 		if path, problem, ok := spec.DurationTypeProblem(err); ok {
 			msg := "body has a duration that is not a string; nothing was changed"
-			if strings.HasPrefix(problem, `"`) { // a string ParseDuration refused
+			if spec.RefusedDurationString(err) {
 				msg = "body has a string that is not a duration; nothing was changed"
 			}
-			writeError(w, http.StatusUnprocessableEntity, msg, spec.Errors{{Path: durationPath(body, path, problem), Problem: problem}})
+			writeError(w, http.StatusUnprocessableEntity, msg, spec.Errors{{Path: durationPath(body, path, err), Problem: problem}})
 			return false
 		}
 		if path, problem, ok := spec.TypeProblem(err); ok {

@@ -117,7 +117,7 @@ func batchKey(at string, raw json.RawMessage) (spec.Key, *spec.Error) {
 	var nk newKey
 	if err := decodeStrict(raw, &nk); err != nil {
 		if path, problem, ok := spec.DurationTypeProblem(err); ok {
-			return spec.Key{}, &spec.Error{Path: at + "." + durationPath(raw, path, problem), Problem: problem}
+			return spec.Key{}, &spec.Error{Path: at + "." + durationPath(raw, path, err), Problem: problem}
 		}
 		if path, problem, ok := timeProblem(raw, err); ok {
 			return spec.Key{}, &spec.Error{Path: at + "." + path, Problem: problem}

@@ -403,7 +403,7 @@ func decodeObject(at, what string, raw json.RawMessage, v any) *spec.Error {
 		return nil
 	}
 	if path, problem, ok := spec.DurationTypeProblem(err); ok {
-		return &spec.Error{Path: at + "." + durationPath(raw, path, problem), Problem: problem}
+		return &spec.Error{Path: at + "." + durationPath(raw, path, err), Problem: problem}
 	}
 	if path, problem, ok := timeProblem(raw, err); ok {
 		return &spec.Error{Path: at + "." + path, Problem: problem}

@@ -143,11 +143,11 @@ func valuePath(doc []byte, field string) string {
 	})
 }
 
-// durationPath is valuePath for spec.DurationTypeProblem's problem: for
-// a string that is not a duration (a problem that starts with the
-// quoted string), the path of the first such string.
-func durationPath(doc []byte, field, problem string) string {
-	if !strings.HasPrefix(problem, `"`) {
+// durationPath is valuePath for spec.DurationTypeProblem's error err: for
+// a string that is not a duration (spec.RefusedDurationString), the path
+// of the first such string.
+func durationPath(doc []byte, field string, err error) string {
+	if !spec.RefusedDurationString(err) {
 		return valuePath(doc, field)
 	}
 	return valuePathWhere(doc, field, func(tok json.Token) bool {

@@ -600,6 +600,14 @@ func DurationTypeProblem(err error) (path, problem string, ok bool) {
 	return TypeProblem(err)
 }
 
+// RefusedDurationString reports whether err is Duration's refusal of a
+// string (one ParseDuration refuses, such as "1d"), as opposed to a JSON
+// value that is no string at all (3600, true), found with errors.As.
+func RefusedDurationString(err error) bool {
+	var te *json.UnmarshalTypeError
+	return errors.As(err, &te) && te.Type == reflect.TypeFor[Duration]() && strings.HasPrefix(te.Value, "string ")
+}
+
 // TypeProblem is DurationTypeProblem for encoding/json's refusal of any
 // value of the wrong type ("in_flight": 1e18, "requests": "10"): the
 // path, and the value's kind and what the field takes ("number 1e18:

@@ -559,9 +559,16 @@ func TestSnapshotRefusesNumberDurations(t *testing.T) {
 		if !ok || path != tc.path || problem != tc.problem {
 			t.Errorf("%s: error %v: got (%q, %q, %v), want (%q, %q)", tc.in, err, path, problem, ok, tc.path, tc.problem)
 		}
+		if got, want := spec.RefusedDurationString(err), strings.HasPrefix(tc.problem, `"`); got != want {
+			t.Errorf("%s: RefusedDurationString = %v, want %v", tc.in, got, want)
+		}
 	}
 	if _, _, ok := spec.DurationTypeProblem(errors.New("other")); ok {
 		t.Error("DurationTypeProblem took another error")
+	}
+	var s spec.Snapshot
+	if err := json.Unmarshal([]byte(`{"policies":[{"id":"p","rate":{"requests":"5","per":"1h"}}]}`), &s); spec.RefusedDurationString(err) {
+		t.Errorf("RefusedDurationString took a string refused for an integer field: %v", err)
 	}
 }
 
