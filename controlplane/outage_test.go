@@ -4,13 +4,18 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/limitplane/limitplane/controlplane"
+	"github.com/limitplane/limitplane/dataplane/syncpb"
 	"github.com/limitplane/limitplane/spec"
 )
 
@@ -18,8 +23,8 @@ import (
 // real Bolt store behind it answers every call, except that while down
 // is set the calls fail as a database-backed store's do when its
 // database cannot be reached (wrapping controlplane.ErrStoreUnavailable)
-// and change nothing. It stands in for the database only because the
-// PostgreSQL store is not in this tree yet; the PostgreSQL store's own
+// and change nothing. It puts an outage at an exact moment of a test
+// (between a write and its delivery, say); the PostgreSQL store's own
 // tests stop a real PostgreSQL. It is not a RevisionWatcher, so a sync
 // server polls it (see watchingOutageStore).
 type outageStore struct {
@@ -231,6 +236,133 @@ func TestSyncStreamsStayOpenWhileStoreUnavailable(t *testing.T) {
 			wantStatuses(t, "k2 after the outage", f.statuses(t, "/eu/x", "k2", 1), 200)
 			if st := f.agent.Status(); st.Reconnects != 0 || st.State != "connected" {
 				t.Fatalf("after the outage: %+v; want the first stream still connected", st)
+			}
+		})
+	}
+}
+
+// outageStream opens a sync stream for gateway gw-1 to a sync server over
+// store (polled every 300 ms unless store announces writes), receives
+// the first snapshot and acks it; it returns the stream, the snapshot's
+// revision and digest.
+func outageStream(t *testing.T, store controlplane.Store) (syncStream, uint64, string) {
+	t.Helper()
+	srv, err := controlplane.NewSyncServer(controlplane.SyncOptions{
+		Store: store, PollInterval: 300 * time.Millisecond, Log: slog.New(slog.DiscardHandler),
+		Tokens: []controlplane.DataPlaneToken{{Hash: controlplane.HashToken(followToken), Group: "g", Tags: []string{"eu", "us"}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	syncpb.RegisterSyncServiceServer(gs, srv)
+	go gs.Serve(lis)
+	t.Cleanup(func() { srv.Shutdown(); gs.Stop() })
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	stream, err := syncpb.NewSyncServiceClient(conn).Sync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendMsg(t, stream, &syncpb.ClientMessage{Kind: &syncpb.ClientMessage_Hello{Hello: &syncpb.Hello{
+		Group: "g", Tags: []string{"eu", "us"}, Token: followToken, GatewayId: "gw-1"}}})
+	snap, nonce, digest, _ := recvSnapshot(t, stream)
+	ack(t, stream, snap.Revision, nonce)
+	return stream, snap.Revision, digest
+}
+
+// recvWithin returns the next message on stream, failing the test when
+// none comes within d.
+func recvWithin(t *testing.T, stream syncStream, d time.Duration, what string) *syncpb.ServerMessage {
+	t.Helper()
+	got := make(chan *syncpb.ServerMessage, 1)
+	go func() {
+		if m, err := stream.Recv(); err == nil {
+			got <- m
+		}
+	}()
+	select {
+	case m := <-got:
+		return m
+	case <-time.After(d):
+		t.Fatalf("%s: nothing received within %v", what, d)
+		return nil
+	}
+}
+
+// TestSyncRetryOutlivesGatewayMessages: a delivery that failed because the
+// store was unavailable is tried again after PollInterval even when the
+// gateway sends a message meanwhile (here its periodic DigestReport, which
+// matches what it runs). Such a message once cleared the stream's pending
+// delivery, and with a store that announces writes nothing woke the
+// stream again: the write made during the outage never reached the
+// gateway after the database came back, until the next write.
+func TestSyncRetryOutlivesGatewayMessages(t *testing.T) {
+	s := newOutageStore(t)
+	stream, runs, digest := outageStream(t, watchingOutageStore{s})
+
+	s.down.Store(true)
+	before := s.fails.Load()
+	rev := update(t, s.bolt, func(tx controlplane.Tx) error {
+		return tx.PutKey(spec.Key{KeyHash: hash("k2"), Policies: []string{"gold"}})
+	})
+	waitFails(t, s, before+1) // the delivery the write announced failed; a retry is due in 300 ms
+	sendMsg(t, stream, &syncpb.ClientMessage{Kind: &syncpb.ClientMessage_DigestReport{DigestReport: &syncpb.DigestReport{Revision: runs, Digest: digest}}})
+	// The store comes back after the stream has read the report (if it
+	// has not by then, the retry is due either way: the test passes but
+	// proves less).
+	time.Sleep(100 * time.Millisecond)
+	s.down.Store(false)
+
+	m := recvWithin(t, stream, 5*time.Second, "after the store came back")
+	if c := m.GetChanges(); c == nil || c.GetRevision() != rev {
+		t.Fatalf("got %v, want the changes to revision %d", m, rev)
+	}
+}
+
+// TestSyncSnapshotOwedOutlivesOutage: a gateway refuses Changes while the
+// store is unavailable, so the snapshot it is owed cannot be read; once
+// the store is back the snapshot comes, polled or announced. A poll that
+// found the revision unchanged once cleared the owed delivery (about
+// every other time, as the poll or the retry came first).
+func TestSyncSnapshotOwedOutlivesOutage(t *testing.T) {
+	for _, watch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "polled", true: "watched"}[watch], func(t *testing.T) {
+			s := newOutageStore(t)
+			var store controlplane.Store = s
+			if watch {
+				store = watchingOutageStore{s}
+			}
+			for round := range 3 {
+				stream, _, _ := outageStream(t, store)
+				rev := update(t, s.bolt, func(tx controlplane.Tx) error {
+					return tx.PutKey(spec.Key{KeyHash: hash(fmt.Sprintf("k%d", round+2)), Policies: []string{"gold"}})
+				})
+				ch := recvChanges(t, stream)
+				if ch.GetRevision() != rev {
+					t.Fatalf("round %d: changes to %d, want %d", round, ch.GetRevision(), rev)
+				}
+				s.down.Store(true)
+				before := s.fails.Load()
+				nack(t, stream, ch.GetRevision(), ch.GetNonce(), "refused")
+				waitFails(t, s, before+1) // the snapshot owed could not be read
+				// Let a poll or two fail too, then bring the store back
+				// at some point of the poll's and the retry's phases.
+				time.Sleep(time.Duration(350+round*100) * time.Millisecond)
+				s.down.Store(false)
+				m := recvWithin(t, stream, 5*time.Second, fmt.Sprintf("round %d, after the store came back", round))
+				if c := m.GetSnapshotChunk(); c == nil {
+					t.Fatalf("round %d: got %v, want the snapshot a Nack of Changes asks for", round, m)
+				}
 			}
 		})
 	}

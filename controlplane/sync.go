@@ -845,12 +845,19 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 				// Keep the stream; the next tick reads again.
 			case err != nil:
 				return err
-			default:
-				stale = rev != st.latest()
+			case rev != st.latest():
+				stale = true
+				// A revision that has not risen keeps a delivery still
+				// due (a retry, a snapshot a Nack asked for).
 			}
 		case <-retry:
 		case m := <-msgs:
-			stale = st.receive(m)
+			// A message can make the stream stale (a Nack, a digest
+			// that differs) but never clears a delivery still due
+			// (one that failed while the store was unavailable).
+			if st.receive(m) {
+				stale = true
+			}
 		case <-dupCheck:
 			s.warnDuplicates(h, n, peerAddr(stream))
 		case w := <-warnings:
