@@ -91,8 +91,11 @@ type Rejection struct {
 // DataPlanes is the registry of the gateways' sync streams. It is safe
 // for concurrent use; the zero value is empty and ready. Entries of
 // ended streams expire Expiry after they ended; expired entries are
-// dropped as the registry is used (no goroutine), so it holds at most the
-// open streams and the streams that ended within Expiry.
+// dropped as the registry is used (no goroutine): by List at once, and by
+// Connect and Disconnect at most once per Expiry/16, so that it holds at
+// most the open streams and the streams that ended within Expiry +
+// Expiry/16 even when nobody lists it (gateways restarting with new IDs,
+// no metrics scraped).
 type DataPlanes struct {
 	// Expiry is how long an ended stream's entry stays; 0 means
 	// DefaultDataPlaneExpiry. Set it before first use.
@@ -101,8 +104,9 @@ type DataPlanes struct {
 	// first use.
 	Now func() time.Time
 
-	mu sync.Mutex
-	m  map[string]map[uint64]DataPlane // gateway ID → stream → entry
+	mu     sync.Mutex
+	m      map[string]map[uint64]DataPlane // gateway ID → stream → entry
+	pruned time.Time                       // the last prune of every gateway's entries
 }
 
 func (d *DataPlanes) now() time.Time {
@@ -112,12 +116,21 @@ func (d *DataPlanes) now() time.Time {
 	return time.Now()
 }
 
+// pruneDue prunes every gateway's entries when Expiry/16 has passed since
+// the last time; d.mu is held.
+func (d *DataPlanes) pruneDue() {
+	if d.now().Sub(d.pruned) >= cmp.Or(d.Expiry, DefaultDataPlaneExpiry)/16 {
+		d.prune()
+	}
+}
+
 // prune drops the expired entries of the gateways in ids, or of all
 // gateways when ids is nil; d.mu is held.
 func (d *DataPlanes) prune(ids ...string) {
 	expiry := cmp.Or(d.Expiry, DefaultDataPlaneExpiry)
 	now := d.now()
 	if ids == nil {
+		d.pruned = now
 		for id := range d.m {
 			ids = append(ids, id)
 		}
@@ -177,6 +190,7 @@ func (d *DataPlanes) Connect(dp DataPlane) (others []DataPlane) {
 	if d.m == nil {
 		d.m = map[string]map[uint64]DataPlane{}
 	}
+	d.pruneDue()
 	streams := d.m[dp.GatewayID]
 	if streams == nil {
 		streams = map[uint64]DataPlane{}
@@ -220,6 +234,7 @@ func (d *DataPlanes) Update(id string, n uint64, fn func(dp *DataPlane)) {
 func (d *DataPlanes) Disconnect(id string, n uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.pruneDue()
 	dp, ok := d.m[id][n]
 	if !ok {
 		return
