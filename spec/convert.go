@@ -140,6 +140,12 @@ func (k *Key) Record() (identity.KeyRecord, error) {
 	rec := identity.KeyRecord{Hash: h, Policies: slices.Clone(k.Policies), Inactive: k.Inactive, QuotaEpoch: k.QuotaEpoch}
 	if k.Expires != nil {
 		rec.Expires = *k.Expires
+		if rec.Expires.IsZero() {
+			// 0001-01-01T00:00:00Z, Go's zero time, is a time like any
+			// other here (the key expired long ago), but identity reads
+			// a zero Expires as never: the next instant says the same.
+			rec.Expires = rec.Expires.Add(time.Nanosecond)
+		}
 	}
 	if len(k.APILimits) > 0 {
 		rec.APILimits = make(map[string]core.Limits, len(k.APILimits))

@@ -807,3 +807,64 @@ func TestSecret(t *testing.T) {
 		}
 	}
 }
+
+// keyRequest presents an API key in X-API-Key and nothing else.
+type keyRequest string
+
+func (r keyRequest) Header(name string) string {
+	if strings.EqualFold(name, "X-API-Key") {
+		return string(r)
+	}
+	return ""
+}
+
+func (r keyRequest) HeaderValues(name string) []string {
+	if v := r.Header(name); v != "" {
+		return []string{v}
+	}
+	return nil
+}
+func (keyRequest) Query(string) string  { return "" }
+func (keyRequest) Cookie(string) string { return "" }
+func (keyRequest) RemoteAddr() string   { return "192.0.2.1:4000" }
+
+// TestKeyExpiresZeroTime: "expires": "0001-01-01T00:00:00Z" (Go's zero
+// time, which identity reads as never) is a time long past like any
+// other: the key is refused as expired, as one expiring a day later is.
+// It once never expired.
+func TestKeyExpiresZeroTime(t *testing.T) {
+	for _, tc := range []struct {
+		expires string // "" for none
+		want    string // Authenticate's error, "" for admitted
+	}{
+		{"0001-01-01T00:00:00Z", "API key expired"},
+		{"0001-01-02T00:00:00Z", "API key expired"},
+		{"2000-01-01T00:00:00Z", "API key expired"},
+		{"2999-01-01T00:00:00Z", ""},
+		{"", ""},
+	} {
+		doc := `{"key_hash":"` + identity.HashKey("k").String() + `","policies":["p"]`
+		if tc.expires != "" {
+			doc += `,"expires":"` + tc.expires + `"`
+		}
+		var k spec.Key
+		if err := json.Unmarshal([]byte(doc+"}"), &k); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := k.Record()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := identity.NewKeys([]identity.KeyRecord{rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := identity.NewAPIKey(keys, identity.APIKeyOptions{}).Authenticate(t.Context(), keyRequest("k"))
+		switch {
+		case tc.want == "" && (err != nil || c == nil):
+			t.Errorf("expires %q: %v, want admitted", tc.expires, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("expires %q: %v, want %q", tc.expires, err, tc.want)
+		}
+	}
+}
