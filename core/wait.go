@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// ErrWaitExceedsDeadline is returned by Wait when the time until the request
-// would be allowed passes the context's deadline. The error also matches
-// context.DeadlineExceeded.
+// ErrWaitExceedsDeadline is returned by Wait when the context's deadline
+// comes before the request is allowed: the time until the next try passes
+// it, or it passed while the store was deciding (the store's error is
+// wrapped too). The error also matches context.DeadlineExceeded.
 var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
 
 // Wait applies req to s as a reservation (Request.MaxDelay up to ctx's
@@ -21,10 +22,14 @@ var ErrWaitExceedsDeadline = errors.New("wait would exceed context deadline")
 //   - with an error matching ErrWaitExceedsDeadline and
 //     context.DeadlineExceeded when the next retry lies beyond ctx's
 //     deadline;
-//   - with the store's error when the store fails. A store's own timeout
-//     may match context.DeadlineExceeded while ctx is still live: test
-//     ctx.Err() (or ErrWaitExceedsDeadline) to tell "my time is up" from
-//     "the store failed".
+//   - with the store's error when the store fails before ctx's deadline.
+//     A store's own timeout may match context.DeadlineExceeded while ctx
+//     is still live: test ErrWaitExceedsDeadline (or ctx.Err()) to tell
+//     "my time is up" from "the store failed". A store call that fails at
+//     or after ctx's deadline (a Redis client's read deadline is ctx's:
+//     its "i/o timeout" can come before ctx.Err() is set) is "my time is
+//     up": its error matches ErrWaitExceedsDeadline and
+//     context.DeadlineExceeded, and wraps the store's.
 //
 // It returns ctx.Err() when ctx is cancelled while sleeping (a reserved
 // slot then goes unused). With GCRA, concurrent waiters on one key, in one
@@ -73,6 +78,9 @@ func wait(ctx context.Context, take func(context.Context, Request) (Decision, er
 		}
 		d, err := take(ctx, req)
 		if err != nil {
+			if dl, ok := ctx.Deadline(); ok && !now().Before(dl) {
+				return d, fmt.Errorf("core: Wait(cost=%d): the deadline passed during the store call: %w (%w): %w", req.Cost, ErrWaitExceedsDeadline, context.DeadlineExceeded, err)
+			}
 			return d, err
 		}
 		if d.Allowed {

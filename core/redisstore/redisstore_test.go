@@ -342,3 +342,32 @@ func TestPing(t *testing.T) {
 		t.Fatalf("Ping after restart, breaker open: %v", err)
 	}
 }
+
+// TestWaitDeadlineDuringStoreCall: a Wait whose deadline passes while
+// Redis does not answer (redis-server paused) returns an error matching
+// core.ErrWaitExceedsDeadline and context.DeadlineExceeded, batched or
+// direct, whichever error the client gave (go-redis sets ctx's deadline
+// on the connection: its "i/o timeout" could come before ctx.Err() was
+// set, and the error was the store's alone).
+func TestWaitDeadlineDuringStoreCall(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, pipeline := range []int{0, -1} {
+		// ContextTimeoutEnabled, as NewClientFromURL sets it: the read
+		// deadline is ctx's.
+		s := newStore(t, srv.Client(t, &redis.Options{ContextTimeoutEnabled: true}), redisstore.Options{Pipeline: pipeline, Timeout: time.Minute})
+		req := prepare(t, s, core.Call{Consumer: "late", Rate: core.Limit{Rate: 20, Period: time.Second, Burst: 1}, Cost: 1})
+		if _, err := s.Take(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		srv.Pause()
+		for i := range 5 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(50+20*i)*time.Millisecond)
+			_, err := core.Wait(ctx, s, req)
+			cancel()
+			if !errors.Is(err, core.ErrWaitExceedsDeadline) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("pipeline %d, wait %d: %v; want an error matching ErrWaitExceedsDeadline and context.DeadlineExceeded", pipeline, i, err)
+			}
+		}
+		srv.Resume()
+	}
+}
