@@ -676,7 +676,8 @@ const reconnectLogInterval = 30 * time.Second
 // each time; attempts that get no answer (a control plane down for a
 // while, retried every second) are each logged at DEBUG, and at WARN as
 // failurelog does it: the first at once, then one line each
-// reconnectLogInterval with their count.
+// reconnectLogInterval with their count, the last of a run when the
+// control plane answers (before "connected"), never after it.
 func (a *Agent) connectLoop(ctx context.Context, connect func() (grpc.ClientConnInterface, func(), error)) {
 	bo := cappedBackOff{a.newBackOff(), a.o.Backoff.Max}
 	unanswered := failurelog.New(a.log, failurelog.Options{
@@ -695,7 +696,7 @@ func (a *Agent) connectLoop(ctx context.Context, connect func() (grpc.ClientConn
 		var answered bool
 		conn, release, err := connect()
 		if err == nil {
-			answered, err = a.session(ctx, conn)
+			answered, err = a.session(ctx, conn, unanswered.Recovered)
 			release()
 		}
 		if ctx.Err() != nil {

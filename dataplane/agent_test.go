@@ -234,7 +234,8 @@ func TestAgentRejectsBadDeliveries(t *testing.T) {
 // four streams sees five attempts, spaced by the exponential backoff (no
 // jitter here: 20, 40, 80, 80 ms, capped at 80), each logged at DEBUG with
 // its delay and at WARN once (the first; the others within the next 30 s
-// are counted); once a stream is cut after a delivery, the agent
+// are counted, and logged in one line when the control plane answers);
+// once a stream is cut after a delivery, the agent
 // reconnects after the reset delay (20 ms), logged at WARN, and its Hello
 // carries the applied revision and digest.
 func TestAgentReconnectsWithBackoff(t *testing.T) {
@@ -287,6 +288,12 @@ func TestAgentReconnectsWithBackoff(t *testing.T) {
 		snap := snapshot(7, "k1")
 		s.sendSnapshot(t, snap, "snap-7")
 		s.wantAck(t, 7, "snap-7")
+		// The answer ends the run of unanswered attempts: the three
+		// counted since the first line are logged now, before
+		// "connected", not 30 s later, after it.
+		if !regexp.MustCompile(`level=WARN msg="dataplane: no answer from the control plane; reconnecting with backoff" [^\n]*failures=3 total=4 [^\n]*\n[^\n]*level=INFO msg="dataplane: connected to the control plane"`).MatchString(log.String()) {
+			t.Errorf("no summary of the 3 later unanswered attempts before \"connected\":\n%s", log)
+		}
 		s.end <- fmt.Errorf("cut")
 		s2 := f.next(t)
 		if h := s2.hello; h.GetLastAppliedRevision() != 7 || h.GetDigest() != protocol.Digest(snap) {

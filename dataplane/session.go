@@ -40,8 +40,8 @@ type session struct {
 
 // session runs one stream until it ends or ctx is done. It reports
 // whether the control plane answered on it (sent any message), and the
-// error that ended it.
-func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (answered bool, err error) {
+// error that ended it; onAnswer is called at the first answer.
+func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface, onAnswer func()) (answered bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -87,6 +87,7 @@ func (a *Agent) session(ctx context.Context, conn grpc.ClientConnInterface) (ans
 		}
 		if !answered {
 			answered = true
+			onAnswer()
 			a.contact()
 			a.log.Info("dataplane: connected to the control plane", "gateway", a.o.GatewayID, "revision", rev)
 		}

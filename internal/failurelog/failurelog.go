@@ -43,6 +43,7 @@ type Log struct {
 	pending    int64 // failures since the last line, not yet logged
 	lastErr    error // the last of them
 	inInterval bool  // a line was written and its interval has not ended
+	run        uint64 // counts runs of failures; a tick of an earlier run does nothing
 	stop       func() bool
 	closed     bool
 }
@@ -86,15 +87,24 @@ func (f *Log) Failed(err error) {
 	}
 	f.log.Warn(f.msg, append([]any{"err", err, "failures", 1, "total", f.total}, f.attrs...)...)
 	f.inInterval = true
-	f.stop = f.after(f.interval, f.tick)
+	f.run++
+	f.startInterval()
 }
 
-// tick ends an interval: it logs the failures counted in it, if any, and
-// starts another, or else lets the next failure be logged at once.
-func (f *Log) tick() {
+// startInterval starts the timer that ends the interval of the current
+// run; f.mu is held.
+func (f *Log) startInterval() {
+	run := f.run
+	f.stop = f.after(f.interval, func() { f.tick(run) })
+}
+
+// tick ends an interval of run: it logs the failures counted in it, if
+// any, and starts another, or else lets the next failure be logged at
+// once. A tick of a run that has ended (Recovered) does nothing.
+func (f *Log) tick(run uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed {
+	if f.closed || run != f.run || !f.inInterval {
 		return
 	}
 	if f.pending == 0 {
@@ -102,7 +112,28 @@ func (f *Log) tick() {
 		return
 	}
 	f.flush()
-	f.stop = f.after(f.interval, f.tick)
+	f.startInterval()
+}
+
+// Recovered ends a run of failures when what failed works again: the
+// failures counted since the last line, if any, are logged at once (not
+// an interval later, after the recovery, where the line would read as a
+// new failure), the interval's timer is stopped, and the next failure is
+// logged at once.
+func (f *Log) Recovered() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || !f.inInterval {
+		return
+	}
+	if f.stop != nil {
+		f.stop()
+	}
+	if f.pending > 0 {
+		f.flush()
+	}
+	f.inInterval = false
+	f.run++
 }
 
 // flush logs the pending failures; f.mu is held and f.pending > 0.

@@ -87,3 +87,45 @@ func TestFailureLog(t *testing.T) {
 		t.Fatalf("after Close: %d timers fired, total %d, output:\n%s", n, f.Total(), out)
 	}
 }
+
+// TestFailureLogRecovered: Recovered writes the failures counted since the
+// last line at once and ends the run: its interval's timer writes
+// nothing later (a summary of an outage that is over would read as a new
+// one), and the next failure is logged at once. Without a run it does
+// nothing.
+func TestFailureLogRecovered(t *testing.T) {
+	log, out := textLog()
+	timers := &ManualTimers{}
+	f := New(log, Options{Msg: "no answer", Interval: 30 * time.Second, AfterFunc: timers.After})
+	f.Recovered()
+	if out.String() != "" {
+		t.Fatalf("Recovered without failures wrote:\n%s", out)
+	}
+	for i := range 18 {
+		f.Failed(fmt.Errorf("refused %d", i))
+	}
+	f.Recovered()
+	want := `level=WARN msg="no answer" err="refused 0" failures=1 total=1` + "\n" +
+		`level=WARN msg="no answer" err="refused 17" failures=17 total=18` + "\n"
+	if out.String() != want {
+		t.Fatalf("after Recovered:\n%s\nwant\n%s", out, want)
+	}
+	if n := timers.Fire(); n != 0 || out.String() != want {
+		t.Fatalf("after Recovered: %d timers fired, output:\n%s", n, out)
+	}
+	f.Failed(errors.New("refused again"))
+	want += `level=WARN msg="no answer" err="refused again" failures=1 total=19` + "\n"
+	if out.String() != want {
+		t.Fatalf("a failure after Recovered:\n%s\nwant\n%s", out, want)
+	}
+	// A tick of the ended run that had already started (its stop came
+	// too late) does nothing either.
+	f.Recovered()
+	f.Failed(errors.New("refused once more"))
+	f.tick(f.run - 1)
+	want += `level=WARN msg="no answer" err="refused once more" failures=1 total=20` + "\n"
+	if out.String() != want || !f.inInterval {
+		t.Fatalf("a stale tick:\n%s\nwant\n%s (and the new run's interval open)", out, want)
+	}
+	f.Close()
+}
