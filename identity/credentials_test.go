@@ -272,3 +272,14 @@ func TestBearerToken(t *testing.T) {
 		}
 	}
 }
+
+// TestAPIKeyNilKeys: an authenticator over a nil registry refuses every
+// key (403) and a request without one (401); it once panicked on the
+// first request.
+func TestAPIKeyNilKeys(t *testing.T) {
+	a := NewAPIKey(nil, APIKeyOptions{})
+	_, err := a.Authenticate(context.Background(), newReq("192.0.2.1:1").with("X-API-Key", "k1"))
+	authErr(t, err, 403, ErrInvalidCredentials, "unknown API key")
+	_, err = a.Authenticate(context.Background(), newReq("192.0.2.1:1"))
+	authErr(t, err, 401, ErrMissingCredentials, "no API key")
+}

@@ -664,8 +664,13 @@ type APIKey struct {
 	lookup []string // header sources' names in canonical form, by source
 }
 
-// NewAPIKey returns an APIKey authenticator over keys.
+// NewAPIKey returns an APIKey authenticator over keys. A nil keys is an
+// empty registry of its own: every key presented is refused (403), none
+// can be added.
 func NewAPIKey(keys *Keys, opts APIKeyOptions) *APIKey {
+	if keys == nil {
+		keys, _ = NewKeys(nil) // no records: no error
+	}
 	if len(opts.Sources) == 0 {
 		opts.Sources = DefaultKeySources()
 	}
