@@ -329,16 +329,16 @@ func (s *SyncServer) authenticate(h *syncpb.Hello, peer string) error {
 	}
 	if found == nil {
 		return s.refuse(refusedUnauthenticated, status.Error(codes.Unauthenticated, "controlplane: unknown data-plane token"),
-			"group", h.GetGroup(), "gateway", h.GetGatewayId(), "peer", peer)
+			"group", cutProblem(h.GetGroup()), "gateway", cutProblem(h.GetGatewayId()), "peer", peer)
 	}
 	if h.GetGroup() != found.group {
-		return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token is not for group %q", h.GetGroup()),
-			"token_group", found.group, "gateway", h.GetGatewayId(), "peer", peer)
+		return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token is not for group %q", cutProblem(h.GetGroup())),
+			"token_group", found.group, "gateway", cutProblem(h.GetGatewayId()), "peer", peer)
 	}
 	for _, t := range h.GetTags() {
 		if !slices.Contains(found.tags, t) {
-			return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token may not ask for tag %q", t),
-				"group", h.GetGroup(), "gateway", h.GetGatewayId(), "peer", peer)
+			return s.refuse(refusedPermissionDenied, status.Errorf(codes.PermissionDenied, "controlplane: the token may not ask for tag %q", cutProblem(t)),
+				"group", cutProblem(h.GetGroup()), "gateway", cutProblem(h.GetGatewayId()), "peer", peer)
 		}
 	}
 	return nil
@@ -748,8 +748,8 @@ func (s *SyncServer) Sync(stream grpc.BidiStreamingServer[syncpb.ClientMessage, 
 	if err := s.authenticate(h, peerAddr(stream)); err != nil {
 		return err
 	}
-	if h.GetGatewayId() == "" {
-		return s.refuse(refusedInvalid, status.Error(codes.InvalidArgument, "controlplane: Hello without gateway_id"),
+	if err := protocol.CheckGatewayID(h.GetGatewayId()); err != nil {
+		return s.refuse(refusedInvalid, status.Error(codes.InvalidArgument, "controlplane: Hello: "+cutProblem(err.Error())),
 			"group", h.GetGroup(), "peer", peerAddr(stream))
 	}
 	id, tags := h.GetGatewayId(), slices.Clone(h.GetTags())
@@ -1312,11 +1312,12 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 		}
 	case *syncpb.ClientMessage_Nack:
 		s.o.Metrics.acked(false)
+		problem := cutProblem(k.Nack.GetError())
 		s.o.Log.Warn("controlplane: sync: data plane rejected a revision",
-			"group", st.hello.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", k.Nack.GetError())
+			"group", st.hello.GetGroup(), "gateway", id, "revision", k.Nack.GetRevision(), "problem", problem)
 		s.o.DataPlanes.Update(id, st.n, func(dp *DataPlane) {
 			dp.LastSeen = now
-			dp.LastRejection = &Rejection{Revision: k.Nack.GetRevision(), Problem: k.Nack.GetError(), At: now}
+			dp.LastRejection = &Rejection{Revision: k.Nack.GetRevision(), Problem: problem, At: now}
 		})
 		d := find(k.Nack.GetNonce(), k.Nack.GetRevision())
 		switch {
@@ -1356,26 +1357,34 @@ func (st *syncStream) receive(m *syncpb.ClientMessage) bool {
 	return false
 }
 
-// Bounds of a gateway's list of APIs not built as the control plane
-// keeps it: entries, and bytes of each problem.
+// Bounds of what a gateway reports as the control plane keeps it: the
+// entries of its list of APIs not built, and the bytes of a problem (a
+// Nack's error, each API's).
 const (
-	maxNotBuilt        = 1000
-	maxNotBuiltProblem = 1024
+	maxNotBuilt = 1000
+	maxProblem  = 1024
 )
 
 // notBuilt is a gateway's list of APIs not built, as DataPlane keeps it
-// (nil when empty; at most maxNotBuilt entries, each problem cut to
-// maxNotBuiltProblem bytes).
+// (nil when empty; at most maxNotBuilt entries, each problem cut by
+// cutProblem).
 func notBuilt(nb []*syncpb.NotBuilt) []NotBuilt {
 	var out []NotBuilt
 	for _, n := range nb[:min(len(nb), maxNotBuilt)] {
-		p := n.GetProblem()
-		if len(p) > maxNotBuiltProblem {
-			p = strings.ToValidUTF8(p[:maxNotBuiltProblem], "") + "…"
-		}
-		out = append(out, NotBuilt{API: n.GetApi(), Policy: n.GetPolicy(), Problem: p})
+		out = append(out, NotBuilt{API: n.GetApi(), Policy: n.GetPolicy(), Problem: cutProblem(n.GetProblem())})
 	}
 	return out
+}
+
+// cutProblem returns a gateway's text (a Nack's error, a NotBuilt's
+// problem; a Hello's gateway_id, group or tag before they are checked) as
+// the control plane logs and keeps it: cut to maxProblem bytes, "…"
+// marking a cut.
+func cutProblem(p string) string {
+	if len(p) > maxProblem {
+		p = strings.ToValidUTF8(p[:maxProblem], "") + "…"
+	}
+	return p
 }
 
 // peerAddr is the remote address of a stream, for logs ("" when

@@ -268,6 +268,46 @@ func TestSyncRefusesTokensOutsideScope(t *testing.T) {
 	wantCode(t, newSyncFixture(t, 0).open(t, &syncpb.Hello{}), codes.Unauthenticated)
 }
 
+// TestSyncBoundsWhatAGatewaySends: a data plane holding a valid token
+// cannot make the control plane keep or log large texts: a Hello whose
+// gateway_id is over 256 bytes or has a control character is
+// refused (InvalidArgument) and not listed, and a refusal of an
+// unauthenticated Hello logs at most 1 KiB of its gateway_id; a Nack's
+// error is logged and kept cut to 1 KiB (a 100,000-byte gateway_id was
+// once listed for an hour, a 3 MB error logged as one line).
+func TestSyncBoundsWhatAGatewaySends(t *testing.T) {
+	for _, id := range []string{strings.Repeat("g", 257), "gw\n1"} { // (gRPC refuses to send a string that is not UTF-8)
+		f := newSyncFixture(t, 0)
+		h := goodHello()
+		h.GatewayId = id
+		wantCode(t, f.open(t, h), codes.InvalidArgument)
+		if got := f.dps.List(); len(got) != 0 {
+			t.Errorf("gateway_id %q: DataPlanes lists %v, want none", id, got)
+		}
+	}
+
+	f := newSyncFixture(t, 0)
+	h := goodHello()
+	h.Token, h.GatewayId = "wrong", strings.Repeat("g", 100_000)
+	wantCode(t, f.open(t, h), codes.Unauthenticated)
+	if n := len(f.log.String()); n > 2000 {
+		t.Errorf("the refusal of a Hello with a 100,000-byte gateway_id logged %d bytes, want the id cut to 1 KiB", n)
+	}
+
+	stream := f.open(t, goodHello())
+	_, nonce, _, _ := recvSnapshot(t, stream)
+	before := len(f.log.String())
+	nack(t, stream, 1, nonce, strings.Repeat("x", 3<<20))
+	closeAndWait(t, stream)
+	want := strings.Repeat("x", 1024) + "…"
+	if dps := f.dps.List(); len(dps) != 1 || dps[0].LastRejection == nil || dps[0].LastRejection.Problem != want {
+		t.Fatalf("DataPlanes %+v, want the rejection's problem cut to 1024 bytes and …", dps)
+	}
+	if logged := f.log.String()[before:]; !strings.Contains(logged, "problem="+want) || len(logged) > 2000 {
+		t.Errorf("the Nack logged %d bytes, want the problem cut to 1024 bytes and …", len(logged))
+	}
+}
+
 // A first message that is not Hello is InvalidArgument.
 func TestSyncFirstMessageMustBeHello(t *testing.T) {
 	f := newSyncFixture(t, 0)

@@ -166,7 +166,8 @@ type AgentOptions struct {
 	// Token is the data plane's secret; required.
 	Token string
 	// GatewayID names this gateway in its group; "" means
-	// "<hostname>-<pid>".
+	// "<hostname>-<pid>". At most protocol.MaxGatewayIDBytes bytes of
+	// UTF-8 without control characters (protocol.CheckGatewayID).
 	GatewayID string
 	// Version is sent in Hello, for operators; "" means "dev".
 	Version string
@@ -380,6 +381,9 @@ func New(opts AgentOptions) (*Agent, error) {
 	if opts.GatewayID == "" {
 		host, _ := os.Hostname()
 		opts.GatewayID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if err := protocol.CheckGatewayID(opts.GatewayID); err != nil {
+		return nil, fmt.Errorf("dataplane: AgentOptions.GatewayID: %w", err)
 	}
 	if opts.Version == "" {
 		opts.Version = "dev"

@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -544,5 +546,36 @@ func TestGroupChecked(t *testing.T) {
 		if want := strings.Replace(want, "AgentOptions", "FollowOptions", 1); err == nil || err.Error() != want {
 			t.Errorf("Follow with group %q: %v, want %s", c.group, err, want)
 		}
+	}
+}
+
+// TestGatewayIDChecked: New and Follow refuse a gateway_id the control
+// plane would refuse (protocol.CheckGatewayID), naming the option; the
+// default, "<hostname>-<pid>", passes.
+func TestGatewayIDChecked(t *testing.T) {
+	g := newGateway(t)
+	for _, c := range []struct{ id, problem string }{
+		{strings.Repeat("g", 257), "gateway_id is 257 bytes long, more than 256"},
+		{"gw\n1", `gateway_id "gw\n1" has a control character`},
+	} {
+		o := agentOptions(g.tg, "127.0.0.1:1", io.Discard)
+		o.GatewayID = c.id
+		if _, err := dataplane.New(o); err == nil || err.Error() != "dataplane: AgentOptions.GatewayID: "+c.problem {
+			t.Errorf("New with gateway_id %q: %v, want %s", c.id, err, c.problem)
+		}
+		_, err := dataplane.Follow(context.Background(), dataplane.FollowOptions{Address: "127.0.0.1:1", Group: "g", Token: "t", ID: c.id})
+		if err == nil || err.Error() != "dataplane: FollowOptions.ID: "+c.problem {
+			t.Errorf("Follow with ID %q: %v, want %s", c.id, err, c.problem)
+		}
+	}
+	o := agentOptions(g.tg, "127.0.0.1:1", io.Discard)
+	o.GatewayID = ""
+	a, err := dataplane.New(o)
+	if err != nil {
+		t.Fatalf("New with the default gateway_id: %v", err)
+	}
+	host, _ := os.Hostname()
+	if want := host + "-" + strconv.Itoa(os.Getpid()); a.GatewayID() != want {
+		t.Errorf("default gateway_id %q, want %q", a.GatewayID(), want)
 	}
 }

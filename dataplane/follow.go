@@ -20,6 +20,7 @@ import (
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/memory"
 	"github.com/limitplane/limitplane/core/redisstore"
+	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/identity"
 	"github.com/limitplane/limitplane/live"
 	"github.com/limitplane/limitplane/metrics"
@@ -142,7 +143,7 @@ type Follower struct {
 // control plane, or the persisted one after StartTimeout) every request
 // through it answers 503. The agent runs until ctx is done or Close is
 // called. It fails when opts lack Address, Group or Token, have a Group
-// that is not ValidGroup, or name an
+// that is not ValidGroup or an ID that protocol.CheckGatewayID refuses, or name an
 // invalid OnStale, MaxStale or ClientIP, or an Address gRPC cannot dial
 // (a malformed target; an unreachable control plane is retried, never an
 // error).
@@ -156,6 +157,11 @@ func Follow(ctx context.Context, opts FollowOptions) (*Follower, error) {
 		return nil, fmt.Errorf("dataplane: FollowOptions.Group %q: want %s", opts.Group, GroupRule)
 	case opts.Token == "":
 		return nil, errors.New("dataplane: FollowOptions.Token is empty")
+	}
+	if opts.ID != "" {
+		if err := protocol.CheckGatewayID(opts.ID); err != nil {
+			return nil, fmt.Errorf("dataplane: FollowOptions.ID: %w", err)
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

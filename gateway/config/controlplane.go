@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/limitplane/limitplane/dataplane"
+	"github.com/limitplane/limitplane/dataplane/protocol"
 	"github.com/limitplane/limitplane/identity"
 )
 
@@ -66,6 +67,11 @@ func (v *loader) controlPlane(r *rawControlPlane, raw *rawConfig) *ControlPlane 
 		v.require("control_plane.group", "the data-plane group is required")
 	} else if !dataplane.ValidGroup(r.Group) {
 		v.fail("control_plane.group", "%q: want %s", r.Group, dataplane.GroupRule)
+	}
+	if r.GatewayID != "" {
+		if err := protocol.CheckGatewayID(r.GatewayID); err != nil {
+			v.fail("control_plane.gateway_id", "%s", strings.TrimPrefix(err.Error(), "gateway_id "))
+		}
 	}
 	for i, tag := range r.Tags {
 		if tag == "" {

@@ -133,6 +133,8 @@ func TestControlPlane(t *testing.T) {
 			`gw.yaml:1:26: control_plane.address: "127.0.0.1:1,cp2": part 2, "cp2", is not host:port (like cp1.example:7071,cp2.example:7071)`},
 		{"group with a brace", "control_plane: {address: \"127.0.0.1:1\", token_env: LP_TEST_DP_TOKEN, group: \"a}b\"}\n",
 			`gw.yaml:1:77: control_plane.group: "a}b": want 1 to 128 characters without spaces, control characters, "{" or "}" (it names a Cluster hash tag)`},
+		{"gateway_id with a control character", "control_plane: {address: \"127.0.0.1:1\", token_env: LP_TEST_DP_TOKEN, group: g, gateway_id: \"gw\\t1\"}\n",
+			`gw.yaml:1:92: control_plane.gateway_id: "gw\t1" has a control character`},
 		{"port 0", "control_plane: {address: \"127.0.0.1:0\", token_env: LP_TEST_DP_TOKEN, group: g}\n",
 			`gw.yaml:1:26: control_plane.address: "127.0.0.1:0" has port 0, which names no server (want a port from 1 to 65535)`},
 		{"port 0 in a list", "control_plane: {address: \"127.0.0.1:1, 127.0.0.1:0\", token_env: LP_TEST_DP_TOKEN, group: g}\n",
