@@ -72,24 +72,36 @@ func (t *Throttle) Key() string { return t.o.Key }
 // (and context.DeadlineExceeded) at once when the wait would pass ctx's
 // deadline, ctx.Err() when ctx ends while waiting, ErrCostExceedsBurst,
 // or the store's error.
+//
+// A Backoff recorded while a call waits for the slot it reserved holds
+// that call back too: its slot goes unused (the limit only gets
+// stricter), and it waits for the Backoff to pass and for a new slot, so
+// that no call of this Throttle starts inside a Backoff. Calls of other
+// processes sharing the Store that had reserved their slots before the
+// Backoff reached the Store (Store.Penalize) still start at those slots.
 func (t *Throttle) Wait(ctx context.Context, cost int64) error {
-	now := t.now()
-	if d := time.Duration(t.notBefore.Load() - now.UnixNano()); d > 0 {
-		if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
-			return fmt.Errorf("core: throttle %q backing off for %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
-		}
-		tm := t.newTimer(d)
-		select {
-		case <-tm.C():
-		case <-ctx.Done():
-			tm.Stop()
-			return ctx.Err()
-		}
-	}
 	req := t.req
 	req.Cost = cost
-	_, err := wait(ctx, t.o.Store.Take, req, true, t.now, t.newTimer)
-	return err
+	for {
+		now := t.now()
+		if d := time.Duration(t.notBefore.Load() - now.UnixNano()); d > 0 {
+			if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+				return fmt.Errorf("core: throttle %q backing off for %v: %w (%w)", t.o.Key, d, ErrWaitExceedsDeadline, context.DeadlineExceeded)
+			}
+			tm := t.newTimer(d)
+			select {
+			case <-tm.C():
+			case <-ctx.Done():
+				tm.Stop()
+				return ctx.Err()
+			}
+		}
+		d, err := wait(ctx, t.o.Store.Take, req, true, t.now, t.newTimer)
+		if err != nil || d.Delay <= 0 || t.notBefore.Load() <= t.now().UnixNano() {
+			return err
+		}
+		// A Backoff came while this call slept until its slot.
+	}
 }
 
 // Backoff holds every later Wait back for d (at most MaxBackoff), and,

@@ -58,6 +58,9 @@ type fakeTime struct {
 	clock *ManualClock
 	slept []time.Duration
 	never bool // timers never fire (a Wait cut short by its context)
+	// during, when set, runs (once) inside the next timer, before the
+	// clock moves: what happens while a call sleeps.
+	during func()
 }
 
 func newFakeTime() *fakeTime {
@@ -70,6 +73,12 @@ func (f *fakeTime) newTimer(d time.Duration) timer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.slept = append(f.slept, d)
+	if during := f.during; during != nil {
+		f.during = nil
+		f.mu.Unlock()
+		during()
+		f.mu.Lock()
+	}
 	c := make(chan time.Time, 1)
 	if !f.never {
 		f.clock.Advance(d)
@@ -182,4 +191,30 @@ func TestThrottleBackoffHoldsExactly(t *testing.T) {
 			t.Fatalf("cancelled during the hold: %v", err)
 		}
 	})
+}
+
+// TestThrottleBackoffHoldsReservedCalls: a call sleeping until the slot it
+// reserved when a Backoff comes (the 429 of an earlier call) does not start
+// inside the Backoff: at 20/s, burst 1, the second call reserves the slot
+// 50ms away; a Backoff of 1s arrives meanwhile; the call wakes, sleeps the
+// rest of the Backoff (950ms) and takes a new slot, free at once (the
+// store's penalty ends with the Backoff). It once started at 50ms.
+func TestThrottleBackoffHoldsReservedCalls(t *testing.T) {
+	ctx := context.Background()
+	ft := newFakeTime()
+	th := ft.throttle(t, ThrottleOptions{Store: &reserveStore{clock: ft.clock}, Key: "api", Limit: Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	if err := th.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	ft.during = func() { th.Backoff(ctx, time.Second) }
+	start := ft.now()
+	if err := th.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ft.sleeps(), []time.Duration{50 * time.Millisecond, 950 * time.Millisecond}; !equalDurations(got, want) {
+		t.Fatalf("slept %v, want %v", got, want)
+	}
+	if got := ft.now().Sub(start); got != time.Second {
+		t.Fatalf("the call started %v after it asked, want 1s (when the Backoff ends)", got)
+	}
 }

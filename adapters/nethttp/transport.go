@@ -34,8 +34,9 @@ type TransportOptions struct {
 // limit allows it, and fails fast with an error matching
 // core.ErrWaitExceedsDeadline when the wait would pass the context's
 // deadline. When the third party still answers 429 with Retry-After, the
-// Transport holds back every later call for that long, and so does every
-// other process sharing the Store (core.Store.Penalize).
+// Transport holds back every later call for that long, calls already
+// waiting for their reserved slots included, and so does every other
+// process sharing the Store (core.Store.Penalize; see core.Throttle.Wait).
 type Transport struct {
 	base     http.RoundTripper
 	cost     func(*http.Request) int64

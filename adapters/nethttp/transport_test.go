@@ -147,6 +147,75 @@ func TestTransportBacksOffOnRetryAfter(t *testing.T) {
 	resp.Body.Close()
 }
 
+// TestTransportBackoffHoldsWaitingCalls: calls already waiting for the
+// slots they reserved when a 429 with Retry-After comes back do not go out
+// inside the hold. Six concurrent calls at 2/s, burst 1, real clock; the
+// third party answers the third call 429 with Retry-After: 2. Every call
+// after it reaches the third party at least 2 s after it answered, and
+// all six calls are made (a trial once saw 19 of 40 calls inside such a
+// hold).
+func TestTransportBackoffHoldsWaitingCalls(t *testing.T) {
+	var mu sync.Mutex
+	var arrivals []time.Time
+	var answered429 time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		n := len(arrivals)
+		mu.Unlock()
+		if n == 3 {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(429)
+			mu.Lock()
+			answered429 = time.Now()
+			mu.Unlock()
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	tr, err := nethttp.NewTransport(nethttp.TransportOptions{Store: memory.New(memory.Options{}), Key: "tp", Limit: core.Limit{Rate: 2, Period: time.Second, Burst: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	statuses := make(chan int, 6)
+	for range 6 {
+		wg.Go(func() {
+			resp, err := tr.RoundTrip(mustReq(t, ctx, srv.URL, nil))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	var ok, limited int
+	for s := range statuses {
+		switch s {
+		case 200:
+			ok++
+		case 429:
+			limited++
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ok != 5 || limited != 1 || len(arrivals) != 6 {
+		t.Fatalf("%d ok, %d 429, %d calls at the third party; want 5, 1, 6", ok, limited, len(arrivals))
+	}
+	for i, at := range arrivals[3:] {
+		if gap := at.Sub(answered429); gap < 2*time.Second {
+			t.Errorf("call %d reached the third party %v after its 429, inside the 2s hold", i+4, gap)
+		}
+	}
+}
+
 // closeRecorder is a request body that records Close.
 type closeRecorder struct {
 	io.Reader
