@@ -161,6 +161,13 @@ func TestJWTRawJSON(t *testing.T) {
 		{"exp one past the largest date", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":253402300800`), "token exp out of range"},
 		{"nbf -1e300", hdr, body(`{"id":"alice"}`, dates+`,"nbf":-1e300`), "token nbf out of range"},
 		{"iat 1e19", hdr, body(`{"id":"alice"}`, `"exp":`+exp+`,"iat":1e19`), "token iat out of range"},
+		// Claims that are not UTF-8 (RFC 7519 section 7.2): encoding/json
+		// reads each bad byte as U+FFFD, so "alice\xff" and "alice\xfe"
+		// were one consumer.
+		{"consumer claim not UTF-8", hdr, body("{\"id\":\"alice\xff\"}", dates), "token is not UTF-8"},
+		{"another claim not UTF-8", hdr, body("{\"id\":\"alice\",\"name\":\"\xc0\"}", dates), "token is not UTF-8"},
+		{"header not UTF-8", "{\"alg\":\"RS256\",\"kid\":\"r1\",\"x\":\"\xfe\"}", body(`{"id":"alice"}`, dates), "token is not UTF-8"},
+		{"UTF-8 beyond ASCII", hdr, body(`{"id":"alice","name":"Zoë 网"}`, dates), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eng, store, _ := engine(t)

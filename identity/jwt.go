@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/limitplane/limitplane/core"
@@ -444,6 +445,7 @@ const (
 	reasonNoSubject = "token names no consumer"
 	reasonPolicies  = "invalid policy claim"
 	reasonDupClaim  = "token repeats a claim"
+	reasonNotUTF8   = "token is not UTF-8"
 )
 
 func (j *JWT) authenticate(ctx context.Context, raw string) (*core.Consumer, error) {
@@ -533,8 +535,11 @@ const MaxNumericDate = 253402300799
 // and claims: a member name that repeats in one object, at any depth
 // (encoding/json keeps the last value; claim-confusion attacks rely on a
 // reader that keeps the first), data after the claims object (the parser
-// decodes the first JSON value and ignores the rest), and exp, nbf or iat
-// out of range (see MaxNumericDate). It returns a failure reason, or ""
+// decodes the first JSON value and ignores the rest), exp, nbf or iat
+// out of range (see MaxNumericDate), and a header or claims that are not
+// UTF-8 (RFC 7519 section 7.2; encoding/json reads each bad byte as
+// U+FFFD, so two subjects that differ in such bytes would be one
+// consumer). It returns a failure reason, or ""
 // when it finds none of these. Segments that are not base64url or not JSON
 // are left for the parser to refuse.
 func checkJSON(raw string) string {
@@ -544,10 +549,18 @@ func checkJSON(raw string) string {
 		return ""
 	}
 	enc := base64.RawURLEncoding.Strict()
-	if b, err := enc.DecodeString(hdr); err == nil && scanJSON(b, false) != "" {
-		return reasonInvalid
+	if b, err := enc.DecodeString(hdr); err == nil {
+		if !utf8.Valid(b) {
+			return reasonNotUTF8
+		}
+		if scanJSON(b, false) != "" {
+			return reasonInvalid
+		}
 	}
 	if b, err := enc.DecodeString(payload); err == nil {
+		if !utf8.Valid(b) {
+			return reasonNotUTF8
+		}
 		return scanJSON(b, true)
 	}
 	return ""
