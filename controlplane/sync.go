@@ -695,6 +695,7 @@ type syncStream struct {
 	force      bool   // send a snapshot now, even of the same revision
 	nacked     bool   // the latest snapshot was Nacked ...
 	nackedRev  uint64 // ... at this revision: no snapshot until the revision rises
+	heldEmpty  bool   // an empty store's snapshot was held back (see deliver)
 }
 
 // Sync implements syncpb.SyncServiceServer.
@@ -968,7 +969,31 @@ func (st *syncStream) deliver(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	force := st.force || st.history != "" && st.history != hist
+	foreign := st.history != "" && st.history != hist
+	if foreign && st.hello.GetLastAppliedRevision() > 0 {
+		// A store never written (a control plane started on a new or
+		// wrong data file) would replace what the gateway runs, of
+		// another history, with nothing: every request of every data
+		// plane answered 503. It is held back until the store's first
+		// write; an import of an export, or any write, is sent.
+		rev, err := s.revision(ctx)
+		if err != nil {
+			return err
+		}
+		if rev == 0 {
+			if !st.heldEmpty {
+				st.heldEmpty = true
+				s.o.Log.Error("controlplane: sync: the store is empty (revision 0, never written) and this data plane runs revision "+strconv.FormatUint(st.hello.GetLastAppliedRevision(), 10)+" of another history; its configuration is not replaced with nothing (is -data the right file? import an export, or write anything to send this store's configuration)",
+					"gateway", st.hello.GetGatewayId(), "group", st.hello.GetGroup(), "running_history", st.history, "store_history", hist)
+				msg := "this control plane's store is empty (never written) and this data plane runs revision " + strconv.FormatUint(st.hello.GetLastAppliedRevision(), 10) + " of another history: its configuration is kept until the store is written"
+				if err := st.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_Warning{Warning: &syncpb.Warning{Message: msg}}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	force := st.force || foreign
 	st.force = false
 	if st.base != nil && !force {
 		ch, next, why, err := s.planChanges(ctx, st.tags, *st.base)

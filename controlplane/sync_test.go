@@ -1156,3 +1156,52 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestSyncEmptyStoreKeepsForeignConfiguration: a control plane started on
+// a store never written (a new or wrong -data file) does not replace the
+// configuration a data plane runs, of another history, with nothing (it
+// once did: every request of every data plane answered 503, and the empty
+// configuration was persisted). The data plane is warned, the control
+// plane logs an error, and the store's first write is sent as a snapshot.
+// A data plane that runs nothing is sent the empty snapshot as before.
+func TestSyncEmptyStoreKeepsForeignConfiguration(t *testing.T) {
+	s, _ := open(t, controlplane.BoltOptions{})
+	f := &syncFixture{store: s, dps: &controlplane.DataPlanes{Now: func() time.Time { return syncNow }}, log: &lockedBuffer{}}
+	f.serve(t)
+
+	h := goodHello()
+	h.History, h.LastAppliedRevision, h.Digest = "another-history", 117, "sha256:"+strings.Repeat("ab", 32)
+	stream := f.open(t, h)
+	m, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := m.GetWarning(); w == nil || !strings.Contains(w.GetMessage(), "store is empty (never written) and this data plane runs revision 117 of another history") {
+		t.Fatalf("first message %v, want the warning", m)
+	}
+	if m, err = stream.Recv(); err != nil || m.GetDigestRequest() == nil {
+		t.Fatalf("second message %v, %v; want a DigestRequest", m, err)
+	}
+	sendMsg(t, stream, &syncpb.ClientMessage{Kind: &syncpb.ClientMessage_DigestReport{DigestReport: &syncpb.DigestReport{Revision: 117, Digest: h.Digest}}})
+	if n := strings.Count(f.log.String(), "level=ERROR msg=\"controlplane: sync: the store is empty"); n != 1 {
+		t.Fatalf("%d errors logged, want 1:\n%s", n, f.log)
+	}
+
+	rev := update(t, s, func(tx controlplane.Tx) error { return tx.PutPolicy(policy("gold", 5)) })
+	snap, _, _, _ := recvSnapshot(t, stream)
+	if snap.Revision != rev || len(snap.Policies) != 1 {
+		t.Fatalf("after the first write: snapshot of revision %d with %d policies, want %d with 1", snap.Revision, len(snap.Policies), rev)
+	}
+	closeAndWait(t, stream)
+
+	// A store still empty, and a data plane that runs nothing: the empty
+	// snapshot, as ever.
+	s2, _ := open(t, controlplane.BoltOptions{})
+	f2 := &syncFixture{store: s2, dps: &controlplane.DataPlanes{Now: func() time.Time { return syncNow }}, log: &lockedBuffer{}}
+	f2.serve(t)
+	stream = f2.open(t, goodHello())
+	if snap, _, _, _ := recvSnapshot(t, stream); snap.Revision != 0 {
+		t.Fatalf("a new data plane: snapshot of revision %d, want 0", snap.Revision)
+	}
+	closeAndWait(t, stream)
+}
