@@ -464,6 +464,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *expiry <= 0 {
 		return &usageError{fmt.Errorf("-dataplane-expiry %s: want more than 0", *expiry)}
 	}
+	if *changeLog <= 0 {
+		return &usageError{fmt.Errorf("-change-log %d: want at least 1 revision", *changeLog)}
+	}
 	if err := controlplane.CheckToken(token); err != nil {
 		return &usageError{fmt.Errorf("the admin token %w", err)}
 	}

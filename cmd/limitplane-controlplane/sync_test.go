@@ -430,6 +430,17 @@ func runExit(t *testing.T, env []string, args ...string) (int, string) {
 	return 0, ""
 }
 
+// TestChangeLogFlag: -change-log 0 or below is refused with status 2
+// (they once meant the default, 10000, without a word).
+func TestChangeLogFlag(t *testing.T) {
+	for _, v := range []string{"0", "-1"} {
+		code, out := runExit(t, nil, "-change-log", v)
+		if want := "-change-log " + v + ": want at least 1 revision"; code != 2 || !strings.Contains(out, want) {
+			t.Errorf("-change-log %s: status %d, output %q; want 2 and %q", v, code, out, want)
+		}
+	}
+}
+
 // A sync port in plaintext on an address other than loopback is refused
 // at start with exit status 2, unless -sync-insecure says so; a bad
 // -dataplanes file stops the start with status 1 and names the file.
