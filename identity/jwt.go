@@ -213,7 +213,10 @@ type JWTOptions struct {
 	// as Tyk's JWT auth falls back to its default policy. A policy the
 	// engine does not know fails the request with core.ErrUnknownPolicy.
 	PolicyClaim string
-	// DefaultPolicies apply when the token names no policy.
+	// DefaultPolicies apply when the token names no policy. With neither
+	// PolicyClaim nor DefaultPolicies, consumers carry no policy: a
+	// core.Engine refuses each of them (core.ErrNoPolicy, answered 403);
+	// that suits only a decider of your own that ignores policies.
 	DefaultPolicies []string
 	// IDPrefix starts every consumer ID; default "jwt:". Give each JWT
 	// authenticator sharing an engine its own prefix (e.g. per issuer).
