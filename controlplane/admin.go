@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"path"
 	"slices"
 	"strconv"
@@ -254,7 +255,29 @@ func Admin(o AdminOptions) (http.Handler, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint", nil)
 	})
-	return cleanPaths(a.authenticate(jsonWrites(mux))), nil
+	return cleanPaths(a.authenticate(onceParams(jsonWrites(mux)))), nil
+}
+
+// onceParams answers 400 to a query that does not parse or gives a
+// parameter more than once (?limit=1&limit=2): which one was meant is not
+// for the control plane to guess.
+func onceParams(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery != "" {
+			q, err := url.ParseQuery(r.URL.RawQuery)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("query %q does not parse: %v", r.URL.RawQuery, err), nil)
+				return
+			}
+			for name, vs := range q {
+				if len(vs) > 1 {
+					writeError(w, http.StatusBadRequest, fmt.Sprintf("?%s given %d times: give it once", name, len(vs)), nil)
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // cleanPaths answers 400 to a path that is not clean (a "." or ".."

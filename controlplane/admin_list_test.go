@@ -144,5 +144,7 @@ func TestAdminLists(t *testing.T) {
 		v := strings.TrimPrefix(q, "limit=")
 		expect(t, call(t, "GET", base+"/api/keys?"+q, ""), 400, `{"error":"?limit=\"`+v+`\": want 1 to 1000"}`)
 	}
+	expect(t, call(t, "GET", base+"/api/keys?limit=1&limit=2", ""), 400, `{"error":"?limit given 2 times: give it once"}`)
+	expect(t, call(t, "GET", base+"/api/keys?limit=1;2", ""), 400, `{"error":"query \"limit=1;2\" does not parse: invalid semicolon separator in query"}`)
 	expect(t, call(t, "GET", base+"/api/keys?after=sha256:zz", ""), 400, `{"error":"key hash \"sha256:zz\" is not sha256:\u003c64 hex digits\u003e"}`)
 }
