@@ -94,6 +94,14 @@ type Table struct {
 	Token uint64 `json:"token"`
 	// Keys holds the shares per key.
 	Keys map[KeyID]KeyShares `json:"keys"`
+	// Departed are the gateways counted as departed when the table was
+	// made (not live, not forgotten: a floor kept for each, as one may be
+	// cut off from Redis and serving at its floor), each with how long
+	// before (ns) it was last live. An allocator taking over keeps their
+	// floors until Forget has passed since then, as the allocator that
+	// made the table would have: the gateways it learns from the table's
+	// bounds are only those live at the time.
+	Departed map[string]int64 `json:"departed,omitempty"`
 }
 
 // AllocatorOptions configure an Allocator. The zero value is usable.
@@ -267,6 +275,7 @@ type stepGateways struct {
 	reports  map[string]*Report // the live gateways' reports
 	names    []string           // their IDs, sorted
 	departed int                // gateways not live but not forgotten: a floor kept for each
+	ages     map[string]int64   // those gateways → ns since they were last live
 	acked    map[string]uint64  // live gateway → the epoch it acknowledged (0: unknown)
 }
 
@@ -291,6 +300,14 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 	if a.seen == nil {
 		a.seen = map[string]int64{}
 		if a.last != nil {
+			// Taking over: the gateways of the table's bounds as live
+			// now, its departed ones as departed when it was made (the
+			// time since it was published is not known here, and
+			// counting it as none keeps their floors longer, never
+			// shorter).
+			for id, age := range a.last.Departed {
+				a.seen[id] = now - max(age, 0)
+			}
 			for _, ks := range a.last.Keys {
 				for id := range ks.Bounds {
 					a.seen[id] = now
@@ -317,6 +334,10 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 			delete(a.seen, id)
 		} else {
 			g.departed++
+			if g.ages == nil {
+				g.ages = map[string]int64{}
+			}
+			g.ages[id] = now - t
 		}
 	}
 	// A gateway that was not live (its report expired: it is at its floor
@@ -390,7 +411,7 @@ func (a *Allocator) keysAt(now int64, g stepGateways) (map[KeyID]map[string]floa
 // its forgotten gateways' history dropped. unsettled reports that some
 // share is off its target by more than publishTolerance.
 func (a *Allocator) nextTable(g stepGateways, demand map[KeyID]map[string]float64, ids []KeyID) (t *Table, unsettled bool) {
-	t = &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids))}
+	t = &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids)), Departed: g.ages}
 	for _, id := range ids {
 		k := a.keys[id]
 		for gw := range k.hist { // forget the history of forgotten gateways

@@ -1,6 +1,7 @@
 package drl
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -109,6 +110,48 @@ func TestAllocatorDepartedAndForget(t *testing.T) {
 	// gets its floor at least.
 	tb, _ = a.Step(32, reports(1, map[string]float64{"a": 50, "b": 0}), map[string]uint64{"a": 3, "b": 3})
 	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+}
+
+// TestAllocatorTakeoverKeepsDepartedFloors: an allocator taking over from
+// the stored table keeps the floors of the gateways the table counts as
+// departed (cut off from Redis, perhaps serving at their floors) until
+// Forget has passed since they were last live, as the allocator before it
+// would have. It once learnt only the table's live gateways and gave the
+// departed ones' floors away: a and b got 450/s each while c and d could
+// still run 100/s each, 1100/s in all for a limit of 1000/s.
+func TestAllocatorTakeoverKeepsDepartedFloors(t *testing.T) {
+	o := AllocatorOptions{MaxGateways: 10, Forget: 30} // floor 100/s, burst 10; one floor kept for joiners
+	a := NewAllocator(o, 1, nil)
+	a.Step(0, reports(0, map[string]float64{"a": 1000, "b": 1000, "c": 1000, "d": 1000}), nil)
+	live := map[string]float64{"a": 1000, "b": 1000}
+	tb, _ := a.Step(10, reports(1, live), map[string]uint64{"a": 1, "b": 1})
+	// 1000 − (1 join + 2 departed)×100 = 700 for a and b.
+	wantShares(t, tb, map[string]Share{"a": {350, 35}, "b": {350, 35}})
+	if len(tb.Departed) != 2 || tb.Departed["c"] != 10 || tb.Departed["d"] != 10 {
+		t.Fatalf("table's departed gateways %v, want c and d, last live 10 ns before", tb.Departed)
+	}
+
+	// Taken over through Redis (the table as JSON), on another clock.
+	j, err := json.Marshal(tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := decodeTable(string(j))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewAllocator(o, 2, stored)
+	tb2, _ := b.Step(1000, reports(2, live), map[string]uint64{"a": 2, "b": 2})
+	wantShares(t, tb2, map[string]Share{"a": {350, 35}, "b": {350, 35}})
+	// c and d were last live 10 ns before the table: their floors go 20
+	// ns after the takeover, and a and b grow (once they acknowledge).
+	tb3, _ := b.Step(1019, reports(tb2.Epoch, live), map[string]uint64{"a": tb2.Epoch, "b": tb2.Epoch})
+	wantShares(t, tb3, map[string]Share{"a": {350, 35}, "b": {350, 35}})
+	tb4, _ := b.Step(1020, reports(tb3.Epoch, live), map[string]uint64{"a": tb3.Epoch, "b": tb3.Epoch})
+	wantShares(t, tb4, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+	if len(tb4.Departed) != 0 {
+		t.Fatalf("departed %v after Forget, want none", tb4.Departed)
+	}
 }
 
 // TestAllocatorBoundProperty: over random demands, gateways joining and
