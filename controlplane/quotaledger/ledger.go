@@ -371,8 +371,9 @@ func (e *Entry) Grant(now time.Time, req lease.GrantRequest) (lease.Grant, error
 // Seq is not above the last applied under its token is acknowledged and
 // ignored. A final lease spend releases the lease: Amount − Spent returns
 // to the pool. Spends on leases the entry does not have, or that belong to
-// another data plane, are ignored. A report from a stale token is refused
-// with a *StaleTokenError.
+// another data plane, are ignored; a spend above a lease's amount, or a
+// floor spent above the data plane's floor, counts as that amount or
+// floor. A report from a stale token is refused with a *StaleTokenError.
 func (e *Entry) Report(now time.Time, rep lease.Report) (lease.ReportAck, error) {
 	c := e.st.Config
 	if rep.Entry.ID() != c.Key.ID() {
@@ -396,16 +397,20 @@ func (e *Entry) Report(now time.Time, rep lease.Report) (lease.ReportAck, error)
 		}
 		l := &e.st.Leases[i]
 		before := l.Debit()
-		l.Spent = max(l.Spent, s.Spent)
+		// A lease admits at most its amount: more reported is a faulty
+		// or hostile data plane's number, not units spent.
+		l.Spent = max(l.Spent, min(s.Spent, l.Amount))
 		if s.Final {
 			l.Released = true
 		}
 		e.st.Committed += l.Debit() - before
 	}
-	if c.Mode == lease.Optimistic && rep.FloorSpent > dp.FloorSpent {
-		e.st.Committed += rep.FloorSpent - dp.FloorSpent
+	// Likewise a floor admits at most the data plane's floor.
+	floorSpent := min(rep.FloorSpent, c.Floors[rep.DataPlane])
+	if c.Mode == lease.Optimistic && floorSpent > dp.FloorSpent {
+		e.st.Committed += floorSpent - dp.FloorSpent
 	}
-	dp.FloorSpent = max(dp.FloorSpent, rep.FloorSpent)
+	dp.FloorSpent = max(dp.FloorSpent, floorSpent)
 	dp.Admitted = max(dp.Admitted, rep.Admitted)
 	dp.Refused = max(dp.Refused, rep.Refused)
 	e.st.DataPlanes[rep.DataPlane] = dp

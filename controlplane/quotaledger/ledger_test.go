@@ -201,6 +201,28 @@ func TestOptimisticFloors(t *testing.T) {
 	}
 }
 
+// TestReportsAreClamped: a data plane that reports more spent than a
+// lease's amount, or more floor spent than its floor (a faulty or hostile
+// one: it can only have admitted that much), is counted at the amount and
+// the floor. Two such reports near 2^63 once overflowed Committed to a
+// negative number, and Remaining read as more than the quota.
+func TestReportsAreClamped(t *testing.T) {
+	e := open(t, lease.Optimistic, map[string]int64{"a": 100})
+	g := grant(t, e, 0, req("a", 1, 1, 300))
+	huge := int64(1<<63 - 1)
+	report(t, e, lease.Report{DataPlane: "a", Token: 1, Seq: 1, FloorSpent: huge, Leases: []lease.LeaseSpend{{Lease: g.ID, Spent: huge}}})
+	report(t, e, lease.Report{DataPlane: "a", Token: 1, Seq: 2, FloorSpent: huge, Leases: []lease.LeaseSpend{{Lease: g.ID, Spent: huge, Final: true}}})
+	l, _ := e.Lease(g.ID)
+	if l.Spent != 300 || !l.Released || e.Committed() != 400 || e.Remaining() != 600 {
+		t.Fatalf("lease %+v, committed %d, remaining %d; want spent 300 released, committed 400 (lease 300 + floor 100), remaining 600", l, e.Committed(), e.Remaining())
+	}
+	// A data plane without a floor spends none.
+	report(t, e, lease.Report{DataPlane: "z", Token: 1, Seq: 1, FloorSpent: 50})
+	if e.Committed() != 400 {
+		t.Fatalf("committed %d after a data plane without a floor reported floor spent, want 400", e.Committed())
+	}
+}
+
 func TestStateRoundTrip(t *testing.T) {
 	e := open(t, lease.Optimistic, map[string]int64{"a": 10})
 	g := grant(t, e, 0, req("a", 1, 1, 300))
