@@ -82,11 +82,11 @@ type follower struct {
 
 const followToken = "dp-follow-secret"
 
-// follow starts a sync server over s (PollInterval poll; a store that
-// is not a RevisionWatcher is polled), a gRPC server for it and a
-// gateway whose agent follows it with the tags eu and us; all stop at
-// the test's end.
-func follow(t *testing.T, s controlplane.Store, poll time.Duration) *follower {
+// serveSync starts a sync server over s (PollInterval poll; a store that
+// is not a RevisionWatcher is polled) taking followToken for group g with
+// the tags eu and us, and a gRPC server for it on a loopback port; both
+// stop at the test's end. It returns the server's address.
+func serveSync(t *testing.T, s controlplane.Store, poll time.Duration) string {
 	t.Helper()
 	srv, err := controlplane.NewSyncServer(controlplane.SyncOptions{
 		Store: s, PollInterval: poll, Log: slog.New(slog.DiscardHandler),
@@ -110,6 +110,16 @@ func follow(t *testing.T, s controlplane.Store, poll time.Duration) *follower {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+	return lis.Addr().String()
+}
+
+// follow starts a sync server over s (PollInterval poll; a store that
+// is not a RevisionWatcher is polled), a gRPC server for it and a
+// gateway whose agent follows it with the tags eu and us; all stop at
+// the test's end.
+func follow(t *testing.T, s controlplane.Store, poll time.Duration) *follower {
+	t.Helper()
+	addr := serveSync(t, s, poll)
 	store := memory.New(memory.Options{})
 	t.Cleanup(func() { store.Close() })
 	gw, err := gateway.New(gateway.Options{Store: store, Logger: slog.New(slog.DiscardHandler)})
@@ -119,7 +129,7 @@ func follow(t *testing.T, s controlplane.Store, poll time.Duration) *follower {
 	t.Cleanup(func() { gw.Close() })
 	hs := httptest.NewServer(gw)
 	t.Cleanup(hs.Close)
-	a, err := dataplane.New(dataplane.AgentOptions{Target: gw, Address: lis.Addr().String(), Group: "g", Tags: []string{"eu", "us"},
+	a, err := dataplane.New(dataplane.AgentOptions{Target: gw, Address: addr, Group: "g", Tags: []string{"eu", "us"},
 		Token: followToken, GatewayID: "gw-1", Logger: slog.New(slog.DiscardHandler),
 		Backoff: dataplane.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
@@ -98,6 +97,17 @@ func (s watchingOutageStore) RevisionChanged() <-chan struct{} { return s.bolt.R
 // newOutageStore opens a Bolt store with policy gold (a quota of 3 an
 // hour), API eu at /eu/ and key k1 on gold, at revision 3, behind an
 // outageStore.
+// newOutageStores returns a new outageStore and the store a sync server
+// is given: s itself (polled), or when watch, s announcing writes.
+func newOutageStores(t *testing.T, watch bool) (*outageStore, controlplane.Store) {
+	t.Helper()
+	s := newOutageStore(t)
+	if watch {
+		return s, watchingOutageStore{s}
+	}
+	return s, s
+}
+
 func newOutageStore(t *testing.T) *outageStore {
 	t.Helper()
 	b, _ := open(t, controlplane.BoltOptions{})
@@ -207,11 +217,7 @@ func TestReadyzWhileStoreUnavailable(t *testing.T) {
 func TestSyncStreamsStayOpenWhileStoreUnavailable(t *testing.T) {
 	for _, watch := range []bool{false, true} {
 		t.Run(map[bool]string{false: "polled", true: "watched"}[watch], func(t *testing.T) {
-			s := newOutageStore(t)
-			var store controlplane.Store = s
-			if watch {
-				store = watchingOutageStore{s}
-			}
+			s, store := newOutageStores(t, watch)
 			f := follow(t, store, 5*time.Millisecond)
 			f.waitApplied(t, 3)
 
@@ -247,22 +253,8 @@ func TestSyncStreamsStayOpenWhileStoreUnavailable(t *testing.T) {
 // revision and digest.
 func outageStream(t *testing.T, store controlplane.Store) (syncStream, uint64, string) {
 	t.Helper()
-	srv, err := controlplane.NewSyncServer(controlplane.SyncOptions{
-		Store: store, PollInterval: 300 * time.Millisecond, Log: slog.New(slog.DiscardHandler),
-		Tokens: []controlplane.DataPlaneToken{{Hash: controlplane.HashToken(followToken), Group: "g", Tags: []string{"eu", "us"}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	syncpb.RegisterSyncServiceServer(gs, srv)
-	go gs.Serve(lis)
-	t.Cleanup(func() { srv.Shutdown(); gs.Stop() })
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr := serveSync(t, store, 300*time.Millisecond)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,11 +329,7 @@ func TestSyncRetryOutlivesGatewayMessages(t *testing.T) {
 func TestSyncSnapshotOwedOutlivesOutage(t *testing.T) {
 	for _, watch := range []bool{false, true} {
 		t.Run(map[bool]string{false: "polled", true: "watched"}[watch], func(t *testing.T) {
-			s := newOutageStore(t)
-			var store controlplane.Store = s
-			if watch {
-				store = watchingOutageStore{s}
-			}
+			s, store := newOutageStores(t, watch)
 			for round := range 3 {
 				stream, _, _ := outageStream(t, store)
 				rev := update(t, s.bolt, func(tx controlplane.Tx) error {
