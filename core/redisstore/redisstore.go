@@ -412,15 +412,28 @@ func (s *Store) KeyPrefix() string { return s.prefix }
 // Ping reports whether Redis answers a PING within ctx and
 // Options.Timeout, for readiness checks. It goes around the circuit
 // breaker (an open breaker would only repeat the last failure) and does not
-// count towards it. With a Cluster client it asks one node; with Sentinel,
-// the current master. The error wraps go-redis's.
+// count towards it. With a Cluster client it asks every master the client
+// knows of (one master down fails every key of its slots, and a node that
+// answers for another says nothing of them); with Sentinel, the current
+// master. The error wraps go-redis's.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
-	if err := s.client.Ping(ctx).Err(); err != nil {
+	var err error
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if err := c.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("master %s: %w", c.Options().Addr, err)
+			}
+			return nil
+		})
+	} else {
+		err = s.client.Ping(ctx).Err()
+	}
+	if err != nil {
 		return fmt.Errorf("redisstore: ping: %w", err)
 	}
 	return nil

@@ -314,6 +314,27 @@ func TestWaitAcrossClients(t *testing.T) {
 	}
 }
 
+// TestPingCluster: over a Cluster, Ping asks every master: with one of
+// three masters killed (the keys of its slots all fail) it fails, naming
+// that master, where a PING to any one node could still pass (a gateway
+// once answered /readyz 200 while every request got 503).
+func TestPingCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	s := newStore(t, cl.Client(t, nil), redisstore.Options{Timeout: time.Second})
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping with every master up: %v", err)
+	}
+	dead := cl.Nodes[0]
+	dead.Kill()
+	for range 5 { // any node the client might pick
+		err := s.Ping(ctx)
+		if err == nil || !strings.HasPrefix(err.Error(), "redisstore: ping: master "+dead.Addr+": ") {
+			t.Fatalf("Ping with master %s killed = %v, want an error naming it", dead.Addr, err)
+		}
+	}
+}
+
 // TestPing: Ping answers nil while the server runs, an error while it is
 // stopped (even with the breaker open, which Ping goes around), and nil
 // again once the server is back on its port.
