@@ -100,7 +100,11 @@ func (g *Gateway) ServeFastHTTP(ctx *fasthttp.RequestCtx) {
 // not serve: status, a text/plain body, and the connection closed, so
 // nothing after the request on it is read as another.
 func fastRefuse(ctx *fasthttp.RequestCtx, status int, body string) {
-	ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
+	if body != "" {
+		ctx.Response.Header.SetContentType("text/plain; charset=utf-8")
+	} else {
+		ctx.Response.Header.SetNoDefaultContentType(true)
+	}
 	ctx.Response.SetStatusCode(status)
 	ctx.Response.SetBodyString(body)
 	ctx.SetConnectionClose()
@@ -115,7 +119,8 @@ func fastRefuse(ctx *fasthttp.RequestCtx, status int, body string) {
 // control byte other than a tab (400: net/http's MIME header reader
 // refuses them); Content-Length fields that disagree (400: the
 // request-smuggling shape RFC 9112 section 6.3 tells servers to refuse);
-// Transfer-Encoding given twice (501). It reads the request's raw header
+// Transfer-Encoding given twice (501); an Expect other than 100-continue
+// (417, without a body). It reads the request's raw header
 // lines, which fasthttp keeps as they came; a request with a Host and no
 // raw lines was not read from a connection (a caller of ServeFastHTTP
 // built it) and is not checked.
@@ -137,7 +142,7 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		return http.StatusBadRequest, "400 Bad Request"
 	}
 	hosts, tes := 0, 0
-	var host []byte
+	var host, expect []byte // expect: the first Expect value
 	var length []byte
 	lengths := false // Content-Length fields that disagree
 	for raw := h.RawHeaders(); len(raw) > 0; {
@@ -169,6 +174,8 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 			host = bytes.Trim(value, " \t")
 		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
 			tes++
+		case bytes.EqualFold(name, []byte("Expect")) && expect == nil:
+			expect = bytes.Trim(value, " \t")
 		case bytes.EqualFold(name, []byte("Content-Length")):
 			v := bytes.TrimSpace(value)
 			if length != nil && !bytes.Equal(v, length) {
@@ -187,6 +194,8 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		return http.StatusBadRequest, "400 Bad Request"
 	case tes > 1:
 		return http.StatusNotImplemented, "Unsupported transfer encoding"
+	case len(expect) > 0 && !httpguts.HeaderValuesContainsToken([]string{string(expect)}, "100-continue"):
+		return http.StatusExpectationFailed, "" // net/http's answer to an expectation it cannot meet: no body
 	}
 	return 0, ""
 }

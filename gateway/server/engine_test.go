@@ -307,6 +307,13 @@ func TestEnginesAnswerAlike(t *testing.T) {
 		{"HTTP/01.1", "GET /open/v HTTP/01.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
 		{"HTTP/3.0", "GET /open/v HTTP/3.0\r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
 		{"space after the version", "GET /open/t HTTP/1.1 \r\nHost: gw.test\r\nConnection: close\r\n\r\n"},
+		// Expectations (a third trial: fasthttp forwarded "Expect: foo"
+		// and spent the key's quota).
+		{"Expect other than 100-continue", req("GET", "/up/e", key("k-quota"), "Expect: foo")},
+		// (Expect: 100-continue alone gets fasthttp's own 100 Continue:
+		// see README.)
+		{"Expect 100-continue among others", req("GET", "/open/e", "Expect: foo, 100-Continue")},
+		{"empty Expect", req("GET", "/open/e", "Expect: ")},
 	}
 	for _, c := range cases {
 		want := rawExchange(t, srvs[config.EngineNetHTTP].Addr().String(), c.raw)
