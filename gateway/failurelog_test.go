@@ -124,3 +124,29 @@ limitplane_store_errors_total 200
 func identityHash(raw string) string {
 	return identity.HashKey(raw).String()
 }
+
+// TestRedisLoggerSentinelNews: go-redis's Sentinel lines that tell what it
+// found (the master it selected, a failover, a new sentinel) are INFO, not
+// failures; its Sentinel failures are counted as any other. The lines are
+// go-redis v9's own formats (sentinel.go). A trial saw "redis client
+// failed" at every healthy start on a Sentinel URL.
+func TestRedisLoggerSentinelNews(t *testing.T) {
+	log, out := textLog()
+	timers := &failurelog.ManualTimers{}
+	r := NewRedisLogger(log, timers.After)
+	ctx := context.Background()
+	r.Printf(ctx, "sentinel: selected addr=%s masterAddr=%s", "127.0.0.1:26391", "127.0.0.1:16391")
+	r.Printf(ctx, "sentinel: new master=%q addr=%q", "mymaster", "127.0.0.1:16392")
+	r.Printf(ctx, "sentinel: discovered new sentinel=%q for master=%q", "x", "mymaster")
+	r.Printf(ctx, "sentinel: ignore addr for master=%q", "other")
+	r.Printf(ctx, "sentinel: GetMasterAddrByName name=%q failed: %s", "mymaster", "dial tcp: connection refused")
+	r.Close()
+	want := `level=INFO msg="redis sentinel" news="sentinel: selected addr=127.0.0.1:26391 masterAddr=127.0.0.1:16391" component=go-redis` + "\n" +
+		`level=INFO msg="redis sentinel" news="sentinel: new master=\"mymaster\" addr=\"127.0.0.1:16392\"" component=go-redis` + "\n" +
+		`level=INFO msg="redis sentinel" news="sentinel: discovered new sentinel=\"x\" for master=\"mymaster\"" component=go-redis` + "\n" +
+		`level=INFO msg="redis sentinel" news="sentinel: ignore addr for master=\"other\"" component=go-redis` + "\n" +
+		`level=WARN msg="redis client failed" err="sentinel: GetMasterAddrByName name=\"mymaster\" failed: dial tcp: connection refused" failures=1 total=1 component=go-redis` + "\n"
+	if out.String() != want {
+		t.Fatalf("log:\n%s\nwant\n%s", out, want)
+	}
+}

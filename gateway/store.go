@@ -198,17 +198,35 @@ func hideIn(msg, password string) string {
 // process-wide, so no library call installs it: a program does, once,
 // by giving NewRedisLogger(log, nil) to go-redis's SetLogger, and closes it
 // at exit (cmd/limitplane-gateway does).
-type RedisLogger struct{ f *failurelog.Log }
+// Sentinel's news (the master it found, a failover, another sentinel
+// discovered) is no failure: it goes to the log at INFO, each line as it
+// comes ("redis sentinel" with component=go-redis).
+type RedisLogger struct {
+	log *slog.Logger
+	f   *failurelog.Log
+}
 
 // NewRedisLogger returns a RedisLogger writing to log; afterFunc times
 // its intervals (nil: time.AfterFunc).
 func NewRedisLogger(log *slog.Logger, afterFunc AfterFunc) *RedisLogger {
-	return &RedisLogger{f: failurelog.New(log, failurelog.Options{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: afterFunc})}
+	return &RedisLogger{log: log, f: failurelog.New(log, failurelog.Options{Msg: "redis client failed", Attrs: []any{"component", "go-redis"}, AfterFunc: afterFunc})}
+}
+
+// sentinelNews reports whether msg is one of go-redis's (v9) Sentinel
+// lines that tell what it found, not what failed.
+func sentinelNews(msg string) bool {
+	return strings.HasPrefix(msg, "sentinel: selected ") || strings.HasPrefix(msg, "sentinel: new master") ||
+		strings.HasPrefix(msg, "sentinel: discovered new sentinel") || strings.HasPrefix(msg, "sentinel: ignore addr for master")
 }
 
 // Printf implements go-redis's internal.Logging.
 func (r *RedisLogger) Printf(_ context.Context, format string, v ...any) {
-	r.f.Failed(errors.New(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")))
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	if sentinelNews(msg) {
+		r.log.Info("redis sentinel", "news", msg, "component", "go-redis")
+		return
+	}
+	r.f.Failed(errors.New(msg))
 }
 
 // Close writes the last interval's count, if any, and stops the timer.
