@@ -49,9 +49,7 @@ type Options struct {
 type Collector struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
-	keys      prometheus.GaugeFunc
-	keysMax   prometheus.GaugeFunc
-	refused   prometheus.CounterFunc
+	keys      *Keys
 	// storeErrors counts failed store calls.
 	storeErrors prometheus.Counter
 
@@ -94,25 +92,70 @@ func New(o Options) *Collector {
 			Help: "Store calls that failed (unreachable, timed out, circuit breaker open), whatever the failure policy then decided.",
 		}),
 	}
+	c.keys = NewKeys(o)
+	return c
+}
+
+// Keys exports an in-process store's keys on their own: the
+// <namespace>_keys gauge for Options.Keys, and for Options.KeyCap the
+// <namespace>_keys_max gauge and <namespace>_keys_refused_total counter,
+// as a Collector made with the same Options does. It is for a program that
+// makes its Collector before it opens its store (the gateway); Options.Buckets
+// is not used.
+type Keys struct {
+	keys    prometheus.GaugeFunc
+	keysMax prometheus.GaugeFunc
+	refused prometheus.CounterFunc
+}
+
+// NewKeys returns the Keys collector for o; with neither Keys nor KeyCap
+// set it collects nothing.
+func NewKeys(o Options) *Keys {
+	if o.Namespace == "" {
+		o.Namespace = "limitplane"
+	}
+	k := &Keys{}
 	if o.Keys != nil {
 		keys := o.Keys
-		c.keys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		k.keys = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: o.Namespace, Name: "keys",
 			Help: "Limiter keys currently held in process.",
 		}, func() float64 { return float64(keys.Len()) })
 	}
 	if o.KeyCap != nil {
 		kc := o.KeyCap
-		c.keysMax = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		k.keysMax = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: o.Namespace, Name: "keys_max",
 			Help: "Most limiter keys the in-process store holds; 0 means unbounded.",
 		}, func() float64 { return float64(kc.MaxKeys()) })
-		c.refused = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		k.refused = prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: o.Namespace, Name: "keys_refused_total",
 			Help: "Requests refused because they would add a limiter key to a full in-process store.",
 		}, func() float64 { return float64(kc.KeysRefused()) })
 	}
-	return c
+	return k
+}
+
+// Describe implements prometheus.Collector.
+func (k *Keys) Describe(ch chan<- *prometheus.Desc) {
+	if k.keys != nil {
+		k.keys.Describe(ch)
+	}
+	if k.keysMax != nil {
+		k.keysMax.Describe(ch)
+		k.refused.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (k *Keys) Collect(ch chan<- prometheus.Metric) {
+	if k.keys != nil {
+		k.keys.Collect(ch)
+	}
+	if k.keysMax != nil {
+		k.keysMax.Collect(ch)
+		k.refused.Collect(ch)
+	}
 }
 
 // ObserveDecision implements core.Observer.
@@ -156,13 +199,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.decisions.Describe(ch)
 	c.latency.Describe(ch)
 	c.storeErrors.Describe(ch)
-	if c.keys != nil {
-		c.keys.Describe(ch)
-	}
-	if c.keysMax != nil {
-		c.keysMax.Describe(ch)
-		c.refused.Describe(ch)
-	}
+	c.keys.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -170,16 +207,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.decisions.Collect(ch)
 	c.latency.Collect(ch)
 	c.storeErrors.Collect(ch)
-	if c.keys != nil {
-		c.keys.Collect(ch)
-	}
-	if c.keysMax != nil {
-		c.keysMax.Collect(ch)
-		c.refused.Collect(ch)
-	}
+	c.keys.Collect(ch)
 }
 
 var (
 	_ core.Observer        = (*Collector)(nil)
 	_ prometheus.Collector = (*Collector)(nil)
+	_ prometheus.Collector = (*Keys)(nil)
 )

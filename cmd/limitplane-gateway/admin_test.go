@@ -143,7 +143,8 @@ next:
 
 // TestAdminEndpoint runs the program with an admin section: the banner
 // names the endpoint; /metrics has exactly 5 allowed and 2 denied
-// decisions, revision 0 and one applied configuration; ten status calls
+// decisions, revision 0, one applied configuration and the memory store's
+// one key; ten status calls
 // leave a fresh key its whole burst; POST /reload needs the token, refuses
 // a broken file with its problems (422, counted as refused) and applies a
 // good one; a quota reset lets the next request through.
@@ -170,6 +171,11 @@ func TestAdminEndpoint(t *testing.T) {
 		{"limitplane_config_applies_total", []string{"result", "ok"}, 1},
 		{"limitplane_config_applies_total", []string{"result", "refused"}, 0},
 		{"limitplane_store_errors_total", nil, 0},
+		// The memory store's keys (a trial found them missing): k-ops's
+		// one counter; no memory.max_keys, so no cap and no refusal.
+		{"limitplane_keys", nil, 1},
+		{"limitplane_keys_max", nil, 0},
+		{"limitplane_keys_refused_total", nil, 0},
 	} {
 		if v := series(t, mf, c.name, c.labels...); v != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/core/drl"
 	"github.com/limitplane/limitplane/dataplane"
 	"github.com/limitplane/limitplane/gateway"
@@ -32,6 +33,26 @@ func newOpsMetrics() *opsMetrics {
 	m.registry.MustRegister(m.decisions, m.gateway,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// registerKeys adds the in-process store's keys to the metrics
+// (limitplane_keys, and limitplane_keys_max and
+// limitplane_keys_refused_total): the memory store's; a Redis store holds
+// no keys in process.
+func (m *opsMetrics) registerKeys(store core.Store) {
+	var o metrics.Options
+	if ks, ok := store.(interface{ Len() int }); ok {
+		o.Keys = ks
+	}
+	if kc, ok := store.(interface {
+		MaxKeys() int
+		KeysRefused() uint64
+	}); ok {
+		o.KeyCap = kc
+	}
+	if o.Keys != nil || o.KeyCap != nil {
+		m.registry.MustRegister(metrics.NewKeys(o))
+	}
 }
 
 // listenAdmin listens on the admin section's address and makes the

@@ -162,6 +162,7 @@ func Open(ctx context.Context, o Options) (*Server, error) {
 		return nil, err
 	}
 	s.gw, s.release = gw, release
+	s.metrics.registerKeys(store)
 	if cfg.ControlPlane != nil {
 		if s.agent, s.persisted, err = newAgent(cfg, gw, store, o); err != nil {
 			return nil, err
