@@ -40,9 +40,9 @@ type Log struct {
 
 	mu         sync.Mutex
 	total      int64
-	pending    int64 // failures since the last line, not yet logged
-	lastErr    error // the last of them
-	inInterval bool  // a line was written and its interval has not ended
+	pending    int64  // failures since the last line, not yet logged
+	lastErr    error  // the last of them
+	inInterval bool   // a line was written and its interval has not ended
 	run        uint64 // counts runs of failures; a tick of an earlier run does nothing
 	stop       func() bool
 	closed     bool
