@@ -983,9 +983,10 @@ func (st *syncStream) deliver(ctx context.Context) error {
 		if rev == 0 {
 			if !st.heldEmpty {
 				st.heldEmpty = true
-				s.o.Log.Error("controlplane: sync: the store is empty (revision 0, never written) and this data plane runs revision "+strconv.FormatUint(st.hello.GetLastAppliedRevision(), 10)+" of another history; its configuration is not replaced with nothing (is -data the right file? import an export, or write anything to send this store's configuration)",
+				runs := "runs revision " + strconv.FormatUint(st.hello.GetLastAppliedRevision(), 10) + " of another history"
+				s.o.Log.Error("controlplane: sync: the store is empty (revision 0, never written) and this data plane "+runs+"; its configuration is not replaced with nothing (is -data the right file? import an export, or write anything to send this store's configuration)",
 					"gateway", st.hello.GetGatewayId(), "group", st.hello.GetGroup(), "running_history", st.history, "store_history", hist)
-				msg := "this control plane's store is empty (never written) and this data plane runs revision " + strconv.FormatUint(st.hello.GetLastAppliedRevision(), 10) + " of another history: its configuration is kept until the store is written"
+				msg := "this control plane's store is empty (never written) and this data plane " + runs + ": its configuration is kept until the store is written"
 				if err := st.stream.Send(&syncpb.ServerMessage{Kind: &syncpb.ServerMessage_Warning{Warning: &syncpb.Warning{Message: msg}}}); err != nil {
 					return err
 				}

@@ -408,15 +408,7 @@ func TestQuotaEpochJSON(t *testing.T) {
 		t.Fatalf("epoch 0: %s, want %s", out, want)
 	}
 	k.QuotaEpoch, k.APILimits["a"] = 4, spec.Limits{Quota: &spec.Quota{Max: 5, Renewal: spec.Duration(time.Hour)}, QuotaEpoch: 2}
-	rec, err := k.Record()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := identity.NewKeys([]identity.KeyRecord{rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := keys.Lookup(identity.HashKey("k")).Consumer()
+	c := registryOf(t, k).Lookup(identity.HashKey("k")).Consumer()
 	if c.QuotaEpoch != 4 || c.APILimits["a"].QuotaEpoch != 2 {
 		t.Fatalf("consumer epochs %d, %d; want 4, 2", c.QuotaEpoch, c.APILimits["a"].QuotaEpoch)
 	}
@@ -808,6 +800,20 @@ func TestSecret(t *testing.T) {
 	}
 }
 
+// registryOf returns a key registry holding k's record.
+func registryOf(t *testing.T, k spec.Key) *identity.Keys {
+	t.Helper()
+	rec, err := k.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := identity.NewKeys([]identity.KeyRecord{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
 // keyRequest presents an API key in X-API-Key and nothing else.
 type keyRequest string
 
@@ -851,15 +857,7 @@ func TestKeyExpiresZeroTime(t *testing.T) {
 		if err := json.Unmarshal([]byte(doc+"}"), &k); err != nil {
 			t.Fatal(err)
 		}
-		rec, err := k.Record()
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys, err := identity.NewKeys([]identity.KeyRecord{rec})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := identity.NewAPIKey(keys, identity.APIKeyOptions{}).Authenticate(t.Context(), keyRequest("k"))
+		c, err := identity.NewAPIKey(registryOf(t, k), identity.APIKeyOptions{}).Authenticate(t.Context(), keyRequest("k"))
 		switch {
 		case tc.want == "" && (err != nil || c == nil):
 			t.Errorf("expires %q: %v, want admitted", tc.expires, err)

@@ -104,7 +104,7 @@ func (f *Log) startInterval() {
 func (f *Log) tick(run uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed || run != f.run || !f.inInterval {
+	if f.closed || run != f.run {
 		return
 	}
 	if f.pending == 0 {
