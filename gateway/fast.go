@@ -168,6 +168,13 @@ func fastFraming(h *fasthttp.RequestHeader) (int, string) {
 		if !validFieldName(name) || !validFieldValue(value) {
 			return http.StatusBadRequest, "400 Bad Request"
 		}
+		// The length first: most lines are none of these, and one
+		// comparison of lengths costs less than four of names.
+		switch len(name) {
+		case len("Host"), len("Expect"), len("Content-Length"), len("Transfer-Encoding"):
+		default:
+			continue
+		}
 		switch {
 		case bytes.EqualFold(name, []byte("Host")):
 			hosts++
