@@ -1,7 +1,9 @@
 package drl
 
 import (
+	"maps"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -65,6 +67,15 @@ type Report struct {
 	Gateway string `json:"gateway"`
 	// Applied is the epoch of the table the gateway runs (0: none).
 	Applied uint64 `json:"applied"`
+	// Run identifies the gateway's current run (see Limiter.Report): a
+	// gateway starts a new run, a random nonzero ID, at its first report
+	// and whenever its report may have expired in Redis, and runs a
+	// table's shares only when the table lists them for its run
+	// (Table.Runs). The allocator counts a gateway on a new run at its
+	// floor: whatever it ran before, it runs nothing but its floors until
+	// a table for that run reaches it. 0: a gateway that does not know
+	// runs.
+	Run uint64 `json:"run,omitempty"`
 	// Keys holds the demand per key.
 	Keys map[KeyID]KeyDemand `json:"keys"`
 }
@@ -92,6 +103,13 @@ type Table struct {
 	Epoch uint64 `json:"epoch"`
 	// Token is the fencing token of the allocator that published it.
 	Token uint64 `json:"token"`
+	// Line identifies the line of allocators the table comes from: a
+	// random nonzero ID drawn by an allocator that found no table (a new
+	// group, or a Redis that lost its data), kept by every allocator that
+	// takes over from a table. A Redis that lost its data numbers epochs
+	// and tokens from 1 again, so only the line tells a new line's first
+	// table from an old line's table of the same epoch and token.
+	Line uint64 `json:"line,omitempty"`
 	// Keys holds the shares per key.
 	Keys map[KeyID]KeyShares `json:"keys"`
 	// Departed are the gateways counted as departed when the table was
@@ -102,6 +120,12 @@ type Table struct {
 	// made the table would have: the gateways it learns from the table's
 	// bounds are only those live at the time.
 	Departed map[string]int64 `json:"departed,omitempty"`
+	// Runs maps each gateway listed in Shares to the run (Report.Run) its
+	// shares are for. A gateway on another run runs the table at its
+	// floors: its shares were computed while the allocator counted it on
+	// that run, before it went stale, and the allocator may have given
+	// them away since (its report expired).
+	Runs map[string]uint64 `json:"runs,omitempty"`
 }
 
 // AllocatorOptions configure an Allocator. The zero value is usable.
@@ -194,11 +218,12 @@ type Allocator struct {
 	o         AllocatorOptions
 	token     uint64
 	epoch     uint64 // of the last table published (or taken over)
+	line      uint64 // Table.Line
 	published bool   // this allocator published a table
 	last      *Table // last table published or taken over; nil: none
 	seen      map[string]int64
-	wasLive   map[string]bool // the gateways live at the previous Step
-	left      map[string]bool // gateways that left cleanly, for the next Step
+	runs      map[string]uint64 // gateway seen → its run (Report.Run)
+	left      map[string]bool   // gateways that left cleanly, for the next Step
 	keys      map[KeyID]*allocKey
 }
 
@@ -221,20 +246,22 @@ func (a *Allocator) Left(gateways ...string) {
 
 // NewAllocator returns an Allocator publishing with fencing token token.
 // last is the table in force (read from Redis) or nil: an allocator taking
-// over continues its epochs and starts from its shares and bounds, counting
-// its gateways that no longer report as departed.
+// over continues its line and epochs and starts from its shares and
+// bounds, counting its gateways that no longer report as departed; with
+// nil it starts a new line (Table.Line).
 func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
-	a := &Allocator{o: o.withDefaults(), token: token, seen: map[string]int64{}, wasLive: map[string]bool{}, keys: map[KeyID]*allocKey{}}
+	a := &Allocator{o: o.withDefaults(), token: token, seen: map[string]int64{}, runs: map[string]uint64{}, keys: map[KeyID]*allocKey{}}
 	if last == nil {
+		a.line = rand.Uint64() | 1
 		return a
 	}
-	a.epoch, a.last = last.Epoch, last
+	a.epoch, a.last, a.line = last.Epoch, last, last.Line
 	a.seen = nil // filled by the first Step, which knows the time
+	maps.Copy(a.runs, last.Runs)
 	for id, ks := range last.Keys {
 		k := &allocKey{limit: ks.Limit, lastReported: math.MinInt64, hist: map[string][]histEntry{}}
 		for g, b := range ks.Bounds {
 			k.hist[g] = append(k.hist[g], histEntry{0, b})
-			a.wasLive[g] = true
 		}
 		for g, s := range ks.Shares {
 			k.hist[g] = append(k.hist[g], histEntry{last.Epoch, s})
@@ -281,8 +308,8 @@ type stepGateways struct {
 
 // gateways is Step's first phase: live gateways are seen now; the others
 // count as departed (possibly partitioned, at their floor) until Forget,
-// unless they left cleanly; a gateway live again after it was not starts
-// again from its floor; and each live gateway's acknowledged epoch.
+// unless they left cleanly; a gateway on a new run starts again from its
+// floor; and each live gateway's acknowledged epoch.
 func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) stepGateways {
 	o := a.o
 	g := stepGateways{reports: make(map[string]*Report, len(live))}
@@ -323,6 +350,7 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 	for id := range a.left {
 		if _, ok := g.reports[id]; !ok {
 			delete(a.seen, id)
+			delete(a.runs, id)
 		}
 	}
 	a.left = nil
@@ -332,6 +360,7 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 		}
 		if now-t >= int64(o.Forget) {
 			delete(a.seen, id)
+			delete(a.runs, id)
 		} else {
 			g.departed++
 			if g.ages == nil {
@@ -340,19 +369,18 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 			g.ages[id] = now - t
 		}
 	}
-	// A gateway that was not live (its report expired: it is at its floor
-	// by its own 2H rule) starts again from its floor, whatever it
-	// acknowledged before: it runs only tables published from now on.
+	// A gateway on a new run runs its floors, whatever it ran before
+	// (Report.Run): it starts again from its floor. A gateway whose report
+	// expired comes back on a new run (its Limiter counts the report's
+	// 2H + H/2 from the send of the latest call answered).
 	for _, id := range g.names {
-		if !a.wasLive[id] {
+		run := g.reports[id].Run
+		if prev, ok := a.runs[id]; ok && prev != run {
 			for _, k := range a.keys {
 				delete(k.hist, id)
 			}
 		}
-	}
-	a.wasLive = make(map[string]bool, len(g.names))
-	for _, id := range g.names {
-		a.wasLive[id] = true
+		a.runs[id] = run
 	}
 	g.acked = make(map[string]uint64, len(g.names))
 	for _, id := range g.names {
@@ -411,7 +439,7 @@ func (a *Allocator) keysAt(now int64, g stepGateways) (map[KeyID]map[string]floa
 // its forgotten gateways' history dropped. unsettled reports that some
 // share is off its target by more than publishTolerance.
 func (a *Allocator) nextTable(g stepGateways, demand map[KeyID]map[string]float64, ids []KeyID) (t *Table, unsettled bool) {
-	t = &Table{Epoch: a.epoch + 1, Token: a.token, Keys: make(map[KeyID]KeyShares, len(ids)), Departed: g.ages}
+	t = &Table{Epoch: a.epoch + 1, Token: a.token, Line: a.line, Keys: make(map[KeyID]KeyShares, len(ids)), Departed: g.ages}
 	for _, id := range ids {
 		k := a.keys[id]
 		for gw := range k.hist { // forget the history of forgotten gateways
@@ -426,6 +454,12 @@ func (a *Allocator) nextTable(g stepGateways, demand map[KeyID]map[string]float6
 		if ok {
 			t.Keys[id] = ks
 			unsettled = unsettled || off
+			if t.Runs == nil {
+				t.Runs = make(map[string]uint64, len(g.names))
+			}
+			for gw := range ks.Shares {
+				t.Runs[gw] = a.runs[gw]
+			}
 		}
 	}
 	return t, unsettled
@@ -629,11 +663,12 @@ func maxShare(a, b Share) Share {
 const publishTolerance = 0.005
 
 // sameShares reports whether a and b give every gateway the same shares of
-// the same keys, up to tolerance×rate (bounds aside: a table's bounds
-// only need to be at least the true ones). Not publishing is always safe:
-// only published tables are run, and only they enter the bounds.
+// the same keys for the same runs, up to tolerance×rate (bounds aside: a
+// table's bounds only need to be at least the true ones). Not publishing
+// is always safe: only published tables are run, and only they enter the
+// bounds.
 func sameShares(a, b *Table, tolerance float64) bool {
-	if len(a.Keys) != len(b.Keys) {
+	if len(a.Keys) != len(b.Keys) || !maps.Equal(a.Runs, b.Runs) {
 		return false
 	}
 	for id, x := range a.Keys {

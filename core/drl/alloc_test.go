@@ -186,6 +186,7 @@ func boundProperty(seed uint64, unsafe bool) string {
 		floor := lim1000.Floor(8)
 		var tables []*Table
 		running := map[string]uint64{} // the epoch each gateway runs (≤ newest)
+		runs := map[string]uint64{}    // each gateway's run (Report.Run)
 		acked := map[string]uint64{}   // the epoch each gateway reports it applied (≤ running)
 		live := map[string]bool{"g0": true, "g1": true}
 		next := 2
@@ -206,12 +207,14 @@ func boundProperty(seed uint64, unsafe bool) string {
 				delete(live, names[rng.IntN(len(names))]) // its report expires: at its floor
 			}
 			if gone := slices.Sorted(maps.Keys(everLive)); rng.IntN(15) == 0 {
-				// A gateway whose report had expired reports again: it
-				// applies the newest table (it ran its floor meanwhile) but
-				// reports and acknowledges what it applied before.
+				// A gateway whose report had expired reports again, on a
+				// new run (it went stale first): it applies the newest
+				// table, whose shares are not for its run, but reports and
+				// acknowledges what it applied before.
 				for _, g := range gone {
 					if !live[g] && len(tables) > 0 {
 						live[g] = true
+						runs[g]++
 						running[g] = tables[len(tables)-1].Epoch
 						break
 					}
@@ -229,7 +232,7 @@ func boundProperty(seed uint64, unsafe bool) string {
 					acked[g] = running[g]
 				}
 				acks[g] = acked[g]
-				reps = append(reps, Report{Gateway: g, Applied: acked[g], Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: rng.Float64() * 1500}}})
+				reps = append(reps, Report{Gateway: g, Applied: acked[g], Run: runs[g], Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: rng.Float64() * 1500}}})
 			}
 			tb, pub := a.Step(int64(step), reps, acks)
 			if pub {
@@ -254,7 +257,7 @@ func boundProperty(seed uint64, unsafe bool) string {
 				if live[g] {
 					for _, tbl := range tables {
 						if tbl.Epoch >= running[g] {
-							if s, ok := tbl.Keys[kid].Shares[g]; ok {
+							if s, ok := tbl.Keys[kid].Shares[g]; ok && tbl.Runs[g] == runs[g] {
 								m = maxShare(m, s)
 							}
 						}
@@ -271,25 +274,100 @@ func boundProperty(seed uint64, unsafe bool) string {
 	return ""
 }
 
-// TestAllocatorReturningGatewayStartsAtFloor: a gateway whose report
-// expired is at its floor (its own 2H rule) whatever it acknowledged
-// before; when it reports again it gets no share for free from its old
-// history while the others' shrinks are unacknowledged.
-func TestAllocatorReturningGatewayStartsAtFloor(t *testing.T) {
-	a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil) // floor 100/s, burst 10
-	tb, _ := a.Step(0, reports(0, map[string]float64{"a": 1000, "b": 1000}), nil)
-	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
-	// b's report expired: a gets what b and a reserved floor leave.
-	tb, _ = a.Step(1, reports(1, map[string]float64{"a": 1000}), map[string]uint64{"a": 1, "b": 1})
-	wantShares(t, tb, map[string]Share{"a": {800, 80}})
-	// b is back (it last applied epoch 1), a has not applied epoch 2's
-	// successor: a may run 800 until it does, so b stays at its floor.
-	tb, _ = a.Step(2, reports(1, map[string]float64{"a": 1000, "b": 1000}), map[string]uint64{"a": 1, "b": 1})
-	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {100, 10}})
-	if b := tb.Keys[kid].Bounds["b"]; b != (Share{100, 10}) {
-		t.Fatalf("b's bound %+v, want its floor", b)
+// TestAllocatorNewRunStartsAtFloor: a gateway on a new run (Report.Run)
+// is at its floor whatever it acknowledged before: a gateway whose report
+// expired went stale first and comes back on a new run, and gets no share
+// for free from its old history while the others' shrinks are
+// unacknowledged. A report of the old run (sent before it went stale,
+// arriving late) keeps its history: it may still run that run's shares.
+func TestAllocatorNewRunStartsAtFloor(t *testing.T) {
+	for _, newRun := range []bool{true, false} {
+		a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil) // floor 100/s, burst 10
+		tb, _ := a.Step(0, onRuns(reports(0, map[string]float64{"a": 1000, "b": 1000}), 1), nil)
+		wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+		if tb.Runs["a"] != 1 || tb.Runs["b"] != 1 || len(tb.Runs) != 2 {
+			t.Fatalf("runs %v, want a and b on run 1", tb.Runs)
+		}
+		// b's report expired: a gets what b and a reserved floor leave.
+		tb, _ = a.Step(1, onRuns(reports(1, map[string]float64{"a": 1000}), 1), map[string]uint64{"a": 1, "b": 1})
+		wantShares(t, tb, map[string]Share{"a": {800, 80}})
+		back := onRuns(reports(1, map[string]float64{"a": 1000, "b": 1000}), 1)
+		if newRun {
+			for i := range back {
+				if back[i].Gateway == "b" {
+					back[i].Run = 2
+				}
+			}
+		}
+		tb, _ = a.Step(2, back, map[string]uint64{"a": 1, "b": 1})
+		if !newRun {
+			// b may run epoch 1's 450 (its bound), a 800 until it applies
+			// epoch 3: 1250 − 100 reserved − 450 − 800 leaves nothing.
+			wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+			if b := tb.Keys[kid].Bounds["b"]; !near(b.Rate, 450) || b.Burst != 45 {
+				t.Fatalf("same run: b's bound %+v, want epoch 1's share", b)
+			}
+			continue
+		}
+		// b is back on run 2 (it last applied epoch 1), a has not applied
+		// epoch 2's successor: a may run 800 until it does, so b stays at
+		// its floor.
+		wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {100, 10}})
+		if b := tb.Keys[kid].Bounds["b"]; b != (Share{100, 10}) || tb.Runs["b"] != 2 {
+			t.Fatalf("b's bound %+v on run %d, want its floor on run 2", b, tb.Runs["b"])
+		}
+		// a applies epoch 3: b grows.
+		tb, _ = a.Step(3, onRuns(reports(3, map[string]float64{"a": 1000, "b": 1000}), 1, "b", 2), nil)
+		wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
 	}
-	// a applies epoch 3: b grows.
-	tb, _ = a.Step(3, reports(3, map[string]float64{"a": 1000, "b": 1000}), nil)
-	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {450, 45}})
+}
+
+// TestAllocatorPublishesForNewRun: a gateway on a new run gets a table for
+// it even when no share changes (it runs its floors until one lists its
+// run), and only one.
+func TestAllocatorPublishesForNewRun(t *testing.T) {
+	a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil)
+	d := map[string]float64{"a": 100, "b": 100}
+	tb, _ := a.Step(0, onRuns(reports(0, d), 1), nil)
+	if _, pub := a.Step(1, onRuns(reports(1, d), 1), nil); pub {
+		t.Fatal("published with nothing changed")
+	}
+	tb2, pub := a.Step(2, onRuns(reports(1, d), 1, "b", 7), nil)
+	if !pub || tb2.Epoch != tb.Epoch+1 || tb2.Runs["b"] != 7 || tb2.Runs["a"] != 1 {
+		t.Fatalf("b on run 7: published %v, epoch %d, runs %v; want epoch %d for b's run 7", pub, tb2.Epoch, tb2.Runs, tb.Epoch+1)
+	}
+	if _, pub := a.Step(3, onRuns(reports(2, d), 1, "b", 7), nil); pub {
+		t.Fatal("published again for the same run")
+	}
+}
+
+// onRuns sets every report's Run to run, then gateway g's to gr for each
+// (g, gr) pair in more.
+func onRuns(reps []Report, run uint64, more ...any) []Report {
+	for i := range reps {
+		reps[i].Run = run
+		for j := 0; j+1 < len(more); j += 2 {
+			if reps[i].Gateway == more[j].(string) {
+				reps[i].Run = uint64(more[j+1].(int))
+			}
+		}
+	}
+	return reps
+}
+
+// TestAllocatorLine: an allocator that finds no table starts a new line;
+// one taking over keeps the line of the table it takes over from.
+func TestAllocatorLine(t *testing.T) {
+	a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil)
+	t1, _ := a.Step(0, onRuns(reports(0, map[string]float64{"a": 100}), 1), nil)
+	b := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil)
+	u1, _ := b.Step(0, onRuns(reports(0, map[string]float64{"a": 100}), 1), nil)
+	if t1.Line == 0 || u1.Line == 0 || t1.Line == u1.Line || t1.Epoch != u1.Epoch || t1.Token != u1.Token {
+		t.Fatalf("two new lines: lines %x and %x, epochs %d %d, tokens %d %d; want two nonzero lines, the same epoch and token", t1.Line, u1.Line, t1.Epoch, u1.Epoch, t1.Token, u1.Token)
+	}
+	c := NewAllocator(AllocatorOptions{MaxGateways: 10}, 2, t1)
+	t2, _ := c.Step(1, onRuns(reports(1, map[string]float64{"a": 100}), 1), nil)
+	if t2.Line != t1.Line || t2.Epoch != 2 || t2.Token != 2 {
+		t.Fatalf("taken over: line %x epoch %d token %d, want line %x epoch 2 token 2", t2.Line, t2.Epoch, t2.Token, t1.Line)
+	}
 }

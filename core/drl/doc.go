@@ -33,7 +33,9 @@
 //     call that returned it) runs every key at its floor, so a Redis outage
 //     or a partition keeps the total within the limit; a report lives 2H +
 //     H/2 in Redis, so the allocator forgets a gateway's share only after
-//     the gateway itself has dropped it.
+//     the gateway itself has dropped it. A gateway whose report may have
+//     expired comes back on a new run (Report.Run) and runs no share from
+//     before it until a table for the new run reaches it.
 //   - Keys too slow to split (R/MaxGateways below MinFloorRate, or
 //     floor(B/MaxGateways) below 1: #1287's 10/s over 4 gateways) and
 //     requests that also spend a quota are left to the exact (Redis) store.

@@ -186,6 +186,9 @@ type Limiter struct {
 
 	mu      sync.Mutex // serialises Apply and Report
 	gateway string     // the ID in force (Options.Gateway or the latest Report's)
+	run     uint64     // this gateway's run (Report.Run); 0 until the first Report
+	runFrom int64      // when the run began (ns)
+	heard   int64      // send time (ns) of the latest report call answered (ApplyAt's sentAt)
 	table   *Table     // the table in force
 	gen     uint64
 	last    int64 // time of the previous Report; 0: none
@@ -509,8 +512,9 @@ func carry(from, to core.GCRAParams, d int64) int64 {
 func (l *Limiter) Apply(sentAt int64, t *Table) { l.ApplyAt(sentAt, sentAt, t) }
 
 // ApplyAt makes t the table in force if it is newer than the current one
-// (a higher epoch, or any table once the current one is stale); a table
-// that is the same or older only refreshes the one in force. now is the
+// (a higher epoch, a table of another line (Table.Line), or any table once
+// the current one is stale); a table that is the same or older only
+// refreshes the one in force. now is the
 // time (ns) of this call; sentAt is the time the Redis call that returned
 // t was sent: the table is fresh until sentAt + 2H (only ever extended).
 // That call must be one that also wrote this gateway's report (whose TTL,
@@ -522,19 +526,31 @@ func (l *Limiter) Apply(sentAt int64, t *Table) { l.ApplyAt(sentAt, sentAt, t) }
 // the new share refills from now. (Counting from sentAt instead charged
 // the old share's idle refill between sentAt and now as spent.) The
 // allocator counts the old share until this gateway acknowledges, which
-// it does after this call. A nil t does nothing.
+// it does after this call.
+//
+// This gateway runs t's shares only when t lists them for its run (see
+// Report); an answer that comes after the run may have lapsed (its report
+// expired in Redis: 2H + H/2 after the send of the latest call answered
+// before) starts a new run first. A nil t (Redis holds no table yet)
+// changes no table, and counts the call as answered.
 func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.run != 0 && l.lapsed(now) {
+		// The answer came too late to tell that this gateway's report
+		// stayed live: nothing applied for the run may run again.
+		l.newRun(now)
+	}
+	l.heard = max(l.heard, sentAt)
 	if t == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	cur := l.view.Load()
 	fresh := sentAt + 2*int64(l.o.Interval)
-	if l.table != nil && (t.Epoch == cur.epoch && t.Token == cur.token || t.Epoch < cur.epoch && sentAt < cur.freshUntil) {
-		// The same table, or an older one while the current one is still
-		// fresh (pub/sub brought a newer one first): the call proves
-		// contact, so the table in force stays fresh longer.
+	if l.table != nil && t.Line == l.table.Line && (t.Epoch == cur.epoch && t.Token == cur.token || t.Epoch < cur.epoch && sentAt < cur.freshUntil) {
+		// The same table, or an older one of its line while the current
+		// one is still fresh (pub/sub brought a newer one first): the call
+		// proves contact, so the table in force stays fresh longer.
 		if fresh > cur.freshUntil {
 			nv := *cur
 			nv.freshUntil = fresh
@@ -547,13 +563,37 @@ func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 	l.publish(max(now, sentAt), max(fresh, cur.freshUntil))
 }
 
+// lapsed reports whether this gateway's run has lapsed at now (ns): this
+// gateway's report may have expired in Redis since the allocator first
+// saw the run, so the allocator may have stopped counting the shares
+// tables give the run. The allocator saw the run in a report sent at
+// runFrom at the earliest, and each call answered wrote one sent at heard
+// at the latest; the latest report Redis received before now lives at
+// least 2H + H/2 from its send, until max(runFrom, heard) + 2H + H/2.
+// Caller holds l.mu.
+func (l *Limiter) lapsed(now int64) bool {
+	h := int64(l.o.Interval)
+	return now >= max(l.runFrom, l.heard)+2*h+h/2
+}
+
+// newRun starts a new run at now (ns) and publishes the view for it: no
+// table applied so far gives this gateway a share in it. Caller holds l.mu.
+func (l *Limiter) newRun(now int64) {
+	for prev := l.run; l.run == 0 || l.run == prev; {
+		l.run = rand.Uint64()
+	}
+	l.runFrom = now
+	cur := l.view.Load()
+	l.publish(cur.since, cur.freshUntil)
+}
+
 // publish stores a new view of l.table for l.gateway. Caller holds l.mu.
 func (l *Limiter) publish(since, freshUntil int64) {
 	l.gen++
 	nv := &view{gen: l.gen, freshUntil: freshUntil, since: since, shares: map[KeyID]Share{}}
 	if t := l.table; t != nil {
 		nv.epoch, nv.token = t.Epoch, t.Token
-		if l.gateway != "" {
+		if l.gateway != "" && t.Runs[l.gateway] == l.run {
 			for id, ks := range t.Keys {
 				if s, ok := ks.Shares[l.gateway]; ok && validLimit(ks.Limit) {
 					nv.shares[id] = clampShare(s, ks.Limit, ks.Limit.Floor(l.o.MaxGateways))
@@ -578,9 +618,21 @@ func clampShare(s Share, lim KeyLimit, floor Share) Share {
 // Report returns this gateway's demand report at now (ns): for each key
 // held, its limit and its offered load (admitted plus refused) in requests
 // per second, smoothed (a rise is taken at once, a fall halves the
-// distance to the new rate per report), and the epoch applied. It also
-// drops keys idle for 3 reports whose bucket is full (the same state as
-// no key). The first call has no interval to measure: it divides by H.
+// distance to the new rate per report), the epoch applied, and the run.
+// It also drops keys idle for 3 reports whose bucket is full (the same
+// state as no key). The first call has no interval to measure: it divides
+// by H.
+//
+// The first call starts a run (Report.Run), and so does a call once the
+// run may have lapsed: 2H + H/2 (a report's TTL in Redis) after the send
+// of the latest call answered (see ApplyAt), or after the run began when
+// none was. From then on this gateway runs a table's shares only when the
+// table lists them for the new run, so a table it ran before, brought
+// again by the call that sends this report or by any later one, keeps it
+// at its floors: the allocator may have given those shares away while
+// this gateway's report was expired. It counts a gateway on a new run at
+// its floor until it publishes a table for that run. A table stale for
+// less than H/2 comes back with the next answer, on the same run.
 //
 // Call it every H and send the report with the call that returns the
 // table (see Apply). Retry a call that fails well before the next one is
@@ -595,12 +647,15 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 		cur := l.view.Load()
 		l.publish(cur.since, cur.freshUntil)
 	}
+	if l.run == 0 || l.lapsed(now) {
+		l.newRun(now)
+	}
 	elapsed := float64(l.o.Interval) / float64(time.Second)
 	if l.last != 0 && now > l.last {
 		elapsed = float64(now-l.last) / float64(time.Second)
 	}
 	l.last = now
-	rep := Report{Gateway: gateway, Applied: l.view.Load().epoch, Keys: map[KeyID]KeyDemand{}}
+	rep := Report{Gateway: gateway, Applied: l.view.Load().epoch, Run: l.run, Keys: map[KeyID]KeyDemand{}}
 	for i := range l.shards {
 		sh := &l.shards[i]
 		if sh.tab.Load().empty() {

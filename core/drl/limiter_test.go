@@ -54,6 +54,20 @@ func tableFor(req core.Request, e uint64, g string, s Share) *Table {
 	return &Table{Epoch: e, Token: 1, Keys: map[KeyID]KeyShares{id: {Limit: LimitOf(req.Rule.Rate()), Shares: map[string]Share{g: s}}}}
 }
 
+// onRun returns tb listing g's share for l's current run (Report.Run): a
+// Limiter that has reported runs only the shares of its run.
+func onRun(l *Limiter, tb *Table) *Table {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tb.Runs = map[string]uint64{}
+	for _, ks := range tb.Keys {
+		for g := range ks.Shares {
+			tb.Runs[g] = l.run
+		}
+	}
+	return tb
+}
+
 // drain takes until refused at now and returns how many were admitted.
 func drain(t *testing.T, l *Limiter, now int64, req *core.Request) int {
 	t.Helper()
@@ -223,7 +237,9 @@ func TestLimiterAppliesShareAndFallsBack(t *testing.T) {
 	if st := l.Stats(); st.Fallbacks != 1 || st.ShareRate != 250 {
 		t.Fatalf("after staleness: %+v, want 1 fallback, share 250", st)
 	}
-	// The same table again, from a later call: fresh again, at its share.
+	// The same table again, from a later call: fresh again, at its share
+	// (this Limiter never reported, so it has no run to lapse; see
+	// TestLimiterRunLapses for one that has).
 	l.Apply(later, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
 	if n := drain(t, l, later+sec, &req); n != 25 {
 		t.Fatalf("refreshed: %d, want 25 (a grow counts from the switch: 1 s at the floor, capped at its burst)", n)
@@ -554,7 +570,7 @@ func TestLimiterLimitChangeRenamesKey(t *testing.T) {
 	}
 	// The allocator lists the new name: a grow to 1000/s, B 100, carries
 	// the 0 tokens held; then 1 per ms.
-	l.Apply(now, tableFor(up, 2, "g1", Share{Rate: 1000, Burst: 100}))
+	l.Apply(now, onRun(l, tableFor(up, 2, "g1", Share{Rate: 1000, Burst: 100})))
 	if n := drain(t, l, now, &up); n != 0 {
 		t.Fatalf("right after the grow: %d, want 0", n)
 	}
@@ -577,5 +593,205 @@ func TestLimiterLimitChangeRenamesKey(t *testing.T) {
 	}
 	if n := drain(t, l, now+910*ms, &down); n != 1 {
 		t.Fatalf("910 ms later: %d, want 1", n)
+	}
+}
+
+// shareAt returns the share l runs req's key at now (a request of cost 0
+// switches the key to it first).
+func shareAt(t *testing.T, l *Limiter, now int64, req core.Request) Share {
+	t.Helper()
+	req.Cost = 0
+	var d core.Decision
+	if !l.Take(now, &req, &d) {
+		t.Fatal("Take: not handled")
+	}
+	return lookup(l, &req).b.Load().share
+}
+
+// TestLimiterRunLapses: a gateway runs a table's shares only for its run
+// (Report.Run). A table stale for less than H/2 past its 2H comes back
+// with the next call, on the same run; once the run may have lapsed in
+// Redis (its report expired: 2H + H/2 after the send of the latest call
+// applied), a report or an answer starts a new run, and no table of the
+// old run gives a share again.
+func TestLimiterRunLapses(t *testing.T) {
+	ms := int64(time.Millisecond)
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second}) // floor 250/s, 25
+	req := hot("c")
+	floor := Share{Rate: 250, Burst: 25}
+	t0 := 10 * sec
+	r1 := l.Report(t0, "g1").Run
+	if r1 == 0 {
+		t.Fatal("first report: run 0, want a run")
+	}
+	t1 := onRun(l, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	if t1.Runs["g1"] != r1 {
+		t.Fatal("onRun")
+	}
+	l.Apply(t0, t1)
+	if s := shareAt(t, l, t0, req); s != (Share{500, 50}) {
+		t.Fatalf("run's table: %+v, want 500/s", s)
+	}
+	if r := l.Report(t0+sec, "g1").Run; r != r1 {
+		t.Fatalf("fresh report: run %d, want %d", r, r1)
+	}
+	// Stale from t0+2s; the run lapses at t0+2.5s. A report at t0+2.25s
+	// keeps the run, and its answer at t0+2.25s+1ms brings the table back.
+	if s := shareAt(t, l, t0+2*sec+200*ms, req); s != floor {
+		t.Fatalf("stale: %+v, want the floor", s)
+	}
+	sent := t0 + 2*sec + 250*ms
+	if r := l.Report(sent, "g1").Run; r != r1 {
+		t.Fatalf("report stale for 250 ms: run %d, want %d", r, r1)
+	}
+	l.ApplyAt(sent+ms, sent, t1)
+	if s := shareAt(t, l, sent+2*ms, req); s != (Share{500, 50}) {
+		t.Fatalf("answered before the run lapsed: %+v, want 500/s again", s)
+	}
+	// Fresh until t0+4.25s, lapsing at t0+4.75s. A report sent at t0+4.5s
+	// keeps the run; its answer comes at t0+4.8s, too late: a new run,
+	// fresh (the call proves contact) at the floor.
+	sent = t0 + 4*sec + 500*ms
+	if r := l.Report(sent, "g1").Run; r != r1 {
+		t.Fatalf("report stale for 250 ms: run %d, want %d", r, r1)
+	}
+	l.ApplyAt(t0+4*sec+800*ms, sent, t1)
+	if s := shareAt(t, l, t0+4*sec+900*ms, req); s != floor {
+		t.Fatalf("answer after the run lapsed: %+v, want the floor", s)
+	}
+	if st := l.Stats(); st.Fallbacks != 1 {
+		t.Fatalf("fallbacks %d, want 1 (no request came while stale the second time; a floor while fresh is none)", st.Fallbacks)
+	}
+	r2 := l.Report(t0+5*sec, "g1").Run
+	if r2 == r1 || r2 == 0 {
+		t.Fatalf("report after a lapse: run %d, want a new run (was %d)", r2, r1)
+	}
+	l.Apply(t0+5*sec, onRun(l, tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60})))
+	if s := shareAt(t, l, t0+5*sec, req); s != (Share{600, 60}) {
+		t.Fatalf("new run's table: %+v, want 600/s", s)
+	}
+	// Fresh until t0+7s, lapsing at t0+7.5s: a report at t0+10s starts
+	// run 3; the answer brings epoch 2 again, for run 2: the floor.
+	t2 := l.table
+	r3 := l.Report(t0+10*sec, "g1").Run
+	if r3 == r2 || r3 == r1 || r3 == 0 {
+		t.Fatalf("report after the run lapsed: run %d, want a new one (had %d, %d)", r3, r1, r2)
+	}
+	l.ApplyAt(t0+10*sec+ms, t0+10*sec, t2)
+	if s := shareAt(t, l, t0+10*sec+2*ms, req); s != floor {
+		t.Fatalf("old run's table after a lapse: %+v, want the floor", s)
+	}
+}
+
+// TestGatewayBackFromPartitionRunsNoOldShare: the allocator gives a
+// partitioned gateway's share away once its report has expired. If the
+// gateway's first report call after the partition reaches Redis between
+// the allocator's read of the reports and its write of the new table,
+// the call returns the table it ran before. Running it again would put
+// the shares run at 750 + 500 = 1250/s for a limit of 1000/s. The
+// gateway is on a new run, so it runs its floor until a table for that
+// run reaches it.
+func TestGatewayBackFromPartitionRunsNoOldShare(t *testing.T) {
+	ms := int64(time.Millisecond)
+	req := hot("c") // 1000/s, B 100
+	id := MakeKeyID("c", "api", req.Rule.Rate())
+	kl := LimitOf(req.Rule.Rate())
+	alloc := NewAllocator(AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, 1, nil)
+	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second} // floor 250/s, 25
+	la, lb := NewLimiter(lo), NewLimiter(lo)
+	report := func(l *Limiter, now int64, g string) Report {
+		rep := l.Report(now, g)
+		rep.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: 2000}}
+		return rep
+	}
+	step := func(now int64, live ...Report) *Table {
+		acks := map[string]uint64{}
+		for _, r := range live {
+			acks[r.Gateway] = r.Applied
+		}
+		tb, _ := alloc.Step(now, live, acks)
+		return tb
+	}
+	running := func(at int64) (a, b Share) {
+		a, b = shareAt(t, la, at, req), shareAt(t, lb, at, req)
+		if sum := a.Rate + b.Rate; sum > 1000 {
+			t.Fatalf("at %v: a runs %v/s, b %v/s: %v/s for a limit of 1000/s", time.Duration(at), a.Rate, b.Rate, sum)
+		}
+		return a, b
+	}
+	t0 := 10 * sec
+	rb := report(lb, t0, "b")
+	t1 := step(t0, report(la, t0, "a"), rb)
+	la.Apply(t0, t1)
+	lb.Apply(t0, t1)
+	if a, b := running(t0); !near(a.Rate, 500) || !near(b.Rate, 500) {
+		t.Fatalf("epoch 1: a %v, b %v, want 500 each", a, b)
+	}
+	// b is cut off from Redis after t0: its report expires at t0+2.5s.
+	step(t0+sec, report(la, t0+sec, "a"), rb)
+	step(t0+2*sec, report(la, t0+2*sec, "a"), rb)
+	t2 := step(t0+3*sec, report(la, t0+3*sec, "a"))
+	if s := t2.Keys[id].Shares["a"]; !near(s.Rate, 750) || len(t2.Keys[id].Shares) != 1 {
+		t.Fatalf("b expired: shares %v, want a at 750 (b's floor kept)", t2.Keys[id].Shares)
+	}
+	// b is back: its report call reaches Redis before epoch 2 is written
+	// and returns epoch 1, the table b knows; a applies epoch 2.
+	rb = report(lb, t0+3*sec, "b")
+	lb.ApplyAt(t0+3*sec+2*ms, t0+3*sec, t1)
+	la.ApplyAt(t0+3*sec+5*ms, t0+3*sec, t2)
+	if a, b := running(t0 + 3*sec + 10*ms); !near(a.Rate, 750) || b.Rate != 250 {
+		t.Fatalf("b back, before epoch 3: a %v, b %v, want 750 and b's floor 250", a, b)
+	}
+	// The allocator sees b on its new run: b at its floor until a has
+	// applied its shrink, then 500 each.
+	ra := report(la, t0+4*sec, "a")
+	rb = report(lb, t0+4*sec, "b")
+	t3 := step(t0+4*sec, ra, rb)
+	if t3.Runs["b"] != rb.Run {
+		t.Fatalf("epoch %d lists b on run %d, want its new run %d", t3.Epoch, t3.Runs["b"], rb.Run)
+	}
+	la.Apply(t0+4*sec, t3)
+	lb.ApplyAt(t0+4*sec+ms, t0+4*sec, t3)
+	if a, b := running(t0 + 4*sec + 10*ms); !near(a.Rate, 500) || b.Rate != 250 {
+		t.Fatalf("epoch 3: a %v, b %v, want 500 and 250", a, b)
+	}
+	t4 := step(t0+5*sec, report(la, t0+5*sec, "a"), report(lb, t0+5*sec, "b"))
+	la.Apply(t0+5*sec, t4)
+	lb.Apply(t0+5*sec, t4)
+	if a, b := running(t0 + 5*sec + 10*ms); !near(a.Rate, 500) || !near(b.Rate, 500) {
+		t.Fatalf("epoch 4: a %v, b %v, want 500 each", a, b)
+	}
+}
+
+// TestLimiterNewLineSameEpoch: a Redis that lost its data numbers epochs
+// and tokens from 1 again; the new line's first table has the epoch and
+// token of the table in force (here 1 and 1) and replaces it: the gateway
+// runs the new allocator's share, not the old line's. A table of the same
+// line, epoch and token only refreshes the one in force.
+func TestLimiterNewLineSameEpoch(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	now := 10 * sec
+	old := onRun(l, tableFor(req, 1, "g1", Share{Rate: 700, Burst: 70}))
+	old.Line = 0xa
+	l.Apply(now, old)
+	if s := shareAt(t, l, now, req); s != (Share{700, 70}) {
+		t.Fatalf("old line: %+v, want 700/s", s)
+	}
+	same := onRun(l, tableFor(req, 1, "g1", Share{Rate: 300, Burst: 30}))
+	same.Line = 0xa
+	l.Apply(now+sec, same)
+	if s := shareAt(t, l, now+sec, req); s != (Share{700, 70}) {
+		t.Fatalf("same line, epoch and token: %+v, want the table in force (700/s)", s)
+	}
+	// Redis lost its data; 3 s later (every table stale) the new line's
+	// first table comes.
+	later := now + 4*sec
+	l.Report(later, "g1")
+	nl := onRun(l, tableFor(req, 1, "g1", Share{Rate: 400, Burst: 40}))
+	nl.Line = 0xb
+	l.ApplyAt(later+1, later, nl)
+	if s := shareAt(t, l, later+2, req); s != (Share{400, 40}) {
+		t.Fatalf("new line, epoch 1 token 1: %+v, want its share 400/s", s)
 	}
 }

@@ -140,9 +140,15 @@ func ms(d time.Duration) int64 { return max(int64(d/time.Millisecond), 1) }
 // leasePX is the lease's TTL, 1.5H.
 func (w *wire) leasePX() int64 { return ms(w.h + w.h/2) }
 
-// reportPX is a report's TTL, 2H + H/2: longer than the 2H a gateway keeps
-// a table fresh after the call that wrote its report.
-func (w *wire) reportPX() int64 { return ms(2*w.h + w.h/2) }
+// reportPX is a report's TTL, 2H + H/2 rounded up to the millisecond:
+// longer than the 2H a gateway keeps a table fresh after the call that
+// wrote its report, and never shorter than the 2H + H/2 its Limiter
+// counts on before it starts a new run (rounding down would let a report
+// expire while the gateway still ran its run's shares).
+func (w *wire) reportPX() int64 {
+	d := 2*w.h + w.h/2
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
 
 // elect tries to take the lease; it returns the token and the lease's
 // value, or token 0 when another gateway holds it.
@@ -166,9 +172,10 @@ func (w *wire) renew(ctx context.Context, value string) (bool, error) {
 	return n == 1, nil
 }
 
-// version is a table's identity in Redis: "<epoch>:<token>".
+// version is a table's identity in Redis: "<epoch>:<token>:<line, hex>"
+// (a Redis that lost its data numbers epochs and tokens from 1 again).
 func version(t *Table) string {
-	return strconv.FormatUint(t.Epoch, 10) + ":" + strconv.FormatUint(t.Token, 10)
+	return strconv.FormatUint(t.Epoch, 10) + ":" + strconv.FormatUint(t.Token, 10) + ":" + strconv.FormatUint(t.Line, 16)
 }
 
 // publish stores t and announces it, under the lease held with value;

@@ -135,16 +135,16 @@ func TestReportCall(t *testing.T) {
 		t.Fatal(val, err)
 	}
 	lease, _ := w.c.Get(ctx, w.k.lease).Result()
-	published := &Table{Epoch: 3, Token: val, Keys: map[KeyID]KeyShares{"k": {Limit: KeyLimit{Rate: 100, Burst: 10}, Shares: map[string]Share{"gw-a": {Rate: 60, Burst: 6}}}}}
+	published := &Table{Epoch: 3, Token: val, Line: 0xabc, Keys: map[KeyID]KeyShares{"k": {Limit: KeyLimit{Rate: 100, Burst: 10}, Shares: map[string]Share{"gw-a": {Rate: 60, Burst: 6}}}}}
 	if ok, err := w.publish(ctx, lease, published); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	tab, ver, err = w.report(ctx, rep, "")
-	if err != nil || tab == nil || ver != "3:1" || tab.Keys["k"].Shares["gw-a"] != (Share{Rate: 60, Burst: 6}) {
+	if err != nil || tab == nil || ver != "3:1:abc" || tab.Keys["k"].Shares["gw-a"] != (Share{Rate: 60, Burst: 6}) {
 		t.Fatalf("report with a new table: %+v %q %v", tab, ver, err)
 	}
-	tab, ver, err = w.report(ctx, rep, "3:1")
-	if err != nil || tab != nil || ver != "3:1" {
+	tab, ver, err = w.report(ctx, rep, "3:1:abc")
+	if err != nil || tab != nil || ver != "3:1:abc" {
 		t.Fatalf("report with the known table: %+v %q %v; want the version only", tab, ver, err)
 	}
 	st, err := testWire(t, srv, "g2", "other", h).readState(ctx)
@@ -185,4 +185,15 @@ func countCalls(t *testing.T, c *redis.Client) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// TestReportTTLRoundsUp: a report lives at least 2H + H/2 in Redis (the
+// Limiter starts a new run once that may have passed): the TTL in
+// milliseconds rounds up.
+func TestReportTTLRoundsUp(t *testing.T) {
+	for h, want := range map[time.Duration]int64{time.Second: 2500, 1500 * time.Microsecond: 4, time.Millisecond: 3, 10 * time.Millisecond: 25} {
+		if got := (&wire{h: h}).reportPX(); got != want {
+			t.Errorf("H %v: report TTL %d ms, want %d", h, got, want)
+		}
+	}
 }

@@ -282,19 +282,28 @@ func (s *sim) step(g *simGW) {
 	if !pub {
 		return
 	}
-	s.table = tb
-	s.publishes = append(s.publishes, simPublish{s.now, g.token})
-	for _, o := range s.gws {
-		if !s.reach(o) || s.rng.Float64() < max(s.loss, s.pubLoss) {
-			continue
+	// The state was read in one round trip and the table is written by
+	// another: it lands after the read's answer and the write's request
+	// (reports arriving meanwhile get the table before it).
+	s.at(s.now+s.leg()+s.leg(), func() {
+		if !g.alive || !s.reach(g) || s.leaseHolder != g.id || s.leaseToken != g.token || s.leaseExpiry <= s.now {
+			g.alloc = nil // not published: start again from the stored table
+			return
 		}
-		s.at(s.now+s.pubDelay(), func() {
-			if o.alive && !o.partitioned && s.redisUp {
-				o.lim.ApplyAt(s.now, o.lastSent, tb)
-				s.ack(o)
+		s.table = tb
+		s.publishes = append(s.publishes, simPublish{s.now, g.token})
+		for _, o := range s.gws {
+			if !s.reach(o) || s.rng.Float64() < max(s.loss, s.pubLoss) {
+				continue
 			}
-		})
-	}
+			s.at(s.now+s.pubDelay(), func() {
+				if o.alive && !o.partitioned && s.redisUp {
+					o.lim.ApplyAt(s.now, o.lastSent, tb)
+					s.ack(o)
+				}
+			})
+		}
+	})
 }
 
 // spread sets each serving gateway's offered rate to its weight's part of
@@ -552,6 +561,14 @@ func churn(seed uint64, unsafe bool) (worst int64, admitted, shareSum float64) {
 // churnOpts are the churn scenario's knobs.
 type churnOpts struct {
 	burst int64
+	// heal ends a partition after 1.5–4 s with the gateway reaching Redis
+	// again, instead of a crash after 3–10 s: it comes back around the
+	// time its report expires (2H + H/2), while the allocator gives its
+	// share away.
+	heal bool
+	// pubLoss, when above 0, is the share of pub/sub deliveries lost
+	// (default 5 %).
+	pubLoss float64
 }
 
 var defaultChurn = churnOpts{burst: 100}
@@ -559,6 +576,9 @@ var defaultChurn = churnOpts{burst: 100}
 func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, shareSum float64) {
 	const offered = 1500
 	s := newSim(seed, 1000, o.burst, unsafe, 180*time.Second)
+	if o.pubLoss > 0 {
+		s.pubLoss = o.pubLoss
+	}
 	weight := func() float64 { return 0.3 + 1.4*s.rng.Float64() }
 	for range 4 {
 		s.join(weight())
@@ -570,7 +590,11 @@ func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, sh
 	s.run(func(tick int) {
 		for _, g := range s.gws { // in join order: deterministic
 			if at, ok := crashAt[g]; ok && int64(tick) == at {
-				g.alive = false
+				if o.heal {
+					g.partitioned = false
+				} else {
+					g.alive = false
+				}
 				delete(crashAt, g)
 				s.spread(offered)
 			}
@@ -598,6 +622,9 @@ func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, sh
 			} else {
 				g.partitioned = true
 				crashAt[g] = int64(tick) + int64(3+s.rng.IntN(8))*simWindow
+				if o.heal {
+					crashAt[g] = int64(tick) + int64(30+s.rng.IntN(51))*simLoadTicks // 1.5–4 s
+				}
 			}
 		} else {
 			s.join(weight())
@@ -629,6 +656,28 @@ func TestSimChurn(t *testing.T) {
 	t.Logf("churn over %d seeds: %v; %v (bound 1100); %v (bound 1000)", simSeeds, &adm, &worst, &sums)
 }
 
+// TestSimChurnHealing: the churn with partitions that heal around the
+// time the partitioned gateway's report expires: a gateway back from a
+// partition runs no share from before it (it is on a new run: Report.Run)
+// while the allocator may have given that share away. The bound holds in
+// every window and the shares run never sum above R.
+func TestSimChurnHealing(t *testing.T) {
+	t.Parallel()
+	adm := simStats{name: "admitted/s over 3 min"}
+	worst := maxStats{name: "worst window"}
+	sums := maxStats{name: "shares run"}
+	for seed := range uint64(simSeeds) {
+		ww, r, sum := churnWith(seed, false, churnOpts{burst: 100, heal: true})
+		adm.add(r)
+		worst.add(float64(ww))
+		sums.add(sum)
+		if ww > 1100 || sum > 1000*(1+1e-9) || r < 900 {
+			t.Fatalf("seed %d: worst window %d (bound 1100), shares run %.3f/s (bound 1000), admitted %.1f/s (want ≥ 900)", seed, ww, sum, r)
+		}
+	}
+	t.Logf("churn with healing partitions over %d seeds: %v; %v (bound 1100); %v (bound 1000)", simSeeds, &adm, &worst, &sums)
+}
+
 // TestSimBoundCanFail: the same churn with grows published before the
 // shrinks they need are in force. The shares the gateways run then sum
 // above R, and the window checker sees admissions above R + B: the
@@ -636,14 +685,16 @@ func TestSimChurn(t *testing.T) {
 // catches its absence. The overlap lasts only until the shrinking
 // gateway applies its table (a pub/sub delivery; a partitioned gateway
 // is at its floor before its share is handed out), so the windows break
-// only where a delivery is lost or slow: for a few seeds.
+// only where a delivery is lost or slow: here half the pub/sub deliveries
+// are lost (a shrink then waits for the gateway's next report call), and
+// the windows break for a few seeds.
 func TestSimBoundCanFail(t *testing.T) {
 	t.Parallel()
 	worst := maxStats{name: "worst window"}
 	sums := maxStats{name: "shares run"}
 	broken, over := 0, 0
 	for seed := range uint64(simSeeds) {
-		ww, _, sum := churn(seed, true)
+		ww, _, sum := churnWith(seed, true, churnOpts{burst: 100, pubLoss: 0.5})
 		worst.add(float64(ww))
 		sums.add(sum)
 		if ww > 1100 {

@@ -498,6 +498,7 @@ func (s *Store) report(ctx context.Context) {
 	var applied *Table
 	switch {
 	case ver == "":
+		s.lim.ApplyAt(s.clock.Nanotime(), now, nil) // no table yet: the report is in
 	case t == nil:
 		if s.cur != nil {
 			s.lim.ApplyAt(s.clock.Nanotime(), now, s.cur) // the same table, fresh again

@@ -94,9 +94,12 @@ func tableToken(t *testing.T, c *redis.Client, group string) (token, epoch uint6
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, tok, _ := strings.Cut(v, ":")
-	epoch, _ = strconv.ParseUint(e, 10, 64)
-	token, _ = strconv.ParseUint(tok, 10, 64)
+	f := strings.Split(v, ":") // epoch:token:line
+	if len(f) != 3 {
+		t.Fatalf("table version %q, want epoch:token:line", v)
+	}
+	epoch, _ = strconv.ParseUint(f[0], 10, 64)
+	token, _ = strconv.ParseUint(f[1], 10, 64)
 	return token, epoch
 }
 
