@@ -156,6 +156,15 @@ func TestJWTRawJSON(t *testing.T) {
 		{"duplicate spelled with an escape", hdr, body(`{"id":"alice","\u0069d":"bob"}`, dates), "token repeats a claim"},
 		{"duplicate header parameter", `{"alg":"RS256","kid":"r1","kid":"r2"}`, body(`{"id":"alice"}`, dates), "invalid token"},
 		{"data after the claims", hdr, body(`{"id":"alice"}`, dates) + ` {"user":{"id":"bob"}}`, "invalid token"},
+		{"text after the claims", hdr, body(`{"id":"alice"}`, dates) + ` x`, "invalid token"},
+		{"a bracket after the claims", hdr, body(`{"id":"alice"}`, dates) + `]`, "invalid token"},
+		{"text after the header", hdr + `x`, body(`{"id":"alice"}`, dates), "invalid token"},
+		// Beyond what checkJSON's fast path holds (32 levels, 64 names):
+		// encoding/json's token stream decides.
+		{"duplicate 40 levels deep", hdr, body(`{"id":"alice","n":`+strings.Repeat(`[`, 40)+`{"a":1,"a":2}`+strings.Repeat(`]`, 40)+`}`, dates), "token repeats a claim"},
+		{"40 levels deep", hdr, body(`{"id":"alice","n":`+strings.Repeat(`[`, 40)+`{"a":1,"b":2}`+strings.Repeat(`]`, 40)+`}`, dates), ""},
+		{"duplicate after 100 claims", hdr, body(`{"id":"alice"}`, dates+manyClaims(100)+`,"c7":0`), "token repeats a claim"},
+		{"100 claims", hdr, body(`{"id":"alice"}`, dates+manyClaims(100)), ""},
 		{"exp 1e300", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":1e300`), "token exp out of range"},
 		{"exp 1e400", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":1e400`), "token exp out of range"},
 		{"exp one past the largest date", hdr, body(`{"id":"alice"}`, `"iat":`+iat+`,"exp":253402300800`), "token exp out of range"},
@@ -185,6 +194,15 @@ func TestJWTRawJSON(t *testing.T) {
 			}
 		})
 	}
+}
+
+// manyClaims returns `,"c0":0,"c1":0,…` for n claims.
+func manyClaims(n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteString(`,"c` + strconv.Itoa(i) + `":0`)
+	}
+	return b.String()
 }
 
 // firstQueryOnly is a Request that is not a QueryValuer: it offers only

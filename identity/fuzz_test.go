@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -161,6 +162,42 @@ func FuzzClientIP(f *testing.F) {
 			if key, err := c.Key(r); err != nil || key == "" {
 				t.Fatalf("Key = %q, %v", key, err)
 			}
+		}
+	})
+}
+
+// FuzzCheckJSONFast holds checkJSON's fast path to the encoding/json token
+// stream it stands in for: wherever fastJSON answers, scanJSON gives the
+// same answer (a repeated member name at any depth, data after the first
+// value, exp, nbf or iat out of range, or none).
+func FuzzCheckJSONFast(f *testing.F) {
+	for _, s := range []string{
+		`{"sub":"alice","exp":1700003600,"nbf":1700000000,"iat":1700000000,"aud":["api"],"user":{"id":42,"org":"acme"}}`,
+		`{"alg":"HS256","typ":"JWT","kid":"k1"}`,
+		`{"sub":"a","sub":"b"}`,
+		`{"a":{"x":1,"y":{"x":2},"x":3}}`,
+		`{"a":[{"x":1},{"x":1}]}`,
+		`{"exp":1e300}`, `{"exp":-253402300800}`, `{"exp":253402300799.0}`, `{"nbf":1E+3,"iat":-0.5e-3}`,
+		`{"a":{"exp":1e300}}`, `{"exp":[1e300]}`, `{"exp":"1e300"}`,
+		`{"sub":"a"}{"sub":"b"}`, `{"sub":"a"} x`, `{"sub":"a"}  `, `{"sub":"a"}]`, `1 2`, `"s"`, `[]`, `null`,
+		`{"s\u0075b":"a","sub":"b"}`, `{"a":"\ud800","b":"\n\"\\\/"}`, `{"a":"x` + "\x01" + `"}`,
+		`{"a":01}`, `{"a":1.}`, `{"a":-}`, `{"a":1e}`, `{"a":tru}`, `{"a":true,"b":false,"c":null}`,
+		`{"a":1,}`, `[1,]`, `{,}`, `{"a" 1}`, `{"a":1 "b":2}`, "\t{ \"a\" :\r\n1 }\n",
+		`[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]`,
+	} {
+		f.Add([]byte(s), true)
+		f.Add([]byte(s), false)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, claims bool) {
+		if !utf8.Valid(b) {
+			return // checkJSON refuses it before either scan
+		}
+		got, ok := fastJSON(b, claims)
+		if !ok {
+			return
+		}
+		if want := scanJSON(b, claims); got != want {
+			t.Fatalf("%q (claims %v): fast path %q, encoding/json %q", b, claims, got, want)
 		}
 	})
 }

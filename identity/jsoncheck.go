@@ -1,0 +1,304 @@
+package identity
+
+import (
+	"math"
+	"strconv"
+)
+
+// The fast path of checkJSON: one pass over the decoded header or claims
+// with no allocation (but for an exp, nbf or iat number), for the JSON
+// that tokens hold. It answers only for input it has parsed completely
+// and knows to read as encoding/json reads it; for anything else (not
+// JSON, a member name with an escape, more than jsonMaxNames names open at
+// once, nesting deeper than jsonMaxDepth) it declines, and scanJSON, the
+// encoding/json token stream, decides. FuzzCheckJSONFast holds the two to
+// the same answers.
+
+const (
+	jsonMaxDepth = 32 // objects and arrays open at once
+	jsonMaxNames = 64 // member names held for the duplicate check, over all open objects
+)
+
+// jsonScan is the state of one fastJSON pass.
+type jsonScan struct {
+	b      []byte
+	i      int
+	claims bool
+	depth  int
+	// names are the member names of the open objects, as [start, end)
+	// offsets into b (names hold no escapes), innermost object last.
+	names [jsonMaxNames][2]int
+	n     int
+	// reason is the failure found, "" for none yet.
+	reason string
+}
+
+// fastJSON checks the JSON text b as scanJSON does; ok false: it declines
+// (see above) and scanJSON must decide.
+func fastJSON(b []byte, claims bool) (reason string, ok bool) {
+	s := jsonScan{b: b, claims: claims}
+	s.ws()
+	if !s.value("") {
+		return "", false
+	}
+	if s.reason != "" {
+		return s.reason, true
+	}
+	s.ws()
+	if s.i < len(s.b) {
+		return reasonInvalid, true // data after the first value
+	}
+	return "", true
+}
+
+func (s *jsonScan) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// value reads one JSON value; member is the name of the top-level member
+// it is the value of ("" elsewhere). false: declined.
+func (s *jsonScan) value(member string) bool {
+	if s.i >= len(s.b) {
+		return false
+	}
+	switch c := s.b[s.i]; {
+	case c == '{':
+		return s.object()
+	case c == '[':
+		return s.array()
+	case c == '"':
+		_, _, ok := s.str()
+		return ok
+	case c == '-' || c >= '0' && c <= '9':
+		start := s.i
+		if !s.number() {
+			return false
+		}
+		if s.claims && s.depth == 1 && (member == "exp" || member == "nbf" || member == "iat") && s.reason == "" {
+			if f, err := strconv.ParseFloat(string(s.b[start:s.i]), 64); err != nil || math.Abs(f) > MaxNumericDate {
+				s.reason = "token " + member + " out of range"
+			}
+		}
+		return true
+	case c == 't':
+		return s.lit("true")
+	case c == 'f':
+		return s.lit("false")
+	case c == 'n':
+		return s.lit("null")
+	}
+	return false
+}
+
+func (s *jsonScan) lit(w string) bool {
+	if len(s.b)-s.i < len(w) || string(s.b[s.i:s.i+len(w)]) != w {
+		return false
+	}
+	s.i += len(w)
+	return true
+}
+
+// object reads an object, checking its member names for repeats.
+func (s *jsonScan) object() bool {
+	if s.depth++; s.depth > jsonMaxDepth {
+		return false
+	}
+	s.i++ // '{'
+	first := s.n
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		s.depth--
+		return true
+	}
+	for {
+		if s.i >= len(s.b) || s.b[s.i] != '"' {
+			return false
+		}
+		start, end, ok := s.str()
+		if !ok || end < 0 {
+			return false // malformed, or an escape in the name
+		}
+		name := s.b[start:end]
+		for _, nm := range s.names[first:s.n] {
+			if string(s.b[nm[0]:nm[1]]) == string(name) && s.reason == "" {
+				s.reason = reasonInvalid
+				if s.claims {
+					s.reason = reasonDupClaim
+				}
+			}
+		}
+		if s.n == len(s.names) {
+			return false
+		}
+		s.names[s.n] = [2]int{start, end}
+		s.n++
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return false
+		}
+		s.i++
+		s.ws()
+		member := ""
+		if s.depth == 1 {
+			switch string(name) {
+			case "exp":
+				member = "exp"
+			case "nbf":
+				member = "nbf"
+			case "iat":
+				member = "iat"
+			}
+		}
+		if !s.value(member) {
+			return false
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			s.ws()
+		case '}':
+			s.i++
+			s.n = first
+			s.depth--
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+func (s *jsonScan) array() bool {
+	if s.depth++; s.depth > jsonMaxDepth {
+		return false
+	}
+	s.i++ // '['
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+		s.depth--
+		return true
+	}
+	for {
+		if !s.value("") {
+			return false
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			s.ws()
+		case ']':
+			s.i++
+			s.depth--
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// str reads a string at s.i (at its opening quote). It returns the
+// offsets of its content, end -1 when it holds an escape (valid ones
+// only), and false when it is malformed (a control character, a bad
+// escape, no closing quote). The input is valid UTF-8 (checkJSON checked).
+func (s *jsonScan) str() (start, end int, ok bool) {
+	s.i++
+	start, escaped := s.i, false
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			end = s.i
+			s.i++
+			if escaped {
+				end = -1
+			}
+			return start, end, true
+		case c < 0x20:
+			return 0, 0, false
+		case c == '\\':
+			escaped = true
+			if s.i+1 >= len(s.b) {
+				return 0, 0, false
+			}
+			switch s.b[s.i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i += 2
+			case 'u':
+				if len(s.b)-s.i < 6 {
+					return 0, 0, false
+				}
+				for _, h := range s.b[s.i+2 : s.i+6] {
+					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
+						return 0, 0, false
+					}
+				}
+				s.i += 6
+			default:
+				return 0, 0, false
+			}
+		default:
+			s.i++
+		}
+	}
+	return 0, 0, false
+}
+
+// number reads a number as RFC 8259 writes it:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func (s *jsonScan) number() bool {
+	b := s.b
+	if b[s.i] == '-' {
+		s.i++
+	}
+	switch {
+	case s.i >= len(b):
+		return false
+	case b[s.i] == '0':
+		s.i++
+	case b[s.i] >= '1' && b[s.i] <= '9':
+		s.digits()
+	default:
+		return false
+	}
+	if s.i < len(b) && b[s.i] == '.' {
+		s.i++
+		if !s.digits() {
+			return false
+		}
+	}
+	if s.i < len(b) && (b[s.i] == 'e' || b[s.i] == 'E') {
+		s.i++
+		if s.i < len(b) && (b[s.i] == '+' || b[s.i] == '-') {
+			s.i++
+		}
+		if !s.digits() {
+			return false
+		}
+	}
+	return true
+}
+
+// digits reads one or more digits; false when there is none.
+func (s *jsonScan) digits() bool {
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i > start
+}
