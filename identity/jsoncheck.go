@@ -107,16 +107,10 @@ func (s *jsonScan) lit(w string) bool {
 
 // object reads an object, checking its member names for repeats.
 func (s *jsonScan) object() bool {
-	if s.depth++; s.depth > jsonMaxDepth {
-		return false
-	}
-	s.i++ // '{'
 	first := s.n
-	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		s.depth--
-		return true
+	empty, ok := s.open('}')
+	if !ok || empty {
+		return ok
 	}
 	for {
 		if s.i >= len(s.b) || s.b[s.i] != '"' {
@@ -160,56 +154,62 @@ func (s *jsonScan) object() bool {
 		if !s.value(member) {
 			return false
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.ws()
-		case '}':
-			s.i++
+		if more, ok := s.next('}'); !more {
 			s.n = first
-			s.depth--
-			return true
-		default:
-			return false
+			return ok
 		}
 	}
 }
 
 func (s *jsonScan) array() bool {
-	if s.depth++; s.depth > jsonMaxDepth {
-		return false
-	}
-	s.i++ // '['
-	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
-		s.i++
-		s.depth--
-		return true
+	empty, ok := s.open(']')
+	if !ok || empty {
+		return ok
 	}
 	for {
 		if !s.value("") {
 			return false
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.ws()
-		case ']':
-			s.i++
-			s.depth--
-			return true
-		default:
-			return false
+		if more, ok := s.next(']'); !more {
+			return ok
 		}
 	}
+}
+
+// open enters the object or array at s.i; empty: it closed at once with
+// end. false: declined (too deep).
+func (s *jsonScan) open(end byte) (empty, ok bool) {
+	if s.depth++; s.depth > jsonMaxDepth {
+		return false, false
+	}
+	s.i++
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == end {
+		s.i++
+		s.depth--
+		return true, true
+	}
+	return false, true
+}
+
+// next reads what follows a member or an element: a comma (more) or end,
+// which leaves the object or array. ok false: neither (declined).
+func (s *jsonScan) next(end byte) (more, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		s.ws()
+		return true, true
+	case end:
+		s.i++
+		s.depth--
+		return false, true
+	}
+	return false, false
 }
 
 // str reads a string at s.i (at its opening quote). It returns the

@@ -577,14 +577,15 @@ func (l *Limiter) lapsed(now int64) bool {
 }
 
 // newRun starts a new run at now (ns) and publishes the view for it: no
-// table applied so far gives this gateway a share in it. Caller holds l.mu.
+// table applied so far gives this gateway a share in it. (A run lapses
+// only after its table went stale, so the keys run their floors already.)
+// Caller holds l.mu.
 func (l *Limiter) newRun(now int64) {
 	for prev := l.run; l.run == 0 || l.run == prev; {
 		l.run = rand.Uint64()
 	}
 	l.runFrom = now
-	cur := l.view.Load()
-	l.publish(cur.since, cur.freshUntil)
+	l.publish(max(now, l.view.Load().since), l.view.Load().freshUntil)
 }
 
 // publish stores a new view of l.table for l.gateway. Caller holds l.mu.

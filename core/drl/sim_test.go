@@ -546,18 +546,6 @@ func TestSimStep(t *testing.T) {
 	t.Logf("step over %d seeds: %v; %v (bound 1100)", simSeeds, &adm, &worst)
 }
 
-// churn runs 3 minutes of R = 1000/s, B = 100 with 1500/s offered: every
-// 20–30 s a gateway joins or leaves; leaving is a crash, and half the
-// crashes come after 3–10 s of partition from Redis while still serving
-// (at their floor once their table is 2H old). The load balancer's weights
-// (0.3–1.7) are drawn again at every event, and one gateway's every 3–8 s,
-// so shares keep shifting. It returns the most admitted in a 1 s window,
-// the admitted rate, and the largest sum of the rate shares the live
-// gateways ran at any moment.
-func churn(seed uint64, unsafe bool) (worst int64, admitted, shareSum float64) {
-	return churnWith(seed, unsafe, defaultChurn)
-}
-
 // churnOpts are the churn scenario's knobs.
 type churnOpts struct {
 	burst int64
@@ -573,6 +561,16 @@ type churnOpts struct {
 
 var defaultChurn = churnOpts{burst: 100}
 
+// churnWith runs 3 minutes of R = 1000/s, B = o.burst (100 by default)
+// with 1500/s offered: every
+// 20–30 s a gateway joins or leaves; leaving is a crash, and half the
+// crashes come after 3–10 s of partition from Redis while still serving
+// (at their floor once their table is 2H old). The load balancer's weights
+// (0.3–1.7) are drawn again at every event, and one gateway's every 3–8 s,
+// so shares keep shifting. It returns the most admitted in a 1 s window,
+// the admitted rate, and the largest sum of the rate shares the live
+// gateways ran at any moment. o.heal and o.pubLoss change the scenario
+// (see churnOpts).
 func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, shareSum float64) {
 	const offered = 1500
 	s := newSim(seed, 1000, o.burst, unsafe, 180*time.Second)
@@ -641,19 +639,7 @@ func churnWith(seed uint64, unsafe bool, o churnOpts) (worst int64, admitted, sh
 // sum above R); ≥ 90 % of R admitted.
 func TestSimChurn(t *testing.T) {
 	t.Parallel()
-	adm := simStats{name: "admitted/s over 3 min"}
-	worst := maxStats{name: "worst window"}
-	sums := maxStats{name: "shares run"}
-	for seed := range uint64(simSeeds) {
-		ww, r, sum := churn(seed, false)
-		adm.add(r)
-		worst.add(float64(ww))
-		sums.add(sum)
-		if ww > 1100 || sum > 1000*(1+1e-9) || r < 900 {
-			t.Fatalf("seed %d: worst window %d (bound 1100), shares run %.3f/s (bound 1000), admitted %.1f/s (want ≥ 900)", seed, ww, sum, r)
-		}
-	}
-	t.Logf("churn over %d seeds: %v; %v (bound 1100); %v (bound 1000)", simSeeds, &adm, &worst, &sums)
+	simChurn(t, "churn", defaultChurn)
 }
 
 // TestSimChurnHealing: the churn with partitions that heal around the
@@ -663,11 +649,18 @@ func TestSimChurn(t *testing.T) {
 // every window and the shares run never sum above R.
 func TestSimChurnHealing(t *testing.T) {
 	t.Parallel()
+	simChurn(t, "churn with healing partitions", churnOpts{burst: 100, heal: true})
+}
+
+// simChurn runs the churn scenario with o over every seed and asserts the
+// bound in every window, the shares run within R, and ≥ 90 % of R
+// admitted.
+func simChurn(t *testing.T, name string, o churnOpts) {
 	adm := simStats{name: "admitted/s over 3 min"}
 	worst := maxStats{name: "worst window"}
 	sums := maxStats{name: "shares run"}
 	for seed := range uint64(simSeeds) {
-		ww, r, sum := churnWith(seed, false, churnOpts{burst: 100, heal: true})
+		ww, r, sum := churnWith(seed, false, o)
 		adm.add(r)
 		worst.add(float64(ww))
 		sums.add(sum)
@@ -675,7 +668,7 @@ func TestSimChurnHealing(t *testing.T) {
 			t.Fatalf("seed %d: worst window %d (bound 1100), shares run %.3f/s (bound 1000), admitted %.1f/s (want ≥ 900)", seed, ww, sum, r)
 		}
 	}
-	t.Logf("churn with healing partitions over %d seeds: %v; %v (bound 1100); %v (bound 1000)", simSeeds, &adm, &worst, &sums)
+	t.Logf("%s over %d seeds: %v; %v (bound 1100); %v (bound 1000)", name, simSeeds, &adm, &worst, &sums)
 }
 
 // TestSimBoundCanFail: the same churn with grows published before the
