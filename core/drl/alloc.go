@@ -124,7 +124,9 @@ type Table struct {
 	// shares are for. A gateway on another run runs the table at its
 	// floors: its shares were computed while the allocator counted it on
 	// that run, before it went stale, and the allocator may have given
-	// them away since (its report expired).
+	// them away since (its report expired). A table with no Runs at all
+	// comes from an allocator of an earlier release, and its shares are
+	// run whatever the run (as they were then).
 	Runs map[string]uint64 `json:"runs,omitempty"`
 }
 

@@ -594,7 +594,9 @@ func (l *Limiter) publish(since, freshUntil int64) {
 	nv := &view{gen: l.gen, freshUntil: freshUntil, since: since, shares: map[KeyID]Share{}}
 	if t := l.table; t != nil {
 		nv.epoch, nv.token = t.Epoch, t.Token
-		if l.gateway != "" && t.Runs[l.gateway] == l.run {
+		// A table without runs comes from an allocator of an earlier
+		// release (a rolling upgrade): its shares are run as then.
+		if l.gateway != "" && (t.Runs == nil || t.Runs[l.gateway] == l.run) {
 			for id, ks := range t.Keys {
 				if s, ok := ks.Shares[l.gateway]; ok && validLimit(ks.Limit) {
 					nv.shares[id] = clampShare(s, ks.Limit, ks.Limit.Floor(l.o.MaxGateways))

@@ -795,3 +795,23 @@ func TestLimiterNewLineSameEpoch(t *testing.T) {
 		t.Fatalf("new line, epoch 1 token 1: %+v, want its share 400/s", s)
 	}
 }
+
+// TestLimiterRunsLegacyTable: a table without runs (an allocator of an
+// earlier release, during a rolling upgrade) gives its shares whatever the
+// gateway's run; a table with runs that lists another run gives none.
+func TestLimiterRunsLegacyTable(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	now := 10 * sec
+	l.Report(now, "g1")
+	l.Apply(now, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	if s := shareAt(t, l, now, req); s != (Share{500, 50}) {
+		t.Fatalf("table without runs: %+v, want its share 500/s", s)
+	}
+	other := tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60})
+	other.Runs = map[string]uint64{"g1": l.Report(now, "g1").Run + 1}
+	l.Apply(now, other)
+	if s := shareAt(t, l, now, req); s != (Share{250, 25}) {
+		t.Fatalf("table for another run: %+v, want the floor", s)
+	}
+}
