@@ -71,10 +71,12 @@ type Report struct {
 	// gateway starts a new run, a random nonzero ID, at its first report
 	// and whenever its report may have expired in Redis, and runs a
 	// table's shares only when the table lists them for its run
-	// (Table.Runs). The allocator counts a gateway on a new run at its
-	// floor: whatever it ran before, it runs nothing but its floors until
-	// a table for that run reaches it. 0: a gateway that does not know
-	// runs.
+	// (Table.Runs). On a new run a gateway runs nothing but its floors
+	// until a table for that run reaches it, so the allocator drops what
+	// it knew of the gateway (its bound is its floor). A late report of a
+	// run the gateway has left is taken for the run it is on. 0: a gateway
+	// of an earlier release, which knows no runs (it starts again from its
+	// floor when it reports after a Step it was not live at).
 	Run uint64 `json:"run,omitempty"`
 	// Keys holds the demand per key.
 	Keys map[KeyID]KeyDemand `json:"keys"`
@@ -190,6 +192,10 @@ type histEntry struct {
 	share Share
 }
 
+// maxRetiredRuns bounds the runs a gateway has left that the allocator
+// remembers (a report of one that arrives late is not a new run).
+const maxRetiredRuns = 8
+
 // maxHist bounds a gateway's history per key; beyond it the oldest two
 // entries merge (keeping the larger share: a bound never shrinks by it).
 const maxHist = 16
@@ -224,8 +230,10 @@ type Allocator struct {
 	published bool   // this allocator published a table
 	last      *Table // last table published or taken over; nil: none
 	seen      map[string]int64
-	runs      map[string]uint64 // gateway seen → its run (Report.Run)
-	left      map[string]bool   // gateways that left cleanly, for the next Step
+	runs      map[string]uint64   // gateway seen → its run (Report.Run)
+	retired   map[string][]uint64 // gateway → runs it has left, oldest first (a report on one is late)
+	wasLive   map[string]bool     // gateways live at the previous Step (for Run 0)
+	left      map[string]bool     // gateways that left cleanly, for the next Step
 	keys      map[KeyID]*allocKey
 }
 
@@ -258,6 +266,12 @@ func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
 		return a
 	}
 	a.epoch, a.last, a.line = last.Epoch, last, last.Line
+	a.wasLive = map[string]bool{}
+	for _, ks := range last.Keys {
+		for g := range ks.Bounds {
+			a.wasLive[g] = true
+		}
+	}
 	a.seen = nil // filled by the first Step, which knows the time
 	maps.Copy(a.runs, last.Runs)
 	for id, ks := range last.Keys {
@@ -353,6 +367,7 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 		if _, ok := g.reports[id]; !ok {
 			delete(a.seen, id)
 			delete(a.runs, id)
+			delete(a.retired, id)
 		}
 	}
 	a.left = nil
@@ -363,6 +378,7 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 		if now-t >= int64(o.Forget) {
 			delete(a.seen, id)
 			delete(a.runs, id)
+			delete(a.retired, id)
 		} else {
 			g.departed++
 			if g.ages == nil {
@@ -375,15 +391,33 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 	// (Report.Run): it starts again from its floor. A gateway whose report
 	// expired comes back on a new run (its Limiter counts the report's
 	// 2H + H/2 from the send of the latest call answered).
+	isLive := make(map[string]bool, len(g.names))
 	for _, id := range g.names {
 		run := g.reports[id].Run
-		if prev, ok := a.runs[id]; ok && prev != run {
+		prev, ok := a.runs[id]
+		if ok && prev != run && slices.Contains(a.retired[id], run) {
+			run = prev // a late report of a run the gateway has left
+		}
+		// Run 0 (a gateway that knows no runs): back after its report
+		// expired, it starts again from its floor (as before runs).
+		if ok && prev != run || run == 0 && !a.wasLive[id] {
 			for _, k := range a.keys {
 				delete(k.hist, id)
 			}
 		}
+		if ok && prev != run {
+			if a.retired == nil {
+				a.retired = map[string][]uint64{}
+			}
+			a.retired[id] = append(a.retired[id], prev)
+			if len(a.retired[id]) > maxRetiredRuns {
+				a.retired[id] = a.retired[id][1:]
+			}
+		}
 		a.runs[id] = run
+		isLive[id] = true
 	}
+	a.wasLive = isLive
 	g.acked = make(map[string]uint64, len(g.names))
 	for _, id := range g.names {
 		g.acked[id] = max(validEpoch(acks[id], a.epoch), validEpoch(g.reports[id].Applied, a.epoch))

@@ -371,3 +371,19 @@ func TestAllocatorLine(t *testing.T) {
 		t.Fatalf("taken over: line %x epoch %d token %d, want line %x epoch 2 token 2", t2.Line, t2.Epoch, t2.Token, t1.Line)
 	}
 }
+
+// TestAllocatorRunZeroBackFromPartition: a gateway of an earlier release
+// reports no run (0). Back after its report expired, it starts again from
+// its floor, as before runs: it runs its floor (its 2H rule) and a may
+// still run the 800 epoch 2 gave it.
+func TestAllocatorRunZeroBackFromPartition(t *testing.T) {
+	a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil) // floor 100/s, burst 10
+	a.Step(0, reports(0, map[string]float64{"a": 1000, "b": 1000}), nil)
+	tb, _ := a.Step(1, reports(1, map[string]float64{"a": 1000}), map[string]uint64{"a": 1, "b": 1})
+	wantShares(t, tb, map[string]Share{"a": {800, 80}})
+	tb, _ = a.Step(2, reports(1, map[string]float64{"a": 1000, "b": 1000}), map[string]uint64{"a": 1, "b": 1})
+	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {100, 10}})
+	if b := tb.Keys[kid].Bounds["b"]; b != (Share{100, 10}) {
+		t.Fatalf("b's bound %+v, want its floor", b)
+	}
+}

@@ -508,13 +508,14 @@ func carry(from, to core.GCRAParams, d int64) int64 {
 }
 
 // Apply is ApplyAt(sentAt, sentAt, t): the table applied at the moment
-// the call that brought it was sent.
+// the call that brought it was sent. It checks whether the run lapsed at
+// sentAt, not when the answer came: a caller whose answers may come late
+// uses ApplyAt.
 func (l *Limiter) Apply(sentAt int64, t *Table) { l.ApplyAt(sentAt, sentAt, t) }
 
 // ApplyAt makes t the table in force if it is newer than the current one
-// (a higher epoch, a table of another line (Table.Line), or any table once
-// the current one is stale); a table that is the same or older only
-// refreshes the one in force. now is the
+// (a higher epoch, or a table of another line: Table.Line); a table that
+// is the same or older only refreshes the one in force. now is the
 // time (ns) of this call; sentAt is the time the Redis call that returned
 // t was sent: the table is fresh until sentAt + 2H (only ever extended).
 // That call must be one that also wrote this gateway's report (whose TTL,
@@ -547,10 +548,11 @@ func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 	}
 	cur := l.view.Load()
 	fresh := sentAt + 2*int64(l.o.Interval)
-	if l.table != nil && t.Line == l.table.Line && (t.Epoch == cur.epoch && t.Token == cur.token || t.Epoch < cur.epoch && sentAt < cur.freshUntil) {
-		// The same table, or an older one of its line while the current
-		// one is still fresh (pub/sub brought a newer one first): the call
-		// proves contact, so the table in force stays fresh longer.
+	if l.table != nil && t.Line == l.table.Line && (t.Epoch == cur.epoch && t.Token == cur.token || t.Epoch < cur.epoch) {
+		// The same table, or an older one of its line (pub/sub brought a
+		// newer one first, maybe a shrink this gateway has acknowledged):
+		// the call proves contact, so the table in force stays fresh
+		// longer, and an older table never replaces it.
 		if fresh > cur.freshUntil {
 			nv := *cur
 			nv.freshUntil = fresh
@@ -570,7 +572,8 @@ func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 // runFrom at the earliest, and each call answered wrote one sent at heard
 // at the latest; the latest report Redis received before now lives at
 // least 2H + H/2 from its send, until max(runFrom, heard) + 2H + H/2.
-// Caller holds l.mu.
+// (This holds while Redis keeps what it acknowledged: a replica promoted
+// after a failover may have lost the latest report.) Caller holds l.mu.
 func (l *Limiter) lapsed(now int64) bool {
 	h := int64(l.o.Interval)
 	return now >= max(l.runFrom, l.heard)+2*h+h/2
@@ -633,8 +636,9 @@ func clampShare(s Share, lim KeyLimit, floor Share) Share {
 // table lists them for the new run, so a table it ran before, brought
 // again by the call that sends this report or by any later one, keeps it
 // at its floors: the allocator may have given those shares away while
-// this gateway's report was expired. It counts a gateway on a new run at
-// its floor until it publishes a table for that run. A table stale for
+// this gateway's report was expired. It drops what it knew of a gateway
+// on a new run (its bound is its floor; its next share at most the one
+// the last table gave it, grows waiting for slack). A table stale for
 // less than H/2 comes back with the next answer, on the same run.
 //
 // Call it every H and send the report with the call that returns the
@@ -653,6 +657,9 @@ func (l *Limiter) Report(now int64, gateway string) Report {
 	if l.run == 0 || l.lapsed(now) {
 		l.newRun(now)
 	}
+	// This report goes out on the run at now: a run a concurrent ApplyAt
+	// started after now was reported from now on.
+	l.runFrom = min(l.runFrom, now)
 	elapsed := float64(l.o.Interval) / float64(time.Second)
 	if l.last != 0 && now > l.last {
 		elapsed = float64(now-l.last) / float64(time.Second)

@@ -815,3 +815,93 @@ func TestLimiterRunsLegacyTable(t *testing.T) {
 		t.Fatalf("table for another run: %+v, want the floor", s)
 	}
 }
+
+// TestLateReportOfOldRunKeepsBound: a report call of b's run W times out
+// on b but reaches Redis long after (a connection that delivers it once
+// the partition heals), when b is back on run X running 500/s. The
+// allocator takes W for the run b has left: it keeps b on X and b's bound,
+// so a does not grow into b's 500 before b has applied its shrink.
+func TestLateReportOfOldRunKeepsBound(t *testing.T) {
+	ms := int64(time.Millisecond)
+	req := hot("c") // 1000/s, B 100
+	id := MakeKeyID("c", "api", req.Rule.Rate())
+	kl := LimitOf(req.Rule.Rate())
+	alloc := NewAllocator(AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, 1, nil)
+	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second} // floor 250
+	la, lb := NewLimiter(lo), NewLimiter(lo)
+	rep := func(l *Limiter, now int64, g string, d float64) Report {
+		r := l.Report(now, g)
+		r.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: d}}
+		return r
+	}
+	step := func(now int64, acks map[string]uint64, live ...Report) *Table {
+		tb, _ := alloc.Step(now, live, acks)
+		return tb
+	}
+	t0 := 10 * sec
+	rbW := rep(lb, t0, "b", 2000)
+	t1 := step(t0, nil, rep(la, t0, "a", 2000), rbW)
+	la.Apply(t0, t1)
+	lb.Apply(t0, t1)
+	// b is cut off after t0; at t0+2.25s (run W, not lapsed) it sends a
+	// report (demand 300: the load balancer drained it) that is lost to b.
+	late := rep(lb, t0+2250*ms, "b", 300)
+	step(t0+sec, map[string]uint64{"a": 1, "b": 1}, rep(la, t0+sec, "a", 2000), rbW)
+	t2 := step(t0+3*sec, map[string]uint64{"a": 1, "b": 1}, rep(la, t0+3*sec, "a", 2000))
+	la.ApplyAt(t0+3*sec+ms, t0+3*sec, t2)
+	// b is back, on run X.
+	rbX := rep(lb, t0+3500*ms, "b", 2000)
+	if rbX.Run == late.Run {
+		t.Fatal("b back after its run lapsed: the same run")
+	}
+	lb.ApplyAt(t0+3500*ms+ms, t0+3500*ms, t2)
+	t3 := step(t0+4*sec, map[string]uint64{"a": 2}, rep(la, t0+4*sec, "a", 2000), rbX)
+	la.ApplyAt(t0+4*sec+ms, t0+4*sec, t3)
+	lb.ApplyAt(t0+4*sec+ms, t0+3500*ms, t3)
+	t4 := step(t0+5*sec, map[string]uint64{"a": 3, "b": 3}, rep(la, t0+5*sec, "a", 2000), rep(lb, t0+5*sec, "b", 2000))
+	la.ApplyAt(t0+5*sec+ms, t0+5*sec, t4)
+	lb.ApplyAt(t0+5*sec+ms, t0+5*sec, t4)
+	if a, b := shareAt(t, la, t0+5*sec+2*ms, req), shareAt(t, lb, t0+5*sec+2*ms, req); !near(a.Rate, 500) || !near(b.Rate, 500) {
+		t.Fatalf("epoch %d: a %v, b %v, want 500 each", t4.Epoch, a, b)
+	}
+	// The late report of run W lands and overwrites b's report.
+	t5 := step(t0+5500*ms, map[string]uint64{"a": 4, "b": 4}, rep(la, t0+5500*ms, "a", 2000), late)
+	if t5.Runs["b"] != rbX.Run {
+		t.Fatalf("epoch %d lists b on run %d, want the run it is on (%d), not the late report's (%d)", t5.Epoch, t5.Runs["b"], rbX.Run, late.Run)
+	}
+	if s := t5.Keys[id].Shares; !near(s["a"].Rate, 500) || s["b"].Rate != 300 {
+		t.Fatalf("epoch %d: shares %v, want a kept at 500 (b may run 500 until it applies its shrink to 300)", t5.Epoch, s)
+	}
+	la.ApplyAt(t0+5500*ms+ms, t0+5500*ms, t5) // b's delivery of epoch 5 is slower
+	a, b := shareAt(t, la, t0+5500*ms+2*ms, req), shareAt(t, lb, t0+5500*ms+2*ms, req)
+	if !near(a.Rate, 500) || !near(b.Rate, 500) {
+		t.Fatalf("running: a %v, b %v; want 500 each", a, b)
+	}
+}
+
+// TestLimiterOlderTableNeverReplacesNewer: while the table is stale, a
+// report call's answer brings epoch 1 after pub/sub brought epoch 2 (a
+// shrink, acknowledged): epoch 2 stays in force, fresh again from the
+// call's send, and the gateway never runs epoch 1's larger share.
+func TestLimiterOlderTableNeverReplacesNewer(t *testing.T) {
+	ms := int64(time.Millisecond)
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	t0 := 10 * sec
+	l.Report(t0, "g1")
+	t1 := onRun(l, tableFor(req, 1, "g1", Share{Rate: 500, Burst: 50}))
+	l.Apply(t0, t1)
+	sent := t0 + 2200*ms // stale, the run not lapsed
+	l.Report(sent, "g1")
+	l.ApplyAt(sent+5*ms, t0, onRun(l, tableFor(req, 2, "g1", Share{Rate: 300, Burst: 30}))) // pub/sub, with the last report call's send
+	l.ApplyAt(sent+8*ms, sent, t1)                                                          // the call's answer
+	if st := l.Stats(); st.Epoch != 2 {
+		t.Fatalf("epoch %d in force, want 2", st.Epoch)
+	}
+	if s := shareAt(t, l, sent+9*ms, req); s != (Share{300, 30}) {
+		t.Fatalf("after the older answer: %+v, want epoch 2's 300/s", s)
+	}
+	if s := shareAt(t, l, sent+2*sec-ms, req); s != (Share{300, 30}) {
+		t.Fatalf("just before sent+2H: %+v, want epoch 2's 300/s (fresh from the call)", s)
+	}
+}

@@ -18,11 +18,11 @@ import (
 //	limitplane:drl:{g}:lease          string "<token>:<nonce>", PX 1.5H: the allocator's lease
 //	limitplane:drl:{g}:fence          counter (INCR): the fencing tokens; no TTL (a token is never reused)
 //	limitplane:drl:{g}:table          string, the JSON of the Table in force, PX Forget (kept alive by the lease's renewal)
-//	limitplane:drl:{g}:tablever       string "<epoch>:<token>" of that table, PX Forget
+//	limitplane:drl:{g}:tablever       string "<epoch>:<token>:<line, hex>" of that table (its version), PX Forget
 //	limitplane:drl:{g}:report:<gw>    string, the JSON of gateway gw's Report, PX 2H + H/2
 //	limitplane:drl:{g}:gateways       ZSET gateway → time of its last report (ms, Redis TIME), PX Forget
 //	limitplane:drl:{g}:ack            HASH gateway → epoch of the table it applied, PX Forget
-//	limitplane:drl:{g}:tables         pub/sub channel: "<epoch>:<token>" of each table published
+//	limitplane:drl:{g}:tables         pub/sub channel: the version of each table published
 //	limitplane:drl:{g}:acks           pub/sub channel: the gateway that acknowledged a table
 //
 // The lease's value carries a random nonce beside the token: a Redis that
