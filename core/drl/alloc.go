@@ -71,12 +71,18 @@ type Report struct {
 	// gateway starts a new run, a random nonzero ID, at its first report
 	// and whenever its report may have expired in Redis, and runs a
 	// table's shares only when the table lists them for its run
-	// (Table.Runs). On a new run a gateway runs nothing but its floors
+	// (Table.Runs). Runs of one gateway process are ordered (a random
+	// incarnation in the high bits, a counter in the low ones: see
+	// runSeqBits). On a new run a gateway runs nothing but its floors
 	// until a table for that run reaches it, so the allocator drops what
-	// it knew of the gateway (its bound is its floor). A late report of a
-	// run the gateway has left is taken for the run it is on. 0: a gateway
-	// of an earlier release, which knows no runs (it starts again from its
-	// floor when it reports after a Step it was not live at).
+	// it knew of the gateway when its counter rises (its bound is its
+	// floor). A report of a lower counter is a late report of a run the
+	// gateway has left, taken for the run it is on; a report of another
+	// incarnation (a restarted process with the same ID) keeps what the
+	// allocator knew, which only holds back grows until the gateway's
+	// acknowledgements trim it. 0: a gateway of an earlier release, which
+	// knows no runs (it starts again from its floor when it reports after
+	// a Step it was not live at).
 	Run uint64 `json:"run,omitempty"`
 	// Keys holds the demand per key.
 	Keys map[KeyID]KeyDemand `json:"keys"`
@@ -287,6 +293,18 @@ func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
 	return a
 }
 
+// late reports whether run, reported by gateway id whose run is prev, is
+// one the gateway has left: a lower counter of prev's incarnation, or of a
+// retired run's.
+func (a *Allocator) late(id string, run, prev uint64) bool {
+	for _, r := range append(a.retired[id], prev) {
+		if r != 0 && !otherIncarnation(run, r) && run < r {
+			return true
+		}
+	}
+	return slices.Contains(a.retired[id], run)
+}
+
 // Epoch returns the epoch of the last table published or taken over.
 func (a *Allocator) Epoch() uint64 { return a.epoch }
 
@@ -395,12 +413,15 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 	for _, id := range g.names {
 		run := g.reports[id].Run
 		prev, ok := a.runs[id]
-		if ok && prev != run && slices.Contains(a.retired[id], run) {
+		drop := run == 0 && !a.wasLive[id] // back after its report expired: at its floor (as before runs)
+		switch {
+		case !ok || run == prev || run == 0 || prev == 0:
+		case a.late(id, run, prev):
 			run = prev // a late report of a run the gateway has left
+		case !otherIncarnation(run, prev):
+			drop = true // the gateway's run lapsed: at its floors
 		}
-		// Run 0 (a gateway that knows no runs): back after its report
-		// expired, it starts again from its floor (as before runs).
-		if ok && prev != run || run == 0 && !a.wasLive[id] {
+		if drop {
 			for _, k := range a.keys {
 				delete(k.hist, id)
 			}

@@ -232,6 +232,9 @@ func boundProperty(seed uint64, unsafe bool) string {
 					acked[g] = running[g]
 				}
 				acks[g] = acked[g]
+				if runs[g] == 0 {
+					runs[g] = 1<<runSeqBits + 1 // one gateway process each
+				}
 				reps = append(reps, Report{Gateway: g, Applied: acked[g], Run: runs[g], Keys: map[KeyID]KeyDemand{kid: {Limit: lim1000, Demand: rng.Float64() * 1500}}})
 			}
 			tb, pub := a.Step(int64(step), reps, acks)
@@ -385,5 +388,20 @@ func TestAllocatorRunZeroBackFromPartition(t *testing.T) {
 	wantShares(t, tb, map[string]Share{"a": {450, 45}, "b": {100, 10}})
 	if b := tb.Keys[kid].Bounds["b"]; b != (Share{100, 10}) {
 		t.Fatalf("b's bound %+v, want its floor", b)
+	}
+}
+
+// TestAllocatorOtherIncarnationKeepsBound: a report of another incarnation
+// (a gateway process restarted with the same ID, or a late report of one
+// gone) is not taken for a lapse: the allocator keeps what it knew of the
+// gateway (the old process may have run epoch 1's 450 until it stopped),
+// and lists the gateway on the new run.
+func TestAllocatorOtherIncarnationKeepsBound(t *testing.T) {
+	a := NewAllocator(AllocatorOptions{MaxGateways: 10}, 1, nil) // floor 100/s, burst 10
+	inc1, inc2 := uint64(1)<<runSeqBits, uint64(2)<<runSeqBits
+	a.Step(0, onRuns(reports(0, map[string]float64{"a": 1000, "b": 1000}), inc1+1), nil)
+	tb, _ := a.Step(1, onRuns(reports(1, map[string]float64{"a": 1000, "b": 1000}), inc1+1, "b", int(inc2+1)), map[string]uint64{"a": 1})
+	if b := tb.Keys[kid].Bounds["b"]; !near(b.Rate, 450) || b.Burst != 45 || tb.Runs["b"] != inc2+1 {
+		t.Fatalf("b on another incarnation: bound %+v on run %x, want epoch 1's 450 on run %x", b, tb.Runs["b"], inc2+1)
 	}
 }

@@ -562,6 +562,16 @@ func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 	}
 	l.table = t
 	l.tables.Add(1)
+	if r, ok := t.Runs[l.gateway]; ok && l.run != 0 && r != 0 && (otherIncarnation(r, l.run) || r > l.run) {
+		// The allocator has this ID on a run of another Limiter (a late
+		// report of a process gone, or two sharing the ID), or on one this
+		// Limiter has not started: a new run of this one, above both, is
+		// one the allocator takes for the gateway's latest.
+		if !otherIncarnation(r, l.run) {
+			l.run = r
+		}
+		l.newRun(now)
+	}
 	l.publish(max(now, sentAt), max(fresh, cur.freshUntil))
 }
 
@@ -579,14 +589,25 @@ func (l *Limiter) lapsed(now int64) bool {
 	return now >= max(l.runFrom, l.heard)+2*h+h/2
 }
 
+// runSeqBits are the low bits of a run (Report.Run) that count one
+// Limiter's runs; the high bits are its incarnation, drawn at random at
+// its first run. Runs of one incarnation are ordered: a report of a lower
+// one is a late report of a run this gateway has left.
+const runSeqBits = 24
+
+// otherIncarnation reports whether runs a and b (both nonzero) come from
+// different Limiters (or from one whose counter wrapped).
+func otherIncarnation(a, b uint64) bool { return a>>runSeqBits != b>>runSeqBits }
+
 // newRun starts a new run at now (ns) and publishes the view for it: no
 // table applied so far gives this gateway a share in it. (A run lapses
 // only after its table went stale, so the keys run their floors already.)
 // Caller holds l.mu.
 func (l *Limiter) newRun(now int64) {
-	for prev := l.run; l.run == 0 || l.run == prev; {
-		l.run = rand.Uint64()
+	if l.run == 0 {
+		l.run = (rand.Uint64() | 1) << runSeqBits
 	}
+	l.run++
 	l.runFrom = now
 	l.publish(max(now, l.view.Load().since), l.view.Load().freshUntil)
 }
@@ -636,9 +657,10 @@ func clampShare(s Share, lim KeyLimit, floor Share) Share {
 // table lists them for the new run, so a table it ran before, brought
 // again by the call that sends this report or by any later one, keeps it
 // at its floors: the allocator may have given those shares away while
-// this gateway's report was expired. It drops what it knew of a gateway
-// on a new run (its bound is its floor; its next share at most the one
-// the last table gave it, grows waiting for slack). A table stale for
+// this gateway's report was expired. The allocator drops what it knew of
+// a gateway on a new run of the same incarnation (its bound is its floor;
+// its next share at most the one the last table gave it, grows waiting
+// for slack). A table stale for
 // less than H/2 comes back with the next answer, on the same run.
 //
 // Call it every H and send the report with the call that returns the

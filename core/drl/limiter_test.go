@@ -808,11 +808,41 @@ func TestLimiterRunsLegacyTable(t *testing.T) {
 	if s := shareAt(t, l, now, req); s != (Share{500, 50}) {
 		t.Fatalf("table without runs: %+v, want its share 500/s", s)
 	}
+	run := l.Report(now, "g1").Run
 	other := tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60})
-	other.Runs = map[string]uint64{"g1": l.Report(now, "g1").Run + 1}
+	other.Runs = map[string]uint64{"g1": run - 1} // an earlier run of this Limiter: the allocator lags
 	l.Apply(now, other)
 	if s := shareAt(t, l, now, req); s != (Share{250, 25}) {
-		t.Fatalf("table for another run: %+v, want the floor", s)
+		t.Fatalf("table for an earlier run: %+v, want the floor", s)
+	}
+	if r := l.Report(now, "g1").Run; r != run {
+		t.Fatalf("after a table for an earlier run: run %d, want %d kept", r, run)
+	}
+}
+
+// TestLimiterForeignRunStartsNewRun: a table that lists this gateway's ID
+// on a run of another incarnation (a late report of a process gone, or a
+// process sharing the ID) gives it its floor and starts a new run of its
+// own, above the one it was on, so the allocator takes its next report
+// for the gateway's latest run instead of listing the foreign one forever.
+func TestLimiterForeignRunStartsNewRun(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxGateways: 4, Gateway: "g1", Interval: time.Second})
+	req := hot("c")
+	now := 10 * sec
+	run := l.Report(now, "g1").Run
+	foreign := run ^ 1<<62
+	tb := tableFor(req, 1, "g1", Share{Rate: 600, Burst: 60})
+	tb.Runs = map[string]uint64{"g1": foreign}
+	l.Apply(now, tb)
+	if s := shareAt(t, l, now, req); s != (Share{250, 25}) {
+		t.Fatalf("table for a foreign run: %+v, want the floor", s)
+	}
+	if r := l.Report(now, "g1").Run; r != run+1 {
+		t.Fatalf("after a table for a foreign run: run %d, want %d (the next of this Limiter)", r, run+1)
+	}
+	l.Apply(now, onRun(l, tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60})))
+	if s := shareAt(t, l, now, req); s != (Share{600, 60}) {
+		t.Fatalf("table for the new run: %+v, want 600/s", s)
 	}
 }
 

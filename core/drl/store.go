@@ -517,7 +517,7 @@ func (s *Store) report(ctx context.Context) {
 // acknowledge tells the allocator that t is in force here (when it is:
 // an older table than the one in force is not).
 func (s *Store) acknowledge(ctx context.Context, t *Table) {
-	if s.lim.Stats().Epoch != t.Epoch {
+	if s.lim.view.Load().epoch != t.Epoch {
 		return
 	}
 	cctx, cancel := s.callCtx(ctx)
@@ -532,15 +532,13 @@ func (s *Store) acknowledge(ctx context.Context, t *Table) {
 // subscribe applies the tables announced on the tables channel at once,
 // acknowledging each, and wakes the allocator on acknowledgements.
 //
-// A table is applied here only when its epoch is above the one in force:
-// it is then a successor from the same allocators' line, fresh until 2H
-// after the latest report call. A lower epoch comes from a new line (a
-// Redis that lost its data numbers from 1 again) and is left to the next
-// report call, whose send time is after the table's publication: the
-// latest report call may be older than the new allocator's hold, and
-// applying with its time would let the older line's table count as fresh
-// (the Limiter keeps the fresher of an older table and the one in
-// force).
+// A table is applied here only when its epoch is above the one in force,
+// fresh until 2H after the latest report call (whose report is in Redis
+// at least that long). A lower or equal epoch is left to the next report
+// call: within a line it is older (the Limiter would only refresh the
+// table in force with it), and a new line's first tables (a Redis that
+// lost its data numbers from 1 again) come with that call, which replaces
+// the table in force with them.
 func (s *Store) subscribe(ctx context.Context) {
 	defer close(s.subDone)
 	for m := range s.pubsub.Channel() {
@@ -582,8 +580,8 @@ func (s *Store) subscribe(ctx context.Context) {
 // force; when there is none (a new group, or a Redis that lost its data)
 // it publishes nothing for 2H plus a call's timeout, so that every
 // gateway's table from before has gone stale and runs at its floor by the
-// time a report call brings the new one: those tables' epochs are unknown
-// to it, and a gateway keeps a fresh table over one with a lower epoch.
+// time a report call brings the new one: the new line knows nothing of
+// the shares and bounds of the tables before it.
 func (s *Store) elect(ctx context.Context) {
 	sentAt := s.clock.Nanotime()
 	cctx, cancel := s.callCtx(ctx)
@@ -660,8 +658,8 @@ func (s *Store) step(ctx context.Context) {
 	if now < s.lead.holdUntil {
 		return
 	}
-	if s.lead.alloc == nil && !s.load(ctx) {
-		return
+	if s.lead.alloc == nil && (!s.load(ctx) || now < s.lead.holdUntil) {
+		return // not loaded, or no table found: the hold starts now
 	}
 	cctx, cancel := s.callCtx(ctx)
 	defer cancel()

@@ -1,0 +1,149 @@
+package drl
+
+import (
+	"testing"
+	"time"
+)
+
+// TestLateReportOfUnseenRunKeepsBound: b is on run V; cut off, it lapses
+// to W (its W report calls time out but stay buffered on closed
+// connections), then to Y. Y lands first; a buffered W report lands after.
+// The allocator never saw W; runs of one gateway are ordered, so it takes
+// W for a late report of a run b has left: it keeps b's bound (a does not
+// grow into b's 500 while b runs it) and keeps b on Y, where b gets its
+// share (before ordered runs: 700 + 500 = 1200/s, then b at its floor for
+// good).
+func TestLateReportOfUnseenRunKeepsBound(t *testing.T) {
+	ms := int64(time.Millisecond)
+	req := hot("c") // 1000/s, B 100
+	id := MakeKeyID("c", "api", req.Rule.Rate())
+	kl := LimitOf(req.Rule.Rate())
+	alloc := NewAllocator(AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, 1, nil)
+	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second} // floor 250
+	la, lb := NewLimiter(lo), NewLimiter(lo)
+	rep := func(l *Limiter, now int64, g string, d float64) Report {
+		r := l.Report(now, g)
+		r.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: d}}
+		return r
+	}
+	step := func(now int64, live ...Report) *Table {
+		acks := map[string]uint64{}
+		for _, r := range live {
+			acks[r.Gateway] = r.Applied
+		}
+		tb, _ := alloc.Step(now, live, acks)
+		return tb
+	}
+	t0 := 10 * sec
+	tb := step(t0, rep(la, t0, "a", 2000), rep(lb, t0, "b", 2000)) // run V
+	la.Apply(t0, tb)
+	lb.Apply(t0, tb)
+	// b cut off after t0: run W from t0+3s (lapsed at t0+2.5s), all lost.
+	lateW := rep(lb, t0+3*sec, "b", 300)
+	rep(lb, t0+4*sec, "b", 2000)
+	for s := int64(1); s <= 5; s++ {
+		tb = step(t0+s*sec, rep(la, t0+s*sec, "a", 2000))
+		la.Apply(t0+s*sec, tb)
+	}
+	// Back at t0+6s on run Y (W lapsed at t0+5.5s); answered.
+	var y uint64
+	for s := int64(6); s <= 12; s++ {
+		now := t0 + s*sec
+		rb := rep(lb, now, "b", 2000)
+		y = rb.Run
+		tb = step(now, rep(la, now, "a", 2000), rb)
+		la.Apply(now, tb)
+		lb.Apply(now, tb)
+	}
+	if y == lateW.Run {
+		t.Fatal("same run")
+	}
+	a0, b0 := shareAt(t, la, t0+12*sec+ms, req), shareAt(t, lb, t0+12*sec+ms, req)
+	t.Logf("settled on Y: a %.0f, b %.0f (table runs b=%d, Y=%d)", a0.Rate, b0.Rate, tb.Runs["b"], y)
+	// The buffered W report lands; a gets its table first.
+	now := t0 + 12*sec + 500*ms
+	tb = step(now, rep(la, now, "a", 2000), lateW)
+	la.ApplyAt(now+ms, now, tb)
+	a1, b1 := shareAt(t, la, now+2*ms, req), shareAt(t, lb, now+2*ms, req)
+	t.Logf("after late W: table runs b=%d (W=%d); a runs %.0f, b runs %.0f: sum %.0f", tb.Runs["b"], lateW.Run, a1.Rate, b1.Rate, a1.Rate+b1.Rate)
+	if a1.Rate+b1.Rate > kl.Rate*(1+1e-6) || tb.Runs["b"] != y {
+		t.Errorf("bound broken: %.0f + %.0f > %.0f, or b listed on run %d, not its run %d", a1.Rate, b1.Rate, kl.Rate, tb.Runs["b"], y)
+	}
+	lb.ApplyAt(now+3*ms, now, tb)
+	// b is healthy and reports Y every H from now on.
+	for s := int64(13); s <= 40; s++ {
+		now := t0 + s*sec
+		tb = step(now, rep(la, now, "a", 2000), rep(lb, now, "b", 2000))
+		la.Apply(now, tb)
+		lb.Apply(now, tb)
+	}
+	b2 := shareAt(t, lb, t0+40*sec+ms, req)
+	if tb.Runs["b"] != y || !near(b2.Rate, 500) {
+		t.Errorf("28 s later, healthy: table lists b on run %d (b is on %d), b runs %.0f/s, want 500", tb.Runs["b"], y, b2.Rate)
+	}
+}
+
+// TestLateReportAfterTakeoverKeepsBound: the same late report after a
+// takeover (the allocator that took over never saw any run of b's but
+// the one in the table).
+func TestLateReportAfterTakeoverKeepsBound(t *testing.T) {
+	ms := int64(time.Millisecond)
+	req := hot("c")
+	id := MakeKeyID("c", "api", req.Rule.Rate())
+	kl := LimitOf(req.Rule.Rate())
+	ao := AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}
+	alloc := NewAllocator(ao, 1, nil)
+	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second}
+	la, lb := NewLimiter(lo), NewLimiter(lo)
+	rep := func(l *Limiter, now int64, g string, d float64) Report {
+		r := l.Report(now, g)
+		r.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: d}}
+		return r
+	}
+	step := func(now int64, live ...Report) *Table {
+		acks := map[string]uint64{}
+		for _, r := range live {
+			acks[r.Gateway] = r.Applied
+		}
+		tb, _ := alloc.Step(now, live, acks)
+		return tb
+	}
+	t0 := 10 * sec
+	tb := step(t0, rep(la, t0, "a", 2000), rep(lb, t0, "b", 2000)) // run W
+	la.Apply(t0, tb)
+	lb.Apply(t0, tb)
+	lateW := rep(lb, t0+2250*ms, "b", 300) // cut off; lost, buffered
+	for s := int64(1); s <= 2; s++ {
+		tb = step(t0+s*sec, rep(la, t0+s*sec, "a", 2000))
+		la.Apply(t0+s*sec, tb)
+	}
+	var y uint64
+	for s := int64(3); s <= 8; s++ { // back on run X (W lapsed at 2.5 s... from 2.25: 4.75)
+		now := t0 + s*sec
+		rb := rep(lb, now, "b", 2000)
+		y = rb.Run
+		tb = step(now, rep(la, now, "a", 2000), rb)
+		la.Apply(now, tb)
+		lb.Apply(now, tb)
+	}
+	// Failover: a new allocator takes over from the stored table.
+	alloc = NewAllocator(ao, 2, tb)
+	now := t0 + 8*sec + 500*ms
+	tb = step(now, rep(la, now, "a", 2000), lateW)
+	la.ApplyAt(now+ms, now, tb)
+	a1, b1 := shareAt(t, la, now+2*ms, req), shareAt(t, lb, now+2*ms, req)
+	t.Logf("after takeover + late W: runs b=%d (W=%d, b on %d); a %.0f + b %.0f = %.0f", tb.Runs["b"], lateW.Run, y, a1.Rate, b1.Rate, a1.Rate+b1.Rate)
+	if a1.Rate+b1.Rate > kl.Rate*(1+1e-6) {
+		t.Errorf("bound broken: %.0f + %.0f > %.0f", a1.Rate, b1.Rate, kl.Rate)
+	}
+	lb.ApplyAt(now+3*ms, now, tb)
+	for s := int64(9); s <= 30; s++ {
+		now := t0 + s*sec
+		tb = step(now, rep(la, now, "a", 2000), rep(lb, now, "b", 2000))
+		la.Apply(now, tb)
+		lb.Apply(now, tb)
+	}
+	if b2 := shareAt(t, lb, t0+30*sec+ms, req); tb.Runs["b"] != y || !near(b2.Rate, 500) {
+		t.Errorf("healthy for 21 s: table lists b on %d (b on %d), b runs %.0f, want 500", tb.Runs["b"], y, b2.Rate)
+	}
+}
