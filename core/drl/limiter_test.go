@@ -693,25 +693,10 @@ func TestLimiterRunLapses(t *testing.T) {
 // run reaches it.
 func TestGatewayBackFromPartitionRunsNoOldShare(t *testing.T) {
 	ms := int64(time.Millisecond)
-	req := hot("c") // 1000/s, B 100
-	id := MakeKeyID("c", "api", req.Rule.Rate())
-	kl := LimitOf(req.Rule.Rate())
-	alloc := NewAllocator(AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, 1, nil)
-	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second} // floor 250/s, 25
-	la, lb := NewLimiter(lo), NewLimiter(lo)
-	report := func(l *Limiter, now int64, g string) Report {
-		rep := l.Report(now, g)
-		rep.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: 2000}}
-		return rep
-	}
-	step := func(now int64, live ...Report) *Table {
-		acks := map[string]uint64{}
-		for _, r := range live {
-			acks[r.Gateway] = r.Applied
-		}
-		tb, _ := alloc.Step(now, live, acks)
-		return tb
-	}
+	w := newTwoGateways()
+	req, id, la, lb := w.req, w.id, w.la, w.lb
+	report := func(l *Limiter, now int64, g string) Report { return w.report(l, now, g, 2000) }
+	step := func(now int64, live ...Report) *Table { return w.step(now, nil, live...) }
 	running := func(at int64) (a, b Share) {
 		a, b = shareAt(t, la, at, req), shareAt(t, lb, at, req)
 		if sum := a.Rate + b.Rate; sum > 1000 {
@@ -853,21 +838,9 @@ func TestLimiterForeignRunStartsNewRun(t *testing.T) {
 // so a does not grow into b's 500 before b has applied its shrink.
 func TestLateReportOfOldRunKeepsBound(t *testing.T) {
 	ms := int64(time.Millisecond)
-	req := hot("c") // 1000/s, B 100
-	id := MakeKeyID("c", "api", req.Rule.Rate())
-	kl := LimitOf(req.Rule.Rate())
-	alloc := NewAllocator(AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, 1, nil)
-	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second} // floor 250
-	la, lb := NewLimiter(lo), NewLimiter(lo)
-	rep := func(l *Limiter, now int64, g string, d float64) Report {
-		r := l.Report(now, g)
-		r.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: d}}
-		return r
-	}
-	step := func(now int64, acks map[string]uint64, live ...Report) *Table {
-		tb, _ := alloc.Step(now, live, acks)
-		return tb
-	}
+	w := newTwoGateways()
+	req, id, la, lb := w.req, w.id, w.la, w.lb
+	rep, step := w.report, w.step
 	t0 := 10 * sec
 	rbW := rep(lb, t0, "b", 2000)
 	t1 := step(t0, nil, rep(la, t0, "a", 2000), rbW)

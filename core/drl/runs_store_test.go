@@ -2,35 +2,12 @@ package drl
 
 import (
 	"context"
-	"fmt"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/limitplane/limitplane/core"
 	"github.com/limitplane/limitplane/internal/redistest"
 )
-
-// failMGetOnce fails the first MGET of the table (Store.load's readTable).
-type failMGetOnce struct{ failed atomic.Bool }
-
-func (f *failMGetOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f *failMGetOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "mget" && strings.Contains(fmt.Sprint(cmd.Args()...), "tablever") && f.failed.CompareAndSwap(false, true) {
-			err := fmt.Errorf("injected failure")
-			cmd.SetErr(err)
-			return err
-		}
-		return next(ctx, cmd)
-	}
-}
-func (f *failMGetOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 
 // TestHoldKeptWhenLoadRetried: an allocator elected on a Redis with no
 // table publishes nothing for 2H + a call's timeout, also when the load in
@@ -41,7 +18,7 @@ func TestHoldKeptWhenLoadRetried(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := core.NewManualClock(int64(time.Hour))
 	g := startGateway(t, srv, Options{Group: "hold", Interval: time.Second}, seams{manual: true, clock: clock})
-	g.client.AddHook(&failMGetOnce{})
+	g.client.AddHook(&failOnce{cmd: "mget", match: "tablever"}) // Store.load's readTable
 	admin := srv.Client(t, nil)
 	ctx := context.Background()
 	start := clock.Nanotime()

@@ -3,6 +3,8 @@ package drl
 import (
 	"testing"
 	"time"
+
+	"github.com/limitplane/limitplane/core"
 )
 
 // TestLateReportOfUnseenRunKeepsBound: b is on run V; cut off, it lapses
@@ -15,25 +17,10 @@ import (
 // good).
 func TestLateReportOfUnseenRunKeepsBound(t *testing.T) {
 	ms := int64(time.Millisecond)
-	req := hot("c") // 1000/s, B 100
-	id := MakeKeyID("c", "api", req.Rule.Rate())
-	kl := LimitOf(req.Rule.Rate())
-	alloc := NewAllocator(AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, 1, nil)
-	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second} // floor 250
-	la, lb := NewLimiter(lo), NewLimiter(lo)
-	rep := func(l *Limiter, now int64, g string, d float64) Report {
-		r := l.Report(now, g)
-		r.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: d}}
-		return r
-	}
-	step := func(now int64, live ...Report) *Table {
-		acks := map[string]uint64{}
-		for _, r := range live {
-			acks[r.Gateway] = r.Applied
-		}
-		tb, _ := alloc.Step(now, live, acks)
-		return tb
-	}
+	w := newTwoGateways()
+	req, la, lb, kl := w.req, w.la, w.lb, w.kl
+	rep := w.report
+	step := func(now int64, live ...Report) *Table { return w.step(now, nil, live...) }
 	t0 := 10 * sec
 	tb := step(t0, rep(la, t0, "a", 2000), rep(lb, t0, "b", 2000)) // run V
 	la.Apply(t0, tb)
@@ -88,26 +75,10 @@ func TestLateReportOfUnseenRunKeepsBound(t *testing.T) {
 // the one in the table).
 func TestLateReportAfterTakeoverKeepsBound(t *testing.T) {
 	ms := int64(time.Millisecond)
-	req := hot("c")
-	id := MakeKeyID("c", "api", req.Rule.Rate())
-	kl := LimitOf(req.Rule.Rate())
-	ao := AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}
-	alloc := NewAllocator(ao, 1, nil)
-	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second}
-	la, lb := NewLimiter(lo), NewLimiter(lo)
-	rep := func(l *Limiter, now int64, g string, d float64) Report {
-		r := l.Report(now, g)
-		r.Keys = map[KeyID]KeyDemand{id: {Limit: kl, Demand: d}}
-		return r
-	}
-	step := func(now int64, live ...Report) *Table {
-		acks := map[string]uint64{}
-		for _, r := range live {
-			acks[r.Gateway] = r.Applied
-		}
-		tb, _ := alloc.Step(now, live, acks)
-		return tb
-	}
+	w := newTwoGateways()
+	req, la, lb, kl, ao := w.req, w.la, w.lb, w.kl, w.ao
+	rep := w.report
+	step := func(now int64, live ...Report) *Table { return w.step(now, nil, live...) }
 	t0 := 10 * sec
 	tb := step(t0, rep(la, t0, "a", 2000), rep(lb, t0, "b", 2000)) // run W
 	la.Apply(t0, tb)
@@ -127,7 +98,7 @@ func TestLateReportAfterTakeoverKeepsBound(t *testing.T) {
 		lb.Apply(now, tb)
 	}
 	// Failover: a new allocator takes over from the stored table.
-	alloc = NewAllocator(ao, 2, tb)
+	w.alloc = NewAllocator(ao, 2, tb)
 	now := t0 + 8*sec + 500*ms
 	tb = step(now, rep(la, now, "a", 2000), lateW)
 	la.ApplyAt(now+ms, now, tb)
@@ -146,4 +117,44 @@ func TestLateReportAfterTakeoverKeepsBound(t *testing.T) {
 	if b2 := shareAt(t, lb, t0+30*sec+ms, req); tb.Runs["b"] != y || !near(b2.Rate, 500) {
 		t.Errorf("healthy for 21 s: table lists b on %d (b on %d), b runs %.0f, want 500", tb.Runs["b"], y, b2.Rate)
 	}
+}
+
+// twoGateways is the scene of the runs tests: an allocator and the
+// Limiters of gateways a and b sharing hot("c") (1000/s, B 100;
+// MaxGateways 4: floor 250/s, 25), with no join reserve and no headroom.
+type twoGateways struct {
+	ao     AllocatorOptions
+	alloc  *Allocator
+	la, lb *Limiter
+	req    core.Request
+	id     KeyID
+	kl     KeyLimit
+}
+
+func newTwoGateways() *twoGateways {
+	w := &twoGateways{ao: AllocatorOptions{MaxGateways: 4, JoinReserve: -1, Headroom: -1, Interval: time.Second}, req: hot("c")}
+	w.alloc = NewAllocator(w.ao, 1, nil)
+	lo := LimiterOptions{MaxGateways: 4, Interval: time.Second}
+	w.la, w.lb = NewLimiter(lo), NewLimiter(lo)
+	w.id, w.kl = MakeKeyID("c", "api", w.req.Rule.Rate()), LimitOf(w.req.Rule.Rate())
+	return w
+}
+
+// report is l's Report at now as gateway g, with demand d on the key.
+func (w *twoGateways) report(l *Limiter, now int64, g string, d float64) Report {
+	r := l.Report(now, g)
+	r.Keys = map[KeyID]KeyDemand{w.id: {Limit: w.kl, Demand: d}}
+	return r
+}
+
+// step runs the allocator at now on live; acks nil: each report's Applied.
+func (w *twoGateways) step(now int64, acks map[string]uint64, live ...Report) *Table {
+	if acks == nil {
+		acks = map[string]uint64{}
+		for _, r := range live {
+			acks[r.Gateway] = r.Applied
+		}
+	}
+	tb, _ := w.alloc.Step(now, live, acks)
+	return tb
 }

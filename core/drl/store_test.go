@@ -771,10 +771,12 @@ func TestBoundAcrossRedisDataLoss(t *testing.T) {
 	}
 }
 
-// failOnce is a go-redis hook that fails the first script call whose
-// arguments mention match.
+// failOnce is a go-redis hook that fails the first call whose arguments
+// mention match: a script call (EVAL, EVALSHA), or a call of command cmd
+// when it is set.
 type failOnce struct {
 	match  string
+	cmd    string
 	failed atomic.Bool
 }
 
@@ -782,7 +784,8 @@ func (f *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (f *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); (name == "evalsha" || name == "eval") && strings.Contains(fmt.Sprint(cmd.Args()...), f.match) && f.failed.CompareAndSwap(false, true) {
+		name := cmd.Name()
+		if (f.cmd == "" && (name == "evalsha" || name == "eval") || f.cmd != "" && name == f.cmd) && strings.Contains(fmt.Sprint(cmd.Args()...), f.match) && f.failed.CompareAndSwap(false, true) {
 			err := fmt.Errorf("injected failure")
 			cmd.SetErr(err)
 			return err
