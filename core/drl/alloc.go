@@ -68,10 +68,11 @@ type Report struct {
 	// Applied is the epoch of the table the gateway runs (0: none).
 	Applied uint64 `json:"applied"`
 	// Run identifies the gateway's current run (see Limiter.Report): a
-	// gateway starts a new run, a random nonzero ID, at its first report
-	// and whenever its report may have expired in Redis, and runs a
-	// table's shares only when the table lists them for its run
-	// (Table.Runs). Runs of one gateway process are ordered (a random
+	// gateway starts a new run at its first report, whenever its report
+	// may have expired in Redis, and when a table lists it on a run it is
+	// not on (see Limiter.ApplyAt), and runs a table's shares only when
+	// the table lists them for its run (Table.Runs). Never 0 from a
+	// gateway of this release. Runs of one gateway process are ordered (a random
 	// incarnation in the high bits, a counter in the low ones: see
 	// runSeqBits). On a new run a gateway runs nothing but its floors
 	// until a table for that run reaches it, so the allocator drops what

@@ -532,8 +532,10 @@ func (l *Limiter) Apply(sentAt int64, t *Table) { l.ApplyAt(sentAt, sentAt, t) }
 // This gateway runs t's shares only when t lists them for its run (see
 // Report); an answer that comes after the run may have lapsed (its report
 // expired in Redis: 2H + H/2 after the send of the latest call answered
-// before) starts a new run first. A nil t (Redis holds no table yet)
-// changes no table, and counts the call as answered.
+// before) starts a new run first, and so does a new table in force that
+// lists this gateway on another incarnation's run or on a later run than
+// its own. A nil t (Redis holds no table yet) changes no table, and
+// counts the call as answered.
 func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -565,8 +567,9 @@ func (l *Limiter) ApplyAt(now, sentAt int64, t *Table) {
 	if r, ok := t.Runs[l.gateway]; ok && l.run != 0 && r != 0 && (otherIncarnation(r, l.run) || r > l.run) {
 		// The allocator has this ID on a run of another Limiter (a late
 		// report of a process gone, or two sharing the ID), or on one this
-		// Limiter has not started: a new run of this one, above both, is
-		// one the allocator takes for the gateway's latest.
+		// Limiter has not started: a new run of this one (above that one
+		// when of this incarnation) is one the allocator takes for the
+		// gateway's latest.
 		if !otherIncarnation(r, l.run) {
 			l.run = r
 		}

@@ -535,8 +535,9 @@ func (s *Store) acknowledge(ctx context.Context, t *Table) {
 // A table is applied here only when its epoch is above the one in force,
 // fresh until 2H after the latest report call (whose report is in Redis
 // at least that long). A lower or equal epoch is left to the next report
-// call: within a line it is older (the Limiter would only refresh the
-// table in force with it), and a new line's first tables (a Redis that
+// call: within a line it is the table in force or an older one (the
+// Limiter would only refresh the table in force with it), and a new
+// line's first tables (a Redis that
 // lost its data numbers from 1 again) come with that call, which replaces
 // the table in force with them.
 func (s *Store) subscribe(ctx context.Context) {
