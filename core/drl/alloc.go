@@ -298,12 +298,8 @@ func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
 // one the gateway has left: a lower counter of prev's incarnation, or of a
 // retired run's.
 func (a *Allocator) late(id string, run, prev uint64) bool {
-	for _, r := range append(a.retired[id], prev) {
-		if r != 0 && !otherIncarnation(run, r) && run < r {
-			return true
-		}
-	}
-	return slices.Contains(a.retired[id], run)
+	left := func(r uint64) bool { return r == run || r != 0 && !otherIncarnation(run, r) && run < r }
+	return left(prev) || slices.ContainsFunc(a.retired[id], left)
 }
 
 // Epoch returns the epoch of the last table published or taken over.
