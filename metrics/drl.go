@@ -21,12 +21,17 @@ import (
 //   - <namespace>_drl_fallbacks_total: keys that fell back to their floor
 //     (a stale table: Redis down, the allocator gone), since start.
 //   - <namespace>_drl_tables_total: tables applied since start.
+//   - <namespace>_drl_runs_total: runs started since start (drl.Report's
+//     Run): the first, then one each time the gateway was cut off from
+//     Redis long enough that its report may have expired (2.5 intervals)
+//     or a table listed it on another process's run. Each new run runs at
+//     its floors until a table for it arrives.
 //
 // Options.Keys, KeyCap and Buckets are not used.
 type DRL struct {
 	read                                 func() drl.Stats
 	epoch, hotKeys, shareRate, allocator *prometheus.Desc
-	fallbacks, tables                    *prometheus.Desc
+	fallbacks, tables, runs              *prometheus.Desc
 }
 
 // NewDRL returns a DRL collector that calls read at every scrape; read
@@ -44,12 +49,13 @@ func NewDRL(o Options, read func() drl.Stats) *DRL {
 		allocator: prometheus.NewDesc(name("allocator"), "1 while this gateway holds the allocator's lease, else 0.", nil, nil),
 		fallbacks: prometheus.NewDesc(name("fallbacks_total"), "Times a key fell back to its floor (stale table: Redis down or the allocator gone).", nil, nil),
 		tables:    prometheus.NewDesc(name("tables_total"), "Allocation tables this gateway applied.", nil, nil),
+		runs:      prometheus.NewDesc(name("runs_total"), "Runs this gateway started: its first, then one each time it was cut off from Redis long enough for its report to expire.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (d *DRL) Describe(ch chan<- *prometheus.Desc) {
-	for _, x := range []*prometheus.Desc{d.epoch, d.hotKeys, d.shareRate, d.allocator, d.fallbacks, d.tables} {
+	for _, x := range []*prometheus.Desc{d.epoch, d.hotKeys, d.shareRate, d.allocator, d.fallbacks, d.tables, d.runs} {
 		ch <- x
 	}
 }
@@ -67,6 +73,7 @@ func (d *DRL) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(d.allocator, prometheus.GaugeValue, alloc)
 	ch <- prometheus.MustNewConstMetric(d.fallbacks, prometheus.CounterValue, float64(st.Fallbacks))
 	ch <- prometheus.MustNewConstMetric(d.tables, prometheus.CounterValue, float64(st.Tables))
+	ch <- prometheus.MustNewConstMetric(d.runs, prometheus.CounterValue, float64(st.Runs))
 }
 
 var _ prometheus.Collector = (*DRL)(nil)

@@ -14,7 +14,7 @@ import (
 // TestDRLExportsTheState: every scrape reads the DRL state afresh, under
 // the names the README documents.
 func TestDRLExportsTheState(t *testing.T) {
-	st := drl.Stats{LimiterStats: drl.LimiterStats{Epoch: 17, HotKeys: 3, ShareRate: 612.5, Fallbacks: 2, Tables: 16, KeysRefused: 5}, Allocator: true}
+	st := drl.Stats{LimiterStats: drl.LimiterStats{Epoch: 17, HotKeys: 3, ShareRate: 612.5, Fallbacks: 2, Tables: 16, Runs: 3, KeysRefused: 5}, Allocator: true}
 	d := metrics.NewDRL(metrics.Options{}, func() drl.Stats { return st })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(d)
@@ -30,6 +30,9 @@ limitplane_drl_fallbacks_total 2
 # HELP limitplane_drl_hot_keys Keys this gateway decides in memory against its share.
 # TYPE limitplane_drl_hot_keys gauge
 limitplane_drl_hot_keys 3
+# HELP limitplane_drl_runs_total Runs this gateway started: its first, then one each time it was cut off from Redis long enough for its report to expire.
+# TYPE limitplane_drl_runs_total counter
+limitplane_drl_runs_total 3
 # HELP limitplane_drl_share_rate Sum over the hot keys of this gateway's rate share, requests per second.
 # TYPE limitplane_drl_share_rate gauge
 limitplane_drl_share_rate 612.5

@@ -65,6 +65,11 @@ type LimiterStats struct {
 	Fallbacks uint64
 	// Tables counts tables applied (new epochs).
 	Tables uint64
+	// Runs counts the runs started (Report.Run): the first, one each time
+	// this gateway's report may have expired in Redis (cut off from Redis
+	// for 2.5 intervals), and one each time a table listed it on a run of
+	// another process.
+	Runs uint64
 	// KeysRefused counts requests left to the exact store at MaxKeys.
 	KeysRefused uint64
 }
@@ -183,6 +188,7 @@ type Limiter struct {
 	refused   atomic.Uint64
 	fallbacks atomic.Uint64
 	tables    atomic.Uint64
+	runs      atomic.Uint64
 
 	mu      sync.Mutex // serialises Apply and Report
 	gateway string     // the ID in force (Options.Gateway or the latest Report's)
@@ -611,6 +617,7 @@ func (l *Limiter) newRun(now int64) {
 		l.run = (rand.Uint64() | 1) << runSeqBits
 	}
 	l.run++
+	l.runs.Add(1)
 	l.runFrom = now
 	l.publish(max(now, l.view.Load().since), l.view.Load().freshUntil)
 }
@@ -741,7 +748,7 @@ const idleReports = 3
 
 // Stats returns the limiter's counters.
 func (l *Limiter) Stats() LimiterStats {
-	st := LimiterStats{Epoch: l.view.Load().epoch, Fallbacks: l.fallbacks.Load(), Tables: l.tables.Load(), KeysRefused: l.refused.Load()}
+	st := LimiterStats{Epoch: l.view.Load().epoch, Fallbacks: l.fallbacks.Load(), Tables: l.tables.Load(), Runs: l.runs.Load(), KeysRefused: l.refused.Load()}
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()

@@ -659,8 +659,8 @@ func TestLimiterRunLapses(t *testing.T) {
 	if s := shareAt(t, l, t0+4*sec+900*ms, req); s != floor {
 		t.Fatalf("answer after the run lapsed: %+v, want the floor", s)
 	}
-	if st := l.Stats(); st.Fallbacks != 1 {
-		t.Fatalf("fallbacks %d, want 1 (no request came while stale the second time; a floor while fresh is none)", st.Fallbacks)
+	if st := l.Stats(); st.Fallbacks != 1 || st.Runs != 2 {
+		t.Fatalf("fallbacks %d, runs %d; want 1 (no request came while stale the second time; a floor while fresh is none) and 2 runs", st.Fallbacks, st.Runs)
 	}
 	r2 := l.Report(t0+5*sec, "g1").Run
 	if r2 == r1 || r2 == 0 {
@@ -680,6 +680,9 @@ func TestLimiterRunLapses(t *testing.T) {
 	l.ApplyAt(t0+10*sec+ms, t0+10*sec, t2)
 	if s := shareAt(t, l, t0+10*sec+2*ms, req); s != floor {
 		t.Fatalf("old run's table after a lapse: %+v, want the floor", s)
+	}
+	if st := l.Stats(); st.Runs != 3 {
+		t.Fatalf("runs %d, want 3", st.Runs)
 	}
 }
 
@@ -822,8 +825,8 @@ func TestLimiterForeignRunStartsNewRun(t *testing.T) {
 	if s := shareAt(t, l, now, req); s != (Share{250, 25}) {
 		t.Fatalf("table for a foreign run: %+v, want the floor", s)
 	}
-	if r := l.Report(now, "g1").Run; r != run+1 {
-		t.Fatalf("after a table for a foreign run: run %d, want %d (the next of this Limiter)", r, run+1)
+	if r := l.Report(now, "g1").Run; r != run+1 || l.Stats().Runs != 2 {
+		t.Fatalf("after a table for a foreign run: run %d (%d runs), want %d (the next of this Limiter: 2 runs)", r, l.Stats().Runs, run+1)
 	}
 	l.Apply(now, onRun(l, tableFor(req, 2, "g1", Share{Rate: 600, Burst: 60})))
 	if s := shareAt(t, l, now, req); s != (Share{600, 60}) {

@@ -501,6 +501,13 @@ func TestRedisDownFloorsThenBack(t *testing.T) {
 	back := time.Now()
 	waitFor(t, 3*time.Second, "the loaded gateway's share to grow again", grown)
 	t.Logf("share back %v after Redis came back", time.Since(back))
+	// Cut off for over 2.5H, each gateway started a new run (its report
+	// may have expired) besides its first.
+	for i, g := range gws {
+		if st := g.Stats(); st.Runs < 2 {
+			t.Errorf("gateway %d: %d runs after the outage, want its first and at least one more", i, st.Runs)
+		}
+	}
 	time.Sleep(300 * time.Millisecond)
 	if w := l.worstWindow(); w > R+B {
 		t.Errorf("a 1 s window admitted %d, above R + B = %d", w, R+B)
