@@ -1,10 +1,5 @@
 package identity
 
-import (
-	"math"
-	"strconv"
-)
-
 // The fast path of checkJSON: one pass over the decoded header or claims
 // with no allocation (but for an exp, nbf or iat number), for the JSON
 // that tokens hold. It answers only for input it has parsed completely
@@ -62,8 +57,8 @@ func (s *jsonScan) ws() {
 	}
 }
 
-// value reads one JSON value; member is the name of the top-level member
-// it is the value of ("" elsewhere). false: declined.
+// value reads one JSON value; member names the date claim (exp, nbf, iat)
+// it is the value of, "" for any other value. false: declined.
 func (s *jsonScan) value(member string) bool {
 	if s.i >= len(s.b) {
 		return false
@@ -81,10 +76,8 @@ func (s *jsonScan) value(member string) bool {
 		if !s.number() {
 			return false
 		}
-		if s.claims && s.depth == 1 && (member == "exp" || member == "nbf" || member == "iat") && s.reason == "" {
-			if f, err := strconv.ParseFloat(string(s.b[start:s.i]), 64); err != nil || math.Abs(f) > MaxNumericDate {
-				s.reason = "token " + member + " out of range"
-			}
+		if member != "" && s.reason == "" {
+			s.reason = dateReason(member, s.b[start:s.i])
 		}
 		return true
 	case c == 't':
@@ -123,10 +116,7 @@ func (s *jsonScan) object() bool {
 		name := s.b[start:end]
 		for _, nm := range s.names[first:s.n] {
 			if string(s.b[nm[0]:nm[1]]) == string(name) && s.reason == "" {
-				s.reason = reasonInvalid
-				if s.claims {
-					s.reason = reasonDupClaim
-				}
+				s.reason = dupReason(s.claims)
 			}
 		}
 		if s.n == len(s.names) {
@@ -141,15 +131,8 @@ func (s *jsonScan) object() bool {
 		s.i++
 		s.ws()
 		member := ""
-		if s.depth == 1 {
-			switch string(name) {
-			case "exp":
-				member = "exp"
-			case "nbf":
-				member = "nbf"
-			case "iat":
-				member = "iat"
-			}
+		if s.claims && s.depth == 1 {
+			member = dateClaim(name)
 		}
 		if !s.value(member) {
 			return false

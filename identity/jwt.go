@@ -581,6 +581,38 @@ func checkSegment(b []byte, claims bool) string {
 	return scanJSON(b, claims)
 }
 
+// dupReason is the failure reason of a repeated member name: in a claim
+// set, or in a header.
+func dupReason(claims bool) string {
+	if claims {
+		return reasonDupClaim
+	}
+	return reasonInvalid
+}
+
+// dateClaim returns name when it is a date claim checked for range (exp,
+// nbf, iat), else "".
+func dateClaim[T string | []byte](name T) string {
+	switch string(name) {
+	case "exp":
+		return "exp"
+	case "nbf":
+		return "nbf"
+	case "iat":
+		return "iat"
+	}
+	return ""
+}
+
+// dateReason returns the failure reason of the date claim member whose
+// value is the JSON number text n, "" when it is within MaxNumericDate.
+func dateReason[T ~string | []byte](member string, n T) string {
+	if f, err := strconv.ParseFloat(string(n), 64); err != nil || math.Abs(f) > MaxNumericDate {
+		return "token " + member + " out of range"
+	}
+	return ""
+}
+
 // scanJSON walks the JSON text b as a token stream; see checkJSON. claims
 // says b is a claim set, whose exp, nbf and iat are range-checked.
 func scanJSON(b []byte, claims bool) string {
@@ -591,7 +623,7 @@ func scanJSON(b []byte, claims bool) string {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var stack []level
-	var member string // the current top-level member's name
+	var member string // the current top-level member, when a date claim (dateClaim)
 	values := 0       // top-level values seen
 	for {
 		tok, err := dec.Token()
@@ -620,15 +652,12 @@ func scanJSON(b []byte, claims bool) string {
 		if top != nil && top.wantKey {
 			name, _ := tok.(string) // the decoder allows only strings here
 			if top.names[name] {
-				if claims {
-					return reasonDupClaim
-				}
-				return reasonInvalid
+				return dupReason(claims)
 			}
 			top.names[name] = true
 			top.wantKey = false
 			if len(stack) == 1 {
-				member = name
+				member = dateClaim(name)
 			}
 			continue
 		}
@@ -644,9 +673,9 @@ func scanJSON(b []byte, claims bool) string {
 			stack = append(stack, level{})
 			continue
 		}
-		if n, ok := tok.(json.Number); ok && claims && len(stack) == 1 && (member == "exp" || member == "nbf" || member == "iat") {
-			if f, err := strconv.ParseFloat(string(n), 64); err != nil || math.Abs(f) > MaxNumericDate {
-				return "token " + member + " out of range"
+		if n, ok := tok.(json.Number); ok && claims && len(stack) == 1 && member != "" {
+			if r := dateReason(member, n); r != "" {
+				return r
 			}
 		}
 	}

@@ -72,8 +72,8 @@ type Report struct {
 	// may have expired in Redis, and when a table lists it on a run it is
 	// not on (see Limiter.ApplyAt), and runs a table's shares only when
 	// the table lists them for its run (Table.Runs). Never 0 from a
-	// gateway of this release. Runs of one gateway process are ordered (a random
-	// incarnation in the high bits, a counter in the low ones: see
+	// gateway of this release. Runs of one gateway process are ordered (a
+	// random incarnation in the high bits, a counter in the low ones: see
 	// runSeqBits). On a new run a gateway runs nothing but its floors
 	// until a table for that run reaches it, so the allocator drops what
 	// it knew of the gateway when its counter rises (its bound is its
@@ -274,17 +274,13 @@ func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
 	}
 	a.epoch, a.last, a.line = last.Epoch, last, last.Line
 	a.wasLive = map[string]bool{}
-	for _, ks := range last.Keys {
-		for g := range ks.Bounds {
-			a.wasLive[g] = true
-		}
-	}
 	a.seen = nil // filled by the first Step, which knows the time
 	maps.Copy(a.runs, last.Runs)
 	for id, ks := range last.Keys {
 		k := &allocKey{limit: ks.Limit, lastReported: math.MinInt64, hist: map[string][]histEntry{}}
 		for g, b := range ks.Bounds {
 			k.hist[g] = append(k.hist[g], histEntry{0, b})
+			a.wasLive[g] = true
 		}
 		for g, s := range ks.Shares {
 			k.hist[g] = append(k.hist[g], histEntry{last.Epoch, s})
@@ -292,6 +288,34 @@ func NewAllocator(o AllocatorOptions, token uint64, last *Table) *Allocator {
 		a.keys[id] = k
 	}
 	return a
+}
+
+// follow records run, reported by live gateway id, as its run (or keeps
+// the one it is on, for a late report), and reports whether the gateway
+// runs its floors whatever it ran before: its run lapsed (a higher counter
+// of its incarnation), or, for a gateway of an earlier release (run 0),
+// it was not live at the previous Step.
+func (a *Allocator) follow(id string, run uint64) (atFloor bool) {
+	prev, ok := a.runs[id]
+	atFloor = run == 0 && !a.wasLive[id]
+	switch {
+	case !ok || run == prev || run == 0 || prev == 0:
+	case a.late(id, run, prev):
+		run = prev
+	case !otherIncarnation(run, prev):
+		atFloor = true
+	}
+	if ok && prev != run {
+		if a.retired == nil {
+			a.retired = map[string][]uint64{}
+		}
+		a.retired[id] = append(a.retired[id], prev)
+		if len(a.retired[id]) > maxRetiredRuns {
+			a.retired[id] = a.retired[id][1:]
+		}
+	}
+	a.runs[id] = run
+	return atFloor
 }
 
 // late reports whether run, reported by gateway id whose run is prev, is
@@ -408,31 +432,11 @@ func (a *Allocator) gateways(now int64, live []Report, acks map[string]uint64) s
 	// 2H + H/2 from the send of the latest call answered).
 	isLive := make(map[string]bool, len(g.names))
 	for _, id := range g.names {
-		run := g.reports[id].Run
-		prev, ok := a.runs[id]
-		drop := run == 0 && !a.wasLive[id] // back after its report expired: at its floor (as before runs)
-		switch {
-		case !ok || run == prev || run == 0 || prev == 0:
-		case a.late(id, run, prev):
-			run = prev // a late report of a run the gateway has left
-		case !otherIncarnation(run, prev):
-			drop = true // the gateway's run lapsed: at its floors
-		}
-		if drop {
+		if a.follow(id, g.reports[id].Run) {
 			for _, k := range a.keys {
 				delete(k.hist, id)
 			}
 		}
-		if ok && prev != run {
-			if a.retired == nil {
-				a.retired = map[string][]uint64{}
-			}
-			a.retired[id] = append(a.retired[id], prev)
-			if len(a.retired[id]) > maxRetiredRuns {
-				a.retired[id] = a.retired[id][1:]
-			}
-		}
-		a.runs[id] = run
 		isLive[id] = true
 	}
 	a.wasLive = isLive

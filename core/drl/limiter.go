@@ -619,7 +619,8 @@ func (l *Limiter) newRun(now int64) {
 	l.run++
 	l.runs.Add(1)
 	l.runFrom = now
-	l.publish(max(now, l.view.Load().since), l.view.Load().freshUntil)
+	cur := l.view.Load()
+	l.publish(max(now, cur.since), cur.freshUntil)
 }
 
 // publish stores a new view of l.table for l.gateway. Caller holds l.mu.
@@ -670,8 +671,8 @@ func clampShare(s Share, lim KeyLimit, floor Share) Share {
 // this gateway's report was expired. The allocator drops what it knew of
 // a gateway on a new run of the same incarnation (its bound is its floor;
 // its next share at most the one the last table gave it, grows waiting
-// for slack). A table stale for
-// less than H/2 comes back with the next answer, on the same run.
+// for slack). A table stale for less than H/2 comes back with the next
+// answer, on the same run.
 //
 // Call it every H and send the report with the call that returns the
 // table (see Apply). Retry a call that fails well before the next one is

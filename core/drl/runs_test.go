@@ -28,20 +28,9 @@ func TestLateReportOfUnseenRunKeepsBound(t *testing.T) {
 	// b cut off after t0: run W from t0+3s (lapsed at t0+2.5s), all lost.
 	lateW := rep(lb, t0+3*sec, "b", 300)
 	rep(lb, t0+4*sec, "b", 2000)
-	for s := int64(1); s <= 5; s++ {
-		tb = step(t0+s*sec, rep(la, t0+s*sec, "a", 2000))
-		la.Apply(t0+s*sec, tb)
-	}
+	w.rounds(t0, 1, 5, false)
 	// Back at t0+6s on run Y (W lapsed at t0+5.5s); answered.
-	var y uint64
-	for s := int64(6); s <= 12; s++ {
-		now := t0 + s*sec
-		rb := rep(lb, now, "b", 2000)
-		y = rb.Run
-		tb = step(now, rep(la, now, "a", 2000), rb)
-		la.Apply(now, tb)
-		lb.Apply(now, tb)
-	}
+	tb, y := w.rounds(t0, 6, 12, true)
 	if y == lateW.Run {
 		t.Fatal("same run")
 	}
@@ -58,12 +47,7 @@ func TestLateReportOfUnseenRunKeepsBound(t *testing.T) {
 	}
 	lb.ApplyAt(now+3*ms, now, tb)
 	// b is healthy and reports Y every H from now on.
-	for s := int64(13); s <= 40; s++ {
-		now := t0 + s*sec
-		tb = step(now, rep(la, now, "a", 2000), rep(lb, now, "b", 2000))
-		la.Apply(now, tb)
-		lb.Apply(now, tb)
-	}
+	tb, _ = w.rounds(t0, 13, 40, true)
 	b2 := shareAt(t, lb, t0+40*sec+ms, req)
 	if tb.Runs["b"] != y || !near(b2.Rate, 500) {
 		t.Errorf("28 s later, healthy: table lists b on run %d (b is on %d), b runs %.0f/s, want 500", tb.Runs["b"], y, b2.Rate)
@@ -84,19 +68,8 @@ func TestLateReportAfterTakeoverKeepsBound(t *testing.T) {
 	la.Apply(t0, tb)
 	lb.Apply(t0, tb)
 	lateW := rep(lb, t0+2250*ms, "b", 300) // cut off; lost, buffered
-	for s := int64(1); s <= 2; s++ {
-		tb = step(t0+s*sec, rep(la, t0+s*sec, "a", 2000))
-		la.Apply(t0+s*sec, tb)
-	}
-	var y uint64
-	for s := int64(3); s <= 8; s++ { // back on run X (W lapsed at 2.5 s... from 2.25: 4.75)
-		now := t0 + s*sec
-		rb := rep(lb, now, "b", 2000)
-		y = rb.Run
-		tb = step(now, rep(la, now, "a", 2000), rb)
-		la.Apply(now, tb)
-		lb.Apply(now, tb)
-	}
+	w.rounds(t0, 1, 2, false)
+	tb, y := w.rounds(t0, 3, 8, true) // back on run X (W, sent at 2.25 s, lapsed at 4.75 s)
 	// Failover: a new allocator takes over from the stored table.
 	w.alloc = NewAllocator(ao, 2, tb)
 	now := t0 + 8*sec + 500*ms
@@ -108,12 +81,7 @@ func TestLateReportAfterTakeoverKeepsBound(t *testing.T) {
 		t.Errorf("bound broken: %.0f + %.0f > %.0f", a1.Rate, b1.Rate, kl.Rate)
 	}
 	lb.ApplyAt(now+3*ms, now, tb)
-	for s := int64(9); s <= 30; s++ {
-		now := t0 + s*sec
-		tb = step(now, rep(la, now, "a", 2000), rep(lb, now, "b", 2000))
-		la.Apply(now, tb)
-		lb.Apply(now, tb)
-	}
+	tb, _ = w.rounds(t0, 9, 30, true)
 	if b2 := shareAt(t, lb, t0+30*sec+ms, req); tb.Runs["b"] != y || !near(b2.Rate, 500) {
 		t.Errorf("healthy for 21 s: table lists b on %d (b on %d), b runs %.0f, want 500", tb.Runs["b"], y, b2.Rate)
 	}
@@ -145,6 +113,26 @@ func (w *twoGateways) report(l *Limiter, now int64, g string, d float64) Report 
 	r := l.Report(now, g)
 	r.Keys = map[KeyID]KeyDemand{w.id: {Limit: w.kl, Demand: d}}
 	return r
+}
+
+// rounds runs the seconds t0+from … t0+to: each second a, and b when
+// withB, report a demand of 2000/s, the allocator steps, and each of them
+// applies the table. It returns the last table and b's run.
+func (w *twoGateways) rounds(t0, from, to int64, withB bool) (tb *Table, bRun uint64) {
+	for s := from; s <= to; s++ {
+		now := t0 + s*sec
+		live := []Report{w.report(w.la, now, "a", 2000)}
+		if withB {
+			live = append(live, w.report(w.lb, now, "b", 2000))
+			bRun = live[1].Run
+		}
+		tb = w.step(now, nil, live...)
+		w.la.Apply(now, tb)
+		if withB {
+			w.lb.Apply(now, tb)
+		}
+	}
+	return tb, bRun
 }
 
 // step runs the allocator at now on live; acks nil: each report's Applied.

@@ -537,9 +537,8 @@ func (s *Store) acknowledge(ctx context.Context, t *Table) {
 // at least that long). A lower or equal epoch is left to the next report
 // call: within a line it is the table in force or an older one (the
 // Limiter would only refresh the table in force with it), and a new
-// line's first tables (a Redis that
-// lost its data numbers from 1 again) come with that call, which replaces
-// the table in force with them.
+// line's first tables (a Redis that lost its data numbers from 1 again)
+// come with that call, which replaces the table in force with them.
 func (s *Store) subscribe(ctx context.Context) {
 	defer close(s.subDone)
 	for m := range s.pubsub.Channel() {
