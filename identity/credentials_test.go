@@ -177,6 +177,20 @@ func TestJWTRawJSON(t *testing.T) {
 		{"another claim not UTF-8", hdr, body("{\"id\":\"alice\",\"name\":\"\xc0\"}", dates), "token is not UTF-8"},
 		{"header not UTF-8", "{\"alg\":\"RS256\",\"kid\":\"r1\",\"x\":\"\xfe\"}", body(`{"id":"alice"}`, dates), "token is not UTF-8"},
 		{"UTF-8 beyond ASCII", hdr, body(`{"id":"alice","name":"Zoë 网"}`, dates), ""},
+		// Escaped lone surrogates (RFC 8259 section 7): encoding/json reads
+		// each as U+FFFD, so "alice\ud800" and "alice\ufffd" were one
+		// consumer. A pair, U+FFFD itself and an escaped backslash before
+		// a u are characters.
+		{"consumer claim escapes a lone high surrogate", hdr, body(`{"id":"alice\ud800"}`, dates), "token is not UTF-8"},
+		{"consumer claim escapes a lone low surrogate", hdr, body(`{"id":"alice\uDC00"}`, dates), "token is not UTF-8"},
+		{"high surrogate, then a letter escaped", hdr, body(`{"id":"alice\ud800\u0041"}`, dates), "token is not UTF-8"},
+		{"two high surrogates", hdr, body(`{"id":"alice\ud83d\ud83d"}`, dates), "token is not UTF-8"},
+		{"a pair reversed", hdr, body(`{"id":"alice\ude00\ud83d"}`, dates), "token is not UTF-8"},
+		{"another claim escapes a lone surrogate", hdr, body(`{"id":"alice","name":"\udfff"}`, dates), "token is not UTF-8"},
+		{"a member name escapes a lone surrogate", hdr, body(`{"id":"alice","\ud800":1}`, dates), "token is not UTF-8"},
+		{"lone surrogate 40 levels deep", hdr, body(`{"id":"alice","n":`+strings.Repeat(`[`, 40)+`"\ud800"`+strings.Repeat(`]`, 40)+`}`, dates), "token is not UTF-8"},
+		{"lone surrogate beside a duplicate", hdr, body(`{"id":"alice","id":"\ud800"}`, dates), "token is not UTF-8"},
+		{"header escapes a lone surrogate", `{"alg":"RS256","kid":"r1","x":"\ud800"}`, body(`{"id":"alice"}`, dates), "token is not UTF-8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eng, store, _ := engine(t)
@@ -191,6 +205,23 @@ func TestJWTRawJSON(t *testing.T) {
 			authErr(t, err, 401, ErrInvalidCredentials, tc.reason)
 			if store.Len() != 0 {
 				t.Fatalf("store holds %d keys after a refused token", store.Len())
+			}
+		})
+	}
+	// Escapes that are characters name the consumer they spell (IDs
+	// beyond printable ASCII are hashed: consumerID).
+	for _, tc := range []struct{ name, id, want string }{
+		{"a surrogate pair", `alice\ud83d\ude00`, consumerID("jwt:", "alice\U0001F600")},
+		{"U+FFFD", `alice\ufffd`, consumerID("jwt:", "alice\ufffd")},
+		{"an escaped backslash before u", `alice\\ud800`, `jwt:alice\ud800`},
+		{"a pair in upper case", `alice\uD83D\uDE00`, consumerID("jwt:", "alice\U0001F600")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng, _, _ := engine(t)
+			tok := signRaw(t, jwt.SigningMethodRS256, k.rsa, hdr, body(`{"id":"`+tc.id+`"}`, dates))
+			c, _, err := serve(context.Background(), j, eng, bearer(tok))
+			if err != nil || c.ID != tc.want {
+				t.Fatalf("consumer %+v, %v; want %q", c, err, tc.want)
 			}
 		})
 	}

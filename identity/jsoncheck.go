@@ -26,6 +26,9 @@ type jsonScan struct {
 	n     int
 	// reason is the failure found, "" for none yet.
 	reason string
+	// lone is set when a string holds a \u escape of a lone surrogate
+	// (see loneSurrogate): it outranks reason.
+	lone bool
 }
 
 // fastJSON checks the JSON text b as scanJSON does; ok false: it declines
@@ -36,12 +39,18 @@ func fastJSON(b []byte, claims bool) (reason string, ok bool) {
 	if !s.value("") {
 		return "", false
 	}
+	s.ws()
+	after := s.i < len(s.b) // data after the first value
+	// A lone surrogate anywhere outranks every other failure, as in
+	// scanJSON.
+	if s.lone || after && loneSurrogate(s.b[s.i:]) {
+		return reasonNotUTF8, true
+	}
 	if s.reason != "" {
 		return s.reason, true
 	}
-	s.ws()
-	if s.i < len(s.b) {
-		return reasonInvalid, true // data after the first value
+	if after {
+		return reasonInvalid, true
 	}
 	return "", true
 }
@@ -223,15 +232,27 @@ func (s *jsonScan) str() (start, end int, ok bool) {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				s.i += 2
 			case 'u':
-				if len(s.b)-s.i < 6 {
+				r, ok := hex4(s.b[s.i+2:])
+				if !ok {
 					return 0, 0, false
 				}
-				for _, h := range s.b[s.i+2 : s.i+6] {
-					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
-						return 0, 0, false
+				s.i += 6
+				switch {
+				case r >= 0xdc00 && r <= 0xdfff:
+					s.lone = true // a low surrogate first
+				case r >= 0xd800 && r <= 0xdbff:
+					// A high surrogate stands for a character only with
+					// the low one escaped right after it.
+					lo, ok := rune(0), false
+					if len(s.b)-s.i >= 2 && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+						lo, ok = hex4(s.b[s.i+2:])
+					}
+					if ok && lo >= 0xdc00 && lo <= 0xdfff {
+						s.i += 6
+					} else {
+						s.lone = true
 					}
 				}
-				s.i += 6
 			default:
 				return 0, 0, false
 			}
@@ -240,6 +261,63 @@ func (s *jsonScan) str() (start, end int, ok bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// hex4 reads the four hex digits a \u escape starts b with; false when b
+// does not start with four.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, h := range b[:4] {
+		switch {
+		case h >= '0' && h <= '9':
+			r = r<<4 | rune(h-'0')
+		case h >= 'a' && h <= 'f':
+			r = r<<4 | rune(h-'a'+10)
+		case h >= 'A' && h <= 'F':
+			r = r<<4 | rune(h-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// loneSurrogate reports whether the JSON text b escapes a lone UTF-16
+// surrogate (\ud800 to \udfff not as a high and low pair, RFC 8259
+// section 7): a code point UTF-8 cannot encode, which encoding/json
+// decodes as U+FFFD, so that "\ud800" and "\ufffd" would be one subject.
+// It reads every backslash as an escape's start, as it is in the strings
+// of valid JSON (outside them, the text is not JSON).
+func loneSurrogate(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if i+1 < len(b) && b[i+1] == 'u' {
+			r, ok := hex4(b[i+2:])
+			switch {
+			case !ok:
+			case r >= 0xdc00 && r <= 0xdfff:
+				return true
+			case r >= 0xd800 && r <= 0xdbff:
+				lo, ok := rune(0), false
+				if j := i + 6; j+1 < len(b) && b[j] == '\\' && b[j+1] == 'u' {
+					lo, ok = hex4(b[j+2:])
+				}
+				if !ok || lo < 0xdc00 || lo > 0xdfff {
+					return true
+				}
+				i += 6 // the pair's low half
+			}
+			i += 5
+			continue
+		}
+		i++ // the escaped character
+	}
+	return false
 }
 
 // number reads a number as RFC 8259 writes it:

@@ -540,14 +540,14 @@ const MaxNumericDate = 253402300799
 // reader that keeps the first), data after the claims object (the parser
 // decodes the first JSON value and ignores the rest), exp, nbf or iat
 // out of range (see MaxNumericDate), and a header or claims that are not
-// UTF-8 (RFC 7519 section 7.2; encoding/json reads each bad byte as
-// U+FFFD, so two subjects that differ in such bytes would be one
-// consumer). It returns a failure reason, or ""
-// when it finds none of these. Segments that are not base64url or not JSON
-// are left for the parser to refuse. Each segment is read once, without
-// allocating, by fastJSON; what it declines goes through encoding/json's
-// token stream (scanJSON), which gives the same answers (a fuzz test
-// holds them to it).
+// UTF-8 (RFC 7519 section 7.2; encoding/json reads each bad byte, and
+// each escaped lone surrogate such as \ud800, as U+FFFD, so two subjects
+// that differ in such bytes would be one consumer). It returns a failure
+// reason, or "" when it finds none of these. Segments that are not
+// base64url or not JSON are left for the parser to refuse. Each segment is
+// read once, without allocating, by fastJSON; what it declines goes
+// through encoding/json's token stream (scanJSON), which gives the same
+// answers (a fuzz test holds them to it).
 func checkJSON(raw string) string {
 	hdr, rest, ok := strings.Cut(raw, ".")
 	payload, _, ok2 := strings.Cut(rest, ".")
@@ -559,7 +559,9 @@ func checkJSON(raw string) string {
 		if !utf8.Valid(b) {
 			return reasonNotUTF8
 		}
-		if checkSegment(b, false) != "" {
+		if r := checkSegment(b, false); r == reasonNotUTF8 {
+			return r
+		} else if r != "" {
 			return reasonInvalid
 		}
 	}
@@ -616,6 +618,9 @@ func dateReason[T ~string | []byte](member string, n T) string {
 // scanJSON walks the JSON text b as a token stream; see checkJSON. claims
 // says b is a claim set, whose exp, nbf and iat are range-checked.
 func scanJSON(b []byte, claims bool) string {
+	if loneSurrogate(b) {
+		return reasonNotUTF8 // the token stream would read it as U+FFFD
+	}
 	type level struct {
 		names   map[string]bool // nil for an array
 		wantKey bool            // an object's next token is a member name
