@@ -80,6 +80,11 @@ type Config struct {
 // limits prepared on the engine's stores.
 type snapshot struct {
 	policies map[string]*policyEntry
+	// few holds the policies when there are at most maxFewPolicies of
+	// them (nil otherwise), for policy: comparing a few IDs costs less
+	// than hashing one, and a consumer's IDs usually share their bytes
+	// with the configuration's (the registry's records share one list).
+	few []*policyEntry
 	// none is what a request no limit applies to resolves to.
 	none resolved
 	// pairs holds the rules of a rate limit from one policy with a quota
@@ -94,6 +99,23 @@ type snapshot struct {
 	nLimits atomic.Int64
 	// endpoints are the APIs' endpoint matchers by API id (Config.Endpoints).
 	endpoints map[string]*endpointMatcher
+}
+
+// maxFewPolicies is the most policies snapshot.few holds.
+const maxFewPolicies = 8
+
+// policy returns the policy with the given ID, as s.policies[id].
+func (s *snapshot) policy(id string) (*policyEntry, bool) {
+	if s.few == nil {
+		p, ok := s.policies[id]
+		return p, ok
+	}
+	for _, p := range s.few {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return nil, false
 }
 
 // maxCachedLimits bounds snapshot.limits: distinct per-API limit sets are
@@ -441,6 +463,9 @@ func (e *Engine) SetConfig(cfg Config) error {
 	for i := range cfg.Policies {
 		order = append(order, s.policies[cfg.Policies[i].ID])
 	}
+	if len(order) <= maxFewPolicies {
+		s.few = order
+	}
 	found := map[*PolicyEndpoint]bool{}
 	for api, eps := range cfg.Endpoints {
 		if len(eps) == 0 {
@@ -529,7 +554,7 @@ func (e *Engine) resolveIn(snap *snapshot, c *Consumer, api string) (*resolved, 
 		}
 	}
 	if len(c.Policies) == 1 { // the common consumer: its one policy alone
-		p, ok := snap.policies[c.Policies[0]]
+		p, ok := snap.policy(c.Policies[0])
 		switch {
 		case !ok:
 			return nil, 0, fmt.Errorf("%w %q", ErrUnknownPolicy, c.Policies[0])
@@ -541,7 +566,7 @@ func (e *Engine) resolveIn(snap *snapshot, c *Consumer, api string) (*resolved, 
 	var rate, quota, inFlight *policyEntry
 	found := false
 	for _, id := range c.Policies {
-		p, ok := snap.policies[id]
+		p, ok := snap.policy(id)
 		if !ok {
 			return nil, 0, fmt.Errorf("%w %q", ErrUnknownPolicy, id)
 		}

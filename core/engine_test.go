@@ -43,6 +43,43 @@ func TestEngineMostGenerousPolicyWins(t *testing.T) {
 	}
 }
 
+// TestEnginePolicyLookup resolves every policy of configurations on both
+// sides of the engine's lookup shapes (a few policies are compared in a
+// list, more are found in a map): each consumer gets its own policy's
+// limit and name, alone and beside another, from IDs that share no bytes
+// with the configuration's, and an unknown ID is refused.
+func TestEnginePolicyLookup(t *testing.T) {
+	for _, n := range []int{0, 1, 8, 9, 40} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			var ps []core.Policy
+			for i := range n {
+				ps = append(ps, core.Policy{ID: fmt.Sprintf("p%d", i), Rate: core.PerSecond(int64(i + 1))})
+			}
+			e, _ := newEngine(t, core.Config{Policies: ps}, core.Options{})
+			ctx := context.Background()
+			for i := range n {
+				id := string([]byte(fmt.Sprintf("p%d", i))) // its own bytes
+				d, err := e.Decide(ctx, &core.Consumer{ID: "c" + id, Policies: []string{id}}, "a", 1)
+				if err != nil || d.Rate.Limit != int64(i+1) || d.Policy != id {
+					t.Fatalf("policy %s: %+v, %v; want limit %d from %s", id, d, err, i+1, id)
+				}
+				d, err = e.Decide(ctx, &core.Consumer{ID: "d" + id, Policies: []string{"p0", id}}, "a", 1)
+				if err != nil || d.Rate.Limit != int64(i+1) || d.Policy != id {
+					t.Fatalf("p0 and %s: %+v, %v; want limit %d from %s", id, d, err, i+1, id)
+				}
+				if p, ok := e.Policy(id); !ok || p.ID != id {
+					t.Fatalf("Policy(%s) = %+v, %v", id, p, ok)
+				}
+			}
+			for _, gone := range []string{"p", fmt.Sprintf("p%d", n), "", "p00"} {
+				if _, err := e.Decide(ctx, &core.Consumer{ID: "x", Policies: []string{gone}}, "a", 1); !errors.Is(err, core.ErrUnknownPolicy) {
+					t.Fatalf("unknown policy %q: err %v, want ErrUnknownPolicy", gone, err)
+				}
+			}
+		})
+	}
+}
+
 func TestEngineAccessErrors(t *testing.T) {
 	e, _ := newEngine(t, core.Config{Policies: []core.Policy{{ID: "p", Rate: core.PerSecond(1), APIs: []string{"a"}}}}, core.Options{})
 	if _, err := e.Decide(context.Background(), &core.Consumer{ID: "x", Policies: []string{"p"}}, "b", 1); !errors.Is(err, core.ErrNoPolicy) {
