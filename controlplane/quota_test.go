@@ -760,8 +760,20 @@ func TestQuotaUsageHTTP(t *testing.T) {
 			!strings.Contains(a.body, `"totals":{"spent":8,"leased":5,"floor_spent":3,"admitted":8,"refused":0}}`) {
 			t.Fatalf("bob's usage: %s", a.body)
 		}
-		expect(t, call(t, "GET", web.URL+"/api/usage/keys/"+hash("nobody"), ""), 200,
-			`{"key_hash":"`+hash("nobody")+`","consumer":"`+identity.HashKey("nobody").ConsumerID()+`","entries":[],"totals":{"spent":0,"leased":0,"floor_spent":0,"admitted":0,"refused":0}}`)
+		// A key not used yet: zeros. A hash that is no key: 404, until it
+		// is one. A deleted key's use stays readable.
+		update(t, s, func(tx controlplane.Tx) error {
+			return tx.PutKey(spec.Key{KeyHash: hash("carol"), Policies: []string{"g"}})
+		})
+		expect(t, call(t, "GET", web.URL+"/api/usage/keys/"+hash("carol"), ""), 200,
+			`{"key_hash":"`+hash("carol")+`","consumer":"`+identity.HashKey("carol").ConsumerID()+`","entries":[],"totals":{"spent":0,"leased":0,"floor_spent":0,"admitted":0,"refused":0}}`)
+		expect(t, call(t, "GET", web.URL+"/api/usage/keys/"+hash("nobody"), ""), 404,
+			`{"error":"no key `+hash("nobody")+` and no usage of it"}`)
+		update(t, s, func(tx controlplane.Tx) error {
+			_, err := tx.DeleteKey(hash("alice"))
+			return err
+		})
+		expect(t, call(t, "GET", web.URL+"/api/usage/keys/"+hash("alice"), ""), 200, want)
 		expect(t, call(t, "GET", web.URL+"/api/usage/dataplanes", ""), 200, `{"dataplanes":[`+
 			`{"data_plane":"dp1","leases":1,"granted":100,"reports":1,"spent":70,"floor_spent":0,"admitted":70,"refused":4},`+
 			`{"data_plane":"dp2","leases":1,"granted":50,"reports":1,"spent":20,"floor_spent":0,"admitted":20,"refused":1},`+

@@ -106,7 +106,8 @@ func (a *admin) quotaLedger(w http.ResponseWriter) (QuotaLedgerStore, bool) {
 	return ls, ok
 }
 
-// keyUsage answers GET /api/usage/keys/{hash}: Usage.
+// keyUsage answers GET /api/usage/keys/{hash}: Usage; 404 for a hash that
+// is no key and has no usage.
 func (a *admin) keyUsage(w http.ResponseWriter, r *http.Request) {
 	hash, ok := parseHash(w, r.PathValue("hash"))
 	if !ok {
@@ -145,6 +146,22 @@ func (a *admin) keyUsage(w http.ResponseWriter, r *http.Request) {
 	if u.Thresholds, err = thresholdUsage(r.Context(), ls, u.Consumer); err != nil {
 		a.fail(w, r, err)
 		return
+	}
+	if len(u.Entries) == 0 && len(u.Thresholds) == 0 {
+		// No use: a key's zeros, or a hash that names nothing (a typo
+		// must not read as a key that was never used). A deleted key's
+		// use is answered while it is retained.
+		err := a.o.Store.View(r.Context(), func(rd Reader) error {
+			k, err := rd.Key(hash)
+			if k == nil && err == nil {
+				return notFound("no key %s and no usage of it", hash)
+			}
+			return err
+		})
+		if err != nil {
+			a.fail(w, r, err)
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, u)
 }
