@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/limitplane/limitplane/core"
@@ -80,18 +81,22 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP-date
-// (RFC 9110 §10.2.3).
+// maxRetryAfter caps a delay-seconds Retry-After before it is a
+// time.Duration (Backoff caps it again, at MaxBackoff).
+const maxRetryAfter = 365 * 24 * time.Hour
+
+// parseRetryAfter reads a Retry-After value: delay-seconds (digits only;
+// more seconds than maxRetryAfter, however many digits, are
+// maxRetryAfter) or an HTTP-date (RFC 9110 §10.2.3). false: neither.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if s < 0 {
-			return 0, false
-		}
-		if s > int64(365*24*time.Hour/time.Second) {
-			s = int64(365 * 24 * time.Hour / time.Second)
+	if strings.Trim(v, "0123456789") == "" {
+		// Digits: ParseInt fails only when they overflow int64.
+		s, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || s > int64(maxRetryAfter/time.Second) {
+			return maxRetryAfter, true
 		}
 		return time.Duration(s) * time.Second, true
 	}

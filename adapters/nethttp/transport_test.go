@@ -100,10 +100,22 @@ func TestTransportKeepsThirdPartyUnderItsLimit(t *testing.T) {
 // hold. The store reads a frozen ManualClock, so the hold ends only when
 // the test moves it.
 func TestTransportBacksOffOnRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		retryAfter string
+		hold       time.Duration // the 1h, or MaxBackoff for what is longer
+	}{
+		{"3600", time.Hour},
+		{"99999999999999999999", 2 * time.Hour}, // longer than int64 holds: retried at once before
+	} {
+		t.Run(tc.retryAfter, func(t *testing.T) { testTransportBacksOff(t, tc.retryAfter, tc.hold) })
+	}
+}
+
+func testTransportBacksOff(t *testing.T, retryAfter string, hold time.Duration) {
 	var calls atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			w.Header().Set("Retry-After", "3600")
+			w.Header().Set("Retry-After", retryAfter)
 			w.WriteHeader(429)
 			return
 		}
@@ -127,9 +139,9 @@ func TestTransportBacksOffOnRetryAfter(t *testing.T) {
 	resp.Body.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// The store holds b for the hour: RetryAfter = 1h exactly.
+	// The store holds b for the hold: RetryAfter = hold exactly.
 	_, err = b.RoundTrip(mustReq(t, ctx, srv.URL, nil))
-	if want := `nethttp: transport "tp": core: Wait(cost=1) needs 1h0m0s: wait would exceed context deadline (context deadline exceeded)`; err == nil || err.Error() != want || !errors.Is(err, core.ErrWaitExceedsDeadline) {
+	if want := `nethttp: transport "tp": core: Wait(cost=1) needs ` + hold.String() + `: wait would exceed context deadline (context deadline exceeded)`; err == nil || err.Error() != want || !errors.Is(err, core.ErrWaitExceedsDeadline) {
 		t.Fatalf("a client sharing the store, inside the hold: %v; want %s", err, want)
 	}
 	// a holds itself back too (its own Backoff, on the real clock).
@@ -139,7 +151,7 @@ func TestTransportBacksOffOnRetryAfter(t *testing.T) {
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("the third party saw %d calls during the hold, want 1", n)
 	}
-	clock.Advance(time.Hour)
+	clock.Advance(hold)
 	resp, err = b.RoundTrip(mustReq(t, ctx, srv.URL, nil))
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after the hold: %v %v", resp, err)
