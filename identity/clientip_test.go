@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/limitplane/limitplane/core"
 )
 
 func mustClientIP(t testing.TB, o ClientIPOptions) *ClientIP {
@@ -264,7 +266,14 @@ func TestClientIPOptionErrors(t *testing.T) {
 	}
 }
 
+// TestKeylessUnparseablePeer: a peer that is no IP address (a Unix
+// socket's "@" or "", a name) is the server's fault, 500, on both paths.
 func TestKeylessUnparseablePeer(t *testing.T) {
-	_, err := (&Keyless{}).Authenticate(context.Background(), newReq("@"))
-	authErr(t, err, 401, ErrMissingCredentials, "no client address")
+	for _, peer := range []string{"@", "", "/run/app.sock", "localhost:80"} {
+		_, err := (&Keyless{}).Authenticate(context.Background(), newReq(peer))
+		authErr(t, err, 500, ErrNoClientAddress, "no client address")
+		var c core.Consumer
+		err = (&Keyless{}).AuthenticateInto(context.Background(), newReq(peer), &c, make([]byte, 0, 64))
+		authErr(t, err, 500, ErrNoClientAddress, "no client address")
+	}
 }

@@ -109,13 +109,20 @@ var (
 	// or fails verification (403 for API keys as Tyk answers, 401 for
 	// tokens).
 	ErrInvalidCredentials = errors.New("invalid credentials")
+	// ErrNoClientAddress: a keyless authenticator found no IP address to
+	// tell the client by, a fault of the server's setup, not of the
+	// request (500): a peer on a Unix socket, or a RemoteAddr that is not
+	// an address.
+	ErrNoClientAddress = errors.New("cannot identify the client")
 )
 
 // Error is an authentication failure with the HTTP status to answer with.
 type Error struct {
-	// Status is the HTTP status code (401 or 403).
+	// Status is the HTTP status code: 401 or 403, or 500 for
+	// ErrNoClientAddress.
 	Status int
-	// Kind is ErrMissingCredentials or ErrInvalidCredentials.
+	// Kind is ErrMissingCredentials, ErrInvalidCredentials or
+	// ErrNoClientAddress.
 	Kind error
 	// Reason is a short, client-safe explanation ("unknown API key").
 	Reason string
@@ -127,6 +134,11 @@ func (e *Error) Error() string { return e.Kind.Error() + ": " + e.Reason }
 
 // Is makes errors.Is(err, ErrMissingCredentials) and the like work.
 func (e *Error) Is(target error) bool { return target == e.Kind }
+
+// noClientAddress is Keyless's failure: see ErrNoClientAddress.
+func noClientAddress() *Error {
+	return &Error{Status: 500, Kind: ErrNoClientAddress, Reason: "no client address"}
+}
 
 func missing(reason string) *Error {
 	return &Error{Status: 401, Kind: ErrMissingCredentials, Reason: reason}
@@ -219,12 +231,13 @@ type Keyless struct {
 }
 
 // Authenticate implements Authenticator. It fails only when no address can
-// be parsed (401 ErrMissingCredentials). The consumer and its ID are made
+// be parsed (500 ErrNoClientAddress: a service on a Unix socket has none;
+// its keyless APIs need a proxy that connects over TCP). The consumer and its ID are made
 // in one allocation; the ID's bytes are never written again.
 func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
 	p, err := k.ClientIP.Prefix(r)
 	if err != nil {
-		return nil, missing("no client address")
+		return nil, noClientAddress()
 	}
 	return ipConsumer("ip:", p, k.IDSuffix, k.Policies), nil
 }
@@ -235,7 +248,7 @@ func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, er
 func (k *Keyless) AuthenticateInto(_ context.Context, r Request, c *core.Consumer, id []byte) error {
 	b, err := k.ClientIP.appendKeyOf(append(id[:0], "ip:"...), r)
 	if err != nil {
-		return missing("no client address")
+		return noClientAddress()
 	}
 	b = append(b, k.IDSuffix...)
 	*c = core.Consumer{ID: unsafe.String(unsafe.SliceData(b), len(b)), Policies: k.Policies}

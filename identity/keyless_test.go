@@ -186,14 +186,14 @@ func TestKeylessAllocations(t *testing.T) {
 	}
 }
 
-// AuthenticateInto fails as Authenticate does, and writes a consumer
+// AuthenticateInto fails as Authenticate does (500 ErrNoClientAddress), and writes a consumer
 // without allocating.
 func TestKeylessAuthenticateInto(t *testing.T) {
 	k := &Keyless{Policies: []string{"basic"}, IDSuffix: "@x"}
 	var c core.Consumer
 	var id [64]byte
 	_, want := k.Authenticate(context.Background(), newReq("@"))
-	if err := k.AuthenticateInto(context.Background(), newReq("@"), &c, id[:0]); err == nil || err.Error() != want.Error() || !errors.Is(err, ErrMissingCredentials) {
+	if err := k.AuthenticateInto(context.Background(), newReq("@"), &c, id[:0]); err == nil || err.Error() != want.Error() || !errors.Is(err, ErrNoClientAddress) {
 		t.Fatalf("unparseable peer: %v, want %v", err, want)
 	}
 	r := newReq("[2001:db8::1]:443")

@@ -1,10 +1,13 @@
 package nethttp_test
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,6 +216,36 @@ func TestKeylessAllocations(t *testing.T) {
 		})
 		if n != 1 {
 			t.Errorf("%s: %v allocations per request, want 1", tc.name, n)
+		}
+	}
+}
+
+// TestKeylessOnUnixSocket: a service served on a Unix socket has no client
+// address to limit a keyless API by: every request is answered 500 with
+// the reason, and the handler is not called (a 401 told the client to fix
+// credentials it did not have).
+func TestKeylessOnUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "svc.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: keylessHandler(t, response.Options{})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	t.Cleanup(client.CloseIdleConnections)
+	for range 2 {
+		resp, err := client.Get("http://svc/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 500 || string(body) != "{\"error\":\"no client address\"}\n" || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("%d %s %v; want 500 {\"error\":\"no client address\"}", resp.StatusCode, body, resp.Header)
 		}
 	}
 }
