@@ -637,7 +637,13 @@ func CheckKey(key string) error {
 		return errors.New("identity: holds U+FFFD, which a JSON or YAML decoder puts for bytes that are not UTF-8 or a lone surrogate: the key meant is another")
 	}
 	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x20 || c == 0x7f {
+		switch c := key[i]; {
+		case c == '\t':
+			// RFC 9110 lets a field value hold a tab, but proxies and
+			// clients fold and trim it: the key that arrives may be
+			// another.
+			return fmt.Errorf("identity: holds a tab at byte %d; keys hold no control characters, not even the tab a request header may carry", i)
+		case c < 0x20 || c == 0x7f:
 			return fmt.Errorf("identity: holds the control character %q at byte %d; no request header can carry it", c, i)
 		}
 	}

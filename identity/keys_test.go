@@ -414,7 +414,7 @@ func TestCheckKey(t *testing.T) {
 		{"a\rb", `identity: holds the control character '\r' at byte 1; no request header can carry it`},
 		{"ab\nc", `identity: holds the control character '\n' at byte 2; no request header can carry it`},
 		{"a\x00", `identity: holds the control character '\x00' at byte 1; no request header can carry it`},
-		{"a\tb", `identity: holds the control character '\t' at byte 1; no request header can carry it`},
+		{"a\tb", `identity: holds a tab at byte 1; keys hold no control characters, not even the tab a request header may carry`},
 		{"a\x7f", `identity: holds the control character '\x7f' at byte 1; no request header can carry it`},
 		{" k", "identity: starts or ends with white space, which the gateway trims from a presented key"},
 		{"k\n", "identity: starts or ends with white space, which the gateway trims from a presented key"},
