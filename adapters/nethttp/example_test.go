@@ -2,6 +2,7 @@ package nethttp_test
 
 import (
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/limitplane/limitplane/adapters/nethttp"
 	"github.com/limitplane/limitplane/core"
@@ -70,9 +73,73 @@ func Example() {
 	// 401 Unauthorized
 }
 
+// Example_jwt authenticates consumers by JSON Web Token instead: tokens
+// signed with HS256 and a shared secret of at least 32 bytes, the consumer
+// named by the "sub" claim (ConsumerClaim's default), each consumer with
+// the "default" policy (DefaultPolicies; without it, or a policy claim,
+// a consumer has no policy and is refused 403), and "exp" required (set
+// AllowNoExpiry to accept tokens without it). The README shows this code.
+func Example_jwt() {
+	store := memory.New(memory.Options{})
+	defer store.Close()
+	engine, err := core.NewEngine(store, core.Config{Policies: []core.Policy{
+		{ID: "default", Rate: core.Limit{Rate: 2, Period: time.Hour}},
+	}}, core.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	secret := []byte("0123456789abcdef0123456789abcdef") // 32 bytes; in a program, from a secret store
+	auth, err := identity.NewJWT(identity.JWTOptions{
+		Algorithms:      []string{"HS256"},
+		Keys:            []identity.JWTKey{identity.SecretKey("", secret)}, // "": tokens need no kid
+		DefaultPolicies: []string{"default"},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit := nethttp.Middleware(engine, auth, nethttp.Options{API: "hello"})
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})))
+	defer srv.Close()
+
+	// Tokens as an issuer would sign them (github.com/golang-jwt/jwt/v5).
+	token := func(sub string) string {
+		t, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+			"sub": sub, "exp": time.Now().Add(time.Hour).Unix(),
+		}).SignedString(secret)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return t
+	}
+	for _, sub := range []string{"alice", "alice", "alice", "bob", ""} {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		if sub != "" {
+			req.Header.Set("Authorization", "Bearer "+token(sub))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			body = []byte("Retry-After is set: " + fmt.Sprint(resp.Header.Get("Retry-After") != "") + "\n")
+		}
+		fmt.Printf("%-5s %s %s", sub, resp.Status, body)
+	}
+	// Output:
+	// alice 200 OK hello
+	// alice 200 OK hello
+	// alice 429 Too Many Requests Retry-After is set: true
+	// bob   200 OK hello
+	//       401 Unauthorized {"error":"no token"}
+}
+
 // TestREADMEShowsExample keeps the README's "embed the middleware" code
-// identical to Example's body, so the README shows code that compiles and
-// whose output is checked.
+// identical to Example's and Example_jwt's bodies, and their output, so the
+// README shows code that compiles and whose output is checked.
 func TestREADMEShowsExample(t *testing.T) {
 	src, err := os.ReadFile("example_test.go")
 	if err != nil {
@@ -82,16 +149,25 @@ func TestREADMEShowsExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?s)\nfunc Example\(\) \{\n(.*?)\n\t// Output:`).FindSubmatch(src)
-	if m == nil {
-		t.Fatal("Example body not found")
-	}
-	var body strings.Builder
-	for _, l := range strings.Split(string(m[1]), "\n") {
-		body.WriteString(strings.TrimPrefix(l, "\t"))
-		body.WriteString("\n")
-	}
-	if !strings.Contains(string(readme), body.String()) {
-		t.Errorf("README.md does not contain Example's body (unindented by one tab):\n%s", body.String())
+	for _, name := range []string{"Example", "Example_jwt"} {
+		m := regexp.MustCompile(`(?s)\nfunc ` + name + `\(\) \{\n(.*?)\n\t// Output:\n(.*?)\n\}`).FindSubmatch(src)
+		if m == nil {
+			t.Fatalf("%s's body not found", name)
+		}
+		var body, out strings.Builder
+		for _, l := range strings.Split(string(m[1]), "\n") {
+			body.WriteString(strings.TrimPrefix(l, "\t"))
+			body.WriteString("\n")
+		}
+		for _, l := range strings.Split(string(m[2]), "\n") {
+			out.WriteString(strings.TrimPrefix(strings.TrimPrefix(l, "\t//"), " "))
+			out.WriteString("\n")
+		}
+		if !strings.Contains(string(readme), body.String()) {
+			t.Errorf("README.md does not contain %s's body (unindented by one tab):\n%s", name, body.String())
+		}
+		if !strings.Contains(string(readme), "```\n"+out.String()+"```\n") {
+			t.Errorf("README.md does not show %s's output:\n%s", name, out.String())
+		}
 	}
 }
