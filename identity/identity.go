@@ -61,6 +61,21 @@ type QueryValuer interface {
 	QueryValues(name string) []string
 }
 
+// RawQuerier is implemented by Requests that can give their URL's query
+// as sent, without the '?' (url.URL.RawQuery). When a Request implements
+// it, a query parameter source is read from it by identity's own strict
+// reading, the same behind every adapter and both gateway engines (whose
+// own query parsers disagree on what follows): pairs are separated by '&';
+// a name and a value are unescaped as url.ParseQuery does; the parameter
+// given more than once, a value of it that does not unescape ("%zz"), or
+// the parameter in a pair that holds a ';' (a separator to some servers
+// behind the gateway, not to it: "x=1;api_key=k") is refused as ambiguous,
+// 401 ErrInvalidCredentials. The value returned may be lent, as a Peeker's
+// are.
+type RawQuerier interface {
+	RawQuery() string
+}
+
 // Peeker is implemented by Requests whose framework keeps header and query
 // values in memory it reuses once the request is handled (fasthttp, so
 // Fiber), so that an authenticator that only measures, hashes and compares

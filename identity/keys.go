@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -763,7 +764,11 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (cre
 			}
 		case InQuery:
 			var n int
-			if peeks {
+			if rq, ok := r.(RawQuerier); ok {
+				if v, n, err = queryParam(rq.RawQuery(), s); err != nil {
+					return "", false, err
+				}
+			} else if peeks {
 				v, n = p.PeekQuery(s.Name)
 			} else if qv, ok := r.(QueryValuer); ok {
 				vals := qv.QueryValues(s.Name)
@@ -789,6 +794,50 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (cre
 		}
 	}
 	return cred, lent, nil
+}
+
+// queryParam returns the first value of query parameter source s in the
+// raw query raw, and how many times it is given, as RawQuerier says; the
+// value is a substring of raw when it holds no escape.
+func queryParam(raw string, s Source) (first string, n int, err error) {
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if strings.IndexByte(pair, ';') >= 0 {
+			for seg := range strings.SplitSeq(pair, ";") {
+				if k, _, _ := strings.Cut(seg, "="); queryName(k) == s.Name {
+					return "", 0, invalid(401, "ambiguous credentials: the "+s.String()+" beside a ';'")
+				}
+			}
+			continue // not the parameter, and no pair to url.ParseQuery either
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		if k != s.Name && queryName(k) != s.Name {
+			continue
+		}
+		if strings.ContainsAny(v, "%+") {
+			if v, err = url.QueryUnescape(v); err != nil {
+				return "", 0, invalid(401, "malformed "+s.String())
+			}
+		}
+		if n++; n == 1 {
+			first = v
+		}
+	}
+	return first, n, nil
+}
+
+// queryName returns the query parameter name k unescaped; "" when it does
+// not unescape, which names no source.
+func queryName(k string) string {
+	if !strings.ContainsAny(k, "%+") {
+		return k
+	}
+	u, err := url.QueryUnescape(k)
+	if err != nil {
+		return ""
+	}
+	return u
 }
 
 // headerCredential returns the credential in the field lines vals of

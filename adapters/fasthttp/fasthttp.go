@@ -172,6 +172,7 @@ type Request struct{ Ctx *fasthttp.RequestCtx }
 
 var (
 	_ identity.QueryValuer = Request{}
+	_ identity.RawQuerier  = Request{}
 	_ identity.PeerAddrer  = Request{}
 	_ identity.Peeker      = Request{}
 )
@@ -300,6 +301,12 @@ func (q Request) QueryValues(name string) []string {
 	}
 	return vs
 }
+
+// RawQuery implements identity.RawQuerier: the request's query as sent,
+// so that identity reads a credential parameter by its own strict rules,
+// as behind the net/http adapter. The value is fasthttp's request memory:
+// valid only until the handler returns.
+func (q Request) RawQuery() string { return lent(q.Ctx.URI().QueryString()) }
 
 // Cookie implements identity.Request.
 func (q Request) Cookie(name string) string { return string(q.Ctx.Request.Header.Cookie(name)) }

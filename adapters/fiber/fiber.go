@@ -208,6 +208,7 @@ type Request struct{ C *fiber.Ctx }
 
 var (
 	_ identity.QueryValuer = Request{}
+	_ identity.RawQuerier  = Request{}
 	_ identity.PeerAddrer  = Request{}
 	_ identity.Peeker      = Request{}
 )
@@ -253,6 +254,10 @@ func (q Request) QueryValues(name string) []string {
 	}
 	return vs
 }
+
+// RawQuery implements identity.RawQuerier, as adapters/fasthttp's Request
+// reads it; the value is valid only until the handler returns.
+func (q Request) RawQuery() string { return lpfasthttp.Request{Ctx: q.C.Context()}.RawQuery() }
 
 // Cookie implements identity.Request.
 func (q Request) Cookie(name string) string { return strings.Clone(q.C.Cookies(name)) }

@@ -193,7 +193,10 @@ func Write(w http.ResponseWriter, res response.Result) bool {
 // Request adapts *http.Request to identity.Request.
 type Request struct{ R *http.Request }
 
-var _ identity.QueryValuer = Request{}
+var (
+	_ identity.QueryValuer = Request{}
+	_ identity.RawQuerier  = Request{}
+)
 
 // Header implements identity.Request.
 func (q Request) Header(name string) string { return q.R.Header.Get(name) }
@@ -218,6 +221,15 @@ func (q Request) QueryValues(name string) []string {
 		return nil
 	}
 	return q.R.URL.Query()[name]
+}
+
+// RawQuery implements identity.RawQuerier: the URL's query as sent, so
+// that identity reads a credential parameter by its own strict rules.
+func (q Request) RawQuery() string {
+	if q.R.URL == nil {
+		return ""
+	}
+	return q.R.URL.RawQuery
 }
 
 // Cookie implements identity.Request.

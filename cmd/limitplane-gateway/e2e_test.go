@@ -208,6 +208,13 @@ apis:
 		{"api_key twice, reversed", "/a/x?api_key=zzz&api_key=good", nil, 401, `{"error":"ambiguous credentials: more than one api_key query parameter"}`},
 		{"api_key twice, same key, escaped name", "/a/x?api_key=good&api%5Fkey=good", []string{"X-API-Key", "good"}, 401, `{"error":"ambiguous credentials: more than one api_key query parameter"}`},
 		{"X-API-Key twice", "/a/x", []string{"X-API-Key", "good", "X-API-Key", "zzz"}, 401, `{"error":"ambiguous credentials: more than one X-API-Key header"}`},
+		// The query is read by identity's rules on both engines (whose
+		// own parsers differ): a key parameter that does not unescape, or
+		// in a pair with a ';' (a separator to some upstreams), is refused.
+		{"api_key that does not unescape", "/a/x?api_key=%zz", nil, 401, `{"error":"malformed api_key query parameter"}`},
+		{"api_key that does not unescape, beside the header", "/a/x?api_key=go%zzod", []string{"X-API-Key", "good"}, 401, `{"error":"malformed api_key query parameter"}`},
+		{"api_key after a ';'", "/a/x?x=1;api_key=zzz", []string{"X-API-Key", "good"}, 401, `{"error":"ambiguous credentials: the api_key query parameter beside a ';'"}`},
+		{"api_key before a ';'", "/a/x?api_key=good;x=1", []string{"X-API-Key", "good"}, 401, `{"error":"ambiguous credentials: the api_key query parameter beside a ';'"}`},
 		// One key read from three places spends one bucket.
 		{"bearer", "/a/x", []string{"Authorization", "Bearer good"}, 200, `"p";r=9;t=6`},
 		{"bare authorization", "/a/x", []string{"Authorization", "good"}, 200, `"p";r=8;t=12`},
