@@ -52,6 +52,13 @@ type ClientIPOptions struct {
 	// cannot escape its limit by rotating addresses inside its own /64.
 	// 128 keeps every address apart.
 	IPv6PrefixLen int
+	// TrustUnixPeers trusts a transport peer that has no IP address, the
+	// proxy in front of a service that listens on a Unix socket (nginx's
+	// proxy_pass http://unix:/path): the client is read from Header as
+	// for a trusted proxy. Set it only when nothing but that proxy can
+	// connect to the socket. A request whose header names no client
+	// still has no address (ErrNoClientAddress, for Keyless).
+	TrustUnixPeers bool
 }
 
 // ClientIP finds the address a request came from: the transport peer, or,
@@ -70,9 +77,10 @@ type ClientIPOptions struct {
 // A nil *ClientIP behaves as NewClientIP(ClientIPOptions{}). A ClientIP is
 // immutable and safe for concurrent use.
 type ClientIP struct {
-	trusted []netip.Prefix
-	header  ForwardedHeader
-	v4, v6  int
+	trusted   []netip.Prefix
+	header    ForwardedHeader
+	v4, v6    int
+	trustUnix bool
 }
 
 var defaultClientIP = &ClientIP{v4: 32, v6: 64}
@@ -81,7 +89,7 @@ var defaultClientIP = &ClientIP{v4: 32, v6: 64}
 // an unknown Header, or a prefix length outside 1..32 (IPv4) or 1..128
 // (IPv6).
 func NewClientIP(o ClientIPOptions) (*ClientIP, error) {
-	c := &ClientIP{header: o.Header, v4: o.IPv4PrefixLen, v6: o.IPv6PrefixLen}
+	c := &ClientIP{header: o.Header, v4: o.IPv4PrefixLen, v6: o.IPv6PrefixLen, trustUnix: o.TrustUnixPeers}
 	if c.v4 == 0 {
 		c.v4 = 32
 	}
@@ -133,29 +141,37 @@ func ParseTrustedProxies(specs []string) ([]netip.Prefix, error) {
 }
 
 // Addr returns the client's address (see ClientIP). It fails only when the
-// transport peer address cannot be parsed (e.g. a Unix socket).
+// transport peer address cannot be parsed (e.g. a Unix socket), unless
+// TrustUnixPeers is set and the forwarding header names the client.
 func (c *ClientIP) Addr(r Request) (netip.Addr, error) {
 	if c == nil {
 		c = defaultClientIP
 	}
 	peer, err := PeerAddr(r)
 	if err != nil {
+		if c.trustUnix {
+			if a, ok := c.forwarded(r); ok {
+				return a, nil
+			}
+		}
 		return netip.Addr{}, err
 	}
 	if !c.isTrusted(peer) {
 		return peer, nil
 	}
-	var a netip.Addr
-	var ok bool
+	if a, ok := c.forwarded(r); ok {
+		return a, nil
+	}
+	return peer, nil
+}
+
+// forwarded returns the client the forwarding header names, as written by
+// a trusted peer; false when it names none.
+func (c *ClientIP) forwarded(r Request) (netip.Addr, bool) {
 	if c.header == Forwarded {
-		a, ok = c.fromForwarded(r.HeaderValues("Forwarded"))
-	} else {
-		a, ok = c.fromXFF(r.HeaderValues("X-Forwarded-For"))
+		return c.fromForwarded(r.HeaderValues("Forwarded"))
 	}
-	if !ok {
-		return peer, nil
-	}
-	return a, nil
+	return c.fromXFF(r.HeaderValues("X-Forwarded-For"))
 }
 
 // Prefix returns the client's address group: its address masked to

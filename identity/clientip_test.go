@@ -277,3 +277,42 @@ func TestKeylessUnparseablePeer(t *testing.T) {
 		authErr(t, err, 500, ErrNoClientAddress, "no client address")
 	}
 }
+
+// TestTrustUnixPeers: a peer with no IP address is a trusted proxy only
+// with TrustUnixPeers; the client is then read from the configured header
+// as for any trusted proxy (trusted addresses in it skipped), and a header
+// naming no client leaves no address. A TCP peer outside TrustedProxies is
+// not trusted by it.
+func TestTrustUnixPeers(t *testing.T) {
+	on := mustClientIP(t, ClientIPOptions{TrustUnixPeers: true, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	fwd := mustClientIP(t, ClientIPOptions{TrustUnixPeers: true, Header: Forwarded})
+	off := mustClientIP(t, ClientIPOptions{})
+	for _, tc := range []struct {
+		c          *ClientIP
+		peer, h, v string
+		want       string // "" for an error
+	}{
+		{on, "@", "X-Forwarded-For", "192.0.2.1", "192.0.2.1"},
+		{on, "", "X-Forwarded-For", "203.0.113.5, 192.0.2.1, 10.1.2.3", "192.0.2.1"},
+		{on, "/run/app.sock", "X-Forwarded-For", "2001:db8::1", "2001:db8::1"},
+		{on, "@", "X-Forwarded-For", "", ""},
+		{on, "@", "X-Forwarded-For", "garbage", ""},
+		{on, "@", "Forwarded", "for=192.0.2.1", ""}, // not the configured header
+		{fwd, "@", "Forwarded", "for=192.0.2.1", "192.0.2.1"},
+		{on, "192.0.2.9:1", "X-Forwarded-For", "192.0.2.1", "192.0.2.9"}, // a TCP peer that is no trusted proxy
+		{off, "@", "X-Forwarded-For", "192.0.2.1", ""},
+	} {
+		r := newReq(tc.peer)
+		if tc.v != "" {
+			r = r.with(tc.h, tc.v)
+		}
+		a, err := tc.c.Addr(r)
+		got := ""
+		if err == nil {
+			got = a.String()
+		}
+		if got != tc.want {
+			t.Errorf("peer %q, %s: %q: Addr = %v, %v; want %q", tc.peer, tc.h, tc.v, a, err, tc.want)
+		}
+	}
+}

@@ -246,8 +246,8 @@ type Keyless struct {
 }
 
 // Authenticate implements Authenticator. It fails only when no address can
-// be parsed (500 ErrNoClientAddress: a service on a Unix socket has none;
-// its keyless APIs need a proxy that connects over TCP). The consumer and its ID are made
+// be parsed (500 ErrNoClientAddress: a service on a Unix socket has none,
+// unless its ClientIP has TrustUnixPeers and the proxy names the client). The consumer and its ID are made
 // in one allocation; the ID's bytes are never written again.
 func (k *Keyless) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
 	p, err := k.ClientIP.Prefix(r)

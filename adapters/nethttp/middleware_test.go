@@ -225,27 +225,84 @@ func TestKeylessAllocations(t *testing.T) {
 // the reason, and the handler is not called (a 401 told the client to fix
 // credentials it did not have).
 func TestKeylessOnUnixSocket(t *testing.T) {
+	client := serveUnix(t, keylessHandler(t, response.Options{}))
+	for _, xff := range []string{"", "192.0.2.1"} { // the header is not trusted
+		resp, body := getVia(t, client, xff)
+		if resp.StatusCode != 500 || body != "{\"error\":\"no client address\"}\n" || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("X-Forwarded-For %q: %d %s %v; want 500 {\"error\":\"no client address\"}", xff, resp.StatusCode, body, resp.Header)
+		}
+	}
+}
+
+// TestKeylessBehindUnixSocketProxy: with ClientIPOptions.TrustUnixPeers,
+// a service on a Unix socket reads the client from the X-Forwarded-For
+// its proxy writes: each client its own 3 an hour, exactly; a request
+// without the header still has no client (500).
+func TestKeylessBehindUnixSocketProxy(t *testing.T) {
+	store := memory.New(memory.Options{Clock: core.NewManualClock(int64(time.Hour))})
+	t.Cleanup(func() { store.Close() })
+	eng, err := core.NewEngine(store, core.Config{Policies: []core.Policy{{ID: "ip", Rate: core.Limit{Rate: 3, Period: time.Hour}}}}, core.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cip, err := identity.NewClientIP(identity.ClientIPOptions{TrustUnixPeers: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := nethttp.Middleware(eng, &identity.Keyless{Policies: []string{"ip"}, ClientIP: cip}, nethttp.Options{})
+	client := serveUnix(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })))
+	for _, xff := range []string{"192.0.2.1", "203.0.113.9, 192.0.2.2", "192.0.2.1", "192.0.2.2", "192.0.2.1", "192.0.2.2"} {
+		if resp, body := getVia(t, client, xff); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("client %q: %d %s", xff, resp.StatusCode, body)
+		}
+	}
+	for _, xff := range []string{"192.0.2.1", "192.0.2.2"} {
+		if resp, _ := getVia(t, client, xff); resp.StatusCode != 429 {
+			t.Fatalf("client %s, 4th request: %d, want 429", xff, resp.StatusCode)
+		}
+	}
+	if resp, _ := getVia(t, client, "192.0.2.3"); resp.StatusCode != 200 {
+		t.Fatalf("a third client: %d", resp.StatusCode)
+	}
+	if resp, body := getVia(t, client, ""); resp.StatusCode != 500 || body != "{\"error\":\"no client address\"}\n" {
+		t.Fatalf("no X-Forwarded-For: %d %s", resp.StatusCode, body)
+	}
+	if n := store.Len(); n != 3 {
+		t.Fatalf("store holds %d keys, want 3", n)
+	}
+}
+
+// serveUnix serves h on a Unix socket until the test ends, and returns a
+// client that dials it.
+func serveUnix(t *testing.T, h http.Handler) *http.Client {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "svc.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: keylessHandler(t, response.Options{})}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 	}}}
 	t.Cleanup(client.CloseIdleConnections)
-	for range 2 {
-		resp, err := client.Get("http://svc/x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 500 || string(body) != "{\"error\":\"no client address\"}\n" || resp.Header.Get("Content-Type") != "application/json" {
-			t.Fatalf("%d %s %v; want 500 {\"error\":\"no client address\"}", resp.StatusCode, body, resp.Header)
-		}
+	return client
+}
+
+// getVia sends GET /x through client with X-Forwarded-For xff ("": none).
+func getVia(t *testing.T, client *http.Client, xff string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://svc/x", nil)
+	if xff != "" {
+		req.Header.Set("X-Forwarded-For", xff)
 	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(body)
 }
