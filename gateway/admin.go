@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -95,10 +96,14 @@ type ControlPlaneStatus interface {
 //     state for an API, read with a cost-0 decision that spends nothing
 //     and is not reported to Options.Observer. {id} is an API key's hash
 //     ("sha256:<64 hex>"), its consumer ID ("key:<32 hex>",
-//     identity.KeyHash.ConsumerID), or "ip:<address>" (or the client
-//     group's prefix, "ip:2001:db8::/64") on a keyless API. api is
-//     required for ip: consumers and for keys whose limits differ by API
-//     (a policy with an apis list, or api_limits).
+//     identity.KeyHash.ConsumerID), "ip:<address>" (or the client
+//     group's prefix, "ip:2001:db8::/64") on a keyless API, or
+//     "jwt:<value>" on a jwt API, value being a token's consumer claim
+//     (identity.JWTConsumerID names its counters as the API does). api
+//     is required for ip: and jwt: consumers and for keys whose limits
+//     differ by API (a policy with an apis list, or api_limits). A jwt:
+//     consumer has the API's default_policies; on an API with a
+//     policy_claim, policies=ID,ID names the ones its tokens carry.
 //   - POST /consumers/{id}/reset-quota?api=ID: starts a new quota period
 //     for the consumer (core.Engine.ResetQuota) and answers its state
 //     afterwards, as the GET does.
@@ -350,8 +355,21 @@ func (a *admin) consumer(w http.ResponseWriter, r *http.Request, id string, rese
 		writeError(w, http.StatusServiceUnavailable, "no configuration applied yet")
 		return
 	}
-	api := r.URL.Query().Get("api")
-	c, out, status, msg := a.resolve(st, id, api)
+	q := r.URL.Query()
+	api := q.Get("api")
+	var policies []string // nil: not given
+	if vs, ok := q["policies"]; ok {
+		if len(vs) != 1 {
+			writeError(w, http.StatusBadRequest, "policies is given more than once")
+			return
+		}
+		policies = strings.Split(vs[0], ",")
+		if slices.Contains(policies, "") {
+			writeError(w, http.StatusBadRequest, "policies: want policy IDs separated by commas")
+			return
+		}
+	}
+	c, out, status, msg := a.resolve(st, id, api, policies)
 	if status != 0 {
 		writeError(w, status, msg)
 		return
@@ -360,6 +378,12 @@ func (a *admin) consumer(w http.ResponseWriter, r *http.Request, id string, rese
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
+	}
+	for _, p := range policies { // checked before a reset changes anything
+		if _, ok := eng.Policy(p); !ok {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("policies: no policy %q", p))
+			return
+		}
 	}
 	if reset {
 		if err := eng.ResetQuota(r.Context(), c, api); err != nil {
@@ -371,6 +395,9 @@ func (a *admin) consumer(w http.ResponseWriter, r *http.Request, id string, rese
 	}
 	d, err := eng.Decide(r.Context(), c, api, 0)
 	switch {
+	case errors.Is(err, core.ErrUnknownPolicy):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("consumer %q: %v", out.Consumer, err))
+		return
 	case errors.Is(err, core.ErrNoPolicy):
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("no policy of consumer %q covers API %q", out.Consumer, api))
 		return
@@ -431,8 +458,10 @@ func (a *admin) engine(st *live.State) (*core.Engine, error) {
 }
 
 // resolve finds the consumer id names under st, for API api ("" when not
-// given). On failure it returns the status and message to answer with.
-func (a *admin) resolve(st *live.State, id, api string) (*core.Consumer, consumerState, int, string) {
+// given); policies (nil when not given) are a jwt: consumer's, for an API
+// that reads them from each token. On failure it returns the status and
+// message to answer with.
+func (a *admin) resolve(st *live.State, id, api string, policies []string) (*core.Consumer, consumerState, int, string) {
 	// Longer than any consumer id or API id: refused without echoing it.
 	const maxEcho = 256
 	switch {
@@ -452,6 +481,9 @@ func (a *admin) resolve(st *live.State, id, api string) (*core.Consumer, consume
 		}
 	}
 	kind, rest, _ := strings.Cut(id, ":")
+	if policies != nil && kind != "jwt" {
+		return nil, out, http.StatusBadRequest, "policies applies only to a jwt: consumer (others' policies are known)"
+	}
 	switch kind {
 	case "sha256", "key":
 		var rec *identity.KeyRecord
@@ -496,8 +528,28 @@ func (a *admin) resolve(st *live.State, id, api string) (*core.Consumer, consume
 		c := &core.Consumer{ID: "ip:" + group + "@" + api, Policies: spa.Policies}
 		out.Consumer, out.Policies = c.ID, c.Policies
 		return c, out, 0, ""
+	case "jwt":
+		if spa == nil {
+			return nil, out, http.StatusBadRequest, "api is required for a jwt: consumer (the jwt API whose tokens name it)"
+		}
+		if spa.AuthOrDefault() != spec.AuthJWT || spa.JWT == nil {
+			return nil, out, http.StatusBadRequest, fmt.Sprintf("API %q is not a jwt API: its consumers are not token subjects", api)
+		}
+		// As live names it (spec.JWT.Options): the issuer's namespace, or
+		// the API's, and the consumer claim's value.
+		c := &core.Consumer{ID: identity.JWTConsumerID(spec.JWTIDPrefix(spa.JWT.Issuer, spa.ID), rest)}
+		switch {
+		case policies != nil:
+			c.Policies = policies
+		case spa.JWT.PolicyClaim == "":
+			c.Policies = spa.JWT.DefaultPolicies
+		default:
+			return nil, out, http.StatusBadRequest, fmt.Sprintf("API %q reads each token's policies from its %q claim: name them with policies=ID,ID", api, spa.JWT.PolicyClaim)
+		}
+		out.Consumer, out.Policies = c.ID, c.Policies
+		return c, out, 0, ""
 	}
-	return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: want sha256: and a key hash, key: and 32 hex digits, or ip: and an address", id)
+	return nil, out, http.StatusBadRequest, fmt.Sprintf("consumer %q: want sha256: and a key hash, key: and 32 hex digits, ip: and an address, or jwt: and a token's consumer claim", id)
 }
 
 // keyByConsumerID returns the key whose consumer ID is "key:" and the hex

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
@@ -334,7 +335,7 @@ func TestAdminErrors(t *testing.T) {
 		{"GET", "/consumers/" + unknown.ConsumerID(), 404, `{"error":"unknown consumer \"` + unknown.ConsumerID() + `\""}`, ""},
 		{"GET", "/consumers/sha256:abc", 400, `{"error":"consumer \"sha256:abc\": want sha256: and 64 hex digits"}`, ""},
 		{"GET", "/consumers/key:xyz", 400, `{"error":"consumer \"key:xyz\": want key: and 32 hex digits"}`, ""},
-		{"GET", "/consumers/bob", 400, `{"error":"consumer \"bob\": want sha256: and a key hash, key: and 32 hex digits, or ip: and an address"}`, ""},
+		{"GET", "/consumers/bob", 400, `{"error":"consumer \"bob\": want sha256: and a key hash, key: and 32 hex digits, ip: and an address, or jwt: and a token's consumer claim"}`, ""},
 		{"GET", "/consumers/ip:127.0.0.1", 400, `{"error":"api is required for an ip: consumer (the keyless API whose policies apply)"}`, ""},
 		{"GET", "/consumers/ip:127.0.0.1?api=echo", 400, `{"error":"API \"echo\" is not keyless: its consumers are not client addresses"}`, ""},
 		{"GET", "/consumers/ip:nowhere?api=open", 400, `{"error":"consumer \"ip:nowhere\": want an IP address or a client group prefix"}`, ""},
@@ -544,4 +545,81 @@ func TestAdminEndpointQuotas(t *testing.T) {
 	if got := statuses(t, 1, rig.base+"/echo/reports", "X-API-Key", "k-admin"); fmt.Sprint(got) != "[200]" {
 		t.Fatalf("after the reset: %v, want the endpoint's quota back", got)
 	}
+}
+
+// TestAdminJWT: a jwt API's consumer is read and reset by its consumer
+// claim (jwt:<value>), its counters named as the API names them (per API,
+// or per issuer; a value beyond printable ASCII hashed), with the API's
+// default policies, or on an API that reads policies from a claim, the
+// ones the call names.
+func TestAdminJWT(t *testing.T) {
+	secret := "0123456789abcdef0123456789abcdef"
+	var snap spec.Snapshot
+	if err := json.Unmarshal([]byte(`{
+		"policies": [
+			{"id": "small", "quota": {"max": 3, "renewal": "24h"}},
+			{"id": "gold", "quota": {"max": 5, "renewal": "24h"}}
+		],
+		"apis": [
+			{"id": "echo", "listen_path": "/echo/", "target": "builtin:echo"},
+			{"id": "j", "listen_path": "/j/", "target": "builtin:echo", "auth": "jwt",
+			 "jwt": {"algorithms": ["HS256"], "keys": [{"secret": "`+secret+`"}], "default_policies": ["small"]}},
+			{"id": "jc", "listen_path": "/jc/", "target": "builtin:echo", "auth": "jwt",
+			 "jwt": {"algorithms": ["HS256"], "keys": [{"secret": "`+secret+`"}], "issuer": "https://issuer.example", "policy_claim": "plan"}}
+		]
+	}`), &snap); err != nil {
+		t.Fatal(err)
+	}
+	rig := newRig(t, rigOptions{apply: &snap, admin: gateway.AdminOptions{Token: adminToken, ReadsWithoutToken: true}})
+	token := func(claims jwt.MapClaims) []string {
+		claims["exp"] = 1_700_003_600 // an hour after the rig's frozen clock
+		s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString([]byte(secret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []string{"Authorization", "Bearer " + s}
+	}
+	alice := token(jwt.MapClaims{"sub": "alice"})
+	if got := statuses(t, 4, rig.base+"/j/x", alice...); fmt.Sprint(got) != "[200 200 200 429]" {
+		t.Fatalf("alice: %v", got)
+	}
+	quota := func(remaining int64) string {
+		return fmt.Sprintf(`"rate":null,"quota":{"limit":3,"remaining":%d,"reset_after_ms":86400000,"window_ms":86400000,"policy":"small"}`, remaining)
+	}
+	want(t, "alice", call(t, http.MethodGet, rig.admin+"/consumers/jwt:alice?api=j"), 200,
+		`{"consumer":"jwt:api=\"j\":alice","api":"j","policies":["small"],`+quota(0)+`}`)
+	want(t, "bob", call(t, http.MethodGet, rig.admin+"/consumers/jwt:bob?api=j"), 200,
+		`{"consumer":"jwt:api=\"j\":bob","api":"j","policies":["small"],`+quota(3)+`}`)
+	want(t, "alice reset", call(t, http.MethodPost, rig.admin+"/consumers/jwt:alice/reset-quota?api=j", bearer...), 200,
+		`{"consumer":"jwt:api=\"j\":alice","api":"j","policies":["small"],"quota_reset":true,`+quota(3)+`}`)
+	if got := statuses(t, 4, rig.base+"/j/x", alice...); fmt.Sprint(got) != "[200 200 200 429]" {
+		t.Fatalf("alice after the reset: %v, want a new quota of 3", got)
+	}
+	// A subject beyond printable ASCII: its counters are under its hash.
+	if got := statuses(t, 1, rig.base+"/j/x", token(jwt.MapClaims{"sub": "Zoë"})...); fmt.Sprint(got) != "[200]" {
+		t.Fatalf("Zoë: %v", got)
+	}
+	want(t, "Zoë", call(t, http.MethodGet, rig.admin+"/consumers/jwt:Zo%C3%AB?api=j"), 200,
+		`{"consumer":"`+strings.ReplaceAll(identity.JWTConsumerID(`jwt:api="j":`, "Zoë"), `"`, `\"`)+`","api":"j","policies":["small"],`+quota(2)+`}`)
+	// Policies from a claim: the call names them.
+	if got := statuses(t, 2, rig.base+"/jc/x", token(jwt.MapClaims{"sub": "alice", "plan": "gold", "iss": "https://issuer.example"})...); fmt.Sprint(got) != "[200 200]" {
+		t.Fatalf("alice on jc: %v", got)
+	}
+	want(t, "alice on jc", call(t, http.MethodGet, rig.admin+"/consumers/jwt:alice?api=jc&policies=gold"), 200,
+		`{"consumer":"jwt:iss=\"https://issuer.example\":alice","api":"jc","policies":["gold"],"rate":null,"quota":{"limit":5,"remaining":3,"reset_after_ms":86400000,"window_ms":86400000,"policy":"gold"}}`)
+	for _, c := range []struct{ path, body string }{
+		{"/consumers/jwt:alice", `{"error":"api is required for a jwt: consumer (the jwt API whose tokens name it)"}`},
+		{"/consumers/jwt:alice?api=echo", `{"error":"API \"echo\" is not a jwt API: its consumers are not token subjects"}`},
+		{"/consumers/jwt:alice?api=jc", `{"error":"API \"jc\" reads each token's policies from its \"plan\" claim: name them with policies=ID,ID"}`},
+		{"/consumers/jwt:alice?api=jc&policies=nope", `{"error":"policies: no policy \"nope\""}`},
+		{"/consumers/jwt:alice?api=jc&policies=gold,,small", `{"error":"policies: want policy IDs separated by commas"}`},
+		{"/consumers/jwt:alice?api=jc&policies=gold&policies=small", `{"error":"policies is given more than once"}`},
+		{"/consumers/ip:127.0.0.1?api=j&policies=gold", `{"error":"policies applies only to a jwt: consumer (others' policies are known)"}`},
+	} {
+		want(t, c.path, call(t, http.MethodGet, rig.admin+c.path), 400, c.body)
+	}
+	// A refused call resets nothing.
+	want(t, "reset refused", call(t, http.MethodPost, rig.admin+"/consumers/jwt:alice/reset-quota?api=jc&policies=nope", bearer...), 400, `{"error":"policies: no policy \"nope\""}`)
+	want(t, "alice on jc after", call(t, http.MethodGet, rig.admin+"/consumers/jwt:alice?api=jc&policies=gold"), 200,
+		`{"consumer":"jwt:iss=\"https://issuer.example\":alice","api":"jc","policies":["gold"],"rate":null,"quota":{"limit":5,"remaining":3,"reset_after_ms":86400000,"window_ms":86400000,"policy":"gold"}}`)
 }

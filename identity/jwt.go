@@ -727,6 +727,15 @@ func (j *JWT) key(ctx context.Context, t *jwt.Token) (any, error) {
 	return key, nil
 }
 
+// JWTConsumerID returns the consumer ID a JWT authenticator whose IDPrefix
+// is prefix gives a token whose consumer claim is v (a string's
+// characters, or a number's JSON text): prefix and v when v is 1 to 128
+// printable ASCII characters without spaces, not starting with '~';
+// otherwise prefix, '~' and the hex of the first 16 bytes of v's SHA-256.
+// It names a JWT consumer's counters to a reader that holds no token (the
+// gateway's admin endpoint).
+func JWTConsumerID(prefix, v string) string { return consumerID(prefix, v) }
+
 // consumerID returns prefix and v, or prefix, '~' and a hash of v when v
 // is long, empty, starts with '~' or has bytes outside printable ASCII.
 func consumerID(prefix, v string) string {
