@@ -71,7 +71,8 @@ type QueryValuer interface {
 // the parameter in a pair that holds a ';' (a separator to some servers
 // behind the gateway, not to it: "x=1;api_key=k") is refused as ambiguous,
 // 401 ErrInvalidCredentials. The value returned may be lent, as a Peeker's
-// are.
+// are: identity clones what it keeps of it. An HTTP request target has no
+// fragment: a '#' is part of the query (url.ParseRequestURI).
 type RawQuerier interface {
 	RawQuery() string
 }
@@ -98,7 +99,8 @@ type Peeker interface {
 
 // Authenticator resolves a request to the consumer it is charged to. It
 // returns an *Error (match with errors.Is against ErrMissingCredentials,
-// ErrInvalidCredentials) when the request is not authenticated.
+// ErrInvalidCredentials, or ErrNoClientAddress for Keyless) when the
+// request is not authenticated.
 type Authenticator interface {
 	Authenticate(ctx context.Context, r Request) (*core.Consumer, error)
 }

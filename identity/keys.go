@@ -618,8 +618,9 @@ const DefaultMaxKeyLength = 512
 // gateway with the default options, or returns nil: it is empty, longer
 // than DefaultMaxKeyLength bytes (refused without hashing), starts or
 // ends with white space (Extract trims it, so the key presented would be
-// another), holds a control character (CR, LF, NUL, any byte below
-// 0x20 or DEL: no header can carry it), is not valid UTF-8, or holds
+// another), holds a control character (CR, LF, NUL, any byte below 0x20
+// or DEL: no header can carry one but the tab, which proxies and clients
+// may fold or trim), is not valid UTF-8, or holds
 // U+FFFD, the replacement character that JSON and YAML decoders put for
 // bytes that are not UTF-8 and for lone surrogates (the key meant was
 // another). The gateway's file and the control plane refuse such keys
@@ -710,16 +711,19 @@ func lookupNames(sources []Source) []string {
 // with a 401 *Error (ErrInvalidCredentials) when the request is ambiguous:
 // a header source given more than once (even with one value twice), a
 // query parameter source given more than once (likewise; this needs a
-// Request that implements QueryValuer), or two sources presenting
-// different keys. Whichever key a reader took (the first, as net/http's
-// Header.Get and url.Values.Get do, or the last) a client could then pass
-// the gateway with one key while a component behind it acts on the other.
+// Request that implements RawQuerier or QueryValuer), or two sources
+// presenting different keys. Whichever key a reader took (the first, as
+// net/http's Header.Get and url.Values.Get do, or the last) a client could
+// then pass the gateway with one key while a component behind it acts on
+// the other. Through a RawQuerier, a query parameter source in a pair
+// holding a ';', or with a value that does not unescape, is refused too
+// (401, see RawQuerier).
 func (a *APIKey) Extract(r Request) (string, error) {
 	return owned(extract(r, a.opts.Sources, a.lookup, false))
 }
 
 // owned returns extract's credential as a string of its own: a copy when
-// it was lent by a Peeker.
+// it was lent by a Peeker or a RawQuerier.
 func owned(cred string, lent bool, err error) (string, error) {
 	if lent {
 		cred = strings.Clone(cred)
@@ -735,18 +739,21 @@ func (a *APIKey) Sources() []Source { return append([]Source(nil), a.opts.Source
 // case-insensitive "Bearer" scheme (RFC 6750 §2.1) removed; "" when none
 // is presented. Every source is read: a header source with more than one
 // field line, a query parameter source given more than once (when r is a
-// QueryValuer), or two sources with different non-empty values, is
-// refused as ambiguous. With bearerOnly, an Authorization header in any other
+// RawQuerier or a QueryValuer), or two sources with different non-empty
+// values, is refused as ambiguous; so is what queryParam refuses, when r
+// is a RawQuerier. With bearerOnly, an Authorization header in any other
 // scheme (or a bare credential) is refused too.
 //
 // When r is a Peeker, header and query values are read through it without
-// a copy: lent is then true when cred may be such a value, valid only
-// while r's request is handled; a caller that keeps it clones it (owned).
+// a copy, and a RawQuerier's query may be lent too: lent is then true when
+// cred may be such a value, valid only while r's request is handled; a
+// caller that keeps it clones it (owned).
 func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (cred string, lent bool, err error) {
 	p, peeks := r.(Peeker)
 	var from Source
 	for i, s := range sources {
 		var v string
+		fromRaw := false // v may be lent by a RawQuerier
 		switch s.In {
 		case InHeader:
 			var first string
@@ -765,6 +772,7 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (cre
 		case InQuery:
 			var n int
 			if rq, ok := r.(RawQuerier); ok {
+				fromRaw = true
 				if v, n, err = queryParam(rq.RawQuery(), s); err != nil {
 					return "", false, err
 				}
@@ -788,7 +796,7 @@ func extract(r Request, sources []Source, lookup []string, bearerOnly bool) (cre
 		case v == "":
 		case cred == "":
 			cred, from = v, s
-			lent = peeks && s.In != InCookie
+			lent = peeks && s.In != InCookie || fromRaw
 		case v != cred:
 			return "", false, invalid(401, "ambiguous credentials: "+from.String()+" and "+s.String()+" differ")
 		}
@@ -812,7 +820,7 @@ func queryParam(raw string, s Source) (first string, n int, err error) {
 			continue // not the parameter, and no pair to url.ParseQuery either
 		}
 		k, v, _ := strings.Cut(pair, "=")
-		if k != s.Name && queryName(k) != s.Name {
+		if queryName(k) != s.Name {
 			continue
 		}
 		if strings.ContainsAny(v, "%+") {

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // TestQueryParam: the one strict reading of a credential parameter
@@ -64,9 +65,49 @@ func TestQueryParam(t *testing.T) {
 			}
 		}
 	}
+	// A configured name is matched as url.ParseQuery reads names: "a+b"
+	// written as it is reads "a b".
+	plus := Source{InQuery, "a+b"}
+	for _, tc := range []struct {
+		raw   string
+		first string
+		n     int
+	}{{"a+b=K", "", 0}, {"a%2Bb=K", "K", 1}, {"a b=K", "", 0}} {
+		if first, n, err := queryParam(tc.raw, plus); first != tc.first || n != tc.n || err != nil {
+			t.Errorf("name a+b, %q: %q, %d, %v; want %q, %d", tc.raw, first, n, err, tc.first, tc.n)
+		}
+	}
 	// No allocation for a query with no escape.
 	raw := "x=1&api_key=" + strings.Repeat("k", 40) + "&y=2"
 	if a := testing.AllocsPerRun(100, func() { queryParam(raw, s) }); a != 0 {
 		t.Errorf("queryParam allocates %v times", a)
+	}
+}
+
+// lentQuery is a Request whose raw query lives in a buffer the framework
+// reuses once the request is handled, and that is no Peeker.
+type lentQuery struct {
+	*testReq
+	buf []byte
+}
+
+func (r lentQuery) RawQuery() string { return unsafe.String(unsafe.SliceData(r.buf), len(r.buf)) }
+
+// TestExtractClonesRawQuery: a key read through a RawQuerier that is no
+// Peeker is still the caller's own: reusing the buffer afterwards leaves
+// it as it was.
+func TestExtractClonesRawQuery(t *testing.T) {
+	ks, err := NewKeys([]KeyRecord{{Hash: HashKey("k1"), Policies: []string{"basic"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := lentQuery{newReq("192.0.2.1:1"), []byte("x=1&api_key=k1")}
+	got, err := NewAPIKey(ks, APIKeyOptions{}).Extract(r)
+	if err != nil || got != "k1" {
+		t.Fatalf("Extract = %q, %v", got, err)
+	}
+	copy(r.buf, "zzzzzzzzzzzzzz")
+	if got != "k1" {
+		t.Fatalf("the key changed with the buffer: %q", got)
 	}
 }

@@ -12,6 +12,7 @@
 package fasthttp
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/netip"
@@ -302,11 +303,21 @@ func (q Request) QueryValues(name string) []string {
 	return vs
 }
 
-// RawQuery implements identity.RawQuerier: the request's query as sent,
-// so that identity reads a credential parameter by its own strict rules,
-// as behind the net/http adapter. The value is fasthttp's request memory:
-// valid only until the handler returns.
-func (q Request) RawQuery() string { return lent(q.Ctx.URI().QueryString()) }
+// RawQuery implements identity.RawQuerier: everything after the first '?'
+// of the request target as sent, as net/http's url.ParseRequestURI reads
+// it (a '#' is part of it: a target has no fragment; fasthttp's
+// URI().QueryString() cuts the query there), so that identity reads a
+// credential parameter by its own strict rules, as behind the net/http
+// adapter. The value is fasthttp's request memory: valid only until the
+// handler returns.
+func (q Request) RawQuery() string {
+	target := q.Ctx.Request.Header.RequestURI()
+	i := bytes.IndexByte(target, '?')
+	if i < 0 {
+		return ""
+	}
+	return lent(target[i+1:])
+}
 
 // Cookie implements identity.Request.
 func (q Request) Cookie(name string) string { return string(q.Ctx.Request.Header.Cookie(name)) }

@@ -15,8 +15,10 @@
 //     cost can never pass) and errdetails.QuotaFailure; repeated denials
 //     that say the same share one status, built once;
 //   - authentication failures end it with Unauthenticated (HTTP 401) or
-//     PermissionDenied (403), a store failure under core.FailClosed with
-//     Unavailable, an invalid cost with InvalidArgument.
+//     PermissionDenied (403) (a keyless call from a peer with no IP
+//     address, a Unix socket's, with Internal: identity.ErrNoClientAddress),
+//     a store failure under core.FailClosed with Unavailable, an invalid
+//     cost with InvalidArgument.
 //
 // Streams are checked when they open; with Options.PerMessage every message
 // the server receives is decided too, and a stream over its message rate

@@ -162,12 +162,13 @@ func get(t *testing.T, base, key, via string) answer {
 	switch via {
 	case "query":
 		url += "?api_key=" + key
-	case "raw query", "x-api-key k-rate, raw query":
-		url += "?" + key
 	}
 	req, err := http.NewRequest("GET", url, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if via == "raw query" || via == "x-api-key k-rate, raw query" {
+		req.URL.RawQuery = key // as it is, a '#' too: sent in the target
 	}
 	switch {
 	case via == "x-api-key k-rate, raw query":
@@ -382,6 +383,26 @@ func TestSameAnswersAcrossFrameworks(t *testing.T) {
 			key:  "api%5Fkey=k%2Drate&z=a+b",
 			via:  "raw query",
 			want: allowedRate,
+		},
+		// A request target has no fragment: a '#' is part of the query
+		// (fasthttp's own query ends there).
+		{
+			name: "a '#' in the api_key value",
+			key:  "api_key=k-rate#x",
+			via:  "raw query",
+			want: refused(403, "unknown API key"),
+		},
+		{
+			name: "api_key after a '#'",
+			key:  "a=1#&api_key=k-rate",
+			via:  "raw query",
+			want: allowedRate,
+		},
+		{
+			name: "api_key after a '#' and a ';'",
+			key:  "a=1#&x=1;api_key=zzz",
+			via:  "x-api-key k-rate, raw query",
+			want: besideSemicolon,
 		},
 		{
 			name: "missing key",
