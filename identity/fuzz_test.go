@@ -169,7 +169,11 @@ func FuzzClientIP(f *testing.F) {
 // FuzzCheckJSONFast holds checkJSON's fast path to the encoding/json token
 // stream it stands in for: wherever fastJSON answers, scanJSON gives the
 // same answer (a repeated member name at any depth, data after the first
-// value, exp, nbf or iat out of range, or none).
+// value, exp, nbf or iat out of range, an escaped lone surrogate, or
+// none). The lone surrogates inside the first value are found by each
+// path its own way (fastJSON's string reader, scanJSON's loneSurrogate);
+// those after it by loneSurrogate in both, which TestJWTRawJSON's cases
+// check on their own.
 func FuzzCheckJSONFast(f *testing.F) {
 	for _, s := range []string{
 		`{"sub":"alice","exp":1700003600,"nbf":1700000000,"iat":1700000000,"aud":["api"],"user":{"id":42,"org":"acme"}}`,
