@@ -911,7 +911,8 @@ const reasonNotBearer = "Authorization scheme is not Bearer"
 // When r is a Peeker, the presented key is read, hashed and refused
 // without a copy of it being made.
 func (a *APIKey) Authenticate(_ context.Context, r Request) (*core.Consumer, error) {
-	// raw may be lent by r (a Peeker): it is only measured and hashed.
+	// raw may be lent by r (a Peeker or a RawQuerier): it is only measured
+	// and hashed.
 	raw, _, err := extract(r, a.opts.Sources, a.lookup, false)
 	if err != nil {
 		return nil, err
