@@ -232,27 +232,12 @@ func (s *jsonScan) str() (start, end int, ok bool) {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				s.i += 2
 			case 'u':
-				r, ok := hex4(s.b[s.i+2:])
+				n, lone, ok := uEscape(s.b[s.i:])
 				if !ok {
 					return 0, 0, false
 				}
-				s.i += 6
-				switch {
-				case r >= 0xdc00 && r <= 0xdfff:
-					s.lone = true // a low surrogate first
-				case r >= 0xd800 && r <= 0xdbff:
-					// A high surrogate stands for a character only with
-					// the low one escaped right after it.
-					lo, ok := rune(0), false
-					if len(s.b)-s.i >= 2 && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
-						lo, ok = hex4(s.b[s.i+2:])
-					}
-					if ok && lo >= 0xdc00 && lo <= 0xdfff {
-						s.i += 6
-					} else {
-						s.lone = true
-					}
-				}
+				s.lone = s.lone || lone
+				s.i += n
 			default:
 				return 0, 0, false
 			}
@@ -285,6 +270,30 @@ func hex4(b []byte) (rune, bool) {
 	return r, true
 }
 
+// uEscape reads the \u escape b starts with (b[0] is '\\', b[1] 'u'): n,
+// the bytes it takes (12 for a high and low surrogate escaped one after
+// the other, else 6), and lone, whether it escapes a surrogate that is not
+// half of such a pair; ok false when four hex digits do not follow.
+func uEscape(b []byte) (n int, lone, ok bool) {
+	r, ok := hex4(b[2:])
+	switch {
+	case !ok:
+		return 0, false, false
+	case r >= 0xdc00 && r <= 0xdfff:
+		return 6, true, true // a low surrogate first
+	case r >= 0xd800 && r <= 0xdbff:
+		// A high surrogate stands for a character only with the low one
+		// escaped right after it.
+		if len(b) >= 8 && b[6] == '\\' && b[7] == 'u' {
+			if lo, ok := hex4(b[8:]); ok && lo >= 0xdc00 && lo <= 0xdfff {
+				return 12, false, true
+			}
+		}
+		return 6, true, true
+	}
+	return 6, false, true
+}
+
 // loneSurrogate reports whether the JSON text b escapes a lone UTF-16
 // surrogate (\ud800 to \udfff not as a high and low pair, RFC 8259
 // section 7): a code point UTF-8 cannot encode, which encoding/json
@@ -297,22 +306,14 @@ func loneSurrogate(b []byte) bool {
 			continue
 		}
 		if i+1 < len(b) && b[i+1] == 'u' {
-			r, ok := hex4(b[i+2:])
-			switch {
-			case !ok:
-			case r >= 0xdc00 && r <= 0xdfff:
+			n, lone, ok := uEscape(b[i:])
+			if lone {
 				return true
-			case r >= 0xd800 && r <= 0xdbff:
-				lo, ok := rune(0), false
-				if j := i + 6; j+1 < len(b) && b[j] == '\\' && b[j+1] == 'u' {
-					lo, ok = hex4(b[j+2:])
-				}
-				if !ok || lo < 0xdc00 || lo > 0xdfff {
-					return true
-				}
-				i += 6 // the pair's low half
 			}
-			i += 5
+			if !ok {
+				n = 6 // not JSON: read on past it
+			}
+			i += n - 1
 			continue
 		}
 		i++ // the escaped character
